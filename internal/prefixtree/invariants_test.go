@@ -1,0 +1,91 @@
+package prefixtree
+
+import (
+	"fmt"
+	"testing"
+)
+
+// checkInvariants walks the whole tree and fails the test if any structural invariant
+// documented on node is broken, or if the byte count or the leaf heap disagree with the tree.
+func checkInvariants(t testing.TB, tr *Tree) {
+	t.Helper()
+	tr.mu.RLock()
+	defer tr.mu.RUnlock()
+	if err := invariantError(tr); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func invariantError(tr *Tree) error {
+	chars, leaves := 0, 0
+	stack := []*node{&tr.root}
+	for len(stack) > 0 {
+		n := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if len(n.edges) != len(n.children) {
+			return fmt.Errorf("node %q: %d edges for %d children", n.label, len(n.edges), len(n.children))
+		}
+		seen := map[byte]bool{}
+		for i, c := range n.children {
+			if c.parent != n {
+				return fmt.Errorf("child %q of %q has the wrong parent", c.label, n.label)
+			}
+			if c.label == "" {
+				return fmt.Errorf("child of %q has an empty label", n.label)
+			}
+			if n.edges[i] != c.label[0] {
+				return fmt.Errorf("edge byte %q does not start child %q", n.edges[i], c.label)
+			}
+			if seen[c.label[0]] {
+				return fmt.Errorf("node %q has two children starting with %q", n.label, c.label[0])
+			}
+			seen[c.label[0]] = true
+			if len(c.holders) == 0 {
+				return fmt.Errorf("node %q has no holders", c.label)
+			}
+			for _, h := range c.holders {
+				if id, ok := tr.tenantIDs[tr.tenantNames[h]]; int(h) >= len(tr.tenantNames) || !ok || id != h {
+					return fmt.Errorf("node %q is held by unknown tenant id %d", c.label, h)
+				}
+				if n != &tr.root && !n.holds(h) {
+					return fmt.Errorf("node %q is held by %q but its parent %q is not", c.label, tr.tenantNames[h], n.label)
+				}
+			}
+			if c.lastUsed > n.lastUsed && n != &tr.root {
+				return fmt.Errorf("node %q was used after its parent %q", c.label, n.label)
+			}
+			stack = append(stack, c)
+		}
+		if n == &tr.root {
+			continue
+		}
+		chars += len(n.label)
+		isLeaf := len(n.children) == 0
+		if isLeaf {
+			leaves++
+		}
+		switch {
+		case isLeaf && (n.heapIndex < 0 || int(n.heapIndex) >= len(tr.leaves) || tr.leaves[n.heapIndex] != n):
+			return fmt.Errorf("leaf %q is not in the leaf heap", n.label)
+		case !isLeaf && n.heapIndex != -1:
+			return fmt.Errorf("inner node %q has heap index %d", n.label, n.heapIndex)
+		}
+	}
+	if chars != tr.chars {
+		return fmt.Errorf("tree stores %d bytes but counts %d", chars, tr.chars)
+	}
+	if leaves != len(tr.leaves) {
+		return fmt.Errorf("tree has %d leaves but the heap has %d", leaves, len(tr.leaves))
+	}
+	for i := 1; i < len(tr.leaves); i++ {
+		if tr.leaves.less(i, (i-1)/2) {
+			return fmt.Errorf("leaf heap out of order at %d", i)
+		}
+	}
+	for name, id := range tr.tenantIDs {
+		if tr.tenantNames[id] != name {
+			return fmt.Errorf("tenant %q interned as %d, which names %q", name, id, tr.tenantNames[id])
+		}
+	}
+	return nil
+}

@@ -1,0 +1,355 @@
+// Package prefixtree is the multi-tenant radix tree behind cache-aware routing: for one model
+// it records which worker tenants were sent which chat-history keys, so the router can ask
+// "which worker most likely still holds the longest prefix of this conversation in its KV
+// cache?".
+//
+// A tenant that is sent a key holds that key and every prefix of it. Keys are serialized chat
+// histories that grow turn by turn, so the tree is mostly one shared trunk (the system
+// prompt) with one branch per conversation and one node per turn.
+//
+// # Budget and eviction
+//
+// The tree stores at most maxChars bytes of edge labels in total, across all tenants.
+// Eviction is by whole leaf, least recently used first: a leaf's access time is the last
+// Insert by any tenant whose key ran through it, and evicting it drops every tenant's hold on
+// it and frees its bytes. Whole leaves are evicted (rather than one tenant's hold on a leaf)
+// because the budget is on bytes, and a byte is freed only when nobody holds it; evicting one
+// tenant's hold at a time would spend work without bringing the tree under budget. The cost
+// is that a tenant's stale hold on a leaf survives as long as another tenant keeps that leaf
+// fresh. Leaves sit in a min-heap keyed by access time, so eviction costs O(log leaves) per
+// leaf and never scans the tree.
+//
+// Evict brings the tree to the budget and is meant for a periodic background sweep. Insert
+// evicts on its own only when the tree is more than 10% over budget, so the sweep does the
+// work in the common case and the tree never stays above 1.1× the budget after an Insert.
+//
+// Match and MatchTenant do not refresh access times: they run under a read lock, and the
+// router inserts the key it routes right after deciding, which refreshes the path.
+//
+// # Memory
+//
+// Labels are copied when a node is created or split, so the tree never pins a caller's
+// request body. Tenants are interned to uint32 ids; a node holds a small slice of ids and one
+// access stamp. With histories that grow by a few hundred bytes or more per turn, the heap
+// cost stays close to one byte per stored character (see TestMemoryPerStoredChar).
+package prefixtree
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// overBudgetSlack is how far past maxChars an Insert may leave the tree before it evicts on
+// its own, as a fraction of maxChars (10%).
+const overBudgetSlack = 10
+
+// Tree is the prefix tree of one model. It is safe for concurrent use; each Tree has its own
+// lock, so routing for one model never waits on another.
+type Tree struct {
+	mu       sync.RWMutex
+	root     node
+	leaves   leafHeap
+	chars    int
+	maxChars int
+	clock    uint64
+
+	tenantIDs   map[string]uint32
+	tenantNames []string // indexed by id; "" for a free id
+	freeIDs     []uint32
+}
+
+// Match is the result of a longest-prefix lookup.
+type Match struct {
+	// Matched is the number of bytes of the key matched by the deepest holders.
+	Matched int
+	// Holders are every tenant that holds exactly the longest matched prefix, sorted.
+	// Empty when Matched is 0.
+	Holders []string
+}
+
+// New returns an empty tree that holds at most maxChars bytes of history in total.
+// maxChars <= 0 means no budget: nothing is ever evicted.
+func New(maxChars int) *Tree {
+	t := &Tree{maxChars: maxChars, tenantIDs: make(map[string]uint32)}
+	t.root.heapIndex = -1
+	return t
+}
+
+// Insert records that tenant now holds key and every prefix of it, and marks the path as
+// just used. If the tree ends up more than 10% over budget it evicts down to the budget.
+func (t *Tree) Insert(key, tenant string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if key == "" {
+		return
+	}
+	id := t.internLocked(tenant)
+	t.clock++
+	now := t.clock
+
+	n := &t.root
+	rest := key
+	for len(rest) > 0 {
+		c, i := n.child(rest[0])
+		if c == nil {
+			leaf := &node{label: cloneLabel(rest), holders: []uint32{id}, lastUsed: now}
+			if n != &t.root && len(n.children) == 0 {
+				t.leaves.remove(n)
+			}
+			n.addChild(leaf)
+			t.leaves.push(leaf)
+			t.chars += len(leaf.label)
+			break
+		}
+		l := commonPrefixLen(c.label, rest)
+		if l < len(c.label) {
+			c = t.splitLocked(n, i, c, l)
+		}
+		c.addHolder(id)
+		c.lastUsed = now
+		if c.heapIndex >= 0 {
+			t.leaves.fix(int(c.heapIndex))
+		}
+		rest = rest[l:]
+		n = c
+	}
+
+	if t.maxChars > 0 && t.chars > t.maxChars+t.maxChars/overBudgetSlack {
+		t.evictLocked()
+	}
+}
+
+// splitLocked cuts child c of parent (at position i) after its first l bytes and returns the
+// new upper node, which takes c's place. Both halves get fresh label copies so neither keeps
+// the other's bytes alive once one of them is gone.
+func (t *Tree) splitLocked(parent *node, i int, c *node, l int) *node {
+	upper := &node{
+		label:     cloneLabel(c.label[:l]),
+		parent:    parent,
+		holders:   slices.Clone(c.holders),
+		lastUsed:  c.lastUsed,
+		heapIndex: -1,
+	}
+	c.label = cloneLabel(c.label[l:])
+	upper.addChild(c)
+	parent.children[i] = upper
+	return upper
+}
+
+// Match returns the longest prefix of key held by any tenant and every tenant holding it.
+func (t *Tree) Match(key string) Match {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	matched, deepest := 0, (*node)(nil)
+	n := &t.root
+	rest := key
+	for len(rest) > 0 {
+		c, _ := n.child(rest[0])
+		if c == nil {
+			break
+		}
+		l := commonPrefixLen(c.label, rest)
+		matched += l
+		deepest = c
+		if l < len(c.label) {
+			break
+		}
+		rest = rest[l:]
+		n = c
+	}
+	if deepest == nil {
+		return Match{}
+	}
+	holders := make([]string, len(deepest.holders))
+	for i, id := range deepest.holders {
+		holders[i] = t.tenantNames[id]
+	}
+	slices.Sort(holders)
+	return Match{Matched: matched, Holders: holders}
+}
+
+// MatchTenant returns how many bytes of key tenant holds (0 if none).
+func (t *Tree) MatchTenant(key, tenant string) int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	id, ok := t.tenantIDs[tenant]
+	if !ok {
+		return 0
+	}
+	matched := 0
+	n := &t.root
+	rest := key
+	for len(rest) > 0 {
+		c, _ := n.child(rest[0])
+		if c == nil || !c.holds(id) {
+			break
+		}
+		l := commonPrefixLen(c.label, rest)
+		matched += l
+		if l < len(c.label) {
+			break
+		}
+		rest = rest[l:]
+		n = c
+	}
+	return matched
+}
+
+// Chars returns the number of bytes stored in the tree (the sum of its edge label lengths).
+func (t *Tree) Chars() int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.chars
+}
+
+// Evict removes least recently used leaves until the tree is within its budget and returns
+// the number of bytes freed.
+func (t *Tree) Evict() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.maxChars <= 0 {
+		return 0
+	}
+	return t.evictLocked()
+}
+
+func (t *Tree) evictLocked() int {
+	freed := 0
+	for t.chars > t.maxChars && len(t.leaves) > 0 {
+		leaf := t.leaves[0]
+		t.leaves.remove(leaf)
+		parent := leaf.parent
+		parent.removeChild(leaf)
+		t.chars -= len(leaf.label)
+		freed += len(leaf.label)
+		if parent != &t.root && len(parent.children) == 0 {
+			t.leaves.push(parent)
+		}
+	}
+	return freed
+}
+
+// RemoveTenant drops tenant from every node, prunes the nodes nobody holds any more and
+// returns the number of bytes freed.
+func (t *Tree) RemoveTenant(tenant string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	id, ok := t.tenantIDs[tenant]
+	if !ok {
+		return 0
+	}
+	return t.removeIDsLocked([]uint32{id})
+}
+
+// RemoveTenantsWithBase drops every tenant named base or base+"@<rank>" (a removed worker
+// together with all its data-parallel ranks) and returns the number of bytes freed.
+// A tenant such as base+"x" or base+"x@0" is a different worker and is kept.
+func (t *Tree) RemoveTenantsWithBase(base string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var ids []uint32
+	for name, id := range t.tenantIDs {
+		if hasBase(name, base) {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		return 0
+	}
+	return t.removeIDsLocked(ids)
+}
+
+// hasBase reports whether tenant is base itself or base followed by "@" and a decimal rank.
+func hasBase(tenant, base string) bool {
+	rank, ok := strings.CutPrefix(tenant, base)
+	if !ok {
+		return false
+	}
+	if rank == "" {
+		return true
+	}
+	rank, ok = strings.CutPrefix(rank, "@")
+	if !ok || rank == "" {
+		return false
+	}
+	_, err := strconv.ParseUint(rank, 10, 32)
+	return err == nil
+}
+
+// removeIDsLocked visits exactly the nodes held by any of ids (holders are closed under
+// taking prefixes, so the walk never needs to enter a subtree the tenants do not hold),
+// drops the ids there and prunes every node left without holders. The ids are then freed.
+func (t *Tree) removeIDsLocked(ids []uint32) int {
+	freed := 0
+	stack := t.heldChildren(nil, &t.root, ids)
+	for len(stack) > 0 {
+		n := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		n.dropHolders(ids)
+		if len(n.holders) > 0 {
+			stack = t.heldChildren(stack, n, ids)
+			continue
+		}
+		// Nobody holds n, so nobody holds anything below it either.
+		parent := n.parent
+		parent.removeChild(n)
+		freed += t.dropSubtreeLocked(n)
+		if parent != &t.root && len(parent.children) == 0 {
+			t.leaves.push(parent)
+		}
+	}
+	t.chars -= freed
+	for _, id := range ids {
+		delete(t.tenantIDs, t.tenantNames[id])
+		t.tenantNames[id] = ""
+		t.freeIDs = append(t.freeIDs, id)
+	}
+	return freed
+}
+
+func (t *Tree) heldChildren(stack []*node, n *node, ids []uint32) []*node {
+	for _, c := range n.children {
+		if c.holdsAny(ids) {
+			stack = append(stack, c)
+		}
+	}
+	return stack
+}
+
+// dropSubtreeLocked takes every leaf under the detached node n out of the heap and returns
+// the bytes the subtree held.
+func (t *Tree) dropSubtreeLocked(n *node) int {
+	freed := 0
+	stack := []*node{n}
+	for len(stack) > 0 {
+		m := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		freed += len(m.label)
+		if m.heapIndex >= 0 {
+			t.leaves.remove(m)
+		}
+		stack = append(stack, m.children...)
+	}
+	return freed
+}
+
+// internLocked returns tenant's id, assigning one (reusing ids of removed tenants) if new.
+func (t *Tree) internLocked(tenant string) uint32 {
+	if id, ok := t.tenantIDs[tenant]; ok {
+		return id
+	}
+	tenant = strings.Clone(tenant)
+	var id uint32
+	if n := len(t.freeIDs); n > 0 {
+		id = t.freeIDs[n-1]
+		t.freeIDs = t.freeIDs[:n-1]
+		t.tenantNames[id] = tenant
+	} else {
+		id = uint32(len(t.tenantNames))
+		t.tenantNames = append(t.tenantNames, tenant)
+	}
+	t.tenantIDs[tenant] = id
+	return id
+}

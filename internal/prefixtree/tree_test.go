@@ -1,0 +1,397 @@
+package prefixtree
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"unsafe"
+)
+
+const (
+	workerA = "http://10.0.0.1:8000"
+	workerB = "http://10.0.0.2:8000"
+	workerC = "http://10.0.0.3:8000"
+)
+
+func assertMatch(t *testing.T, tr *Tree, key string, wantMatched int, wantHolders ...string) {
+	t.Helper()
+	got := tr.Match(key)
+	if got.Matched != wantMatched || !slices.Equal(got.Holders, wantHolders) {
+		t.Fatalf("Match(%q) = {%d %q}, want {%d %q}", key, got.Matched, got.Holders, wantMatched, wantHolders)
+	}
+}
+
+func TestMatch_ExactKeyMatchesWholly(t *testing.T) {
+	tr := New(0)
+	tr.Insert("system|user: hi", workerA)
+	assertMatch(t, tr, "system|user: hi", len("system|user: hi"), workerA)
+	checkInvariants(t, tr)
+}
+
+func TestMatch_LongerKeyMatchesStoredPrefix(t *testing.T) {
+	tr := New(0)
+	tr.Insert("system|user: hi", workerA)
+	assertMatch(t, tr, "system|user: hi|assistant: hello", len("system|user: hi"), workerA)
+}
+
+func TestMatch_PartialMatchStopsMidEdge(t *testing.T) {
+	tr := New(0)
+	tr.Insert("system|user: hi", workerA)
+	assertMatch(t, tr, "system|user: bye", len("system|user: "), workerA)
+}
+
+func TestMatch_NoCommonPrefixIsAMiss(t *testing.T) {
+	tr := New(0)
+	tr.Insert("system|user: hi", workerA)
+	assertMatch(t, tr, "other", 0)
+	assertMatch(t, tr, "", 0)
+	assertMatch(t, New(0), "anything", 0)
+}
+
+func TestMatch_HoldersListsEveryTenantAtTheDeepestPoint(t *testing.T) {
+	tr := New(0)
+	tr.Insert("sys|turn1|turn2", workerA)
+	tr.Insert("sys|turn1", workerB)
+	tr.Insert("sys|turn1|turn2", workerC)
+	tr.Insert("sys|other", workerB)
+
+	assertMatch(t, tr, "sys|turn1|turn2|turn3", len("sys|turn1|turn2"), workerA, workerC)
+	// Past "sys|turn1" only A and C go on; the shared point is held by all three.
+	assertMatch(t, tr, "sys|turn1|x", len("sys|turn1|"), workerA, workerC)
+	assertMatch(t, tr, "sys|turn1", len("sys|turn1"), workerA, workerB, workerC)
+	assertMatch(t, tr, "sys|o", len("sys|o"), workerB)
+	checkInvariants(t, tr)
+}
+
+func TestInsert_DivergenceMidEdgeSplitsTheEdge(t *testing.T) {
+	tr := New(0)
+	tr.Insert("abcdef", workerA)
+	tr.Insert("abcxyz", workerB)
+
+	if got, want := tr.Chars(), len("abc")+len("def")+len("xyz"); got != want {
+		t.Fatalf("Chars() = %d, want %d", got, want)
+	}
+	if n := len(tr.root.children); n != 1 || tr.root.children[0].label != "abc" {
+		t.Fatalf("root should have the single child \"abc\", has %d children", n)
+	}
+	assertMatch(t, tr, "abcdef", 6, workerA)
+	assertMatch(t, tr, "abcxyz", 6, workerB)
+	assertMatch(t, tr, "abc", 3, workerA, workerB)
+	assertMatch(t, tr, "abq", 2, workerA, workerB)
+	checkInvariants(t, tr)
+}
+
+func TestInsert_KeyEndingMidEdgeSplitsTheEdge(t *testing.T) {
+	tr := New(0)
+	tr.Insert("abcdef", workerA)
+	tr.Insert("abc", workerB)
+	if got := tr.Chars(); got != 6 {
+		t.Fatalf("Chars() = %d, want 6", got)
+	}
+	assertMatch(t, tr, "abcdef", 6, workerA)
+	assertMatch(t, tr, "abcd", 4, workerA)
+	assertMatch(t, tr, "abc", 3, workerA, workerB)
+	checkInvariants(t, tr)
+}
+
+func TestInsert_RepeatedKeyStoresNothingNew(t *testing.T) {
+	tr := New(0)
+	tr.Insert("abcdef", workerA)
+	tr.Insert("abcdef", workerA)
+	tr.Insert("abc", workerA)
+	if got := tr.Chars(); got != 6 {
+		t.Fatalf("Chars() = %d, want 6", got)
+	}
+	checkInvariants(t, tr)
+}
+
+func TestInsert_LabelsDoNotPinTheCallersKey(t *testing.T) {
+	tr := New(0)
+	body := "sys|user: hello|assistant: hi, a long request body follows"
+	tr.Insert(body[:15], workerA) // a substring of a larger request
+	tr.Insert(body[:4]+"x", workerB)
+	tr.Insert(body[:9]+"y", workerC) // splits an existing edge
+
+	start := uintptr(unsafe.Pointer(unsafe.StringData(body)))
+	end := start + uintptr(len(body))
+	stack := []*node{&tr.root}
+	for len(stack) > 0 {
+		n := stack[len(stack)-1]
+		stack = append(stack[:len(stack)-1], n.children...)
+		if n.label == "" {
+			continue
+		}
+		if p := uintptr(unsafe.Pointer(unsafe.StringData(n.label))); p >= start && p < end {
+			t.Fatalf("label %q points into the caller's key", n.label)
+		}
+	}
+	checkInvariants(t, tr)
+}
+
+func TestMatchTenant_ReportsEachTenantsOwnPrefix(t *testing.T) {
+	tr := New(0)
+	tr.Insert("sys|a1|a2|a3", workerA)
+	tr.Insert("sys|a1", workerB)
+	tr.Insert("sys|b1", workerC)
+
+	key := "sys|a1|a2|a3|a4"
+	for _, tc := range []struct {
+		tenant string
+		want   int
+	}{
+		{workerA, len("sys|a1|a2|a3")},
+		{workerB, len("sys|a1")},
+		{workerC, len("sys|")},
+		{"http://unknown:8000", 0},
+	} {
+		if got := tr.MatchTenant(key, tc.tenant); got != tc.want {
+			t.Errorf("MatchTenant(%q, %q) = %d, want %d", key, tc.tenant, got, tc.want)
+		}
+	}
+	if got := tr.MatchTenant("sys|a1|zz", workerA); got != len("sys|a1|") {
+		t.Errorf("MatchTenant mid-edge = %d, want %d", got, len("sys|a1|"))
+	}
+}
+
+func TestRemoveTenant_PrunesNodesNobodyHoldsAndFreesTheirChars(t *testing.T) {
+	tr := New(0)
+	tr.Insert("sys|shared|a-only", workerA)
+	tr.Insert("sys|shared", workerB)
+	before := tr.Chars()
+
+	freed := tr.RemoveTenant(workerA)
+	if want := len("|a-only"); freed != want {
+		t.Fatalf("RemoveTenant freed %d chars, want %d", freed, want)
+	}
+	if got := tr.Chars(); got != before-freed {
+		t.Fatalf("Chars() = %d after freeing %d of %d", got, freed, before)
+	}
+	if got := tr.MatchTenant("sys|shared|a-only", workerA); got != 0 {
+		t.Fatalf("removed tenant still matches %d bytes", got)
+	}
+	assertMatch(t, tr, "sys|shared|a-only", len("sys|shared"), workerB)
+	checkInvariants(t, tr)
+
+	if freed := tr.RemoveTenant(workerB); freed != len("sys|shared") || tr.Chars() != 0 {
+		t.Fatalf("removing the last tenant freed %d, left %d chars", freed, tr.Chars())
+	}
+	if freed := tr.RemoveTenant(workerB); freed != 0 {
+		t.Fatalf("removing an unknown tenant freed %d", freed)
+	}
+	checkInvariants(t, tr)
+}
+
+func TestRemoveTenant_ReusedTenantIDStartsEmpty(t *testing.T) {
+	tr := New(0)
+	tr.Insert("sys|a", workerA)
+	tr.Insert("sys|b", workerB)
+	tr.RemoveTenant(workerA)
+	tr.Insert("sys|c", workerC) // takes A's freed id
+	if got := tr.MatchTenant("sys|a", workerC); got != len("sys|") {
+		t.Fatalf("new tenant inherited the removed tenant's prefix: %d", got)
+	}
+	assertMatch(t, tr, "sys|c", 5, workerC)
+	checkInvariants(t, tr)
+}
+
+func TestRemoveTenantsWithBase_RemovesWorkerAndItsRanksOnly(t *testing.T) {
+	const url = "http://10.0.0.1:8000"
+	tr := New(0)
+	removed := []string{url, url + "@0", url + "@1", url + "@12"}
+	kept := []string{url + "2", url + "x@0", url + "@", url + "@r1", "http://10.0.0.1:800"}
+	for _, tenant := range append(slices.Clone(removed), kept...) {
+		tr.Insert("sys|"+tenant, tenant)
+	}
+	tr.RemoveTenantsWithBase(url)
+	for _, tenant := range removed {
+		if got := tr.MatchTenant("sys|"+tenant, tenant); got != 0 {
+			t.Errorf("%q should be removed, still holds %d bytes", tenant, got)
+		}
+	}
+	for _, tenant := range kept {
+		if got, want := tr.MatchTenant("sys|"+tenant, tenant), len("sys|"+tenant); got != want {
+			t.Errorf("%q should be kept, holds %d bytes, want %d", tenant, got, want)
+		}
+	}
+	checkInvariants(t, tr)
+}
+
+func TestEvict_LeastRecentlyInsertedLeavesGoFirst(t *testing.T) {
+	tr := New(1 << 20)
+	tr.Insert("sys|old-session", workerA)
+	tr.Insert("sys|mid-session", workerB)
+	tr.Insert("sys|new-session", workerA)
+	tr.maxChars = tr.Chars() - len("old-session")
+
+	if freed := tr.Evict(); freed != len("old-session") {
+		t.Fatalf("Evict freed %d, want %d", freed, len("old-session"))
+	}
+	assertMatch(t, tr, "sys|old-session", len("sys|"), workerA, workerB)
+	assertMatch(t, tr, "sys|mid-session", len("sys|mid-session"), workerB)
+	assertMatch(t, tr, "sys|new-session", len("sys|new-session"), workerA)
+	checkInvariants(t, tr)
+}
+
+func TestEvict_ReinsertRefreshesALeaf(t *testing.T) {
+	tr := New(1 << 20)
+	tr.Insert("sys|first", workerA)
+	tr.Insert("sys|second", workerB)
+	tr.Insert("sys|first", workerA) // used again: now "second" is the oldest
+	tr.maxChars = tr.Chars() - 1
+
+	tr.Evict()
+	assertMatch(t, tr, "sys|first", len("sys|first"), workerA)
+	assertMatch(t, tr, "sys|second", len("sys|"), workerA, workerB)
+	checkInvariants(t, tr)
+}
+
+func TestEvict_MatchDoesNotRefreshALeaf(t *testing.T) {
+	tr := New(1 << 20)
+	tr.Insert("sys|first", workerA)
+	tr.Insert("sys|second", workerB)
+	tr.Match("sys|first")
+	tr.MatchTenant("sys|first", workerA)
+	tr.maxChars = tr.Chars() - 1
+
+	tr.Evict()
+	assertMatch(t, tr, "sys|first", len("sys|"), workerA, workerB)
+}
+
+func TestEvict_ExposedParentCompetesByItsOwnAge(t *testing.T) {
+	tr := New(1 << 20)
+	tr.Insert("sys|s1|t1", workerA)
+	tr.Insert("sys|s1|t1|t2", workerA) // chain: sys|s1|t1 -> |t2
+	tr.Insert("sys|s2|t1", workerB)
+	// Evicting "|t2" exposes "s1|t1"; it is still older than session 2's leaf.
+	tr.maxChars = tr.Chars() - len("|t2") - len("1|t1")
+
+	tr.Evict()
+	assertMatch(t, tr, "sys|s2|t1", len("sys|s2|t1"), workerB)
+	assertMatch(t, tr, "sys|s1|t1|t2", len("sys|s"), workerA, workerB)
+	checkInvariants(t, tr)
+}
+
+func TestEvict_WithinBudgetEvictsNothing(t *testing.T) {
+	tr := New(100)
+	tr.Insert("sys|a", workerA)
+	if freed := tr.Evict(); freed != 0 {
+		t.Fatalf("Evict freed %d within budget", freed)
+	}
+	if freed := New(0).Evict(); freed != 0 {
+		t.Fatalf("Evict without a budget freed %d", freed)
+	}
+}
+
+// randomHistory returns a chat history for session s that is n turns long; histories of one
+// session are prefixes of each other and all sessions share a system prompt.
+func randomHistory(rng *rand.Rand, prev string, turnLen int) string {
+	var b strings.Builder
+	b.Grow(len(prev) + turnLen + 16)
+	b.WriteString(prev)
+	fmt.Fprintf(&b, "|turn%d:", rng.IntN(1000))
+	for b.Len() < len(prev)+turnLen {
+		b.WriteByte(byte('a' + rng.IntN(26)))
+	}
+	return b.String()
+}
+
+func TestBudget_HoldsUnderALongRandomInsertWorkload(t *testing.T) {
+	const budget = 64 << 10
+	tr := New(budget)
+	rng := rand.New(rand.NewPCG(1, 2))
+	system := randomHistory(rng, "system:", 2000)
+	sessions := make([]string, 16)
+	tenants := []string{workerA, workerB, workerC, workerA + "@1"}
+	for i := range 4000 {
+		s := rng.IntN(len(sessions))
+		if sessions[s] == "" || rng.IntN(20) == 0 {
+			sessions[s] = system // a new conversation
+		}
+		sessions[s] = randomHistory(rng, sessions[s], 50+rng.IntN(800))
+		tr.Insert(sessions[s], tenants[rng.IntN(len(tenants))])
+		if got := tr.Chars(); got > budget+budget/10 {
+			t.Fatalf("insert %d: Chars() = %d exceeds 1.1 x budget %d", i, got, budget)
+		}
+		if i%97 == 0 {
+			tr.Evict()
+			if got := tr.Chars(); got > budget {
+				t.Fatalf("insert %d: Chars() = %d after Evict exceeds budget %d", i, got, budget)
+			}
+			checkInvariants(t, tr)
+		}
+	}
+	checkInvariants(t, tr)
+}
+
+func TestBudget_KeyLargerThanTheBudgetIsEvicted(t *testing.T) {
+	tr := New(100)
+	tr.Insert(strings.Repeat("x", 500), workerA)
+	if got := tr.Chars(); got > 110 {
+		t.Fatalf("Chars() = %d after one oversized insert", got)
+	}
+	checkInvariants(t, tr)
+}
+
+func TestConcurrent_InsertMatchRemove(t *testing.T) {
+	tr := New(32 << 10)
+	tenants := []string{workerA, workerA + "@0", workerA + "@1", workerB, workerC}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), 7))
+			history := "system prompt"
+			for range 2000 {
+				if rng.IntN(30) == 0 {
+					history = "system prompt"
+				}
+				history = randomHistory(rng, history, 10+rng.IntN(200))
+				tenant := tenants[rng.IntN(len(tenants))]
+				switch rng.IntN(10) {
+				case 0:
+					tr.RemoveTenant(tenant)
+				case 1:
+					tr.RemoveTenantsWithBase(workerA)
+				case 2:
+					tr.Evict()
+				case 3, 4:
+					tr.Insert(history, tenant)
+				case 5:
+					tr.MatchTenant(history, tenant)
+				default:
+					m := tr.Match(history)
+					if m.Matched > 0 && len(m.Holders) == 0 {
+						t.Errorf("match of %d bytes without holders", m.Matched)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	checkInvariants(t, tr)
+}
+
+func TestCommonPrefixLen(t *testing.T) {
+	long := strings.Repeat("0123456789abcdef", 1000)
+	for _, tc := range []struct {
+		a, b string
+		want int
+	}{
+		{"", "", 0},
+		{"abc", "", 0},
+		{"abc", "abd", 2},
+		{"abc", "abcdef", 3},
+		{long, long, len(long)},
+		{long, long[:5000] + "X", 5000},
+		{long[:4095] + "X", long, 4095},
+		{long[:4096] + "X", long, 4096},
+		{long[:300] + "X", long, 300},
+		{long[:17] + "X", long, 17},
+	} {
+		if got := commonPrefixLen(tc.a, tc.b); got != tc.want {
+			t.Errorf("commonPrefixLen(len %d, len %d) = %d, want %d", len(tc.a), len(tc.b), got, tc.want)
+		}
+	}
+}
