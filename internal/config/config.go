@@ -1,0 +1,290 @@
+// Package config holds every knob of the router: its defaults, its command-line flags, the YAML
+// file form and validation. Other packages receive a validated Config and never read flags,
+// files or the environment themselves.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"go.yaml.in/yaml/v3"
+)
+
+// Config is the router's whole configuration. YAML keys are the flag names in snake_case.
+type Config struct {
+	Host       string   `yaml:"host"`
+	Port       int      `yaml:"port"`
+	WorkerURLs []string `yaml:"worker_urls"`
+	Policy     string   `yaml:"policy"`
+	DPSize     int      `yaml:"intra_node_data_parallel_size"`
+
+	RequestTimeoutSecs float64 `yaml:"request_timeout_secs"`
+	MaxPayloadSize     int64   `yaml:"max_payload_size"`
+
+	HealthCheckIntervalSecs float64 `yaml:"health_check_interval_secs"`
+	HealthCheckTimeoutSecs  float64 `yaml:"health_check_timeout_secs"`
+	HealthCheckEndpoint     string  `yaml:"health_check_endpoint"`
+	HealthFailureThreshold  int     `yaml:"health_failure_threshold"`
+	HealthSuccessThreshold  int     `yaml:"health_success_threshold"`
+
+	RetryMaxRetries       int `yaml:"retry_max_retries"`
+	RetryInitialBackoffMs int `yaml:"retry_initial_backoff_ms"`
+	RetryMaxBackoffMs     int `yaml:"retry_max_backoff_ms"`
+
+	CBFailureThreshold    int     `yaml:"cb_failure_threshold"`
+	CBTimeoutDurationSecs float64 `yaml:"cb_timeout_duration_secs"`
+	DisableCircuitBreaker bool    `yaml:"disable_circuit_breaker"`
+
+	PrometheusHost string `yaml:"prometheus_host"`
+	PrometheusPort int    `yaml:"prometheus_port"`
+
+	APIKey      string `yaml:"api_key"`
+	AdminAPIKey string `yaml:"admin_api_key"`
+
+	LogLevel  string `yaml:"log_level"`
+	LogFormat string `yaml:"log_format"`
+
+	ShutdownGraceSecs float64 `yaml:"shutdown_grace_secs"`
+
+	// cache_aware policy.
+	CacheThreshold       float64       `yaml:"cache_threshold"`
+	BalanceAbsThreshold  int           `yaml:"balance_abs_threshold"`
+	BalanceRelThreshold  float64       `yaml:"balance_rel_threshold"`
+	MaxTreeSize          int           `yaml:"max_tree_size"`
+	EvictionIntervalSecs float64       `yaml:"eviction_interval_secs"`
+	SessionTTL           time.Duration `yaml:"session_ttl"`
+	MaxSessions          int           `yaml:"max_sessions"`
+}
+
+// Policies lists the accepted --policy values.
+var Policies = []string{"cache_aware", "random", "round_robin", "power_of_two", "consistent_hash", "rendezvous_hash"}
+
+// AdminAPIKeyEnv is read when --admin-api-key is not given, so the secret stays out of process lists.
+const AdminAPIKeyEnv = "CACHEROUTE_ADMIN_API_KEY"
+
+// Default returns the configuration used when nothing is set.
+func Default() Config {
+	return Config{
+		Host:                    "127.0.0.1",
+		Port:                    30000,
+		Policy:                  "round_robin",
+		DPSize:                  1,
+		RequestTimeoutSecs:      1800,
+		MaxPayloadSize:          268435456,
+		HealthCheckIntervalSecs: 10,
+		HealthCheckTimeoutSecs:  5,
+		HealthCheckEndpoint:     "/health",
+		HealthFailureThreshold:  3,
+		HealthSuccessThreshold:  2,
+		RetryMaxRetries:         3,
+		RetryInitialBackoffMs:   50,
+		RetryMaxBackoffMs:       2000,
+		CBFailureThreshold:      10,
+		CBTimeoutDurationSecs:   30,
+		PrometheusHost:          "127.0.0.1",
+		PrometheusPort:          29000,
+		LogLevel:                "info",
+		LogFormat:               "text",
+		ShutdownGraceSecs:       30,
+		CacheThreshold:          0.3,
+		BalanceAbsThreshold:     64,
+		BalanceRelThreshold:     1.5,
+		MaxTreeSize:             67108864,
+		EvictionIntervalSecs:    120,
+		SessionTTL:              time.Hour,
+		MaxSessions:             1048576,
+	}
+}
+
+// BindFlags registers every knob on fs, writing into c. The flag defaults are c's current values,
+// so binding onto a Config loaded from a file keeps the file's values for flags not given.
+func BindFlags(fs *pflag.FlagSet, c *Config) {
+	fs.StringVar(&c.Host, "host", c.Host, "listen address")
+	fs.IntVar(&c.Port, "port", c.Port, "listen port")
+	fs.Var(&urlList{list: &c.WorkerURLs}, "worker-urls", "worker base URLs: space-separated after the flag, comma-separated, or the flag repeated")
+	fs.StringVar(&c.Policy, "policy", c.Policy, "routing policy: "+strings.Join(Policies, ", "))
+	fs.IntVar(&c.DPSize, "intra-node-data-parallel-size", c.DPSize, "data-parallel ranks per worker URL; each becomes a tenant URL@rank routed with header X-data-parallel-rank")
+	fs.Float64Var(&c.RequestTimeoutSecs, "request-timeout-secs", c.RequestTimeoutSecs, "upstream request timeout in seconds")
+	fs.Int64Var(&c.MaxPayloadSize, "max-payload-size", c.MaxPayloadSize, "largest accepted request body in bytes; larger bodies get 413")
+	fs.Float64Var(&c.HealthCheckIntervalSecs, "health-check-interval-secs", c.HealthCheckIntervalSecs, "seconds between active health checks of each worker")
+	fs.Float64Var(&c.HealthCheckTimeoutSecs, "health-check-timeout-secs", c.HealthCheckTimeoutSecs, "timeout of one health check in seconds")
+	fs.StringVar(&c.HealthCheckEndpoint, "health-check-endpoint", c.HealthCheckEndpoint, "path probed on each worker by health checks")
+	fs.IntVar(&c.HealthFailureThreshold, "health-failure-threshold", c.HealthFailureThreshold, "consecutive failed checks that mark a worker unhealthy")
+	fs.IntVar(&c.HealthSuccessThreshold, "health-success-threshold", c.HealthSuccessThreshold, "consecutive passed checks that mark an unhealthy worker healthy again")
+	fs.IntVar(&c.RetryMaxRetries, "retry-max-retries", c.RetryMaxRetries, "retries on another worker, only while nothing was sent to the client")
+	fs.IntVar(&c.RetryInitialBackoffMs, "retry-initial-backoff-ms", c.RetryInitialBackoffMs, "backoff before the first retry in milliseconds (doubles each retry)")
+	fs.IntVar(&c.RetryMaxBackoffMs, "retry-max-backoff-ms", c.RetryMaxBackoffMs, "largest backoff between retries in milliseconds")
+	fs.IntVar(&c.CBFailureThreshold, "cb-failure-threshold", c.CBFailureThreshold, "consecutive request failures (connection errors, 5xx) that open a worker's circuit breaker")
+	fs.Float64Var(&c.CBTimeoutDurationSecs, "cb-timeout-duration-secs", c.CBTimeoutDurationSecs, "seconds an open breaker waits before letting one trial request through")
+	fs.BoolVar(&c.DisableCircuitBreaker, "disable-circuit-breaker", c.DisableCircuitBreaker, "never open circuit breakers")
+	fs.StringVar(&c.PrometheusHost, "prometheus-host", c.PrometheusHost, "listen address of the separate metrics listener")
+	fs.IntVar(&c.PrometheusPort, "prometheus-port", c.PrometheusPort, "port of the separate metrics listener (0 disables it; /metrics is also on the main port)")
+	fs.StringVar(&c.APIKey, "api-key", c.APIKey, "sent to workers as 'Authorization: Bearer' when the client sent none")
+	fs.StringVar(&c.AdminAPIKey, "admin-api-key", c.AdminAPIKey, "when set, admin endpoints require 'Authorization: Bearer <key>' (env "+AdminAPIKeyEnv+")")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
+	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
+	fs.Float64Var(&c.ShutdownGraceSecs, "shutdown-grace-secs", c.ShutdownGraceSecs, "on SIGTERM/SIGINT, seconds to let in-flight requests finish")
+	fs.Float64Var(&c.CacheThreshold, "cache-threshold", c.CacheThreshold, "cache_aware: matched fraction of the history above which the holder is chosen")
+	fs.IntVar(&c.BalanceAbsThreshold, "balance-abs-threshold", c.BalanceAbsThreshold, "cache_aware: load gate trips when max-min in-flight exceeds this ...")
+	fs.Float64Var(&c.BalanceRelThreshold, "balance-rel-threshold", c.BalanceRelThreshold, "cache_aware: ... and max exceeds min times this")
+	fs.IntVar(&c.MaxTreeSize, "max-tree-size", c.MaxTreeSize, "cache_aware: characters held per model prefix tree in total")
+	fs.Float64Var(&c.EvictionIntervalSecs, "eviction-interval-secs", c.EvictionIntervalSecs, "cache_aware: seconds between tree and session sweeps")
+	fs.DurationVar(&c.SessionTTL, "session-ttl", c.SessionTTL, "cache_aware: idle time after which a session entry expires")
+	fs.IntVar(&c.MaxSessions, "max-sessions", c.MaxSessions, "cache_aware: session entries per model (least recently used evicted)")
+}
+
+// Load resolves the final configuration from parsed flags: defaults, then the YAML file named by
+// --config (if any), then every flag given on the command line. The admin key falls back to its
+// environment variable. The result is validated.
+func Load(fs *pflag.FlagSet, flagged *Config, configFile string) (Config, error) {
+	c := *flagged
+	if configFile != "" {
+		data, err := os.ReadFile(configFile)
+		if err != nil {
+			return Config{}, fmt.Errorf("--config: %w", err)
+		}
+		c = Default()
+		dec := yaml.NewDecoder(bytes.NewReader(data))
+		dec.KnownFields(true)
+		if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+			return Config{}, fmt.Errorf("--config %s: %w", configFile, err)
+		}
+		// Re-apply the flags the user gave, so they win over the file.
+		over := pflag.NewFlagSet("override", pflag.ContinueOnError)
+		BindFlags(over, &c)
+		var setErr error
+		fs.Visit(func(f *pflag.Flag) {
+			if over.Lookup(f.Name) == nil || setErr != nil {
+				return
+			}
+			if err := over.Set(f.Name, f.Value.String()); err != nil {
+				setErr = fmt.Errorf("--%s: %w", f.Name, err)
+			}
+		})
+		if setErr != nil {
+			return Config{}, setErr
+		}
+	}
+	if c.AdminAPIKey == "" {
+		c.AdminAPIKey = os.Getenv(AdminAPIKeyEnv)
+	}
+	return c, c.Validate()
+}
+
+// Validate checks every value and names the offending flag in its error.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(flag, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("--%s: %s", flag, fmt.Sprintf(format, args...)))
+	}
+	if c.Port < 0 || c.Port > 65535 {
+		bad("port", "%d is not a port number", c.Port)
+	}
+	for _, u := range c.WorkerURLs {
+		if err := ValidateWorkerURL(u); err != nil {
+			bad("worker-urls", "%v", err)
+		}
+	}
+	if !slices.Contains(Policies, c.Policy) {
+		bad("policy", "unknown policy %q (want one of %s)", c.Policy, strings.Join(Policies, ", "))
+	}
+	if c.DPSize < 1 {
+		bad("intra-node-data-parallel-size", "must be at least 1, got %d", c.DPSize)
+	}
+	positive := map[string]float64{
+		"request-timeout-secs":       c.RequestTimeoutSecs,
+		"health-check-interval-secs": c.HealthCheckIntervalSecs,
+		"health-check-timeout-secs":  c.HealthCheckTimeoutSecs,
+		"cb-timeout-duration-secs":   c.CBTimeoutDurationSecs,
+		"eviction-interval-secs":     c.EvictionIntervalSecs,
+		"balance-rel-threshold":      c.BalanceRelThreshold,
+		"session-ttl":                c.SessionTTL.Seconds(),
+	}
+	for _, name := range slices.Sorted(maps.Keys(positive)) {
+		if positive[name] <= 0 {
+			bad(name, "must be positive, got %v", positive[name])
+		}
+	}
+	atLeastOne := map[string]int{
+		"health-failure-threshold": c.HealthFailureThreshold,
+		"health-success-threshold": c.HealthSuccessThreshold,
+		"cb-failure-threshold":     c.CBFailureThreshold,
+		"max-tree-size":            c.MaxTreeSize,
+		"max-sessions":             c.MaxSessions,
+	}
+	for _, name := range slices.Sorted(maps.Keys(atLeastOne)) {
+		if atLeastOne[name] < 1 {
+			bad(name, "must be at least 1, got %d", atLeastOne[name])
+		}
+	}
+	nonNegative := map[string]int{
+		"retry-max-retries":        c.RetryMaxRetries,
+		"retry-initial-backoff-ms": c.RetryInitialBackoffMs,
+		"retry-max-backoff-ms":     c.RetryMaxBackoffMs,
+		"balance-abs-threshold":    c.BalanceAbsThreshold,
+	}
+	for _, name := range slices.Sorted(maps.Keys(nonNegative)) {
+		if nonNegative[name] < 0 {
+			bad(name, "must not be negative, got %d", nonNegative[name])
+		}
+	}
+	if c.MaxPayloadSize < 1 {
+		bad("max-payload-size", "must be at least 1 byte, got %d", c.MaxPayloadSize)
+	}
+	if c.ShutdownGraceSecs < 0 {
+		bad("shutdown-grace-secs", "must not be negative, got %v", c.ShutdownGraceSecs)
+	}
+	if c.CacheThreshold < 0 || c.CacheThreshold > 1 {
+		bad("cache-threshold", "must be within [0, 1], got %v", c.CacheThreshold)
+	}
+	if !strings.HasPrefix(c.HealthCheckEndpoint, "/") {
+		bad("health-check-endpoint", "must be a path starting with '/', got %q", c.HealthCheckEndpoint)
+	}
+	if c.PrometheusPort < 0 || c.PrometheusPort > 65535 {
+		bad("prometheus-port", "%d is not a port number", c.PrometheusPort)
+	}
+	if !slices.Contains([]string{"debug", "info", "warn", "error"}, strings.ToLower(c.LogLevel)) {
+		bad("log-level", "unknown level %q (want debug, info, warn or error)", c.LogLevel)
+	}
+	if !slices.Contains([]string{"text", "json"}, c.LogFormat) {
+		bad("log-format", "unknown format %q (want text or json)", c.LogFormat)
+	}
+	return errors.Join(errs...)
+}
+
+// ValidateWorkerURL accepts an absolute http or https URL with a host and no query or fragment.
+func ValidateWorkerURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("malformed worker URL %q: %v", raw, err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("malformed worker URL %q: want http(s)://host[:port][/path]", raw)
+	}
+	return nil
+}
+
+// Timeouts and intervals as durations, for the packages that use them.
+func (c Config) RequestTimeout() time.Duration      { return secs(c.RequestTimeoutSecs) }
+func (c Config) HealthCheckInterval() time.Duration { return secs(c.HealthCheckIntervalSecs) }
+func (c Config) HealthCheckTimeout() time.Duration  { return secs(c.HealthCheckTimeoutSecs) }
+func (c Config) CBTimeout() time.Duration           { return secs(c.CBTimeoutDurationSecs) }
+func (c Config) ShutdownGrace() time.Duration       { return secs(c.ShutdownGraceSecs) }
+func (c Config) EvictionInterval() time.Duration    { return secs(c.EvictionIntervalSecs) }
+func (c Config) RetryInitialBackoff() time.Duration {
+	return time.Duration(c.RetryInitialBackoffMs) * time.Millisecond
+}
+func (c Config) RetryMaxBackoff() time.Duration {
+	return time.Duration(c.RetryMaxBackoffMs) * time.Millisecond
+}
+
+func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

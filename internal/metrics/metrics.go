@@ -1,0 +1,149 @@
+// Package metrics defines every Prometheus collector of the router, in one place. All names carry
+// the vllm_router_ prefix, counters end in _total, durations are in seconds, and every label takes
+// a bounded set of values: route patterns, status classes, worker tenants, decision labels, model
+// names; never a session id or a raw path.
+package metrics
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/cacheroute/cacheroute/internal/workers"
+)
+
+const namespace = "vllm_router"
+
+// Metrics holds the router's collectors, registered on a registry of its own so that several
+// routers can live in one process (tests, the bench).
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	Requests        *prometheus.CounterVec   // route, status_class
+	RequestDuration *prometheus.HistogramVec // route
+	TimeToFirstByte *prometheus.HistogramVec // route
+	Processed       *prometheus.CounterVec   // worker
+	PolicyDecisions *prometheus.CounterVec   // policy, worker
+	Retries         prometheus.Counter
+	UpstreamErrors  *prometheus.CounterVec // kind
+
+	CacheAwareDecisions *prometheus.CounterVec // decision
+	PrefixMatchRatio    prometheus.Histogram
+	TreeChars           *prometheus.GaugeVec   // model
+	Sessions            *prometheus.GaugeVec   // model
+	Evictions           *prometheus.CounterVec // kind
+}
+
+// Upstream error kinds, the values of upstream_errors_total{kind}.
+const (
+	ErrConnect   = "connect"    // the worker could not be reached
+	ErrTimeout   = "timeout"    // the request timeout passed
+	ErrStatus    = "status_5xx" // the worker answered 502, 503 or 504 before anything was sent
+	ErrMidStream = "mid_stream" // the response broke after bytes reached the client
+)
+
+// latencyBuckets span fast non-streaming answers to long generations.
+var latencyBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800}
+
+// New builds and registers every collector. pool feeds the per-worker gauges at scrape time, so a
+// removed worker's series vanish with it.
+func New(pool *workers.Pool) *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "requests_total",
+			Help: "Requests answered by the router, by route and HTTP status class."}, []string{"route", "status_class"}),
+		RequestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: "request_duration_seconds",
+			Help: "Time from receiving a request to the end of its response.", Buckets: latencyBuckets}, []string{"route"}),
+		TimeToFirstByte: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: "time_to_first_byte_seconds",
+			Help: "Time from receiving a request to the first response byte sent to the client.", Buckets: latencyBuckets}, []string{"route"}),
+		Processed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "processed_requests_total",
+			Help: "Requests answered by each worker tenant (after retries)."}, []string{"worker"}),
+		PolicyDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "policy_decisions_total",
+			Help: "Selections made by the policy, by policy and chosen worker tenant."}, []string{"policy", "worker"}),
+		Retries: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: "retries_total",
+			Help: "Requests re-sent to another worker before any byte reached the client."}),
+		UpstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "upstream_errors_total",
+			Help: "Failed upstream attempts by kind: connect, timeout, status_5xx, mid_stream."}, []string{"kind"}),
+		CacheAwareDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "cache_aware_decisions_total",
+			Help: "cache_aware decisions by label; exactly one per routed request."}, []string{"decision"}),
+		PrefixMatchRatio: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: "cache_aware_prefix_match_ratio",
+			Help:    "Fraction of the request's history key or routing text the chosen worker was predicted to hold.",
+			Buckets: []float64{0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1}}),
+		TreeChars: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "cache_aware_tree_chars",
+			Help: "Characters held in the cache_aware prefix tree of each model."}, []string{"model"}),
+		Sessions: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "cache_aware_sessions",
+			Help: "Entries in the cache_aware session map of each model (memory store)."}, []string{"model"}),
+		Evictions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "cache_aware_evictions_total",
+			Help: "cache_aware state evicted, by kind: tree, session_ttl, session_capacity, worker_removed."}, []string{"kind"}),
+	}
+	m.Registry.MustRegister(
+		m.Requests, m.RequestDuration, m.TimeToFirstByte, m.Processed, m.PolicyDecisions, m.Retries,
+		m.UpstreamErrors, m.CacheAwareDecisions, m.PrefixMatchRatio, m.TreeChars, m.Sessions, m.Evictions,
+		poolCollector{pool},
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return m
+}
+
+// Handler serves the registry in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
+}
+
+// ForgetWorker deletes the series of a removed worker tenant.
+func (m *Metrics) ForgetWorker(tenant string) {
+	m.Processed.DeleteLabelValues(tenant)
+	m.PolicyDecisions.DeletePartialMatch(prometheus.Labels{"worker": tenant})
+}
+
+// StatusClass maps an HTTP status to its class label ("2xx" … "5xx").
+func StatusClass(code int) string {
+	switch {
+	case code >= 500:
+		return "5xx"
+	case code >= 400:
+		return "4xx"
+	case code >= 300:
+		return "3xx"
+	case code >= 200:
+		return "2xx"
+	}
+	return "1xx"
+}
+
+var (
+	workerLoadDesc = prometheus.NewDesc(namespace+"_worker_load",
+		"Requests the router has in flight on each worker tenant.", []string{"worker"}, nil)
+	workerHealthyDesc = prometheus.NewDesc(namespace+"_worker_healthy",
+		"1 when the worker tenant passes health checks, else 0.", []string{"worker"}, nil)
+	activeWorkersDesc = prometheus.NewDesc(namespace+"_active_workers",
+		"Worker tenants that are healthy and whose circuit breaker is not open.", nil, nil)
+)
+
+// poolCollector reads the pool at scrape time.
+type poolCollector struct{ pool *workers.Pool }
+
+func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- workerLoadDesc
+	ch <- workerHealthyDesc
+	ch <- activeWorkersDesc
+}
+
+func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
+	active := 0
+	for _, w := range c.pool.All() {
+		healthy := 0.0
+		if w.Healthy() {
+			healthy = 1
+		}
+		if w.Available() {
+			active++
+		}
+		ch <- prometheus.MustNewConstMetric(workerLoadDesc, prometheus.GaugeValue, float64(w.Load()), w.Tenant())
+		ch <- prometheus.MustNewConstMetric(workerHealthyDesc, prometheus.GaugeValue, healthy, w.Tenant())
+	}
+	ch <- prometheus.MustNewConstMetric(activeWorkersDesc, prometheus.GaugeValue, float64(active))
+}

@@ -1,0 +1,102 @@
+package proxy
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/cacheroute/cacheroute/internal/config"
+	"github.com/cacheroute/cacheroute/internal/workers"
+)
+
+// admin guards an admin endpoint: when an admin key is configured, the request must carry it as a
+// bearer token (compared in constant time).
+func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.opts.AdminAPIKey != "" {
+			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.opts.AdminAPIKey)) != 1 {
+				writeError(w, http.StatusUnauthorized, "authentication_error", "invalid_admin_api_key", "admin endpoints require a valid admin API key")
+				return
+			}
+		}
+		h(w, r)
+	}
+}
+
+func (s *Server) listWorkers(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"workers": describeWorkers(s.pool.All())})
+}
+
+func (s *Server) addWorkerQuery(w http.ResponseWriter, r *http.Request) {
+	s.addWorker(w, r, r.URL.Query().Get("url"))
+}
+
+// addWorkerREST takes the URL from ?url= or from a JSON body {"url": "..."}.
+func (s *Server) addWorkerREST(w http.ResponseWriter, r *http.Request) {
+	url := r.URL.Query().Get("url")
+	if url == "" {
+		var body struct {
+			URL string `json:"url"`
+		}
+		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&body); err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "expected ?url= or a JSON body {\"url\": \"...\"}")
+			return
+		}
+		url = body.URL
+	}
+	s.addWorker(w, r, url)
+}
+
+// addWorker registers and probes a worker. A worker that is unreachable stays registered and
+// listed as unhealthy; health checks bring it in when it comes up.
+func (s *Server) addWorker(w http.ResponseWriter, r *http.Request, url string) {
+	url = workers.TrimURL(url)
+	if err := config.ValidateWorkerURL(url); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_worker_url", err.Error())
+		return
+	}
+	if err := s.fleet.AddWorker(r.Context(), url); err != nil {
+		if errors.Is(err, workers.ErrExists) {
+			writeError(w, http.StatusConflict, "invalid_request_error", "worker_exists", "worker "+url+" is already registered")
+			return
+		}
+		writeError(w, http.StatusInternalServerError, "server_error", "add_worker_failed", err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"added": url, "workers": describeWorkers(s.pool.Get(url))})
+}
+
+func (s *Server) removeWorkerQuery(w http.ResponseWriter, r *http.Request) {
+	s.removeWorker(w, r.URL.Query().Get("url"))
+}
+
+func (s *Server) deleteWorker(w http.ResponseWriter, r *http.Request) {
+	s.removeWorker(w, r.PathValue("url"))
+}
+
+func (s *Server) removeWorker(w http.ResponseWriter, url string) {
+	url = workers.TrimURL(url)
+	if err := s.fleet.RemoveWorker(url); err != nil {
+		if errors.Is(err, workers.ErrNotFound) {
+			writeError(w, http.StatusNotFound, "invalid_request_error", "worker_not_found", "worker "+url+" is not registered")
+			return
+		}
+		writeError(w, http.StatusInternalServerError, "server_error", "remove_worker_failed", err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"removed": url})
+}
+
+func (s *Server) getWorker(w http.ResponseWriter, r *http.Request) {
+	url := workers.TrimURL(r.PathValue("url"))
+	tenants := s.pool.Get(url)
+	if len(tenants) == 0 {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "worker_not_found", "worker "+url+" is not registered")
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"workers": describeWorkers(tenants)})
+}

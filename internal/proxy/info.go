@@ -1,0 +1,86 @@
+package proxy
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/cacheroute/cacheroute/internal/workers"
+)
+
+// WorkerInfo is one tenant as the health and admin endpoints show it.
+type WorkerInfo struct {
+	URL     string   `json:"url"`
+	Tenant  string   `json:"worker"`
+	DPRank  *int     `json:"dp_rank,omitempty"`
+	Models  []string `json:"models"`
+	Healthy bool     `json:"healthy"`
+	Load    int64    `json:"load"`
+	Breaker string   `json:"circuit_breaker"`
+}
+
+func describeWorker(w *workers.Worker) WorkerInfo {
+	info := WorkerInfo{URL: w.URL(), Tenant: w.Tenant(), Models: w.Models(), Healthy: w.Healthy(), Load: w.Load(), Breaker: w.Breaker().State().String()}
+	if w.Rank() >= 0 {
+		rank := w.Rank()
+		info.DPRank = &rank
+	}
+	return info
+}
+
+func describeWorkers(ws []*workers.Worker) []WorkerInfo {
+	out := make([]WorkerInfo, 0, len(ws))
+	for _, w := range ws {
+		out = append(out, describeWorker(w))
+	}
+	return out
+}
+
+func (s *Server) healthyCount() int {
+	n := 0
+	for _, w := range s.pool.All() {
+		if w.Healthy() {
+			n++
+		}
+	}
+	return n
+}
+
+// health is 200 while at least one worker is healthy, else 503; the body lists every worker.
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	status, code := "healthy", http.StatusOK
+	if s.healthyCount() == 0 {
+		status, code = "unhealthy", http.StatusServiceUnavailable
+	}
+	writeJSON(w, code, map[string]any{"status": status, "workers": describeWorkers(s.pool.All())})
+}
+
+// liveness is always 200: the process is up and serving HTTP.
+func (s *Server) liveness(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "alive"})
+}
+
+// readiness is 200 once at least one worker is healthy, so a load balancer only sends traffic to
+// a router that can place it.
+func (s *Server) readiness(w http.ResponseWriter, r *http.Request) {
+	if s.healthyCount() == 0 {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not_ready"})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// models lists the union of models served by healthy workers in the OpenAI list format.
+func (s *Server) models(w http.ResponseWriter, r *http.Request) {
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	data := []model{}
+	now := time.Now().Unix()
+	for _, m := range s.pool.Models() {
+		data = append(data, model{ID: m, Object: "model", Created: now, OwnedBy: "cacheroute"})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+}

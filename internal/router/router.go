@@ -1,0 +1,195 @@
+// Package router assembles one cacheroute router from its configuration: the worker pool and its
+// health checker, the policy, the metrics and the proxy, and runs it with a graceful shutdown.
+package router
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cacheroute/cacheroute/internal/config"
+	"github.com/cacheroute/cacheroute/internal/metrics"
+	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/proxy"
+	"github.com/cacheroute/cacheroute/internal/workers"
+)
+
+// Router is one running router instance.
+type Router struct {
+	cfg       config.Config
+	log       *slog.Logger
+	pool      *workers.Pool
+	checker   *workers.Checker
+	policy    policy.Policy
+	metrics   *metrics.Metrics
+	proxy     *proxy.Server
+	transport *http.Transport
+}
+
+// New builds a router from a validated configuration. Workers are registered by Start.
+func New(cfg config.Config, log *slog.Logger) (*Router, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	p, err := policy.New(cfg.Policy)
+	if err != nil {
+		return nil, err
+	}
+	pool := workers.NewPool(workers.Options{
+		DPSize:                cfg.DPSize,
+		CBFailureThreshold:    cfg.CBFailureThreshold,
+		CBTimeout:             cfg.CBTimeout(),
+		DisableCircuitBreaker: cfg.DisableCircuitBreaker,
+	})
+	transport := &http.Transport{
+		Proxy:                 nil, // workers are reached directly, never through an environment proxy
+		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   256,
+		IdleConnTimeout:       90 * time.Second,
+		DisableCompression:    true, // pass bodies through exactly as the worker encoded them
+		ExpectContinueTimeout: 0,
+	}
+	r := &Router{cfg: cfg, log: log, pool: pool, policy: p, transport: transport}
+	r.metrics = metrics.New(pool)
+	r.checker = workers.NewChecker(pool, workers.HealthOptions{
+		Endpoint:         cfg.HealthCheckEndpoint,
+		Interval:         cfg.HealthCheckInterval(),
+		Timeout:          cfg.HealthCheckTimeout(),
+		FailureThreshold: cfg.HealthFailureThreshold,
+		SuccessThreshold: cfg.HealthSuccessThreshold,
+		APIKey:           cfg.APIKey,
+	}, &http.Client{Transport: transport}, log)
+	r.proxy = proxy.New(proxy.Options{
+		MaxPayloadSize: cfg.MaxPayloadSize,
+		RequestTimeout: cfg.RequestTimeout(),
+		MaxRetries:     cfg.RetryMaxRetries,
+		InitialBackoff: cfg.RetryInitialBackoff(),
+		MaxBackoff:     cfg.RetryMaxBackoff(),
+		APIKey:         cfg.APIKey,
+		AdminAPIKey:    cfg.AdminAPIKey,
+	}, pool, r, p, r.metrics, transport, log)
+	return r, nil
+}
+
+// Handler is the router's HTTP handler (routed endpoints, health, models, metrics, admin).
+func (r *Router) Handler() http.Handler { return r.proxy }
+
+// MetricsHandler serves only /metrics, for the separate metrics listener.
+func (r *Router) MetricsHandler() http.Handler { return r.metrics.Handler() }
+
+// Pool exposes the worker pool (read-only use: tests and the bench watch loads).
+func (r *Router) Pool() *workers.Pool { return r.pool }
+
+// Metrics exposes the router's collectors.
+func (r *Router) Metrics() *metrics.Metrics { return r.metrics }
+
+// AddWorker registers a worker URL and probes it at once; a worker that does not answer stays
+// registered as unhealthy.
+func (r *Router) AddWorker(ctx context.Context, url string) error {
+	url = workers.TrimURL(url)
+	if err := config.ValidateWorkerURL(url); err != nil {
+		return err
+	}
+	if _, err := r.pool.Add(url); err != nil {
+		return err
+	}
+	r.checker.Check(ctx, url)
+	r.log.Info("worker added", "worker", url, "healthy", r.pool.Get(url)[0].Healthy())
+	return nil
+}
+
+// RemoveWorker unregisters every tenant of url and forgets all state that names them.
+func (r *Router) RemoveWorker(url string) error {
+	removed, err := r.pool.Remove(workers.TrimURL(url))
+	if err != nil {
+		return err
+	}
+	if l, ok := r.policy.(policy.WorkerRemovalListener); ok {
+		l.WorkerRemoved(url)
+	}
+	for _, w := range removed {
+		r.metrics.ForgetWorker(w.Tenant())
+	}
+	r.log.Info("worker removed", "worker", url)
+	return nil
+}
+
+// Start registers the configured workers (probing them concurrently) and starts the background
+// loops, which stop when ctx ends.
+func (r *Router) Start(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, url := range r.cfg.WorkerURLs {
+		wg.Go(func() {
+			if err := r.AddWorker(ctx, url); err != nil {
+				r.log.Warn("worker not added", "worker", url, "error", err)
+			}
+		})
+	}
+	wg.Wait()
+	go r.checker.Run(ctx)
+}
+
+// Serve answers on ln (and on metricsLn, if not nil) until ctx ends, then stops accepting, lets
+// in-flight requests finish for the shutdown grace period, and returns nil on a clean drain.
+func (r *Router) Serve(ctx context.Context, ln, metricsLn net.Listener) error {
+	srv := &http.Server{Handler: r.proxy, ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(r.log.Handler(), slog.LevelDebug)}
+	servers := []*http.Server{srv}
+	errc := make(chan error, 2)
+	go func() { errc <- srv.Serve(ln) }()
+	if metricsLn != nil {
+		msrv := &http.Server{Handler: r.MetricsHandler(), ReadHeaderTimeout: 10 * time.Second}
+		servers = append(servers, msrv)
+		go func() { errc <- msrv.Serve(metricsLn) }()
+	}
+	select {
+	case err := <-errc:
+		for _, s := range servers {
+			_ = s.Close()
+		}
+		return err
+	case <-ctx.Done():
+	}
+	r.log.Info("shutting down: draining in-flight requests", "grace", r.cfg.ShutdownGrace())
+	drainCtx, cancel := context.WithTimeout(context.Background(), r.cfg.ShutdownGrace())
+	defer cancel()
+	var firstErr error
+	for _, s := range servers {
+		if err := s.Shutdown(drainCtx); err != nil && firstErr == nil {
+			firstErr = err
+			_ = s.Close()
+		}
+	}
+	r.transport.CloseIdleConnections()
+	if errors.Is(firstErr, context.DeadlineExceeded) {
+		return errors.New("shutdown grace period ended with requests still in flight")
+	}
+	return firstErr
+}
+
+// Run listens on the configured addresses, registers the workers and serves until ctx ends.
+func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+	r, err := New(cfg, log)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port)))
+	if err != nil {
+		return err
+	}
+	var metricsLn net.Listener
+	if cfg.PrometheusPort != 0 {
+		if metricsLn, err = net.Listen("tcp", net.JoinHostPort(cfg.PrometheusHost, strconv.Itoa(cfg.PrometheusPort))); err != nil {
+			ln.Close()
+			return err
+		}
+	}
+	log.Info("cacheroute listening", "addr", ln.Addr().String(), "policy", cfg.Policy, "workers", len(cfg.WorkerURLs))
+	r.Start(ctx)
+	return r.Serve(ctx, ln, metricsLn)
+}

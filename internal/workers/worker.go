@@ -1,0 +1,102 @@
+// Package workers keeps the fleet: each worker tenant's identity, served models, health, circuit
+// breaker and in-flight load, the Pool that holds them, and the active health checker.
+package workers
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+)
+
+// Worker is one routing target (a tenant). Without data parallelism a worker URL is one tenant;
+// with --intra-node-data-parallel-size N it is N tenants "URL@0".."URL@N-1" that share the URL and
+// are told apart by the X-data-parallel-rank header.
+type Worker struct {
+	url    string
+	rank   int // -1 without data parallelism
+	tenant string
+
+	load    atomic.Int64
+	healthy atomic.Bool
+	models  atomic.Pointer[[]string]
+	breaker *Breaker
+}
+
+func newWorker(url string, rank int, breaker *Breaker) *Worker {
+	w := &Worker{url: url, rank: rank, tenant: TenantName(url, rank), breaker: breaker}
+	w.models.Store(&[]string{})
+	return w
+}
+
+// TenantName is "URL" without data parallelism (rank < 0) and "URL@rank" with it.
+func TenantName(url string, rank int) string {
+	if rank < 0 {
+		return url
+	}
+	return url + "@" + strconv.Itoa(rank)
+}
+
+// BaseOf returns the worker URL of a tenant name ("URL@3" → "URL").
+func BaseOf(tenant string) string {
+	if i := strings.LastIndexByte(tenant, '@'); i > 0 {
+		if _, err := strconv.Atoi(tenant[i+1:]); err == nil {
+			return tenant[:i]
+		}
+	}
+	return tenant
+}
+
+// URL is the worker's base URL, the one requests are sent to.
+func (w *Worker) URL() string { return w.url }
+
+// Rank is the data-parallel rank, or -1 without data parallelism.
+func (w *Worker) Rank() int { return w.rank }
+
+// Tenant is the routing identity: URL, or URL@rank.
+func (w *Worker) Tenant() string { return w.tenant }
+
+// Load is the number of requests the router has in flight on this tenant.
+func (w *Worker) Load() int64 { return w.load.Load() }
+
+// Healthy reports the active health checker's verdict.
+func (w *Worker) Healthy() bool { return w.healthy.Load() }
+
+// Breaker is the worker's circuit breaker (shared by all ranks of one URL).
+func (w *Worker) Breaker() *Breaker { return w.breaker }
+
+// Models are the model ids the worker serves, as its /v1/models said; empty when unknown.
+func (w *Worker) Models() []string { return *w.models.Load() }
+
+// Serves reports whether the worker serves model. A worker whose models are unknown serves any.
+func (w *Worker) Serves(model string) bool {
+	models := w.Models()
+	return len(models) == 0 || slices.Contains(models, model)
+}
+
+// Available reports whether the worker may receive a new request: healthy and breaker not open.
+func (w *Worker) Available() bool { return w.Healthy() && w.breaker.Allows() }
+
+// Reserve counts one more request in flight on w and returns the lease that gives it back.
+// Policies reserve at the moment they select, so concurrent selections see each other's load.
+func (w *Worker) Reserve() *Lease {
+	w.load.Add(1)
+	return &Lease{worker: w}
+}
+
+// Lease is one reserved unit of a worker's load. Release gives it back exactly once, however many
+// of the paths that end a request (completion, upstream error, client disconnect) call it.
+type Lease struct {
+	worker   *Worker
+	released atomic.Bool
+}
+
+// Worker is the leased worker.
+func (l *Lease) Worker() *Worker { return l.worker }
+
+// Release returns the load; calls after the first do nothing.
+func (l *Lease) Release() {
+	if l.released.CompareAndSwap(false, true) {
+		l.worker.load.Add(-1)
+	}
+}
