@@ -106,7 +106,7 @@ func (c *Checker) Check(ctx context.Context, url string) {
 	c.mu.Unlock()
 
 	for _, w := range tenants {
-		w.healthy.Store(now)
+		w.SetHealthy(now)
 		if models != nil {
 			w.models.Store(&models)
 		}

@@ -62,6 +62,10 @@ func (w *Worker) Load() int64 { return w.load.Load() }
 // Healthy reports the active health checker's verdict.
 func (w *Worker) Healthy() bool { return w.healthy.Load() }
 
+// SetHealthy records a health verdict. The health checker sets it after each probe; tests use it
+// to build a fleet without probing.
+func (w *Worker) SetHealthy(healthy bool) { w.healthy.Store(healthy) }
+
 // Breaker is the worker's circuit breaker (shared by all ranks of one URL).
 func (w *Worker) Breaker() *Breaker { return w.breaker }
 
