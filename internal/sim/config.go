@@ -1,0 +1,124 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Failure modes for Config.FailureMode.
+const (
+	FailHTTP500 = "500"   // answer 500 with a vLLM-style error body
+	FailReset   = "reset" // close the connection without an answer
+	FailStall   = "stall" // stop mid-stream and hold the request until the client leaves
+	FailSlow    = "slow"  // serve the request ten times slower
+)
+
+// slowFactor multiplies prefill and inter-token time in FailSlow mode.
+const slowFactor = 10
+
+// Config describes one simulated worker. DefaultConfig returns the values
+// `cacheroute sim` starts with.
+type Config struct {
+	// Models are the served model names; the first one labels the metrics.
+	Models []string
+	// BlockSize is the number of tokens per KV block.
+	BlockSize int
+	// KVCacheBlocks is the KV capacity in blocks.
+	KVCacheBlocks int
+	// MaxNumSeqs is the number of requests that run at once; the rest wait
+	// in arrival order.
+	MaxNumSeqs int
+	// PrefillOverhead is the fixed part of every prefill.
+	PrefillOverhead time.Duration
+	// PrefillTimePerToken is charged for every prompt token the cache misses.
+	PrefillTimePerToken time.Duration
+	// InterTokenLatency separates consecutive output tokens.
+	InterTokenLatency time.Duration
+	// TimeScale multiplies every duration the worker sleeps; 0 never sleeps.
+	TimeScale float64
+	// DefaultMaxTokens is the output length of a request that sets none.
+	DefaultMaxTokens int
+	// FailureRate is the fraction of generation requests that fail.
+	FailureRate float64
+	// FailureMode is one of FailHTTP500, FailReset, FailStall, FailSlow.
+	FailureMode string
+	// MaxModelLen is the context length in tokens; a prompt that leaves no
+	// room for one output token is refused with 400.
+	MaxModelLen int
+	// Seed seeds the output text and the failure draws.
+	Seed int64
+
+	// Clock tells time and sleeps; nil means the wall clock. Tests pass a
+	// *ManualClock to observe queueing in simulated time.
+	Clock Clock
+}
+
+// DefaultConfig returns the defaults of `cacheroute sim`.
+func DefaultConfig() Config {
+	return Config{
+		Models:              []string{"sim-model"},
+		BlockSize:           16,
+		KVCacheBlocks:       4096,
+		MaxNumSeqs:          8,
+		PrefillOverhead:     5 * time.Millisecond,
+		PrefillTimePerToken: 100 * time.Microsecond,
+		InterTokenLatency:   5 * time.Millisecond,
+		TimeScale:           1,
+		DefaultMaxTokens:    16,
+		FailureRate:         0,
+		FailureMode:         FailHTTP500,
+		MaxModelLen:         131072,
+		Seed:                0,
+	}
+}
+
+// Validate reports every setting that is out of range, joined.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if len(c.Models) == 0 {
+		bad("at least one model name is required")
+	}
+	seen := make(map[string]bool, len(c.Models))
+	for _, m := range c.Models {
+		switch {
+		case m == "":
+			bad("model name must not be empty")
+		case seen[m]:
+			bad("model %q given twice", m)
+		}
+		seen[m] = true
+	}
+	if c.BlockSize < 1 {
+		bad("block size %d must be at least 1", c.BlockSize)
+	}
+	if c.KVCacheBlocks < 1 {
+		bad("kv cache blocks %d must be at least 1", c.KVCacheBlocks)
+	}
+	if c.MaxNumSeqs < 1 {
+		bad("max num seqs %d must be at least 1", c.MaxNumSeqs)
+	}
+	if c.PrefillOverhead < 0 || c.PrefillTimePerToken < 0 || c.InterTokenLatency < 0 {
+		bad("latencies must not be negative")
+	}
+	if c.TimeScale < 0 || math.IsNaN(c.TimeScale) || math.IsInf(c.TimeScale, 0) {
+		bad("time scale %v must be a finite number >= 0", c.TimeScale)
+	}
+	if c.DefaultMaxTokens < 1 {
+		bad("default max tokens %d must be at least 1", c.DefaultMaxTokens)
+	}
+	if !(c.FailureRate >= 0 && c.FailureRate <= 1) {
+		bad("failure rate %v must be between 0 and 1", c.FailureRate)
+	}
+	switch c.FailureMode {
+	case FailHTTP500, FailReset, FailStall, FailSlow:
+	default:
+		bad("failure mode %q must be one of 500, reset, stall, slow", c.FailureMode)
+	}
+	if c.MaxModelLen < 2 {
+		bad("max model len %d must be at least 2", c.MaxModelLen)
+	}
+	return errors.Join(errs...)
+}

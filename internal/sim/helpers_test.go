@@ -1,0 +1,123 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// testConfig returns a config that never sleeps.
+func testConfig() Config {
+	cfg := DefaultConfig()
+	cfg.TimeScale = 0
+	return cfg
+}
+
+func newWorker(t testing.TB, cfg Config) *Worker {
+	t.Helper()
+	w, err := NewWorker(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Close)
+	return w
+}
+
+// results collects every Result a worker reports.
+type results struct {
+	mu  sync.Mutex
+	all []Result
+}
+
+func collect(w *Worker) *results {
+	rs := &results{}
+	w.OnResult(func(r Result) {
+		rs.mu.Lock()
+		rs.all = append(rs.all, r)
+		rs.mu.Unlock()
+	})
+	return rs
+}
+
+func (rs *results) list() []Result {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return append([]Result(nil), rs.all...)
+}
+
+type msg struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+type chatReply struct {
+	Choices []struct {
+		Message struct {
+			Content string `json:"content"`
+		} `json:"message"`
+		FinishReason string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage struct {
+		PromptTokens        int `json:"prompt_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
+		TotalTokens         int `json:"total_tokens"`
+		PromptTokensDetails struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+}
+
+// do sends a request straight to the handler.
+func do(t testing.TB, h http.Handler, method, path, body string) *httptest.ResponseRecorder {
+	t.Helper()
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}
+
+// chat sends a non-streaming chat request and decodes the reply.
+func chat(t testing.TB, h http.Handler, msgs []msg, maxTokens int) chatReply {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{
+		"model": "sim-model", "messages": msgs, "max_tokens": maxTokens, "ignore_eos": true,
+	})
+	rec := do(t, h, http.MethodPost, "/v1/chat/completions", string(body))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("status %d: %s", rec.Code, rec.Body)
+	}
+	var r chatReply
+	if err := json.Unmarshal(rec.Body.Bytes(), &r); err != nil {
+		t.Fatalf("decode %q: %v", rec.Body, err)
+	}
+	return r
+}
+
+// words returns a deterministic English-like text of about n bytes.
+func words(seed string, n int) string {
+	var b bytes.Buffer
+	b.WriteString(seed)
+	for i := 0; b.Len() < n; i++ {
+		b.WriteString(" the router sends each turn to the worker that holds its prefix")
+	}
+	return b.String()[:n]
+}
+
+// waitFor polls cond for up to 10 seconds; it never asserts on durations,
+// only bounds the wait.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

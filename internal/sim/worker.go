@@ -1,0 +1,265 @@
+package sim
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/cacheroute/cacheroute/internal/sim/kvcache"
+)
+
+// HeaderWorker names the response header that carries the serving worker's
+// host:port on every response, so tests and demos can see who answered.
+const HeaderWorker = "x-sim-worker"
+
+// maxBodyBytes bounds a request body.
+const maxBodyBytes = 64 << 20
+
+// Worker is one simulated vLLM worker: an http.Handler with its own KV cache,
+// scheduler and metrics registry. It is safe for concurrent use.
+type Worker struct {
+	cfg     Config
+	clock   Clock
+	sched   *scheduler
+	eng     engine
+	metrics *workerMetrics
+	mux     *http.ServeMux
+	models  map[string]bool
+
+	name     atomic.Pointer[string]
+	onResult atomic.Pointer[func(Result)]
+
+	faultMu  sync.Mutex
+	faultRNG *rand.Rand
+
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+// NewWorker validates cfg and returns a worker ready to serve.
+func NewWorker(cfg Config) (*Worker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.Models = append([]string(nil), cfg.Models...)
+	w := &Worker{
+		cfg:      cfg,
+		clock:    cfg.Clock,
+		sched:    newScheduler(cfg.MaxNumSeqs),
+		eng:      engine{cache: kvcache.New(cfg.KVCacheBlocks)},
+		models:   make(map[string]bool, len(cfg.Models)),
+		faultRNG: rand.New(rand.NewPCG(uint64(cfg.Seed), 0x5eed)),
+		done:     make(chan struct{}),
+	}
+	if w.clock == nil {
+		w.clock = wallClock{}
+	}
+	for _, m := range cfg.Models {
+		w.models[m] = true
+	}
+	w.metrics = newWorkerMetrics(w)
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", w.handleChat)
+	mux.HandleFunc("POST /v1/completions", w.handleCompletion)
+	mux.HandleFunc("POST /v1/embeddings", w.handleEmbeddings)
+	mux.HandleFunc("GET /v1/models", w.handleModels)
+	mux.HandleFunc("GET /health", func(http.ResponseWriter, *http.Request) {})
+	mux.HandleFunc("POST /reset_prefix_cache", func(http.ResponseWriter, *http.Request) { w.ResetPrefixCache() })
+	mux.Handle("GET /metrics", promhttp.HandlerFor(w.metrics.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/", func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("Content-Type", "application/json")
+		rw.WriteHeader(http.StatusNotFound)
+		io.WriteString(rw, `{"detail":"Not Found"}`)
+	})
+	w.mux = mux
+	return w, nil
+}
+
+// Config returns the worker's configuration.
+func (w *Worker) Config() Config { return w.cfg }
+
+// SetName sets the value of the x-sim-worker header. Without it the header
+// carries the local address of the connection the request came in on.
+func (w *Worker) SetName(name string) { w.name.Store(&name) }
+
+// OnResult sets a function that receives the Result of every generation
+// request as it ends; nil removes it. It runs on the request's goroutine.
+func (w *Worker) OnResult(fn func(Result)) {
+	if fn == nil {
+		w.onResult.Store(nil)
+		return
+	}
+	w.onResult.Store(&fn)
+}
+
+// ServeHTTP serves the vLLM-compatible API.
+func (w *Worker) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
+	rw.Header().Set(HeaderWorker, w.workerName(r))
+	w.mux.ServeHTTP(rw, r)
+}
+
+func (w *Worker) workerName(r *http.Request) string {
+	if n := w.name.Load(); n != nil {
+		return *n
+	}
+	if a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
+		return a.String()
+	}
+	return r.Host
+}
+
+// ResetPrefixCache empties the prefix cache, as vLLM's /reset_prefix_cache
+// does. Blocks that running requests hold are dropped when they finish.
+func (w *Worker) ResetPrefixCache() {
+	w.eng.mu.Lock()
+	w.eng.cache.Reset()
+	w.eng.mu.Unlock()
+}
+
+// Stats returns a snapshot of the worker's counters and state.
+func (w *Worker) Stats() Stats {
+	w.eng.mu.Lock()
+	s := w.eng.stats
+	s.CachedBlocks = w.eng.cache.Resident()
+	s.PinnedBlocks = w.eng.cache.Pinned()
+	s.CapacityBlocks = w.eng.cache.Capacity()
+	s.Evictions = w.eng.cache.Evictions()
+	w.eng.mu.Unlock()
+	s.Running, s.Waiting = w.sched.load()
+	return s
+}
+
+// Close releases requests that fault injection stalls. The worker keeps
+// serving; stopping the listener is the server's business.
+func (w *Worker) Close() {
+	w.closeOnce.Do(func() { close(w.done) })
+}
+
+// drawFault decides whether the next generation request fails, and how.
+func (w *Worker) drawFault() string {
+	if w.cfg.FailureRate == 0 {
+		return ""
+	}
+	w.faultMu.Lock()
+	x := w.faultRNG.Float64()
+	w.faultMu.Unlock()
+	if x < w.cfg.FailureRate {
+		return w.cfg.FailureMode
+	}
+	return ""
+}
+
+// readBody reads the bounded request body.
+func readBody(rw http.ResponseWriter, r *http.Request) ([]byte, error) {
+	body, err := io.ReadAll(http.MaxBytesReader(rw, r.Body, maxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, badf("request body larger than %d bytes", maxBodyBytes)
+		}
+		return nil, badf("reading request body: %v", err)
+	}
+	return body, nil
+}
+
+// resolveModel returns the model a request names; an empty name means the
+// first served model.
+func (w *Worker) resolveModel(name string) (string, bool) {
+	if name == "" {
+		return w.cfg.Models[0], true
+	}
+	return name, w.models[name]
+}
+
+// fitContext checks a prompt against MaxModelLen and shortens maxTokens to
+// the room left.
+func (w *Worker) fitContext(promptTokens, maxTokens int) (int, error) {
+	limit := w.cfg.MaxModelLen
+	if promptTokens >= limit {
+		return 0, badf("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.", limit, promptTokens)
+	}
+	return min(maxTokens, limit-promptTokens), nil
+}
+
+// writeError writes a vLLM-style error body.
+func (w *Worker) writeError(rw http.ResponseWriter, code int, msg string) {
+	typ := "BadRequestError"
+	switch {
+	case code == http.StatusNotFound:
+		typ = "NotFoundError"
+	case code >= 500:
+		typ = "InternalServerError"
+	}
+	if code < 500 {
+		w.count(func(s *Stats) { s.Rejected++ })
+	}
+	writeJSON(rw, code, errorBody{Object: "error", Message: msg, Type: typ, Param: nil, Code: code})
+}
+
+// writeClientError reports err as 400 when it is a badRequest, else 500.
+func (w *Worker) writeClientError(rw http.ResponseWriter, err error) {
+	var bad *badRequest
+	if errors.As(err, &bad) {
+		w.writeError(rw, http.StatusBadRequest, bad.msg)
+		return
+	}
+	w.writeError(rw, http.StatusInternalServerError, err.Error())
+}
+
+func (w *Worker) writeUnknownModel(rw http.ResponseWriter, model string) {
+	w.writeError(rw, http.StatusNotFound, "The model `"+model+"` does not exist.")
+}
+
+func writeJSON(rw http.ResponseWriter, code int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(rw, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	rw.Header().Set("Content-Type", "application/json")
+	rw.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	rw.WriteHeader(code)
+	rw.Write(b)
+}
+
+// injectFault carries out a fault that ends a request before it runs and
+// reports whether it did. FailStall and FailSlow act inside generate.
+func (w *Worker) injectFault(rw http.ResponseWriter, fault string) bool {
+	switch fault {
+	case FailHTTP500:
+		w.count(func(s *Stats) { s.Failed++ })
+		w.writeError(rw, http.StatusInternalServerError, "simulated failure")
+		return true
+	case FailReset:
+		w.count(func(s *Stats) { s.Failed++ })
+		conn, _, err := http.NewResponseController(rw).Hijack()
+		if err != nil {
+			// Not hijackable (HTTP/2, recorders): abort the response instead.
+			panic(http.ErrAbortHandler)
+		}
+		if tc, ok := conn.(*net.TCPConn); ok {
+			tc.SetLinger(0) // send RST, not FIN
+		}
+		conn.Close()
+		return true
+	}
+	return false
+}
+
+// unixNow is the "created" field of responses.
+func unixNow() int64 { return time.Now().Unix() }
+
+// newID returns a response id with the given prefix.
+func newID(prefix string) string {
+	return prefix + strconv.FormatUint(rand.Uint64(), 16)
+}
