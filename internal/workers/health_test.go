@@ -1,0 +1,285 @@
+package workers
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// fakeWorker is an httptest server answering the health endpoint with a settable status and
+// /v1/models with a settable list.
+type fakeWorker struct {
+	srv      *httptest.Server
+	status   atomic.Int32
+	mu       sync.Mutex
+	models   []string
+	authSeen string
+	probes   atomic.Int32
+}
+
+func newFakeWorker(t *testing.T, endpoint string, models ...string) *fakeWorker {
+	t.Helper()
+	f := &fakeWorker{models: models}
+	f.status.Store(http.StatusOK)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+endpoint, func(w http.ResponseWriter, r *http.Request) {
+		f.probes.Add(1)
+		w.WriteHeader(int(f.status.Load()))
+	})
+	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.authSeen = r.Header.Get("Authorization")
+		type model struct {
+			ID     string `json:"id"`
+			Object string `json:"object"`
+		}
+		list := struct {
+			Object string  `json:"object"`
+			Data   []model `json:"data"`
+		}{Object: "list", Data: []model{}}
+		for _, m := range f.models {
+			list.Data = append(list.Data, model{ID: m, Object: "model"})
+		}
+		_ = json.NewEncoder(w).Encode(list)
+	})
+	f.srv = httptest.NewServer(mux)
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+func (f *fakeWorker) setModels(m ...string) {
+	f.mu.Lock()
+	f.models = m
+	f.mu.Unlock()
+}
+
+func newTestChecker(p *Pool, opts HealthOptions) *Checker {
+	if opts.Endpoint == "" {
+		opts.Endpoint = "/health"
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = 5 * time.Second
+	}
+	if opts.FailureThreshold == 0 {
+		opts.FailureThreshold = 3
+	}
+	if opts.SuccessThreshold == 0 {
+		opts.SuccessThreshold = 2
+	}
+	opts.Interval = time.Hour
+	return NewChecker(p, opts, &http.Client{}, slog.New(slog.DiscardHandler))
+}
+
+func TestCheckerFirstPassingProbeMarksHealthyAtOnce(t *testing.T) {
+	f := newFakeWorker(t, "/health", "llama")
+	p := NewPool(Options{DPSize: 2})
+	_, _ = p.Add(f.srv.URL)
+	c := newTestChecker(p, HealthOptions{SuccessThreshold: 5})
+	c.Check(context.Background(), f.srv.URL)
+	for _, w := range p.Get(f.srv.URL) {
+		if !w.Healthy() {
+			t.Errorf("%s unhealthy after a first passing probe", w.Tenant())
+		}
+		if got := w.Models(); !slices.Equal(got, []string{"llama"}) {
+			t.Errorf("%s models = %v, want [llama]", w.Tenant(), got)
+		}
+	}
+}
+
+func TestCheckerFirstFailingProbeMarksUnhealthyAtOnce(t *testing.T) {
+	f := newFakeWorker(t, "/health", "llama")
+	f.status.Store(http.StatusServiceUnavailable)
+	p := NewPool(Options{})
+	added, _ := p.Add(f.srv.URL)
+	added[0].SetHealthy(true) // even if something said otherwise before the first probe
+	c := newTestChecker(p, HealthOptions{FailureThreshold: 5})
+	c.Check(context.Background(), f.srv.URL)
+	if added[0].Healthy() {
+		t.Error("healthy after a first failing probe")
+	}
+	if len(added[0].Models()) != 0 {
+		t.Errorf("models read from a failing worker: %v", added[0].Models())
+	}
+}
+
+func TestCheckerFailureThresholdMarksUnhealthy(t *testing.T) {
+	f := newFakeWorker(t, "/health")
+	p := NewPool(Options{})
+	added, _ := p.Add(f.srv.URL)
+	w := added[0]
+	c := newTestChecker(p, HealthOptions{FailureThreshold: 3, SuccessThreshold: 2})
+	ctx := context.Background()
+	c.Check(ctx, f.srv.URL)
+	if !w.Healthy() {
+		t.Fatal("first probe passed but the worker is unhealthy")
+	}
+	f.status.Store(http.StatusInternalServerError)
+	c.Check(ctx, f.srv.URL)
+	c.Check(ctx, f.srv.URL)
+	if !w.Healthy() {
+		t.Fatal("2 failures of threshold 3 marked the worker unhealthy")
+	}
+	// A pass in between resets the failure count.
+	f.status.Store(http.StatusOK)
+	c.Check(ctx, f.srv.URL)
+	f.status.Store(http.StatusInternalServerError)
+	c.Check(ctx, f.srv.URL)
+	c.Check(ctx, f.srv.URL)
+	if !w.Healthy() {
+		t.Fatal("failures were not reset by a passing probe")
+	}
+	c.Check(ctx, f.srv.URL)
+	if w.Healthy() {
+		t.Fatal("3 consecutive failures did not mark the worker unhealthy")
+	}
+}
+
+func TestCheckerSuccessThresholdBringsWorkerBack(t *testing.T) {
+	f := newFakeWorker(t, "/health")
+	f.status.Store(http.StatusBadGateway)
+	p := NewPool(Options{})
+	added, _ := p.Add(f.srv.URL)
+	w := added[0]
+	c := newTestChecker(p, HealthOptions{FailureThreshold: 3, SuccessThreshold: 3})
+	ctx := context.Background()
+	c.Check(ctx, f.srv.URL)
+	if w.Healthy() {
+		t.Fatal("healthy after a failing first probe")
+	}
+	f.status.Store(http.StatusNoContent) // any 2xx passes
+	c.Check(ctx, f.srv.URL)
+	c.Check(ctx, f.srv.URL)
+	if w.Healthy() {
+		t.Fatal("2 passes of threshold 3 brought the worker back")
+	}
+	// A failure in between resets the success count.
+	f.status.Store(http.StatusBadGateway)
+	c.Check(ctx, f.srv.URL)
+	f.status.Store(http.StatusOK)
+	c.Check(ctx, f.srv.URL)
+	c.Check(ctx, f.srv.URL)
+	if w.Healthy() {
+		t.Fatal("successes were not reset by a failing probe")
+	}
+	c.Check(ctx, f.srv.URL)
+	if !w.Healthy() {
+		t.Fatal("3 consecutive passes did not bring the worker back")
+	}
+}
+
+func TestCheckerUnreachableWorkerIsUnhealthy(t *testing.T) {
+	f := newFakeWorker(t, "/health")
+	url := f.srv.URL
+	f.srv.Close()
+	p := NewPool(Options{})
+	added, _ := p.Add(url)
+	added[0].SetHealthy(true)
+	c := newTestChecker(p, HealthOptions{})
+	c.Check(context.Background(), url)
+	if added[0].Healthy() {
+		t.Error("a worker refusing connections is healthy")
+	}
+}
+
+func TestCheckerProbesConfiguredEndpoint(t *testing.T) {
+	f := newFakeWorker(t, "/ready")
+	p := NewPool(Options{})
+	added, _ := p.Add(f.srv.URL)
+	c := newTestChecker(p, HealthOptions{Endpoint: "/ready"})
+	c.Check(context.Background(), f.srv.URL)
+	if !added[0].Healthy() || f.probes.Load() != 1 {
+		t.Errorf("healthy=%v probes=%d; want the /ready endpoint probed once", added[0].Healthy(), f.probes.Load())
+	}
+	// The default /health is not served here: probing it would fail.
+	c2 := newTestChecker(p, HealthOptions{Endpoint: "/health"})
+	c2.Check(context.Background(), f.srv.URL)
+	if added[0].Healthy() {
+		t.Error("a 404 from the health endpoint counted as healthy")
+	}
+}
+
+func TestCheckerRefreshesModels(t *testing.T) {
+	f := newFakeWorker(t, "/health", "llama")
+	p := NewPool(Options{DPSize: 2})
+	_, _ = p.Add(f.srv.URL)
+	c := newTestChecker(p, HealthOptions{APIKey: "sekret"})
+	ctx := context.Background()
+	c.Check(ctx, f.srv.URL)
+	f.setModels("llama", "llama-lora")
+	c.Check(ctx, f.srv.URL)
+	for _, w := range p.Get(f.srv.URL) {
+		if got := w.Models(); !slices.Equal(got, []string{"llama", "llama-lora"}) {
+			t.Errorf("%s models = %v after refresh", w.Tenant(), got)
+		}
+	}
+	if got := p.Models(); !slices.Equal(got, []string{"llama", "llama-lora"}) {
+		t.Errorf("pool models = %v", got)
+	}
+	f.mu.Lock()
+	auth := f.authSeen
+	f.mu.Unlock()
+	if auth != "Bearer sekret" {
+		t.Errorf("/v1/models got Authorization %q, want the API key", auth)
+	}
+	// A failing probe keeps the last known models.
+	f.status.Store(http.StatusInternalServerError)
+	c.Check(ctx, f.srv.URL)
+	if got := p.Get(f.srv.URL)[0].Models(); !slices.Equal(got, []string{"llama", "llama-lora"}) {
+		t.Errorf("a failed probe changed the models to %v", got)
+	}
+}
+
+func TestCheckAllProbesEveryWorkerAndForgetsRemoved(t *testing.T) {
+	good := newFakeWorker(t, "/health", "m")
+	bad := newFakeWorker(t, "/health", "m")
+	bad.status.Store(http.StatusServiceUnavailable)
+	p := NewPool(Options{})
+	g, _ := p.Add(good.srv.URL)
+	b, _ := p.Add(bad.srv.URL)
+	c := newTestChecker(p, HealthOptions{})
+	c.CheckAll(context.Background())
+	if !g[0].Healthy() || b[0].Healthy() {
+		t.Fatalf("good healthy=%v, bad healthy=%v", g[0].Healthy(), b[0].Healthy())
+	}
+	_, _ = p.Remove(bad.srv.URL)
+	c.CheckAll(context.Background())
+	c.mu.Lock()
+	_, kept := c.counts[bad.srv.URL]
+	c.mu.Unlock()
+	if kept {
+		t.Error("probe counts of a removed worker are kept")
+	}
+	// Re-adding the URL starts over: its first probe decides again.
+	bad.status.Store(http.StatusOK)
+	b, _ = p.Add(bad.srv.URL)
+	c.Check(context.Background(), bad.srv.URL)
+	if !b[0].Healthy() {
+		t.Error("a re-added worker's first passing probe did not mark it healthy")
+	}
+}
+
+func TestCheckOfRemovedWorkerIsHarmless(t *testing.T) {
+	f := newFakeWorker(t, "/health")
+	p := NewPool(Options{})
+	c := newTestChecker(p, HealthOptions{})
+	c.Check(context.Background(), f.srv.URL) // never registered
+	if len(p.All()) != 0 {
+		t.Error("Check registered a worker")
+	}
+}
+
+func TestTrimURL(t *testing.T) {
+	for in, want := range map[string]string{"http://a:1/": "http://a:1", "http://a:1": "http://a:1", "http://a:1//": "http://a:1"} {
+		if got := TrimURL(in); got != want {
+			t.Errorf("TrimURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -1,0 +1,335 @@
+package workers
+
+import (
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestTenantName(t *testing.T) {
+	tests := []struct {
+		url  string
+		rank int
+		want string
+	}{
+		{"http://127.0.0.1:8000", -1, "http://127.0.0.1:8000"},
+		{"http://127.0.0.1:8000", 0, "http://127.0.0.1:8000@0"},
+		{"http://127.0.0.1:8000", 7, "http://127.0.0.1:8000@7"},
+		{"https://gpu-3.internal/v", 12, "https://gpu-3.internal/v@12"},
+	}
+	for _, tt := range tests {
+		if got := TenantName(tt.url, tt.rank); got != tt.want {
+			t.Errorf("TenantName(%q, %d) = %q, want %q", tt.url, tt.rank, got, tt.want)
+		}
+	}
+}
+
+func TestBaseOf(t *testing.T) {
+	tests := []struct {
+		name, tenant, want string
+	}{
+		{"no rank", "http://127.0.0.1:8000", "http://127.0.0.1:8000"},
+		{"rank 0", "http://127.0.0.1:8000@0", "http://127.0.0.1:8000"},
+		{"rank 13", "http://127.0.0.1:8000@13", "http://127.0.0.1:8000"},
+		{"userinfo is not a rank", "http://user@host:8000", "http://user@host:8000"},
+		{"userinfo and rank", "http://user@host:8000@2", "http://user@host:8000"},
+		{"empty suffix", "http://host:8000@", "http://host:8000@"},
+		{"leading at", "@3", "@3"},
+		{"empty", "", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := BaseOf(tt.tenant); got != tt.want {
+				t.Errorf("BaseOf(%q) = %q, want %q", tt.tenant, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestBaseOfInvertsTenantName(t *testing.T) {
+	for _, url := range []string{"http://a:1", "http://user@b:2", "https://c/path"} {
+		for rank := -1; rank < 4; rank++ {
+			if got := BaseOf(TenantName(url, rank)); got != url {
+				t.Errorf("BaseOf(TenantName(%q, %d)) = %q", url, rank, got)
+			}
+		}
+	}
+}
+
+func tenants(ws []*Worker) []string {
+	out := make([]string, len(ws))
+	for i, w := range ws {
+		out[i] = w.Tenant()
+	}
+	return out
+}
+
+func TestPoolWithoutDataParallelismHasOneTenantPerURL(t *testing.T) {
+	p := NewPool(Options{CBFailureThreshold: 3, CBTimeout: time.Second})
+	added, err := p.Add("http://a:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(added) != 1 || added[0].Tenant() != "http://a:1" || added[0].Rank() != -1 || added[0].URL() != "http://a:1" {
+		t.Fatalf("Add = %v (rank %d), want one tenant http://a:1 with rank -1", tenants(added), added[0].Rank())
+	}
+	if added[0].Healthy() {
+		t.Error("a new worker starts healthy; the first probe should decide")
+	}
+}
+
+func TestPoolDataParallelSizeTwoMakesRankedTenants(t *testing.T) {
+	p := NewPool(Options{DPSize: 2, CBFailureThreshold: 3, CBTimeout: time.Second})
+	for _, u := range []string{"http://a:1", "http://b:2"} {
+		if _, err := p.Add(u); err != nil {
+			t.Fatalf("Add(%q): %v", u, err)
+		}
+	}
+	want := []string{"http://a:1@0", "http://a:1@1", "http://b:2@0", "http://b:2@1"}
+	if got := tenants(p.All()); !slices.Equal(got, want) {
+		t.Fatalf("All = %v, want %v", got, want)
+	}
+	for i, w := range p.All() {
+		if w.Rank() != i%2 {
+			t.Errorf("%s: Rank = %d, want %d", w.Tenant(), w.Rank(), i%2)
+		}
+		if w.URL() != BaseOf(w.Tenant()) {
+			t.Errorf("%s: URL = %q", w.Tenant(), w.URL())
+		}
+	}
+	a := p.Get("http://a:1")
+	if got := tenants(a); !slices.Equal(got, want[:2]) {
+		t.Errorf("Get(a) = %v, want %v", got, want[:2])
+	}
+	if a[0].Breaker() != a[1].Breaker() {
+		t.Error("ranks of one URL do not share the URL's breaker")
+	}
+	if b := p.Get("http://b:2"); b[0].Breaker() == a[0].Breaker() {
+		t.Error("two URLs share a breaker")
+	}
+	if got := p.URLs(); !slices.Equal(got, []string{"http://a:1", "http://b:2"}) {
+		t.Errorf("URLs = %v", got)
+	}
+
+	removed, err := p.Remove("http://a:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tenants(removed); !slices.Equal(got, want[:2]) {
+		t.Errorf("Remove returned %v, want every rank %v", got, want[:2])
+	}
+	if got := tenants(p.All()); !slices.Equal(got, want[2:]) {
+		t.Errorf("All after Remove = %v, want %v", got, want[2:])
+	}
+	if got := p.Get("http://a:1"); len(got) != 0 {
+		t.Errorf("Get of a removed URL = %v", tenants(got))
+	}
+	if got := p.URLs(); !slices.Equal(got, []string{"http://b:2"}) {
+		t.Errorf("URLs after Remove = %v", got)
+	}
+}
+
+func TestPoolAddTwiceAndRemoveUnknown(t *testing.T) {
+	p := NewPool(Options{DPSize: 2})
+	if _, err := p.Add("http://a:1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Add("http://a:1"); !errors.Is(err, ErrExists) {
+		t.Errorf("second Add: err = %v, want ErrExists", err)
+	}
+	if n := len(p.All()); n != 2 {
+		t.Errorf("a refused Add changed the pool: %d tenants", n)
+	}
+	if _, err := p.Remove("http://nope:1"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Remove of unknown: err = %v, want ErrNotFound", err)
+	}
+}
+
+func TestPoolSnapshotIsNotChangedByLaterAdds(t *testing.T) {
+	p := NewPool(Options{})
+	_, _ = p.Add("http://a:1")
+	before := p.All()
+	_, _ = p.Add("http://b:1")
+	_, _ = p.Remove("http://a:1")
+	if got := tenants(before); !slices.Equal(got, []string{"http://a:1"}) {
+		t.Errorf("an earlier snapshot changed to %v", got)
+	}
+}
+
+// fleet builds a pool of healthy workers; models[i] are the models of url i (nil: unknown).
+func fleet(t *testing.T, models ...[]string) (*Pool, []*Worker) {
+	t.Helper()
+	p := NewPool(Options{CBFailureThreshold: 1, CBTimeout: time.Hour})
+	var ws []*Worker
+	for i, m := range models {
+		added, err := p.Add("http://w" + string(rune('a'+i)) + ":8000")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range added {
+			w.SetHealthy(true)
+			if m != nil {
+				mm := slices.Clone(m)
+				w.models.Store(&mm)
+			}
+			ws = append(ws, w)
+		}
+	}
+	return p, ws
+}
+
+func TestCandidates(t *testing.T) {
+	t.Run("single-model fleet: every healthy worker, whatever the model", func(t *testing.T) {
+		p, ws := fleet(t, []string{"llama"}, []string{"llama"}, []string{"llama"})
+		ws[1].SetHealthy(false)
+		for _, model := range []string{"llama", "", "other-name"} {
+			got, known := p.Candidates(model)
+			if !known || !slices.Equal(got, []*Worker{ws[0], ws[2]}) {
+				t.Errorf("Candidates(%q) = %v, %v; want the two healthy workers, true", model, tenants(got), known)
+			}
+		}
+	})
+	t.Run("multi-model fleet: only servers of the model", func(t *testing.T) {
+		p, ws := fleet(t, []string{"llama"}, []string{"qwen"}, []string{"llama", "qwen"})
+		got, known := p.Candidates("qwen")
+		if !known || !slices.Equal(got, []*Worker{ws[1], ws[2]}) {
+			t.Errorf("Candidates(qwen) = %v, %v", tenants(got), known)
+		}
+		got, known = p.Candidates("llama")
+		if !known || !slices.Equal(got, []*Worker{ws[0], ws[2]}) {
+			t.Errorf("Candidates(llama) = %v, %v", tenants(got), known)
+		}
+	})
+	t.Run("multi-model fleet: no model named means every healthy worker", func(t *testing.T) {
+		p, ws := fleet(t, []string{"llama"}, []string{"qwen"})
+		got, known := p.Candidates("")
+		if !known || !slices.Equal(got, ws) {
+			t.Errorf("Candidates(\"\") = %v, %v", tenants(got), known)
+		}
+	})
+	t.Run("multi-model fleet: unknown model is not known", func(t *testing.T) {
+		p, _ := fleet(t, []string{"llama"}, []string{"qwen"})
+		got, known := p.Candidates("mistral")
+		if known || len(got) != 0 {
+			t.Errorf("Candidates(mistral) = %v, %v; want none, false", tenants(got), known)
+		}
+	})
+	t.Run("model served only by unhealthy workers is not known", func(t *testing.T) {
+		p, ws := fleet(t, []string{"llama"}, []string{"qwen"}, []string{"mistral"})
+		ws[0].SetHealthy(false)
+		got, known := p.Candidates("llama")
+		if known || len(got) != 0 {
+			t.Errorf("Candidates(llama) with its only server down = %v, %v; want none, false", tenants(got), known)
+		}
+	})
+	t.Run("known model with its servers' breakers open: known, no candidates", func(t *testing.T) {
+		p, ws := fleet(t, []string{"llama"}, []string{"qwen"})
+		ws[0].Breaker().Record(false) // threshold 1
+		got, known := p.Candidates("llama")
+		if !known || len(got) != 0 {
+			t.Errorf("Candidates(llama) = %v, %v; want none, true", tenants(got), known)
+		}
+	})
+	t.Run("worker with unknown models serves any model", func(t *testing.T) {
+		p, ws := fleet(t, []string{"llama"}, []string{"qwen"}, nil)
+		got, known := p.Candidates("qwen")
+		if !known || !slices.Equal(got, []*Worker{ws[1], ws[2]}) {
+			t.Errorf("Candidates(qwen) = %v, %v", tenants(got), known)
+		}
+	})
+	t.Run("unhealthy workers are never candidates", func(t *testing.T) {
+		p, ws := fleet(t, nil, nil)
+		for _, w := range ws {
+			w.SetHealthy(false)
+		}
+		if got, _ := p.Candidates(""); len(got) != 0 {
+			t.Errorf("Candidates = %v, want none", tenants(got))
+		}
+	})
+}
+
+func TestPoolModelsIsSortedUnionOfHealthy(t *testing.T) {
+	p, ws := fleet(t, []string{"qwen", "llama"}, []string{"llama"}, []string{"mistral"})
+	ws[2].SetHealthy(false)
+	if got := p.Models(); !slices.Equal(got, []string{"llama", "qwen"}) {
+		t.Errorf("Models = %v, want [llama qwen]", got)
+	}
+}
+
+func TestServes(t *testing.T) {
+	_, ws := fleet(t, []string{"a", "b"}, nil)
+	if !ws[0].Serves("a") || !ws[0].Serves("b") || ws[0].Serves("c") {
+		t.Errorf("Serves with models [a b] wrong")
+	}
+	if !ws[1].Serves("anything") {
+		t.Errorf("a worker with unknown models does not serve any model")
+	}
+}
+
+func TestReserveAndRelease(t *testing.T) {
+	_, ws := fleet(t, nil)
+	w := ws[0]
+	l1, l2 := w.Reserve(), w.Reserve()
+	if w.Load() != 2 {
+		t.Fatalf("Load after two reserves = %d", w.Load())
+	}
+	if l1.Worker() != w {
+		t.Error("Lease.Worker is not the reserved worker")
+	}
+	l1.Release()
+	l1.Release()
+	if w.Load() != 1 {
+		t.Errorf("Load after releasing one lease twice = %d, want 1", w.Load())
+	}
+	l2.Release()
+	if w.Load() != 0 {
+		t.Errorf("Load = %d, want 0", w.Load())
+	}
+}
+
+func TestLeaseReleaseExactlyOnceUnderConcurrentCalls(t *testing.T) {
+	_, ws := fleet(t, nil)
+	w := ws[0]
+	const leases, callers = 200, 8
+	all := make([]*Lease, leases)
+	for i := range all {
+		all[i] = w.Reserve()
+	}
+	if w.Load() != leases {
+		t.Fatalf("Load = %d, want %d", w.Load(), leases)
+	}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range callers {
+		wg.Go(func() {
+			<-start
+			for _, l := range all {
+				l.Release()
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if w.Load() != 0 {
+		t.Errorf("Load after %d callers released each of %d leases = %d, want 0", callers, leases, w.Load())
+	}
+}
+
+func TestAvailableNeedsHealthAndClosedBreaker(t *testing.T) {
+	p := NewPool(Options{CBFailureThreshold: 1, CBTimeout: time.Hour})
+	added, _ := p.Add("http://a:1")
+	w := added[0]
+	if w.Available() {
+		t.Error("unhealthy worker is available")
+	}
+	w.SetHealthy(true)
+	if !w.Available() {
+		t.Error("healthy worker with a closed breaker is not available")
+	}
+	w.Breaker().Record(false)
+	if w.Available() {
+		t.Error("worker with an open breaker is available")
+	}
+}
