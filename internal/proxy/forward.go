@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/metrics"
@@ -195,7 +196,9 @@ func (s *Server) respond(w http.ResponseWriter, r *http.Request, ex *exchange, r
 
 	rc := http.NewResponseController(w)
 	_ = rc.Flush() // headers out now: a slow first token should not hide that the request was accepted
-	buf := make([]byte, 32*1024)
+	bufp := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(bufp)
+	buf := *bufp
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
@@ -228,6 +231,9 @@ func (s *Server) respond(w http.ResponseWriter, r *http.Request, ex *exchange, r
 	}
 	worker.Breaker().Record(resp.StatusCode < 500)
 }
+
+// copyBuffers recycles the response copy buffers: one per in-flight response otherwise.
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32*1024); return &b }}
 
 // retryable reports the worker answers that mean "try another worker": bad gateway, unavailable,
 // gateway timeout. Every other status is the worker's real answer and passes through.

@@ -120,6 +120,9 @@ func (r *Router) RemoveWorker(url string) error {
 	return nil
 }
 
+// CheckHealth runs one round of health checks now (the background loop does so every interval).
+func (r *Router) CheckHealth(ctx context.Context) { r.checker.CheckAll(ctx) }
+
 // Start registers the configured workers (probing them concurrently) and starts the background
 // loops, which stop when ctx ends.
 func (r *Router) Start(ctx context.Context) {

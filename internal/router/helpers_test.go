@@ -1,0 +1,189 @@
+package router
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cacheroute/cacheroute/internal/config"
+)
+
+// fakeWorker is an OpenAI-compatible worker on loopback whose behaviour each test sets.
+type fakeWorker struct {
+	t       *testing.T
+	srv     *httptest.Server
+	hits    atomic.Int64 // routed requests received
+	healthy atomic.Bool
+	models  []string
+
+	mu         sync.Mutex
+	handle     http.HandlerFunc // routed paths; default: a small JSON completion
+	lastBody   []byte
+	lastHeader http.Header
+}
+
+func newFakeWorker(t *testing.T, models ...string) *fakeWorker {
+	t.Helper()
+	if len(models) == 0 {
+		models = []string{"test-model"}
+	}
+	f := &fakeWorker{t: t, models: models}
+	f.healthy.Store(true)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		if !f.healthy.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
+		data := []map[string]string{}
+		for _, m := range f.models {
+			data = append(data, map[string]string{"id": m, "object": "model"})
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		f.hits.Add(1)
+		f.mu.Lock()
+		f.lastBody, f.lastHeader = body, r.Header.Clone()
+		h := f.handle
+		f.mu.Unlock()
+		if h == nil {
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("X-Worker-Custom", "yes")
+			_, _ = io.WriteString(w, `{"id":"cmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hello"},"finish_reason":"stop"}]}`)
+			return
+		}
+		h(w, r)
+	})
+	f.srv = httptest.NewServer(mux)
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+func (f *fakeWorker) URL() string { return f.srv.URL }
+
+func (f *fakeWorker) setHandler(h http.HandlerFunc) {
+	f.mu.Lock()
+	f.handle = h
+	f.mu.Unlock()
+}
+
+func (f *fakeWorker) last() ([]byte, http.Header) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.lastBody, f.lastHeader
+}
+
+// testConfig is a configuration for tests: no background health loop to speak of, quick retries,
+// no separate metrics listener.
+func testConfig() config.Config {
+	c := config.Default()
+	c.Policy = "round_robin"
+	c.HealthCheckIntervalSecs = 3600 // tests drive health checks with CheckHealth
+	c.HealthCheckTimeoutSecs = 2
+	c.RetryInitialBackoffMs = 1
+	c.RetryMaxBackoffMs = 5
+	c.PrometheusPort = 0
+	c.ShutdownGraceSecs = 10
+	return c
+}
+
+// testRouter is a router serving on a loopback port.
+type testRouter struct {
+	*Router
+	url    string
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// startRouter serves a router built from cfg and registers the workers in order (so positional
+// policies such as round_robin are deterministic).
+func startRouter(t *testing.T, cfg config.Config, ws ...*fakeWorker) *testRouter {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	r, err := New(cfg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	tr := &testRouter{Router: r, url: "http://" + ln.Addr().String(), cancel: cancel, done: make(chan error, 1)}
+	for _, w := range ws {
+		if err := r.AddWorker(ctx, w.URL()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	go func() { tr.done <- r.Serve(ctx, ln, nil) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-tr.done:
+		case <-time.After(15 * time.Second):
+			t.Error("router did not stop")
+		}
+	})
+	return tr
+}
+
+func (tr *testRouter) post(t *testing.T, path, body string, header ...string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, tr.url+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// waitFor polls cond every 5ms for at most 5 seconds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func readAll(t *testing.T, resp *http.Response) string {
+	t.Helper()
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func (tr *testRouter) totalLoad() int64 {
+	var n int64
+	for _, w := range tr.Pool().All() {
+		n += w.Load()
+	}
+	return n
+}
