@@ -1,0 +1,565 @@
+package config_test
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/cacheroute/cacheroute/internal/config"
+)
+
+// load parses args the way the root command does (space-separated --worker-urls expanded, a
+// --config flag beside the knobs) and returns the resolved configuration and the positional
+// arguments left over.
+func load(t *testing.T, args ...string) (config.Config, []string, error) {
+	t.Helper()
+	cfg := config.Default()
+	var file string
+	fs := pflag.NewFlagSet("cacheroute", pflag.ContinueOnError)
+	config.BindFlags(fs, &cfg)
+	fs.StringVar(&file, "config", "", "YAML file")
+	if err := fs.Parse(config.ExpandSpaceSeparated(args, "worker-urls")); err != nil {
+		t.Fatalf("parse %q: %v", args, err)
+	}
+	final, err := config.Load(fs, &cfg, file)
+	return final, fs.Args(), err
+}
+
+func mustLoad(t *testing.T, args ...string) config.Config {
+	t.Helper()
+	c, rest, err := load(t, args...)
+	if err != nil {
+		t.Fatalf("Load %q: %v", args, err)
+	}
+	if len(rest) != 0 {
+		t.Fatalf("Load %q left arguments %q", args, rest)
+	}
+	return c
+}
+
+func writeYAML(t *testing.T, text string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "router.yaml")
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestDefaultsMatchTheDocumentedTable(t *testing.T) {
+	t.Setenv(config.AdminAPIKeyEnv, "")
+	want := config.Config{
+		Host:                    "127.0.0.1",
+		Port:                    30000,
+		Policy:                  "round_robin", // becomes cache_aware with that policy
+		DPSize:                  1,
+		RequestTimeoutSecs:      1800,
+		MaxPayloadSize:          268435456,
+		HealthCheckIntervalSecs: 10,
+		HealthCheckTimeoutSecs:  5,
+		HealthCheckEndpoint:     "/health",
+		HealthFailureThreshold:  3,
+		HealthSuccessThreshold:  2,
+		RetryMaxRetries:         3,
+		RetryInitialBackoffMs:   50,
+		RetryMaxBackoffMs:       2000,
+		CBFailureThreshold:      10,
+		CBTimeoutDurationSecs:   30,
+		DisableCircuitBreaker:   false,
+		PrometheusHost:          "127.0.0.1",
+		PrometheusPort:          29000,
+		LogLevel:                "info",
+		LogFormat:               "text",
+		ShutdownGraceSecs:       30,
+		CacheThreshold:          0.3,
+		BalanceAbsThreshold:     64,
+		BalanceRelThreshold:     1.5,
+		MaxTreeSize:             67108864,
+		EvictionIntervalSecs:    120,
+		SessionTTL:              time.Hour,
+		MaxSessions:             1048576,
+	}
+	if got := config.Default(); !reflect.DeepEqual(got, want) {
+		t.Errorf("Default() =\n%+v\nwant\n%+v", got, want)
+	}
+	if got := mustLoad(t); !reflect.DeepEqual(got, want) {
+		t.Errorf("Load with no flags =\n%+v\nwant\n%+v", got, want)
+	}
+	if err := want.Validate(); err != nil {
+		t.Errorf("defaults do not validate: %v", err)
+	}
+}
+
+func TestDefaultsAsFlagDefaults(t *testing.T) {
+	cfg := config.Default()
+	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+	config.BindFlags(fs, &cfg)
+	want := map[string]string{
+		"host": "127.0.0.1", "port": "30000", "policy": "round_robin",
+		"intra-node-data-parallel-size": "1", "request-timeout-secs": "1800",
+		"max-payload-size": "268435456", "health-check-interval-secs": "10",
+		"health-check-timeout-secs": "5", "health-check-endpoint": "/health",
+		"health-failure-threshold": "3", "health-success-threshold": "2",
+		"retry-max-retries": "3", "retry-initial-backoff-ms": "50", "retry-max-backoff-ms": "2000",
+		"cb-failure-threshold": "10", "cb-timeout-duration-secs": "30", "disable-circuit-breaker": "false",
+		"prometheus-host": "127.0.0.1", "prometheus-port": "29000",
+		"log-level": "info", "log-format": "text", "shutdown-grace-secs": "30",
+		"cache-threshold": "0.3", "balance-abs-threshold": "64", "balance-rel-threshold": "1.5",
+		"max-tree-size": "67108864", "eviction-interval-secs": "120", "session-ttl": "1h0m0s",
+		"max-sessions": "1048576", "worker-urls": "", "api-key": "", "admin-api-key": "",
+	}
+	for name, def := range want {
+		f := fs.Lookup(name)
+		if f == nil {
+			t.Errorf("--%s is not defined", name)
+			continue
+		}
+		if f.DefValue != def {
+			t.Errorf("--%s default %q, want %q", name, f.DefValue, def)
+		}
+	}
+}
+
+// Every YAML key is a flag of the same name in kebab case, with help text, and every flag is a
+// YAML key: the file and the command line cover the same knobs.
+func TestEveryKnobIsBothAFlagAndAYAMLKey(t *testing.T) {
+	cfg := config.Default()
+	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+	config.BindFlags(fs, &cfg)
+	var keys []string
+	typ := reflect.TypeFor[config.Config]()
+	for i := range typ.NumField() {
+		key := typ.Field(i).Tag.Get("yaml")
+		if key == "" {
+			t.Errorf("field %s has no yaml key", typ.Field(i).Name)
+			continue
+		}
+		keys = append(keys, key)
+		f := fs.Lookup(strings.ReplaceAll(key, "_", "-"))
+		if f == nil {
+			t.Errorf("yaml key %q has no flag --%s", key, strings.ReplaceAll(key, "_", "-"))
+			continue
+		}
+		if strings.TrimSpace(f.Usage) == "" {
+			t.Errorf("--%s has no help text", f.Name)
+		}
+	}
+	fs.VisitAll(func(f *pflag.Flag) {
+		if !slices.Contains(keys, strings.ReplaceAll(f.Name, "-", "_")) {
+			t.Errorf("flag --%s has no yaml key", f.Name)
+		}
+	})
+}
+
+func TestWorkerURLForms(t *testing.T) {
+	a, b, c := "http://127.0.0.1:8000", "http://127.0.0.1:8001", "https://gpu-2.internal:8443/v"
+	tests := []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"space separated", []string{"--worker-urls", a, b, c}, []string{a, b, c}},
+		{"space separated then another flag", []string{"--worker-urls", a, b, "--port", "9000"}, []string{a, b}},
+		{"comma separated", []string{"--worker-urls", a + "," + b}, []string{a, b}},
+		{"comma separated with spaces", []string{"--worker-urls", a + ", " + b + ","}, []string{a, b}},
+		{"equals form", []string{"--worker-urls=" + a + "," + c}, []string{a, c}},
+		{"repeated flag", []string{"--worker-urls", a, "--port", "9000", "--worker-urls", b}, []string{a, b}},
+		{"mixed", []string{"--worker-urls", a + "," + b, "--worker-urls", c}, []string{a, b, c}},
+		{"single", []string{"--worker-urls", a}, []string{a}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := mustLoad(t, tt.args...)
+			if !slices.Equal(got.WorkerURLs, tt.want) {
+				t.Errorf("WorkerURLs = %q, want %q", got.WorkerURLs, tt.want)
+			}
+		})
+	}
+}
+
+func TestSubcommandAfterWorkerURLsIsNotSwallowed(t *testing.T) {
+	a, b := "http://127.0.0.1:8000", "http://127.0.0.1:8001"
+	tests := []struct {
+		name     string
+		args     []string
+		wantURLs []string
+		wantRest []string
+	}{
+		{"subcommand after urls", []string{"--worker-urls", a, b, "bench"}, []string{a, b}, []string{"bench"}},
+		{"subcommand after one url", []string{"--worker-urls", a, "sim", "--port", "1"}, []string{a}, []string{"sim"}},
+		{"double dash", []string{"--worker-urls", a, "--", b}, []string{a}, []string{b}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, rest, err := load(t, tt.args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(cfg.WorkerURLs, tt.wantURLs) || !slices.Equal(rest, tt.wantRest) {
+				t.Errorf("urls %q rest %q; want urls %q rest %q", cfg.WorkerURLs, rest, tt.wantURLs, tt.wantRest)
+			}
+		})
+	}
+}
+
+func TestExpandSpaceSeparated(t *testing.T) {
+	tests := []struct {
+		name string
+		in   []string
+		want []string
+	}{
+		{"nothing to do", []string{"--port", "1"}, []string{"--port", "1"}},
+		{"three urls", []string{"--worker-urls", "http://a", "http://b", "http://c"},
+			[]string{"--worker-urls", "http://a", "--worker-urls", "http://b", "--worker-urls", "http://c"}},
+		{"own value taken whatever it looks like", []string{"--worker-urls", "a,b", "http://c"},
+			[]string{"--worker-urls", "a,b", "--worker-urls", "http://c"}},
+		{"stops at a non-url", []string{"--worker-urls", "http://a", "sim", "http://b"},
+			[]string{"--worker-urls", "http://a", "sim", "http://b"}},
+		{"stops at a flag", []string{"--worker-urls", "http://a", "--policy", "random"},
+			[]string{"--worker-urls", "http://a", "--policy", "random"}},
+		{"after double dash untouched", []string{"--", "--worker-urls", "http://a", "http://b"},
+			[]string{"--", "--worker-urls", "http://a", "http://b"}},
+		{"flag last", []string{"--worker-urls"}, []string{"--worker-urls"}},
+		{"other flag with urls untouched", []string{"--host", "http://a", "http://b"}, []string{"--host", "http://a", "http://b"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := config.ExpandSpaceSeparated(tt.in, "worker-urls"); !slices.Equal(got, tt.want) {
+				t.Errorf("ExpandSpaceSeparated(%q) = %q, want %q", tt.in, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestConfigFileWithSnakeCaseKeys(t *testing.T) {
+	t.Setenv(config.AdminAPIKeyEnv, "")
+	path := writeYAML(t, `
+host: 0.0.0.0
+port: 8080
+worker_urls:
+  - http://127.0.0.1:8000
+  - http://127.0.0.1:8001
+policy: consistent_hash
+intra_node_data_parallel_size: 4
+request_timeout_secs: 60.5
+health_check_endpoint: /ready
+health_failure_threshold: 7
+cb_failure_threshold: 4
+disable_circuit_breaker: true
+prometheus_port: 0
+admin_api_key: from-file
+log_format: json
+session_ttl: 30m
+max_sessions: 1000
+cache_threshold: 0.5
+`)
+	got := mustLoad(t, "--config", path)
+	want := config.Default()
+	want.Host = "0.0.0.0"
+	want.Port = 8080
+	want.WorkerURLs = []string{"http://127.0.0.1:8000", "http://127.0.0.1:8001"}
+	want.Policy = "consistent_hash"
+	want.DPSize = 4
+	want.RequestTimeoutSecs = 60.5
+	want.HealthCheckEndpoint = "/ready"
+	want.HealthFailureThreshold = 7
+	want.CBFailureThreshold = 4
+	want.DisableCircuitBreaker = true
+	want.PrometheusPort = 0
+	want.AdminAPIKey = "from-file"
+	want.LogFormat = "json"
+	want.SessionTTL = 30 * time.Minute
+	want.MaxSessions = 1000
+	want.CacheThreshold = 0.5
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("Load(file) =\n%+v\nwant\n%+v", got, want)
+	}
+}
+
+func TestFlagsOverrideConfigFile(t *testing.T) {
+	path := writeYAML(t, `
+port: 8080
+policy: random
+worker_urls: [http://127.0.0.1:8000, http://127.0.0.1:8001]
+session_ttl: 30m
+health_check_timeout_secs: 2
+`)
+	tests := []struct {
+		name  string
+		args  []string
+		check func(t *testing.T, c config.Config)
+	}{
+		{"file alone", nil, func(t *testing.T, c config.Config) {
+			if c.Port != 8080 || c.Policy != "random" || len(c.WorkerURLs) != 2 || c.SessionTTL != 30*time.Minute {
+				t.Errorf("file values not applied: %+v", c)
+			}
+		}},
+		{"port flag wins, the rest from the file", []string{"--port", "9000"}, func(t *testing.T, c config.Config) {
+			if c.Port != 9000 || c.Policy != "random" || len(c.WorkerURLs) != 2 {
+				t.Errorf("got port %d policy %q urls %q", c.Port, c.Policy, c.WorkerURLs)
+			}
+		}},
+		{"flag equal to the default still wins", []string{"--port", "30000"}, func(t *testing.T, c config.Config) {
+			if c.Port != 30000 {
+				t.Errorf("port %d, want the flag's 30000", c.Port)
+			}
+		}},
+		{"worker-urls flag replaces the file's list", []string{"--worker-urls", "http://10.0.0.1:1", "http://10.0.0.2:2"}, func(t *testing.T, c config.Config) {
+			if want := []string{"http://10.0.0.1:1", "http://10.0.0.2:2"}; !slices.Equal(c.WorkerURLs, want) {
+				t.Errorf("urls %q, want %q", c.WorkerURLs, want)
+			}
+		}},
+		{"duration and float flags", []string{"--session-ttl", "90s", "--health-check-timeout-secs", "0.25"}, func(t *testing.T, c config.Config) {
+			if c.SessionTTL != 90*time.Second || c.HealthCheckTimeoutSecs != 0.25 {
+				t.Errorf("ttl %v timeout %v", c.SessionTTL, c.HealthCheckTimeoutSecs)
+			}
+		}},
+		{"bool flag", []string{"--disable-circuit-breaker"}, func(t *testing.T, c config.Config) {
+			if !c.DisableCircuitBreaker {
+				t.Error("--disable-circuit-breaker lost")
+			}
+		}},
+		{"flag order does not matter", []string{"--policy", "rendezvous_hash", "--config", path}, func(t *testing.T, c config.Config) {
+			if c.Policy != "rendezvous_hash" {
+				t.Errorf("policy %q", c.Policy)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := tt.args
+			if !slices.Contains(args, "--config") {
+				args = append([]string{"--config", path}, args...)
+			}
+			tt.check(t, mustLoad(t, args...))
+		})
+	}
+}
+
+func TestConfigFileErrors(t *testing.T) {
+	tests := []struct {
+		name, yaml, wantErr string
+	}{
+		{"unknown key", "port: 8080\nworker_url: http://a:1\n", "worker_url"},
+		{"flag spelling is not a key", "worker-urls: [http://a:1]\n", "worker-urls"},
+		{"wrong type", "port: eighty\n", "--config"},
+		{"invalid value is validated", "policy: fastest\n", "--policy"},
+		{"negative threshold in the file", "health_failure_threshold: -1\n", "--health-failure-threshold"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, err := load(t, "--config", writeYAML(t, tt.yaml))
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("err = %v, want one mentioning %q", err, tt.wantErr)
+			}
+		})
+	}
+	t.Run("missing file", func(t *testing.T) {
+		_, _, err := load(t, "--config", filepath.Join(t.TempDir(), "absent.yaml"))
+		if err == nil || !strings.Contains(err.Error(), "--config") {
+			t.Errorf("err = %v, want one naming --config", err)
+		}
+	})
+	t.Run("empty file means defaults", func(t *testing.T) {
+		t.Setenv(config.AdminAPIKeyEnv, "")
+		c := mustLoad(t, "--config", writeYAML(t, "# nothing set\n"))
+		if !reflect.DeepEqual(c, config.Default()) {
+			t.Errorf("empty file gave %+v", c)
+		}
+	})
+}
+
+func TestAdminAPIKeyFromEnvironment(t *testing.T) {
+	t.Run("env used when the flag is absent", func(t *testing.T) {
+		t.Setenv(config.AdminAPIKeyEnv, "env-secret")
+		if c := mustLoad(t); c.AdminAPIKey != "env-secret" {
+			t.Errorf("AdminAPIKey = %q, want the env value", c.AdminAPIKey)
+		}
+	})
+	t.Run("flag wins over env", func(t *testing.T) {
+		t.Setenv(config.AdminAPIKeyEnv, "env-secret")
+		if c := mustLoad(t, "--admin-api-key", "flag-secret"); c.AdminAPIKey != "flag-secret" {
+			t.Errorf("AdminAPIKey = %q, want the flag value", c.AdminAPIKey)
+		}
+	})
+	t.Run("file wins over env", func(t *testing.T) {
+		t.Setenv(config.AdminAPIKeyEnv, "env-secret")
+		c := mustLoad(t, "--config", writeYAML(t, "admin_api_key: file-secret\n"))
+		if c.AdminAPIKey != "file-secret" {
+			t.Errorf("AdminAPIKey = %q, want the file value", c.AdminAPIKey)
+		}
+	})
+	t.Run("env used with a file that does not set it", func(t *testing.T) {
+		t.Setenv(config.AdminAPIKeyEnv, "env-secret")
+		c := mustLoad(t, "--config", writeYAML(t, "port: 1\n"))
+		if c.AdminAPIKey != "env-secret" {
+			t.Errorf("AdminAPIKey = %q, want the env value", c.AdminAPIKey)
+		}
+	})
+	t.Run("neither", func(t *testing.T) {
+		t.Setenv(config.AdminAPIKeyEnv, "")
+		if c := mustLoad(t); c.AdminAPIKey != "" {
+			t.Errorf("AdminAPIKey = %q, want empty", c.AdminAPIKey)
+		}
+	})
+}
+
+func TestValidateNamesTheFlag(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(c *config.Config)
+		flag   string
+	}{
+		{"unknown policy", func(c *config.Config) { c.Policy = "least_busy" }, "--policy"},
+		{"empty policy", func(c *config.Config) { c.Policy = "" }, "--policy"},
+		{"url without scheme", func(c *config.Config) { c.WorkerURLs = []string{"localhost:8000"} }, "--worker-urls"},
+		{"url without host", func(c *config.Config) { c.WorkerURLs = []string{"http://"} }, "--worker-urls"},
+		{"url with other scheme", func(c *config.Config) { c.WorkerURLs = []string{"ftp://a:1"} }, "--worker-urls"},
+		{"url with query", func(c *config.Config) { c.WorkerURLs = []string{"http://a:1/?x=1"} }, "--worker-urls"},
+		{"url unparseable", func(c *config.Config) { c.WorkerURLs = []string{"http://a b:1"} }, "--worker-urls"},
+		{"bad url among good", func(c *config.Config) { c.WorkerURLs = []string{"http://a:1", "b:2"} }, "--worker-urls"},
+		{"negative health failure threshold", func(c *config.Config) { c.HealthFailureThreshold = -1 }, "--health-failure-threshold"},
+		{"zero health success threshold", func(c *config.Config) { c.HealthSuccessThreshold = 0 }, "--health-success-threshold"},
+		{"negative cb failure threshold", func(c *config.Config) { c.CBFailureThreshold = -3 }, "--cb-failure-threshold"},
+		{"negative balance abs threshold", func(c *config.Config) { c.BalanceAbsThreshold = -1 }, "--balance-abs-threshold"},
+		{"zero balance rel threshold", func(c *config.Config) { c.BalanceRelThreshold = 0 }, "--balance-rel-threshold"},
+		{"cache threshold above 1", func(c *config.Config) { c.CacheThreshold = 1.5 }, "--cache-threshold"},
+		{"negative cache threshold", func(c *config.Config) { c.CacheThreshold = -0.1 }, "--cache-threshold"},
+		{"negative retries", func(c *config.Config) { c.RetryMaxRetries = -1 }, "--retry-max-retries"},
+		{"negative backoff", func(c *config.Config) { c.RetryInitialBackoffMs = -5 }, "--retry-initial-backoff-ms"},
+		{"negative max backoff", func(c *config.Config) { c.RetryMaxBackoffMs = -5 }, "--retry-max-backoff-ms"},
+		{"port out of range", func(c *config.Config) { c.Port = 70000 }, "--port"},
+		{"negative port", func(c *config.Config) { c.Port = -1 }, "--port"},
+		{"prometheus port out of range", func(c *config.Config) { c.PrometheusPort = 65536 }, "--prometheus-port"},
+		{"dp size zero", func(c *config.Config) { c.DPSize = 0 }, "--intra-node-data-parallel-size"},
+		{"zero request timeout", func(c *config.Config) { c.RequestTimeoutSecs = 0 }, "--request-timeout-secs"},
+		{"negative health interval", func(c *config.Config) { c.HealthCheckIntervalSecs = -1 }, "--health-check-interval-secs"},
+		{"zero health timeout", func(c *config.Config) { c.HealthCheckTimeoutSecs = 0 }, "--health-check-timeout-secs"},
+		{"zero cb timeout", func(c *config.Config) { c.CBTimeoutDurationSecs = 0 }, "--cb-timeout-duration-secs"},
+		{"zero payload", func(c *config.Config) { c.MaxPayloadSize = 0 }, "--max-payload-size"},
+		{"negative grace", func(c *config.Config) { c.ShutdownGraceSecs = -1 }, "--shutdown-grace-secs"},
+		{"endpoint without slash", func(c *config.Config) { c.HealthCheckEndpoint = "health" }, "--health-check-endpoint"},
+		{"unknown log level", func(c *config.Config) { c.LogLevel = "verbose" }, "--log-level"},
+		{"unknown log format", func(c *config.Config) { c.LogFormat = "xml" }, "--log-format"},
+		{"zero tree size", func(c *config.Config) { c.MaxTreeSize = 0 }, "--max-tree-size"},
+		{"zero sessions", func(c *config.Config) { c.MaxSessions = 0 }, "--max-sessions"},
+		{"zero session ttl", func(c *config.Config) { c.SessionTTL = 0 }, "--session-ttl"},
+		{"zero eviction interval", func(c *config.Config) { c.EvictionIntervalSecs = 0 }, "--eviction-interval-secs"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := config.Default()
+			c.WorkerURLs = []string{"http://127.0.0.1:8000"}
+			tt.mutate(&c)
+			err := c.Validate()
+			if err == nil {
+				t.Fatalf("Validate accepted it")
+			}
+			if !strings.Contains(err.Error(), tt.flag+":") {
+				t.Errorf("error %q does not name %s", err, tt.flag)
+			}
+		})
+	}
+}
+
+func TestValidateAccepts(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(c *config.Config)
+	}{
+		{"every policy", nil},
+		{"http and https urls with paths", func(c *config.Config) {
+			c.WorkerURLs = []string{"http://127.0.0.1:8000", "https://gpu.internal", "http://[::1]:8000/v1", "http://a:1/"}
+		}},
+		{"no workers yet", func(c *config.Config) { c.WorkerURLs = nil }},
+		{"zero retries and thresholds at their floor", func(c *config.Config) {
+			c.RetryMaxRetries, c.BalanceAbsThreshold, c.HealthFailureThreshold, c.CBFailureThreshold = 0, 0, 1, 1
+		}},
+		{"metrics listener disabled", func(c *config.Config) { c.PrometheusPort = 0 }},
+		{"cache threshold bounds", func(c *config.Config) { c.CacheThreshold = 1 }},
+		{"upper-case log level", func(c *config.Config) { c.LogLevel = "DEBUG" }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := config.Default()
+			if tt.mutate != nil {
+				tt.mutate(&c)
+			}
+			if err := c.Validate(); err != nil {
+				t.Errorf("Validate: %v", err)
+			}
+		})
+	}
+	for _, p := range config.Policies {
+		c := config.Default()
+		c.Policy = p
+		if err := c.Validate(); err != nil {
+			t.Errorf("policy %q rejected: %v", p, err)
+		}
+	}
+}
+
+func TestValidateReportsEveryProblem(t *testing.T) {
+	c := config.Default()
+	c.Policy = "nope"
+	c.WorkerURLs = []string{"localhost:8000"}
+	c.HealthFailureThreshold = -2
+	err := c.Validate()
+	if err == nil {
+		t.Fatal("Validate accepted three bad values")
+	}
+	for _, flag := range []string{"--policy", "--worker-urls", "--health-failure-threshold"} {
+		if !strings.Contains(err.Error(), flag) {
+			t.Errorf("error %q does not name %s", err, flag)
+		}
+	}
+}
+
+func TestLoadRejectsInvalidFlags(t *testing.T) {
+	tests := []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"--policy", "fastest"}, "--policy"},
+		{[]string{"--worker-urls", "localhost:8000"}, "--worker-urls"},
+		{[]string{"--worker-urls", "http://"}, "--worker-urls"},
+		{[]string{"--cb-failure-threshold", "-1"}, "--cb-failure-threshold"},
+	}
+	for _, tt := range tests {
+		_, _, err := load(t, tt.args...)
+		if err == nil || !strings.Contains(err.Error(), tt.flag) {
+			t.Errorf("Load %q: err = %v, want one naming %s", tt.args, err, tt.flag)
+		}
+	}
+}
+
+func TestDurations(t *testing.T) {
+	c := config.Default()
+	c.RequestTimeoutSecs = 1.5
+	c.RetryInitialBackoffMs = 50
+	c.RetryMaxBackoffMs = 2000
+	checks := []struct {
+		name      string
+		got, want time.Duration
+	}{
+		{"RequestTimeout", c.RequestTimeout(), 1500 * time.Millisecond},
+		{"HealthCheckInterval", c.HealthCheckInterval(), 10 * time.Second},
+		{"HealthCheckTimeout", c.HealthCheckTimeout(), 5 * time.Second},
+		{"CBTimeout", c.CBTimeout(), 30 * time.Second},
+		{"ShutdownGrace", c.ShutdownGrace(), 30 * time.Second},
+		{"EvictionInterval", c.EvictionInterval(), 120 * time.Second},
+		{"RetryInitialBackoff", c.RetryInitialBackoff(), 50 * time.Millisecond},
+		{"RetryMaxBackoff", c.RetryMaxBackoff(), 2 * time.Second},
+	}
+	for _, ch := range checks {
+		if ch.got != ch.want {
+			t.Errorf("%s = %v, want %v", ch.name, ch.got, ch.want)
+		}
+	}
+}
