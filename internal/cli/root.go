@@ -82,4 +82,3 @@ func newLogger(w io.Writer, level, format string) *slog.Logger {
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
 }
-

@@ -6,6 +6,7 @@ package metrics
 
 import (
 	"net/http"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -31,9 +32,9 @@ type Metrics struct {
 
 	CacheAwareDecisions *prometheus.CounterVec // decision
 	PrefixMatchRatio    prometheus.Histogram
-	TreeChars           *prometheus.GaugeVec   // model
-	Sessions            *prometheus.GaugeVec   // model
 	Evictions           *prometheus.CounterVec // kind
+
+	policyState policyStateCollector
 }
 
 // Upstream error kinds, the values of upstream_errors_total{kind}.
@@ -71,17 +72,13 @@ func New(pool *workers.Pool) *Metrics {
 		PrefixMatchRatio: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: "cache_aware_prefix_match_ratio",
 			Help:    "Fraction of the request's history key or routing text the chosen worker was predicted to hold.",
 			Buckets: []float64{0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1}}),
-		TreeChars: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "cache_aware_tree_chars",
-			Help: "Characters held in the cache_aware prefix tree of each model."}, []string{"model"}),
-		Sessions: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "cache_aware_sessions",
-			Help: "Entries in the cache_aware session map of each model (memory store)."}, []string{"model"}),
 		Evictions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "cache_aware_evictions_total",
 			Help: "cache_aware state evicted, by kind: tree, session_ttl, session_capacity, worker_removed."}, []string{"kind"}),
 	}
 	m.Registry.MustRegister(
 		m.Requests, m.RequestDuration, m.TimeToFirstByte, m.Processed, m.PolicyDecisions, m.Retries,
-		m.UpstreamErrors, m.CacheAwareDecisions, m.PrefixMatchRatio, m.TreeChars, m.Sessions, m.Evictions,
-		poolCollector{pool},
+		m.UpstreamErrors, m.CacheAwareDecisions, m.PrefixMatchRatio, m.Evictions,
+		poolCollector{pool}, &m.policyState,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -92,6 +89,16 @@ func New(pool *workers.Pool) *Metrics {
 func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
 }
+
+// ModelState is the size of a policy's per-model state, read at scrape time.
+type ModelState struct {
+	Model     string
+	TreeChars int
+	Sessions  int // -1 when the session store cannot count (a shared store)
+}
+
+// SetPolicyState names the function that reports the cache_aware state sizes at scrape time.
+func (m *Metrics) SetPolicyState(source func() []ModelState) { m.policyState.source.Store(&source) }
 
 // ForgetWorker deletes the series of a removed worker tenant.
 func (m *Metrics) ForgetWorker(tenant string) {
@@ -122,6 +129,36 @@ var (
 	activeWorkersDesc = prometheus.NewDesc(namespace+"_active_workers",
 		"Worker tenants that are healthy and whose circuit breaker is not open.", nil, nil)
 )
+
+var (
+	treeCharsDesc = prometheus.NewDesc(namespace+"_cache_aware_tree_chars",
+		"Characters held in the cache_aware prefix tree of each model.", []string{"model"}, nil)
+	sessionsDesc = prometheus.NewDesc(namespace+"_cache_aware_sessions",
+		"Entries in the cache_aware session map of each model (in-process store only).", []string{"model"}, nil)
+)
+
+// policyStateCollector reads the policy's state sizes at scrape time, so the gauges are never stale.
+type policyStateCollector struct {
+	source atomic.Pointer[func() []ModelState]
+}
+
+func (c *policyStateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- treeCharsDesc
+	ch <- sessionsDesc
+}
+
+func (c *policyStateCollector) Collect(ch chan<- prometheus.Metric) {
+	source := c.source.Load()
+	if source == nil {
+		return
+	}
+	for _, s := range (*source)() {
+		ch <- prometheus.MustNewConstMetric(treeCharsDesc, prometheus.GaugeValue, float64(s.TreeChars), s.Model)
+		if s.Sessions >= 0 {
+			ch <- prometheus.MustNewConstMetric(sessionsDesc, prometheus.GaugeValue, float64(s.Sessions), s.Model)
+		}
+	}
+}
 
 // poolCollector reads the pool at scrape time.
 type poolCollector struct{ pool *workers.Pool }

@@ -4,6 +4,7 @@
 package policy
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 
@@ -13,6 +14,9 @@ import (
 
 // Input is what a policy sees for one request.
 type Input struct {
+	// Context bounds any store access the policy makes (a shared session store); never nil when
+	// the proxy calls.
+	Context context.Context
 	Request *reqkey.Request
 	// Candidates are the tenants that may take the request (healthy, breaker closed, serving the
 	// model, not yet tried for this request). Never empty.

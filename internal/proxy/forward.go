@@ -95,7 +95,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, ex *exchange, r
 			}
 			return
 		}
-		dec := s.policy.Select(policy.Input{Request: req, Candidates: candidates, All: s.pool.All()})
+		dec := s.policy.Select(policy.Input{Context: ctx, Request: req, Candidates: candidates, All: s.pool.All()})
 		chosen := dec.Worker
 		candidates = without(candidates, chosen.URL())
 		if !chosen.Breaker().Acquire() {

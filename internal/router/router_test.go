@@ -109,7 +109,9 @@ func TestModelRoutingAndUnknownModel(t *testing.T) {
 	}
 	resp := tr.post(t, "/v1/chat/completions", `{"model":"model-c","messages":[]}`)
 	body := readAll(t, resp)
-	var e struct{ Error struct{ Message, Code string } }
+	var e struct {
+		Error struct{ Message, Code string }
+	}
 	_ = json.Unmarshal([]byte(body), &e)
 	if resp.StatusCode != 404 || e.Error.Code != "model_not_found" || !strings.Contains(e.Error.Message, "model-a, model-b") {
 		t.Fatalf("unknown model: %d %s", resp.StatusCode, body)
