@@ -1,0 +1,122 @@
+package reqkey_test
+
+import (
+	"encoding/json"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/reqkey"
+)
+
+var benchSizes = []struct {
+	name string
+	size int
+}{
+	{"4KiB", 4 << 10},
+	{"64KiB", 64 << 10},
+	{"512KiB", 512 << 10},
+}
+
+// agentChatBody returns an agent-style chat body of about size bytes: a system prompt, two tool
+// schemas, then alternating user and assistant turns of prose until the size is reached. Content
+// is plain strings so the same body also decodes into the plain baseline struct.
+func agentChatBody(size int) []byte {
+	r := rand.New(rand.NewPCG(7, uint64(size)))
+	words := strings.Fields("the router sends each request to the worker whose prefix cache already " +
+		"holds most of it without letting any worker drown under load while sessions stay sticky " +
+		"func main return error nil if for range go test bench json decode")
+	sentence := func(n int) string {
+		var sb strings.Builder
+		for i := range n {
+			if i > 0 {
+				sb.WriteByte(' ')
+			}
+			sb.WriteString(words[r.IntN(len(words))])
+		}
+		return sb.String()
+	}
+	type msg struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
+	body := struct {
+		Model    string           `json:"model"`
+		Stream   bool             `json:"stream"`
+		Messages []msg            `json:"messages"`
+		Tools    []map[string]any `json:"tools"`
+	}{
+		Model:  "meta-llama/Llama-3.1-8B-Instruct",
+		Stream: true,
+		Tools: []map[string]any{
+			{"type": "function", "function": map[string]any{"name": "read_file", "description": "Read a file", "parameters": map[string]any{"type": "object", "properties": map[string]any{"path": map[string]any{"type": "string"}}, "required": []string{"path"}}}},
+			{"type": "function", "function": map[string]any{"name": "run", "description": "Run a command", "parameters": map[string]any{"type": "object", "properties": map[string]any{"cmd": map[string]any{"type": "string"}, "timeout": map[string]any{"type": "integer"}}}}},
+		},
+		Messages: []msg{{Role: "system", Content: sentence(60)}},
+	}
+	for {
+		b, _ := json.Marshal(body)
+		if len(b) >= size {
+			return b
+		}
+		role := "user"
+		if len(body.Messages)%2 == 0 {
+			role = "assistant"
+		}
+		body.Messages = append(body.Messages, msg{Role: role, Content: sentence(20 + r.IntN(60))})
+	}
+}
+
+// BenchmarkParse is the whole key derivation of one chat request: decode, session key, hash key and
+// history key. Compare with BenchmarkPlainDecode of the same bodies.
+func BenchmarkParse(b *testing.B) {
+	h := http.Header{}
+	h.Set("x-session-id", "bench-session")
+	for _, s := range benchSizes {
+		body := agentChatBody(s.size)
+		b.Run(s.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				r, err := reqkey.Parse(h, body)
+				if err != nil || r.Text == "" {
+					b.Fatalf("Parse: %v", err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkPlainDecode is the baseline: encoding/json decoding the same body into a plain struct.
+func BenchmarkPlainDecode(b *testing.B) {
+	for _, s := range benchSizes {
+		body := agentChatBody(s.size)
+		b.Run(s.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				var v struct {
+					Model    string
+					Messages []struct{ Role, Content string }
+				}
+				if err := json.Unmarshal(body, &v); err != nil || len(v.Messages) == 0 {
+					b.Fatalf("decode: %v", err)
+				}
+			}
+		})
+	}
+}
+
+func TestAgentChatBodySizes(t *testing.T) {
+	for _, s := range benchSizes {
+		body := agentChatBody(s.size)
+		if len(body) < s.size || len(body) > s.size+1024 {
+			t.Errorf("%s body is %d bytes", s.name, len(body))
+		}
+		r, err := reqkey.Parse(nil, body)
+		if err != nil || !r.Chat || r.Text == "" {
+			t.Errorf("%s body: %v %+v", s.name, err, r)
+		}
+	}
+}
