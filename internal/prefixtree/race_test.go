@@ -1,0 +1,5 @@
+//go:build race
+
+package prefixtree
+
+const raceEnabled = true
