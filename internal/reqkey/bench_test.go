@@ -55,16 +55,21 @@ func agentChatBody(size int) []byte {
 		},
 		Messages: []msg{{Role: "system", Content: sentence(60)}},
 	}
-	for {
-		b, _ := json.Marshal(body)
-		if len(b) >= size {
-			return b
+	b, _ := json.Marshal(body)
+	for n := len(b); ; {
+		if n >= size {
+			if b, _ = json.Marshal(body); len(b) >= size {
+				return b
+			}
+			n = len(b)
 		}
 		role := "user"
 		if len(body.Messages)%2 == 0 {
 			role = "assistant"
 		}
-		body.Messages = append(body.Messages, msg{Role: role, Content: sentence(20 + r.IntN(60))})
+		m := msg{Role: role, Content: sentence(20 + r.IntN(60))}
+		body.Messages = append(body.Messages, m)
+		n += len(`,{"role":"","content":""}`) + len(m.Role) + len(m.Content)
 	}
 }
 
