@@ -1,0 +1,159 @@
+package session
+
+import (
+	"strings"
+	"sync"
+)
+
+// none marks the end of a list.
+const none int32 = -1
+
+// entry is one session. Entries live in one slice and link to each other by int32 index:
+// a link costs 4 bytes instead of 8, and the collector has no link pointers to follow.
+type entry struct {
+	key      string
+	lastUsed int64 // nanoseconds since Memory.epoch at the last Set or Get
+	// prev and next link the least-recently-used list; next also links the free list.
+	prev, next int32
+	tenant     uint32
+}
+
+// modelSessions is one model's map: an index from key to slot, the slots, and an intrusive
+// doubly linked list of slots from most (head) to least (tail) recently used.
+type modelSessions struct {
+	mu         sync.Mutex
+	index      map[string]int32
+	entries    []entry
+	head, tail int32
+	free       int32
+	tenants    tenantTable
+}
+
+func newModelSessions() *modelSessions {
+	return &modelSessions{
+		index: make(map[string]int32),
+		head:  none,
+		tail:  none,
+		free:  none,
+	}
+}
+
+// addLocked stores a new entry at the front of the list. key must be owned by the store.
+func (ms *modelSessions) addLocked(key string, tenant uint32, now int64) {
+	i := ms.free
+	if i != none {
+		ms.free = ms.entries[i].next
+	} else {
+		i = int32(len(ms.entries))
+		ms.entries = append(ms.entries, entry{})
+	}
+	ms.entries[i] = entry{key: key, lastUsed: now, prev: none, next: none, tenant: tenant}
+	ms.index[key] = i
+	ms.pushFrontLocked(i)
+}
+
+// removeLocked drops entry i and puts its slot on the free list.
+func (ms *modelSessions) removeLocked(i int32) {
+	e := &ms.entries[i]
+	ms.unlinkLocked(i)
+	delete(ms.index, e.key)
+	ms.tenants.release(e.tenant)
+	*e = entry{next: ms.free, prev: none}
+	ms.free = i
+}
+
+func (ms *modelSessions) unlinkLocked(i int32) {
+	e := &ms.entries[i]
+	if e.prev != none {
+		ms.entries[e.prev].next = e.next
+	} else {
+		ms.head = e.next
+	}
+	if e.next != none {
+		ms.entries[e.next].prev = e.prev
+	} else {
+		ms.tail = e.prev
+	}
+	e.prev, e.next = none, none
+}
+
+func (ms *modelSessions) pushFrontLocked(i int32) {
+	e := &ms.entries[i]
+	e.prev, e.next = none, ms.head
+	if ms.head != none {
+		ms.entries[ms.head].prev = i
+	}
+	ms.head = i
+	if ms.tail == none {
+		ms.tail = i
+	}
+}
+
+func (ms *modelSessions) moveToFrontLocked(i int32) {
+	if ms.head == i {
+		return
+	}
+	ms.unlinkLocked(i)
+	ms.pushFrontLocked(i)
+}
+
+// tenantTable interns tenant strings so entries hold a 4-byte id instead of a copy of the
+// worker URL. Ids are reference counted and reused once no entry points at them.
+type tenantTable struct {
+	ids   map[string]uint32
+	names []string
+	refs  []int32
+	free  []uint32
+}
+
+func (tt *tenantTable) acquire(tenant string) uint32 {
+	if id, ok := tt.ids[tenant]; ok {
+		tt.refs[id]++
+		return id
+	}
+	if tt.ids == nil {
+		tt.ids = make(map[string]uint32)
+	}
+	tenant = strings.Clone(tenant)
+	var id uint32
+	if n := len(tt.free); n > 0 {
+		id = tt.free[n-1]
+		tt.free = tt.free[:n-1]
+		tt.names[id], tt.refs[id] = tenant, 1
+	} else {
+		id = uint32(len(tt.names))
+		tt.names = append(tt.names, tenant)
+		tt.refs = append(tt.refs, 1)
+	}
+	tt.ids[tenant] = id
+	return id
+}
+
+func (tt *tenantTable) release(id uint32) {
+	tt.refs[id]--
+	if tt.refs[id] == 0 {
+		delete(tt.ids, tt.names[id])
+		tt.names[id] = ""
+		tt.free = append(tt.free, id)
+	}
+}
+
+// withBase returns the ids of the tenants that HasBase(tenant, base).
+func (tt *tenantTable) withBase(base string) []uint32 {
+	var ids []uint32
+	for name, id := range tt.ids {
+		if HasBase(name, base) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+func containsID(ids []uint32, id uint32) bool {
+	for _, x := range ids {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}
