@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/cacheroute/cacheroute/internal/policy"
@@ -319,6 +320,59 @@ func TestHashPoliciesUseTheHashKey(t *testing.T) {
 		}
 		if len(distinct) < 6 {
 			t.Errorf("%s: 200 keys reached only %d of 8 workers", name, len(distinct))
+		}
+	}
+}
+
+func TestConsistentHashHasEnoughVirtualNodes(t *testing.T) {
+	if policy.VirtualNodes < 160 {
+		t.Errorf("VirtualNodes = %d, want at least 160 per worker", policy.VirtualNodes)
+	}
+}
+
+// Selections run concurrently with membership changes; run under -race.
+func TestPoliciesSelectConcurrentlyWhileMembershipChanges(t *testing.T) {
+	p := newFleet(t, 6, 2)
+	pols := []policy.Policy{}
+	for _, name := range []string{"random", "round_robin", "power_of_two", "consistent_hash", "rendezvous_hash"} {
+		pol, _ := policy.New(name)
+		pols = append(pols, pol)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 50 {
+			url := fmt.Sprintf("http://10.8.0.%d:8000", i%5+1)
+			if added, err := p.Add(url); err == nil {
+				for _, w := range added {
+					w.SetHealthy(true)
+				}
+			} else {
+				_, _ = p.Remove(url)
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 300 {
+				in := input(p, fmt.Sprintf("k-%d-%d", g, i))
+				for _, pol := range pols {
+					d := pol.Select(in)
+					if !slices.Contains(in.Candidates, d.Worker) {
+						t.Errorf("%s picked a non-candidate", pol.Name())
+						return
+					}
+					d.Worker.Reserve().Release()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	<-done
+	for _, w := range p.All() {
+		if w.Load() != 0 {
+			t.Errorf("%s load %d after every lease was released", w.Tenant(), w.Load())
 		}
 	}
 }
