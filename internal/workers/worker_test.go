@@ -292,28 +292,27 @@ func TestReserveAndRelease(t *testing.T) {
 func TestLeaseReleaseExactlyOnceUnderConcurrentCalls(t *testing.T) {
 	_, ws := fleet(t, nil)
 	w := ws[0]
-	const leases, callers = 200, 8
-	all := make([]*Lease, leases)
-	for i := range all {
-		all[i] = w.Reserve()
-	}
-	if w.Load() != leases {
-		t.Fatalf("Load = %d, want %d", w.Load(), leases)
-	}
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for range callers {
-		wg.Go(func() {
-			<-start
-			for _, l := range all {
+	// Every path that ends a request (completion, upstream error, client disconnect) may call
+	// Release at the same moment; the load must drop by exactly one per lease.
+	const leases, callers = 2000, 4
+	for i := range leases {
+		l := w.Reserve()
+		if got := w.Load(); got != 1 {
+			t.Fatalf("lease %d: Load = %d after Reserve, want 1", i, got)
+		}
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range callers {
+			wg.Go(func() {
+				<-start
 				l.Release()
-			}
-		})
-	}
-	close(start)
-	wg.Wait()
-	if w.Load() != 0 {
-		t.Errorf("Load after %d callers released each of %d leases = %d, want 0", callers, leases, w.Load())
+			})
+		}
+		close(start)
+		wg.Wait()
+		if got := w.Load(); got != 0 {
+			t.Fatalf("lease %d: Load = %d after %d concurrent releases, want 0", i, got, callers)
+		}
 	}
 }
 
