@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"net/url"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -158,6 +160,9 @@ func Load(fs *pflag.FlagSet, flagged *Config, configFile string) (Config, error)
 		if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
 			return Config{}, fmt.Errorf("--config %s: %w", configFile, err)
 		}
+		if err := rejectFractionalInts(data); err != nil {
+			return Config{}, fmt.Errorf("--config %s: %w", configFile, err)
+		}
 		// Re-apply the flags the user gave, so they win over the file.
 		over := pflag.NewFlagSet("override", pflag.ContinueOnError)
 		BindFlags(over, &c)
@@ -178,6 +183,27 @@ func Load(fs *pflag.FlagSet, flagged *Config, configFile string) (Config, error)
 		c.AdminAPIKey = os.Getenv(AdminAPIKeyEnv)
 	}
 	return c, c.Validate()
+}
+
+// rejectFractionalInts fails on an integer knob written as a fraction in the YAML file: the
+// decoder would silently truncate "health_failure_threshold: 2.7" to 2, where the flag rejects it.
+func rejectFractionalInts(data []byte) error {
+	var raw map[string]any
+	if yaml.Unmarshal(data, &raw) != nil {
+		return nil // Decode has reported it
+	}
+	typ := reflect.TypeFor[Config]()
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		if k := f.Type.Kind(); (k != reflect.Int && k != reflect.Int64) || f.Type == reflect.TypeFor[time.Duration]() {
+			continue
+		}
+		key := f.Tag.Get("yaml")
+		if v, ok := raw[key].(float64); ok && v != math.Trunc(v) {
+			return fmt.Errorf("%s (--%s): %v is not a whole number", key, strings.ReplaceAll(key, "_", "-"), v)
+		}
+	}
+	return nil
 }
 
 // Validate checks every value and names the offending flag in its error.

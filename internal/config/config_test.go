@@ -351,6 +351,8 @@ func TestConfigFileErrors(t *testing.T) {
 		{"wrong type", "port: eighty\n", "--config"},
 		{"invalid value is validated", "policy: fastest\n", "--policy"},
 		{"negative threshold in the file", "health_failure_threshold: -1\n", "--health-failure-threshold"},
+		{"fractional integer is not truncated", "health_failure_threshold: 2.7\n", "--health-failure-threshold"},
+		{"fractional port", "port: 8080.5\n", "--port"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -364,6 +366,12 @@ func TestConfigFileErrors(t *testing.T) {
 		_, _, err := load(t, "--config", filepath.Join(t.TempDir(), "absent.yaml"))
 		if err == nil || !strings.Contains(err.Error(), "--config") {
 			t.Errorf("err = %v, want one naming --config", err)
+		}
+	})
+	t.Run("whole numbers written as floats are accepted", func(t *testing.T) {
+		c := mustLoad(t, "--config", writeYAML(t, "port: 8080.0\nmax_payload_size: 1e3\nrequest_timeout_secs: 2.5\n"))
+		if c.Port != 8080 || c.MaxPayloadSize != 1000 || c.RequestTimeoutSecs != 2.5 {
+			t.Errorf("port %d payload %d timeout %v", c.Port, c.MaxPayloadSize, c.RequestTimeoutSecs)
 		}
 	})
 	t.Run("empty file means defaults", func(t *testing.T) {
