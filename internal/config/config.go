@@ -78,7 +78,7 @@ func Default() Config {
 	return Config{
 		Host:                    "127.0.0.1",
 		Port:                    30000,
-		Policy:                  "round_robin",
+		Policy:                  "cache_aware",
 		DPSize:                  1,
 		RequestTimeoutSecs:      1800,
 		MaxPayloadSize:          268435456,

@@ -57,7 +57,7 @@ func TestDefaultsMatchTheDocumentedTable(t *testing.T) {
 	want := config.Config{
 		Host:                    "127.0.0.1",
 		Port:                    30000,
-		Policy:                  "round_robin", // becomes cache_aware with that policy
+		Policy:                  "cache_aware",
 		DPSize:                  1,
 		RequestTimeoutSecs:      1800,
 		MaxPayloadSize:          268435456,
@@ -101,7 +101,7 @@ func TestDefaultsAsFlagDefaults(t *testing.T) {
 	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
 	config.BindFlags(fs, &cfg)
 	want := map[string]string{
-		"host": "127.0.0.1", "port": "30000", "policy": "round_robin",
+		"host": "127.0.0.1", "port": "30000", "policy": "cache_aware",
 		"intra-node-data-parallel-size": "1", "request-timeout-secs": "1800",
 		"max-payload-size": "268435456", "health-check-interval-secs": "10",
 		"health-check-timeout-secs": "5", "health-check-endpoint": "/health",

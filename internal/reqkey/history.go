@@ -11,27 +11,32 @@ import (
 // historyKey serializes a chat conversation so that a conversation's key is a byte prefix of the
 // key of any continuation of it (the same tools, messages appended). Tool schemas come first,
 // sorted by function name, so they are stable across turns; then each message in order. Every
-// field is written with a length prefix ("<len>:<bytes>") behind a one-letter tag, so moving text
-// from one field to another always changes the key. A conversation with no text at all (only
-// images, say) has an empty key: there is nothing a worker could have cached that we could match.
+// free-text field is written with a length prefix ("<len>:<bytes>") behind a one-letter tag, and
+// every message ends with ".", so moving text from one field or message to another always changes
+// the key. A conversation with no text at all (only images, say) has an empty key: there is
+// nothing a worker could have cached that we could match.
 //
-// Layout:  tool    = "t" lp(name) lp(description) lp(parameters as canonical JSON)
+// The framing is kept small on purpose: the router's match ratio is matched bytes over key bytes,
+// and bulky shared framing ("role: user, name: ...") would make unrelated short chats look alike.
+// The common roles are one letter; other fields appear only when present.
 //
-//	message = "m" lp(role) lp(name) lp(tool_call_id) { "c" lp(text part) } { "f" lp(name) lp(arguments) } "."
+//	tool    = "T" lp(name) lp(description) lp(parameters as canonical JSON)
+//	message = role { "n" lp(name) | "i" lp(tool_call_id) | "c" lp(text part) | "f" lp(name) lp(arguments) } "."
+//	role    = "s" | "d" | "u" | "a" | "t" | "r" lp(other role)
 func historyKey(tools []tool, messages []message) string {
 	if !hasText(tools, messages) {
 		return ""
 	}
 	size := 0
 	for i := range messages {
-		size += 32 + textSize(messages[i].Content)
+		size += 16 + textSize(messages[i].Content)
 	}
 	buf := make([]byte, 0, size)
 	if len(tools) > 0 {
 		sorted := slices.Clone(tools)
 		slices.SortStableFunc(sorted, func(a, b tool) int { return strings.Compare(a.Function.Name, b.Function.Name) })
 		for _, t := range sorted {
-			buf = append(buf, 't')
+			buf = append(buf, 'T')
 			buf = lp(buf, t.Function.Name)
 			buf = lp(buf, t.Function.Description)
 			buf = lp(buf, canonicalJSON(t.Function.Parameters))
@@ -39,10 +44,15 @@ func historyKey(tools []tool, messages []message) string {
 	}
 	for i := range messages {
 		m := &messages[i]
-		buf = append(buf, 'm')
-		buf = lp(buf, m.Role)
-		buf = lp(buf, m.Name)
-		buf = lp(buf, m.ToolCallID)
+		buf = appendRole(buf, m.Role)
+		if m.Name != "" {
+			buf = append(buf, 'n')
+			buf = lp(buf, m.Name)
+		}
+		if m.ToolCallID != "" {
+			buf = append(buf, 'i')
+			buf = lp(buf, m.ToolCallID)
+		}
 		buf = appendTextParts(buf, m.Content)
 		for _, tc := range m.ToolCalls {
 			buf = append(buf, 'f')
@@ -52,6 +62,22 @@ func historyKey(tools []tool, messages []message) string {
 		buf = append(buf, '.')
 	}
 	return string(buf)
+}
+
+func appendRole(buf []byte, role string) []byte {
+	switch role {
+	case "system":
+		return append(buf, 's')
+	case "developer":
+		return append(buf, 'd')
+	case "user":
+		return append(buf, 'u')
+	case "assistant":
+		return append(buf, 'a')
+	case "tool":
+		return append(buf, 't')
+	}
+	return lp(append(buf, 'r'), role)
 }
 
 func lp(buf []byte, s string) []byte {

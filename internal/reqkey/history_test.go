@@ -38,7 +38,7 @@ func TestHistoryKeyToolsSortedByName(t *testing.T) {
 	if a != b {
 		t.Errorf("tool order changed the key:\n%q\n%q", a, b)
 	}
-	if !strings.HasPrefix(a, "t") {
+	if !strings.HasPrefix(a, "T") {
 		t.Errorf("key %q does not start with the tools", a)
 	}
 	if strings.Index(a, "get_weather") > strings.Index(a, "search") {

@@ -15,6 +15,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/config"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
 	"github.com/cacheroute/cacheroute/internal/proxy"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -36,10 +37,6 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	p, err := policy.New(cfg.Policy)
-	if err != nil {
-		return nil, err
-	}
 	pool := workers.NewPool(workers.Options{
 		DPSize:                cfg.DPSize,
 		CBFailureThreshold:    cfg.CBFailureThreshold,
@@ -55,8 +52,12 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		DisableCompression:    true, // pass bodies through exactly as the worker encoded them
 		ExpectContinueTimeout: 0,
 	}
-	r := &Router{cfg: cfg, log: log, pool: pool, policy: p, transport: transport}
-	r.metrics = metrics.New(pool)
+	r := &Router{cfg: cfg, log: log, pool: pool, transport: transport, metrics: metrics.New(pool)}
+	p, err := newPolicy(cfg, r.metrics, log)
+	if err != nil {
+		return nil, err
+	}
+	r.policy = p
 	r.checker = workers.NewChecker(pool, workers.HealthOptions{
 		Endpoint:         cfg.HealthCheckEndpoint,
 		Interval:         cfg.HealthCheckInterval(),
@@ -75,6 +76,22 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		AdminAPIKey:    cfg.AdminAPIKey,
 	}, pool, r, p, r.metrics, transport, log)
 	return r, nil
+}
+
+// newPolicy builds the configured policy.
+func newPolicy(cfg config.Config, m *metrics.Metrics, log *slog.Logger) (policy.Policy, error) {
+	if cfg.Policy != "cache_aware" {
+		return policy.New(cfg.Policy)
+	}
+	return cacheaware.New(cacheaware.Options{
+		CacheThreshold:      cfg.CacheThreshold,
+		BalanceAbsThreshold: cfg.BalanceAbsThreshold,
+		BalanceRelThreshold: cfg.BalanceRelThreshold,
+		MaxTreeSize:         cfg.MaxTreeSize,
+		EvictionInterval:    cfg.EvictionInterval(),
+		SessionTTL:          cfg.SessionTTL,
+		MaxSessions:         cfg.MaxSessions,
+	}, m, log), nil
 }
 
 // Handler is the router's HTTP handler (routed endpoints, health, models, metrics, admin).
@@ -136,6 +153,9 @@ func (r *Router) Start(ctx context.Context) {
 	}
 	wg.Wait()
 	go r.checker.Run(ctx)
+	if sweeper, ok := r.policy.(interface{ Run(context.Context) }); ok {
+		go sweeper.Run(ctx)
+	}
 }
 
 // Serve answers on ln (and on metricsLn, if not nil) until ctx ends, then stops accepting, lets

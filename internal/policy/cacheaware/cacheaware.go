@@ -1,0 +1,292 @@
+// Package cacheaware is the cache_aware routing policy: exact session affinity first, then the
+// longest cached prefix of the conversation, then the least-loaded worker, with a load-balance
+// gate that overrides all affinity when workers are imbalanced. Every request gets exactly one
+// decision label saying which step chose its worker. See docs/cache-aware.md.
+package cacheaware
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/cacheroute/cacheroute/internal/metrics"
+	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/prefixtree"
+	"github.com/cacheroute/cacheroute/internal/session"
+	"github.com/cacheroute/cacheroute/internal/workers"
+)
+
+// Decision labels, one per request.
+const (
+	LabelLoadBalance         = "load_balance"           // the balance gate tripped: least-loaded worker
+	LabelSessionMatch        = "session_id_match"       // the session map knew the session's worker
+	LabelFullHistoryMatch    = "full_history_match"     // unknown session; a worker holds enough of its history
+	LabelStaleTenant         = "stale_tenant_fallback"  // unknown session; the history's holder is gone: least-loaded
+	LabelHistoryLowMatch     = "full_history_low_match" // unknown session; too little of its history is cached anywhere
+	LabelEmptyHistory        = "empty_history_min_load" // unknown session with no text to match: least-loaded
+	LabelCacheAffinity       = "cache_affinity"         // no session key; a worker holds enough of the text
+	LabelLowMatch            = "low_match_min_load"     // no session key; too little cached anywhere
+	LabelFirstHealthyFallbck = "first_healthy_fallback" // no session key; the holder is gone: least-loaded (name kept for compatibility)
+)
+
+// DefaultModel keys the state of requests that name no model.
+const DefaultModel = "default"
+
+// Options are the policy's knobs (see internal/config for their flags and defaults).
+type Options struct {
+	CacheThreshold      float64       // matched fraction strictly above which the holder is chosen
+	BalanceAbsThreshold int           // gate: max-min load strictly above this ...
+	BalanceRelThreshold float64       // ... and max strictly above min times this
+	MaxTreeSize         int           // characters per model tree
+	EvictionInterval    time.Duration // period of the background sweep
+	// Store is the session map; nil means an in-process memory store built from SessionTTL and
+	// MaxSessions.
+	Store       session.Store
+	SessionTTL  time.Duration
+	MaxSessions int
+}
+
+// Policy is the cache_aware policy. It is safe for concurrent use; state is per model, and a
+// decision on one model never waits on another's lock.
+type Policy struct {
+	opts    Options
+	store   session.Store
+	memory  *session.Memory // the store when it is the memory one; nil otherwise
+	metrics *metrics.Metrics
+	log     *slog.Logger
+
+	treesMu sync.RWMutex
+	trees   map[string]*prefixtree.Tree
+}
+
+// New returns the policy. m may be nil (no metrics).
+func New(opts Options, m *metrics.Metrics, log *slog.Logger) *Policy {
+	p := &Policy{opts: opts, metrics: m, log: log, trees: map[string]*prefixtree.Tree{}}
+	if m != nil {
+		m.SetPolicyState(p.State)
+	}
+	if opts.Store != nil {
+		p.store = opts.Store
+	} else {
+		p.memory = session.NewMemory(session.MemoryOptions{
+			TTL:        opts.SessionTTL,
+			MaxEntries: opts.MaxSessions,
+			OnEvict:    p.countSessionEviction,
+		})
+		p.store = p.memory
+	}
+	return p
+}
+
+func (p *Policy) Name() string { return "cache_aware" }
+
+// tree returns the model's prefix tree, creating it on first use.
+func (p *Policy) tree(model string) *prefixtree.Tree {
+	p.treesMu.RLock()
+	t := p.trees[model]
+	p.treesMu.RUnlock()
+	if t != nil {
+		return t
+	}
+	p.treesMu.Lock()
+	defer p.treesMu.Unlock()
+	if t = p.trees[model]; t == nil {
+		t = prefixtree.New(p.opts.MaxTreeSize)
+		p.trees[model] = t
+	}
+	return t
+}
+
+// decision is the chain's working state for one request.
+type decision struct {
+	in      policy.Input
+	ctx     context.Context
+	model   string
+	tree    *prefixtree.Tree
+	text    string
+	key     string // session key; "" when the request has none or is not a chat
+	minLoad int64
+	maxLoad int64
+}
+
+// Select runs the decision chain and teaches the state that produced the choice.
+func (p *Policy) Select(in policy.Input) policy.Decision {
+	req := in.Request
+	d := &decision{in: in, ctx: in.Context, model: req.Model, text: req.Text}
+	if d.ctx == nil {
+		d.ctx = context.Background()
+	}
+	if d.model == "" {
+		d.model = DefaultModel
+	}
+	if req.Chat {
+		d.key = req.SessionKey
+	}
+	d.tree = p.tree(d.model)
+	d.minLoad, d.maxLoad = loadRange(in.Candidates)
+
+	w, label := p.choose(d)
+	match := 0.0
+	if len(d.text) > 0 {
+		match = float64(d.tree.MatchTenant(d.text, w.Tenant())) / float64(len(d.text))
+	}
+	p.teach(d, w, label)
+	if p.log.Enabled(d.ctx, slog.LevelDebug) {
+		p.log.Debug("cache_aware decision", "decision", label, "worker", w.Tenant(), "match", match,
+			"min_load", d.minLoad, "max_load", d.maxLoad, "session", hashForLog(d.key))
+	}
+	return policy.Decision{Worker: w, Label: label, Match: match}
+}
+
+// choose is the decision chain.
+func (p *Policy) choose(d *decision) (*workers.Worker, string) {
+	// 1. Balance gate: imbalance overrides every affinity.
+	if p.imbalanced(d.minLoad, d.maxLoad) {
+		return p.leastLoadedByMatch(d), LabelLoadBalance
+	}
+	if d.key != "" {
+		// 2. Exact session lookup.
+		if tenant, ok, err := p.store.Get(d.ctx, d.model, d.key); err == nil && ok {
+			if w := candidate(d.in.Candidates, tenant); w != nil {
+				return w, LabelSessionMatch
+			}
+			if !live(d.in.All, tenant) {
+				_ = p.store.Delete(d.ctx, d.model, d.key)
+			}
+		}
+		// 3. History fallback, 4. empty history.
+		if d.text == "" {
+			return p.minLoad(d), LabelEmptyHistory
+		}
+		return p.byHistory(d, LabelFullHistoryMatch, LabelStaleTenant, LabelHistoryLowMatch)
+	}
+	// 5. No session key: the history key or routing text alone.
+	if d.text == "" {
+		return p.minLoad(d), LabelLowMatch
+	}
+	return p.byHistory(d, LabelCacheAffinity, LabelFirstHealthyFallbck, LabelLowMatch)
+}
+
+// byHistory probes the tree. Above the threshold the least loaded of the candidates holding the
+// longest matched prefix wins; when none of those holders is a candidate, the holders that are
+// gone or unavailable are removed from the tree and the least-loaded worker takes the request.
+func (p *Policy) byHistory(d *decision, hit, stale, low string) (*workers.Worker, string) {
+	m := d.tree.Match(d.text)
+	if float64(m.Matched)/float64(len(d.text)) <= p.opts.CacheThreshold {
+		return p.minLoad(d), low
+	}
+	var holders []*workers.Worker
+	for _, tenant := range m.Holders {
+		if w := candidate(d.in.Candidates, tenant); w != nil {
+			holders = append(holders, w)
+		} else if !live(d.in.All, tenant) {
+			d.tree.RemoveTenant(tenant)
+		}
+	}
+	if len(holders) == 0 {
+		return p.minLoad(d), stale
+	}
+	return p.leastLoaded(d, holders), hit
+}
+
+// teach records the choice: the session entry points at the chosen worker (a session hit only
+// refreshes it, which Get already did) and the chosen worker now holds the request's text.
+// Session ids never enter the tree.
+func (p *Policy) teach(d *decision, w *workers.Worker, label string) {
+	if d.key != "" && label != LabelSessionMatch {
+		_ = p.store.Set(d.ctx, d.model, d.key, w.Tenant())
+	}
+	if d.text != "" {
+		d.tree.Insert(d.text, w.Tenant())
+	}
+}
+
+func (p *Policy) imbalanced(minLoad, maxLoad int64) bool {
+	return maxLoad-minLoad > int64(p.opts.BalanceAbsThreshold) &&
+		float64(maxLoad) > float64(minLoad)*p.opts.BalanceRelThreshold
+}
+
+// minLoad is the least-loaded candidate.
+func (p *Policy) minLoad(d *decision) *workers.Worker { return p.leastLoaded(d, d.in.Candidates) }
+
+// leastLoaded picks the least-loaded of ws. Ties go to the rendezvous-hash winner of the session
+// key, so every router replica places a new session on the same idle worker without talking to
+// the others; without a session key, ties are broken uniformly at random. Never by position.
+func (p *Policy) leastLoaded(d *decision, ws []*workers.Worker) *workers.Worker {
+	tied := lowest(ws, func(w *workers.Worker) int64 { return w.Load() })
+	if len(tied) == 1 {
+		return tied[0]
+	}
+	if d.key != "" {
+		return policy.RendezvousPick(d.key, tied)
+	}
+	return tied[rand.IntN(len(tied))]
+}
+
+// leastLoadedByMatch is the gate's pick: the least-loaded candidate; among equals the one holding
+// the longest prefix of the text; then as leastLoaded.
+func (p *Policy) leastLoadedByMatch(d *decision) *workers.Worker {
+	tied := lowest(d.in.Candidates, func(w *workers.Worker) int64 { return w.Load() })
+	if len(tied) > 1 && d.text != "" {
+		tied = lowest(tied, func(w *workers.Worker) int64 { return -int64(d.tree.MatchTenant(d.text, w.Tenant())) })
+	}
+	return p.leastLoaded(d, tied)
+}
+
+// lowest returns the workers with the smallest score.
+func lowest(ws []*workers.Worker, score func(*workers.Worker) int64) []*workers.Worker {
+	var out []*workers.Worker
+	var best int64
+	for _, w := range ws {
+		s := score(w)
+		switch {
+		case len(out) == 0 || s < best:
+			out, best = append(out[:0], w), s
+		case s == best:
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+func loadRange(ws []*workers.Worker) (minLoad, maxLoad int64) {
+	for i, w := range ws {
+		l := w.Load()
+		if i == 0 || l < minLoad {
+			minLoad = l
+		}
+		if i == 0 || l > maxLoad {
+			maxLoad = l
+		}
+	}
+	return minLoad, maxLoad
+}
+
+func candidate(ws []*workers.Worker, tenant string) *workers.Worker {
+	for _, w := range ws {
+		if w.Tenant() == tenant {
+			return w
+		}
+	}
+	return nil
+}
+
+// live reports whether tenant is registered and available. A live tenant that is not a
+// candidate (already tried by this request, or not serving its model) keeps its state.
+func live(all []*workers.Worker, tenant string) bool {
+	w := candidate(all, tenant)
+	return w != nil && w.Available()
+}
+
+// hashForLog identifies a session key in logs without revealing it.
+func hashForLog(key string) string {
+	if key == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:6])
+}
