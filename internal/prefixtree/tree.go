@@ -78,12 +78,13 @@ func New(maxChars int) *Tree {
 }
 
 // Insert records that tenant now holds key and every prefix of it, and marks the path as
-// just used. If the tree ends up more than 10% over budget it evicts down to the budget.
-func (t *Tree) Insert(key, tenant string) {
+// just used. If the tree ends up more than 10% over budget it evicts down to the budget and
+// returns the characters evicted.
+func (t *Tree) Insert(key, tenant string) (evicted int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if key == "" {
-		return
+		return 0
 	}
 	id := t.internLocked(tenant)
 	t.clock++
@@ -117,8 +118,9 @@ func (t *Tree) Insert(key, tenant string) {
 	}
 
 	if t.maxChars > 0 && t.chars > t.maxChars+t.maxChars/overBudgetSlack {
-		t.evictLocked()
+		return t.evictLocked()
 	}
+	return 0
 }
 
 // splitLocked cuts child c of parent (at position i) after its first l bytes and returns the

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unsafe"
 )
 
 // historyKey serializes a chat conversation so that a conversation's key is a byte prefix of the
@@ -61,7 +62,9 @@ func historyKey(tools []tool, messages []message) string {
 		}
 		buf = append(buf, '.')
 	}
-	return string(buf)
+	// buf is never written again: hand its bytes to the string instead of copying them, which
+	// saves a copy of the whole conversation per request.
+	return unsafe.String(unsafe.SliceData(buf), len(buf))
 }
 
 func appendRole(buf []byte, role string) []byte {

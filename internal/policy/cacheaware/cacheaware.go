@@ -201,7 +201,9 @@ func (p *Policy) teach(d *decision, w *workers.Worker, label string) {
 		_ = p.store.Set(d.ctx, d.model, d.key, w.Tenant())
 	}
 	if d.text != "" {
-		d.tree.Insert(d.text, w.Tenant())
+		if evicted := d.tree.Insert(d.text, w.Tenant()); evicted > 0 && p.metrics != nil {
+			p.metrics.Evictions.WithLabelValues("tree").Add(float64(evicted))
+		}
 	}
 }
 
