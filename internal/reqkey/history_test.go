@@ -179,6 +179,10 @@ func TestHistoryKeyNoCollisionByMovingText(t *testing.T) {
 		{"call vs content", "", `[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}]`, "", `[{"role":"assistant","content":"f{}"}]`},
 		{"delimiter forgery in content", "", `[{"role":"user","content":"a"},{"role":"user","content":"b"}]`, "", `[{"role":"user","content":"a.m4:user0:0:c1:b"}]`},
 		{"delimiter forgery without lengths", "", `[{"role":"user","content":"a"},{"role":"user","content":"b"}]`, "", `[{"role":"user","content":"a.m4:user0:0:cb"}]`},
+		{"compact delimiter forgery", "", `[{"role":"user","content":"a"},{"role":"user","content":"b"}]`, "", `[{"role":"user","content":"a.uc1:b"}]`},
+		{"compact delimiter forgery without lengths", "", `[{"role":"user","content":"a"},{"role":"user","content":"b"}]`, "", `[{"role":"user","content":"a.ucb"}]`},
+		{"other role vs known role", "", `[{"role":"u","content":"x"}]`, "", `[{"role":"user","content":"x"}]`},
+		{"name vs tool_call_id of one text", "", `[{"role":"tool","name":"x","content":"y"}]`, "", `[{"role":"tool","tool_call_id":"x","content":"y"}]`},
 		{"length forgery in content", "", `[{"role":"user","content":"ab"}]`, "", `[{"role":"user","content":"a"},{"role":"user","content":"","name":"b"}]`},
 		{"tool description vs system text", `[{"type":"function","function":{"name":"f","description":"be brief"}}]`, `[{"role":"user","content":"hi"}]`,
 			`[{"type":"function","function":{"name":"f"}}]`, `[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]`},
@@ -201,7 +205,7 @@ func TestHistoryKeyNoCollisionByMovingText(t *testing.T) {
 
 // pieces are short strings that look like the key's own delimiters and length prefixes, so
 // random texts keep trying to forge field boundaries.
-var pieces = []string{"a", "b", "1", "0", ":", "c", "m", "t", "f", ".", "1:", "0:", "user", "é", " ", "\n", "{}", `"`, ".m", "c1:", "m4:user0:0:", "m4:user0:0:c"}
+var pieces = []string{"a", "b", "1", "0", ":", "c", "m", "t", "f", ".", "1:", "0:", "user", "é", " ", "\n", "{}", `"`, ".m", "c1:", "m4:user0:0:", "m4:user0:0:c", "u", "s", "T", "n", "i", "r", ".u", "uc", "uc1:", "n1:", "i1:", "f1:", "T1:"}
 
 func randText(r *rand.Rand, maxPieces int) string {
 	var sb strings.Builder
