@@ -65,13 +65,25 @@ type Config struct {
 	EvictionIntervalSecs float64       `yaml:"eviction_interval_secs"`
 	SessionTTL           time.Duration `yaml:"session_ttl"`
 	MaxSessions          int           `yaml:"max_sessions"`
+
+	// Shared session store.
+	SessionStore   string        `yaml:"session_store"`
+	RedisURL       string        `yaml:"redis_url"`
+	RedisKeyPrefix string        `yaml:"redis_key_prefix"`
+	RedisTimeout   time.Duration `yaml:"redis_timeout"`
 }
 
 // Policies lists the accepted --policy values.
 var Policies = []string{"cache_aware", "random", "round_robin", "power_of_two", "consistent_hash", "rendezvous_hash"}
 
-// AdminAPIKeyEnv is read when --admin-api-key is not given, so the secret stays out of process lists.
-const AdminAPIKeyEnv = "CACHEROUTE_ADMIN_API_KEY"
+// Secrets read from the environment when their flag is not given, so they stay out of process lists.
+const (
+	AdminAPIKeyEnv = "CACHEROUTE_ADMIN_API_KEY"
+	RedisURLEnv    = "CACHEROUTE_REDIS_URL"
+)
+
+// SessionStores lists the accepted --session-store values.
+var SessionStores = []string{"memory", "redis"}
 
 // Default returns the configuration used when nothing is set.
 func Default() Config {
@@ -104,6 +116,9 @@ func Default() Config {
 		EvictionIntervalSecs:    120,
 		SessionTTL:              time.Hour,
 		MaxSessions:             1048576,
+		SessionStore:            "memory",
+		RedisKeyPrefix:          "cacheroute",
+		RedisTimeout:            50 * time.Millisecond,
 	}
 }
 
@@ -142,6 +157,10 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.Float64Var(&c.EvictionIntervalSecs, "eviction-interval-secs", c.EvictionIntervalSecs, "cache_aware: seconds between tree and session sweeps")
 	fs.DurationVar(&c.SessionTTL, "session-ttl", c.SessionTTL, "cache_aware: idle time after which a session entry expires")
 	fs.IntVar(&c.MaxSessions, "max-sessions", c.MaxSessions, "cache_aware: session entries per model (least recently used evicted)")
+	fs.StringVar(&c.SessionStore, "session-store", c.SessionStore, "cache_aware session map: memory (this process) or redis (shared by every replica)")
+	fs.StringVar(&c.RedisURL, "redis-url", c.RedisURL, "redis:// or rediss:// URL of the shared session store (env "+RedisURLEnv+")")
+	fs.StringVar(&c.RedisKeyPrefix, "redis-key-prefix", c.RedisKeyPrefix, "prefix of the session store's Redis keys")
+	fs.DurationVar(&c.RedisTimeout, "redis-timeout", c.RedisTimeout, "longest a request waits on the session store before routing without it")
 }
 
 // Load resolves the final configuration from parsed flags: defaults, then the YAML file named by
@@ -181,6 +200,9 @@ func Load(fs *pflag.FlagSet, flagged *Config, configFile string) (Config, error)
 	}
 	if c.AdminAPIKey == "" {
 		c.AdminAPIKey = os.Getenv(AdminAPIKeyEnv)
+	}
+	if c.RedisURL == "" {
+		c.RedisURL = os.Getenv(RedisURLEnv)
 	}
 	return c, c.Validate()
 }
@@ -271,6 +293,19 @@ func (c Config) Validate() error {
 	}
 	if c.CacheThreshold < 0 || c.CacheThreshold > 1 {
 		bad("cache-threshold", "must be within [0, 1], got %v", c.CacheThreshold)
+	}
+	if !slices.Contains(SessionStores, c.SessionStore) {
+		bad("session-store", "unknown store %q (want memory or redis)", c.SessionStore)
+	}
+	if c.SessionStore == "redis" {
+		if c.RedisURL == "" {
+			bad("redis-url", "required with --session-store redis (or set %s)", RedisURLEnv)
+		} else if u, err := url.Parse(c.RedisURL); err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") || u.Host == "" {
+			bad("redis-url", "want redis://[user:password@]host:port[/db] or rediss://...")
+		}
+	}
+	if c.RedisTimeout <= 0 {
+		bad("redis-timeout", "must be positive, got %v", c.RedisTimeout)
 	}
 	if !strings.HasPrefix(c.HealthCheckEndpoint, "/") {
 		bad("health-check-endpoint", "must be a path starting with '/', got %q", c.HealthCheckEndpoint)

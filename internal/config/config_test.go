@@ -54,6 +54,7 @@ func writeYAML(t *testing.T, text string) string {
 
 func TestDefaultsMatchTheDocumentedTable(t *testing.T) {
 	t.Setenv(config.AdminAPIKeyEnv, "")
+	t.Setenv(config.RedisURLEnv, "")
 	want := config.Config{
 		Host:                    "127.0.0.1",
 		Port:                    30000,
@@ -84,6 +85,9 @@ func TestDefaultsMatchTheDocumentedTable(t *testing.T) {
 		EvictionIntervalSecs:    120,
 		SessionTTL:              time.Hour,
 		MaxSessions:             1048576,
+		SessionStore:            "memory",
+		RedisKeyPrefix:          "cacheroute",
+		RedisTimeout:            50 * time.Millisecond,
 	}
 	if got := config.Default(); !reflect.DeepEqual(got, want) {
 		t.Errorf("Default() =\n%+v\nwant\n%+v", got, want)
