@@ -20,7 +20,11 @@ import (
 // Main runs the command line and returns the process exit code.
 func Main(args []string) int {
 	root := newRootCommand()
-	root.SetArgs(config.ExpandSpaceSeparated(args, "worker-urls"))
+	var names []string
+	for _, c := range root.Commands() {
+		names = append(names, c.Name())
+	}
+	root.SetArgs(config.ExpandSpaceSeparated(args, "worker-urls", names...))
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "cacheroute:", err)
 		return 1

@@ -24,7 +24,7 @@ func load(t *testing.T, args ...string) (config.Config, []string, error) {
 	fs := pflag.NewFlagSet("cacheroute", pflag.ContinueOnError)
 	config.BindFlags(fs, &cfg)
 	fs.StringVar(&file, "config", "", "YAML file")
-	if err := fs.Parse(config.ExpandSpaceSeparated(args, "worker-urls")); err != nil {
+	if err := fs.Parse(config.ExpandSpaceSeparated(args, "worker-urls", "sim", "bench", "demo")); err != nil {
 		t.Fatalf("parse %q: %v", args, err)
 	}
 	final, err := config.Load(fs, &cfg, file)
@@ -223,8 +223,10 @@ func TestExpandSpaceSeparated(t *testing.T) {
 			[]string{"--worker-urls", "http://a", "--worker-urls", "http://b", "--worker-urls", "http://c"}},
 		{"own value taken whatever it looks like", []string{"--worker-urls", "a,b", "http://c"},
 			[]string{"--worker-urls", "a,b", "--worker-urls", "http://c"}},
-		{"stops at a non-url", []string{"--worker-urls", "http://a", "sim", "http://b"},
+		{"stops at a subcommand name", []string{"--worker-urls", "http://a", "sim", "http://b"},
 			[]string{"--worker-urls", "http://a", "sim", "http://b"}},
+		{"host:port values are taken, for validation to name the flag", []string{"--worker-urls", "localhost:1", "localhost:2"},
+			[]string{"--worker-urls", "localhost:1", "--worker-urls", "localhost:2"}},
 		{"stops at a flag", []string{"--worker-urls", "http://a", "--policy", "random"},
 			[]string{"--worker-urls", "http://a", "--policy", "random"}},
 		{"after double dash untouched", []string{"--", "--worker-urls", "http://a", "http://b"},
@@ -234,7 +236,7 @@ func TestExpandSpaceSeparated(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := config.ExpandSpaceSeparated(tt.in, "worker-urls"); !slices.Equal(got, tt.want) {
+			if got := config.ExpandSpaceSeparated(tt.in, "worker-urls", "sim", "bench"); !slices.Equal(got, tt.want) {
 				t.Errorf("ExpandSpaceSeparated(%q) = %q, want %q", tt.in, got, tt.want)
 			}
 		})

@@ -1,6 +1,9 @@
 package config
 
-import "strings"
+import (
+	"slices"
+	"strings"
+)
 
 // urlList is the pflag value of --worker-urls. It accepts a comma-separated list and repeated
 // flags; the first Set replaces whatever the list held before (a default or the config file), later
@@ -34,10 +37,10 @@ func (u *urlList) Type() string { return "urls" }
 
 // ExpandSpaceSeparated rewrites `--worker-urls a b c` (the vLLM router's form, where the values
 // follow the flag as separate arguments) into `--worker-urls a --worker-urls b --worker-urls c`, so
-// that the ordinary flag parser understands it. Only arguments that look like URLs (they contain
-// "://") are taken as further values, so a subcommand name is never swallowed. Arguments after "--"
-// are left alone.
-func ExpandSpaceSeparated(args []string, flag string) []string {
+// that the ordinary flag parser understands it. Every following argument that is not a flag and
+// not one of stopWords (the subcommand names) is taken as a further value, so a malformed value
+// is reported by validation under the flag's name. Arguments after "--" are left alone.
+func ExpandSpaceSeparated(args []string, flag string, stopWords ...string) []string {
 	out := make([]string, 0, len(args))
 	for i := 0; i < len(args); i++ {
 		a := args[i]
@@ -52,7 +55,7 @@ func ExpandSpaceSeparated(args []string, flag string) []string {
 			out = append(out, args[i+1])
 			i++
 		}
-		for i+1 < len(args) && strings.Contains(args[i+1], "://") && !strings.HasPrefix(args[i+1], "-") {
+		for i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") && !slices.Contains(stopWords, args[i+1]) {
 			out = append(out, "--"+flag, args[i+1])
 			i++
 		}

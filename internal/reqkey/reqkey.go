@@ -202,10 +202,10 @@ func namespaced(kind, v string) string {
 	return kind + "sha256:" + hex.EncodeToString(sum[:16])
 }
 
-// routingText is what non-chat requests are matched on: the completion prompt (strings joined by
-// newlines, token ids rendered as their decimal values) or /generate's text, prompt or input_ids.
+// routingText is what non-chat requests are matched on: /generate's text, prompt or input_ids, or
+// the completion prompt (strings joined by newlines, token ids rendered as their decimal values).
 func routingText(b *body) string {
-	for _, v := range []any{b.Prompt, b.Text, b.InputIDs} {
+	for _, v := range []any{b.Text, b.Prompt, b.InputIDs} {
 		if v == nil {
 			continue
 		}
