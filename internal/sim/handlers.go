@@ -150,6 +150,8 @@ func (w *Worker) serveJobs(rw http.ResponseWriter, r *http.Request, kind apiKind
 		// server buffer and flush at the end.
 		paced := w.cfg.TimeScale > 0 && w.cfg.InterTokenLatency > 0
 		sw := newStreamWriter(rw, kind, id, created, model, paced || jobs[0].fault == FailStall)
+		// Like vLLM, answer the headers at once; chunks follow as tokens come.
+		sw.start()
 		for i, j := range jobs {
 			first := true
 			res := w.generate(ctx, j, func(tok string) error {
@@ -219,7 +221,6 @@ type streamWriter struct {
 	bare      []byte // `data: {"id":...,"model":...,` for the usage chunk
 	buf       []byte
 	flushEach bool
-	started   bool
 }
 
 func newStreamWriter(rw http.ResponseWriter, kind apiKind, id string, created int64, model string, flushEach bool) *streamWriter {
@@ -247,14 +248,16 @@ func newStreamWriter(rw http.ResponseWriter, kind apiKind, id string, created in
 	}
 }
 
+// start sends the response headers.
+func (s *streamWriter) start() {
+	h := s.rw.Header()
+	h.Set("Content-Type", "text/event-stream; charset=utf-8")
+	h.Set("Cache-Control", "no-cache")
+	s.rw.WriteHeader(http.StatusOK)
+	s.rc.Flush()
+}
+
 func (s *streamWriter) write(flush bool) error {
-	if !s.started {
-		h := s.rw.Header()
-		h.Set("Content-Type", "text/event-stream; charset=utf-8")
-		h.Set("Cache-Control", "no-cache")
-		s.rw.WriteHeader(http.StatusOK)
-		s.started = true
-	}
 	if _, err := s.rw.Write(s.buf); err != nil {
 		return err
 	}

@@ -76,11 +76,6 @@ func NewWorker(cfg Config) (*Worker, error) {
 	mux.HandleFunc("GET /health", func(http.ResponseWriter, *http.Request) {})
 	mux.HandleFunc("POST /reset_prefix_cache", func(http.ResponseWriter, *http.Request) { w.ResetPrefixCache() })
 	mux.Handle("GET /metrics", promhttp.HandlerFor(w.metrics.reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/", func(rw http.ResponseWriter, _ *http.Request) {
-		rw.Header().Set("Content-Type", "application/json")
-		rw.WriteHeader(http.StatusNotFound)
-		io.WriteString(rw, `{"detail":"Not Found"}`)
-	})
 	w.mux = mux
 	return w, nil
 }

@@ -97,7 +97,10 @@ func tokenEnd[T string | []byte](b T, i int) int {
 		if c == ' ' || c == '<' || c == '\n' {
 			break
 		}
-		n := runeLen(b, j)
+		n := 1
+		if c >= 0x80 {
+			n = runeLen(b, j)
+		}
 		if j+n-i > maxTokenBytes {
 			break
 		}
