@@ -7,6 +7,7 @@ package metrics
 import (
 	"net/http"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -34,6 +35,10 @@ type Metrics struct {
 	PrefixMatchRatio    prometheus.Histogram
 	Evictions           *prometheus.CounterVec // kind
 
+	SessionStoreRequests *prometheus.CounterVec   // op, result
+	SessionStoreLatency  *prometheus.HistogramVec // op
+	SessionStoreErrors   *prometheus.CounterVec   // op
+
 	policyState policyStateCollector
 }
 
@@ -44,6 +49,9 @@ const (
 	ErrStatus    = "status_5xx" // the worker answered 502, 503 or 504 before anything was sent
 	ErrMidStream = "mid_stream" // the response broke after bytes reached the client
 )
+
+// storeLatencyBuckets span a loopback round trip to a store timeout.
+var storeLatencyBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}
 
 // latencyBuckets span fast non-streaming answers to long generations.
 var latencyBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800}
@@ -74,10 +82,17 @@ func New(pool *workers.Pool) *Metrics {
 			Buckets: []float64{0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1}}),
 		Evictions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "cache_aware_evictions_total",
 			Help: "cache_aware state evicted, by kind: tree, session_ttl, session_capacity, worker_removed."}, []string{"kind"}),
+		SessionStoreRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "session_store_requests_total",
+			Help: "Calls to the shared session store by op (get, set, delete, ping) and result (hit, miss, ok, error, skipped)."}, []string{"op", "result"}),
+		SessionStoreLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: "session_store_latency_seconds",
+			Help: "Duration of the calls made to the shared session store, failed ones included.", Buckets: storeLatencyBuckets}, []string{"op"}),
+		SessionStoreErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "session_store_errors_total",
+			Help: "Failed or timed-out calls to the shared session store, by op; the local session map answered them."}, []string{"op"}),
 	}
 	m.Registry.MustRegister(
 		m.Requests, m.RequestDuration, m.TimeToFirstByte, m.Processed, m.PolicyDecisions, m.Retries,
 		m.UpstreamErrors, m.CacheAwareDecisions, m.PrefixMatchRatio, m.Evictions,
+		m.SessionStoreRequests, m.SessionStoreLatency, m.SessionStoreErrors,
 		poolCollector{pool}, &m.policyState,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -99,6 +114,17 @@ type ModelState struct {
 
 // SetPolicyState names the function that reports the cache_aware state sizes at scrape time.
 func (m *Metrics) SetPolicyState(source func() []ModelState) { m.policyState.source.Store(&source) }
+
+// ObserveSessionStore counts one session store call; d is 0 when the store was not contacted.
+func (m *Metrics) ObserveSessionStore(op, result string, d time.Duration) {
+	m.SessionStoreRequests.WithLabelValues(op, result).Inc()
+	if d > 0 {
+		m.SessionStoreLatency.WithLabelValues(op).Observe(d.Seconds())
+	}
+}
+
+// SessionStoreError counts one failed session store call.
+func (m *Metrics) SessionStoreError(op string) { m.SessionStoreErrors.WithLabelValues(op).Inc() }
 
 // ForgetWorker deletes the series of a removed worker tenant.
 func (m *Metrics) ForgetWorker(tenant string) {

@@ -45,13 +45,19 @@ func (s *Server) healthyCount() int {
 	return n
 }
 
-// health is 200 while at least one worker is healthy, else 503; the body lists every worker.
+// health is 200 while at least one worker is healthy, else 503; the body lists every worker and,
+// with a shared session store, the store's state (which never changes the status: the router
+// routes without the store).
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	status, code := "healthy", http.StatusOK
 	if s.healthyCount() == 0 {
 		status, code = "unhealthy", http.StatusServiceUnavailable
 	}
-	writeJSON(w, code, map[string]any{"status": status, "workers": describeWorkers(s.pool.All())})
+	body := map[string]any{"status": status, "workers": describeWorkers(s.pool.All())}
+	if s.opts.SessionStore != nil {
+		body["session_store"] = s.opts.SessionStore(r.Context())
+	}
+	writeJSON(w, code, body)
 }
 
 // liveness is always 200: the process is up and serving HTTP.

@@ -25,6 +25,8 @@ type Options struct {
 	MaxBackoff     time.Duration
 	APIKey         string // sent upstream when the client sent no Authorization
 	AdminAPIKey    string // required by admin endpoints when set
+	// SessionStore, when set, reports the shared session store's state for /health.
+	SessionStore func(ctx context.Context) any
 }
 
 // Fleet changes the set of workers; the router implements it so that adding a worker also probes

@@ -5,6 +5,7 @@ package router
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
 	"github.com/cacheroute/cacheroute/internal/proxy"
+	"github.com/cacheroute/cacheroute/internal/session"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -30,6 +32,7 @@ type Router struct {
 	metrics   *metrics.Metrics
 	proxy     *proxy.Server
 	transport *http.Transport
+	store     *sharedStore // nil unless --session-store redis
 }
 
 // New builds a router from a validated configuration. Workers are registered by Start.
@@ -53,11 +56,11 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		ExpectContinueTimeout: 0,
 	}
 	r := &Router{cfg: cfg, log: log, pool: pool, transport: transport, metrics: metrics.New(pool)}
-	p, err := newPolicy(cfg, r.metrics, log)
+	p, store, err := newPolicy(cfg, r.metrics, log)
 	if err != nil {
 		return nil, err
 	}
-	r.policy = p
+	r.policy, r.store = p, store
 	r.checker = workers.NewChecker(pool, workers.HealthOptions{
 		Endpoint:         cfg.HealthCheckEndpoint,
 		Interval:         cfg.HealthCheckInterval(),
@@ -66,6 +69,10 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		SuccessThreshold: cfg.HealthSuccessThreshold,
 		APIKey:           cfg.APIKey,
 	}, &http.Client{Transport: transport}, log)
+	var storeHealth func(context.Context) any
+	if store != nil {
+		storeHealth = func(ctx context.Context) any { return store.Status(ctx) }
+	}
 	r.proxy = proxy.New(proxy.Options{
 		MaxPayloadSize: cfg.MaxPayloadSize,
 		RequestTimeout: cfg.RequestTimeout(),
@@ -74,16 +81,20 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		MaxBackoff:     cfg.RetryMaxBackoff(),
 		APIKey:         cfg.APIKey,
 		AdminAPIKey:    cfg.AdminAPIKey,
+		SessionStore:   storeHealth,
 	}, pool, r, p, r.metrics, transport, log)
 	return r, nil
 }
 
-// newPolicy builds the configured policy.
-func newPolicy(cfg config.Config, m *metrics.Metrics, log *slog.Logger) (policy.Policy, error) {
+// newPolicy builds the configured policy and, for cache_aware with --session-store redis, the
+// shared session store it uses.
+func newPolicy(cfg config.Config, m *metrics.Metrics, log *slog.Logger) (policy.Policy, *sharedStore, error) {
 	if cfg.Policy != "cache_aware" {
-		return policy.New(cfg.Policy)
+		p, err := policy.New(cfg.Policy)
+		return p, nil, err
 	}
-	return cacheaware.New(cacheaware.Options{
+	var store *sharedStore
+	opts := cacheaware.Options{
 		CacheThreshold:      cfg.CacheThreshold,
 		BalanceAbsThreshold: cfg.BalanceAbsThreshold,
 		BalanceRelThreshold: cfg.BalanceRelThreshold,
@@ -91,7 +102,44 @@ func newPolicy(cfg config.Config, m *metrics.Metrics, log *slog.Logger) (policy.
 		EvictionInterval:    cfg.EvictionInterval(),
 		SessionTTL:          cfg.SessionTTL,
 		MaxSessions:         cfg.MaxSessions,
-	}, m, log), nil
+	}
+	if cfg.SessionStore == "redis" {
+		var err error
+		if store, err = newSharedStore(cfg, m, log); err != nil {
+			return nil, nil, err
+		}
+		opts.Store = store
+	}
+	return cacheaware.New(opts, m, log), store, nil
+}
+
+// sharedStore is the Redis session store behind its local fallback.
+type sharedStore struct {
+	*session.Fallback
+	redis *session.Redis
+}
+
+// newSharedStore builds the Redis store with a local memory fallback. It does not contact Redis:
+// a router whose Redis is down at startup routes with the fallback and starts using Redis as
+// soon as it answers.
+func newSharedStore(cfg config.Config, m *metrics.Metrics, log *slog.Logger) (*sharedStore, error) {
+	rs, err := session.NewRedis(session.RedisOptions{
+		URL:       cfg.RedisURL,
+		KeyPrefix: cfg.RedisKeyPrefix,
+		TTL:       cfg.SessionTTL,
+		Timeout:   cfg.RedisTimeout,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("--redis-url: %w", err)
+	}
+	local := session.NewMemory(session.MemoryOptions{TTL: cfg.SessionTTL, MaxEntries: cfg.MaxSessions})
+	fb := session.NewFallback(rs, local, session.FallbackOptions{
+		Backend: "redis",
+		Observe: m.ObserveSessionStore,
+		OnError: m.SessionStoreError,
+		Log:     log,
+	})
+	return &sharedStore{Fallback: fb, redis: rs}, nil
 }
 
 // Handler is the router's HTTP handler (routed endpoints, health, models, metrics, admin).
@@ -152,6 +200,10 @@ func (r *Router) Start(ctx context.Context) {
 		})
 	}
 	wg.Wait()
+	if r.store != nil {
+		st := r.store.Status(ctx) // one bounded ping; Redis being down does not stop the start
+		r.log.Info("session store", "backend", st.Backend, "reachable", st.Reachable)
+	}
 	go r.checker.Run(ctx)
 	if sweeper, ok := r.policy.(interface{ Run(context.Context) }); ok {
 		go sweeper.Run(ctx)
@@ -189,6 +241,9 @@ func (r *Router) Serve(ctx context.Context, ln, metricsLn net.Listener) error {
 		}
 	}
 	r.transport.CloseIdleConnections()
+	if r.store != nil {
+		_ = r.store.redis.Close()
+	}
 	if errors.Is(firstErr, context.DeadlineExceeded) {
 		return errors.New("shutdown grace period ended with requests still in flight")
 	}

@@ -56,6 +56,7 @@ type Policy struct {
 	opts    Options
 	store   session.Store
 	memory  *session.Memory // the store when it is the memory one; nil otherwise
+	sweep   func() int      // drops expired local sessions; nil when the store has none
 	metrics *metrics.Metrics
 	log     *slog.Logger
 
@@ -71,6 +72,9 @@ func New(opts Options, m *metrics.Metrics, log *slog.Logger) *Policy {
 	}
 	if opts.Store != nil {
 		p.store = opts.Store
+		if s, ok := opts.Store.(interface{ Sweep() int }); ok {
+			p.sweep = s.Sweep // a shared store's local fallback map
+		}
 	} else {
 		p.memory = session.NewMemory(session.MemoryOptions{
 			TTL:        opts.SessionTTL,
@@ -78,6 +82,7 @@ func New(opts Options, m *metrics.Metrics, log *slog.Logger) *Policy {
 			OnEvict:    p.countSessionEviction,
 		})
 		p.store = p.memory
+		p.sweep = p.memory.Sweep
 	}
 	return p
 }

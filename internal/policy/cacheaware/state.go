@@ -45,8 +45,8 @@ func (p *Policy) Sweep() {
 	if evicted > 0 && p.metrics != nil {
 		p.metrics.Evictions.WithLabelValues("tree").Add(float64(evicted))
 	}
-	if p.memory != nil {
-		p.memory.Sweep()
+	if p.sweep != nil {
+		p.sweep()
 	}
 }
 
