@@ -1,0 +1,237 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cacheroute/cacheroute/internal/config"
+	"github.com/cacheroute/cacheroute/internal/sim"
+)
+
+// PolicySpec is one in-process router to compare: a policy and how requests name their session.
+// It is written POLICY or POLICY:MODE (MODE one of header, body, none), e.g. cache_aware:none
+// for cache_aware driven by the conversation history alone.
+type PolicySpec struct {
+	Name        string // as written
+	Policy      string
+	SessionMode string
+}
+
+// ParsePolicies reads a comma-separated list of PolicySpecs; entries without a mode take
+// defaultMode.
+func ParsePolicies(list []string, defaultMode string) ([]PolicySpec, error) {
+	var out []PolicySpec
+	seen := map[string]bool{}
+	for _, item := range list {
+		for _, e := range strings.Split(item, ",") {
+			if e = strings.TrimSpace(e); e == "" {
+				continue
+			}
+			pol, mode, hasMode := strings.Cut(e, ":")
+			if !hasMode {
+				mode = defaultMode
+			}
+			if !slices.Contains(config.Policies, pol) {
+				return nil, fmt.Errorf("--policies: unknown policy %q (want one of %s)", pol, strings.Join(config.Policies, ", "))
+			}
+			if !slices.Contains(SessionModes, mode) {
+				return nil, fmt.Errorf("--policies %s: session id mode %q is not one of %s", e, mode, strings.Join(SessionModes, ", "))
+			}
+			if seen[e] {
+				return nil, fmt.Errorf("--policies: %s given twice", e)
+			}
+			seen[e] = true
+			out = append(out, PolicySpec{Name: e, Policy: pol, SessionMode: mode})
+		}
+	}
+	return out, nil
+}
+
+// TargetSpec is an external target: NAME=URL[,URL...].
+type TargetSpec struct {
+	Name string
+	URLs []string
+}
+
+// ParseTarget reads NAME=URL[,URL...]. With several URLs, the target's requests are spread
+// over them round-robin.
+func ParseTarget(s string) (TargetSpec, error) {
+	name, list, ok := strings.Cut(s, "=")
+	name = strings.TrimSpace(name)
+	if !ok || name == "" {
+		return TargetSpec{}, fmt.Errorf("--target %q: want NAME=URL[,URL...]", s)
+	}
+	var urls []string
+	for _, u := range strings.Split(list, ",") {
+		if u = strings.TrimRight(strings.TrimSpace(u), "/"); u == "" {
+			continue
+		}
+		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+			return TargetSpec{}, fmt.Errorf("--target %s: %q is not an http(s) URL", name, u)
+		}
+		urls = append(urls, u)
+	}
+	if len(urls) == 0 {
+		return TargetSpec{}, fmt.Errorf("--target %s: no URL", name)
+	}
+	return TargetSpec{Name: name, URLs: urls}, nil
+}
+
+// Options describe a whole bench: one workload, the targets to run it against.
+type Options struct {
+	Workload Workload
+	Params   map[string]any // recorded in the report as given
+
+	// Policies are in-process routers, each in front of the same Workers simulated workers
+	// configured by Sim; the fleet's caches are emptied between runs.
+	Policies []PolicySpec
+	Workers  int
+	Sim      sim.Config
+
+	// Targets are external endpoints, run with SessionMode. WorkerMetrics are the base URLs of
+	// the workers behind them, scraped for cache counters and in-flight loads.
+	Targets         []TargetSpec
+	SessionMode     string
+	WorkerMetrics   []string
+	TargetTimeScale float64 // time scale of simulated workers behind Targets (1 for real ones)
+
+	Model       string // empty: the in-process sims' model, or the first one a target lists
+	Concurrency int
+	Timeout     time.Duration // per request
+	Progress    *Progress
+}
+
+// Run runs the workload against every in-process policy, then every external target, and
+// returns the report.
+func Run(ctx context.Context, o Options) (*Report, error) {
+	if len(o.Policies) == 0 && len(o.Targets) == 0 {
+		return nil, errors.New("nothing to run: give --policies or --target")
+	}
+	if o.Concurrency < 1 {
+		return nil, fmt.Errorf("--concurrency must be at least 1, got %d", o.Concurrency)
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 10 * time.Minute
+	}
+	rep := &Report{
+		Workload: o.Workload.Name, Params: o.Params, Sessions: len(o.Workload.Sessions),
+		Requests: o.Workload.Requests(), Concurrency: o.Concurrency, TimeScale: 1,
+	}
+	if len(o.Policies) > 0 {
+		rep.TimeScale = o.Sim.TimeScale
+		if err := runPolicies(ctx, o, rep); err != nil {
+			return rep, err
+		}
+	}
+	if len(o.Targets) > 0 {
+		if len(o.Policies) == 0 && o.TargetTimeScale > 0 {
+			rep.TimeScale = o.TargetTimeScale
+		}
+		if err := runTargets(ctx, o, rep); err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+// runPolicies starts the simulated fleet and one router per policy in turn.
+func runPolicies(ctx context.Context, o Options, rep *Report) error {
+	if o.Workers < 1 {
+		return fmt.Errorf("--workers must be at least 1, got %d", o.Workers)
+	}
+	fleet, err := sim.StartLocal(o.Workers, o.Sim)
+	if err != nil {
+		return err
+	}
+	defer fleet.Close()
+	model := o.Model
+	if model == "" {
+		model = o.Sim.Models[0]
+	}
+	for _, p := range o.Policies {
+		if err := resetFleet(ctx, fleet); err != nil {
+			return err
+		}
+		lr, err := startRouter(ctx, p.Policy, fleet.URLs())
+		if err != nil {
+			return err
+		}
+		t := &Target{Name: p.Name, URLs: []string{lr.url}, SessionMode: p.SessionMode, Policy: p.Policy,
+			Loads: lr.loads, Workers: o.Workers, WorkerMetrics: fleet.URLs(), TimeScale: o.Sim.TimeScale}
+		tr, err := runOne(ctx, &o, t, model)
+		lr.stop()
+		if err != nil {
+			return err
+		}
+		rep.Targets = append(rep.Targets, tr)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// runTargets runs the workload against each external target.
+func runTargets(ctx context.Context, o Options, rep *Report) error {
+	client := newHTTPClient(4, 10*time.Second)
+	defer client.CloseIdleConnections()
+	for _, spec := range o.Targets {
+		model := o.Model
+		if model == "" {
+			m, err := discoverModel(ctx, client, spec.URLs[0])
+			if err != nil {
+				return err
+			}
+			model = m
+		}
+		t := &Target{Name: spec.Name, URLs: spec.URLs, SessionMode: o.SessionMode,
+			WorkerMetrics: o.WorkerMetrics, TimeScale: o.TargetTimeScale, Workers: len(o.WorkerMetrics)}
+		if len(o.WorkerMetrics) > 0 {
+			t.Loads = scrapedLoads(newHTTPClient(len(o.WorkerMetrics), 5*time.Second), o.WorkerMetrics)
+		}
+		tr, err := runOne(ctx, &o, t, model)
+		if err != nil {
+			return err
+		}
+		rep.Targets = append(rep.Targets, tr)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// scrapedSampleInterval is the load sampling period when loads come from worker /metrics.
+const scrapedSampleInterval = 100 * time.Millisecond
+
+// runOne runs the workload against t, with worker cache counters read before and after.
+func runOne(ctx context.Context, o *Options, t *Target, model string) (TargetReport, error) {
+	hc := newHTTPClient(4, 10*time.Second)
+	defer hc.CloseIdleConnections()
+	var h0, q0 float64
+	var metricsErr error
+	if len(t.WorkerMetrics) > 0 {
+		h0, q0, metricsErr = cacheCounters(ctx, hc, t.WorkerMetrics)
+	}
+	interval := time.Duration(0)
+	if t.Policy == "" {
+		interval = scrapedSampleInterval
+	}
+	o.Progress.begin(t.Name, o.Workload.Requests())
+	res := run(ctx, &o.Workload, t, RunOptions{Model: model, Concurrency: o.Concurrency, Timeout: o.Timeout,
+		SampleInterval: interval, Progress: o.Progress})
+	o.Progress.end()
+	scale := t.TimeScale
+	tr := summarize(t, res, scale)
+	if len(t.WorkerMetrics) > 0 && metricsErr == nil {
+		if h1, q1, err := cacheCounters(ctx, hc, t.WorkerMetrics); err == nil && q1 > q0 {
+			v := (h1 - h0) / (q1 - q0)
+			tr.WorkerHitRate = &v
+		}
+	}
+	return tr, nil
+}

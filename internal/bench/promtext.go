@@ -1,0 +1,113 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Worker metric names (vLLM's).
+const (
+	metricPrefixHits    = "vllm:prefix_cache_hits_total"
+	metricPrefixQueries = "vllm:prefix_cache_queries_total"
+	metricRunning       = "vllm:num_requests_running"
+	metricWaiting       = "vllm:num_requests_waiting"
+)
+
+// sumMetrics reads Prometheus text exposition from r and returns, for each name asked for, the
+// sum of its samples over all label sets. Names not found are absent from the result.
+func sumMetrics(r io.Reader, names ...string) (map[string]float64, error) {
+	want := make(map[string]bool, len(names))
+	for _, n := range names {
+		want[n] = true
+	}
+	out := map[string]float64{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		name, rest := line, ""
+		if i := strings.IndexAny(line, "{ "); i >= 0 {
+			name, rest = line[:i], line[i:]
+		}
+		if !want[name] {
+			continue
+		}
+		if strings.HasPrefix(rest, "{") {
+			end := strings.LastIndex(rest, "}")
+			if end < 0 {
+				continue
+			}
+			rest = rest[end+1:]
+		}
+		fields := strings.Fields(rest)
+		if len(fields) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			return nil, fmt.Errorf("metric %s: bad value %q", name, fields[0])
+		}
+		out[name] += v
+	}
+	return out, sc.Err()
+}
+
+// scrape fetches base/metrics and sums the named metrics.
+func scrape(ctx context.Context, client *http.Client, base string, names ...string) (map[string]float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(base, "/")+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s/metrics: HTTP %d", base, resp.StatusCode)
+	}
+	return sumMetrics(io.LimitReader(resp.Body, 16<<20), names...)
+}
+
+// cacheCounters sums prefix-cache hits and queries over the workers at urls.
+func cacheCounters(ctx context.Context, client *http.Client, urls []string) (hits, queries float64, err error) {
+	for _, u := range urls {
+		m, err := scrape(ctx, client, u, metricPrefixHits, metricPrefixQueries)
+		if err != nil {
+			return 0, 0, err
+		}
+		if _, ok := m[metricPrefixQueries]; !ok {
+			return 0, 0, fmt.Errorf("%s/metrics has no %s", u, metricPrefixQueries)
+		}
+		hits += m[metricPrefixHits]
+		queries += m[metricPrefixQueries]
+	}
+	return hits, queries, nil
+}
+
+// scrapedLoads returns a load source that reads running + waiting requests from every worker's
+// /metrics; a sample is dropped when any worker does not answer.
+func scrapedLoads(client *http.Client, urls []string) func() []float64 {
+	return func() []float64 {
+		out := make([]float64, len(urls))
+		for i, u := range urls {
+			m, err := scrape(context.Background(), client, u, metricRunning, metricWaiting)
+			if err != nil {
+				return nil
+			}
+			out[i] = m[metricRunning] + m[metricWaiting]
+		}
+		return out
+	}
+}

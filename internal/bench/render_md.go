@@ -1,0 +1,34 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// WriteJSON writes the report as indented JSON.
+func WriteJSON(w io.Writer, r *Report) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// WriteMarkdown writes the comparison as a Markdown table, followed by a list of each target's
+// decision labels and worker shares.
+func WriteMarkdown(w io.Writer, r *Report) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s\n\n", summaryLine(r))
+	fmt.Fprintf(&b, "| %s |\n", strings.Join(tableHeader, " | "))
+	b.WriteString("|---" + strings.Repeat("|---:", len(tableHeader)-1) + "|\n")
+	for i := range r.Targets {
+		fmt.Fprintf(&b, "| %s |\n", strings.Join(tableRow(&r.Targets[i]), " | "))
+	}
+	b.WriteString("\n")
+	for i := range r.Targets {
+		t := &r.Targets[i]
+		fmt.Fprintf(&b, "- `%s`: decisions %s; workers %s\n", t.Name, decisionList(t), shareList(t))
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}

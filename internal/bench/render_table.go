@@ -1,0 +1,115 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
+)
+
+// tableHeader are the columns of the comparison table (text and Markdown).
+var tableHeader = []string{"target", "hit rate", "worker hit", "TTFT p50", "TTFT p90", "TTFT p99",
+	"E2E p50", "E2E p99", "req/s", "out tok/s", "errors", "imbalance peak/mean"}
+
+// tableRow is one target's cells, in tableHeader order.
+func tableRow(t *TargetReport) []string {
+	worker := "n/a"
+	if t.WorkerHitRate != nil {
+		worker = pct(*t.WorkerHitRate)
+	}
+	imb := "n/a"
+	if t.Imbalance != nil {
+		imb = fmt.Sprintf("%.2f / %.2f", t.Imbalance.Peak, t.Imbalance.Mean)
+	}
+	return []string{t.Name, pct(t.HitRate), worker, millis(t.TTFT.P50), millis(t.TTFT.P90), millis(t.TTFT.P99),
+		millis(t.E2E.P50), millis(t.E2E.P99), fmt.Sprintf("%.2f", t.RequestsPerSec), fmt.Sprintf("%.0f", t.OutputTokensPerSec),
+		fmt.Sprint(t.Errors + t.Skipped), imb}
+}
+
+func pct(v float64) string { return fmt.Sprintf("%.1f%%", 100*v) }
+
+// millis formats a duration given in milliseconds.
+func millis(v float64) string {
+	switch {
+	case v >= 10000:
+		return fmt.Sprintf("%.1fs", v/1000)
+	case v >= 1000:
+		return fmt.Sprintf("%.2fs", v/1000)
+	case v >= 100:
+		return fmt.Sprintf("%.0fms", v)
+	default:
+		return fmt.Sprintf("%.1fms", v)
+	}
+}
+
+// summaryLine describes the workload in one line.
+func summaryLine(r *Report) string {
+	s := fmt.Sprintf("workload %s: %d sessions, %d requests per target, concurrency %d", r.Workload, r.Sessions, r.Requests, r.Concurrency)
+	if r.TimeScale > 0 && r.TimeScale != 1 {
+		s += fmt.Sprintf("; simulated workers at time scale %g, times shown at full scale", r.TimeScale)
+	}
+	return s
+}
+
+// WriteTable writes the comparison as an aligned text table, followed by each target's decision
+// labels and worker shares.
+func WriteTable(w io.Writer, r *Report) error {
+	fmt.Fprintln(w, summaryLine(r))
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, strings.Join(tableHeader, "\t"))
+	for i := range r.Targets {
+		fmt.Fprintln(tw, strings.Join(tableRow(&r.Targets[i]), "\t"))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	for i := range r.Targets {
+		t := &r.Targets[i]
+		fmt.Fprintf(w, "%s\n  decisions: %s\n  workers:   %s\n", t.Name, decisionList(t), shareList(t))
+		for _, e := range t.ErrorSamples {
+			fmt.Fprintf(w, "  error:     %s\n", e)
+		}
+	}
+	return nil
+}
+
+// decisionList is "label n (p%), ..." by count, most frequent first.
+func decisionList(t *TargetReport) string {
+	if len(t.Decisions) == 0 {
+		return "n/a (no x-vllm-router-decision header)"
+	}
+	total := 0
+	for _, n := range t.Decisions {
+		total += n
+	}
+	keys := slices.Sorted(maps.Keys(t.Decisions))
+	slices.SortStableFunc(keys, func(a, b string) int { return t.Decisions[b] - t.Decisions[a] })
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d (%.0f%%)", k, t.Decisions[k], 100*float64(t.Decisions[k])/float64(total))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// shareList is "worker p%, ..." in worker order.
+func shareList(t *TargetReport) string {
+	if len(t.WorkerShare) == 0 {
+		return "n/a (no worker header)"
+	}
+	keys := slices.Sorted(maps.Keys(t.WorkerShare))
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %.0f%%", shortWorker(k), 100*t.WorkerShare[k])
+	}
+	return strings.Join(parts, ", ")
+}
+
+// shortWorker drops the scheme of a worker URL.
+func shortWorker(u string) string {
+	u = strings.TrimPrefix(u, "http://")
+	return strings.TrimPrefix(u, "https://")
+}

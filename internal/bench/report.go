@@ -1,0 +1,130 @@
+package bench
+
+import (
+	"maps"
+	"slices"
+	"time"
+)
+
+// Report is the result of one bench: the workload's description and one TargetReport per
+// target, in the order they ran.
+type Report struct {
+	Workload    string         `json:"workload"`
+	Params      map[string]any `json:"params,omitempty"` // workload and fleet settings, as given
+	Sessions    int            `json:"sessions"`
+	Requests    int            `json:"requests"` // per target, when every turn succeeds
+	Concurrency int            `json:"concurrency"`
+	// TimeScale is the simulated workers' time scale; latencies and throughputs in the report
+	// are converted to full scale (measured time ÷ time scale).
+	TimeScale float64        `json:"time_scale"`
+	Targets   []TargetReport `json:"targets"`
+}
+
+// TargetReport is what one target did with the workload. Latencies are in milliseconds.
+type TargetReport struct {
+	Name        string   `json:"name"`
+	URLs        []string `json:"urls"`
+	Policy      string   `json:"policy,omitempty"`
+	SessionMode string   `json:"session_id"`
+
+	Requests int `json:"requests"` // answered successfully
+	Errors   int `json:"errors"`
+	Skipped  int `json:"skipped"` // turns not sent because an earlier turn of the session failed
+
+	PromptTokens int64 `json:"prompt_tokens"`
+	CachedTokens int64 `json:"cached_tokens"`
+	OutputTokens int64 `json:"output_tokens"`
+	// HitRate is Σ cached_tokens / Σ prompt_tokens over the successful responses.
+	HitRate float64 `json:"hit_rate"`
+	// WorkerHitRate is Δ prefix_cache_hits / Δ prefix_cache_queries scraped from the workers
+	// before and after the run; nil when no worker metrics were scraped.
+	WorkerHitRate *float64 `json:"worker_hit_rate"`
+
+	TTFT Latency `json:"ttft_ms"`
+	E2E  Latency `json:"e2e_ms"`
+
+	RequestsPerSec     float64 `json:"requests_per_sec"`
+	OutputTokensPerSec float64 `json:"output_tokens_per_sec"`
+	DurationSec        float64 `json:"duration_sec"` // full scale
+	WallSec            float64 `json:"wall_sec"`     // as measured
+
+	Decisions   map[string]int     `json:"decisions"`    // x-vllm-router-decision histogram
+	WorkerShare map[string]float64 `json:"worker_share"` // fraction of requests per worker
+	// Imbalance is nil (n/a) when the target's worker loads could not be sampled.
+	Imbalance *Imbalance `json:"imbalance"`
+	// ErrorSamples holds the first few distinct error messages.
+	ErrorSamples []string `json:"error_samples,omitempty"`
+}
+
+// Latency holds percentiles in milliseconds.
+type Latency struct {
+	P50 float64 `json:"p50"`
+	P90 float64 `json:"p90"`
+	P99 float64 `json:"p99"`
+}
+
+// maxErrorSamples bounds TargetReport.ErrorSamples.
+const maxErrorSamples = 5
+
+// summarize turns a run's records into a TargetReport. scale is the time scale of the workers
+// (1 for real ones); durations are divided by it.
+func summarize(t *Target, res runResult, scale float64) TargetReport {
+	if scale <= 0 {
+		scale = 1
+	}
+	r := TargetReport{
+		Name: t.Name, URLs: t.URLs, Policy: t.Policy, SessionMode: t.SessionMode,
+		Skipped: res.skipped, Decisions: map[string]int{}, WorkerShare: map[string]float64{},
+	}
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) / scale }
+	var ttft, e2e []float64
+	workers := map[string]int{}
+	seenErr := map[string]bool{}
+	for i := range res.records {
+		rec := &res.records[i]
+		if rec.Decision != "" {
+			r.Decisions[rec.Decision]++
+		}
+		if rec.Err != "" {
+			r.Errors++
+			if !seenErr[rec.Err] && len(r.ErrorSamples) < maxErrorSamples {
+				seenErr[rec.Err] = true
+				r.ErrorSamples = append(r.ErrorSamples, rec.Err)
+			}
+			continue
+		}
+		r.Requests++
+		if rec.Worker != "" {
+			workers[rec.Worker]++
+		}
+		r.PromptTokens += int64(rec.PromptTokens)
+		r.CachedTokens += int64(rec.CachedTokens)
+		r.OutputTokens += int64(rec.OutputTokens)
+		ttft = append(ttft, ms(rec.TTFT))
+		e2e = append(e2e, ms(rec.E2E))
+	}
+	r.HitRate = HitRate(r.CachedTokens, r.PromptTokens)
+	slices.Sort(ttft)
+	slices.Sort(e2e)
+	r.TTFT = Latency{P50: percentileSorted(ttft, 50), P90: percentileSorted(ttft, 90), P99: percentileSorted(ttft, 99)}
+	r.E2E = Latency{P50: percentileSorted(e2e, 50), P90: percentileSorted(e2e, 90), P99: percentileSorted(e2e, 99)}
+	r.WallSec = res.wall.Seconds()
+	r.DurationSec = r.WallSec / scale
+	if r.DurationSec > 0 {
+		r.RequestsPerSec = float64(r.Requests) / r.DurationSec
+		r.OutputTokensPerSec = float64(r.OutputTokens) / r.DurationSec
+	}
+	for _, w := range slices.Sorted(maps.Keys(workers)) {
+		r.WorkerShare[w] = float64(workers[w]) / float64(r.Requests)
+	}
+	r.Imbalance = imbalance(res.samples, ImbalanceWindow)
+	return r
+}
+
+// HitRate is cached / prompt, or 0 without prompt tokens.
+func HitRate(cached, prompt int64) float64 {
+	if prompt <= 0 {
+		return 0
+	}
+	return float64(cached) / float64(prompt)
+}

@@ -1,0 +1,244 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cacheroute/cacheroute/internal/bench"
+	"github.com/cacheroute/cacheroute/internal/sim"
+)
+
+func init() { subcommands = append(subcommands, newBenchCommand, newDemoCommand) }
+
+// benchFlags holds every flag of `cacheroute bench`.
+type benchFlags struct {
+	workload    string
+	agent       bench.AgentConfig
+	toolResult  string
+	input       string
+	mooncake    bench.MooncakeConfig
+	sessionMode string
+
+	targets         []string
+	policies        []string
+	workers         int
+	workerMetrics   []string
+	targetTimeScale float64
+
+	model       string
+	concurrency int
+	timeout     time.Duration
+	outJSON     string
+	outMD       string
+	outChart    string
+	quiet       bool
+}
+
+func newBenchCommand() *cobra.Command {
+	f := benchFlags{agent: bench.DefaultAgentConfig(), mooncake: bench.MooncakeConfig{BlockScale: 1, OutputScale: 1}}
+	simCfg := bench.DemoSim()
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Replay a multi-turn workload against routers and compare cache hit rate, TTFT and balance",
+		Long: `bench replays one workload against one or more targets and reports, per target, the
+prompt-cache hit rate (Σ cached_tokens / Σ prompt_tokens, and the workers' own counters when
+known), TTFT p50/p90/p99, E2E p50/p99, throughput, errors, the router's decision labels, each
+worker's share of requests and the in-flight imbalance across workers.
+
+Targets are external endpoints (--target NAME=URL; several comma-separated URLs are used
+round-robin) or routers bench starts itself in front of its own simulated workers, one per
+entry of --policies, with the workers' caches emptied between runs. A --policies entry may carry
+a session id mode: cache_aware:none runs cache_aware without session ids.
+
+Workloads: agent (generated multi-turn agent sessions), mooncake (a Mooncake JSONL trace given
+with --input) and conversations (vLLM multi-turn benchmark JSON given with --input).`,
+		Example: `  cacheroute bench --policies round_robin,consistent_hash,cache_aware:none,cache_aware
+  cacheroute bench --target router=http://127.0.0.1:30000 --worker-metrics http://127.0.0.1:8000,http://127.0.0.1:8001
+  cacheroute bench --workload mooncake --input conversation_trace.jsonl --limit 2000 --block-scale 0.0625 --speedup 0 --policies cache_aware
+  cacheroute bench --target two-replicas=http://127.0.0.1:30000,http://127.0.0.1:30001 --out-json run.json`,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts, err := f.options(simCfg)
+			if err != nil {
+				return err
+			}
+			if !f.quiet {
+				opts.Progress = bench.NewProgress(cmd.ErrOrStderr(), bench.IsTerminal(os.Stderr))
+			}
+			ctx, stop := interruptible(cmd.Context())
+			defer stop()
+			rep, err := bench.Run(ctx, opts)
+			if rep != nil && len(rep.Targets) > 0 {
+				if werr := writeReport(cmd.OutOrStdout(), rep, f.outJSON, f.outMD, f.outChart); werr != nil && err == nil {
+					err = werr
+				}
+			}
+			return err
+		},
+	}
+	fs := cmd.Flags()
+	fs.SortFlags = false
+	fs.StringVar(&f.workload, "workload", "agent", "agent, mooncake or conversations")
+	fs.IntVar(&f.agent.Sessions, "sessions", f.agent.Sessions, "agent: sessions")
+	fs.IntVar(&f.agent.Turns, "turns", f.agent.Turns, "agent: turns per session")
+	fs.IntVar(&f.agent.SharedPrefixTokens, "shared-prefix-tokens", f.agent.SharedPrefixTokens, "agent: system prompt plus tool schemas, in tokens")
+	fs.IntVar(&f.agent.ToolSets, "tool-sets", f.agent.ToolSets, "agent: tool-set variants sessions choose from")
+	fs.IntVar(&f.agent.TaskTokens, "task-tokens", f.agent.TaskTokens, "agent: each session's own task text, in tokens")
+	fs.StringVar(&f.toolResult, "tool-result-dist", f.agent.ToolResult.String(), "agent: tool result size in tokens: fixed:N, uniform:MIN,MAX or lognormal:MEDIAN,SIGMA")
+	fs.IntVar(&f.agent.OutputTokens, "output-tokens", f.agent.OutputTokens, "agent, conversations: max_tokens of every request")
+	fs.DurationVar(&f.agent.Think, "think-time", f.agent.Think, "agent, conversations: pause between a response and the session's next turn")
+	fs.Uint64Var(&f.agent.Seed, "seed", f.agent.Seed, "agent: seed of the generated workload")
+	fs.StringVar(&f.input, "input", "", "mooncake: the JSONL trace; conversations: the JSON file")
+	fs.Float64Var(&f.mooncake.BlockScale, "block-scale", f.mooncake.BlockScale, "mooncake: scale of the 512-token blocks (0.0625 = 32 tokens)")
+	fs.Float64Var(&f.mooncake.OutputScale, "output-scale", f.mooncake.OutputScale, "mooncake: scale of output_length")
+	fs.Float64Var(&f.mooncake.Speedup, "speedup", f.mooncake.Speedup, "mooncake: divide timestamps by this; 0 replays closed-loop")
+	fs.IntVar(&f.mooncake.Limit, "limit", 0, "mooncake, conversations: at most this many requests (conversations: conversations); 0 for all")
+	fs.IntVar(&f.mooncake.Offset, "offset", 0, "mooncake: skip this many requests first")
+	fs.StringVar(&f.sessionMode, "session-id", bench.SessionHeader, "send the session id as header (x-session-id), body (session_params.session_id) or none")
+
+	fs.StringArrayVar(&f.targets, "target", nil, "NAME=URL[,URL...]: an endpoint to bench; several URLs are used round-robin (repeatable)")
+	fs.StringSliceVar(&f.policies, "policies", nil, "start simulated workers and one in-process router per entry: POLICY or POLICY:header|body|none")
+	fs.IntVar(&f.workers, "workers", bench.DemoWorkers, "--policies: simulated workers")
+	fs.IntVar(&simCfg.KVCacheBlocks, "kv-cache-blocks", simCfg.KVCacheBlocks, "--policies: KV cache capacity per worker, in blocks")
+	fs.IntVar(&simCfg.BlockSize, "block-size", simCfg.BlockSize, "--policies: tokens per KV block")
+	fs.IntVar(&simCfg.MaxNumSeqs, "max-num-seqs", simCfg.MaxNumSeqs, "--policies: requests a worker runs at once")
+	fs.DurationVar(&simCfg.PrefillOverhead, "prefill-overhead", simCfg.PrefillOverhead, "--policies: fixed time of every prefill")
+	fs.DurationVar(&simCfg.PrefillTimePerToken, "prefill-time-per-token", simCfg.PrefillTimePerToken, "--policies: prefill time per uncached prompt token")
+	fs.DurationVar(&simCfg.InterTokenLatency, "inter-token-latency", simCfg.InterTokenLatency, "--policies: time between output tokens")
+	fs.Float64Var(&simCfg.TimeScale, "time-scale", simCfg.TimeScale, "--policies: the workers sleep this fraction of every simulated duration; reports are at full scale")
+	fs.StringSliceVar(&f.workerMetrics, "worker-metrics", nil, "--target: worker base URLs whose /metrics give cache counters and in-flight loads")
+	fs.Float64Var(&f.targetTimeScale, "target-time-scale", 1, "--target: time scale of simulated workers behind the targets (1 for real workers)")
+
+	fs.StringVar(&f.model, "model", "", "model name to request (default: the simulated model, or the first a target lists)")
+	fs.IntVar(&f.concurrency, "concurrency", bench.DemoConcurrency, "sessions at once (closed loop) or requests at once (paced)")
+	fs.DurationVar(&f.timeout, "request-timeout", 10*time.Minute, "timeout of one request")
+	fs.StringVar(&f.outJSON, "out-json", "", "write the report as JSON to this file")
+	fs.StringVar(&f.outMD, "out-md", "", "write the report as a Markdown table to this file")
+	fs.StringVar(&f.outChart, "out-chart", "", "write a chart of hit rate and TTFT per target to this .svg file")
+	fs.BoolVar(&f.quiet, "quiet", false, "no progress on stderr")
+	return cmd
+}
+
+// options turns the flags into bench options.
+func (f *benchFlags) options(simCfg sim.Config) (bench.Options, error) {
+	o := bench.Options{Workers: f.workers, Sim: simCfg, SessionMode: f.sessionMode, WorkerMetrics: f.workerMetrics,
+		TargetTimeScale: f.targetTimeScale, Model: f.model, Concurrency: f.concurrency, Timeout: f.timeout}
+	if !slices.Contains(bench.SessionModes, f.sessionMode) {
+		return o, fmt.Errorf("--session-id %q: want one of %s", f.sessionMode, strings.Join(bench.SessionModes, ", "))
+	}
+	if f.outChart != "" && strings.ToLower(filepath.Ext(f.outChart)) != ".svg" {
+		return o, fmt.Errorf("--out-chart %s: only .svg charts are written", f.outChart)
+	}
+	if f.targetTimeScale <= 0 {
+		return o, fmt.Errorf("--target-time-scale must be positive")
+	}
+	var err error
+	if o.Policies, err = bench.ParsePolicies(f.policies, f.sessionMode); err != nil {
+		return o, err
+	}
+	for _, t := range f.targets {
+		spec, err := bench.ParseTarget(t)
+		if err != nil {
+			return o, err
+		}
+		o.Targets = append(o.Targets, spec)
+	}
+	if len(o.Policies) == 0 && len(o.Targets) == 0 {
+		return o, fmt.Errorf("give --policies (in-process routers and simulated workers) or --target NAME=URL; try: cacheroute bench --policies %s", strings.Join(bench.DemoPolicies, ","))
+	}
+	if len(o.Policies) > 0 {
+		if err := simCfg.Validate(); err != nil {
+			return o, err
+		}
+	}
+	o.Workload, o.Params, err = f.buildWorkload()
+	return o, err
+}
+
+// buildWorkload generates or loads the workload and records its parameters.
+func (f *benchFlags) buildWorkload() (bench.Workload, map[string]any, error) {
+	switch f.workload {
+	case "agent":
+		d, err := bench.ParseDist(f.toolResult)
+		if err != nil {
+			return bench.Workload{}, nil, fmt.Errorf("--tool-result-dist: %w", err)
+		}
+		f.agent.ToolResult = d
+		w, err := bench.Agent(f.agent)
+		return w, map[string]any{"sessions": f.agent.Sessions, "turns": f.agent.Turns, "shared_prefix_tokens": f.agent.SharedPrefixTokens,
+			"tool_sets": f.agent.ToolSets, "task_tokens": f.agent.TaskTokens, "tool_result_dist": d.String(),
+			"output_tokens": f.agent.OutputTokens, "think_time": f.agent.Think.String(), "seed": f.agent.Seed}, err
+	case "mooncake", "conversations":
+		if f.input == "" {
+			return bench.Workload{}, nil, fmt.Errorf("--workload %s needs --input FILE", f.workload)
+		}
+		file, err := os.Open(f.input)
+		if err != nil {
+			return bench.Workload{}, nil, err
+		}
+		defer file.Close()
+		if f.workload == "conversations" {
+			w, err := bench.Conversations(file, bench.ConversationsConfig{OutputTokens: f.agent.OutputTokens, Think: f.agent.Think, Limit: f.mooncake.Limit})
+			return w, map[string]any{"input": filepath.Base(f.input), "output_tokens": f.agent.OutputTokens, "limit": f.mooncake.Limit}, err
+		}
+		recs, err := bench.ReadMooncake(file, f.mooncake.Offset, f.mooncake.Limit)
+		if err != nil {
+			return bench.Workload{}, nil, err
+		}
+		w, err := bench.Mooncake(recs, f.mooncake)
+		return w, map[string]any{"input": filepath.Base(f.input), "offset": f.mooncake.Offset, "limit": f.mooncake.Limit,
+			"block_scale": f.mooncake.BlockScale, "output_scale": f.mooncake.OutputScale, "speedup": f.mooncake.Speedup}, err
+	default:
+		return bench.Workload{}, nil, fmt.Errorf("--workload %q: want agent, mooncake or conversations", f.workload)
+	}
+}
+
+// writeReport prints the table on out and writes the files asked for.
+func writeReport(out io.Writer, rep *bench.Report, jsonPath, mdPath, chartPath string) error {
+	if err := bench.WriteTable(out, rep); err != nil {
+		return err
+	}
+	for _, o := range []struct {
+		path  string
+		write func(io.Writer, *bench.Report) error
+	}{{jsonPath, bench.WriteJSON}, {mdPath, bench.WriteMarkdown}, {chartPath, bench.WriteSVG}} {
+		if o.path == "" {
+			continue
+		}
+		if err := writeFile(o.path, func(w io.Writer) error { return o.write(w, rep) }); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "wrote %s\n", o.path)
+	}
+	return nil
+}
+
+// writeFile writes a file through fn and reports the first error, closing included.
+func writeFile(path string, fn func(io.Writer) error) error {
+	file, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := fn(file); err != nil {
+		file.Close()
+		return err
+	}
+	return file.Close()
+}
+
+// interruptible returns a context cancelled by SIGINT or SIGTERM.
+func interruptible(parent context.Context) (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
+}
