@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -52,7 +53,8 @@ type FallbackOptions struct {
 //
 //   - Every call tries the primary first (its calls are bounded by their own timeout). When
 //     it fails, the answer comes from the local store, the error is counted and logged (at
-//     most once per second), and the primary is marked down.
+//     most once per second), and the primary is marked down (unless the call only waited for
+//     a free connection: ErrBusy).
 //   - While the primary is down, calls go straight to the local store, except one call per
 //     RetryInterval, which tries the primary again; the first success marks it up. The
 //     primary's client reconnects by itself, so recovery needs no restart.
@@ -125,10 +127,14 @@ func (f *Fallback) succeeded() {
 	}
 }
 
-// failed counts, records and (rate-limited) logs a failed call, and marks the primary down.
+// failed counts, records and (rate-limited) logs a failed call, and marks the primary down
+// unless the call only found the primary's connections all busy (ErrBusy): that says nothing
+// about the primary, so the next calls still try it.
 func (f *Fallback) failed(op string, err error, d time.Duration) {
 	now := f.now()
-	f.downUntil.Store(max(now+int64(f.opts.RetryInterval), 1))
+	if !errors.Is(err, ErrBusy) {
+		f.downUntil.Store(max(now+int64(f.opts.RetryInterval), 1))
+	}
 	if f.opts.OnError != nil {
 		f.opts.OnError(op)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -194,6 +195,21 @@ func TestFallback_PrimaryFailureIsServedLocallyCountedAndSkipped(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "session store failed"); n != 1 {
 		t.Fatalf("%d failure log lines, want 1:\n%s", n, logs)
+	}
+}
+
+// A call that found every connection busy is served locally and counted, but the primary is not
+// marked down: the next call tries it again.
+func TestFallback_BusyPoolDoesNotMarkThePrimaryDown(t *testing.T) {
+	p := newFakePrimary()
+	f, obs, _ := newFallback(p, time.Hour)
+	mustSet(t, f, redisModel, "session:a", tenantA)
+	p.fail(fmt.Errorf("%w: connection pool timeout", session.ErrBusy))
+	mustGet(t, f, redisModel, "session:a", tenantA)
+	p.fail(nil)
+	mustGet(t, f, redisModel, "session:a", tenantA)
+	if obs.errs(session.OpGet) != 1 || obs.result(session.OpGet, session.ResultHit) != 1 || obs.result(session.OpGet, session.ResultSkipped) != 0 {
+		t.Fatalf("errors %v results %v", obs.errors, obs.results)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,6 +50,10 @@ func (o *RedisOptions) ApplyDefaults() {
 		o.Timeout = DefaultRedisTimeout
 	}
 }
+
+// ErrBusy wraps the error of a call that found every connection of the pool in use for the whole
+// timeout: the server may be healthy and the router simply busier than its pool.
+var ErrBusy = errors.New("session store busy")
 
 // Redis is the shared Store: every router replica pointed at the same Redis (or Valkey) sees
 // the same session map. The entry <prefix>:sess:<model>:<session key> holds the worker tenant
@@ -97,6 +102,8 @@ func NewRedis(opts RedisOptions) (*Redis, error) {
 // boundTimeouts makes every stage of a call give up within timeout, and turns off the client's
 // own retries, each of which would start the wait anew.
 func boundTimeouts(o *redis.UniversalOptions, timeout time.Duration) {
+	// Calls are short, but each one holds a connection for a round trip: allow for bursts.
+	o.PoolSize = max(64, 16*runtime.GOMAXPROCS(0))
 	o.DialTimeout = timeout
 	o.ReadTimeout = timeout
 	o.WriteTimeout = timeout
@@ -146,23 +153,30 @@ func (r *Redis) Get(ctx context.Context, model, key string) (string, bool, error
 		return "", false, nil
 	}
 	if err != nil {
-		return "", false, err
+		return "", false, wrapBusy(err)
 	}
 	return tenant, true, nil
+}
+
+func wrapBusy(err error) error {
+	if errors.Is(err, redis.ErrPoolTimeout) {
+		return fmt.Errorf("%w: %w", ErrBusy, err)
+	}
+	return err
 }
 
 // Set points key at tenant with a fresh TTL, synchronously.
 func (r *Redis) Set(ctx context.Context, model, key, tenant string) error {
 	ctx, cancel := r.bounded(ctx)
 	defer cancel()
-	return r.client.Set(ctx, r.Key(model, key), tenant, r.ttl).Err()
+	return wrapBusy(r.client.Set(ctx, r.Key(model, key), tenant, r.ttl).Err())
 }
 
 // Delete removes key.
 func (r *Redis) Delete(ctx context.Context, model, key string) error {
 	ctx, cancel := r.bounded(ctx)
 	defer cancel()
-	return r.client.Del(ctx, r.Key(model, key)).Err()
+	return wrapBusy(r.client.Del(ctx, r.Key(model, key)).Err())
 }
 
 // RemoveTenantsWithBase leaves Redis alone; see the type's documentation for why that is safe.
@@ -172,7 +186,7 @@ func (r *Redis) RemoveTenantsWithBase(context.Context, string) error { return ni
 func (r *Redis) Ping(ctx context.Context) error {
 	ctx, cancel := r.bounded(ctx)
 	defer cancel()
-	return r.client.Ping(ctx).Err()
+	return wrapBusy(r.client.Ping(ctx).Err())
 }
 
 // ParseRedisURL turns a session store URL into client options:
