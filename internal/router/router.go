@@ -188,22 +188,19 @@ func (r *Router) RemoveWorker(url string) error {
 // CheckHealth runs one round of health checks now (the background loop does so every interval).
 func (r *Router) CheckHealth(ctx context.Context) { r.checker.CheckAll(ctx) }
 
-// Start registers the configured workers (probing them concurrently) and starts the background
-// loops, which stop when ctx ends.
+// Start registers the configured workers in the order given, probes them concurrently, and
+// starts the background loops, which stop when ctx ends.
 func (r *Router) Start(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, url := range r.cfg.WorkerURLs {
-		wg.Go(func() {
-			if err := r.AddWorker(ctx, url); err != nil {
-				r.log.Warn("worker not added", "worker", url, "error", err)
-			}
-		})
+		url = workers.TrimURL(url)
+		if _, err := r.pool.Add(url); err != nil {
+			r.log.Warn("worker not added", "worker", url, "error", err)
+			continue
+		}
+		wg.Go(func() { r.checker.Check(ctx, url) })
 	}
 	wg.Wait()
-	if r.store != nil {
-		st := r.store.Status(ctx) // one bounded ping; Redis being down does not stop the start
-		r.log.Info("session store", "backend", st.Backend, "reachable", st.Reachable)
-	}
 	go r.checker.Run(ctx)
 	if sweeper, ok := r.policy.(interface{ Run(context.Context) }); ok {
 		go sweeper.Run(ctx)
