@@ -201,6 +201,10 @@ func (r *Router) Start(ctx context.Context) {
 		wg.Go(func() { r.checker.Check(ctx, url) })
 	}
 	wg.Wait()
+	if r.store != nil {
+		st := r.store.Status(ctx) // one bounded ping; Redis being down does not stop the start
+		r.log.Info("session store", "backend", st.Backend, "reachable", st.Reachable)
+	}
 	go r.checker.Run(ctx)
 	if sweeper, ok := r.policy.(interface{ Run(context.Context) }); ok {
 		go sweeper.Run(ctx)
