@@ -62,6 +62,10 @@ type embeddingRequest struct {
 	Input json.RawMessage `json:"input"`
 }
 
+func (r *chatRequest) modelName() string       { return r.Model }
+func (r *completionRequest) modelName() string { return r.Model }
+func (r *embeddingRequest) modelName() string  { return r.Model }
+
 // badRequest is a client error reported as a vLLM 400.
 type badRequest struct{ msg string }
 

@@ -20,20 +20,28 @@ const (
 	kindCompletion
 )
 
-func (w *Worker) handleChat(rw http.ResponseWriter, r *http.Request) {
+// decodeRequest reads the body into req and resolves the model it names. On failure it has
+// already answered the client and returns false.
+func (w *Worker) decodeRequest(rw http.ResponseWriter, r *http.Request, req interface{ modelName() string }) (string, bool) {
 	body, err := readBody(rw, r)
+	if err == nil {
+		err = decodeJSON(body, req)
+	}
 	if err != nil {
 		w.writeClientError(rw, err)
-		return
+		return "", false
 	}
-	var req chatRequest
-	if err := decodeJSON(body, &req); err != nil {
-		w.writeClientError(rw, err)
-		return
-	}
-	model, ok := w.resolveModel(req.Model)
+	model, ok := w.resolveModel(req.modelName())
 	if !ok {
-		w.writeUnknownModel(rw, req.Model)
+		w.writeUnknownModel(rw, req.modelName())
+	}
+	return model, ok
+}
+
+func (w *Worker) handleChat(rw http.ResponseWriter, r *http.Request) {
+	var req chatRequest
+	model, ok := w.decodeRequest(rw, r, &req)
+	if !ok {
 		return
 	}
 	msgs, err := req.messages()
@@ -74,19 +82,9 @@ func (w *Worker) handleChat(rw http.ResponseWriter, r *http.Request) {
 }
 
 func (w *Worker) handleCompletion(rw http.ResponseWriter, r *http.Request) {
-	body, err := readBody(rw, r)
-	if err != nil {
-		w.writeClientError(rw, err)
-		return
-	}
 	var req completionRequest
-	if err := decodeJSON(body, &req); err != nil {
-		w.writeClientError(rw, err)
-		return
-	}
-	model, ok := w.resolveModel(req.Model)
+	model, ok := w.decodeRequest(rw, r, &req)
 	if !ok {
-		w.writeUnknownModel(rw, req.Model)
 		return
 	}
 	prompts, err := completionPrompts(req.Prompt)
@@ -341,19 +339,9 @@ func appendJSONString(dst []byte, s string) []byte {
 const embeddingDims = 32
 
 func (w *Worker) handleEmbeddings(rw http.ResponseWriter, r *http.Request) {
-	body, err := readBody(rw, r)
-	if err != nil {
-		w.writeClientError(rw, err)
-		return
-	}
 	var req embeddingRequest
-	if err := decodeJSON(body, &req); err != nil {
-		w.writeClientError(rw, err)
-		return
-	}
-	model, ok := w.resolveModel(req.Model)
+	model, ok := w.decodeRequest(rw, r, &req)
 	if !ok {
-		w.writeUnknownModel(rw, req.Model)
 		return
 	}
 	inputs, err := completionPrompts(req.Input)
