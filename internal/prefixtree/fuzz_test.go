@@ -3,6 +3,8 @@ package prefixtree
 import (
 	"slices"
 	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
 )
 
 // fuzzTenants include tenants that share the base "u" with and without a rank, and look-alikes
@@ -80,7 +82,7 @@ func FuzzTree(f *testing.F) {
 		}
 		for len(data) > 0 {
 			op := next() % 5
-			tenant := fuzzTenants[int(next())%len(fuzzTenants)]
+			who := fuzzTenants[int(next())%len(fuzzTenants)]
 			key := make([]byte, next()%12)
 			for i := range key {
 				key[i] = 'a' + next()%3
@@ -89,9 +91,9 @@ func FuzzTree(f *testing.F) {
 
 			switch op {
 			case 0:
-				tr.Insert(k, tenant)
+				tr.Insert(k, who)
 				if k != "" {
-					ref[[2]string{k, tenant}] = true
+					ref[[2]string{k, who}] = true
 				}
 			case 1:
 				got, want := tr.Match(k), ref.match(k)
@@ -99,19 +101,19 @@ func FuzzTree(f *testing.F) {
 					t.Fatalf("Match(%q) = {%d %q}, want {%d %q}", k, got.Matched, got.Holders, want.Matched, want.Holders)
 				}
 			case 2:
-				if got, want := tr.MatchTenant(k, tenant), ref.heldBy(k, tenant); got != want {
-					t.Fatalf("MatchTenant(%q, %q) = %d, want %d", k, tenant, got, want)
+				if got, want := tr.MatchTenant(k, who), ref.heldBy(k, who); got != want {
+					t.Fatalf("MatchTenant(%q, %q) = %d, want %d", k, who, got, want)
 				}
 			case 3:
 				before := ref.chars()
-				ref.removeIf(func(s string) bool { return s == tenant })
-				if got, want := tr.RemoveTenant(tenant), before-ref.chars(); got != want {
-					t.Fatalf("RemoveTenant(%q) freed %d, want %d", tenant, got, want)
+				ref.removeIf(func(s string) bool { return s == who })
+				if got, want := tr.RemoveTenant(who), before-ref.chars(); got != want {
+					t.Fatalf("RemoveTenant(%q) freed %d, want %d", who, got, want)
 				}
 			case 4:
 				base := fuzzBases[int(key2byte(k))%len(fuzzBases)]
 				before := ref.chars()
-				ref.removeIf(func(s string) bool { return hasBase(s, base) })
+				ref.removeIf(func(s string) bool { return tenant.HasBase(s, base) })
 				if got, want := tr.RemoveTenantsWithBase(base), before-ref.chars(); got != want {
 					t.Fatalf("RemoveTenantsWithBase(%q) freed %d, want %d", base, got, want)
 				}
@@ -129,27 +131,4 @@ func key2byte(k string) byte {
 		return 0
 	}
 	return k[0] + byte(len(k))
-}
-
-func TestHasBase(t *testing.T) {
-	for _, tc := range []struct {
-		tenant, base string
-		want         bool
-	}{
-		{"u", "u", true},
-		{"u@0", "u", true},
-		{"u@17", "u", true},
-		{"u2", "u", false},
-		{"ux@0", "u", false},
-		{"u@", "u", false},
-		{"u@r", "u", false},
-		{"u@1@2", "u", false},
-		{"v", "u", false},
-		{"u", "u@1", false},
-		{"u@1", "u@1", true},
-	} {
-		if got := hasBase(tc.tenant, tc.base); got != tc.want {
-			t.Errorf("hasBase(%q, %q) = %v, want %v", tc.tenant, tc.base, got, tc.want)
-		}
-	}
 }

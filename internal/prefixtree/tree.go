@@ -36,9 +36,10 @@ package prefixtree
 
 import (
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
 )
 
 // overBudgetSlack is how far past maxChars an Insert may leave the tree before it evicts on
@@ -253,7 +254,7 @@ func (t *Tree) RemoveTenantsWithBase(base string) int {
 	defer t.mu.Unlock()
 	var ids []uint32
 	for name, id := range t.tenantIDs {
-		if hasBase(name, base) {
+		if tenant.HasBase(name, base) {
 			ids = append(ids, id)
 		}
 	}
@@ -261,23 +262,6 @@ func (t *Tree) RemoveTenantsWithBase(base string) int {
 		return 0
 	}
 	return t.removeIDsLocked(ids)
-}
-
-// hasBase reports whether tenant is base itself or base followed by "@" and a decimal rank.
-func hasBase(tenant, base string) bool {
-	rank, ok := strings.CutPrefix(tenant, base)
-	if !ok {
-		return false
-	}
-	if rank == "" {
-		return true
-	}
-	rank, ok = strings.CutPrefix(rank, "@")
-	if !ok || rank == "" {
-		return false
-	}
-	_, err := strconv.ParseUint(rank, 10, 32)
-	return err == nil
 }
 
 // removeIDsLocked visits exactly the nodes held by any of ids (holders are closed under

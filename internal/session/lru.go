@@ -3,6 +3,8 @@ package session
 import (
 	"strings"
 	"sync"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
 )
 
 // none marks the end of a list.
@@ -138,11 +140,11 @@ func (tt *tenantTable) release(id uint32) {
 	}
 }
 
-// withBase returns the ids of the tenants that HasBase(tenant, base).
+// withBase returns the ids of the tenants that tenant.HasBase(tenant, base).
 func (tt *tenantTable) withBase(base string) []uint32 {
 	var ids []uint32
 	for name, id := range tt.ids {
-		if HasBase(name, base) {
+		if tenant.HasBase(name, base) {
 			ids = append(ids, id)
 		}
 	}

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
 )
 
 const (
@@ -352,7 +354,7 @@ func TestMemory_MatchesAReferenceUnderRandomOperations(t *testing.T) {
 		default:
 			_ = m.RemoveTenantsWithBase(ctx, workerA)
 			for k, e := range ref {
-				if HasBase(e.tenant, workerA) {
+				if tenant.HasBase(e.tenant, workerA) {
 					delete(ref, k)
 				}
 			}

@@ -6,8 +6,6 @@ package session
 
 import (
 	"context"
-	"strconv"
-	"strings"
 )
 
 // Store maps (model, session key) → worker tenant.
@@ -50,22 +48,4 @@ func (r EvictReason) String() string {
 		return "worker_removed"
 	}
 	return "unknown"
-}
-
-// HasBase reports whether tenant is base itself or base followed by "@" and a decimal rank,
-// that is, whether tenant goes away when the worker base is removed.
-func HasBase(tenant, base string) bool {
-	rank, ok := strings.CutPrefix(tenant, base)
-	if !ok {
-		return false
-	}
-	if rank == "" {
-		return true
-	}
-	rank, ok = strings.CutPrefix(rank, "@")
-	if !ok || rank == "" {
-		return false
-	}
-	_, err := strconv.ParseUint(rank, 10, 32)
-	return err == nil
 }

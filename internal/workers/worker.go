@@ -4,9 +4,9 @@ package workers
 
 import (
 	"slices"
-	"strconv"
-	"strings"
 	"sync/atomic"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
 )
 
 // Worker is one routing target (a tenant). Without data parallelism a worker URL is one tenant;
@@ -24,27 +24,9 @@ type Worker struct {
 }
 
 func newWorker(url string, rank int, breaker *Breaker) *Worker {
-	w := &Worker{url: url, rank: rank, tenant: TenantName(url, rank), breaker: breaker}
+	w := &Worker{url: url, rank: rank, tenant: tenant.Name(url, rank), breaker: breaker}
 	w.models.Store(&[]string{})
 	return w
-}
-
-// TenantName is "URL" without data parallelism (rank < 0) and "URL@rank" with it.
-func TenantName(url string, rank int) string {
-	if rank < 0 {
-		return url
-	}
-	return url + "@" + strconv.Itoa(rank)
-}
-
-// BaseOf returns the worker URL of a tenant name ("URL@3" → "URL").
-func BaseOf(tenant string) string {
-	if i := strings.LastIndexByte(tenant, '@'); i > 0 {
-		if _, err := strconv.Atoi(tenant[i+1:]); err == nil {
-			return tenant[:i]
-		}
-	}
-	return tenant
 }
 
 // URL is the worker's base URL, the one requests are sent to.

@@ -6,57 +6,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
 )
-
-func TestTenantName(t *testing.T) {
-	tests := []struct {
-		url  string
-		rank int
-		want string
-	}{
-		{"http://127.0.0.1:8000", -1, "http://127.0.0.1:8000"},
-		{"http://127.0.0.1:8000", 0, "http://127.0.0.1:8000@0"},
-		{"http://127.0.0.1:8000", 7, "http://127.0.0.1:8000@7"},
-		{"https://gpu-3.internal/v", 12, "https://gpu-3.internal/v@12"},
-	}
-	for _, tt := range tests {
-		if got := TenantName(tt.url, tt.rank); got != tt.want {
-			t.Errorf("TenantName(%q, %d) = %q, want %q", tt.url, tt.rank, got, tt.want)
-		}
-	}
-}
-
-func TestBaseOf(t *testing.T) {
-	tests := []struct {
-		name, tenant, want string
-	}{
-		{"no rank", "http://127.0.0.1:8000", "http://127.0.0.1:8000"},
-		{"rank 0", "http://127.0.0.1:8000@0", "http://127.0.0.1:8000"},
-		{"rank 13", "http://127.0.0.1:8000@13", "http://127.0.0.1:8000"},
-		{"userinfo is not a rank", "http://user@host:8000", "http://user@host:8000"},
-		{"userinfo and rank", "http://user@host:8000@2", "http://user@host:8000"},
-		{"empty suffix", "http://host:8000@", "http://host:8000@"},
-		{"leading at", "@3", "@3"},
-		{"empty", "", ""},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := BaseOf(tt.tenant); got != tt.want {
-				t.Errorf("BaseOf(%q) = %q, want %q", tt.tenant, got, tt.want)
-			}
-		})
-	}
-}
-
-func TestBaseOfInvertsTenantName(t *testing.T) {
-	for _, url := range []string{"http://a:1", "http://user@b:2", "https://c/path"} {
-		for rank := -1; rank < 4; rank++ {
-			if got := BaseOf(TenantName(url, rank)); got != url {
-				t.Errorf("BaseOf(TenantName(%q, %d)) = %q", url, rank, got)
-			}
-		}
-	}
-}
 
 func tenants(ws []*Worker) []string {
 	out := make([]string, len(ws))
@@ -95,7 +47,7 @@ func TestPoolDataParallelSizeTwoMakesRankedTenants(t *testing.T) {
 		if w.Rank() != i%2 {
 			t.Errorf("%s: Rank = %d, want %d", w.Tenant(), w.Rank(), i%2)
 		}
-		if w.URL() != BaseOf(w.Tenant()) {
+		if w.URL() != tenant.Base(w.Tenant()) {
 			t.Errorf("%s: URL = %q", w.Tenant(), w.URL())
 		}
 	}

@@ -1,0 +1,76 @@
+package tenant
+
+import "testing"
+
+func TestName(t *testing.T) {
+	tests := []struct {
+		url  string
+		rank int
+		want string
+	}{
+		{"http://127.0.0.1:8000", -1, "http://127.0.0.1:8000"},
+		{"http://127.0.0.1:8000", 0, "http://127.0.0.1:8000@0"},
+		{"http://127.0.0.1:8000", 7, "http://127.0.0.1:8000@7"},
+		{"https://gpu-3.internal/v", 12, "https://gpu-3.internal/v@12"},
+	}
+	for _, tt := range tests {
+		if got := Name(tt.url, tt.rank); got != tt.want {
+			t.Errorf("Name(%q, %d) = %q, want %q", tt.url, tt.rank, got, tt.want)
+		}
+	}
+}
+
+func TestBase(t *testing.T) {
+	tests := []struct {
+		name, tenant, want string
+	}{
+		{"no rank", "http://127.0.0.1:8000", "http://127.0.0.1:8000"},
+		{"rank 0", "http://127.0.0.1:8000@0", "http://127.0.0.1:8000"},
+		{"rank 13", "http://127.0.0.1:8000@13", "http://127.0.0.1:8000"},
+		{"userinfo is not a rank", "http://user@host:8000", "http://user@host:8000"},
+		{"userinfo and rank", "http://user@host:8000@2", "http://user@host:8000"},
+		{"empty suffix", "http://host:8000@", "http://host:8000@"},
+		{"leading at", "@3", "@3"},
+		{"empty", "", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := Base(tt.tenant); got != tt.want {
+				t.Errorf("Base(%q) = %q, want %q", tt.tenant, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestBaseInvertsName(t *testing.T) {
+	for _, url := range []string{"http://a:1", "http://user@b:2", "https://c/path"} {
+		for rank := -1; rank < 4; rank++ {
+			if got := Base(Name(url, rank)); got != url {
+				t.Errorf("Base(Name(%q, %d)) = %q", url, rank, got)
+			}
+		}
+	}
+}
+
+func TestHasBase(t *testing.T) {
+	for _, tc := range []struct {
+		tenant, base string
+		want         bool
+	}{
+		{"u", "u", true},
+		{"u@0", "u", true},
+		{"u@17", "u", true},
+		{"u2", "u", false},
+		{"ux@0", "u", false},
+		{"u@", "u", false},
+		{"u@r", "u", false},
+		{"u@1@2", "u", false},
+		{"v", "u", false},
+		{"u", "u@1", false},
+		{"u@1", "u@1", true},
+	} {
+		if got := HasBase(tc.tenant, tc.base); got != tc.want {
+			t.Errorf("HasBase(%q, %q) = %v, want %v", tc.tenant, tc.base, got, tc.want)
+		}
+	}
+}
