@@ -8,9 +8,11 @@ import (
 )
 
 // A tiny bench in this process: 2 simulated workers, a round_robin and a cache_aware router, and
-// an agent workload built so that placement matters: little shared prefix, long private
-// histories, and a KV cache that holds the sessions in progress only when each stays on one
-// worker.
+// an agent workload built so that placement matters: little shared prefix and long private
+// histories, one session at a time. round_robin alternates a session's turns between the
+// workers, so each turn finds only the history up to the turn before last; cache_aware keeps the
+// session on one worker, which holds the whole previous turn. One session at a time keeps the
+// outcome free of timing.
 func TestInProcessBenchCacheAwareBeatsRoundRobin(t *testing.T) {
 	agent := AgentConfig{Sessions: 6, Turns: 5, SharedPrefixTokens: 64, ToolSets: 1, TaskTokens: 300,
 		ToolResult: Dist{Kind: "fixed", A: 250}, OutputTokens: 8, Seed: 3}
@@ -20,13 +22,13 @@ func TestInProcessBenchCacheAwareBeatsRoundRobin(t *testing.T) {
 	}
 	simCfg := sim.DefaultConfig()
 	simCfg.TimeScale = 0.01
-	simCfg.KVCacheBlocks = 320 // 5,120 tokens: two sessions' histories, not four
+	simCfg.KVCacheBlocks = 320
 	policies, err := ParsePolicies([]string{"round_robin,cache_aware"}, SessionHeader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rep, err := Run(t.Context(), Options{Workload: w, Policies: policies, Workers: 2, Sim: simCfg,
-		Concurrency: 2, Timeout: 30 * time.Second})
+		Concurrency: 1, Timeout: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
