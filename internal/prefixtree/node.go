@@ -26,6 +26,9 @@ type node struct {
 	// lastUsed is the tree clock at the last Insert whose key passed through this node.
 	lastUsed  uint64
 	heapIndex int32
+	// keyEnd is set when some inserted key ended exactly at the end of this node's label: the
+	// path to here is a whole key the tree was given, not only a prefix of one.
+	keyEnd bool
 }
 
 // child returns the child whose label starts with b, with its position, or (nil, -1).

@@ -68,6 +68,12 @@ type Match struct {
 	// Holders are every tenant that holds exactly the longest matched prefix, sorted.
 	// Empty when Matched is 0.
 	Holders []string
+	// Whole is the length of the longest key inserted before that is a prefix of this key (0
+	// if none): the part of the key that continues something the tree was given whole, such
+	// as the previous turn of the same conversation, rather than a prefix several keys share.
+	Whole int
+	// WholeHolders are every tenant that holds that whole prefix, sorted.
+	WholeHolders []string
 }
 
 // New returns an empty tree that holds at most maxChars bytes of history in total.
@@ -103,6 +109,7 @@ func (t *Tree) Insert(key, tenant string) (evicted int) {
 			n.addChild(leaf)
 			t.leaves.push(leaf)
 			t.chars += len(leaf.label)
+			n = leaf
 			break
 		}
 		l := commonPrefixLen(c.label, rest)
@@ -117,6 +124,7 @@ func (t *Tree) Insert(key, tenant string) (evicted int) {
 		rest = rest[l:]
 		n = c
 	}
+	n.keyEnd = true // splits put a node boundary wherever a key ends
 
 	if t.maxChars > 0 && t.chars > t.maxChars+t.maxChars/overBudgetSlack {
 		return t.evictLocked()
@@ -146,6 +154,7 @@ func (t *Tree) Match(key string) Match {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	matched, deepest := 0, (*node)(nil)
+	whole, wholeNode := 0, (*node)(nil)
 	n := &t.root
 	rest := key
 	for len(rest) > 0 {
@@ -159,18 +168,30 @@ func (t *Tree) Match(key string) Match {
 		if l < len(c.label) {
 			break
 		}
+		if c.keyEnd {
+			whole, wholeNode = matched, c
+		}
 		rest = rest[l:]
 		n = c
 	}
 	if deepest == nil {
 		return Match{}
 	}
-	holders := make([]string, len(deepest.holders))
-	for i, id := range deepest.holders {
-		holders[i] = t.tenantNames[id]
+	m := Match{Matched: matched, Holders: t.namesLocked(deepest.holders)}
+	if wholeNode != nil {
+		m.Whole, m.WholeHolders = whole, t.namesLocked(wholeNode.holders)
 	}
-	slices.Sort(holders)
-	return Match{Matched: matched, Holders: holders}
+	return m
+}
+
+// namesLocked returns the sorted tenant names of ids.
+func (t *Tree) namesLocked(ids []uint32) []string {
+	names := make([]string, len(ids))
+	for i, id := range ids {
+		names[i] = t.tenantNames[id]
+	}
+	slices.Sort(names)
+	return names
 }
 
 // MatchTenant returns how many bytes of key tenant holds (0 if none).

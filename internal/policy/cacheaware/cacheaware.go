@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -176,26 +177,62 @@ func (p *Policy) choose(d *decision) (*workers.Worker, string) {
 	return p.byHistory(d, LabelCacheAffinity, LabelFirstHealthyFallbck, LabelLowMatch)
 }
 
-// byHistory probes the tree. Above the threshold the least loaded of the candidates holding the
-// longest matched prefix wins; when none of those holders is a candidate, the holders that are
-// gone or unavailable are removed from the tree and the least-loaded worker takes the request.
+// byHistory probes the tree with the request's text; hit, stale and low are the labels of the
+// calling step.
+//
+// Above the threshold, a match that continues a whole conversation the tree was given (the
+// previous turn of this conversation, or the same request again) sends the request to the least
+// loaded of the candidates holding that conversation: anywhere else the whole history would be
+// prefilled again. A match that is only a prefix several conversations share (a common system
+// prompt and tool schemas) is worth one prefill per worker, so it does not outweigh load: the
+// least-loaded candidate is chosen, a holder of the shared prefix among equally loaded ones. Piling
+// every new conversation onto the first worker that saw its system prompt would leave the rest of
+// the fleet idle while that worker's cache thrashes.
+//
+// When no holder of the deciding match is a candidate, the holders that are gone or unavailable
+// are removed from the tree and the least-loaded candidate takes the request.
 func (p *Policy) byHistory(d *decision, hit, stale, low string) (*workers.Worker, string) {
 	m := d.tree.Match(d.text)
-	if float64(m.Matched)/float64(len(d.text)) <= p.opts.CacheThreshold {
+	above := func(n int) bool { return float64(n)/float64(len(d.text)) > p.opts.CacheThreshold }
+	if !above(m.Matched) {
 		return p.minLoad(d), low
 	}
+	if above(m.Whole) {
+		if holders := p.candidateHolders(d, m.WholeHolders); len(holders) > 0 {
+			return p.leastLoaded(d, holders), hit
+		}
+		return p.minLoad(d), stale
+	}
+	holders := p.candidateHolders(d, m.Holders)
+	if len(holders) == 0 {
+		return p.minLoad(d), stale
+	}
+	tied := lowest(d.in.Candidates, func(w *workers.Worker) int64 { return w.Load() })
+	var tiedHolders []*workers.Worker
+	for _, w := range tied {
+		if slices.Contains(holders, w) {
+			tiedHolders = append(tiedHolders, w)
+		}
+	}
+	if len(tiedHolders) > 0 {
+		return p.leastLoaded(d, tiedHolders), hit
+	}
+	return p.leastLoaded(d, tied), low
+}
+
+// candidateHolders returns the candidates among tenants, and removes from the tree the tenants
+// that are gone or unavailable. A live tenant that is not a candidate for this request (already
+// tried, or not serving its model) keeps its place.
+func (p *Policy) candidateHolders(d *decision, tenants []string) []*workers.Worker {
 	var holders []*workers.Worker
-	for _, tenant := range m.Holders {
+	for _, tenant := range tenants {
 		if w := candidate(d.in.Candidates, tenant); w != nil {
 			holders = append(holders, w)
 		} else if !live(d.in.All, tenant) {
 			d.tree.RemoveTenant(tenant)
 		}
 	}
-	if len(holders) == 0 {
-		return p.minLoad(d), stale
-	}
-	return p.leastLoaded(d, holders), hit
+	return holders
 }
 
 // teach records the choice: the session entry points at the chosen worker (a session hit only

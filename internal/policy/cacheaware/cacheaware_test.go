@@ -419,3 +419,30 @@ func TestParallelRequestsOnOneSession(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+func TestNewConversationsOnASharedPromptSpreadByLoad(t *testing.T) {
+	pool, _ := fleet(t, 4)
+	p := newPolicy(defaultOptions())
+	first := route(p, pool, req(t, chat(longSystem, []string{"task one"}, ""), "x-session-id", "one"))
+	lease := first.Worker.Reserve() // turn 1 of session one is still running
+	defer lease.Release()
+	d := route(p, pool, req(t, chat(longSystem, []string{"task two"}, ""), "x-session-id", "two"))
+	if d.Worker == first.Worker || d.Label != LabelHistoryLowMatch {
+		t.Fatalf("a new session sharing only the system prompt: %s on %s, want %s on an idle worker",
+			d.Label, d.Worker.Tenant(), LabelHistoryLowMatch)
+	}
+	// Without session ids the same holds (the idle holder of the prompt, session two's worker,
+	// is preferred to idle workers that would prefill it), and each conversation then stays where
+	// it started.
+	n := route(p, pool, req(t, chat(longSystem, []string{"task three"}, "")))
+	if n.Worker != d.Worker || n.Label != LabelCacheAffinity {
+		t.Fatalf("a new conversation without id: %s on %s, want cache_affinity on the idle holder %s", n.Label, n.Worker.Tenant(), d.Worker.Tenant())
+	}
+	for range 3 {
+		defer n.Worker.Reserve().Release() // busier than the others, below the gate
+	}
+	next := route(p, pool, req(t, chat(longSystem, []string{"task three", "done", "next step"}, "")))
+	if next.Worker != n.Worker || next.Label != LabelCacheAffinity {
+		t.Fatalf("turn 2 of that conversation: %s on %s, want cache_affinity on %s", next.Label, next.Worker.Tenant(), n.Worker.Tenant())
+	}
+}

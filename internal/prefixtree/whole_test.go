@@ -1,0 +1,66 @@
+package prefixtree
+
+import (
+	"slices"
+	"testing"
+)
+
+func TestWholeIsTheLongestInsertedKeyThatPrefixesTheQuery(t *testing.T) {
+	tr := New(0)
+	tr.Insert("sys|tools|task-1.", "a")
+	tr.Insert("sys|tools|task-1.reply.more.", "b")
+	tr.Insert("sys|tools|task-2.", "c")
+
+	m := tr.Match("sys|tools|task-1.reply.more.next.")
+	if m.Whole != len("sys|tools|task-1.reply.more.") || !slices.Equal(m.WholeHolders, []string{"b"}) {
+		t.Fatalf("continuation of b's key: whole %d by %v", m.Whole, m.WholeHolders)
+	}
+	m = tr.Match("sys|tools|task-1.reply.other.")
+	if m.Whole != len("sys|tools|task-1.") || !slices.Equal(m.WholeHolders, []string{"a", "b"}) {
+		t.Fatalf("fork after a's key: whole %d by %v", m.Whole, m.WholeHolders)
+	}
+	if m.Matched != len("sys|tools|task-1.reply.") || !slices.Equal(m.Holders, []string{"b"}) {
+		t.Fatalf("fork after a's key: matched %d by %v", m.Matched, m.Holders)
+	}
+}
+
+func TestSharedTrunkAloneIsNoWholeMatch(t *testing.T) {
+	tr := New(0)
+	tr.Insert("sys|tools|task-1.", "a")
+	tr.Insert("sys|tools|task-2.", "b")
+	m := tr.Match("sys|tools|task-3.")
+	if m.Matched != len("sys|tools|task-") || m.Whole != 0 || m.WholeHolders != nil {
+		t.Fatalf("new conversation on a shared trunk: matched %d, whole %d by %v", m.Matched, m.Whole, m.WholeHolders)
+	}
+}
+
+func TestKeyEndingInsideAnEdgeMarksTheSplit(t *testing.T) {
+	tr := New(0)
+	tr.Insert("abcdef", "a")
+	if m := tr.Match("abcq"); m.Whole != 0 {
+		t.Fatalf("no key ends at abc yet: whole %d", m.Whole)
+	}
+	tr.Insert("abc", "b")
+	m := tr.Match("abcq")
+	if m.Whole != 3 || !slices.Equal(m.WholeHolders, []string{"a", "b"}) {
+		t.Fatalf("after inserting abc: whole %d by %v", m.Whole, m.WholeHolders)
+	}
+	if m := tr.Match("abcdef"); m.Whole != 6 || !slices.Equal(m.WholeHolders, []string{"a"}) {
+		t.Fatalf("the same key again: whole %d by %v", m.Whole, m.WholeHolders)
+	}
+}
+
+func TestWholeForgetsRemovedTenants(t *testing.T) {
+	tr := New(0)
+	tr.Insert("conv.", "a")
+	tr.Insert("conv.more.", "b")
+	tr.RemoveTenant("a")
+	m := tr.Match("conv.next.")
+	if m.Whole != len("conv.") || !slices.Equal(m.WholeHolders, []string{"b"}) {
+		t.Fatalf("after removing a: whole %d by %v", m.Whole, m.WholeHolders)
+	}
+	tr.RemoveTenant("b")
+	if m := tr.Match("conv.next."); m.Whole != 0 || m.Matched != 0 {
+		t.Fatalf("empty tree: %+v", m)
+	}
+}
