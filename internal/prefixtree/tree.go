@@ -74,6 +74,11 @@ type Match struct {
 	Whole int
 	// WholeHolders are every tenant that holds that whole prefix, sorted.
 	WholeHolders []string
+	// Branch is the length of the matched prefix up to the deepest point on it where keys
+	// already in the tree diverge (0 if none): the part of the match shared by several
+	// conversations, such as a common system prompt. Matched − Branch is the part that
+	// continues one line of keys only: the conversation the query most likely belongs to.
+	Branch int
 }
 
 // New returns an empty tree that holds at most maxChars bytes of history in total.
@@ -155,6 +160,7 @@ func (t *Tree) Match(key string) Match {
 	defer t.mu.RUnlock()
 	matched, deepest := 0, (*node)(nil)
 	whole, wholeNode := 0, (*node)(nil)
+	branch := 0
 	n := &t.root
 	rest := key
 	for len(rest) > 0 {
@@ -171,13 +177,16 @@ func (t *Tree) Match(key string) Match {
 		if c.keyEnd {
 			whole, wholeNode = matched, c
 		}
+		if len(c.children) > 1 {
+			branch = matched
+		}
 		rest = rest[l:]
 		n = c
 	}
 	if deepest == nil {
 		return Match{}
 	}
-	m := Match{Matched: matched, Holders: t.namesLocked(deepest.holders)}
+	m := Match{Matched: matched, Holders: t.namesLocked(deepest.holders), Branch: branch}
 	if wholeNode != nil {
 		m.Whole, m.WholeHolders = whole, t.namesLocked(wholeNode.holders)
 	}

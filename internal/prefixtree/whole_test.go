@@ -64,3 +64,22 @@ func TestWholeForgetsRemovedTenants(t *testing.T) {
 		t.Fatalf("empty tree: %+v", m)
 	}
 }
+
+func TestBranchMarksWhereConversationsDiverge(t *testing.T) {
+	tr := New(0)
+	tr.Insert("sys|task-1|block-a|block-b|", "a")
+	// One conversation so far: nothing diverges on the path.
+	if m := tr.Match("sys|task-1|block-a|block-c|"); m.Branch != 0 || m.Matched != len("sys|task-1|block-a|block-") {
+		t.Fatalf("inside one conversation: %+v", m)
+	}
+	tr.Insert("sys|task-2|", "b")
+	// A new conversation shares only what the two diverge after.
+	if m := tr.Match("sys|task-3|"); m.Branch != len("sys|task-") || m.Matched != len("sys|task-") {
+		t.Fatalf("a prefix two conversations diverge from: %+v", m)
+	}
+	// A continuation of the first (its last block changed) matches far beyond the branch.
+	m := tr.Match("sys|task-1|block-a|block-x|block-y|")
+	if m.Branch != len("sys|task-") || m.Matched != len("sys|task-1|block-a|block-") {
+		t.Fatalf("a continuation past the branch: %+v", m)
+	}
+}

@@ -180,14 +180,14 @@ func (p *Policy) choose(d *decision) (*workers.Worker, string) {
 // byHistory probes the tree with the request's text; hit, stale and low are the labels of the
 // calling step.
 //
-// Above the threshold, a match that continues a whole conversation the tree was given (the
-// previous turn of this conversation, or the same request again) sends the request to the least
-// loaded of the candidates holding that conversation: anywhere else the whole history would be
-// prefilled again. A match that is only a prefix several conversations share (a common system
-// prompt and tool schemas) is worth one prefill per worker, so it does not outweigh load: the
-// least-loaded candidate is chosen, a holder of the shared prefix among equally loaded ones. Piling
-// every new conversation onto the first worker that saw its system prompt would leave the rest of
-// the fleet idle while that worker's cache thrashes.
+// Above the threshold, a match that continues one conversation (the previous turns of this
+// conversation, or the same request again) sends the request to the least loaded of the
+// candidates holding it: anywhere else the whole history would be prefilled again. A match that
+// is only a prefix several conversations share (a common system prompt and tool schemas) is
+// worth one prefill per worker, so it does not outweigh load: the least-loaded candidate is
+// chosen, a holder of the shared prefix among equally loaded ones. Piling every new conversation
+// onto the first worker that saw its system prompt would leave the rest of the fleet idle while
+// that worker's cache thrashes.
 //
 // When no holder of the deciding match is a candidate, the holders that are gone or unavailable
 // are removed from the tree and the least-loaded candidate takes the request.
@@ -197,8 +197,17 @@ func (p *Policy) byHistory(d *decision, hit, stale, low string) (*workers.Worker
 	if !above(m.Matched) {
 		return p.minLoad(d), low
 	}
-	if above(m.Whole) {
-		if holders := p.candidateHolders(d, m.WholeHolders); len(holders) > 0 {
+	// A continuation: a whole earlier request is a prefix of this one, or the match runs well
+	// past the last point where the tree's conversations diverge.
+	var continued []string
+	switch {
+	case above(m.Whole):
+		continued = m.WholeHolders
+	case above(m.Matched - m.Branch):
+		continued = m.Holders
+	}
+	if continued != nil {
+		if holders := p.candidateHolders(d, continued); len(holders) > 0 {
 			return p.leastLoaded(d, holders), hit
 		}
 		return p.minLoad(d), stale

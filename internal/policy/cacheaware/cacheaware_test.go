@@ -424,6 +424,10 @@ func TestNewConversationsOnASharedPromptSpreadByLoad(t *testing.T) {
 	pool, _ := fleet(t, 4)
 	p := newPolicy(defaultOptions())
 	first := route(p, pool, req(t, chat(longSystem, []string{"task one"}, ""), "x-session-id", "one"))
+	// A second conversation on the prompt looks like a continuation of the only one there.
+	if d := route(p, pool, req(t, chat(longSystem, []string{"task zero"}, ""), "x-session-id", "zero")); d.Worker != first.Worker {
+		t.Fatalf("second conversation: %s on %s", d.Label, d.Worker.Tenant())
+	}
 	lease := first.Worker.Reserve() // turn 1 of session one is still running
 	defer lease.Release()
 	d := route(p, pool, req(t, chat(longSystem, []string{"task two"}, ""), "x-session-id", "two"))
