@@ -257,11 +257,7 @@ func (c Config) Validate() error {
 		"balance-rel-threshold":      c.BalanceRelThreshold,
 		"session-ttl":                c.SessionTTL.Seconds(),
 	}
-	for _, name := range slices.Sorted(maps.Keys(positive)) {
-		if positive[name] <= 0 {
-			bad(name, "must be positive, got %v", positive[name])
-		}
-	}
+	checkEach(bad, positive, func(v float64) bool { return v > 0 }, "must be positive")
 	atLeastOne := map[string]int{
 		"health-failure-threshold": c.HealthFailureThreshold,
 		"health-success-threshold": c.HealthSuccessThreshold,
@@ -269,22 +265,14 @@ func (c Config) Validate() error {
 		"max-tree-size":            c.MaxTreeSize,
 		"max-sessions":             c.MaxSessions,
 	}
-	for _, name := range slices.Sorted(maps.Keys(atLeastOne)) {
-		if atLeastOne[name] < 1 {
-			bad(name, "must be at least 1, got %d", atLeastOne[name])
-		}
-	}
+	checkEach(bad, atLeastOne, func(v int) bool { return v >= 1 }, "must be at least 1")
 	nonNegative := map[string]int{
 		"retry-max-retries":        c.RetryMaxRetries,
 		"retry-initial-backoff-ms": c.RetryInitialBackoffMs,
 		"retry-max-backoff-ms":     c.RetryMaxBackoffMs,
 		"balance-abs-threshold":    c.BalanceAbsThreshold,
 	}
-	for _, name := range slices.Sorted(maps.Keys(nonNegative)) {
-		if nonNegative[name] < 0 {
-			bad(name, "must not be negative, got %d", nonNegative[name])
-		}
-	}
+	checkEach(bad, nonNegative, func(v int) bool { return v >= 0 }, "must not be negative")
 	if c.MaxPayloadSize < 1 {
 		bad("max-payload-size", "must be at least 1 byte, got %d", c.MaxPayloadSize)
 	}
@@ -320,6 +308,15 @@ func (c Config) Validate() error {
 		bad("log-format", "unknown format %q (want text or json)", c.LogFormat)
 	}
 	return errors.Join(errs...)
+}
+
+// checkEach reports, in flag-name order, every value that breaks the rule ok describes.
+func checkEach[V int | float64](bad func(flag, format string, args ...any), values map[string]V, ok func(V) bool, rule string) {
+	for _, name := range slices.Sorted(maps.Keys(values)) {
+		if !ok(values[name]) {
+			bad(name, "%s, got %v", rule, values[name])
+		}
+	}
 }
 
 // ValidateWorkerURL accepts an absolute http or https URL with a host and no query or fragment.
