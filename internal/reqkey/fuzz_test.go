@@ -11,8 +11,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/reqkey"
 )
 
-// unknownKey can never name a field Parse reads: encoding/json matches names case-insensitively,
-// and no routing field has a hyphen.
+// unknownKey can never name a field Parse reads: no routing field has a hyphen, in any spelling.
 const unknownKey = "x-unknown-field"
 
 func parseSeeds(f *testing.F) {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"slices"
 	"strconv"
-	"strings"
 	"unsafe"
 )
 
@@ -29,36 +28,39 @@ func historyKey(tools []tool, messages []message) string {
 		return ""
 	}
 	size := 0
+	for i := range tools {
+		size += 32 + len(tools[i].name) + len(tools[i].description) + len(tools[i].params)
+	}
 	for i := range messages {
-		size += 16 + textSize(messages[i].Content)
+		size += messages[i].size()
 	}
 	buf := make([]byte, 0, size)
 	if len(tools) > 0 {
 		sorted := slices.Clone(tools)
-		slices.SortStableFunc(sorted, func(a, b tool) int { return strings.Compare(a.Function.Name, b.Function.Name) })
+		slices.SortStableFunc(sorted, func(a, b tool) int { return bytes.Compare(a.name, b.name) })
 		for _, t := range sorted {
 			buf = append(buf, 'T')
-			buf = lp(buf, t.Function.Name)
-			buf = lp(buf, t.Function.Description)
-			buf = lp(buf, canonicalJSON(t.Function.Parameters))
+			buf = lp(buf, t.name)
+			buf = lp(buf, t.description)
+			buf = lp(buf, canonicalJSON(t.params))
 		}
 	}
 	for i := range messages {
 		m := &messages[i]
-		buf = appendRole(buf, m.Role)
-		if m.Name != "" {
+		buf = appendRole(buf, m.role)
+		if len(m.name) > 0 {
 			buf = append(buf, 'n')
-			buf = lp(buf, m.Name)
+			buf = lp(buf, m.name)
 		}
-		if m.ToolCallID != "" {
+		if len(m.toolCallID) > 0 {
 			buf = append(buf, 'i')
-			buf = lp(buf, m.ToolCallID)
+			buf = lp(buf, m.toolCallID)
 		}
-		buf = appendTextParts(buf, m.Content)
-		for _, tc := range m.ToolCalls {
+		buf = appendTextParts(buf, m)
+		for _, tc := range m.toolCalls {
 			buf = append(buf, 'f')
-			buf = lp(buf, tc.Function.Name)
-			buf = lp(buf, argumentsText(tc.Function.Arguments))
+			buf = lp(buf, tc.name)
+			buf = lp(buf, tc.arguments())
 		}
 		buf = append(buf, '.')
 	}
@@ -67,8 +69,41 @@ func historyKey(tools []tool, messages []message) string {
 	return unsafe.String(unsafe.SliceData(buf), len(buf))
 }
 
-func appendRole(buf []byte, role string) []byte {
-	switch role {
+// message is one element of messages, as far as the history key reads it. Its byte slices may
+// point into the request body.
+type message struct {
+	role, name, toolCallID []byte
+	text                   []byte   // content given as a string
+	parts                  [][]byte // the non-empty texts of content given as an array
+	toolCalls              []toolCall
+}
+
+// toolCall is one element of a message's tool_calls: its function's name and arguments.
+type toolCall struct {
+	name     []byte
+	args     []byte // the arguments string, or the raw JSON of other arguments (nil for none)
+	argsJSON bool   // args is raw JSON
+}
+
+// tool is one element of tools: its function's name, description and raw JSON parameters.
+type tool struct {
+	name, description, params []byte
+}
+
+// size is about the number of bytes m adds to a history key.
+func (m *message) size() int {
+	n := 16 + len(m.role) + len(m.name) + len(m.toolCallID) + len(m.text)
+	for _, p := range m.parts {
+		n += 8 + len(p)
+	}
+	for _, tc := range m.toolCalls {
+		n += 16 + len(tc.name) + len(tc.args)
+	}
+	return n
+}
+
+func appendRole(buf []byte, role []byte) []byte {
+	switch string(role) {
 	case "system":
 		return append(buf, 's')
 	case "developer":
@@ -83,7 +118,7 @@ func appendRole(buf []byte, role string) []byte {
 	return lp(append(buf, 'r'), role)
 }
 
-func lp(buf []byte, s string) []byte {
+func lp(buf []byte, s []byte) []byte {
 	buf = strconv.AppendInt(buf, int64(len(s)), 10)
 	buf = append(buf, ':')
 	return append(buf, s...)
@@ -91,43 +126,16 @@ func lp(buf []byte, s string) []byte {
 
 // appendTextParts writes the text of a message content: a string, or the text parts of a content
 // array. Image, audio and other parts contribute nothing.
-func appendTextParts(buf []byte, content any) []byte {
-	switch c := content.(type) {
-	case string:
-		if c != "" {
-			buf = append(buf, 'c')
-			buf = lp(buf, c)
-		}
-	case []any:
-		for _, part := range c {
-			if text, ok := partText(part); ok && text != "" {
-				buf = append(buf, 'c')
-				buf = lp(buf, text)
-			}
-		}
+func appendTextParts(buf []byte, m *message) []byte {
+	if len(m.text) > 0 {
+		buf = append(buf, 'c')
+		buf = lp(buf, m.text)
+	}
+	for _, text := range m.parts {
+		buf = append(buf, 'c')
+		buf = lp(buf, text)
 	}
 	return buf
-}
-
-func partText(part any) (string, bool) {
-	switch p := part.(type) {
-	case string:
-		return p, true
-	case map[string]any:
-		if typ, _ := p["type"].(string); typ != "" && typ != "text" && typ != "input_text" {
-			return "", false
-		}
-		text, ok := p["text"].(string)
-		return text, ok
-	}
-	return "", false
-}
-
-func textSize(content any) int {
-	if s, ok := content.(string); ok {
-		return len(s)
-	}
-	return 64
 }
 
 func hasText(tools []tool, messages []message) bool {
@@ -135,45 +143,35 @@ func hasText(tools []tool, messages []message) bool {
 		return true
 	}
 	for i := range messages {
-		if len(messages[i].ToolCalls) > 0 {
+		if len(messages[i].toolCalls) > 0 || len(messages[i].text) > 0 || len(messages[i].parts) > 0 {
 			return true
-		}
-		switch c := messages[i].Content.(type) {
-		case string:
-			if c != "" {
-				return true
-			}
-		case []any:
-			for _, part := range c {
-				if text, ok := partText(part); ok && text != "" {
-					return true
-				}
-			}
 		}
 	}
 	return false
 }
 
-// argumentsText is a tool call's arguments: the string as sent (OpenAI sends a JSON string), or the
+// arguments is a tool call's arguments: the string as sent (OpenAI sends a JSON string), or the
 // canonical JSON of an object some clients send instead.
-func argumentsText(v any) string {
-	if s, ok := v.(string); ok {
-		return s
+func (c *toolCall) arguments() []byte {
+	if !c.argsJSON {
+		return c.args
 	}
-	return canonicalJSON(v)
+	return canonicalJSON(c.args)
 }
 
-// canonicalJSON renders a decoded JSON value with object keys sorted (encoding/json sorts map
-// keys), so the same schema always yields the same bytes whatever order the client wrote it in.
-func canonicalJSON(v any) string {
-	if v == nil {
-		return ""
+// canonicalJSON renders a raw JSON value with object keys sorted (encoding/json sorts map keys), so
+// the same schema always yields the same bytes whatever order the client wrote it in. The raw
+// value has been validated; nil (absent or null) renders as nothing.
+func canonicalJSON(raw []byte) []byte {
+	var v any
+	if raw == nil || json.Unmarshal(raw, &v) != nil || v == nil {
+		return nil
 	}
 	var sb bytes.Buffer
 	enc := json.NewEncoder(&sb)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(v); err != nil {
-		return ""
+		return nil
 	}
-	return strings.TrimSuffix(sb.String(), "\n")
+	return bytes.TrimSuffix(sb.Bytes(), []byte("\n"))
 }

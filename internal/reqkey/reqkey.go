@@ -8,9 +8,6 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
-	"errors"
-	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -51,64 +48,11 @@ type Error struct{ Msg string }
 
 func (e *Error) Error() string { return e.Msg }
 
-// body holds the top-level fields routing reads. Free-form values are decoded into `any`, which
-// reads a string content in the same single pass as a typed string field would.
-type body struct {
-	Model         *string         `json:"model"`
-	Stream        *bool           `json:"stream"`
-	Messages      []message       `json:"messages"`
-	Tools         []tool          `json:"tools"`
-	Prompt        any             `json:"prompt"`
-	Text          any             `json:"text"`
-	InputIDs      any             `json:"input_ids"`
-	SessionParams json.RawMessage `json:"session_params"`
-	SessionID     id              `json:"session_id"`
-	UserID        id              `json:"user_id"`
-	User          id              `json:"user"`
-}
-
-type message struct {
-	Role       string     `json:"role"`
-	Name       string     `json:"name"`
-	Content    any        `json:"content"`
-	ToolCalls  []toolCall `json:"tool_calls"`
-	ToolCallID string     `json:"tool_call_id"`
-}
-
-type toolCall struct {
-	Function struct {
-		Name      string `json:"name"`
-		Arguments any    `json:"arguments"`
-	} `json:"function"`
-}
-
-type tool struct {
-	Function struct {
-		Name        string `json:"name"`
-		Description string `json:"description"`
-		Parameters  any    `json:"parameters"`
-	} `json:"function"`
-}
-
-// id is a session or user id given as a JSON string or number; other types are no id.
+// id is a session or user id: a JSON string's value or a JSON number as written.
 type id string
 
-func (v *id) UnmarshalJSON(b []byte) error {
-	switch {
-	case len(b) > 0 && b[0] == '"':
-		var s string
-		if err := json.Unmarshal(b, &s); err != nil {
-			return err
-		}
-		*v = id(s)
-	case len(b) > 0 && (b[0] == '-' || (b[0] >= '0' && b[0] <= '9')):
-		*v = id(b)
-	}
-	return nil
-}
-
 // Parse reads a request body and headers. A body that is not a JSON object, or whose routing
-// fields have the wrong JSON type, is an *Error.
+// fields have the wrong JSON type, is an *Error. Object keys are matched exactly, as vLLM does.
 func Parse(h http.Header, raw []byte) (*Request, error) {
 	trimmed := bytes.TrimLeft(raw, " \t\r\n")
 	if len(trimmed) == 0 {
@@ -118,42 +62,19 @@ func Parse(h http.Header, raw []byte) (*Request, error) {
 		return nil, &Error{"request body must be a JSON object"}
 	}
 	var b body
-	if err := json.Unmarshal(raw, &b); err != nil {
-		return nil, &Error{"invalid JSON body: " + describe(err)}
+	if err := parseBody(raw, &b); err != nil {
+		return nil, err
 	}
-	r := &Request{Chat: b.Messages != nil}
-	if b.Model != nil {
-		r.Model = *b.Model
-	}
-	if b.Stream != nil {
-		r.Stream = *b.Stream
-	}
-	var paramsID id
-	if len(b.SessionParams) > 0 && b.SessionParams[0] == '{' {
-		var sp struct {
-			SessionID id `json:"session_id"`
-		}
-		if err := json.Unmarshal(b.SessionParams, &sp); err != nil {
-			return nil, &Error{"invalid session_params: " + describe(err)}
-		}
-		paramsID = sp.SessionID
-	}
+	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.messages != nil}
 	if r.Chat {
-		r.Text = historyKey(b.Tools, b.Messages)
+		r.Text = historyKey(b.tools, b.messages)
 	} else {
 		r.Text = routingText(&b)
 	}
-	r.SessionKey = sessionKey(h, paramsID, b.SessionID, b.UserID, b.User)
-	r.HashKey = hashKey(h, paramsID, b.SessionID, b.UserID, b.User, r.Text)
+	paramsID, sessionID, userID, user := id(b.paramsID), id(b.sessionID), id(b.userID), id(b.user)
+	r.SessionKey = sessionKey(h, paramsID, sessionID, userID, user)
+	r.HashKey = hashKey(h, paramsID, sessionID, userID, user, r.Text)
 	return r, nil
-}
-
-func describe(err error) string {
-	var te *json.UnmarshalTypeError
-	if errors.As(err, &te) {
-		return fmt.Sprintf("field %q must not be a JSON %s", te.Field, te.Value)
-	}
-	return err.Error()
 }
 
 // sessionKey applies the session precedence: body session_params.session_id, the session headers,
@@ -205,12 +126,12 @@ func namespaced(kind, v string) string {
 // routingText is what non-chat requests are matched on: /generate's text, prompt or input_ids, or
 // the completion prompt (strings joined by newlines, token ids rendered as their decimal values).
 func routingText(b *body) string {
-	for _, v := range []any{b.Text, b.Prompt, b.InputIDs} {
-		if v == nil {
+	for _, raw := range [][]byte{b.text, b.prompt, b.inputIDs} {
+		if raw == nil {
 			continue
 		}
 		var sb strings.Builder
-		renderPrompt(&sb, v)
+		renderPrompt(&sb, &scanner{data: raw})
 		if sb.Len() > 0 {
 			return sb.String()
 		}
@@ -218,22 +139,31 @@ func routingText(b *body) string {
 	return ""
 }
 
-func renderPrompt(sb *strings.Builder, v any) {
-	switch p := v.(type) {
-	case string:
-		sb.WriteString(p)
-	case float64:
-		sb.WriteString(strconv.FormatFloat(p, 'f', -1, 64))
-	case []any:
-		for i, e := range p {
-			if i > 0 {
-				if _, num := e.(float64); num {
+// renderPrompt writes the prompt value at s.pos, which has been validated: a string as it is, a
+// number in decimal, an array as its elements separated by a space before a number and a newline
+// before anything else. Other values write nothing.
+func renderPrompt(sb *strings.Builder, s *scanner) {
+	switch c := s.peek(); {
+	case c == '"':
+		sb.Write(s.stringValue())
+	case c == '-' || isDigit(c):
+		f, _ := strconv.ParseFloat(string(s.number()), 64)
+		sb.WriteString(strconv.FormatFloat(f, 'f', -1, 64))
+	case c == '[':
+		if !s.open() {
+			return
+		}
+		for first := true; s.next(']', first); first = false {
+			if !first {
+				if c := s.peek(); c == '-' || isDigit(c) {
 					sb.WriteByte(' ')
 				} else {
 					sb.WriteByte('\n')
 				}
 			}
-			renderPrompt(sb, e)
+			renderPrompt(sb, s)
 		}
+	default:
+		s.skip(false)
 	}
 }
