@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"slices"
 	"strconv"
-	"unsafe"
+	"strings"
 )
 
 // historyKey serializes a chat conversation so that a conversation's key is a byte prefix of the
@@ -34,39 +34,40 @@ func historyKey(tools []tool, messages []message) string {
 	for i := range messages {
 		size += messages[i].size()
 	}
-	buf := make([]byte, 0, size)
+	// A Builder grows without zeroing the bytes it is about to overwrite, and hands them to
+	// String without copying them: the key costs one allocation of about its own size.
+	var sb strings.Builder
+	sb.Grow(size)
 	if len(tools) > 0 {
 		sorted := slices.Clone(tools)
 		slices.SortStableFunc(sorted, func(a, b tool) int { return bytes.Compare(a.name, b.name) })
 		for _, t := range sorted {
-			buf = append(buf, 'T')
-			buf = lp(buf, t.name)
-			buf = lp(buf, t.description)
-			buf = lp(buf, canonicalJSON(t.params))
+			sb.WriteByte('T')
+			lp(&sb, t.name)
+			lp(&sb, t.description)
+			lp(&sb, canonicalJSON(t.params))
 		}
 	}
 	for i := range messages {
 		m := &messages[i]
-		buf = appendRole(buf, m.role)
+		appendRole(&sb, m.role)
 		if len(m.name) > 0 {
-			buf = append(buf, 'n')
-			buf = lp(buf, m.name)
+			sb.WriteByte('n')
+			lp(&sb, m.name)
 		}
 		if len(m.toolCallID) > 0 {
-			buf = append(buf, 'i')
-			buf = lp(buf, m.toolCallID)
+			sb.WriteByte('i')
+			lp(&sb, m.toolCallID)
 		}
-		buf = appendTextParts(buf, m)
+		appendTextParts(&sb, m)
 		for _, tc := range m.toolCalls {
-			buf = append(buf, 'f')
-			buf = lp(buf, tc.name)
-			buf = lp(buf, tc.arguments())
+			sb.WriteByte('f')
+			lp(&sb, tc.name)
+			lp(&sb, tc.arguments())
 		}
-		buf = append(buf, '.')
+		sb.WriteByte('.')
 	}
-	// buf is never written again: hand its bytes to the string instead of copying them, which
-	// saves a copy of the whole conversation per request.
-	return unsafe.String(unsafe.SliceData(buf), len(buf))
+	return sb.String()
 }
 
 // message is one element of messages, as far as the history key reads it. Its byte slices may
@@ -102,40 +103,43 @@ func (m *message) size() int {
 	return n
 }
 
-func appendRole(buf []byte, role []byte) []byte {
+func appendRole(sb *strings.Builder, role []byte) {
 	switch string(role) {
 	case "system":
-		return append(buf, 's')
+		sb.WriteByte('s')
 	case "developer":
-		return append(buf, 'd')
+		sb.WriteByte('d')
 	case "user":
-		return append(buf, 'u')
+		sb.WriteByte('u')
 	case "assistant":
-		return append(buf, 'a')
+		sb.WriteByte('a')
 	case "tool":
-		return append(buf, 't')
+		sb.WriteByte('t')
+	default:
+		sb.WriteByte('r')
+		lp(sb, role)
 	}
-	return lp(append(buf, 'r'), role)
 }
 
-func lp(buf []byte, s []byte) []byte {
-	buf = strconv.AppendInt(buf, int64(len(s)), 10)
-	buf = append(buf, ':')
-	return append(buf, s...)
+// lp writes s behind its length prefix: "<len>:<bytes>".
+func lp(sb *strings.Builder, s []byte) {
+	var n [20]byte
+	sb.Write(strconv.AppendInt(n[:0], int64(len(s)), 10))
+	sb.WriteByte(':')
+	sb.Write(s)
 }
 
 // appendTextParts writes the text of a message content: a string, or the text parts of a content
 // array. Image, audio and other parts contribute nothing.
-func appendTextParts(buf []byte, m *message) []byte {
+func appendTextParts(sb *strings.Builder, m *message) {
 	if len(m.text) > 0 {
-		buf = append(buf, 'c')
-		buf = lp(buf, m.text)
+		sb.WriteByte('c')
+		lp(sb, m.text)
 	}
 	for _, text := range m.parts {
-		buf = append(buf, 'c')
-		buf = lp(buf, text)
+		sb.WriteByte('c')
+		lp(sb, text)
 	}
-	return buf
 }
 
 func hasText(tools []tool, messages []message) bool {

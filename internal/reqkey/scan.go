@@ -2,6 +2,7 @@ package reqkey
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"strconv"
 	"strings"
@@ -315,6 +316,9 @@ func decodeArray[T any](s *scanner, v []T, decode func(*T, *scanner)) []T {
 	for first := true; s.next(']', first); first = false {
 		switch {
 		case n >= cap(v): // then len(v) == cap(v) == n
+			if cap(v) == 0 {
+				v = make([]T, 0, 8) // skip the smallest steps of growing one element at a time
+			}
 			var zero T
 			v = append(v, zero)
 		case n >= len(v):
@@ -597,6 +601,9 @@ func (s *scanner) str() (raw []byte, escaped, high bool) {
 	start := s.pos + 1
 	i := start
 	for {
+		for i+8 <= len(d) && !special8(binary.LittleEndian.Uint64(d[i:])) {
+			i += 8
+		}
 		for i < len(d) && plain[d[i]] {
 			i++
 		}
@@ -634,6 +641,24 @@ func (s *scanner) str() (raw []byte, escaped, high bool) {
 		}
 	}
 }
+
+const (
+	ones  = 0x0101010101010101
+	highs = 0x8080808080808080
+)
+
+// special8 reports whether any of the eight bytes in w needs a look inside a string: a control
+// byte, a quote, a backslash or a byte outside ASCII. It may not say which, only whether.
+func special8(w uint64) bool {
+	return (below(w, 0x20)|zeroByte(w^'"'*ones)|zeroByte(w^'\\'*ones)|w)&highs != 0
+}
+
+// zeroByte sets the high bit of some byte when w has a zero byte, and of none otherwise.
+func zeroByte(w uint64) uint64 { return (w - ones) &^ w }
+
+// below sets the high bit of some byte when w has a byte below n (at most 0x80), and of none
+// otherwise.
+func below(w uint64, n uint64) uint64 { return (w - n*ones) &^ w }
 
 // escapeLen is the length of the valid escape sequence e starts with, or 0.
 func escapeLen(e []byte) int {
