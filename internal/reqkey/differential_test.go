@@ -286,3 +286,28 @@ func TestParseMatchesReferenceOnRandomBodies(t *testing.T) {
 	}
 	t.Logf("%d of %d bodies parsed, %d chats with a key", ok, n, chats)
 }
+
+// The Request owns its strings: the history key goes into a long-lived tree, so nothing in it may
+// point into (and keep alive) the request body, which the server reuses.
+func TestParseResultDoesNotAliasBody(t *testing.T) {
+	bodies := []string{
+		`{"model":"m","user":"u","session_id":"s","messages":[{"role":"user","name":"n","content":"hello"},{"role":"x","content":["a",{"type":"text","text":"b"}]}],"tools":[{"function":{"name":"f","description":"d","parameters":{"p":1}}}]}`,
+		`{"prompt":"a prompt","user_id":42,"session_params":{"session_id":"p"}}`,
+		`{"text":["t1","t2"]}`,
+	}
+	for _, s := range bodies {
+		body := []byte(s)
+		r, err := reqkey.Parse(nil, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := reqkey.Request{Model: strings.Clone(r.Model), Stream: r.Stream, Chat: r.Chat,
+			SessionKey: strings.Clone(r.SessionKey), HashKey: strings.Clone(r.HashKey), Text: strings.Clone(r.Text)}
+		for i := range body {
+			body[i] = 'Z'
+		}
+		if *r != before {
+			t.Errorf("overwriting the body changed the request parsed from %s:\n%+v\n%+v", s, before, *r)
+		}
+	}
+}
