@@ -3,6 +3,7 @@ package reqkey_test
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -21,38 +22,47 @@ var fieldNames = []string{
 
 // exactKeys reports whether no object key in the valid JSON document body is another spelling of a
 // field name under encoding/json's case folding: the only bodies on which Parse deliberately
-// differs from the encoding/json reference.
+// differs from the encoding/json reference. It reads tokens, not a decoded value, so that the
+// keys of a value a repeated key replaced are seen too.
 func exactKeys(body []byte) bool {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
-	var v any
-	if dec.Decode(&v) != nil {
-		return false
-	}
-	var walk func(v any) bool
-	walk = func(v any) bool {
-		switch v := v.(type) {
-		case map[string]any:
-			for k, e := range v {
+	type container struct{ object, wantKey bool }
+	var open []container
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			return true
+		}
+		if err != nil {
+			return false
+		}
+		if n := len(open); n > 0 && open[n-1].wantKey {
+			if k, ok := tok.(string); ok {
 				for _, name := range fieldNames {
 					if k != name && strings.EqualFold(k, name) {
 						return false
 					}
 				}
-				if !walk(e) {
-					return false
-				}
-			}
-		case []any:
-			for _, e := range v {
-				if !walk(e) {
-					return false
-				}
+				open[n-1].wantKey = false
+				continue
 			}
 		}
-		return true
+		switch tok {
+		case json.Delim('{'):
+			open = append(open, container{object: true, wantKey: true})
+			continue
+		case json.Delim('['):
+			open = append(open, container{})
+			continue
+		case json.Delim('}'), json.Delim(']'):
+			open = open[:len(open)-1]
+		}
+		// A value ended: an object holding it expects a key next.
+		if n := len(open); n > 0 && open[n-1].object {
+			open[n-1].wantKey = true
+		}
 	}
-	return walk(v)
 }
 
 const typeErrorPrefix = "invalid JSON body: field "
@@ -308,6 +318,26 @@ func TestParseResultDoesNotAliasBody(t *testing.T) {
 		}
 		if *r != before {
 			t.Errorf("overwriting the body changed the request parsed from %s:\n%+v\n%+v", s, before, *r)
+		}
+	}
+}
+
+func TestExactKeys(t *testing.T) {
+	tests := []struct {
+		body string
+		want bool
+	}{
+		{`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]}`, true},
+		{`{"Model":"m"}`, false},
+		{`{"x":{"y":[{"ROLE":1}]}}`, false},
+		{`{"tools":[{"fUnCtion":{}}],"tools":[{}]}`, false},
+		{`{"a":"Model","b":["USER"]}`, true},
+		{`{"ſession_id":1}`, false},
+		{`{"models":1,"":2}`, true},
+	}
+	for _, tt := range tests {
+		if got := exactKeys([]byte(tt.body)); got != tt.want {
+			t.Errorf("exactKeys(%s) = %v, want %v", tt.body, got, tt.want)
 		}
 	}
 }
