@@ -23,7 +23,8 @@ import (
 //
 //   - A value of the wrong JSON type for a typed field is a type error; the scan goes on, and the
 //     first type error is reported unless the document is malformed, which is reported first.
-//   - null leaves a typed field as it was, except model, stream and messages, which it clears.
+//   - null leaves a string field (role, name, ...) or an array element as it was, and clears
+//     model, stream, an array field (messages, tools, tool_calls) or a free-form value.
 //   - A repeated key is decoded again over what the earlier one left: a later scalar replaces an
 //     earlier one, and an array of objects is decoded element by element over the earlier elements
 //     (see decodeArray), as encoding/json decodes into an existing slice.
