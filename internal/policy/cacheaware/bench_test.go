@@ -29,7 +29,10 @@ func growingChats(size, sessions, turns int) [][]byte {
 	}
 	system := text(size / 8)
 	step := size / 4 / turns / 2
-	type msg struct{ Role, Content string }
+	type msg struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
 	histories := make([][]msg, sessions)
 	for s := range histories {
 		histories[s] = []msg{{"system", system}, {"user", text(size*3/4 - size/8)}}
@@ -82,6 +85,9 @@ func BenchmarkDecision(b *testing.B) {
 				r, err := reqkey.Parse(headers[i%8], body)
 				if err != nil {
 					b.Fatal(err)
+				}
+				if r.Text == "" {
+					b.Fatal("empty history key: the benchmark would measure nothing")
 				}
 				d := p.Select(policy.Input{Context: b.Context(), Request: r, Candidates: pool.All(), All: pool.All()})
 				if d.Worker == nil {
