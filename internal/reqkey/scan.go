@@ -192,50 +192,48 @@ func (m *message) decode(s *scanner) {
 
 // decode reads one element of tool_calls over c.
 func (c *toolCall) decode(s *scanner) {
-	s.structValue(func(s *scanner, key []byte) {
-		if string(key) != "function" {
-			s.skip(false)
-			return
-		}
-		s.in("function")
-		s.structValue(func(s *scanner, key []byte) {
-			switch string(key) {
-			case "name":
-				s.stringField("name", &c.name)
-			case "arguments":
-				if s.peek() == '"' {
-					c.args, c.argsJSON = s.stringValue(), false
-				} else {
-					c.args, c.argsJSON = s.freeForm("arguments"), true
-				}
-			default:
-				s.skip(false)
+	s.function(func(s *scanner, key []byte) {
+		switch string(key) {
+		case "name":
+			s.stringField("name", &c.name)
+		case "arguments":
+			if s.peek() == '"' {
+				c.args, c.argsJSON = s.stringValue(), false
+			} else {
+				c.args, c.argsJSON = s.freeForm("arguments"), true
 			}
-		})
-		s.out()
+		default:
+			s.skip(false)
+		}
 	})
 }
 
 // decode reads one element of tools over t.
 func (t *tool) decode(s *scanner) {
+	s.function(func(s *scanner, key []byte) {
+		switch string(key) {
+		case "name":
+			s.stringField("name", &t.name)
+		case "description":
+			s.stringField("description", &t.description)
+		case "parameters":
+			t.params = s.freeForm("parameters")
+		default:
+			s.skip(false)
+		}
+	})
+}
+
+// function reads an object of the shape {"function": {...}} (a tool, a tool call): member reads
+// the inner object's members; every other member is validated and skipped.
+func (s *scanner) function(member func(*scanner, []byte)) {
 	s.structValue(func(s *scanner, key []byte) {
 		if string(key) != "function" {
 			s.skip(false)
 			return
 		}
 		s.in("function")
-		s.structValue(func(s *scanner, key []byte) {
-			switch string(key) {
-			case "name":
-				s.stringField("name", &t.name)
-			case "description":
-				s.stringField("description", &t.description)
-			case "parameters":
-				t.params = s.freeForm("parameters")
-			default:
-				s.skip(false)
-			}
-		})
+		s.structValue(member)
 		s.out()
 	})
 }
