@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -18,15 +19,15 @@ func newDemoCommand() *cobra.Command {
 	var quiet bool
 	cmd := &cobra.Command{
 		Use:   "demo",
-		Short: "Compare routing policies on simulated workers, with no setup (about a minute)",
+		Short: "Compare routing policies on simulated workers, with no setup (about 20 seconds)",
 		Long: fmt.Sprintf(`demo starts %d simulated vLLM workers whose KV caches cannot hold every agent session at once,
-and one cacheroute router per policy (%v) in this process. It runs the same
+and one cacheroute router per policy (%s) in this process. It runs the same
 multi-turn agent workload through each router, emptying the workers' caches between runs, and
 prints the prompt-cache hit rate, TTFT, throughput and load balance side by side, then writes a
 chart (by default to %s).
 
 It is 'cacheroute bench --policies ...' with fixed settings; see docs/benchmarks.md.`,
-			bench.DemoWorkers, bench.DemoPolicies, defaultDemoChart()),
+			bench.DemoWorkers, strings.Join(bench.DemoPolicies, ", "), defaultDemoChart()),
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -42,8 +43,8 @@ It is 'cacheroute bench --policies ...' with fixed settings; see docs/benchmarks
 				opts.Progress = bench.NewProgress(cmd.ErrOrStderr(), bench.IsTerminal(os.Stderr))
 			}
 			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "cacheroute demo: %d simulated workers, %d agent sessions × %d turns, %d at once, policies %v\n\n",
-				opts.Workers, opts.Workload.Requests()/bench.DemoAgent().Turns, bench.DemoAgent().Turns, opts.Concurrency, bench.DemoPolicies)
+			fmt.Fprintf(out, "cacheroute demo: %d simulated workers, %d agent sessions × %d turns, %d at once, policies %s\n\n",
+				opts.Workers, opts.Workload.Requests()/bench.DemoAgent().Turns, bench.DemoAgent().Turns, opts.Concurrency, strings.Join(bench.DemoPolicies, ", "))
 			ctx, stop := interruptible(cmd.Context())
 			defer stop()
 			began := time.Now()
