@@ -23,15 +23,15 @@ import (
 
 // Decision labels, one per request.
 const (
-	LabelLoadBalance         = "load_balance"           // the balance gate tripped: least-loaded worker
-	LabelSessionMatch        = "session_id_match"       // the session map knew the session's worker
-	LabelFullHistoryMatch    = "full_history_match"     // unknown session; a worker holds enough of its history
-	LabelStaleTenant         = "stale_tenant_fallback"  // unknown session; the history's holder is gone: least-loaded
-	LabelHistoryLowMatch     = "full_history_low_match" // unknown session; too little of its history is cached anywhere
-	LabelEmptyHistory        = "empty_history_min_load" // unknown session with no text to match: least-loaded
-	LabelCacheAffinity       = "cache_affinity"         // no session key; a worker holds enough of the text
-	LabelLowMatch            = "low_match_min_load"     // no session key; too little cached anywhere
-	LabelFirstHealthyFallbck = "first_healthy_fallback" // no session key; the holder is gone: least-loaded (name kept for compatibility)
+	LabelLoadBalance          = "load_balance"           // the balance gate tripped: least-loaded worker
+	LabelSessionMatch         = "session_id_match"       // the session map knew the session's worker
+	LabelFullHistoryMatch     = "full_history_match"     // unknown session; a worker holds enough of its history
+	LabelStaleTenant          = "stale_tenant_fallback"  // unknown session; the history's holder is gone: least-loaded
+	LabelHistoryLowMatch      = "full_history_low_match" // unknown session; too little of its history is cached anywhere
+	LabelEmptyHistory         = "empty_history_min_load" // unknown session with no text to match: least-loaded
+	LabelCacheAffinity        = "cache_affinity"         // no session key; a worker holds enough of the text
+	LabelLowMatch             = "low_match_min_load"     // no session key; too little cached anywhere
+	LabelFirstHealthyFallback = "first_healthy_fallback" // no session key; the holder is gone: least-loaded (name kept for compatibility)
 )
 
 // DefaultModel keys the state of requests that name no model.
@@ -174,7 +174,7 @@ func (p *Policy) choose(d *decision) (*workers.Worker, string) {
 	if d.text == "" {
 		return p.minLoad(d), LabelLowMatch
 	}
-	return p.byHistory(d, LabelCacheAffinity, LabelFirstHealthyFallbck, LabelLowMatch)
+	return p.byHistory(d, LabelCacheAffinity, LabelFirstHealthyFallback, LabelLowMatch)
 }
 
 // byHistory probes the tree with the request's text; hit, stale and low are the labels of the

@@ -246,7 +246,7 @@ func TestUnhealthyHolderIsStaleAndForgotten(t *testing.T) {
 	holder := route(p, pool, req(t, body)).Worker
 	holder.SetHealthy(false)
 	d := route(p, pool, req(t, body))
-	if d.Label != LabelFirstHealthyFallbck || d.Worker == holder {
+	if d.Label != LabelFirstHealthyFallback || d.Worker == holder {
 		t.Fatalf("no session: %s on %s", d.Label, d.Worker.Tenant())
 	}
 	if p.tree("m").MatchTenant(body, holder.Tenant()) != 0 {
