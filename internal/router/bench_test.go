@@ -9,18 +9,22 @@ import (
 	"testing"
 )
 
+// stubChatWorker answers /v1/models with model "m" and every other request with a fixed small
+// chat completion: a worker that costs the benchmarks next to nothing.
+var stubChatWorker = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/v1/models" {
+		_, _ = io.WriteString(w, `{"object":"list","data":[{"id":"m"}]}`)
+		return
+	}
+	_, _ = io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = io.WriteString(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`)
+})
+
 // BenchmarkProxyChat measures one small chat request through the router to a loopback worker, over
 // real HTTP on both legs (client → router → worker).
 func BenchmarkProxyChat(b *testing.B) {
-	worker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/v1/models" {
-			_, _ = io.WriteString(w, `{"object":"list","data":[{"id":"m"}]}`)
-			return
-		}
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`)
-	}))
+	worker := httptest.NewServer(stubChatWorker)
 	defer worker.Close()
 	cfg := testConfig()
 	cfg.WorkerURLs = []string{worker.URL}

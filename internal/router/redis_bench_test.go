@@ -110,15 +110,7 @@ func BenchmarkSessionStoreRouter(b *testing.B) {
 			b.Run(store+"/"+mode, func(b *testing.B) {
 				cfg := storeConfig(b, store)
 				for range 4 {
-					w := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-						if r.URL.Path == "/v1/models" {
-							_, _ = io.WriteString(w, `{"object":"list","data":[{"id":"m"}]}`)
-							return
-						}
-						_, _ = io.Copy(io.Discard, r.Body)
-						w.Header().Set("Content-Type", "application/json")
-						_, _ = io.WriteString(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`)
-					}))
+					w := httptest.NewServer(stubChatWorker)
 					b.Cleanup(w.Close)
 					cfg.WorkerURLs = append(cfg.WorkerURLs, w.URL)
 				}

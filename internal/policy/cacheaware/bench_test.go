@@ -50,6 +50,15 @@ func growingChats(size, sessions, turns int) [][]byte {
 	return out
 }
 
+// meanSize is the mean length of bodies, for b.SetBytes.
+func meanSize(bodies [][]byte) int64 {
+	total := 0
+	for _, body := range bodies {
+		total += len(body)
+	}
+	return int64(total / len(bodies))
+}
+
 var benchSizes = []struct {
 	name string
 	size int
@@ -68,11 +77,7 @@ func BenchmarkDecision(b *testing.B) {
 				headers[s] = http.Header{"X-Session-Id": {fmt.Sprintf("session-%d", s)}}
 			}
 			var p *Policy
-			total := 0
-			for _, body := range bodies {
-				total += len(body)
-			}
-			b.SetBytes(int64(total / len(bodies)))
+			b.SetBytes(meanSize(bodies))
 			b.ReportAllocs()
 			i := 0
 			for b.Loop() {
@@ -113,11 +118,7 @@ func BenchmarkPlainDecode(b *testing.B) {
 	for _, sz := range benchSizes {
 		b.Run(sz.name, func(b *testing.B) {
 			bodies := growingChats(sz.size, 8, 8)
-			total := 0
-			for _, body := range bodies {
-				total += len(body)
-			}
-			b.SetBytes(int64(total / len(bodies)))
+			b.SetBytes(meanSize(bodies))
 			b.ReportAllocs()
 			i := 0
 			for b.Loop() {
