@@ -29,8 +29,15 @@ type Config struct {
 	Policy     string   `yaml:"policy"`
 	DPSize     int      `yaml:"intra_node_data_parallel_size"`
 
-	RequestTimeoutSecs float64 `yaml:"request_timeout_secs"`
-	MaxPayloadSize     int64   `yaml:"max_payload_size"`
+	RequestTimeoutSecs   float64 `yaml:"request_timeout_secs"`
+	FirstByteTimeoutSecs float64 `yaml:"first_byte_timeout_secs"`
+	MaxPayloadSize       int64   `yaml:"max_payload_size"`
+
+	// Client connections on the traffic listener.
+	ClientHeaderTimeoutSecs float64 `yaml:"client_header_timeout_secs"`
+	ClientBodyTimeoutSecs   float64 `yaml:"client_body_timeout_secs"`
+	KeepaliveTimeoutSecs    float64 `yaml:"keepalive_timeout_secs"`
+	MaxClientConnections    int     `yaml:"max_client_connections"`
 
 	HealthCheckIntervalSecs float64 `yaml:"health_check_interval_secs"`
 	HealthCheckTimeoutSecs  float64 `yaml:"health_check_timeout_secs"`
@@ -93,7 +100,12 @@ func Default() Config {
 		Policy:                  "cache_aware",
 		DPSize:                  1,
 		RequestTimeoutSecs:      1800,
+		FirstByteTimeoutSecs:    60,
 		MaxPayloadSize:          268435456,
+		ClientHeaderTimeoutSecs: 10,
+		ClientBodyTimeoutSecs:   60,
+		KeepaliveTimeoutSecs:    75,
+		MaxClientConnections:    10000,
 		HealthCheckIntervalSecs: 10,
 		HealthCheckTimeoutSecs:  5,
 		HealthCheckEndpoint:     "/health",
@@ -131,7 +143,12 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.StringVar(&c.Policy, "policy", c.Policy, "routing policy: "+strings.Join(Policies, ", "))
 	fs.IntVar(&c.DPSize, "intra-node-data-parallel-size", c.DPSize, "data-parallel ranks per worker URL; each becomes a tenant URL@rank routed with header X-data-parallel-rank")
 	fs.Float64Var(&c.RequestTimeoutSecs, "request-timeout-secs", c.RequestTimeoutSecs, "upstream request timeout in seconds")
+	fs.Float64Var(&c.FirstByteTimeoutSecs, "first-byte-timeout-secs", c.FirstByteTimeoutSecs, "seconds one attempt waits for the worker's response headers before it counts as failed and is retried on another worker (0 disables; at most --request-timeout-secs)")
 	fs.Int64Var(&c.MaxPayloadSize, "max-payload-size", c.MaxPayloadSize, "largest accepted request body in bytes; larger bodies get 413")
+	fs.Float64Var(&c.ClientHeaderTimeoutSecs, "client-header-timeout-secs", c.ClientHeaderTimeoutSecs, "seconds a client has to send a request's headers (and a new connection its first request line)")
+	fs.Float64Var(&c.ClientBodyTimeoutSecs, "client-body-timeout-secs", c.ClientBodyTimeoutSecs, "seconds a client has to send the whole request body once its headers arrived")
+	fs.Float64Var(&c.KeepaliveTimeoutSecs, "keepalive-timeout-secs", c.KeepaliveTimeoutSecs, "seconds an idle keep-alive client connection is kept open")
+	fs.IntVar(&c.MaxClientConnections, "max-client-connections", c.MaxClientConnections, "open client connections on the traffic listener; above it new connections get 503 and are closed")
 	fs.Float64Var(&c.HealthCheckIntervalSecs, "health-check-interval-secs", c.HealthCheckIntervalSecs, "seconds between active health checks of each worker")
 	fs.Float64Var(&c.HealthCheckTimeoutSecs, "health-check-timeout-secs", c.HealthCheckTimeoutSecs, "timeout of one health check in seconds")
 	fs.StringVar(&c.HealthCheckEndpoint, "health-check-endpoint", c.HealthCheckEndpoint, "path probed on each worker by health checks")
@@ -166,8 +183,14 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 // Load resolves the final configuration from parsed flags: defaults, then the YAML file named by
 // --config (if any), then every flag given on the command line. The admin key falls back to its
 // environment variable. The result is validated.
+//
+// A --request-timeout-secs set below the default --first-byte-timeout-secs turns the first-byte
+// deadline off unless that is set too: the default could never fire before the request's own
+// deadline, and a configuration written before the first-byte deadline existed keeps working as
+// it did. Given explicitly, a first-byte timeout above the request timeout is an error.
 func Load(fs *pflag.FlagSet, flagged *Config, configFile string) (Config, error) {
 	c := *flagged
+	firstByteGiven := fs.Changed("first-byte-timeout-secs")
 	if configFile != "" {
 		data, err := os.ReadFile(configFile)
 		if err != nil {
@@ -182,6 +205,7 @@ func Load(fs *pflag.FlagSet, flagged *Config, configFile string) (Config, error)
 		if err := rejectFractionalInts(data); err != nil {
 			return Config{}, fmt.Errorf("--config %s: %w", configFile, err)
 		}
+		firstByteGiven = firstByteGiven || fileSets(data, "first_byte_timeout_secs")
 		// Re-apply the flags the user gave, so they win over the file.
 		over := pflag.NewFlagSet("override", pflag.ContinueOnError)
 		BindFlags(over, &c)
@@ -198,6 +222,9 @@ func Load(fs *pflag.FlagSet, flagged *Config, configFile string) (Config, error)
 			return Config{}, setErr
 		}
 	}
+	if !firstByteGiven && c.RequestTimeoutSecs > 0 && c.FirstByteTimeoutSecs > c.RequestTimeoutSecs {
+		c.FirstByteTimeoutSecs = 0
+	}
 	if c.AdminAPIKey == "" {
 		c.AdminAPIKey = os.Getenv(AdminAPIKeyEnv)
 	}
@@ -205,6 +232,16 @@ func Load(fs *pflag.FlagSet, flagged *Config, configFile string) (Config, error)
 		c.RedisURL = os.Getenv(RedisURLEnv)
 	}
 	return c, c.Validate()
+}
+
+// fileSets reports whether the YAML file has key at its top level.
+func fileSets(data []byte, key string) bool {
+	var raw map[string]any
+	if yaml.Unmarshal(data, &raw) != nil {
+		return false
+	}
+	_, ok := raw[key]
+	return ok
 }
 
 // rejectFractionalInts fails on an integer knob written as a fraction in the YAML file: the
@@ -250,6 +287,9 @@ func (c Config) Validate() error {
 	}
 	positive := map[string]float64{
 		"request-timeout-secs":       c.RequestTimeoutSecs,
+		"client-header-timeout-secs": c.ClientHeaderTimeoutSecs,
+		"client-body-timeout-secs":   c.ClientBodyTimeoutSecs,
+		"keepalive-timeout-secs":     c.KeepaliveTimeoutSecs,
 		"health-check-interval-secs": c.HealthCheckIntervalSecs,
 		"health-check-timeout-secs":  c.HealthCheckTimeoutSecs,
 		"cb-timeout-duration-secs":   c.CBTimeoutDurationSecs,
@@ -264,6 +304,7 @@ func (c Config) Validate() error {
 		"cb-failure-threshold":     c.CBFailureThreshold,
 		"max-tree-size":            c.MaxTreeSize,
 		"max-sessions":             c.MaxSessions,
+		"max-client-connections":   c.MaxClientConnections,
 	}
 	checkEach(bad, atLeastOne, func(v int) bool { return v >= 1 }, "must be at least 1")
 	nonNegative := map[string]int{
@@ -273,6 +314,11 @@ func (c Config) Validate() error {
 		"balance-abs-threshold":    c.BalanceAbsThreshold,
 	}
 	checkEach(bad, nonNegative, func(v int) bool { return v >= 0 }, "must not be negative")
+	if !(c.FirstByteTimeoutSecs >= 0) {
+		bad("first-byte-timeout-secs", "must not be negative (0 disables it), got %v", c.FirstByteTimeoutSecs)
+	} else if c.RequestTimeoutSecs > 0 && c.FirstByteTimeoutSecs > c.RequestTimeoutSecs {
+		bad("first-byte-timeout-secs", "%v exceeds --request-timeout-secs %v, which bounds the whole request", c.FirstByteTimeoutSecs, c.RequestTimeoutSecs)
+	}
 	if c.MaxPayloadSize < 1 {
 		bad("max-payload-size", "must be at least 1 byte, got %d", c.MaxPayloadSize)
 	}
@@ -333,11 +379,17 @@ func ValidateWorkerURL(raw string) error {
 
 // Timeouts and intervals as durations, for the packages that use them.
 func (c Config) RequestTimeout() time.Duration      { return secs(c.RequestTimeoutSecs) }
+func (c Config) ClientHeaderTimeout() time.Duration { return secs(c.ClientHeaderTimeoutSecs) }
+func (c Config) ClientBodyTimeout() time.Duration   { return secs(c.ClientBodyTimeoutSecs) }
+func (c Config) KeepaliveTimeout() time.Duration    { return secs(c.KeepaliveTimeoutSecs) }
 func (c Config) HealthCheckInterval() time.Duration { return secs(c.HealthCheckIntervalSecs) }
 func (c Config) HealthCheckTimeout() time.Duration  { return secs(c.HealthCheckTimeoutSecs) }
 func (c Config) CBTimeout() time.Duration           { return secs(c.CBTimeoutDurationSecs) }
 func (c Config) ShutdownGrace() time.Duration       { return secs(c.ShutdownGraceSecs) }
 func (c Config) EvictionInterval() time.Duration    { return secs(c.EvictionIntervalSecs) }
+
+// FirstByteTimeout is zero when --first-byte-timeout-secs is 0: no first-byte deadline.
+func (c Config) FirstByteTimeout() time.Duration { return secs(c.FirstByteTimeoutSecs) }
 func (c Config) RetryInitialBackoff() time.Duration {
 	return time.Duration(c.RetryInitialBackoffMs) * time.Millisecond
 }

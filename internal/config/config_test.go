@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -61,7 +62,12 @@ func TestDefaultsMatchTheDocumentedTable(t *testing.T) {
 		Policy:                  "cache_aware",
 		DPSize:                  1,
 		RequestTimeoutSecs:      1800,
+		FirstByteTimeoutSecs:    60,
 		MaxPayloadSize:          268435456,
+		ClientHeaderTimeoutSecs: 10,
+		ClientBodyTimeoutSecs:   60,
+		KeepaliveTimeoutSecs:    75,
+		MaxClientConnections:    10000,
 		HealthCheckIntervalSecs: 10,
 		HealthCheckTimeoutSecs:  5,
 		HealthCheckEndpoint:     "/health",
@@ -107,8 +113,11 @@ func TestDefaultsAsFlagDefaults(t *testing.T) {
 	want := map[string]string{
 		"host": "127.0.0.1", "port": "30000", "policy": "cache_aware",
 		"intra-node-data-parallel-size": "1", "request-timeout-secs": "1800",
-		"max-payload-size": "268435456", "health-check-interval-secs": "10",
-		"health-check-timeout-secs": "5", "health-check-endpoint": "/health",
+		"first-byte-timeout-secs": "60", "max-payload-size": "268435456",
+		"client-header-timeout-secs": "10", "client-body-timeout-secs": "60",
+		"keepalive-timeout-secs": "75", "max-client-connections": "10000",
+		"health-check-interval-secs": "10",
+		"health-check-timeout-secs":  "5", "health-check-endpoint": "/health",
 		"health-failure-threshold": "3", "health-success-threshold": "2",
 		"retry-max-retries": "3", "retry-initial-backoff-ms": "50", "retry-max-backoff-ms": "2000",
 		"cb-failure-threshold": "10", "cb-timeout-duration-secs": "30", "disable-circuit-breaker": "false",
@@ -254,6 +263,12 @@ worker_urls:
 policy: consistent_hash
 intra_node_data_parallel_size: 4
 request_timeout_secs: 60.5
+first_byte_timeout_secs: 15
+max_payload_size: 1048576
+client_header_timeout_secs: 2.5
+client_body_timeout_secs: 30
+keepalive_timeout_secs: 5
+max_client_connections: 256
 health_check_endpoint: /ready
 health_failure_threshold: 7
 cb_failure_threshold: 4
@@ -273,6 +288,12 @@ cache_threshold: 0.5
 	want.Policy = "consistent_hash"
 	want.DPSize = 4
 	want.RequestTimeoutSecs = 60.5
+	want.FirstByteTimeoutSecs = 15
+	want.MaxPayloadSize = 1048576
+	want.ClientHeaderTimeoutSecs = 2.5
+	want.ClientBodyTimeoutSecs = 30
+	want.KeepaliveTimeoutSecs = 5
+	want.MaxClientConnections = 256
 	want.HealthCheckEndpoint = "/ready"
 	want.HealthFailureThreshold = 7
 	want.CBFailureThreshold = 4
@@ -359,6 +380,8 @@ func TestConfigFileErrors(t *testing.T) {
 		{"negative threshold in the file", "health_failure_threshold: -1\n", "--health-failure-threshold"},
 		{"fractional integer is not truncated", "health_failure_threshold: 2.7\n", "--health-failure-threshold"},
 		{"fractional port", "port: 8080.5\n", "--port"},
+		{"fractional connection limit", "max_client_connections: 100.5\n", "--max-client-connections"},
+		{"first byte timeout past the file's request timeout", "request_timeout_secs: 30\nfirst_byte_timeout_secs: 45\n", "--first-byte-timeout-secs"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -465,6 +488,16 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{"zero sessions", func(c *config.Config) { c.MaxSessions = 0 }, "--max-sessions"},
 		{"zero session ttl", func(c *config.Config) { c.SessionTTL = 0 }, "--session-ttl"},
 		{"zero eviction interval", func(c *config.Config) { c.EvictionIntervalSecs = 0 }, "--eviction-interval-secs"},
+		{"zero client header timeout", func(c *config.Config) { c.ClientHeaderTimeoutSecs = 0 }, "--client-header-timeout-secs"},
+		{"negative client body timeout", func(c *config.Config) { c.ClientBodyTimeoutSecs = -1 }, "--client-body-timeout-secs"},
+		{"zero keepalive timeout", func(c *config.Config) { c.KeepaliveTimeoutSecs = 0 }, "--keepalive-timeout-secs"},
+		{"zero client connections", func(c *config.Config) { c.MaxClientConnections = 0 }, "--max-client-connections"},
+		{"negative client connections", func(c *config.Config) { c.MaxClientConnections = -5 }, "--max-client-connections"},
+		{"negative first byte timeout", func(c *config.Config) { c.FirstByteTimeoutSecs = -1 }, "--first-byte-timeout-secs"},
+		{"NaN first byte timeout", func(c *config.Config) { c.FirstByteTimeoutSecs = math.NaN() }, "--first-byte-timeout-secs"},
+		{"first byte timeout past the request timeout", func(c *config.Config) {
+			c.RequestTimeoutSecs, c.FirstByteTimeoutSecs = 30, 30.5
+		}, "--first-byte-timeout-secs"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -498,6 +531,14 @@ func TestValidateAccepts(t *testing.T) {
 		{"metrics listener disabled", func(c *config.Config) { c.PrometheusPort = 0 }},
 		{"cache threshold bounds", func(c *config.Config) { c.CacheThreshold = 1 }},
 		{"upper-case log level", func(c *config.Config) { c.LogLevel = "DEBUG" }},
+		{"first byte timeout disabled", func(c *config.Config) { c.FirstByteTimeoutSecs = 0 }},
+		{"first byte timeout equal to the request timeout", func(c *config.Config) {
+			c.RequestTimeoutSecs, c.FirstByteTimeoutSecs = 30, 30
+		}},
+		{"one client connection", func(c *config.Config) { c.MaxClientConnections = 1 }},
+		{"sub-second client timeouts", func(c *config.Config) {
+			c.ClientHeaderTimeoutSecs, c.ClientBodyTimeoutSecs, c.KeepaliveTimeoutSecs = 0.25, 0.5, 0.1
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -535,6 +576,69 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	}
 }
 
+// The first-byte deadline is one attempt's share of the whole request's: a value above
+// --request-timeout-secs could never fire, so it is rejected with both flags named.
+func TestFirstByteTimeoutBoundedByRequestTimeout(t *testing.T) {
+	_, _, err := load(t, "--request-timeout-secs", "20", "--first-byte-timeout-secs", "60")
+	if err == nil {
+		t.Fatal("Load accepted a first-byte timeout above the request timeout")
+	}
+	for _, flag := range []string{"--first-byte-timeout-secs", "--request-timeout-secs"} {
+		if !strings.Contains(err.Error(), flag) {
+			t.Errorf("error %q does not name %s", err, flag)
+		}
+	}
+	if c := mustLoad(t, "--request-timeout-secs", "20", "--first-byte-timeout-secs", "0"); c.FirstByteTimeout() != 0 {
+		t.Errorf("FirstByteTimeout() = %v with --first-byte-timeout-secs 0, want 0 (disabled)", c.FirstByteTimeout())
+	}
+	t.Run("set in the file, above the flag's request timeout", func(t *testing.T) {
+		_, _, err := load(t, "--config", writeYAML(t, "first_byte_timeout_secs: 45\n"), "--request-timeout-secs", "30")
+		if err == nil || !strings.Contains(err.Error(), "--first-byte-timeout-secs") {
+			t.Errorf("err = %v, want one naming --first-byte-timeout-secs", err)
+		}
+	})
+	t.Run("an invalid request timeout is reported once, on its own flag", func(t *testing.T) {
+		c := config.Default()
+		c.RequestTimeoutSecs = 0
+		err := c.Validate()
+		if err == nil || strings.Contains(err.Error(), "--first-byte-timeout-secs") {
+			t.Errorf("err = %v, want one naming only --request-timeout-secs", err)
+		}
+	})
+}
+
+// A request timeout lowered below the default first-byte timeout, with no first-byte timeout
+// given, is a configuration from before the first-byte deadline existed: it loads, with the
+// deadline off, instead of failing on a flag its author never set.
+func TestLowRequestTimeoutAloneTurnsTheDefaultFirstByteTimeoutOff(t *testing.T) {
+	tests := []struct {
+		name string
+		args func(t *testing.T) []string
+		want float64
+	}{
+		{"flag", func(*testing.T) []string { return []string{"--request-timeout-secs", "30"} }, 0},
+		{"file", func(t *testing.T) []string {
+			return []string{"--config", writeYAML(t, "request_timeout_secs: 0.5\n")}
+		}, 0},
+		{"file, with a first-byte timeout that fits", func(t *testing.T) []string {
+			return []string{"--config", writeYAML(t, "request_timeout_secs: 30\nfirst_byte_timeout_secs: 10\n")}
+		}, 10},
+		{"request timeout above the default keeps it", func(*testing.T) []string {
+			return []string{"--request-timeout-secs", "120"}
+		}, 60},
+		{"request timeout equal to the default keeps it", func(*testing.T) []string {
+			return []string{"--request-timeout-secs", "60"}
+		}, 60},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if c := mustLoad(t, tt.args(t)...); c.FirstByteTimeoutSecs != tt.want {
+				t.Errorf("FirstByteTimeoutSecs = %v, want %v", c.FirstByteTimeoutSecs, tt.want)
+			}
+		})
+	}
+}
+
 func TestLoadRejectsInvalidFlags(t *testing.T) {
 	tests := []struct {
 		args []string
@@ -544,6 +648,8 @@ func TestLoadRejectsInvalidFlags(t *testing.T) {
 		{[]string{"--worker-urls", "localhost:8000"}, "--worker-urls"},
 		{[]string{"--worker-urls", "http://"}, "--worker-urls"},
 		{[]string{"--cb-failure-threshold", "-1"}, "--cb-failure-threshold"},
+		{[]string{"--max-client-connections", "0"}, "--max-client-connections"},
+		{[]string{"--keepalive-timeout-secs", "-1"}, "--keepalive-timeout-secs"},
 	}
 	for _, tt := range tests {
 		_, _, err := load(t, tt.args...)
@@ -556,6 +662,7 @@ func TestLoadRejectsInvalidFlags(t *testing.T) {
 func TestDurations(t *testing.T) {
 	c := config.Default()
 	c.RequestTimeoutSecs = 1.5
+	c.ClientHeaderTimeoutSecs = 0.25
 	c.RetryInitialBackoffMs = 50
 	c.RetryMaxBackoffMs = 2000
 	checks := []struct {
@@ -563,6 +670,10 @@ func TestDurations(t *testing.T) {
 		got, want time.Duration
 	}{
 		{"RequestTimeout", c.RequestTimeout(), 1500 * time.Millisecond},
+		{"FirstByteTimeout", c.FirstByteTimeout(), 60 * time.Second},
+		{"ClientHeaderTimeout", c.ClientHeaderTimeout(), 250 * time.Millisecond},
+		{"ClientBodyTimeout", c.ClientBodyTimeout(), 60 * time.Second},
+		{"KeepaliveTimeout", c.KeepaliveTimeout(), 75 * time.Second},
 		{"HealthCheckInterval", c.HealthCheckInterval(), 10 * time.Second},
 		{"HealthCheckTimeout", c.HealthCheckTimeout(), 5 * time.Second},
 		{"CBTimeout", c.CBTimeout(), 30 * time.Second},
