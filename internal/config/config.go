@@ -101,7 +101,7 @@ func Default() Config {
 		DPSize:                  1,
 		RequestTimeoutSecs:      1800,
 		FirstByteTimeoutSecs:    60,
-		MaxPayloadSize:          268435456,
+		MaxPayloadSize:          33554432,
 		ClientHeaderTimeoutSecs: 10,
 		ClientBodyTimeoutSecs:   60,
 		KeepaliveTimeoutSecs:    75,

@@ -63,7 +63,7 @@ func TestDefaultsMatchTheDocumentedTable(t *testing.T) {
 		DPSize:                  1,
 		RequestTimeoutSecs:      1800,
 		FirstByteTimeoutSecs:    60,
-		MaxPayloadSize:          268435456,
+		MaxPayloadSize:          33554432,
 		ClientHeaderTimeoutSecs: 10,
 		ClientBodyTimeoutSecs:   60,
 		KeepaliveTimeoutSecs:    75,
@@ -113,7 +113,7 @@ func TestDefaultsAsFlagDefaults(t *testing.T) {
 	want := map[string]string{
 		"host": "127.0.0.1", "port": "30000", "policy": "cache_aware",
 		"intra-node-data-parallel-size": "1", "request-timeout-secs": "1800",
-		"first-byte-timeout-secs": "60", "max-payload-size": "268435456",
+		"first-byte-timeout-secs": "60", "max-payload-size": "33554432",
 		"client-header-timeout-secs": "10", "client-body-timeout-secs": "60",
 		"keepalive-timeout-secs": "75", "max-client-connections": "10000",
 		"health-check-interval-secs": "10",
