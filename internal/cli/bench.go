@@ -18,8 +18,6 @@ import (
 	"github.com/cacheroute/cacheroute/internal/sim"
 )
 
-func init() { subcommands = append(subcommands, newBenchCommand, newDemoCommand) }
-
 // benchFlags holds every flag of `cacheroute bench`.
 type benchFlags struct {
 	workload    string

@@ -64,15 +64,13 @@ Run without a subcommand it is the router. Every flag can also be set in a YAML 
 	config.BindFlags(cmd.Flags(), &cfg)
 	cmd.Flags().StringVar(&configFile, "config", "", "YAML file with the same keys as the flags (snake_case); flags override it")
 	cmd.Flags().SortFlags = false
-	for _, sub := range subcommands {
-		cmd.AddCommand(sub())
-	}
+	cmd.AddCommand(
+		newSimCommand(),
+		newBenchCommand(),
+		newDemoCommand(),
+	)
 	return cmd
 }
-
-// subcommands are added to the root command; each file of this package that defines a subcommand
-// registers its constructor here.
-var subcommands []func() *cobra.Command
 
 // newLogger returns a log/slog logger at level in text or json format.
 func newLogger(w io.Writer, level, format string) *slog.Logger {

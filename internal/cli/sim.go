@@ -17,8 +17,6 @@ import (
 	"github.com/cacheroute/cacheroute/internal/sim"
 )
 
-func init() { subcommands = append(subcommands, newSimCommand) }
-
 // simShutdownGrace bounds how long `cacheroute sim` waits for running
 // requests after SIGINT or SIGTERM.
 const simShutdownGrace = 5 * time.Second
