@@ -1,0 +1,443 @@
+package reqkey
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"strconv"
+	"unicode"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// lexer.go is the JSON lexer: a single-pass scanner that checks a document against the JSON
+// grammar exactly as strictly as encoding/json does, and hands the schema reader (schema.go) the
+// tokens it asks for: object keys, strings, numbers and literals. Whatever the schema reader does
+// not ask for it validates and skips without building anything. Strings without escapes or invalid
+// UTF-8 are returned as sub-slices of the document; the others are decoded as encoding/json
+// decodes them.
+
+// maxDepth is the deepest nesting of arrays and objects accepted, encoding/json's limit.
+const maxDepth = 10000
+
+// scanner is the reading position in one JSON document and what went wrong so far.
+type scanner struct {
+	data    []byte
+	pos     int
+	depth   int
+	err     *Error   // the document is malformed: scanning stops
+	typeErr *Error   // the first field of the wrong type: scanning goes on
+	path    []string // the names of the typed fields being read, for type errors
+	stack   []byte   // closing bytes of the containers skip is inside
+}
+
+// object reads the object at s.pos, calling member with each decoded key and s.pos at its value.
+func (s *scanner) object(member func(*scanner, []byte)) {
+	if !s.open() {
+		return
+	}
+	for first := true; s.next('}', first); first = false {
+		key := s.key()
+		if s.err != nil {
+			return
+		}
+		member(s, key)
+		if s.err != nil {
+			return
+		}
+	}
+}
+
+// syntax records that the document is malformed at s.pos.
+func (s *scanner) syntax() {
+	if s.err != nil {
+		return
+	}
+	if s.pos >= len(s.data) {
+		s.err = &Error{"invalid JSON body: unexpected end of JSON input"}
+		return
+	}
+	c := s.data[s.pos]
+	q := "'" + string(rune(c)) + "'"
+	if c < 0x20 || c >= 0x7f || c == '\'' || c == '"' {
+		q = strconv.Quote(string(rune(c)))
+	}
+	s.err = &Error{fmt.Sprintf("invalid JSON body: invalid character %s at offset %d", q, s.pos)}
+}
+
+func (s *scanner) peek() byte {
+	if s.pos < len(s.data) {
+		return s.data[s.pos]
+	}
+	return 0
+}
+
+func (s *scanner) ws() {
+	for s.pos < len(s.data) {
+		switch s.data[s.pos] {
+		case ' ', '\t', '\n', '\r':
+			s.pos++
+		default:
+			return
+		}
+	}
+}
+
+// open enters the array or object at s.pos.
+func (s *scanner) open() bool {
+	s.depth++
+	if s.depth > maxDepth {
+		if s.err == nil {
+			s.err = &Error{"invalid JSON body: exceeded max depth"}
+		}
+		return false
+	}
+	s.pos++
+	return true
+}
+
+// next reports whether another element of the open container follows, consuming the comma before
+// it, or else consumes the closing byte. first says no element has been read yet.
+func (s *scanner) next(closing byte, first bool) bool {
+	if s.err != nil {
+		return false
+	}
+	s.ws()
+	switch c := s.peek(); {
+	case c == closing:
+		s.pos++
+		s.depth--
+		return false
+	case first && s.pos < len(s.data):
+		return true
+	case c == ',' && !first:
+		s.pos++
+		s.ws()
+		return true
+	}
+	s.syntax()
+	return false
+}
+
+// key reads an object key and the colon after it, leaving s.pos at the value.
+func (s *scanner) key() []byte {
+	if s.peek() != '"' {
+		s.syntax()
+		return nil
+	}
+	k := s.stringValue()
+	s.ws()
+	if s.peek() != ':' {
+		s.syntax()
+		return nil
+	}
+	s.pos++
+	s.ws()
+	return k
+}
+
+func (s *scanner) null() { s.literal("null") }
+
+// literal reads the literal word at s.pos and reports whether it is true.
+func (s *scanner) literal(word string) bool {
+	if !bytes.HasPrefix(s.data[s.pos:], []byte(word)) {
+		for i := 0; s.pos < len(s.data) && i < len(word) && s.data[s.pos] == word[i]; i++ {
+			s.pos++
+		}
+		s.syntax()
+		return false
+	}
+	s.pos += len(word)
+	return word == "true"
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+// number reads a number and returns it as written.
+func (s *scanner) number() []byte {
+	d, i := s.data, s.pos
+	start := i
+	if i < len(d) && d[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(d) && d[i] == '0':
+		i++
+	case i < len(d) && d[i] >= '1' && d[i] <= '9':
+		for i < len(d) && isDigit(d[i]) {
+			i++
+		}
+	default:
+		s.pos = i
+		s.syntax()
+		return nil
+	}
+	if i < len(d) && d[i] == '.' {
+		if i++; i >= len(d) || !isDigit(d[i]) {
+			s.pos = i
+			s.syntax()
+			return nil
+		}
+		for i < len(d) && isDigit(d[i]) {
+			i++
+		}
+	}
+	if i < len(d) && (d[i] == 'e' || d[i] == 'E') {
+		if i++; i < len(d) && (d[i] == '+' || d[i] == '-') {
+			i++
+		}
+		if i >= len(d) || !isDigit(d[i]) {
+			s.pos = i
+			s.syntax()
+			return nil
+		}
+		for i < len(d) && isDigit(d[i]) {
+			i++
+		}
+	}
+	s.pos = i
+	return d[start:i]
+}
+
+// plain marks the bytes a string can hold that need no further look: printable ASCII but the quote
+// and the backslash.
+var plain = func() (t [256]bool) {
+	for c := 0x20; c < 0x80; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
+// str reads the string at s.pos and returns the bytes between its quotes, whether they hold an
+// escape, and whether they hold a byte outside ASCII.
+func (s *scanner) str() (raw []byte, escaped, high bool) {
+	d := s.data
+	start := s.pos + 1
+	i := start
+	for {
+		for i+8 <= len(d) && !special8(binary.LittleEndian.Uint64(d[i:])) {
+			i += 8
+		}
+		for i < len(d) && plain[d[i]] {
+			i++
+		}
+		if i >= len(d) {
+			s.pos = i
+			s.syntax()
+			return nil, false, false
+		}
+		switch c := d[i]; {
+		case c == '"':
+			s.pos = i + 1
+			return d[start:i], escaped, high
+		case c == '\\':
+			escaped = true
+			n := escapeLen(d[i:])
+			if n == 0 {
+				s.pos = i + 1
+				if s.pos < len(d) && d[s.pos] == 'u' {
+					s.pos++
+					for s.pos < len(d) && isHex(d[s.pos]) {
+						s.pos++
+					}
+				}
+				s.syntax()
+				return nil, false, false
+			}
+			i += n
+		case c < 0x20:
+			s.pos = i
+			s.syntax()
+			return nil, false, false
+		default:
+			high = true
+			i++
+		}
+	}
+}
+
+const (
+	ones  = 0x0101010101010101
+	highs = 0x8080808080808080
+)
+
+// special8 reports whether any of the eight bytes in w needs a look inside a string: a control
+// byte, a quote, a backslash or a byte outside ASCII. It may not say which, only whether.
+func special8(w uint64) bool {
+	return (below(w, 0x20)|zeroByte(w^'"'*ones)|zeroByte(w^'\\'*ones)|w)&highs != 0
+}
+
+// zeroByte sets the high bit of some byte when w has a zero byte, and of none otherwise.
+func zeroByte(w uint64) uint64 { return (w - ones) &^ w }
+
+// below sets the high bit of some byte when w has a byte below n (at most 0x80), and of none
+// otherwise.
+func below(w uint64, n uint64) uint64 { return (w - n*ones) &^ w }
+
+// escapeLen is the length of the valid escape sequence e starts with, or 0.
+func escapeLen(e []byte) int {
+	if len(e) < 2 {
+		return 0
+	}
+	switch e[1] {
+	case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+		return 2
+	case 'u':
+		if len(e) >= 6 && isHex(e[2]) && isHex(e[3]) && isHex(e[4]) && isHex(e[5]) {
+			return 6
+		}
+	}
+	return 0
+}
+
+func isHex(c byte) bool { return isDigit(c) || (c|0x20 >= 'a' && c|0x20 <= 'f') }
+
+// stringValue reads a string and returns its decoded value: a sub-slice of the document when it
+// has no escape and is valid UTF-8, else a new unquoted copy.
+func (s *scanner) stringValue() []byte {
+	raw, escaped, high := s.str()
+	if !escaped && (!high || utf8.Valid(raw)) {
+		return raw
+	}
+	return unquote(raw)
+}
+
+// unquote decodes the validated contents of a JSON string as encoding/json does: a lone or
+// mismatched UTF-16 surrogate escape and every byte of invalid UTF-8 become U+FFFD.
+func unquote(s []byte) []byte {
+	b := make([]byte, 0, len(s)+utf8.UTFMax)
+	for r := 0; r < len(s); {
+		c := s[r]
+		switch {
+		case c == '\\':
+			if s[r+1] == 'u' {
+				rr := hex4(s[r+2:])
+				r += 6
+				if utf16.IsSurrogate(rr) {
+					rr1 := rune(-1)
+					if r+6 <= len(s) && s[r] == '\\' && s[r+1] == 'u' {
+						rr1 = hex4(s[r+2:])
+					}
+					if dec := utf16.DecodeRune(rr, rr1); dec != unicode.ReplacementChar {
+						b = utf8.AppendRune(b, dec)
+						r += 6
+						continue
+					}
+					rr = unicode.ReplacementChar
+				}
+				b = utf8.AppendRune(b, rr)
+				continue
+			}
+			b = append(b, unescape(s[r+1]))
+			r += 2
+		case c < utf8.RuneSelf:
+			b = append(b, c)
+			r++
+		default:
+			rr, size := utf8.DecodeRune(s[r:])
+			b = utf8.AppendRune(b, rr)
+			r += size
+		}
+	}
+	return b
+}
+
+// unescape is the byte a one-letter escape stands for.
+func unescape(c byte) byte {
+	switch c {
+	case 'b':
+		return '\b'
+	case 'f':
+		return '\f'
+	case 'n':
+		return '\n'
+	case 'r':
+		return '\r'
+	case 't':
+		return '\t'
+	}
+	return c
+}
+
+// hex4 is the value of four validated hex digits.
+func hex4(h []byte) rune {
+	var r rune
+	for _, c := range h[:4] {
+		switch {
+		case c <= '9':
+			c -= '0'
+		case c >= 'a':
+			c -= 'a' - 10
+		default:
+			c -= 'A' - 10
+		}
+		r = r<<4 | rune(c)
+	}
+	return r
+}
+
+// skip validates and passes over the value at s.pos. With numbers set, a number that does not fit
+// a float64 is a type error, as when the value is decoded into `any`.
+func (s *scanner) skip(numbers bool) {
+	base := len(s.stack)
+	for s.err == nil {
+		if s.skipScalarOrOpen(numbers) {
+			continue // a container was entered: read its first element
+		}
+		// A value is complete: close the containers it completes and move to the next element.
+		for s.err == nil {
+			if len(s.stack) == base {
+				return
+			}
+			closing := s.stack[len(s.stack)-1]
+			if s.next(closing, false) {
+				if closing == '}' {
+					s.key()
+				}
+				break
+			}
+			s.stack = s.stack[:len(s.stack)-1]
+		}
+	}
+}
+
+// skipScalarOrOpen passes over the scalar at s.pos, or enters the container at s.pos and reports
+// whether it holds an element to read next (s.pos then at that element's value).
+func (s *scanner) skipScalarOrOpen(numbers bool) bool {
+	switch c := s.peek(); {
+	case c == '{' || c == '[':
+		closing := byte(']')
+		if c == '{' {
+			closing = '}'
+		}
+		if !s.open() {
+			return false
+		}
+		if !s.next(closing, true) {
+			return false
+		}
+		s.stack = append(s.stack, closing)
+		if closing == '}' {
+			s.key()
+		}
+		return s.err == nil
+	case c == '"':
+		s.str()
+	case c == 't':
+		s.literal("true")
+	case c == 'f':
+		s.literal("false")
+	case c == 'n':
+		s.null()
+	case c == '-' || isDigit(c):
+		n := s.number()
+		if numbers && n != nil {
+			if _, err := strconv.ParseFloat(string(n), 64); err != nil {
+				s.typeError("number " + string(n))
+			}
+		}
+	default:
+		s.syntax()
+	}
+	return false
+}
