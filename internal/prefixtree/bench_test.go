@@ -3,7 +3,6 @@ package prefixtree
 import (
 	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"testing"
 )
 
@@ -143,66 +142,26 @@ func BenchmarkMatchOnly512KiB(b *testing.B) {
 	}
 }
 
-// fillTree inserts growing conversations over eight tenants until the tree stores target
-// bytes, keeping only the conversations in flight so the generator's own memory stays small.
-func fillTree(tr *Tree, target int) {
-	gen := newHistoryGen(3, 4<<10, 200, 3000)
-	rng := rand.New(rand.NewPCG(4, 5))
-	active := make([]string, 64)
-	activeTurns := make([]int, len(active))
-	for tr.Chars() < target {
-		s := rng.IntN(len(active))
-		if activeTurns[s] == 0 {
-			active[s] = ""
-			activeTurns[s] = 5 + rng.IntN(40) // a new conversation of 5..44 turns
-		}
-		active[s] = gen.nextTurn(active[s])
-		activeTurns[s]--
-		// Conversations stick to their worker, except one turn in eight lands on the next.
-		worker := s
-		if rng.IntN(8) == 0 {
-			worker++
-		}
-		tenant := benchTenants[worker%len(benchTenants)]
-		tr.Insert(active[s], tenant)
+// BenchmarkMemory reports the live heap a tree at its budget holds, per stored key, per
+// stored byte of key (char) and per byte Bytes charges, for counter-like short keys and for
+// growing chat histories. A tree is filled once whatever b.N is, so only these are reported.
+func BenchmarkMemory(b *testing.B) {
+	for _, w := range []struct {
+		name   string
+		budget int
+		fill   func(*Tree, int)
+	}{
+		{"short_keys", 4 << 20, func(tr *Tree, budget int) { insertCounterKeys(tr, 200_000) }},
+		{"long_histories", 64 << 20, func(tr *Tree, budget int) { fillHistories(tr, 3*budget) }},
+	} {
+		b.Run(w.name, func(b *testing.B) {
+			tr, heap := treeHeap(w.budget, w.fill)
+			keys := storedKeys(tr)
+			b.ReportMetric(float64(heap)/float64(keys), "heapB/key")
+			b.ReportMetric(float64(heap)/float64(tr.Chars()), "heapB/char")
+			b.ReportMetric(float64(heap)/float64(tr.Bytes()), "heapB/chargedB")
+			b.ReportMetric(float64(heap)/float64(w.budget), "heapB/budgetB")
+			b.ReportMetric(0, "ns/op")
+		})
 	}
-}
-
-// heapBytesPerChar fills a tree to target stored bytes and returns the live heap it costs per
-// stored byte, measured after a full collection with runtime.MemStats.
-func heapBytesPerChar(target int) (perChar float64, chars int) {
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	tr := New(target)
-	fillTree(tr, target)
-	runtime.GC()
-	runtime.ReadMemStats(&after)
-	chars = tr.Chars()
-	runtime.KeepAlive(tr)
-	return float64(after.HeapAlloc-before.HeapAlloc) / float64(chars), chars
-}
-
-// TestMemoryPerStoredChar holds the tree to its memory target: at most 2.5 bytes of live
-// heap per stored byte of history at 64 MiB (8 MiB with -short or -race, which shrinks
-// fixed costs' share only slightly). Heap use is deterministic for a fixed workload, so the
-// bound is asserted; the measured figure is logged.
-func TestMemoryPerStoredChar(t *testing.T) {
-	target := 64 << 20
-	if testing.Short() || raceEnabled {
-		target = 8 << 20
-	}
-	perChar, chars := heapBytesPerChar(target)
-	t.Logf("%.3f heap bytes per stored char at %d stored chars", perChar, chars)
-	if perChar > 2.5 {
-		t.Fatalf("%.3f heap bytes per stored char, want <= 2.5", perChar)
-	}
-}
-
-// BenchmarkMemoryPerChar reports the heap bytes per stored character at 64 MiB of history.
-// The tree is filled once whatever b.N is (a fill takes seconds), so only B/char is reported.
-func BenchmarkMemoryPerChar(b *testing.B) {
-	perChar, _ := heapBytesPerChar(64 << 20)
-	b.ReportMetric(perChar, "B/char")
-	b.ReportMetric(0, "ns/op")
 }

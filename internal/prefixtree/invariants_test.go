@@ -6,7 +6,8 @@ import (
 )
 
 // checkInvariants walks the whole tree and fails the test if any structural invariant
-// documented on node is broken, or if the byte count or the leaf heap disagree with the tree.
+// documented on node is broken, or if the char count, the heap charge or the leaf heap
+// disagree with the tree.
 func checkInvariants(t testing.TB, tr *Tree) {
 	t.Helper()
 	tr.mu.RLock()
@@ -18,6 +19,9 @@ func checkInvariants(t testing.TB, tr *Tree) {
 
 func invariantError(tr *Tree) error {
 	chars, leaves := 0, 0
+	// The heap charge, recomputed from scratch: it must equal the one kept up to date by every
+	// mutation, or the budget drifts away from the memory it bounds.
+	nodeBytes := tr.root.sliceBytes()
 	stack := []*node{&tr.root}
 	for len(stack) > 0 {
 		n := stack[len(stack)-1]
@@ -60,6 +64,7 @@ func invariantError(tr *Tree) error {
 			continue
 		}
 		chars += len(n.label)
+		nodeBytes += n.heapBytes()
 		isLeaf := len(n.children) == 0
 		if isLeaf {
 			leaves++
@@ -74,6 +79,9 @@ func invariantError(tr *Tree) error {
 	if chars != tr.chars {
 		return fmt.Errorf("tree stores %d bytes but counts %d", chars, tr.chars)
 	}
+	if nodeBytes != tr.nodeBytes {
+		return fmt.Errorf("nodes cost %d heap bytes but the tree charges %d", nodeBytes, tr.nodeBytes)
+	}
 	if leaves != len(tr.leaves) {
 		return fmt.Errorf("tree has %d leaves but the heap has %d", leaves, len(tr.leaves))
 	}
@@ -82,10 +90,15 @@ func invariantError(tr *Tree) error {
 			return fmt.Errorf("leaf heap out of order at %d", i)
 		}
 	}
+	tenantBytes := 0
 	for name, id := range tr.tenantIDs {
 		if tr.tenantNames[id] != name {
 			return fmt.Errorf("tenant %q interned as %d, which names %q", name, id, tr.tenantNames[id])
 		}
+		tenantBytes += tenantCost(name)
+	}
+	if tenantBytes != tr.tenantBytes {
+		return fmt.Errorf("tenants cost %d heap bytes but the tree charges %d", tenantBytes, tr.tenantBytes)
 	}
 	return nil
 }

@@ -3,6 +3,14 @@ package prefixtree
 import (
 	"bytes"
 	"strings"
+	"unsafe"
+)
+
+// Heap sizes the budget charges, taken from the types so they follow the platform.
+const (
+	nodeStructBytes = int(unsafe.Sizeof(node{}))
+	ptrBytes        = int(unsafe.Sizeof((*node)(nil)))
+	idBytes         = int(unsafe.Sizeof(uint32(0)))
 )
 
 // node is one edge of the radix tree together with the vertex it leads to.
@@ -31,6 +39,18 @@ type node struct {
 	keyEnd bool
 }
 
+// heapBytes is what the node costs the heap: its struct, its label and the backing arrays of
+// its slices at their capacity, each rounded up to the allocation it takes.
+func (n *node) heapBytes() int {
+	return allocBytes(nodeStructBytes) + allocBytes(len(n.label)) + n.sliceBytes()
+}
+
+// sliceBytes is the heap held by the backing arrays of the node's slices. The root is part of
+// the Tree, so only this part of it is charged.
+func (n *node) sliceBytes() int {
+	return allocBytes(cap(n.edges)) + allocBytes(cap(n.children)*ptrBytes) + allocBytes(cap(n.holders)*idBytes)
+}
+
 // child returns the child whose label starts with b, with its position, or (nil, -1).
 func (n *node) child(b byte) (*node, int) {
 	i := bytes.IndexByte(n.edges, b)
@@ -40,15 +60,19 @@ func (n *node) child(b byte) (*node, int) {
 	return n.children[i], i
 }
 
-func (n *node) addChild(c *node) {
+// addChild attaches c under n and returns how many bytes n's slices grew by.
+func (n *node) addChild(c *node) (grown int) {
+	before := n.sliceBytes()
 	c.parent = n
 	n.edges = append(n.edges, c.label[0])
 	n.children = append(n.children, c)
+	return n.sliceBytes() - before
 }
 
 // removeChild detaches c from n. Child order carries no meaning, so the last child takes
 // c's place; the slices are released once empty so a pruned fan-out does not pin memory.
-func (n *node) removeChild(c *node) {
+// It returns how many bytes of n's slices were released.
+func (n *node) removeChild(c *node) (released int) {
 	_, i := n.child(c.label[0])
 	last := len(n.children) - 1
 	n.children[i] = n.children[last]
@@ -57,9 +81,11 @@ func (n *node) removeChild(c *node) {
 	n.children = n.children[:last]
 	n.edges = n.edges[:last]
 	if last == 0 {
+		released = allocBytes(cap(n.edges)) + allocBytes(cap(n.children)*ptrBytes)
 		n.children, n.edges = nil, nil
 	}
 	c.parent = nil
+	return released
 }
 
 func (n *node) holds(id uint32) bool {
@@ -71,27 +97,32 @@ func (n *node) holds(id uint32) bool {
 	return false
 }
 
-func (n *node) addHolder(id uint32) {
-	if !n.holds(id) {
-		n.holders = append(n.holders, id)
+// addHolder adds id to n's holders and returns how many bytes the holders slice grew by.
+func (n *node) addHolder(id uint32) (grown int) {
+	if n.holds(id) {
+		return 0
 	}
+	before := allocBytes(cap(n.holders) * idBytes)
+	n.holders = append(n.holders, id)
+	return allocBytes(cap(n.holders)*idBytes) - before
 }
 
-// dropHolders removes every id in gone from n's holders and reports whether any was held.
-func (n *node) dropHolders(gone []uint32) bool {
+// dropHolders removes every id in gone from n's holders and returns how many bytes of the
+// holders slice were released: the slice keeps its array unless nobody is left.
+func (n *node) dropHolders(gone []uint32) (released int) {
 	kept := n.holders[:0]
 	for _, h := range n.holders {
 		if !containsID(gone, h) {
 			kept = append(kept, h)
 		}
 	}
-	changed := len(kept) != len(n.holders)
 	clear(n.holders[len(kept):])
 	n.holders = kept
 	if len(n.holders) == 0 {
+		released = allocBytes(cap(n.holders) * idBytes)
 		n.holders = nil
 	}
-	return changed
+	return released
 }
 
 func (n *node) holdsAny(ids []uint32) bool {

@@ -38,23 +38,38 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"unsafe"
 
 	"github.com/cacheroute/cacheroute/internal/tenant"
 )
 
-// overBudgetSlack is how far past maxChars an Insert may leave the tree before it evicts on
-// its own, as a fraction of maxChars (10%).
+// overBudgetSlack is how far past maxBytes an Insert may leave the tree before it evicts on
+// its own, as a fraction of maxBytes (10%).
 const overBudgetSlack = 10
+
+// tenantEntryBytes is charged per interned tenant on top of its name: its entry in the
+// tenantIDs map (key header, id and the map's spare slots). Maps do not expose their size, so
+// this is an estimate; tenants are a handful of workers, so it does not move the total.
+const tenantEntryBytes = 48
+
+// tenantCost is what interning tenant costs the heap, beyond the tenantNames slot.
+func tenantCost(tenant string) int { return allocBytes(len(tenant)) + tenantEntryBytes }
 
 // Tree is the prefix tree of one model. It is safe for concurrent use; each Tree has its own
 // lock, so routing for one model never waits on another.
 type Tree struct {
-	mu       sync.RWMutex
-	root     node
-	leaves   leafHeap
-	chars    int
-	maxChars int
-	clock    uint64
+	mu     sync.RWMutex
+	root   node
+	leaves leafHeap
+	clock  uint64
+
+	// chars is the sum of the label lengths. nodeBytes is the heap charged to nodes: every
+	// node's heapBytes, plus the root's slices. tenantBytes is the heap charged to interned
+	// tenants. Bytes adds the arrays the tree keeps for all nodes and tenants (bytesLocked).
+	chars       int
+	nodeBytes   int
+	tenantBytes int
+	maxBytes    int
 
 	tenantIDs   map[string]uint32
 	tenantNames []string // indexed by id; "" for a free id
@@ -81,17 +96,17 @@ type Match struct {
 	Branch int
 }
 
-// New returns an empty tree that holds at most maxChars bytes of history in total.
-// maxChars <= 0 means no budget: nothing is ever evicted.
-func New(maxChars int) *Tree {
-	t := &Tree{maxChars: maxChars, tenantIDs: make(map[string]uint32)}
+// New returns an empty tree whose heap use, as Bytes counts it, is held to maxBytes.
+// maxBytes <= 0 means no budget: nothing is ever evicted.
+func New(maxBytes int) *Tree {
+	t := &Tree{maxBytes: maxBytes, tenantIDs: make(map[string]uint32)}
 	t.root.heapIndex = -1
 	return t
 }
 
 // Insert records that tenant now holds key and every prefix of it, and marks the path as
 // just used. If the tree ends up more than 10% over budget it evicts down to the budget and
-// returns the characters evicted.
+// returns the bytes freed, as Bytes counts them.
 func (t *Tree) Insert(key, tenant string) (evicted int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -111,7 +126,7 @@ func (t *Tree) Insert(key, tenant string) (evicted int) {
 			if n != &t.root && len(n.children) == 0 {
 				t.leaves.remove(n)
 			}
-			n.addChild(leaf)
+			t.nodeBytes += n.addChild(leaf) + leaf.heapBytes()
 			t.leaves.push(leaf)
 			t.chars += len(leaf.label)
 			n = leaf
@@ -121,7 +136,7 @@ func (t *Tree) Insert(key, tenant string) (evicted int) {
 		if l < len(c.label) {
 			c = t.splitLocked(n, i, c, l)
 		}
-		c.addHolder(id)
+		t.nodeBytes += c.addHolder(id)
 		c.lastUsed = now
 		if c.heapIndex >= 0 {
 			t.leaves.fix(int(c.heapIndex))
@@ -131,7 +146,7 @@ func (t *Tree) Insert(key, tenant string) (evicted int) {
 	}
 	n.keyEnd = true // splits put a node boundary wherever a key ends
 
-	if t.maxChars > 0 && t.chars > t.maxChars+t.maxChars/overBudgetSlack {
+	if t.maxBytes > 0 && t.bytesLocked() > t.maxBytes+t.maxBytes/overBudgetSlack {
 		return t.evictLocked()
 	}
 	return 0
@@ -141,6 +156,7 @@ func (t *Tree) Insert(key, tenant string) (evicted int) {
 // new upper node, which takes c's place. Both halves get fresh label copies so neither keeps
 // the other's bytes alive once one of them is gone.
 func (t *Tree) splitLocked(parent *node, i int, c *node, l int) *node {
+	before := c.heapBytes()
 	upper := &node{
 		label:     cloneLabel(c.label[:l]),
 		parent:    parent,
@@ -149,8 +165,9 @@ func (t *Tree) splitLocked(parent *node, i int, c *node, l int) *node {
 		heapIndex: -1,
 	}
 	c.label = cloneLabel(c.label[l:])
-	upper.addChild(c)
+	upper.addChild(c) // charged below, with the rest of upper
 	parent.children[i] = upper
+	t.nodeBytes += upper.heapBytes() + c.heapBytes() - before
 	return upper
 }
 
@@ -230,42 +247,57 @@ func (t *Tree) MatchTenant(key, tenant string) int {
 	return matched
 }
 
-// Chars returns the number of bytes stored in the tree (the sum of its edge label lengths).
+// Chars returns the number of key bytes stored in the tree (the sum of its edge label
+// lengths): how much history it holds, whatever that costs in heap.
 func (t *Tree) Chars() int {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	return t.chars
 }
 
+// Bytes returns the heap the tree holds as the budget counts it: every node's struct, label
+// and slice arrays at their capacity, the leaf heap's array, and the interned tenant names.
+func (t *Tree) Bytes() int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.bytesLocked()
+}
+
+// bytesLocked adds to the bytes charged to nodes and tenants the arrays shared by all of
+// them, at their capacity: the leaf heap and the tenant tables.
+func (t *Tree) bytesLocked() int {
+	return t.nodeBytes + t.tenantBytes + allocBytes(cap(t.leaves)*ptrBytes) +
+		allocBytes(cap(t.tenantNames)*int(unsafe.Sizeof(""))) + allocBytes(cap(t.freeIDs)*idBytes)
+}
+
 // Evict removes least recently used leaves until the tree is within its budget and returns
-// the number of bytes freed.
+// the bytes freed, as Bytes counts them.
 func (t *Tree) Evict() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.maxChars <= 0 {
+	if t.maxBytes <= 0 {
 		return 0
 	}
 	return t.evictLocked()
 }
 
 func (t *Tree) evictLocked() int {
-	freed := 0
-	for t.chars > t.maxChars && len(t.leaves) > 0 {
+	start := t.bytesLocked()
+	for t.bytesLocked() > t.maxBytes && len(t.leaves) > 0 {
 		leaf := t.leaves[0]
 		t.leaves.remove(leaf)
 		parent := leaf.parent
-		parent.removeChild(leaf)
+		t.nodeBytes -= parent.removeChild(leaf) + leaf.heapBytes()
 		t.chars -= len(leaf.label)
-		freed += len(leaf.label)
 		if parent != &t.root && len(parent.children) == 0 {
 			t.leaves.push(parent)
 		}
 	}
-	return freed
+	return start - t.bytesLocked()
 }
 
 // RemoveTenant drops tenant from every node, prunes the nodes nobody holds any more and
-// returns the number of bytes freed.
+// returns the bytes freed, as Bytes counts them.
 func (t *Tree) RemoveTenant(tenant string) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -277,7 +309,7 @@ func (t *Tree) RemoveTenant(tenant string) int {
 }
 
 // RemoveTenantsWithBase drops every tenant named base or base+"@<rank>" (a removed worker
-// together with all its data-parallel ranks) and returns the number of bytes freed.
+// together with all its data-parallel ranks) and returns the bytes freed, as Bytes counts them.
 // A tenant such as base+"x" or base+"x@0" is a different worker and is kept.
 func (t *Tree) RemoveTenantsWithBase(base string) int {
 	t.mu.Lock()
@@ -298,31 +330,32 @@ func (t *Tree) RemoveTenantsWithBase(base string) int {
 // taking prefixes, so the walk never needs to enter a subtree the tenants do not hold),
 // drops the ids there and prunes every node left without holders. The ids are then freed.
 func (t *Tree) removeIDsLocked(ids []uint32) int {
-	freed := 0
+	start := t.bytesLocked()
 	stack := t.heldChildren(nil, &t.root, ids)
 	for len(stack) > 0 {
 		n := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
-		n.dropHolders(ids)
+		t.nodeBytes -= n.dropHolders(ids)
 		if len(n.holders) > 0 {
 			stack = t.heldChildren(stack, n, ids)
 			continue
 		}
 		// Nobody holds n, so nobody holds anything below it either.
 		parent := n.parent
-		parent.removeChild(n)
-		freed += t.dropSubtreeLocked(n)
+		t.nodeBytes -= parent.removeChild(n)
+		t.dropSubtreeLocked(n)
 		if parent != &t.root && len(parent.children) == 0 {
 			t.leaves.push(parent)
 		}
 	}
-	t.chars -= freed
 	for _, id := range ids {
-		delete(t.tenantIDs, t.tenantNames[id])
+		name := t.tenantNames[id]
+		delete(t.tenantIDs, name)
+		t.tenantBytes -= tenantCost(name)
 		t.tenantNames[id] = ""
 		t.freeIDs = append(t.freeIDs, id)
 	}
-	return freed
+	return start - t.bytesLocked()
 }
 
 func (t *Tree) heldChildren(stack []*node, n *node, ids []uint32) []*node {
@@ -334,21 +367,20 @@ func (t *Tree) heldChildren(stack []*node, n *node, ids []uint32) []*node {
 	return stack
 }
 
-// dropSubtreeLocked takes every leaf under the detached node n out of the heap and returns
-// the bytes the subtree held.
-func (t *Tree) dropSubtreeLocked(n *node) int {
-	freed := 0
+// dropSubtreeLocked takes every leaf under the detached node n out of the heap and uncharges
+// every node of the subtree.
+func (t *Tree) dropSubtreeLocked(n *node) {
 	stack := []*node{n}
 	for len(stack) > 0 {
 		m := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
-		freed += len(m.label)
+		t.chars -= len(m.label)
+		t.nodeBytes -= m.heapBytes()
 		if m.heapIndex >= 0 {
 			t.leaves.remove(m)
 		}
 		stack = append(stack, m.children...)
 	}
-	return freed
 }
 
 // internLocked returns tenant's id, assigning one (reusing ids of removed tenants) if new.
@@ -367,5 +399,6 @@ func (t *Tree) internLocked(tenant string) uint32 {
 		t.tenantNames = append(t.tenantNames, tenant)
 	}
 	t.tenantIDs[tenant] = id
+	t.tenantBytes += tenantCost(tenant)
 	return id
 }

@@ -156,18 +156,19 @@ func TestMatchTenant_ReportsEachTenantsOwnPrefix(t *testing.T) {
 	}
 }
 
-func TestRemoveTenant_PrunesNodesNobodyHoldsAndFreesTheirChars(t *testing.T) {
+func TestRemoveTenant_PrunesNodesNobodyHoldsAndFreesTheirBytes(t *testing.T) {
 	tr := New(0)
 	tr.Insert("sys|shared|a-only", workerA)
 	tr.Insert("sys|shared", workerB)
-	before := tr.Chars()
+	chars, bytes := tr.Chars(), tr.Bytes()
 
 	freed := tr.RemoveTenant(workerA)
-	if want := len("|a-only"); freed != want {
-		t.Fatalf("RemoveTenant freed %d chars, want %d", freed, want)
+	if got, want := tr.Chars(), chars-len("|a-only"); got != want {
+		t.Fatalf("Chars() = %d after removing A, want %d", got, want)
 	}
-	if got := tr.Chars(); got != before-freed {
-		t.Fatalf("Chars() = %d after freeing %d of %d", got, freed, before)
+	// At least the pruned node's struct and label, and A's interned name.
+	if min := nodeStructBytes + len("|a-only") + len(workerA); freed < min || tr.Bytes() != bytes-freed {
+		t.Fatalf("RemoveTenant freed %d bytes (want >= %d), Bytes() went from %d to %d", freed, min, bytes, tr.Bytes())
 	}
 	if got := tr.MatchTenant("sys|shared|a-only", workerA); got != 0 {
 		t.Fatalf("removed tenant still matches %d bytes", got)
@@ -175,8 +176,9 @@ func TestRemoveTenant_PrunesNodesNobodyHoldsAndFreesTheirChars(t *testing.T) {
 	assertMatch(t, tr, "sys|shared|a-only", len("sys|shared"), workerB)
 	checkInvariants(t, tr)
 
-	if freed := tr.RemoveTenant(workerB); freed != len("sys|shared") || tr.Chars() != 0 {
-		t.Fatalf("removing the last tenant freed %d, left %d chars", freed, tr.Chars())
+	bytes = tr.Bytes()
+	if freed := tr.RemoveTenant(workerB); freed != bytes-tr.Bytes() || tr.Chars() != 0 || tr.nodeBytes != 0 {
+		t.Fatalf("removing the last tenant freed %d, left %d chars, %d bytes charged to nodes", freed, tr.Chars(), tr.nodeBytes)
 	}
 	if freed := tr.RemoveTenant(workerB); freed != 0 {
 		t.Fatalf("removing an unknown tenant freed %d", freed)
@@ -224,10 +226,15 @@ func TestEvict_LeastRecentlyInsertedLeavesGoFirst(t *testing.T) {
 	tr.Insert("sys|old-session", workerA)
 	tr.Insert("sys|mid-session", workerB)
 	tr.Insert("sys|new-session", workerA)
-	tr.maxChars = tr.Chars() - len("old-session")
+	chars, bytes := tr.Chars(), tr.Bytes()
+	tr.maxBytes = bytes - 1 // one leaf's worth of eviction
 
-	if freed := tr.Evict(); freed != len("old-session") {
-		t.Fatalf("Evict freed %d, want %d", freed, len("old-session"))
+	freed := tr.Evict()
+	if got, want := tr.Chars(), chars-len("old-session"); got != want {
+		t.Fatalf("Chars() = %d after Evict, want %d", got, want)
+	}
+	if min := nodeStructBytes + len("old-session"); freed < min || tr.Bytes() != bytes-freed {
+		t.Fatalf("Evict freed %d bytes (want >= %d), Bytes() went from %d to %d", freed, min, bytes, tr.Bytes())
 	}
 	assertMatch(t, tr, "sys|old-session", len("sys|"), workerA, workerB)
 	assertMatch(t, tr, "sys|mid-session", len("sys|mid-session"), workerB)
@@ -240,7 +247,7 @@ func TestEvict_ReinsertRefreshesALeaf(t *testing.T) {
 	tr.Insert("sys|first", workerA)
 	tr.Insert("sys|second", workerB)
 	tr.Insert("sys|first", workerA) // used again: now "second" is the oldest
-	tr.maxChars = tr.Chars() - 1
+	tr.maxBytes = tr.Bytes() - 1
 
 	tr.Evict()
 	assertMatch(t, tr, "sys|first", len("sys|first"), workerA)
@@ -254,7 +261,7 @@ func TestEvict_MatchDoesNotRefreshALeaf(t *testing.T) {
 	tr.Insert("sys|second", workerB)
 	tr.Match("sys|first")
 	tr.MatchTenant("sys|first", workerA)
-	tr.maxChars = tr.Chars() - 1
+	tr.maxBytes = tr.Bytes() - 1
 
 	tr.Evict()
 	assertMatch(t, tr, "sys|first", len("sys|"), workerA, workerB)
@@ -265,9 +272,11 @@ func TestEvict_ExposedParentCompetesByItsOwnAge(t *testing.T) {
 	tr.Insert("sys|s1|t1", workerA)
 	tr.Insert("sys|s1|t1|t2", workerA) // chain: sys|s1|t1 -> |t2
 	tr.Insert("sys|s2|t1", workerB)
-	// Evicting "|t2" exposes "s1|t1"; it is still older than session 2's leaf.
-	tr.maxChars = tr.Chars() - len("|t2") - len("1|t1")
-
+	tr.maxBytes = tr.Bytes() - 1
+	tr.Evict() // "|t2", the oldest leaf
+	assertMatch(t, tr, "sys|s1|t1|t2", len("sys|s1|t1"), workerA)
+	// Evicting "|t2" exposed "1|t1"; it is still older than session 2's leaf.
+	tr.maxBytes = tr.Bytes() - 1
 	tr.Evict()
 	assertMatch(t, tr, "sys|s2|t1", len("sys|s2|t1"), workerB)
 	assertMatch(t, tr, "sys|s1|t1|t2", len("sys|s"), workerA, workerB)
@@ -275,7 +284,7 @@ func TestEvict_ExposedParentCompetesByItsOwnAge(t *testing.T) {
 }
 
 func TestEvict_WithinBudgetEvictsNothing(t *testing.T) {
-	tr := New(100)
+	tr := New(1 << 10)
 	tr.Insert("sys|a", workerA)
 	if freed := tr.Evict(); freed != 0 {
 		t.Fatalf("Evict freed %d within budget", freed)
@@ -312,13 +321,13 @@ func TestBudget_HoldsUnderALongRandomInsertWorkload(t *testing.T) {
 		}
 		sessions[s] = randomHistory(rng, sessions[s], 50+rng.IntN(800))
 		tr.Insert(sessions[s], tenants[rng.IntN(len(tenants))])
-		if got := tr.Chars(); got > budget+budget/10 {
-			t.Fatalf("insert %d: Chars() = %d exceeds 1.1 x budget %d", i, got, budget)
+		if got := tr.Bytes(); got > budget+budget/10 {
+			t.Fatalf("insert %d: Bytes() = %d exceeds 1.1 x budget %d", i, got, budget)
 		}
 		if i%97 == 0 {
 			tr.Evict()
-			if got := tr.Chars(); got > budget {
-				t.Fatalf("insert %d: Chars() = %d after Evict exceeds budget %d", i, got, budget)
+			if got := tr.Bytes(); got > budget {
+				t.Fatalf("insert %d: Bytes() = %d after Evict exceeds budget %d", i, got, budget)
 			}
 			checkInvariants(t, tr)
 		}
@@ -327,10 +336,11 @@ func TestBudget_HoldsUnderALongRandomInsertWorkload(t *testing.T) {
 }
 
 func TestBudget_KeyLargerThanTheBudgetIsEvicted(t *testing.T) {
-	tr := New(100)
-	tr.Insert(strings.Repeat("x", 500), workerA)
-	if got := tr.Chars(); got > 110 {
-		t.Fatalf("Chars() = %d after one oversized insert", got)
+	const budget = 1 << 10
+	tr := New(budget)
+	tr.Insert(strings.Repeat("x", 5*budget), workerA)
+	if got := tr.Bytes(); got > budget || tr.Chars() != 0 {
+		t.Fatalf("Bytes() = %d, Chars() = %d after one oversized insert", got, tr.Chars())
 	}
 	checkInvariants(t, tr)
 }
