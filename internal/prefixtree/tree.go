@@ -9,19 +9,28 @@
 //
 // # Budget and eviction
 //
-// The tree stores at most maxChars bytes of edge labels in total, across all tenants.
+// The budget is on heap bytes, not on characters of history: a tree built with New(maxBytes)
+// charges every node what it costs the heap — its struct, its label, and the arrays behind its
+// edges, children and holders at their capacity, each rounded up to the allocation size the Go
+// allocator hands out — plus the leaf heap's array and the interned tenant names. Bytes
+// reports the charge; Chars reports the history stored (the label bytes). A label budget would
+// not bound memory: a short key such as "req 42" costs a node of over a hundred bytes for a
+// byte or two of label, so 200,000 such keys under a 4 MiB label budget held 30 MB of heap.
+// Every mutation keeps the charge exact (the tests recompute it from scratch), so the live
+// heap the tree holds stays within a few percent of Bytes.
+//
 // Eviction is by whole leaf, least recently used first: a leaf's access time is the last
 // Insert by any tenant whose key ran through it, and evicting it drops every tenant's hold on
-// it and frees its bytes. Whole leaves are evicted (rather than one tenant's hold on a leaf)
-// because the budget is on bytes, and a byte is freed only when nobody holds it; evicting one
-// tenant's hold at a time would spend work without bringing the tree under budget. The cost
-// is that a tenant's stale hold on a leaf survives as long as another tenant keeps that leaf
-// fresh. Leaves sit in a min-heap keyed by access time, so eviction costs O(log leaves) per
-// leaf and never scans the tree.
+// it and frees its node. Whole leaves are evicted (rather than one tenant's hold on a leaf)
+// because a node's memory is freed only when nobody holds it; evicting one tenant's hold at a
+// time would spend work without bringing the tree under budget. The cost is that a tenant's
+// stale hold on a leaf survives as long as another tenant keeps that leaf fresh. Leaves sit in
+// a min-heap keyed by access time, so eviction costs O(log leaves) per leaf and never scans
+// the tree.
 //
 // Evict brings the tree to the budget and is meant for a periodic background sweep. Insert
 // evicts on its own only when the tree is more than 10% over budget, so the sweep does the
-// work in the common case and the tree never stays above 1.1× the budget after an Insert.
+// work in the common case and Bytes never stays above 1.1× the budget after an Insert.
 //
 // Match and MatchTenant do not refresh access times: they run under a read lock, and the
 // router inserts the key it routes right after deciding, which refreshes the path.
@@ -30,8 +39,13 @@
 //
 // Labels are copied when a node is created or split, so the tree never pins a caller's
 // request body. Tenants are interned to uint32 ids; a node holds a small slice of ids and one
-// access stamp. With histories that grow by a few hundred bytes or more per turn, the heap
-// cost stays close to one byte per stored character (see TestMemoryPerStoredChar).
+// access stamp. A node's struct takes 112 bytes and its slices a few tens more whatever the
+// length of its label, so what a stored character costs depends on the key shape: about 150
+// heap bytes per key (and per character) for counter-like short keys, about 1.16 bytes per
+// character for chat histories that grow by a few hundred bytes or more per turn. Either way
+// the live heap stays within a few percent of Bytes, and so of the budget
+// (TestBudget_BoundsHeapForShortKeys, TestBudget_BoundsHeapForGrowingHistories,
+// BenchmarkMemory).
 package prefixtree
 
 import (
