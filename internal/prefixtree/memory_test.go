@@ -98,8 +98,9 @@ func assertHeapWithinBudget(t *testing.T, tr *Tree, heap, budget int) {
 		t.Errorf("Bytes() = %d, over 1.1 × the budget %d", bytes, budget)
 	}
 	if raceEnabled {
-		// The race detector changes how the runtime allocates (no tiny-object packing,
-		// shadow state), so the heap measured here is not the heap served in production.
+		// Under the race detector the runtime gives every pointer-free object under 16
+		// bytes a 16-byte block of its own, so the heap measured here is not the heap a
+		// production build holds.
 		t.Log("race detector on: live heap bounds not asserted")
 		return
 	}
@@ -137,7 +138,7 @@ func TestBudget_BoundsHeapForGrowingHistories(t *testing.T) {
 	}
 	tr, heap := treeHeap(budget, func(tr *Tree, budget int) { fillHistories(tr, 3*budget) })
 	assertHeapWithinBudget(t, tr, heap, budget)
-	if perChar := float64(heap) / float64(tr.Chars()); perChar > 1.5 {
+	if perChar := float64(heap) / float64(tr.Chars()); perChar > 1.5 && !raceEnabled {
 		t.Errorf("%.3f heap bytes per stored char of long histories, want <= 1.5", perChar)
 	}
 	checkInvariants(t, tr)
