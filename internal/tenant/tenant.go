@@ -1,9 +1,12 @@
-// Package tenant names routing targets. A worker URL is one tenant, or with data parallelism one
-// tenant per rank, "URL@rank". The policy state (prefix tree, session map) is keyed by tenant,
+// Package tenant owns a worker's identity: it checks and normalises worker URLs, names routing
+// targets and redacts credentials from every name shown outside the router. A worker URL is one
+// tenant, or with data parallelism one tenant per rank, "URL@rank". The policy state (prefix tree, session map) is keyed by tenant,
 // and removing a worker removes every tenant of its URL.
 package tenant
 
 import (
+	"fmt"
+	"net/url"
 	"strconv"
 	"strings"
 )
@@ -42,4 +45,43 @@ func HasBase(name, base string) bool {
 func isRank(s string) bool {
 	_, err := strconv.ParseUint(s, 10, 32)
 	return s != "" && err == nil
+}
+
+// NormalizeURL is the one place a worker URL given by a user (flag, config file, admin API) is
+// checked and put in canonical form: surrounding spaces and trailing slashes removed; then it must
+// be an absolute http or https URL with a host and no query or fragment. The result is the
+// worker's identity everywhere (pool, prefix tree, session map), so "http://h:8000/" and
+// "http://h:8000" are one worker.
+func NormalizeURL(raw string) (string, error) {
+	s := strings.TrimRight(strings.TrimSpace(raw), "/")
+	u, err := url.Parse(s)
+	if err != nil {
+		return "", fmt.Errorf("malformed worker URL %q: %v", Redact(raw), err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" {
+		return "", fmt.Errorf("malformed worker URL %q: want http(s)://host[:port][/path]", Redact(raw))
+	}
+	return s, nil
+}
+
+// Redact returns a tenant name or worker URL without its userinfo ("http://user:pw@h:1@2" →
+// "http://h:1@2"), the only form shown to clients, logs, metric labels and health output: worker
+// credentials never leave the router.
+func Redact(name string) string {
+	base := Base(name)
+	rank := name[len(base):]
+	scheme := strings.Index(base, "://")
+	if scheme < 0 {
+		return name
+	}
+	hostStart := scheme + 3
+	end := len(base)
+	if i := strings.IndexAny(base[hostStart:], "/?#"); i >= 0 {
+		end = hostStart + i
+	}
+	at := strings.LastIndexByte(base[hostStart:end], '@')
+	if at < 0 {
+		return name
+	}
+	return base[:hostStart] + base[hostStart+at+1:] + rank
 }

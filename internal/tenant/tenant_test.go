@@ -1,6 +1,9 @@
 package tenant
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestName(t *testing.T) {
 	tests := []struct {
@@ -71,6 +74,46 @@ func TestHasBase(t *testing.T) {
 	} {
 		if got := HasBase(tc.tenant, tc.base); got != tc.want {
 			t.Errorf("HasBase(%q, %q) = %v, want %v", tc.tenant, tc.base, got, tc.want)
+		}
+	}
+}
+
+func TestRedactDropsUserinfoKeepsRank(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"http://127.0.0.1:8000", "http://127.0.0.1:8000"},
+		{"http://user:pw@10.0.0.1:8000", "http://10.0.0.1:8000"},
+		{"http://user:pw@10.0.0.1:8000@3", "http://10.0.0.1:8000@3"},
+		{"http://user@h:1@2", "http://h:1@2"},
+		{"https://u:p@h/v1/path@x", "https://h/v1/path@x"},
+		{"http://h:1/p@q@7", "http://h:1/p@q@7"},
+		{"http://a:b@c@h:1", "http://h:1"},
+		{"not a url", "not a url"},
+	} {
+		if got := Redact(tc.in); got != tc.want {
+			t.Errorf("Redact(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestNormalizeURLTrimsAndRejects(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"http://h:8000/", "http://h:8000"},
+		{" http://h:8000// ", "http://h:8000"},
+		{"https://h/base/", "https://h/base"},
+	} {
+		got, err := NormalizeURL(tc.in)
+		if err != nil || got != tc.want {
+			t.Errorf("NormalizeURL(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+		}
+	}
+	for _, bad := range []string{"", "h:8000", "ftp://h", "http://", "http://h?x=1", "http://h#f", "mailto:x@y", "http://u:secret@h:1?q"} {
+		_, err := NormalizeURL(bad)
+		if err == nil {
+			t.Errorf("NormalizeURL(%q) accepted", bad)
+			continue
+		}
+		if strings.Contains(err.Error(), "secret") {
+			t.Errorf("NormalizeURL(%q) error reveals the password: %v", bad, err)
 		}
 	}
 }

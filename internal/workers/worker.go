@@ -16,6 +16,7 @@ type Worker struct {
 	url    string
 	rank   int // -1 without data parallelism
 	tenant string
+	name   string // tenant without credentials: what clients, logs and metrics see
 
 	load    atomic.Int64
 	healthy atomic.Bool
@@ -25,6 +26,7 @@ type Worker struct {
 
 func newWorker(url string, rank int, breaker *Breaker) *Worker {
 	w := &Worker{url: url, rank: rank, tenant: tenant.Name(url, rank), breaker: breaker}
+	w.name = tenant.Redact(w.tenant)
 	w.models.Store(&[]string{})
 	return w
 }
@@ -37,6 +39,13 @@ func (w *Worker) Rank() int { return w.rank }
 
 // Tenant is the routing identity: URL, or URL@rank.
 func (w *Worker) Tenant() string { return w.tenant }
+
+// Name is the tenant as shown outside the router (headers, health, metric labels, logs): the
+// tenant with any userinfo of its URL removed.
+func (w *Worker) Name() string { return w.name }
+
+// BaseName is the worker URL as shown outside the router, without userinfo.
+func (w *Worker) BaseName() string { return tenant.Base(w.name) }
 
 // Load is the number of requests the router has in flight on this tenant.
 func (w *Worker) Load() int64 { return w.load.Load() }
@@ -63,8 +72,9 @@ func (w *Worker) Serves(model string) bool {
 // Available reports whether the worker may receive a new request: healthy and breaker not open.
 func (w *Worker) Available() bool { return w.Healthy() && w.breaker.Allows() }
 
-// Reserve counts one more request in flight on w and returns the lease that gives it back.
-// Policies reserve at the moment they select, so concurrent selections see each other's load.
+// Reserve counts one more request in flight on w and returns the lease that gives it back. The
+// proxy takes load through Pool.Acquire, together with the breaker's permission; Reserve alone is
+// for callers that only model load (policy tests and benchmarks).
 func (w *Worker) Reserve() *Lease {
 	w.load.Add(1)
 	return &Lease{worker: w}
