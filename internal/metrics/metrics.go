@@ -44,11 +44,19 @@ type Metrics struct {
 
 // Upstream error kinds, the values of upstream_errors_total{kind}.
 const (
-	ErrConnect   = "connect"    // the worker could not be reached
-	ErrTimeout   = "timeout"    // the request timeout passed
-	ErrStatus    = "status_5xx" // the worker answered 502, 503 or 504 before anything was sent
-	ErrMidStream = "mid_stream" // the response broke after bytes reached the client
+	ErrConnect   = "connect"      // the worker could not be reached: dial refused, unreachable, timed out
+	ErrReset     = "reset"        // a connection closed or reset before the worker could have read the request
+	ErrFirstByte = "first_byte"   // no response headers within --first-byte-timeout-secs
+	ErrTimeout   = "timeout"      // --request-timeout-secs passed
+	ErrStatus    = "status_5xx"   // the worker answered 502, 503 or 504 before anything was sent
+	ErrSent      = "after_send"   // the connection failed after the request was written: not retried
+	ErrMidStream = "mid_stream"   // the response broke after bytes reached the client
+	ErrBadReply  = "bad_response" // the worker's response could not be parsed
 )
+
+// StatusCut is the status_class of requests whose response was cut off after it started (the
+// worker broke off, or the request timeout passed mid-stream): neither a success nor a status.
+const StatusCut = "cut"
 
 // storeLatencyBuckets span a loopback round trip to a store timeout.
 var storeLatencyBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}
@@ -62,7 +70,7 @@ func New(pool *workers.Pool) *Metrics {
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
 		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "requests_total",
-			Help: "Requests answered by the router, by route and HTTP status class."}, []string{"route", "status_class"}),
+			Help: "Requests answered by the router, by route and HTTP status class (cut: the response broke off after it started)."}, []string{"route", "status_class"}),
 		RequestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: "request_duration_seconds",
 			Help: "Time from receiving a request to the end of its response.", Buckets: latencyBuckets}, []string{"route"}),
 		TimeToFirstByte: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: "time_to_first_byte_seconds",
@@ -74,7 +82,7 @@ func New(pool *workers.Pool) *Metrics {
 		Retries: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: "retries_total",
 			Help: "Requests re-sent to another worker before any byte reached the client."}),
 		UpstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "upstream_errors_total",
-			Help: "Failed upstream attempts by kind: connect, timeout, status_5xx, mid_stream."}, []string{"kind"}),
+			Help: "Failed upstream attempts by kind: connect, reset, first_byte, timeout, status_5xx, after_send, mid_stream, bad_response."}, []string{"kind"}),
 		CacheAwareDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "cache_aware_decisions_total",
 			Help: "cache_aware decisions by label; exactly one per routed request."}, []string{"decision"}),
 		PrefixMatchRatio: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: "cache_aware_prefix_match_ratio",
@@ -105,15 +113,19 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
 }
 
-// ModelState is the size of a policy's per-model state, read at scrape time.
-type ModelState struct {
-	Model     string
-	TreeChars int
-	Sessions  int // -1 when the session store cannot count (a shared store)
+// PolicyState is what a policy with affinity state reports at scrape time (cache_aware does).
+type PolicyState interface {
+	TreeBytes() int
+	TreeChars() int
+	// Sessions is the session count per model, or nil when the store cannot count.
+	Sessions() map[string]int
 }
 
-// SetPolicyState names the function that reports the cache_aware state sizes at scrape time.
-func (m *Metrics) SetPolicyState(source func() []ModelState) { m.policyState.source.Store(&source) }
+// SetPolicyState names the policy whose state sizes are read at scrape time.
+func (m *Metrics) SetPolicyState(source PolicyState) { m.policyState.source.Store(&source) }
+
+// Evicted counts policy state dropped, by kind (the policy's reporter interface).
+func (m *Metrics) Evicted(kind string, n int) { m.Evictions.WithLabelValues(kind).Add(float64(n)) }
 
 // ObserveSessionStore counts one session store call; d is 0 when the store was not contacted.
 func (m *Metrics) ObserveSessionStore(op, result string, d time.Duration) {
@@ -126,10 +138,10 @@ func (m *Metrics) ObserveSessionStore(op, result string, d time.Duration) {
 // SessionStoreError counts one failed session store call.
 func (m *Metrics) SessionStoreError(op string) { m.SessionStoreErrors.WithLabelValues(op).Inc() }
 
-// ForgetWorker deletes the series of a removed worker tenant.
-func (m *Metrics) ForgetWorker(tenant string) {
-	m.Processed.DeleteLabelValues(tenant)
-	m.PolicyDecisions.DeletePartialMatch(prometheus.Labels{"worker": tenant})
+// ForgetWorker deletes the series of a removed worker tenant, given by its shown name.
+func (m *Metrics) ForgetWorker(name string) {
+	m.Processed.DeleteLabelValues(name)
+	m.PolicyDecisions.DeletePartialMatch(prometheus.Labels{"worker": name})
 }
 
 // StatusClass maps an HTTP status to its class label ("2xx" … "5xx").
@@ -157,18 +169,21 @@ var (
 )
 
 var (
+	treeBytesDesc = prometheus.NewDesc(namespace+"_cache_aware_tree_bytes",
+		"Heap bytes charged to the cache_aware prefix tree (all models; bounded by --max-tree-size).", nil, nil)
 	treeCharsDesc = prometheus.NewDesc(namespace+"_cache_aware_tree_chars",
-		"Characters held in the cache_aware prefix tree of each model.", []string{"model"}, nil)
+		"Bytes of history text held in the cache_aware prefix tree (all models).", nil, nil)
 	sessionsDesc = prometheus.NewDesc(namespace+"_cache_aware_sessions",
-		"Entries in the cache_aware session map of each model (in-process store only).", []string{"model"}, nil)
+		"Entries in the cache_aware session map of each served model (in-process store only).", []string{"model"}, nil)
 )
 
 // policyStateCollector reads the policy's state sizes at scrape time, so the gauges are never stale.
 type policyStateCollector struct {
-	source atomic.Pointer[func() []ModelState]
+	source atomic.Pointer[PolicyState]
 }
 
 func (c *policyStateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- treeBytesDesc
 	ch <- treeCharsDesc
 	ch <- sessionsDesc
 }
@@ -178,11 +193,11 @@ func (c *policyStateCollector) Collect(ch chan<- prometheus.Metric) {
 	if source == nil {
 		return
 	}
-	for _, s := range (*source)() {
-		ch <- prometheus.MustNewConstMetric(treeCharsDesc, prometheus.GaugeValue, float64(s.TreeChars), s.Model)
-		if s.Sessions >= 0 {
-			ch <- prometheus.MustNewConstMetric(sessionsDesc, prometheus.GaugeValue, float64(s.Sessions), s.Model)
-		}
+	s := *source
+	ch <- prometheus.MustNewConstMetric(treeBytesDesc, prometheus.GaugeValue, float64(s.TreeBytes()))
+	ch <- prometheus.MustNewConstMetric(treeCharsDesc, prometheus.GaugeValue, float64(s.TreeChars()))
+	for model, n := range s.Sessions() {
+		ch <- prometheus.MustNewConstMetric(sessionsDesc, prometheus.GaugeValue, float64(n), model)
 	}
 }
 
@@ -205,8 +220,8 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 		if w.Available() {
 			active++
 		}
-		ch <- prometheus.MustNewConstMetric(workerLoadDesc, prometheus.GaugeValue, float64(w.Load()), w.Tenant())
-		ch <- prometheus.MustNewConstMetric(workerHealthyDesc, prometheus.GaugeValue, healthy, w.Tenant())
+		ch <- prometheus.MustNewConstMetric(workerLoadDesc, prometheus.GaugeValue, float64(w.Load()), w.Name())
+		ch <- prometheus.MustNewConstMetric(workerHealthyDesc, prometheus.GaugeValue, healthy, w.Name())
 	}
 	ch <- prometheus.MustNewConstMetric(activeWorkersDesc, prometheus.GaugeValue, float64(active))
 }

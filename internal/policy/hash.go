@@ -36,6 +36,7 @@ const VirtualNodes = 160
 // points. When the owning tenant is unavailable it walks on to the next distinct tenant on the
 // ring, so a key's fallback is as stable as its owner.
 type ConsistentHash struct {
+	Stateless
 	mu   sync.Mutex
 	ring *ring
 }
@@ -106,7 +107,7 @@ func (p *ConsistentHash) ringFor(all []*workers.Worker) *ring {
 // Rendezvous (highest random weight) scores every candidate by the hash of (key, tenant) and takes
 // the highest. Unlike a ring it needs no state, and when a worker leaves only its own keys move,
 // each to its own second choice.
-type Rendezvous struct{}
+type Rendezvous struct{ Stateless }
 
 func (Rendezvous) Name() string { return "rendezvous_hash" }
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/policy/registry"
 	"github.com/cacheroute/cacheroute/internal/reqkey"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -306,7 +307,7 @@ func TestRendezvousOnlyTheRemovedWorkersKeysMove(t *testing.T) {
 func TestHashPoliciesUseTheHashKey(t *testing.T) {
 	p := newFleet(t, 8, 1)
 	for _, name := range []string{"consistent_hash", "rendezvous_hash"} {
-		pol, _ := policy.New(name)
+		pol, _ := registry.New(name, registry.Options{})
 		in := input(p, "alice")
 		first := pol.Select(in).Worker
 		for range 20 {
@@ -335,7 +336,7 @@ func TestPoliciesSelectConcurrentlyWhileMembershipChanges(t *testing.T) {
 	p := newFleet(t, 6, 2)
 	pols := []policy.Policy{}
 	for _, name := range []string{"random", "round_robin", "power_of_two", "consistent_hash", "rendezvous_hash"} {
-		pol, _ := policy.New(name)
+		pol, _ := registry.New(name, registry.Options{})
 		pols = append(pols, pol)
 	}
 	done := make(chan struct{})

@@ -5,7 +5,6 @@ package policy
 
 import (
 	"context"
-	"fmt"
 	"math/rand/v2"
 
 	"github.com/cacheroute/cacheroute/internal/reqkey"
@@ -18,6 +17,10 @@ type Input struct {
 	// the proxy calls.
 	Context context.Context
 	Request *reqkey.Request
+	// Model names the state the request belongs to: the served model the request asked for, as a
+	// worker listed it, or "" when the fleet's workers list no models. Never the client's string
+	// unchecked, so a client cannot create state for models nobody serves.
+	Model string
 	// Candidates are the tenants that may take the request (healthy, breaker closed, serving the
 	// model, not yet tried for this request). Never empty.
 	Candidates []*workers.Worker
@@ -34,35 +37,46 @@ type Decision struct {
 	// Match is the predicted fraction of the request's routing text the chosen worker holds in
 	// cache, or 0 when the policy does not know.
 	Match float64
+	// Held is how many bytes of the routing text the chosen worker held before this request, for
+	// a policy to undo what Commit taught if the attempt fails. 0 when the policy does not know.
+	Held int
+	// Forget are tenants the policy found gone or unavailable while choosing; Commit drops their
+	// state, so that Select itself changes nothing.
+	Forget []string
 }
 
-// Policy selects one of the candidates.
+// Policy chooses a worker in three steps, so that nothing is learned from a choice the proxy
+// could not carry out:
+//
+//   - Select decides, without changing any state; the proxy may call it again (without the
+//     refused worker) when the worker's breaker refuses the attempt.
+//   - Commit records a decision once the proxy accepted it: the breaker granted the attempt and
+//     the load is counted. Affinity state (a session map, a prefix tree) is taught only here.
+//   - Observe tells how the attempt ended, so a policy can unlearn a worker that failed.
 type Policy interface {
 	Name() string
 	Select(in Input) Decision
+	Commit(in Input, d Decision)
+	Observe(in Input, d Decision, o workers.Outcome)
+}
+
+// Stateless gives the policies that learn nothing their Commit and Observe.
+type Stateless struct{}
+
+func (Stateless) Commit(Input, Decision)                  {}
+func (Stateless) Observe(Input, Decision, workers.Outcome) {}
+
+// Labeled is implemented by policies whose decisions carry labels beyond the policy's name; the
+// router counts those per label in cache_aware_decisions_total. The set is fixed, so metric
+// series stay bounded.
+type Labeled interface {
+	DecisionLabels() []string
 }
 
 // WorkerRemovalListener is implemented by policies that keep per-worker state; the router calls
 // it when a worker URL (all its ranks) leaves the pool.
 type WorkerRemovalListener interface {
 	WorkerRemoved(url string)
-}
-
-// New returns the baseline policy called name. cache_aware is built by its own package.
-func New(name string) (Policy, error) {
-	switch name {
-	case "random":
-		return Random{}, nil
-	case "round_robin":
-		return &RoundRobin{}, nil
-	case "power_of_two":
-		return PowerOfTwo{}, nil
-	case "consistent_hash":
-		return NewConsistentHash(), nil
-	case "rendezvous_hash":
-		return Rendezvous{}, nil
-	}
-	return nil, fmt.Errorf("unknown policy %q", name)
 }
 
 // LeastLoaded returns the candidate with the fewest requests in flight. Ties are broken uniformly

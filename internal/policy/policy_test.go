@@ -28,7 +28,7 @@ func newFleet(t testing.TB, n, dp int) *workers.Pool {
 }
 
 func input(p *workers.Pool, hashKey string) policy.Input {
-	c, _ := p.Candidates("")
+	c, _, _ := p.Candidates("")
 	return policy.Input{Request: &reqkey.Request{HashKey: hashKey}, Candidates: c, All: p.All()}
 }
 
@@ -55,32 +55,9 @@ func counts(t *testing.T, pol policy.Policy, in policy.Input, n int) map[string]
 	return got
 }
 
-func TestNew(t *testing.T) {
-	for _, name := range []string{"random", "round_robin", "power_of_two", "consistent_hash", "rendezvous_hash"} {
-		p, err := policy.New(name)
-		if err != nil {
-			t.Errorf("New(%q): %v", name, err)
-			continue
-		}
-		if p.Name() != name {
-			t.Errorf("New(%q).Name() = %q", name, p.Name())
-		}
-	}
-	for _, name := range []string{"", "cache_aware", "least_loaded", "RANDOM"} {
-		if _, err := policy.New(name); err == nil {
-			t.Errorf("New(%q) succeeded", name)
-		}
-	}
-	a, _ := policy.New("round_robin")
-	b, _ := policy.New("round_robin")
-	if a == b {
-		t.Error("two round_robin policies share their state")
-	}
-}
-
 func TestRoundRobinCyclesThroughCandidates(t *testing.T) {
 	p := newFleet(t, 3, 1)
-	rr, _ := policy.New("round_robin")
+	rr := &policy.RoundRobin{}
 	in := input(p, "")
 	var got []string
 	for range 7 {
@@ -98,7 +75,7 @@ func TestRoundRobinSkipsUnavailableWorkers(t *testing.T) {
 	all := p.All()
 	all[1].SetHealthy(false)
 	all[3].Breaker().Record(false) // threshold 1: open
-	rr, _ := policy.New("round_robin")
+	rr := &policy.RoundRobin{}
 	in := input(p, "")
 	if len(in.Candidates) != 2 {
 		t.Fatalf("%d candidates, want 2", len(in.Candidates))
@@ -120,7 +97,7 @@ func TestRoundRobinSkipsUnavailableWorkers(t *testing.T) {
 
 func TestRoundRobinOverDataParallelTenants(t *testing.T) {
 	p := newFleet(t, 2, 2)
-	rr, _ := policy.New("round_robin")
+	rr := &policy.RoundRobin{}
 	got := counts(t, rr, input(p, ""), 40)
 	if len(got) != 4 {
 		t.Fatalf("picked %d tenants, want all 4 ranks: %v", len(got), got)

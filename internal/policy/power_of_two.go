@@ -6,7 +6,7 @@ import "math/rand/v2"
 // flight (ties: either, at random). Two random choices avoid the herding of a global least-loaded
 // pick while keeping the maximum load close to the mean. Load is the router's own in-flight count:
 // vLLM exposes no cheap per-request load endpoint.
-type PowerOfTwo struct{}
+type PowerOfTwo struct{ Stateless }
 
 func (PowerOfTwo) Name() string { return "power_of_two" }
 

@@ -4,7 +4,7 @@ import "math/rand/v2"
 
 // Random picks a candidate uniformly at random: no state, no coordination, and over many requests
 // an even spread, but no affinity at all.
-type Random struct{}
+type Random struct{ Stateless }
 
 func (Random) Name() string { return "random" }
 

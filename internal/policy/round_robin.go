@@ -4,7 +4,13 @@ import "sync/atomic"
 
 // RoundRobin cycles through the candidates. Unavailable workers are not candidates, so they are
 // skipped rather than handed a turn.
-type RoundRobin struct{ next atomic.Uint64 }
+//
+// Its rotation counter advances in Select (a request re-selected after a refusal takes the next
+// worker); it learns nothing from outcomes.
+type RoundRobin struct {
+	Stateless
+	next atomic.Uint64
+}
 
 func (*RoundRobin) Name() string { return "round_robin" }
 

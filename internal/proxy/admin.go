@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/cacheroute/cacheroute/internal/config"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -16,15 +16,31 @@ import (
 // bearer token (compared in constant time).
 func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if s.opts.AdminAPIKey != "" {
-			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.opts.AdminAPIKey)) != 1 {
-				writeError(w, http.StatusUnauthorized, "authentication_error", "invalid_admin_api_key", "admin endpoints require a valid admin API key")
-				return
-			}
+		if s.opts.AdminAPIKey != "" && !s.isAdmin(r) {
+			writeError(w, http.StatusUnauthorized, "authentication_error", "invalid_admin_api_key", "admin endpoints require a valid admin API key")
+			return
 		}
 		h(w, r)
 	}
+}
+
+// isAdmin reports whether r carries the admin key as a bearer token. The scheme name is matched
+// case-insensitively (RFC 9110 section 11.1).
+func (s *Server) isAdmin(r *http.Request) bool {
+	if s.opts.AdminAPIKey == "" {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(BearerToken(r.Header.Get("Authorization"))), []byte(s.opts.AdminAPIKey)) == 1
+}
+
+// BearerToken returns the token of an Authorization header value with the Bearer scheme, in any
+// letter case, or "".
+func BearerToken(v string) string {
+	scheme, token, ok := strings.Cut(strings.TrimSpace(v), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return ""
+	}
+	return strings.TrimSpace(token)
 }
 
 func (s *Server) listWorkers(w http.ResponseWriter, r *http.Request) {
@@ -54,20 +70,20 @@ func (s *Server) addWorkerREST(w http.ResponseWriter, r *http.Request) {
 // addWorker registers and probes a worker. A worker that is unreachable stays registered and
 // listed as unhealthy; health checks bring it in when it comes up.
 func (s *Server) addWorker(w http.ResponseWriter, r *http.Request, url string) {
-	url = workers.TrimURL(url)
-	if err := config.ValidateWorkerURL(url); err != nil {
+	url, err := tenant.NormalizeURL(url)
+	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_worker_url", err.Error())
 		return
 	}
 	if err := s.fleet.AddWorker(r.Context(), url); err != nil {
 		if errors.Is(err, workers.ErrExists) {
-			writeError(w, http.StatusConflict, "invalid_request_error", "worker_exists", "worker "+url+" is already registered")
+			writeError(w, http.StatusConflict, "invalid_request_error", "worker_exists", "worker "+tenant.Redact(url)+" is already registered")
 			return
 		}
 		writeError(w, http.StatusInternalServerError, "server_error", "add_worker_failed", err.Error())
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"added": url, "workers": describeWorkers(s.pool.Get(url))})
+	writeJSON(w, http.StatusOK, map[string]any{"added": tenant.Redact(url), "workers": describeWorkers(s.pool.Get(url))})
 }
 
 func (s *Server) removeWorkerQuery(w http.ResponseWriter, r *http.Request) {
@@ -78,24 +94,33 @@ func (s *Server) deleteWorker(w http.ResponseWriter, r *http.Request) {
 	s.removeWorker(w, r.PathValue("url"))
 }
 
-func (s *Server) removeWorker(w http.ResponseWriter, url string) {
-	url = workers.TrimURL(url)
+func (s *Server) removeWorker(w http.ResponseWriter, raw string) {
+	url, err := tenant.NormalizeURL(raw)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_worker_url", err.Error())
+		return
+	}
 	if err := s.fleet.RemoveWorker(url); err != nil {
 		if errors.Is(err, workers.ErrNotFound) {
-			writeError(w, http.StatusNotFound, "invalid_request_error", "worker_not_found", "worker "+url+" is not registered")
+			writeError(w, http.StatusNotFound, "invalid_request_error", "worker_not_found", "worker "+tenant.Redact(url)+" is not registered")
 			return
 		}
 		writeError(w, http.StatusInternalServerError, "server_error", "remove_worker_failed", err.Error())
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"removed": url})
+	s.upstreams.forget(url)
+	writeJSON(w, http.StatusOK, map[string]any{"removed": tenant.Redact(url)})
 }
 
 func (s *Server) getWorker(w http.ResponseWriter, r *http.Request) {
-	url := workers.TrimURL(r.PathValue("url"))
+	url, err := tenant.NormalizeURL(r.PathValue("url"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_worker_url", err.Error())
+		return
+	}
 	tenants := s.pool.Get(url)
 	if len(tenants) == 0 {
-		writeError(w, http.StatusNotFound, "invalid_request_error", "worker_not_found", "worker "+url+" is not registered")
+		writeError(w, http.StatusNotFound, "invalid_request_error", "worker_not_found", "worker "+tenant.Redact(url)+" is not registered")
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"workers": describeWorkers(tenants)})

@@ -3,6 +3,8 @@ package proxy
 import (
 	"encoding/json"
 	"net/http"
+
+	"github.com/valyala/fasthttp"
 )
 
 // Error body shape of the OpenAI API: {"error":{"message","type","code"}}.
@@ -30,4 +32,13 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
+}
+
+// writeFastError answers a routed request with an OpenAI-style error body.
+func writeFastError(ctx *fasthttp.RequestCtx, status int, typ, code, message string) {
+	body, _ := json.Marshal(apiError{Error: apiErrorBody{Message: message, Type: typ, Code: code}})
+	ctx.Response.Header.Set("Content-Type", "application/json")
+	ctx.Response.Header.Set("X-Content-Type-Options", "nosniff")
+	ctx.SetStatusCode(status)
+	ctx.SetBody(append(body, '\n'))
 }

@@ -1,17 +1,17 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
@@ -21,226 +21,286 @@ import (
 
 // exchange is one routed request on its way through the proxy.
 type exchange struct {
-	route    string
+	route    *route
 	start    time.Time
-	firstOut time.Time // first response byte written to the client; zero until then
-	status   int
+	deadline time.Time // --request-timeout-secs after start: the whole exchange, stream included
+	rid      string
+	in       policy.Input
+
+	client net.Conn               // the client's connection
+	conn   atomic.Pointer[upConn] // the worker connection in use, for the watch to close
+	gone   atomic.Bool            // the watch saw the client leave
+	done   atomic.Bool            // the exchange ended: the watch must not re-arm
+	watch  *time.Timer
 }
 
-// routed returns the handler of one routed endpoint: read and check the body, select, forward,
-// retry while nothing has been sent, and count the outcome.
-func (s *Server) routed(route string) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		ex := &exchange{route: route, start: time.Now()}
-		rid := r.Header.Get(HeaderRequestID)
-		if rid == "" {
-			rid = newRequestID()
-		}
-		w.Header().Set(HeaderRequestID, rid)
-		s.forward(w, r, ex, rid)
-		s.metrics.Requests.WithLabelValues(route, metrics.StatusClass(ex.status)).Inc()
-		s.metrics.RequestDuration.WithLabelValues(route).Observe(time.Since(ex.start).Seconds())
-		if !ex.firstOut.IsZero() {
-			s.metrics.TimeToFirstByte.WithLabelValues(route).Observe(ex.firstOut.Sub(ex.start).Seconds())
-		}
-	}
-}
+// clientWatchInterval is how often a running exchange checks whether its client went away. A
+// client that leaves is otherwise noticed only at the next write to it, which for a non-streamed
+// answer comes after the whole generation: the watch closes the worker connection instead, and
+// vLLM stops generating for a request whose connection closed.
+const clientWatchInterval = 250 * time.Millisecond
 
-func (s *Server) fail(w http.ResponseWriter, ex *exchange, status int, typ, code, msg string) {
-	ex.status = status
-	ex.firstOut = time.Now()
-	writeError(w, status, typ, code, msg)
-}
-
-func (s *Server) forward(w http.ResponseWriter, r *http.Request, ex *exchange, rid string) {
-	if r.ContentLength > s.opts.MaxPayloadSize {
-		s.fail(w, ex, http.StatusRequestEntityTooLarge, "invalid_request_error", "payload_too_large",
-			fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", r.ContentLength, s.opts.MaxPayloadSize))
-		return
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxPayloadSize))
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			s.fail(w, ex, http.StatusRequestEntityTooLarge, "invalid_request_error", "payload_too_large",
-				fmt.Sprintf("request body exceeds the limit of %d bytes", s.opts.MaxPayloadSize))
+// startWatch arms the client watch; it costs one timer per request, and one non-blocking
+// socket peek per interval only for requests that run that long.
+func (ex *exchange) startWatch() {
+	ex.watch = time.AfterFunc(clientWatchInterval, func() {
+		if ex.done.Load() {
 			return
 		}
-		ex.status = 499 // the client went away while sending
-		return
+		if !peerClosed(ex.client) {
+			ex.watch.Reset(clientWatchInterval)
+			return
+		}
+		ex.gone.Store(true)
+		if c := ex.conn.Load(); c != nil {
+			_ = c.conn.Close()
+		}
+	})
+}
+
+func (ex *exchange) stopWatch() {
+	ex.done.Store(true)
+	if ex.watch != nil {
+		ex.watch.Stop()
 	}
-	req, err := reqkey.Parse(r.Header, body)
+}
+
+// forward runs one routed request: parse, then choose → accept → commit → send, again on another
+// worker while the failure provably started nothing, and finally relay the answer.
+func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route) {
+	ex := &exchange{route: rt, start: time.Now(), client: ctx.Conn()}
+	ex.deadline = ex.start.Add(s.opts.RequestTimeout)
+	ex.rid = requestID(ctx.Request.Header.Peek(HeaderRequestID))
+	ctx.Response.Header.Set(HeaderRequestID, ex.rid)
+
+	req, err := reqkey.Parse(requestHeaders{&ctx.Request.Header}, ctx.PostBody())
 	if err != nil {
-		s.fail(w, ex, http.StatusBadRequest, "invalid_request_error", "invalid_json", err.Error())
+		s.finish(ex, s.fail(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "invalid_json", err.Error()))
 		return
 	}
-	candidates, known := s.pool.Candidates(req.Model)
+	candidates, served, known := s.pool.Candidates(req.Model)
 	if !known {
-		s.fail(w, ex, http.StatusNotFound, "invalid_request_error", "model_not_found",
-			fmt.Sprintf("model %q is not served here; available models: %s", req.Model, strings.Join(s.pool.Models(), ", ")))
+		s.finish(ex, s.fail(ctx, fasthttp.StatusNotFound, "invalid_request_error", "model_not_found",
+			fmt.Sprintf("model %q is not served here; available models: %s", truncate(req.Model, 200), strings.Join(s.pool.Models(), ", "))))
 		return
 	}
+	ex.in = policy.Input{Context: context.Background(), Request: req, Model: served, Candidates: candidates, All: s.pool.All()}
+	ex.startWatch()
 
-	ctx, cancel := context.WithTimeout(r.Context(), s.opts.RequestTimeout)
-	defer cancel()
 	backoff := s.opts.InitialBackoff
-	var lastErr string
-	for attempt := 0; ; attempt++ {
-		if len(candidates) == 0 {
-			if lastErr != "" {
-				s.fail(w, ex, http.StatusBadGateway, "server_error", "upstream_unavailable", "no worker could serve the request: "+lastErr)
-			} else {
-				w.Header().Set(HeaderRetryAfter, "1")
-				s.fail(w, ex, http.StatusServiceUnavailable, "server_error", "no_available_worker", "no healthy worker is available for this request")
-			}
+	var last failure
+	for attempt := 0; ; {
+		if len(ex.in.Candidates) == 0 {
+			ex.stopWatch()
+			s.finish(ex, s.noWorker(ctx, last))
 			return
 		}
-		dec := s.policy.Select(policy.Input{Context: ctx, Request: req, Candidates: candidates, All: s.pool.All()})
-		chosen := dec.Worker
-		candidates = without(candidates, chosen.URL())
-		if !chosen.Breaker().Acquire() {
-			attempt-- // another request took the half-open trial: not an attempt of ours
-			continue
+		dec := s.policy.Select(ex.in)
+		ex.in.Candidates = without(ex.in.Candidates, dec.Worker.URL())
+		at := s.pool.Acquire(dec.Worker)
+		if at == nil {
+			continue // the breaker refused (its half-open trial is taken): choose again without it
 		}
-		lease := chosen.Reserve()
-		s.metrics.PolicyDecisions.WithLabelValues(s.policy.Name(), chosen.Tenant()).Inc()
-		last := attempt >= s.opts.MaxRetries || len(candidates) == 0
+		s.policy.Commit(ex.in, dec)
+		s.metrics.PolicyDecisions.WithLabelValues(s.policy.Name(), dec.Worker.Name()).Inc()
+		attempt++
+		final := attempt > s.opts.MaxRetries || len(ex.in.Candidates) == 0
 
-		resp, err := s.send(ctx, r, body, chosen, rid)
-		if err == nil && (last || !retryable(resp.StatusCode)) {
-			s.respond(w, r, ex, resp, dec, lease)
+		resp, conn, f := s.send(ctx, ex, dec.Worker, final)
+		if resp != nil {
+			s.relay(ctx, ex, resp, conn, dec, at)
 			return
 		}
-		lease.Release()
-		switch {
-		case r.Context().Err() != nil: // the client went away: nothing to answer
-			chosen.Breaker().Abandon()
-			ex.status = 499
+		if ex.gone.Load() {
+			at.Close(workers.Cancelled)
+			s.policy.Observe(ex.in, dec, workers.Cancelled)
+			ex.stopWatch()
+			s.finish(ex, statusClientGone)
 			return
-		case err != nil && ctx.Err() != nil:
-			chosen.Breaker().Record(false)
-			s.metrics.UpstreamErrors.WithLabelValues(metrics.ErrTimeout).Inc()
-			s.fail(w, ex, http.StatusGatewayTimeout, "server_error", "upstream_timeout",
-				fmt.Sprintf("worker %s did not answer within %s", chosen.Tenant(), s.opts.RequestTimeout))
-			return
-		case err != nil:
-			lastErr = err.Error()
-			s.metrics.UpstreamErrors.WithLabelValues(metrics.ErrConnect).Inc()
-		default:
-			lastErr = fmt.Sprintf("worker %s answered %d", chosen.Tenant(), resp.StatusCode)
-			drain(resp.Body)
-			s.metrics.UpstreamErrors.WithLabelValues(metrics.ErrStatus).Inc()
 		}
-		chosen.Breaker().Record(false)
-		s.log.Warn("upstream attempt failed", "request_id", rid, "worker", chosen.Tenant(), "attempt", attempt+1, "error", lastErr)
-		if last {
-			s.fail(w, ex, http.StatusBadGateway, "server_error", "upstream_unavailable", "no worker could serve the request: "+lastErr)
+		at.Close(workers.Failed)
+		s.policy.Observe(ex.in, dec, workers.Failed)
+		s.metrics.UpstreamErrors.WithLabelValues(f.kind).Inc()
+		s.log.Warn("upstream attempt failed", "request_id", ex.rid, "worker", dec.Worker.Name(), "attempt", attempt, "kind", f.kind)
+		last = f
+		if !f.retryable || final || time.Now().After(ex.deadline) {
+			ex.stopWatch()
+			s.finish(ex, s.upstreamFailed(ctx, f))
 			return
 		}
 		s.metrics.Retries.Inc()
-		if !sleep(ctx, jitter(backoff)) {
-			ex.status = 499
+		if !sleep(ex, jitter(backoff)) {
+			ex.stopWatch()
+			s.finish(ex, statusClientGone)
 			return
 		}
 		backoff = min(2*backoff, s.opts.MaxBackoff)
 	}
 }
 
-// send forwards the original body bytes and the client's end-to-end headers to worker w.
-func (s *Server) send(ctx context.Context, r *http.Request, body []byte, w *workers.Worker, rid string) (*http.Response, error) {
-	target := w.URL() + r.URL.EscapedPath()
-	if r.URL.RawQuery != "" {
-		target += "?" + r.URL.RawQuery
-	}
-	out, err := http.NewRequestWithContext(ctx, r.Method, target, bytes.NewReader(body))
+// errorWriteTimeout bounds the write of an answer the router makes itself.
+const errorWriteTimeout = 10 * time.Second
+
+// statusClientGone is the status recorded for requests whose client left before any answer
+// (nginx's 499).
+const statusClientGone = 499
+
+// send forwards the request to w, again at once on another connection when a pooled one turns
+// out to have been closed by the worker. It returns the worker's answer, with its body still to be
+// read from conn, when it is to be relayed (anything but a retryable 5xx, or any answer on the
+// final attempt); otherwise the failure.
+func (s *Server) send(ctx *fasthttp.RequestCtx, ex *exchange, w *workers.Worker, final bool) (*fasthttp.Response, *upConn, failure) {
+	pool, err := s.upstreams.pool(w.URL())
 	if err != nil {
-		return nil, err
+		return nil, nil, failure{kind: metrics.ErrConnect, retryable: true, message: "the worker's URL is not usable"}
 	}
-	copyEndToEnd(out.Header, r.Header)
-	out.Header.Del("Content-Length")
-	out.ContentLength = int64(len(body))
+	out := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(out)
+	s.buildRequest(ctx, out, w, ex.rid)
+	for stale := 0; ; stale++ {
+		resp, c, err := s.exchangeOn(pool, out, ex)
+		if err == nil {
+			status := resp.StatusCode()
+			if final || !retryableStatus(status) {
+				return resp, c, failure{}
+			}
+			s.discard(resp, c)
+			return nil, nil, failure{kind: metrics.ErrStatus, retryable: true, message: "the worker answered " + strconv.Itoa(status)}
+		}
+		f := classify(err, c, !time.Now().Before(ex.deadline))
+		if !f.stale || stale >= maxStaleRetries || ex.gone.Load() {
+			return nil, nil, f
+		}
+		s.metrics.UpstreamErrors.WithLabelValues(f.kind).Inc() // counted, then tried again on a fresh connection
+	}
+}
+
+// maxStaleRetries bounds the immediate re-sends after pooled connections the worker had closed;
+// each one drops a dead connection, and the pool checks connections before reuse, so more than one
+// is rare.
+const maxStaleRetries = 3
+
+// exchangeOn writes the request on a connection from pool and reads the answer's headers. The
+// read deadline is the first-byte one for streamed requests until the headers arrive (a worker
+// sends a non-streamed answer's headers with the finished answer, so its first byte comes after the
+// whole generation), then the request's deadline.
+func (s *Server) exchangeOn(pool *connPool, out *fasthttp.Request, ex *exchange) (*fasthttp.Response, *upConn, error) {
+	c, err := pool.get()
+	if err != nil {
+		return nil, nil, err
+	}
+	ex.conn.Store(c)
+	if ex.gone.Load() { // the watch fired before it could see this connection
+		_ = c.conn.Close()
+	}
+	fail := func(err error) (*fasthttp.Response, *upConn, error) {
+		ex.conn.Store(nil)
+		_ = c.conn.Close()
+		return nil, c, err
+	}
+	_ = c.conn.SetWriteDeadline(ex.deadline)
+	if err := out.Write(c.bw); err != nil {
+		c.writeFailed = true
+		return fail(err)
+	}
+	if err := c.bw.Flush(); err != nil {
+		c.writeFailed = true
+		return fail(err)
+	}
+	c.wrote = true
+	readDeadline := ex.deadline
+	if fb := s.opts.Upstream.FirstByteTimeout; fb > 0 && ex.in.Request.Stream {
+		if t := time.Now().Add(fb); t.Before(readDeadline) {
+			readDeadline = t
+		}
+	}
+	_ = c.conn.SetReadDeadline(readDeadline)
+	resp := fasthttp.AcquireResponse()
+	resp.StreamBody = true
+	if err := resp.Read(c.br); err != nil {
+		fasthttp.ReleaseResponse(resp)
+		return fail(err)
+	}
+	_ = c.conn.SetReadDeadline(ex.deadline)
+	return resp, c, nil
+}
+
+// discard drops an answer that will not be relayed, with its connection: reading a 5xx body to
+// its end to keep the connection is not worth waiting on a failing worker.
+func (s *Server) discard(resp *fasthttp.Response, c *upConn) {
+	_ = c.conn.Close()
+	fasthttp.ReleaseResponse(resp)
+}
+
+// buildRequest writes the upstream request: the client's method, path, query and body bytes as
+// they came, its end-to-end headers, and the router's own.
+func (s *Server) buildRequest(ctx *fasthttp.RequestCtx, out *fasthttp.Request, w *workers.Worker, rid string) {
+	in := &ctx.Request
+	copyRequestHeaders(&out.Header, &in.Header)
+	out.Header.SetMethodBytes(in.Header.Method())
+	out.SetRequestURI(w.URL() + string(in.RequestURI()))
+	out.SetBodyRaw(in.Body())
 	out.Header.Set(HeaderRequestID, rid)
 	if w.Rank() >= 0 {
 		out.Header.Set(HeaderDPRankOut, strconv.Itoa(w.Rank()))
 	}
-	if s.opts.APIKey != "" && out.Header.Get("Authorization") == "" {
+	if s.opts.APIKey != "" && len(out.Header.Peek("Authorization")) == 0 {
 		out.Header.Set("Authorization", "Bearer "+s.opts.APIKey)
 	}
-	return s.transport.RoundTrip(out)
+	addForwarded(&out.Header, ctx)
 }
 
-// respond passes the worker's answer through: status, end-to-end headers, the router's headers,
-// then the body as it arrives, flushed after every read so stream events are never held back.
-// After the first byte a failure cannot be retried; the client connection is cut so the client
-// sees a truncated response rather than a clean end.
-func (s *Server) respond(w http.ResponseWriter, r *http.Request, ex *exchange, resp *http.Response, dec policy.Decision, lease *workers.Lease) {
-	defer lease.Release()
-	defer resp.Body.Close()
-	worker := dec.Worker
-	h := w.Header()
-	copyEndToEnd(h, resp.Header)
-	h.Set(HeaderWorker, worker.Tenant())
-	h.Set(HeaderBaseWorker, worker.URL())
-	if worker.Rank() >= 0 {
-		h.Set(HeaderDPRank, strconv.Itoa(worker.Rank()))
+// noWorker answers when no candidate is left: 502 after failed attempts, else 503.
+func (s *Server) noWorker(ctx *fasthttp.RequestCtx, last failure) int {
+	if last.kind != "" {
+		return s.upstreamFailed(ctx, last)
 	}
-	h.Set(HeaderDecision, dec.Label)
-	h.Set(HeaderPrefixMatch, strconv.FormatFloat(dec.Match, 'f', 4, 64))
-	ex.status = resp.StatusCode
-	s.metrics.Processed.WithLabelValues(worker.Tenant()).Inc()
-	if s.policy.Name() == "cache_aware" {
-		s.metrics.CacheAwareDecisions.WithLabelValues(dec.Label).Inc()
-		s.metrics.PrefixMatchRatio.Observe(dec.Match)
-	}
-	w.WriteHeader(resp.StatusCode)
-
-	rc := http.NewResponseController(w)
-	_ = rc.Flush() // headers out now: a slow first token should not hide that the request was accepted
-	bufp := copyBuffers.Get().(*[]byte)
-	defer copyBuffers.Put(bufp)
-	buf := *bufp
-	for {
-		n, rerr := resp.Body.Read(buf)
-		if n > 0 {
-			if ex.firstOut.IsZero() {
-				ex.firstOut = time.Now()
-			}
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				worker.Breaker().Abandon()
-				return // the client went away; the deferred close cancels upstream
-			}
-			_ = rc.Flush()
-		}
-		if rerr == io.EOF {
-			break
-		}
-		if rerr != nil {
-			if r.Context().Err() != nil {
-				worker.Breaker().Abandon()
-				return
-			}
-			worker.Breaker().Record(false)
-			s.metrics.UpstreamErrors.WithLabelValues(metrics.ErrMidStream).Inc()
-			s.log.Warn("upstream response broke after the first byte", "worker", worker.Tenant(), "error", rerr)
-			lease.Release()
-			panic(http.ErrAbortHandler)
-		}
-	}
-	if ex.firstOut.IsZero() {
-		ex.firstOut = time.Now()
-	}
-	worker.Breaker().Record(resp.StatusCode < 500)
+	ctx.Response.Header.Set(HeaderRetryAfter, "1")
+	return s.fail(ctx, fasthttp.StatusServiceUnavailable, "server_error", "no_available_worker", "no healthy worker is available for this request")
 }
 
-// copyBuffers recycles the response copy buffers: one per in-flight response otherwise.
-var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32*1024); return &b }}
+// upstreamFailed answers the last failure: 504 when the worker ran out of time, else 502. The
+// message says what happened without naming any socket address.
+func (s *Server) upstreamFailed(ctx *fasthttp.RequestCtx, f failure) int {
+	if f.kind == metrics.ErrTimeout || f.kind == metrics.ErrFirstByte {
+		return s.fail(ctx, fasthttp.StatusGatewayTimeout, "server_error", "upstream_timeout", "no worker could serve the request: "+f.message)
+	}
+	return s.fail(ctx, fasthttp.StatusBadGateway, "server_error", "upstream_unavailable", "no worker could serve the request: "+f.message)
+}
 
-// retryable reports the worker answers that mean "try another worker": bad gateway, unavailable,
-// gateway timeout. Every other status is the worker's real answer and passes through.
-func retryable(status int) bool {
+func (s *Server) fail(ctx *fasthttp.RequestCtx, status int, typ, code, msg string) int {
+	_ = ctx.SetWriteDeadline(time.Now().Add(errorWriteTimeout))
+	writeFastError(ctx, status, typ, code, msg)
+	return status
+}
+
+// finish counts a request the router answered itself (it never reached a relayed answer).
+func (s *Server) finish(ex *exchange, status int) {
+	class := metrics.StatusClass(status)
+	s.metrics.Requests.WithLabelValues(ex.route.path, class).Inc()
+	s.metrics.RequestDuration.WithLabelValues(ex.route.path).Observe(time.Since(ex.start).Seconds())
+	if status != statusClientGone {
+		s.metrics.TimeToFirstByte.WithLabelValues(ex.route.path).Observe(time.Since(ex.start).Seconds())
+	}
+}
+
+// sleep waits d before a retry, bounded by the request's deadline; it reports false when the
+// client went away meanwhile.
+func sleep(ex *exchange, d time.Duration) bool {
+	if left := time.Until(ex.deadline); d > left {
+		d = max(left, 0)
+	}
+	time.Sleep(d)
+	return !ex.gone.Load() && !peerClosed(ex.client)
+}
+
+// retryableStatus reports the worker answers that mean "try another worker": bad gateway,
+// unavailable, gateway timeout. Every other status is the worker's real answer and passes through.
+func retryableStatus(status int) bool {
 	return status == http.StatusBadGateway || status == http.StatusServiceUnavailable || status == http.StatusGatewayTimeout
 }
 
+// without returns ws minus every tenant of url (all ranks share one worker process).
 func without(ws []*workers.Worker, url string) []*workers.Worker {
 	out := make([]*workers.Worker, 0, len(ws))
 	for _, w := range ws {
@@ -251,23 +311,6 @@ func without(ws []*workers.Worker, url string) []*workers.Worker {
 	return out
 }
 
-func drain(body io.ReadCloser) {
-	_, _ = io.Copy(io.Discard, io.LimitReader(body, 1<<16))
-	_ = body.Close()
-}
-
-// sleep waits d or until ctx ends; it reports whether the full wait happened.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
 // jitter spreads retries of simultaneous failures: a uniform draw in [d/2, d].
 func jitter(d time.Duration) time.Duration {
 	if d <= 1 {
@@ -276,6 +319,43 @@ func jitter(d time.Duration) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
-func newRequestID() string {
-	return fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64())
+// MaxRequestIDLen is the longest x-request-id the router echoes.
+const MaxRequestIDLen = 128
+
+// requestID returns the client's x-request-id when it is at most MaxRequestIDLen visible ASCII
+// characters, else a new random one.
+func requestID(given []byte) string {
+	if len(given) > 0 && len(given) <= MaxRequestIDLen {
+		ok := true
+		for _, c := range given {
+			if c < 0x21 || c > 0x7e {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return string(given)
+		}
+	}
+	return newRequestID()
 }
+
+func newRequestID() string {
+	var b [32]byte
+	const hex = "0123456789abcdef"
+	x, y := rand.Uint64(), rand.Uint64()
+	for i := range 16 {
+		b[i] = hex[(x>>(60-4*i))&0xf]
+		b[16+i] = hex[(y>>(60-4*i))&0xf]
+	}
+	return string(b[:])
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }

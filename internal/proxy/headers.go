@@ -1,51 +1,94 @@
 package proxy
 
 import (
-	"net/http"
-	"strings"
+	"bytes"
+
+	"github.com/valyala/fasthttp"
 )
 
 // Header names the router reads or writes, in one place.
 const (
-	HeaderWorker      = "x-vllm-router-worker"       // tenant that served the request: URL or URL@rank
-	HeaderBaseWorker  = "x-vllm-router-base-worker"  // the tenant's base URL
-	HeaderDPRank      = "x-vllm-router-dp-rank"      // data-parallel rank, only with data parallelism
-	HeaderDecision    = "x-vllm-router-decision"     // the policy's decision label
-	HeaderPrefixMatch = "x-vllm-router-prefix-match" // predicted cached fraction of the routing text
-	HeaderRequestID   = "x-request-id"               // echoed from the client or generated
-	HeaderDPRankOut   = "X-data-parallel-rank"       // tells a DP worker which rank serves the request
-	HeaderRetryAfter  = "Retry-After"
+	HeaderWorker         = "x-vllm-router-worker"       // tenant that served the request: URL or URL@rank, without credentials
+	HeaderBaseWorker     = "x-vllm-router-base-worker"  // the tenant's base URL, without credentials
+	HeaderDPRank         = "x-vllm-router-dp-rank"      // data-parallel rank, only with data parallelism
+	HeaderDecision       = "x-vllm-router-decision"     // the policy's decision label
+	HeaderPrefixMatch    = "x-vllm-router-prefix-match" // predicted cached fraction of the routing text
+	HeaderRequestID      = "x-request-id"               // echoed from the client when valid, or generated
+	HeaderDPRankOut      = "X-data-parallel-rank"       // tells a DP worker which rank serves the request
+	HeaderRetryAfter     = "Retry-After"
+	HeaderForwardedFor   = "X-Forwarded-For"   // the client's address, appended to any the client sent
+	HeaderForwardedProto = "X-Forwarded-Proto" // the scheme the client used to reach the router
 )
 
 // hopHeaders are meaningful only for one connection and never forwarded (RFC 9110 section 7.6.1).
-var hopHeaders = []string{
-	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
-	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
+// Content-Length is not among them but is always recomputed from the body the router sends.
+var hopHeaders = [][]byte{
+	[]byte("Connection"), []byte("Proxy-Connection"), []byte("Keep-Alive"), []byte("Proxy-Authenticate"),
+	[]byte("Proxy-Authorization"), []byte("Te"), []byte("Trailer"), []byte("Transfer-Encoding"), []byte("Upgrade"),
 }
 
-// copyEndToEnd copies every header of src into dst except hop-by-hop ones, including those that
-// src's Connection header names.
-func copyEndToEnd(dst, src http.Header) {
-	var named []string
-	for _, v := range src.Values("Connection") {
-		for _, f := range strings.Split(v, ",") {
-			if f = strings.TrimSpace(f); f != "" {
-				named = append(named, http.CanonicalHeaderKey(f))
-			}
+// isHop reports whether key is hop-by-hop: one of hopHeaders, or named by the Connection header
+// (connection holds its comma-separated values).
+func isHop(key, connection []byte) bool {
+	for _, h := range hopHeaders {
+		if bytes.EqualFold(key, h) {
+			return true
 		}
 	}
-outer:
-	for k, vv := range src {
-		for _, h := range hopHeaders {
-			if k == h {
-				continue outer
-			}
+	for len(connection) > 0 {
+		var name []byte
+		name, connection, _ = bytes.Cut(connection, []byte(","))
+		if bytes.EqualFold(bytes.TrimSpace(name), key) {
+			return true
 		}
-		for _, h := range named {
-			if k == h {
-				continue outer
-			}
+	}
+	return false
+}
+
+// copyRequestHeaders copies the client's end-to-end headers into the upstream request. Host,
+// Content-Length and the framing headers are the upstream request's own.
+func copyRequestHeaders(dst, src *fasthttp.RequestHeader) {
+	connection := src.Peek("Connection")
+	for k, v := range src.All() {
+		if isHop(k, connection) || bytes.EqualFold(k, []byte("Host")) || bytes.EqualFold(k, []byte("Content-Length")) {
+			continue
 		}
-		dst[k] = append(dst[k][:0:0], vv...)
+		dst.AddBytesKV(k, v)
 	}
 }
+
+// copyResponseHeaders copies the worker's end-to-end headers into the client's response. The
+// framing (Content-Length or chunked) is set by the relay, and the Date is the router's.
+func copyResponseHeaders(dst, src *fasthttp.ResponseHeader) {
+	connection := src.Peek("Connection")
+	for k, v := range src.All() {
+		if isHop(k, connection) || bytes.EqualFold(k, []byte("Content-Length")) || bytes.EqualFold(k, []byte("Date")) {
+			continue
+		}
+		dst.AddBytesKV(k, v)
+	}
+}
+
+// addForwarded tells the worker who the client is: its address appended to X-Forwarded-For, and
+// the scheme it used in X-Forwarded-Proto (when the client sent none).
+func addForwarded(h *fasthttp.RequestHeader, ctx *fasthttp.RequestCtx) {
+	ip := ctx.RemoteIP().String()
+	if prior := h.Peek(HeaderForwardedFor); len(prior) > 0 {
+		h.Set(HeaderForwardedFor, string(prior)+", "+ip)
+	} else {
+		h.Set(HeaderForwardedFor, ip)
+	}
+	if len(h.Peek(HeaderForwardedProto)) == 0 {
+		if ctx.IsTLS() {
+			h.Set(HeaderForwardedProto, "https")
+		} else {
+			h.Set(HeaderForwardedProto, "http")
+		}
+	}
+}
+
+// requestHeaders lets reqkey read the client's headers without copying them all.
+type requestHeaders struct{ h *fasthttp.RequestHeader }
+
+// Get returns the first value of key, matched case-insensitively.
+func (r requestHeaders) Get(key string) string { return string(r.h.Peek(key)) }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"net"
 	"net/http"
 	"time"
 
@@ -19,7 +20,7 @@ type WorkerInfo struct {
 }
 
 func describeWorker(w *workers.Worker) WorkerInfo {
-	info := WorkerInfo{URL: w.URL(), Tenant: w.Tenant(), Models: w.Models(), Healthy: w.Healthy(), Load: w.Load(), Breaker: w.Breaker().State().String()}
+	info := WorkerInfo{URL: w.BaseName(), Tenant: w.Name(), Models: w.Models(), Healthy: w.Healthy(), Load: w.Load(), Breaker: w.Breaker().State().String()}
 	if w.Rank() >= 0 {
 		rank := w.Rank()
 		info.DPRank = &rank
@@ -45,19 +46,51 @@ func (s *Server) healthyCount() int {
 	return n
 }
 
-// health is 200 while at least one worker is healthy, else 503; the body lists every worker and,
-// with a shared session store, the store's state (which never changes the status: the router
-// routes without the store).
+// health is 200 while at least one worker is healthy, else 503. Its body always gives the worker
+// counts by state; the worker list itself (URLs, models, load: the fleet's topology) only to a
+// caller with the admin key, or to anyone when no admin key is configured and the caller is on
+// loopback. With a shared session store the body gives the store's state too (which never
+// changes the status: the router routes without the store).
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	status, code := "healthy", http.StatusOK
-	if s.healthyCount() == 0 {
+	all := s.pool.All()
+	counts := map[string]int{"total": len(all), "healthy": 0, "available": 0, "circuit_open": 0}
+	for _, wk := range all {
+		if wk.Healthy() {
+			counts["healthy"]++
+		}
+		if wk.Available() {
+			counts["available"]++
+		}
+		if wk.Breaker().State() == workers.BreakerOpen {
+			counts["circuit_open"]++
+		}
+	}
+	if counts["healthy"] == 0 {
 		status, code = "unhealthy", http.StatusServiceUnavailable
 	}
-	body := map[string]any{"status": status, "workers": describeWorkers(s.pool.All())}
+	body := map[string]any{"status": status, "worker_counts": counts}
+	if s.mayShowTopology(r) {
+		body["workers"] = describeWorkers(all)
+	}
 	if s.opts.SessionStore != nil {
 		body["session_store"] = s.opts.SessionStore(r.Context())
 	}
 	writeJSON(w, code, body)
+}
+
+// mayShowTopology reports whether r may see worker URLs: it carries the admin key, or no admin
+// key is configured and r comes from loopback.
+func (s *Server) mayShowTopology(r *http.Request) bool {
+	if s.opts.AdminAPIKey != "" {
+		return s.isAdmin(r)
+	}
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // liveness is always 200: the process is up and serving HTTP.

@@ -1,7 +1,8 @@
-// Package proxy is the router's HTTP face: it reads and checks each request once, asks the policy
-// for a worker, forwards the original bytes, streams the answer back unbuffered, retries elsewhere
-// while nothing has reached the client, and serves the health, model list, metrics and admin
-// endpoints.
+// Package proxy is the router's HTTP face. The routed endpoints run on fasthttp: each request is
+// read once (bounded in size and time), parsed once, placed by the policy (choose → accept →
+// commit), forwarded as the original bytes, and its answer streamed back unbuffered, with retries
+// only for what provably never started on a worker. Health, model list, metrics and admin
+// endpoints are plain net/http handlers served on the same listener.
 package proxy
 
 import (
@@ -10,6 +11,9 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
@@ -25,6 +29,13 @@ type Options struct {
 	MaxBackoff     time.Duration
 	APIKey         string // sent upstream when the client sent no Authorization
 	AdminAPIKey    string // required by admin endpoints when set
+
+	ClientHeaderTimeout time.Duration // a new connection's first request line and any request's headers
+	ClientBodyTimeout   time.Duration // a request's whole body, once its headers arrived
+	KeepaliveTimeout    time.Duration // an idle keep-alive client connection
+	MaxClientConns      int           // open client connections; more get 503
+	Upstream            UpstreamOptions
+
 	// SessionStore, when set, reports the shared session store's state for /health.
 	SessionStore func(ctx context.Context) any
 }
@@ -42,11 +53,18 @@ type Server struct {
 	pool      *workers.Pool
 	fleet     Fleet
 	policy    policy.Policy
+	labeled   bool // the policy's labels are counted per label
 	metrics   *metrics.Metrics
-	transport http.RoundTripper
 	log       *slog.Logger
-	mux       *http.ServeMux
-	paths     map[string]bool // every routed path, to tell 405 from 404
+	upstreams *upstreams
+	routes    map[string]*route
+	mux       *http.ServeMux // every endpoint that is not routed
+	plain     fasthttp.RequestHandler
+}
+
+// route is one routed endpoint: a POST path forwarded to a worker chosen by the policy.
+type route struct {
+	path string
 }
 
 // RoutedPaths are the POST endpoints forwarded to a worker chosen by the policy.
@@ -55,48 +73,127 @@ var RoutedPaths = []string{
 	"/v1/rerank", "/rerank", "/tokenize", "/detokenize",
 }
 
-// New returns a server; transport carries the upstream requests.
-func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metrics.Metrics, transport http.RoundTripper, log *slog.Logger) *Server {
-	s := &Server{opts: opts, pool: pool, fleet: fleet, policy: p, metrics: m, transport: transport, log: log,
-		mux: http.NewServeMux(), paths: map[string]bool{}}
-	for _, path := range RoutedPaths {
-		s.handle("POST", path, s.routed(path))
+// New returns a server.
+func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metrics.Metrics, log *slog.Logger) *Server {
+	s := &Server{opts: opts, pool: pool, fleet: fleet, policy: p, metrics: m, log: log,
+		upstreams: newUpstreams(opts.Upstream), routes: map[string]*route{}, mux: http.NewServeMux()}
+	if l, ok := p.(policy.Labeled); ok {
+		s.labeled = true
+		for _, label := range l.DecisionLabels() {
+			m.CacheAwareDecisions.WithLabelValues(label)
+		}
 	}
-	s.handle("GET", "/v1/models", s.models)
-	s.handle("GET", "/health", s.health)
-	s.handle("GET", "/liveness", s.liveness)
-	s.handle("GET", "/readiness", s.readiness)
-	s.handle("GET", "/metrics", m.Handler().ServeHTTP)
-
-	s.handle("POST", "/add_worker", s.admin(s.addWorkerQuery))
-	s.handle("POST", "/remove_worker", s.admin(s.removeWorkerQuery))
-	s.handle("GET", "/list_workers", s.admin(s.listWorkers))
-	s.handle("GET", "/workers", s.admin(s.listWorkers))
-	s.handle("POST", "/workers", s.admin(s.addWorkerREST))
-	s.handle("GET", "/workers/{url}", s.admin(s.getWorker))
-	s.handle("DELETE", "/workers/{url}", s.admin(s.deleteWorker))
-	s.mux.HandleFunc("/", s.notFound)
+	for _, path := range RoutedPaths {
+		s.routes[path] = &route{path: path}
+	}
+	allow := map[string][]string{} // path → methods, for 405 answers
+	handle := func(method, path string, h http.HandlerFunc) {
+		s.mux.HandleFunc(method+" "+path, h)
+		allow[path] = append(allow[path], method)
+	}
+	handle("GET", "/v1/models", s.models)
+	handle("GET", "/health", s.health)
+	handle("GET", "/liveness", s.liveness)
+	handle("GET", "/readiness", s.readiness)
+	handle("GET", "/metrics", m.Handler().ServeHTTP)
+	handle("POST", "/add_worker", s.admin(s.addWorkerQuery))
+	handle("POST", "/remove_worker", s.admin(s.removeWorkerQuery))
+	handle("GET", "/list_workers", s.admin(s.listWorkers))
+	handle("GET", "/workers", s.admin(s.listWorkers))
+	handle("POST", "/workers", s.admin(s.addWorkerREST))
+	handle("GET", "/workers/{url}", s.admin(s.getWorker))
+	handle("DELETE", "/workers/{url}", s.admin(s.deleteWorker))
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { notFound(w, r, allow) })
+	s.plain = fasthttpadaptor.NewFastHTTPHandler(s.mux)
 	return s
 }
 
-func (s *Server) handle(method, path string, h http.HandlerFunc) {
-	s.mux.HandleFunc(method+" "+path, h)
-	s.paths[path] = true
+// Handle is the fasthttp handler of every endpoint.
+func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
+	if rt := s.routes[string(ctx.Path())]; rt != nil {
+		if !ctx.IsPost() {
+			ctx.Response.Header.Set("Allow", "POST")
+			writeFastError(ctx, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed",
+				"method "+string(ctx.Method())+" is not allowed on "+rt.path+"; use POST")
+			return
+		}
+		s.forward(ctx, rt)
+		return
+	}
+	s.plain(ctx)
 }
 
-// ServeHTTP implements http.Handler.
+// ServeHTTP serves the endpoints that are not routed (health, models, metrics, admin) to net/http
+// callers, such as the admin plane's own tests.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
-// notFound answers every request no route took: a known path asked with the wrong method gets 405,
-// anything else 404, both as OpenAI error bodies.
-func (s *Server) notFound(w http.ResponseWriter, r *http.Request) {
+// HTTPServer returns the fasthttp server of the traffic listener, with the client-side limits:
+// header, body and idle timeouts, the body size limit and the connection cap.
+func (s *Server) HTTPServer() *fasthttp.Server {
+	return &fasthttp.Server{
+		Handler:               s.Handle,
+		Name:                  "cacheroute",
+		ReadTimeout:           s.opts.ClientHeaderTimeout,
+		IdleTimeout:           s.opts.KeepaliveTimeout,
+		WriteTimeout:          time.Minute, // non-routed answers; routed ones set the request's own deadline
+		Concurrency:           s.opts.MaxClientConns,
+		MaxRequestBodySize:    int(s.opts.MaxPayloadSize),
+		ReadBufferSize:        16 << 10,
+		NoDefaultServerHeader: true,
+		NoDefaultContentType:  true,
+		CloseOnShutdown:       true,
+		SecureErrorLogMessage: true,
+		Logger:                discardLogger{},
+		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
+			return fasthttp.RequestConfig{ReadTimeout: s.opts.ClientBodyTimeout}
+		},
+		ErrorHandler: s.clientError,
+	}
+}
+
+// clientError answers a request fasthttp could not read: too large, too slow, malformed.
+func (s *Server) clientError(ctx *fasthttp.RequestCtx, err error) {
+	var tooLarge bool
+	if _, ok := err.(*fasthttp.ErrSmallBuffer); ok {
+		writeFastError(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "headers_too_large",
+			"request headers are too large")
+		return
+	}
+	tooLarge = err == fasthttp.ErrBodyTooLarge
+	switch {
+	case tooLarge:
+		writeFastError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "payload_too_large",
+			"request body exceeds the limit of "+itoa(s.opts.MaxPayloadSize)+" bytes (--max-payload-size)")
+	case isTimeout(err):
+		writeFastError(ctx, fasthttp.StatusRequestTimeout, "invalid_request_error", "request_timeout",
+			"the request was not received in time")
+	default:
+		writeFastError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "bad_request", "malformed HTTP request")
+	}
+	ctx.SetConnectionClose()
+}
+
+// WorkerRemoved drops the connection pool of a removed worker URL.
+func (s *Server) WorkerRemoved(url string) { s.upstreams.forget(url) }
+
+// CloseIdleConnections closes idle worker connections (shutdown).
+func (s *Server) CloseIdleConnections() { s.upstreams.closeIdle() }
+
+// notFound answers every request no route took: a known path asked with the wrong method gets
+// 405 with an Allow header, anything else 404, both as OpenAI error bodies.
+func notFound(w http.ResponseWriter, r *http.Request, allow map[string][]string) {
 	path := r.URL.Path
 	if strings.HasPrefix(path, "/workers/") {
 		path = "/workers/{url}"
 	}
-	if s.paths[path] {
+	if methods := allow[path]; len(methods) > 0 {
+		w.Header().Set("Allow", strings.Join(methods, ", "))
 		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "method "+r.Method+" is not allowed on "+r.URL.Path)
 		return
 	}
 	writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", "no route for "+r.Method+" "+r.URL.Path)
 }
+
+type discardLogger struct{}
+
+func (discardLogger) Printf(string, ...any) {}

@@ -43,6 +43,12 @@ var (
 	HashKeyHeaders = []string{"x-session-id", "x-user-id", "x-tenant-id", "x-correlation-id", "x-request-id", "x-trace-id"}
 )
 
+// Header is what Parse reads of the request's headers: http.Header, or an adapter over another
+// HTTP stack's headers. Get matches names case-insensitively and returns "" when absent.
+type Header interface {
+	Get(key string) string
+}
+
 // Error is a client error in the request body; its message is safe to show the client.
 type Error struct{ Msg string }
 
@@ -53,7 +59,10 @@ type id string
 
 // Parse reads a request body and headers. A body that is not a JSON object, or whose routing
 // fields have the wrong JSON type, is an *Error. Object keys are matched exactly, as vLLM does.
-func Parse(h http.Header, raw []byte) (*Request, error) {
+func Parse(h Header, raw []byte) (*Request, error) {
+	if h == nil {
+		h = http.Header(nil)
+	}
 	trimmed := bytes.TrimLeft(raw, " \t\r\n")
 	if len(trimmed) == 0 {
 		return nil, &Error{"request body is empty; expected a JSON object"}
@@ -79,7 +88,7 @@ func Parse(h http.Header, raw []byte) (*Request, error) {
 
 // sessionKey applies the session precedence: body session_params.session_id, the session headers,
 // body session_id, then the user-scoped x-user-id header, body user_id and user.
-func sessionKey(h http.Header, paramsID, sessionID, userID, user id) string {
+func sessionKey(h Header, paramsID, sessionID, userID, user id) string {
 	if v := blankless(string(paramsID)); v != "" {
 		return namespaced("session:", v)
 	}
@@ -99,7 +108,7 @@ func sessionKey(h http.Header, paramsID, sessionID, userID, user id) string {
 	return ""
 }
 
-func hashKey(h http.Header, paramsID, sessionID, userID, user id, text string) string {
+func hashKey(h Header, paramsID, sessionID, userID, user id, text string) string {
 	for _, name := range HashKeyHeaders {
 		if v := blankless(h.Get(name)); v != "" {
 			return v

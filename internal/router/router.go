@@ -17,8 +17,10 @@ import (
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
+	"github.com/cacheroute/cacheroute/internal/policy/registry"
 	"github.com/cacheroute/cacheroute/internal/proxy"
 	"github.com/cacheroute/cacheroute/internal/session"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -31,8 +33,8 @@ type Router struct {
 	policy    policy.Policy
 	metrics   *metrics.Metrics
 	proxy     *proxy.Server
-	transport *http.Transport
-	store     *sharedStore // nil unless --session-store redis
+	transport *http.Transport // health probes
+	store     *sharedStore    // nil unless --session-store redis
 }
 
 // New builds a router from a validated configuration. Workers are registered by Start.
@@ -47,13 +49,11 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		DisableCircuitBreaker: cfg.DisableCircuitBreaker,
 	})
 	transport := &http.Transport{
-		Proxy:                 nil, // workers are reached directly, never through an environment proxy
-		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   256,
-		IdleConnTimeout:       90 * time.Second,
-		DisableCompression:    true, // pass bodies through exactly as the worker encoded them
-		ExpectContinueTimeout: 0,
+		Proxy:               nil, // workers are reached directly, never through an environment proxy
+		DialContext:         (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 4,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
 	}
 	r := &Router{cfg: cfg, log: log, pool: pool, transport: transport, metrics: metrics.New(pool)}
 	p, store, err := newPolicy(cfg, r.metrics, log)
@@ -74,43 +74,70 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		storeHealth = func(ctx context.Context) any { return store.Status(ctx) }
 	}
 	r.proxy = proxy.New(proxy.Options{
-		MaxPayloadSize: cfg.MaxPayloadSize,
-		RequestTimeout: cfg.RequestTimeout(),
-		MaxRetries:     cfg.RetryMaxRetries,
-		InitialBackoff: cfg.RetryInitialBackoff(),
-		MaxBackoff:     cfg.RetryMaxBackoff(),
-		APIKey:         cfg.APIKey,
-		AdminAPIKey:    cfg.AdminAPIKey,
-		SessionStore:   storeHealth,
-	}, pool, r, p, r.metrics, transport, log)
+		MaxPayloadSize:      cfg.MaxPayloadSize,
+		RequestTimeout:      cfg.RequestTimeout(),
+		MaxRetries:          cfg.RetryMaxRetries,
+		InitialBackoff:      cfg.RetryInitialBackoff(),
+		MaxBackoff:          cfg.RetryMaxBackoff(),
+		APIKey:              cfg.APIKey,
+		AdminAPIKey:         cfg.AdminAPIKey,
+		ClientHeaderTimeout: cfg.ClientHeaderTimeout(),
+		ClientBodyTimeout:   cfg.ClientBodyTimeout(),
+		KeepaliveTimeout:    cfg.KeepaliveTimeout(),
+		MaxClientConns:      cfg.MaxClientConnections,
+		Upstream: proxy.UpstreamOptions{
+			DialTimeout:      dialTimeout,
+			FirstByteTimeout: cfg.FirstByteTimeout(),
+			MaxIdlePerWorker: maxIdlePerWorker,
+			IdleConnTimeout:  upstreamIdleTimeout,
+		},
+		SessionStore: storeHealth,
+	}, pool, r, p, r.metrics, log)
 	return r, nil
 }
 
-// newPolicy builds the configured policy and, for cache_aware with --session-store redis, the
+// Worker connections. Each request in flight holds one connection (their number is bounded by
+// --max-client-connections); of those that come back, up to maxIdlePerWorker stay open for reuse,
+// each for at most upstreamIdleTimeout: less than the keep-alive of common servers (uvicorn's is
+// 5 s by default, but vLLM raises it), and a pooled connection is checked before reuse anyway.
+const (
+	dialTimeout         = 10 * time.Second
+	maxIdlePerWorker    = 256
+	upstreamIdleTimeout = 30 * time.Second
+)
+
+// newPolicy builds the configured policy from the registry and, with --session-store redis, the
 // shared session store it uses.
 func newPolicy(cfg config.Config, m *metrics.Metrics, log *slog.Logger) (policy.Policy, *sharedStore, error) {
-	if cfg.Policy != "cache_aware" {
-		p, err := policy.New(cfg.Policy)
-		return p, nil, err
-	}
 	var store *sharedStore
-	opts := cacheaware.Options{
-		CacheThreshold:      cfg.CacheThreshold,
-		BalanceAbsThreshold: cfg.BalanceAbsThreshold,
-		BalanceRelThreshold: cfg.BalanceRelThreshold,
-		MaxTreeSize:         cfg.MaxTreeSize,
-		EvictionInterval:    cfg.EvictionInterval(),
-		SessionTTL:          cfg.SessionTTL,
-		MaxSessions:         cfg.MaxSessions,
+	opts := registry.Options{
+		CacheAware: cacheaware.Options{
+			CacheThreshold:      cfg.CacheThreshold,
+			BalanceAbsThreshold: cfg.BalanceAbsThreshold,
+			BalanceRelThreshold: cfg.BalanceRelThreshold,
+			MaxTreeSize:         cfg.MaxTreeSize,
+			EvictionInterval:    cfg.EvictionInterval(),
+			SessionTTL:          cfg.SessionTTL,
+			MaxSessions:         cfg.MaxSessions,
+		},
+		Reporter: m,
+		Log:      log,
 	}
 	if cfg.SessionStore == "redis" {
 		var err error
 		if store, err = newSharedStore(cfg, m, log); err != nil {
 			return nil, nil, err
 		}
-		opts.Store = store
+		opts.CacheAware.Store = store
 	}
-	return cacheaware.New(opts, m, log), store, nil
+	p, err := registry.New(cfg.Policy, opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	if st, ok := p.(metrics.PolicyState); ok {
+		m.SetPolicyState(st)
+	}
+	return p, store, nil
 }
 
 // sharedStore is the Redis session store behind its local fallback.
@@ -142,7 +169,8 @@ func newSharedStore(cfg config.Config, m *metrics.Metrics, log *slog.Logger) (*s
 	return &sharedStore{Fallback: fb, redis: rs}, nil
 }
 
-// Handler is the router's HTTP handler (routed endpoints, health, models, metrics, admin).
+// Handler is the router's net/http handler of the endpoints that are not routed (health, models,
+// metrics, admin); the routed endpoints are served by Serve.
 func (r *Router) Handler() http.Handler { return r.proxy }
 
 // MetricsHandler serves only /metrics, for the separate metrics listener.
@@ -156,22 +184,28 @@ func (r *Router) Metrics() *metrics.Metrics { return r.metrics }
 
 // AddWorker registers a worker URL and probes it at once; a worker that does not answer stays
 // registered as unhealthy.
-func (r *Router) AddWorker(ctx context.Context, url string) error {
-	url = workers.TrimURL(url)
-	if err := config.ValidateWorkerURL(url); err != nil {
+func (r *Router) AddWorker(ctx context.Context, raw string) error {
+	url, err := tenant.NormalizeURL(raw)
+	if err != nil {
 		return err
 	}
 	if _, err := r.pool.Add(url); err != nil {
 		return err
 	}
 	r.checker.Check(ctx, url)
-	r.log.Info("worker added", "worker", url, "healthy", r.pool.Get(url)[0].Healthy())
+	r.log.Info("worker added", "worker", tenant.Redact(url), "healthy", r.pool.Get(url)[0].Healthy())
 	return nil
 }
 
-// RemoveWorker unregisters every tenant of url and forgets all state that names them.
-func (r *Router) RemoveWorker(url string) error {
-	removed, err := r.pool.Remove(workers.TrimURL(url))
+// RemoveWorker unregisters every tenant of the worker URL and forgets all state that names them:
+// the policy's, the metric series and the connection pool. The URL is normalised once, here, so
+// that every one of them forgets the same worker.
+func (r *Router) RemoveWorker(raw string) error {
+	url, err := tenant.NormalizeURL(raw)
+	if err != nil {
+		return err
+	}
+	removed, err := r.pool.Remove(url)
 	if err != nil {
 		return err
 	}
@@ -179,9 +213,10 @@ func (r *Router) RemoveWorker(url string) error {
 		l.WorkerRemoved(url)
 	}
 	for _, w := range removed {
-		r.metrics.ForgetWorker(w.Tenant())
+		r.metrics.ForgetWorker(w.Name())
 	}
-	r.log.Info("worker removed", "worker", url)
+	r.proxy.WorkerRemoved(url)
+	r.log.Info("worker removed", "worker", tenant.Redact(url))
 	return nil
 }
 
@@ -192,10 +227,13 @@ func (r *Router) CheckHealth(ctx context.Context) { r.checker.CheckAll(ctx) }
 // starts the background loops, which stop when ctx ends.
 func (r *Router) Start(ctx context.Context) {
 	var wg sync.WaitGroup
-	for _, url := range r.cfg.WorkerURLs {
-		url = workers.TrimURL(url)
-		if _, err := r.pool.Add(url); err != nil {
-			r.log.Warn("worker not added", "worker", url, "error", err)
+	for _, raw := range r.cfg.WorkerURLs {
+		url, err := tenant.NormalizeURL(raw)
+		if err == nil {
+			_, err = r.pool.Add(url)
+		}
+		if err != nil {
+			r.log.Warn("worker not added", "worker", tenant.Redact(raw), "error", err)
 			continue
 		}
 		wg.Go(func() { r.checker.Check(ctx, url) })
@@ -214,33 +252,41 @@ func (r *Router) Start(ctx context.Context) {
 // Serve answers on ln (and on metricsLn, if not nil) until ctx ends, then stops accepting, lets
 // in-flight requests finish for the shutdown grace period, and returns nil on a clean drain.
 func (r *Router) Serve(ctx context.Context, ln, metricsLn net.Listener) error {
-	srv := &http.Server{Handler: r.proxy, ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(r.log.Handler(), slog.LevelDebug)}
-	servers := []*http.Server{srv}
+	srv := r.proxy.HTTPServer()
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
+	var msrv *http.Server
 	if metricsLn != nil {
-		msrv := &http.Server{Handler: r.MetricsHandler(), ReadHeaderTimeout: 10 * time.Second}
-		servers = append(servers, msrv)
-		go func() { errc <- msrv.Serve(metricsLn) }()
+		// The metrics listener has limits of its own, so that a flood of connections to the
+		// traffic port, or to this one, cannot take scraping down with it.
+		msrv = &http.Server{Handler: r.MetricsHandler(), ReadHeaderTimeout: 10 * time.Second,
+			ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 75 * time.Second,
+			ErrorLog: slog.NewLogLogger(r.log.Handler(), slog.LevelDebug)}
+		go func() { errc <- msrv.Serve(capListener(metricsLn, maxMetricsConns)) }()
+	}
+	stopAll := func() {
+		_ = srv.Shutdown()
+		if msrv != nil {
+			_ = msrv.Close()
+		}
 	}
 	select {
 	case err := <-errc:
-		for _, s := range servers {
-			_ = s.Close()
-		}
+		stopAll()
 		return err
 	case <-ctx.Done():
 	}
 	r.log.Info("shutting down: draining in-flight requests", "grace", r.cfg.ShutdownGrace())
 	drainCtx, cancel := context.WithTimeout(context.Background(), r.cfg.ShutdownGrace())
 	defer cancel()
-	var firstErr error
-	for _, s := range servers {
-		if err := s.Shutdown(drainCtx); err != nil && firstErr == nil {
+	firstErr := srv.ShutdownWithContext(drainCtx)
+	if msrv != nil {
+		if err := msrv.Shutdown(drainCtx); err != nil && firstErr == nil {
 			firstErr = err
-			_ = s.Close()
 		}
+		_ = msrv.Close()
 	}
+	r.proxy.CloseIdleConnections()
 	r.transport.CloseIdleConnections()
 	if r.store != nil {
 		_ = r.store.redis.Close()
@@ -250,6 +296,9 @@ func (r *Router) Serve(ctx context.Context, ln, metricsLn net.Listener) error {
 	}
 	return firstErr
 }
+
+// maxMetricsConns caps the metrics listener's open connections; a scraper needs a handful.
+const maxMetricsConns = 64
 
 // Run listens on the configured addresses, registers the workers and serves until ctx ends.
 func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {

@@ -122,14 +122,47 @@ func TestModelRoutingAndUnknownModel(t *testing.T) {
 	}
 }
 
-func TestSingleModelFleetTakesAnyModelName(t *testing.T) {
+func TestModelNoWorkerServesIs404AndLeavesNoState(t *testing.T) {
 	w := newFakeWorker(t, "only")
-	tr := startRouter(t, testConfig(), w)
-	resp := tr.post(t, "/v1/chat/completions", `{"model":"alias","messages":[{"role":"user","content":"x"}]}`)
-	readAll(t, resp)
-	if resp.StatusCode != 200 || w.hits.Load() != 1 {
-		t.Fatalf("status %d hits %d", resp.StatusCode, w.hits.Load())
+	cfg := testConfig()
+	cfg.Policy = "cache_aware"
+	tr := startRouter(t, cfg, w)
+	for i := range 200 {
+		body := fmt.Sprintf(`{"model":"bogus-%d","messages":[{"role":"user","content":"x"}]}`, i)
+		resp := tr.post(t, "/v1/chat/completions", body, "x-session-id", fmt.Sprint(i))
+		if got := readAll(t, resp); resp.StatusCode != 404 || !strings.Contains(got, "model_not_found") {
+			t.Fatalf("unserved model: %d %s", resp.StatusCode, got)
+		}
 	}
+	if w.hits.Load() != 0 {
+		t.Fatalf("requests for unserved models reached the worker: %d", w.hits.Load())
+	}
+	// The served model, and no model at all, are routed and keyed under the served name.
+	for _, body := range []string{`{"model":"only","messages":[{"role":"user","content":"x"}]}`, `{"messages":[{"role":"user","content":"y"}]}`} {
+		if resp := tr.post(t, "/v1/chat/completions", body, "x-session-id", "s"); resp.StatusCode != 200 {
+			t.Fatalf("served model: %d %s", resp.StatusCode, readAll(t, resp))
+		} else {
+			readAll(t, resp)
+		}
+	}
+	metrics := readAll(t, mustGet(t, tr.url+"/metrics"))
+	if strings.Contains(metrics, "bogus") {
+		t.Fatal("an unserved model name reached the metrics")
+	}
+	if !strings.Contains(metrics, `vllm_router_cache_aware_sessions{model="only"} 1`) {
+		t.Fatalf("sessions are not keyed under the served model:\n%s", grepLines(metrics, "cache_aware_sessions"))
+	}
+}
+
+// grepLines returns the lines of text that contain s.
+func grepLines(text, s string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, s) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 func TestFailingWorkerLeavesWithinThresholdAndReturnsAfterRecovery(t *testing.T) {
@@ -428,6 +461,7 @@ func TestUpstreamTimeoutGives504(t *testing.T) {
 	})
 	cfg := testConfig()
 	cfg.RequestTimeoutSecs = 0.2
+	cfg.FirstByteTimeoutSecs = 0
 	tr := startRouter(t, cfg, w)
 	resp := tr.post(t, "/v1/chat/completions", chatBody)
 	if body := readAll(t, resp); resp.StatusCode != 504 || !strings.Contains(body, "upstream_timeout") {

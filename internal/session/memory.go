@@ -210,6 +210,22 @@ func (m *Memory) Len(model string) int {
 	return len(ms.index)
 }
 
+// Counts returns the number of entries held for each model that has any.
+func (m *Memory) Counts() map[string]int {
+	out := map[string]int{}
+	m.models.Range(func(model, value any) bool {
+		ms := value.(*modelSessions)
+		ms.mu.Lock()
+		n := len(ms.index)
+		ms.mu.Unlock()
+		if n > 0 {
+			out[model.(string)] = n
+		}
+		return true
+	})
+	return out
+}
+
 // Sweep drops the expired entries of every model and returns how many it dropped. The
 // least recently used list is ordered by access time, so it only visits expired entries.
 func (m *Memory) Sweep() int {

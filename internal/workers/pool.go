@@ -128,26 +128,47 @@ func (p *Pool) Models() []string {
 }
 
 // Candidates returns the tenants that may take a request for model: available (healthy, breaker
-// not open) and serving it. When the fleet serves a single model, or model is empty, every
-// available tenant is a candidate. known reports whether any healthy worker serves model at all,
-// so callers can tell "no such model" (404) from "no worker free" (503).
-func (p *Pool) Candidates(model string) (candidates []*Worker, known bool) {
+// not open) and serving it, and the served model the request's state belongs to.
+//
+// The model rule: a request may only name a model a healthy worker serves, as the workers' own
+// /v1/models lists say, so that no client can create state (prefix trees, sessions, metric
+// series) for a model nobody serves. known is false for any other name, and the caller answers
+// 404 as a worker would. An empty model goes to every available tenant and, on a one-model
+// fleet, belongs to that model. Workers that list no models (their /v1/models failed) serve any
+// name; requests that only they can take belong to no model (served is "").
+func (p *Pool) Candidates(model string) (candidates []*Worker, served string, known bool) {
 	all := p.All()
-	filter := model != "" && len(p.Models()) > 1
-	known = !filter
+	if model == "" {
+		if models := p.Models(); len(models) == 1 {
+			served = models[0]
+		}
+		for _, w := range all {
+			if w.Available() {
+				candidates = append(candidates, w)
+			}
+		}
+		return candidates, served, true
+	}
+	anyHealthy := false
 	for _, w := range all {
-		if filter && !w.Serves(model) {
+		healthy := w.Healthy()
+		anyHealthy = anyHealthy || healthy
+		if !w.Serves(model) {
 			continue
 		}
-		if w.Healthy() {
+		if healthy {
 			known = true
+			if len(w.Models()) > 0 {
+				served = model
+			}
 		}
 		if w.Available() {
 			candidates = append(candidates, w)
 		}
 	}
-	if model != "" && !known {
-		return nil, false
+	if !known && anyHealthy {
+		return nil, "", false
 	}
-	return candidates, true
+	// With no healthy worker at all the answer is 503 (nobody can serve), not 404.
+	return candidates, served, true
 }

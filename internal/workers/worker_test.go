@@ -3,6 +3,7 @@ package workers
 import (
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -133,37 +134,59 @@ func fleet(t *testing.T, models ...[]string) (*Pool, []*Worker) {
 }
 
 func TestCandidates(t *testing.T) {
-	t.Run("single-model fleet: every healthy worker, whatever the model", func(t *testing.T) {
+	t.Run("single-model fleet: the served model and no name both reach every healthy worker", func(t *testing.T) {
 		p, ws := fleet(t, []string{"llama"}, []string{"llama"}, []string{"llama"})
 		ws[1].SetHealthy(false)
-		for _, model := range []string{"llama", "", "other-name"} {
-			got, known := p.Candidates(model)
-			if !known || !slices.Equal(got, []*Worker{ws[0], ws[2]}) {
-				t.Errorf("Candidates(%q) = %v, %v; want the two healthy workers, true", model, tenants(got), known)
+		for _, model := range []string{"llama", ""} {
+			got, served, known := p.Candidates(model)
+			if !known || served != "llama" || !slices.Equal(got, []*Worker{ws[0], ws[2]}) {
+				t.Errorf("Candidates(%q) = %v, %q, %v; want the two healthy workers, llama, true", model, tenants(got), served, known)
 			}
+		}
+	})
+	t.Run("single-model fleet: another model name is not known", func(t *testing.T) {
+		p, _ := fleet(t, []string{"llama"}, []string{"llama"})
+		for _, model := range []string{"other-name", "Llama", strings.Repeat("x", 1<<20)} {
+			if got, served, known := p.Candidates(model); known || served != "" || len(got) != 0 {
+				t.Errorf("Candidates(%.20q) = %v, %q, %v; want nothing", model, tenants(got), served, known)
+			}
+		}
+	})
+	t.Run("no healthy worker at all: known, so the answer is 503 rather than 404", func(t *testing.T) {
+		p, ws := fleet(t, []string{"llama"})
+		ws[0].SetHealthy(false)
+		if got, _, known := p.Candidates("anything"); !known || len(got) != 0 {
+			t.Errorf("Candidates = %v, %v; want none, true", tenants(got), known)
+		}
+	})
+	t.Run("workers listing no models serve any name, under no model", func(t *testing.T) {
+		p, ws := fleet(t, nil, nil)
+		got, served, known := p.Candidates("whatever")
+		if !known || served != "" || !slices.Equal(got, ws) {
+			t.Errorf("Candidates(whatever) = %v, %q, %v", tenants(got), served, known)
 		}
 	})
 	t.Run("multi-model fleet: only servers of the model", func(t *testing.T) {
 		p, ws := fleet(t, []string{"llama"}, []string{"qwen"}, []string{"llama", "qwen"})
-		got, known := p.Candidates("qwen")
+		got, _, known := p.Candidates("qwen")
 		if !known || !slices.Equal(got, []*Worker{ws[1], ws[2]}) {
 			t.Errorf("Candidates(qwen) = %v, %v", tenants(got), known)
 		}
-		got, known = p.Candidates("llama")
+		got, _, known = p.Candidates("llama")
 		if !known || !slices.Equal(got, []*Worker{ws[0], ws[2]}) {
 			t.Errorf("Candidates(llama) = %v, %v", tenants(got), known)
 		}
 	})
 	t.Run("multi-model fleet: no model named means every healthy worker", func(t *testing.T) {
 		p, ws := fleet(t, []string{"llama"}, []string{"qwen"})
-		got, known := p.Candidates("")
+		got, _, known := p.Candidates("")
 		if !known || !slices.Equal(got, ws) {
 			t.Errorf("Candidates(\"\") = %v, %v", tenants(got), known)
 		}
 	})
 	t.Run("multi-model fleet: unknown model is not known", func(t *testing.T) {
 		p, _ := fleet(t, []string{"llama"}, []string{"qwen"})
-		got, known := p.Candidates("mistral")
+		got, _, known := p.Candidates("mistral")
 		if known || len(got) != 0 {
 			t.Errorf("Candidates(mistral) = %v, %v; want none, false", tenants(got), known)
 		}
@@ -171,7 +194,7 @@ func TestCandidates(t *testing.T) {
 	t.Run("model served only by unhealthy workers is not known", func(t *testing.T) {
 		p, ws := fleet(t, []string{"llama"}, []string{"qwen"}, []string{"mistral"})
 		ws[0].SetHealthy(false)
-		got, known := p.Candidates("llama")
+		got, _, known := p.Candidates("llama")
 		if known || len(got) != 0 {
 			t.Errorf("Candidates(llama) with its only server down = %v, %v; want none, false", tenants(got), known)
 		}
@@ -179,14 +202,14 @@ func TestCandidates(t *testing.T) {
 	t.Run("known model with its servers' breakers open: known, no candidates", func(t *testing.T) {
 		p, ws := fleet(t, []string{"llama"}, []string{"qwen"})
 		ws[0].Breaker().Record(false) // threshold 1
-		got, known := p.Candidates("llama")
+		got, _, known := p.Candidates("llama")
 		if !known || len(got) != 0 {
 			t.Errorf("Candidates(llama) = %v, %v; want none, true", tenants(got), known)
 		}
 	})
 	t.Run("worker with unknown models serves any model", func(t *testing.T) {
 		p, ws := fleet(t, []string{"llama"}, []string{"qwen"}, nil)
-		got, known := p.Candidates("qwen")
+		got, _, known := p.Candidates("qwen")
 		if !known || !slices.Equal(got, []*Worker{ws[1], ws[2]}) {
 			t.Errorf("Candidates(qwen) = %v, %v", tenants(got), known)
 		}
@@ -196,7 +219,7 @@ func TestCandidates(t *testing.T) {
 		for _, w := range ws {
 			w.SetHealthy(false)
 		}
-		if got, _ := p.Candidates(""); len(got) != 0 {
+		if got, _, _ := p.Candidates(""); len(got) != 0 {
 			t.Errorf("Candidates = %v, want none", tenants(got))
 		}
 	})

@@ -94,7 +94,9 @@ func BenchmarkDecision(b *testing.B) {
 				if r.Text == "" {
 					b.Fatal("empty history key: the benchmark would measure nothing")
 				}
-				d := p.Select(policy.Input{Context: b.Context(), Request: r, Candidates: pool.All(), All: pool.All()})
+				in := policy.Input{Context: b.Context(), Request: r, Model: r.Model, Candidates: pool.All(), All: pool.All()}
+				d := p.Select(in)
+				p.Commit(in, d)
 				if d.Worker == nil {
 					b.Fatal("no worker")
 				}

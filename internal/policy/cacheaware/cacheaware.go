@@ -11,10 +11,8 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
-	"sync"
 	"time"
 
-	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/prefixtree"
 	"github.com/cacheroute/cacheroute/internal/session"
@@ -42,7 +40,7 @@ type Options struct {
 	CacheThreshold      float64       // matched fraction strictly above which the holder is chosen
 	BalanceAbsThreshold int           // gate: max-min load strictly above this ...
 	BalanceRelThreshold float64       // ... and max strictly above min times this
-	MaxTreeSize         int           // characters per model tree
+	MaxTreeSize         int           // bytes of the one prefix tree, all models together
 	EvictionInterval    time.Duration // period of the background sweep
 	// Store is the session map; nil means an in-process memory store built from SessionTTL and
 	// MaxSessions.
@@ -51,26 +49,30 @@ type Options struct {
 	MaxSessions int
 }
 
-// Policy is the cache_aware policy. It is safe for concurrent use; state is per model, and a
-// decision on one model never waits on another's lock.
-type Policy struct {
-	opts    Options
-	store   session.Store
-	memory  *session.Memory // the store when it is the memory one; nil otherwise
-	sweep   func() int      // drops expired local sessions; nil when the store has none
-	metrics *metrics.Metrics
-	log     *slog.Logger
-
-	treesMu sync.RWMutex
-	trees   map[string]*prefixtree.Tree
+// Reporter receives the policy's state events; the router's metrics implement it. The policy
+// reports through this interface instead of importing the metrics package.
+type Reporter interface {
+	// Evicted counts n entries of state dropped, by kind: tree (bytes), session_ttl,
+	// session_capacity, worker_removed.
+	Evicted(kind string, n int)
 }
 
-// New returns the policy. m may be nil (no metrics).
-func New(opts Options, m *metrics.Metrics, log *slog.Logger) *Policy {
-	p := &Policy{opts: opts, metrics: m, log: log, trees: map[string]*prefixtree.Tree{}}
-	if m != nil {
-		m.SetPolicyState(p.State)
-	}
+// Policy is the cache_aware policy. It is safe for concurrent use. One prefix tree holds every
+// model's conversations, each key namespaced by its model, so --max-tree-size bounds the whole
+// router; the session store likewise holds every model's sessions under one capacity.
+type Policy struct {
+	opts     Options
+	store    session.Store
+	memory   *session.Memory // the store when it is the memory one; nil otherwise
+	sweep    func() int      // drops expired local sessions; nil when the store has none
+	reporter Reporter
+	log      *slog.Logger
+	tree     *prefixtree.Tree
+}
+
+// New returns the policy. r may be nil (nothing reported).
+func New(opts Options, r Reporter, log *slog.Logger) *Policy {
+	p := &Policy{opts: opts, reporter: r, log: log, tree: prefixtree.New(opts.MaxTreeSize)}
 	if opts.Store != nil {
 		p.store = opts.Store
 		if s, ok := opts.Store.(interface{ Sweep() int }); ok {
@@ -90,21 +92,16 @@ func New(opts Options, m *metrics.Metrics, log *slog.Logger) *Policy {
 
 func (p *Policy) Name() string { return "cache_aware" }
 
-// tree returns the model's prefix tree, creating it on first use.
-func (p *Policy) tree(model string) *prefixtree.Tree {
-	p.treesMu.RLock()
-	t := p.trees[model]
-	p.treesMu.RUnlock()
-	if t != nil {
-		return t
+// DecisionLabels lists every label the chain gives, for the per-label decision counter.
+func (p *Policy) DecisionLabels() []string {
+	return []string{LabelLoadBalance, LabelSessionMatch, LabelFullHistoryMatch, LabelStaleTenant, LabelHistoryLowMatch,
+		LabelEmptyHistory, LabelCacheAffinity, LabelLowMatch, LabelFirstHealthyFallback}
+}
+
+func (p *Policy) report(kind string, n int) {
+	if p.reporter != nil && n > 0 {
+		p.reporter.Evicted(kind, n)
 	}
-	p.treesMu.Lock()
-	defer p.treesMu.Unlock()
-	if t = p.trees[model]; t == nil {
-		t = prefixtree.New(p.opts.MaxTreeSize)
-		p.trees[model] = t
-	}
-	return t
 }
 
 // decision is the chain's working state for one request.
@@ -112,17 +109,18 @@ type decision struct {
 	in      policy.Input
 	ctx     context.Context
 	model   string
-	tree    *prefixtree.Tree
-	text    string
+	text    string // the request's history key or routing text
+	treeKey string // text namespaced by model: the key in the shared tree
 	key     string // session key; "" when the request has none or is not a chat
 	minLoad int64
 	maxLoad int64
+	forget  []string // tenants found gone while choosing, dropped at Commit
 }
 
-// Select runs the decision chain and teaches the state that produced the choice.
-func (p *Policy) Select(in policy.Input) policy.Decision {
+// newDecision derives the chain's keys from the input; Select and Commit derive the same ones.
+func newDecision(in policy.Input) *decision {
 	req := in.Request
-	d := &decision{in: in, ctx: in.Context, model: req.Model, text: req.Text}
+	d := &decision{in: in, ctx: in.Context, model: in.Model, text: req.Text}
 	if d.ctx == nil {
 		d.ctx = context.Background()
 	}
@@ -132,20 +130,86 @@ func (p *Policy) Select(in policy.Input) policy.Decision {
 	if req.Chat {
 		d.key = req.SessionKey
 	}
-	d.tree = p.tree(d.model)
+	if d.text != "" {
+		d.treeKey = treeKey(d.model, d.text)
+	}
+	return d
+}
+
+// treeKey namespaces text by model: caches are per model, so one model's conversations never
+// match another's.
+func treeKey(model, text string) string { return model + "\x00" + text }
+
+// Select runs the decision chain. It changes no state: what the choice teaches is recorded by
+// Commit, once the proxy has accepted the worker.
+func (p *Policy) Select(in policy.Input) policy.Decision {
+	d := newDecision(in)
 	d.minLoad, d.maxLoad = loadRange(in.Candidates)
 
 	w, label := p.choose(d)
+	held := 0
+	if d.text != "" {
+		held = p.matchTenant(d, w.Tenant())
+	}
 	match := 0.0
 	if len(d.text) > 0 {
-		match = float64(d.tree.MatchTenant(d.text, w.Tenant())) / float64(len(d.text))
+		match = float64(held) / float64(len(d.text))
 	}
-	p.teach(d, w, label)
 	if p.log.Enabled(d.ctx, slog.LevelDebug) {
-		p.log.Debug("cache_aware decision", "decision", label, "worker", w.Tenant(), "match", match,
+		p.log.Debug("cache_aware decision", "decision", label, "worker", w.Name(), "match", match,
 			"min_load", d.minLoad, "max_load", d.maxLoad, "session", hashForLog(d.key))
 	}
-	return policy.Decision{Worker: w, Label: label, Match: match}
+	return policy.Decision{Worker: w, Label: label, Match: match, Held: held, Forget: d.forget}
+}
+
+// Commit teaches the accepted choice: the session entry points at the chosen worker (a session
+// hit only refreshes it, which the lookup already did), the chosen worker now holds the request's
+// text, and the tenants found gone while choosing leave the tree. Session ids never enter the
+// tree.
+func (p *Policy) Commit(in policy.Input, dec policy.Decision) {
+	d := newDecision(in)
+	for _, t := range dec.Forget {
+		p.report("tree", p.tree.RemoveTenant(t))
+	}
+	if d.key != "" && dec.Label != LabelSessionMatch {
+		_ = p.store.Set(d.ctx, d.model, d.key, dec.Worker.Tenant())
+	}
+	if d.text != "" {
+		p.report("tree", p.tree.Insert(d.treeKey, dec.Worker.Tenant()))
+	}
+}
+
+// Observe unlearns a worker that failed the attempt (unreachable, 5xx, no first byte in time): it
+// served nothing, so the session must not stay pinned to it. A retry's Commit points the session
+// at the next worker; after a last failure the next turn chooses afresh. Cancelled and succeeded
+// attempts keep what Commit taught: the worker may well have prefilled the request.
+func (p *Policy) Observe(in policy.Input, dec policy.Decision, o workers.Outcome) {
+	if o != workers.Failed {
+		return
+	}
+	d := newDecision(in)
+	if d.key == "" {
+		return
+	}
+	if tenant, ok, err := p.store.Get(d.ctx, d.model, d.key); err == nil && ok && tenant == dec.Worker.Tenant() {
+		_ = p.store.Delete(d.ctx, d.model, d.key)
+	}
+}
+
+// match probes the tree with the request's text; the lengths it returns count bytes of the text,
+// not of the model namespace.
+func (p *Policy) match(d *decision) prefixtree.Match {
+	m := p.tree.Match(d.treeKey)
+	ns := len(d.treeKey) - len(d.text)
+	m.Matched = max(m.Matched-ns, 0)
+	m.Whole = max(m.Whole-ns, 0)
+	m.Branch = max(m.Branch-ns, 0)
+	return m
+}
+
+// matchTenant is the number of bytes of the request's text tenant holds.
+func (p *Policy) matchTenant(d *decision, tenant string) int {
+	return max(p.tree.MatchTenant(d.treeKey, tenant)-(len(d.treeKey)-len(d.text)), 0)
 }
 
 // choose is the decision chain.
@@ -160,9 +224,7 @@ func (p *Policy) choose(d *decision) (*workers.Worker, string) {
 			if w := candidate(d.in.Candidates, tenant); w != nil {
 				return w, LabelSessionMatch
 			}
-			if !live(d.in.All, tenant) {
-				_ = p.store.Delete(d.ctx, d.model, d.key)
-			}
+			// A stale entry needs no deleting: Commit points the session at the new worker.
 		}
 		// 3. History fallback, 4. empty history.
 		if d.text == "" {
@@ -192,7 +254,7 @@ func (p *Policy) choose(d *decision) (*workers.Worker, string) {
 // When no holder of the deciding match is a candidate, the holders that are gone or unavailable
 // are removed from the tree and the least-loaded candidate takes the request.
 func (p *Policy) byHistory(d *decision, hit, stale, low string) (*workers.Worker, string) {
-	m := d.tree.Match(d.text)
+	m := p.match(d)
 	above := func(n int) bool { return float64(n)/float64(len(d.text)) > p.opts.CacheThreshold }
 	if !above(m.Matched) {
 		return p.minLoad(d), low
@@ -229,33 +291,19 @@ func (p *Policy) byHistory(d *decision, hit, stale, low string) (*workers.Worker
 	return p.leastLoaded(d, tied), low
 }
 
-// candidateHolders returns the candidates among tenants, and removes from the tree the tenants
-// that are gone or unavailable. A live tenant that is not a candidate for this request (already
-// tried, or not serving its model) keeps its place.
+// candidateHolders returns the candidates among tenants, and marks the tenants that are gone or
+// unavailable to be removed from the tree at Commit. A live tenant that is not a candidate for
+// this request (already tried, or not serving its model) keeps its place.
 func (p *Policy) candidateHolders(d *decision, tenants []string) []*workers.Worker {
 	var holders []*workers.Worker
 	for _, tenant := range tenants {
 		if w := candidate(d.in.Candidates, tenant); w != nil {
 			holders = append(holders, w)
-		} else if !live(d.in.All, tenant) {
-			d.tree.RemoveTenant(tenant)
+		} else if !live(d.in.All, tenant) && !slices.Contains(d.forget, tenant) {
+			d.forget = append(d.forget, tenant)
 		}
 	}
 	return holders
-}
-
-// teach records the choice: the session entry points at the chosen worker (a session hit only
-// refreshes it, which Get already did) and the chosen worker now holds the request's text.
-// Session ids never enter the tree.
-func (p *Policy) teach(d *decision, w *workers.Worker, label string) {
-	if d.key != "" && label != LabelSessionMatch {
-		_ = p.store.Set(d.ctx, d.model, d.key, w.Tenant())
-	}
-	if d.text != "" {
-		if evicted := d.tree.Insert(d.text, w.Tenant()); evicted > 0 && p.metrics != nil {
-			p.metrics.Evictions.WithLabelValues("tree").Add(float64(evicted))
-		}
-	}
 }
 
 func (p *Policy) imbalanced(minLoad, maxLoad int64) bool {
@@ -285,7 +333,7 @@ func (p *Policy) leastLoaded(d *decision, ws []*workers.Worker) *workers.Worker 
 func (p *Policy) leastLoadedByMatch(d *decision) *workers.Worker {
 	tied := lowest(d.in.Candidates, func(w *workers.Worker) int64 { return w.Load() })
 	if len(tied) > 1 && d.text != "" {
-		tied = lowest(tied, func(w *workers.Worker) int64 { return -int64(d.tree.MatchTenant(d.text, w.Tenant())) })
+		tied = lowest(tied, func(w *workers.Worker) int64 { return -int64(p.matchTenant(d, w.Tenant())) })
 	}
 	return p.leastLoaded(d, tied)
 }

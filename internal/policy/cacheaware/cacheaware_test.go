@@ -65,7 +65,15 @@ func route(p *Policy, pool *workers.Pool, r *reqkey.Request) policy.Decision {
 			cands = append(cands, w)
 		}
 	}
-	return p.Select(policy.Input{Context: context.Background(), Request: r, Candidates: cands, All: pool.All()})
+	in := policy.Input{Context: context.Background(), Request: r, Model: r.Model, Candidates: cands, All: pool.All()}
+	d := p.Select(in)
+	p.Commit(in, d)
+	return d
+}
+
+// heldBy is how many bytes of r's history key the tree says tenant holds.
+func heldBy(p *Policy, r *reqkey.Request, tenant string) int {
+	return p.matchTenant(newDecision(policy.Input{Request: r, Model: r.Model}), tenant)
 }
 
 // chat renders a conversation body: system prompt, then the given user/assistant turns.
@@ -222,6 +230,9 @@ func TestWorkerRemovalClearsSessionsAndTree(t *testing.T) {
 	p := newPolicy(defaultOptions())
 	body := chat(longSystem, []string{"task"}, "")
 	home := route(p, pool, req(t, body, "x-session-id", "s"))
+	if heldBy(p, req(t, body), home.Worker.Tenant()) == 0 {
+		t.Fatal("the chosen worker was not taught the history")
+	}
 	url := home.Worker.URL()
 	if _, err := pool.Remove(url); err != nil {
 		t.Fatal(err)
@@ -230,7 +241,7 @@ func TestWorkerRemovalClearsSessionsAndTree(t *testing.T) {
 	if tenant, ok, _ := p.store.Get(context.Background(), "m", "session:s"); ok {
 		t.Fatalf("session still points at %s", tenant)
 	}
-	if got := p.tree("m").MatchTenant(body, home.Worker.Tenant()); got != 0 {
+	if got := heldBy(p, req(t, body), home.Worker.Tenant()); got != 0 {
 		t.Fatalf("removed worker still holds %d chars in the tree", got)
 	}
 	d := route(p, pool, req(t, body, "x-session-id", "s"))
@@ -249,7 +260,7 @@ func TestUnhealthyHolderIsStaleAndForgotten(t *testing.T) {
 	if d.Label != LabelFirstHealthyFallback || d.Worker == holder {
 		t.Fatalf("no session: %s on %s", d.Label, d.Worker.Tenant())
 	}
-	if p.tree("m").MatchTenant(body, holder.Tenant()) != 0 {
+	if heldBy(p, req(t, body), holder.Tenant()) != 0 {
 		t.Fatal("stale holder kept in the tree")
 	}
 	// With a session key: the history's holder is gone.
@@ -371,16 +382,16 @@ func TestTreeBudgetHoldsUnderLongRandomWorkload(t *testing.T) {
 		s := rng.IntN(len(histories))
 		histories[s] = append(histories[s], strings.Repeat(fmt.Sprintf("s%d-t%d ", s, len(histories[s])), 1+rng.IntN(40)))
 		route(p, pool, req(t, chat("shared system", histories[s], ""), "x-session-id", fmt.Sprint(s)))
-		if got := p.tree("m").Chars(); got > opts.MaxTreeSize*11/10 {
-			t.Fatalf("after request %d the tree holds %d chars, over 1.1x the budget %d", i, got, opts.MaxTreeSize)
+		if got := p.TreeBytes(); got > opts.MaxTreeSize*11/10 {
+			t.Fatalf("after request %d the tree holds %d bytes, over 1.1x the budget %d", i, got, opts.MaxTreeSize)
 		}
 		if len(histories[s]) > 30 {
 			histories[s] = nil
 		}
 	}
 	p.Sweep()
-	if got := p.tree("m").Chars(); got > opts.MaxTreeSize {
-		t.Fatalf("after a sweep the tree holds %d chars, over the budget %d", got, opts.MaxTreeSize)
+	if got := p.TreeBytes(); got > opts.MaxTreeSize {
+		t.Fatalf("after a sweep the tree holds %d bytes, over the budget %d", got, opts.MaxTreeSize)
 	}
 }
 
@@ -396,8 +407,8 @@ func TestStateIsPerModel(t *testing.T) {
 	if d.Label == LabelSessionMatch {
 		t.Fatal("a request without model shared state with a named model")
 	}
-	if len(p.State()) != 3 {
-		t.Fatalf("state for %d models, want 3 (a, b, default)", len(p.State()))
+	if got := p.Sessions(); len(got) != 3 || got["a"] != 1 || got["b"] != 1 || got[DefaultModel] != 1 {
+		t.Fatalf("sessions per model %v, want one each for a, b and default", got)
 	}
 }
 

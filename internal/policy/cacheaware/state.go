@@ -4,23 +4,19 @@ import (
 	"context"
 	"time"
 
-	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/session"
 )
 
 // WorkerRemoved forgets a removed worker URL and every data-parallel rank of it, eagerly: its
-// tenants leave every model's tree and the session store drops the entries pointing at it.
+// tenants leave the tree and the session store drops the entries pointing at it. url must be in
+// the normalised form the pool uses (tenant.NormalizeURL).
 func (p *Policy) WorkerRemoved(url string) {
-	p.treesMu.RLock()
-	for _, t := range p.trees {
-		t.RemoveTenantsWithBase(url)
-	}
-	p.treesMu.RUnlock()
+	p.tree.RemoveTenantsWithBase(url)
 	_ = p.store.RemoveTenantsWithBase(context.Background(), url)
 }
 
 // Run sweeps the state every EvictionInterval until ctx ends: least-recently-used tree leaves
-// beyond the budget, expired sessions; then it publishes the tree and session gauges.
+// beyond the budget, expired sessions.
 func (p *Policy) Run(ctx context.Context) {
 	t := time.NewTicker(p.opts.EvictionInterval)
 	defer t.Stop()
@@ -36,39 +32,28 @@ func (p *Policy) Run(ctx context.Context) {
 
 // Sweep runs one eviction pass now.
 func (p *Policy) Sweep() {
-	evicted := 0
-	p.treesMu.RLock()
-	for _, t := range p.trees {
-		evicted += t.Evict()
-	}
-	p.treesMu.RUnlock()
-	if evicted > 0 && p.metrics != nil {
-		p.metrics.Evictions.WithLabelValues("tree").Add(float64(evicted))
-	}
+	p.report("tree", p.tree.Evict())
 	if p.sweep != nil {
 		p.sweep()
 	}
 }
 
-// State reports each model's tree size and session count, for the metrics.
-func (p *Policy) State() []metrics.ModelState {
-	p.treesMu.RLock()
-	defer p.treesMu.RUnlock()
-	out := make([]metrics.ModelState, 0, len(p.trees))
-	for model, t := range p.trees {
-		s := metrics.ModelState{Model: model, TreeChars: t.Chars(), Sessions: -1}
-		if p.memory != nil {
-			s.Sessions = p.memory.Len(model)
-		}
-		out = append(out, s)
+// TreeBytes is the heap the prefix tree is charged for, all models together.
+func (p *Policy) TreeBytes() int { return p.tree.Bytes() }
+
+// TreeChars is the history stored in the prefix tree, in bytes of text, all models together.
+func (p *Policy) TreeChars() int { return p.tree.Chars() }
+
+// Sessions reports the session count of each model, or nil when the store cannot count (a
+// shared store).
+func (p *Policy) Sessions() map[string]int {
+	if p.memory == nil {
+		return nil
 	}
-	return out
+	return p.memory.Counts()
 }
 
-// countSessionEviction feeds the memory store's evictions into the metrics.
+// countSessionEviction feeds the memory store's evictions to the reporter.
 func (p *Policy) countSessionEviction(model string, reason session.EvictReason, n int) {
-	if p.metrics == nil {
-		return
-	}
-	p.metrics.Evictions.WithLabelValues(reason.String()).Add(float64(n))
+	p.report(reason.String(), n)
 }

@@ -1,0 +1,170 @@
+package proxy
+
+import (
+	"io"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/cacheroute/cacheroute/internal/metrics"
+	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/workers"
+)
+
+// relay passes the worker's answer through: status, end-to-end headers and the router's headers
+// at once (a slow first token must not hide that the request was accepted), then the body as it
+// arrives, each piece flushed to the client as it is read, so stream events are never held back.
+//
+// The body is written by fasthttp after the handler returns; the relay is its body stream, and
+// fasthttp closes it when the write ends. Close is where the exchange ends: the attempt is closed
+// with its outcome, the policy observes it, and the request is counted, exactly once.
+func (s *Server) relay(ctx *fasthttp.RequestCtx, ex *exchange, resp *fasthttp.Response, conn *upConn, dec policy.Decision, at *workers.Attempt) {
+	h := &ctx.Response.Header
+	copyResponseHeaders(h, &resp.Header)
+	worker := dec.Worker
+	h.Set(HeaderWorker, worker.Name())
+	h.Set(HeaderBaseWorker, worker.BaseName())
+	if worker.Rank() >= 0 {
+		h.Set(HeaderDPRank, strconv.Itoa(worker.Rank()))
+	}
+	h.Set(HeaderDecision, dec.Label)
+	h.Set(HeaderPrefixMatch, strconv.FormatFloat(dec.Match, 'f', 4, 64))
+	status := resp.StatusCode()
+	ctx.SetStatusCode(status)
+	s.metrics.Processed.WithLabelValues(worker.Name()).Inc()
+	if s.labeled {
+		s.metrics.CacheAwareDecisions.WithLabelValues(dec.Label).Inc()
+		s.metrics.PrefixMatchRatio.Observe(dec.Match)
+	}
+	size := resp.Header.ContentLength() // -1 chunked, -2 until the connection closes
+	r := &relayBody{s: s, ex: ex, resp: resp, conn: conn, body: resp.BodyStream(), dec: dec, at: at, status: status, size: int64(size)}
+	if !ex.in.Request.Stream && size >= 0 && size <= maxBufferedAnswer {
+		// A non-streamed answer of known, modest size is read whole now and sent with the
+		// headers in one write; nothing waits on it in between.
+		_, err := io.CopyN(ctx.Response.BodyWriter(), r, int64(size))
+		if err != nil && r.upErr == nil {
+			r.upErr = err
+		}
+		if r.upErr != nil {
+			ctx.SetConnectionClose() // the answer is incomplete: say so by closing, as a stream would
+			ctx.Response.ResetBody()
+			ctx.Response.SetBodyStream(failingReader{r.upErr}, size)
+		}
+		r.end(nil)
+		return
+	}
+	// The client must take the answer by the request's deadline too: a client that stops reading
+	// cannot hold the worker's load past it.
+	_ = ctx.SetWriteDeadline(ex.deadline)
+	ctx.Response.ImmediateHeaderFlush = true
+	ctx.Response.SetBodyStream(r, max(size, -1)) // relayed chunked unless its length is known
+}
+
+// maxBufferedAnswer is the largest non-streamed answer read whole before it is sent.
+const maxBufferedAnswer = 1 << 20
+
+// failingReader fails the write of an answer whose body broke off, so the client connection is
+// cut rather than ended cleanly.
+type failingReader struct{ err error }
+
+func (f failingReader) Read([]byte) (int, error) { return 0, f.err }
+
+// relayBody is the client-side body stream of one relayed answer.
+type relayBody struct {
+	s      *Server
+	ex     *exchange
+	resp   *fasthttp.Response
+	conn   *upConn
+	body   io.Reader
+	dec    policy.Decision
+	at     *workers.Attempt
+	status int
+	size   int64 // the answer's Content-Length, or -1 (chunked), or -2 (until the connection closes)
+
+	relayed   int64
+	firstByte time.Time
+	upErr     error // the worker's body broke off (not io.EOF)
+	eof       bool
+	once      sync.Once
+}
+
+func (r *relayBody) Read(p []byte) (int, error) {
+	if r.body == nil {
+		return 0, io.EOF
+	}
+	n, err := r.body.Read(p)
+	if n > 0 && r.firstByte.IsZero() {
+		r.firstByte = time.Now()
+	}
+	r.relayed += int64(n)
+	switch {
+	case err == io.EOF:
+		r.eof = true
+	case err != nil:
+		// After the first byte nothing can be retried: returning the error makes fasthttp close
+		// the client connection without ending the body, so the client sees a truncated answer
+		// rather than a clean end.
+		r.upErr = err
+	}
+	return n, err
+}
+
+// Close ends the exchange; fasthttp calls it once the body was written or could not be.
+func (r *relayBody) Close() error { r.end(nil); return nil }
+
+// CloseWithError is Close with the error of the write to the client, if any.
+func (r *relayBody) CloseWithError(err error) error { r.end(err); return nil }
+
+func (r *relayBody) end(writeErr error) {
+	r.once.Do(func() {
+		s, ex := r.s, r.ex
+		outcome := workers.Succeeded
+		class := metrics.StatusClass(r.status)
+		ex.stopWatch()
+		complete := r.eof || r.relayed == r.size
+		switch {
+		case ex.gone.Load():
+			// The watch saw the client leave and closed the worker connection.
+			outcome, class = workers.Cancelled, metrics.StatusClass(statusClientGone)
+		case r.upErr != nil:
+			outcome, class = workers.Failed, metrics.StatusCut
+			kind := metrics.ErrMidStream
+			if !time.Now().Before(ex.deadline) {
+				kind = metrics.ErrTimeout
+			}
+			s.metrics.UpstreamErrors.WithLabelValues(kind).Inc()
+			s.log.Warn("upstream answer broke off after the first byte", "request_id", ex.rid, "worker", r.dec.Worker.Name(), "kind", kind)
+		case writeErr != nil || !complete:
+			// The client went away or stopped reading past the deadline: no verdict on the worker.
+			outcome = workers.Cancelled
+			if time.Now().Before(ex.deadline) {
+				class = metrics.StatusClass(statusClientGone)
+			} else {
+				class = metrics.StatusCut
+			}
+		case r.status >= 500:
+			outcome = workers.Failed
+		}
+		// A connection whose answer was read to its end goes back to the pool; any other is closed,
+		// which is how a worker learns to stop generating for a client that left.
+		ex.conn.Store(nil)
+		if complete && writeErr == nil && r.upErr == nil && !ex.gone.Load() && r.size != -2 && !r.resp.ConnectionClose() {
+			fasthttp.ReleaseResponse(r.resp)
+			r.conn.pool.put(r.conn)
+		} else {
+			_ = r.conn.conn.Close()
+			fasthttp.ReleaseResponse(r.resp)
+		}
+		r.at.Close(outcome)
+		s.policy.Observe(ex.in, r.dec, outcome)
+		route := ex.route.path
+		s.metrics.Requests.WithLabelValues(route, class).Inc()
+		s.metrics.RequestDuration.WithLabelValues(route).Observe(time.Since(ex.start).Seconds())
+		if r.firstByte.IsZero() {
+			r.firstByte = time.Now() // an empty body: its end is its first byte
+		}
+		s.metrics.TimeToFirstByte.WithLabelValues(route).Observe(r.firstByte.Sub(ex.start).Seconds())
+	})
+}
