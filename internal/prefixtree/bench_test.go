@@ -96,7 +96,7 @@ func BenchmarkInsertMatch(b *testing.B) {
 			reset := func() {
 				tr = New(0)
 				for s := range turns {
-					tr.Insert(turns[s][0], benchTenants[s%len(benchTenants)])
+					tr.Insert(model, turns[s][0], benchTenants[s%len(benchTenants)])
 				}
 				step = 0
 			}
@@ -113,10 +113,10 @@ func BenchmarkInsertMatch(b *testing.B) {
 				s, turn := step%sessions, 1+step/sessions
 				key := turns[s][turn]
 				tenant := benchTenants[s%len(benchTenants)]
-				if m := tr.Match(key); m.Matched < len(turns[s][turn-1]) {
+				if m := tr.Match(model, key); m.Matched < len(turns[s][turn-1]) {
 					b.Fatalf("matched %d of %d bytes already routed", m.Matched, len(turns[s][turn-1]))
 				}
-				tr.Insert(key, tenant)
+				tr.Insert(model, key, tenant)
 				step++
 			}
 		})
@@ -130,15 +130,15 @@ func BenchmarkMatchOnly512KiB(b *testing.B) {
 	key := gen.nextTurn(stored)
 	tr := New(0)
 	for i, tenant := range benchTenants {
-		tr.Insert(gen.history(500<<10), tenant)
+		tr.Insert(model, gen.history(500<<10), tenant)
 		if i == 0 {
-			tr.Insert(stored, tenant)
+			tr.Insert(model, stored, tenant)
 		}
 	}
 	b.ReportAllocs()
 	b.SetBytes(int64(len(key)))
 	for b.Loop() {
-		tr.Match(key)
+		tr.Match(model, key)
 	}
 }
 

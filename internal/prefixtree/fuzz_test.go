@@ -13,24 +13,31 @@ var fuzzTenants = []string{"u", "u@0", "u@1", "u2", "ux@0", "v", "v@3", "u@"}
 
 var fuzzBases = []string{"u", "v", "u@1", "w"}
 
-// referenceTree is the naive model the fuzz target compares against: the set of
-// (key, tenant) pairs that were inserted and not removed.
-type referenceTree map[[2]string]bool
+// fuzzSpaces are namespaces whose names joined to the fuzzer's keys (over "abc") collide:
+// ("", "abc"), ("a", "bc") and ("ab", "c") would be one key if a namespace were a key prefix.
+var fuzzSpaces = []string{"a", "ab", ""}
 
-func (r referenceTree) heldBy(key, tenant string) int {
+// refEntry is one (namespace, key, tenant) triple the reference model holds.
+type refEntry struct{ ns, key, tenant string }
+
+// referenceTree is the naive model the fuzz target compares against: the set of
+// (namespace, key, tenant) triples that were inserted and not removed.
+type referenceTree map[refEntry]bool
+
+func (r referenceTree) heldBy(ns, key, tenant string) int {
 	best := 0
-	for p := range r {
-		if p[1] == tenant {
-			best = max(best, commonPrefixLen(p[0], key))
+	for e := range r {
+		if e.ns == ns && e.tenant == tenant {
+			best = max(best, commonPrefixLen(e.key, key))
 		}
 	}
 	return best
 }
 
-func (r referenceTree) match(key string) Match {
+func (r referenceTree) match(ns, key string) Match {
 	var m Match
 	for _, tenant := range fuzzTenants {
-		switch n := r.heldBy(key, tenant); {
+		switch n := r.heldBy(ns, key, tenant); {
 		case n == 0 || n < m.Matched:
 		case n > m.Matched:
 			m = Match{Matched: n, Holders: []string{tenant}}
@@ -42,31 +49,45 @@ func (r referenceTree) match(key string) Match {
 	return m
 }
 
-// chars counts the distinct non-empty prefixes of the stored keys: one per stored byte.
+// chars counts the distinct non-empty prefixes of the stored keys of each namespace: one per
+// stored byte.
 func (r referenceTree) chars() int {
-	prefixes := map[string]bool{}
-	for p := range r {
-		for i := 1; i <= len(p[0]); i++ {
-			prefixes[p[0][:i]] = true
+	prefixes := map[[2]string]bool{}
+	for e := range r {
+		for i := 1; i <= len(e.key); i++ {
+			prefixes[[2]string{e.ns, e.key[:i]}] = true
 		}
 	}
 	return len(prefixes)
 }
 
+// spaces counts the namespaces holding any key.
+func (r referenceTree) spaces() int {
+	spaces := map[string]bool{}
+	for e := range r {
+		spaces[e.ns] = true
+	}
+	return len(spaces)
+}
+
 func (r referenceTree) removeIf(drop func(tenant string) bool) {
-	for p := range r {
-		if drop(p[1]) {
-			delete(r, p)
+	for e := range r {
+		if drop(e.tenant) {
+			delete(r, e)
 		}
 	}
 }
 
 // FuzzTree runs a sequence of operations decoded from the input against a Tree and the
-// reference model and fails on any disagreement. The budget is unlimited so eviction stays
-// out of the comparison; the tree's own invariants are checked after every step.
+// reference model and fails on any disagreement. Each operation byte picks the operation
+// (byte % 5) and the namespace (byte / 5 % 3), so bytes below 5 all work in the first one. The
+// budget is unlimited so eviction stays out of the comparison; the tree's own invariants are
+// checked after every step.
 func FuzzTree(f *testing.F) {
 	f.Add([]byte{0, 3, 0, 1, 2, 0, 0, 5, 0, 1, 2, 1, 1, 1, 3, 0, 1, 2})
 	f.Add([]byte{0, 4, 0, 0, 0, 0, 1, 0, 2, 0, 0, 2, 2, 5, 0, 0, 1, 1, 1})
+	// "abc" in namespace "", "bc" in "a", then look "c" up in "ab": joined, all three are "abc".
+	f.Add([]byte{10, 0, 3, 0, 1, 2, 0, 5, 2, 1, 2, 6, 0, 1, 2, 11, 0, 3, 0, 1, 2, 2, 5, 2, 1, 2, 3, 0, 0, 8, 5, 0})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		// The reference model is quadratic; a few dozen operations find every bug it can.
 		data = data[:min(len(data), 512)]
@@ -81,7 +102,8 @@ func FuzzTree(f *testing.F) {
 			return b
 		}
 		for len(data) > 0 {
-			op := next() % 5
+			opByte := next()
+			op, ns := opByte%5, fuzzSpaces[int(opByte/5)%len(fuzzSpaces)]
 			who := fuzzTenants[int(next())%len(fuzzTenants)]
 			key := make([]byte, next()%12)
 			for i := range key {
@@ -91,18 +113,18 @@ func FuzzTree(f *testing.F) {
 
 			switch op {
 			case 0:
-				tr.Insert(k, who)
+				tr.Insert(ns, k, who)
 				if k != "" {
-					ref[[2]string{k, who}] = true
+					ref[refEntry{ns, k, who}] = true
 				}
 			case 1:
-				got, want := tr.Match(k), ref.match(k)
+				got, want := tr.Match(ns, k), ref.match(ns, k)
 				if got.Matched != want.Matched || !slices.Equal(got.Holders, want.Holders) {
-					t.Fatalf("Match(%q) = {%d %q}, want {%d %q}", k, got.Matched, got.Holders, want.Matched, want.Holders)
+					t.Fatalf("Match(%q, %q) = {%d %q}, want {%d %q}", ns, k, got.Matched, got.Holders, want.Matched, want.Holders)
 				}
 			case 2:
-				if got, want := tr.MatchTenant(k, who), ref.heldBy(k, who); got != want {
-					t.Fatalf("MatchTenant(%q, %q) = %d, want %d", k, who, got, want)
+				if got, want := tr.MatchTenant(ns, k, who), ref.heldBy(ns, k, who); got != want {
+					t.Fatalf("MatchTenant(%q, %q, %q) = %d, want %d", ns, k, who, got, want)
 				}
 			case 3:
 				before := tr.Bytes()
@@ -120,6 +142,9 @@ func FuzzTree(f *testing.F) {
 			}
 			if got, want := tr.Chars(), ref.chars(); got != want {
 				t.Fatalf("after op %d: Chars() = %d, want %d", op, got, want)
+			}
+			if got, want := len(tr.spaces), ref.spaces(); got != want {
+				t.Fatalf("after op %d: %d namespaces kept, %d hold keys", op, got, want)
 			}
 			checkInvariants(t, tr)
 		}

@@ -21,8 +21,26 @@ func invariantError(tr *Tree) error {
 	chars, leaves := 0, 0
 	// The heap charge, recomputed from scratch: it must equal the one kept up to date by every
 	// mutation, or the budget drifts away from the memory it bounds.
-	nodeBytes := tr.root.sliceBytes()
-	stack := []*node{&tr.root}
+	nodeBytes := 0
+	var stack []*node
+	if tr.spacesPeak < len(tr.spaces) {
+		return fmt.Errorf("%d namespaces but a peak of %d", len(tr.spaces), tr.spacesPeak)
+	}
+	for ns, root := range tr.spaces {
+		switch {
+		case root == nil:
+			return fmt.Errorf("namespace %q has no root", ns)
+		case root.label != ns:
+			return fmt.Errorf("namespace %q has a root labelled %q", ns, root.label)
+		case root.parent != nil || len(root.holders) > 0 || root.heapIndex != -1 || root.keyEnd:
+			return fmt.Errorf("root of namespace %q has a parent, holders, a heap index or a key end", ns)
+		case len(root.children) == 0:
+			return fmt.Errorf("namespace %q is empty but kept", ns)
+		}
+		// A root is charged like any node, plus its map entry.
+		nodeBytes += root.heapBytes() + spaceEntryBytes
+		stack = append(stack, root)
+	}
 	for len(stack) > 0 {
 		n := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
@@ -51,16 +69,16 @@ func invariantError(tr *Tree) error {
 				if id, ok := tr.tenantIDs[tr.tenantNames[h]]; int(h) >= len(tr.tenantNames) || !ok || id != h {
 					return fmt.Errorf("node %q is held by unknown tenant id %d", c.label, h)
 				}
-				if n != &tr.root && !n.holds(h) {
+				if !n.isRoot() && !n.holds(h) {
 					return fmt.Errorf("node %q is held by %q but its parent %q is not", c.label, tr.tenantNames[h], n.label)
 				}
 			}
-			if c.lastUsed > n.lastUsed && n != &tr.root {
+			if c.lastUsed > n.lastUsed && !n.isRoot() {
 				return fmt.Errorf("node %q was used after its parent %q", c.label, n.label)
 			}
 			stack = append(stack, c)
 		}
-		if n == &tr.root {
+		if n.isRoot() {
 			continue
 		}
 		chars += len(n.label)

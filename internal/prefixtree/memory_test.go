@@ -20,7 +20,7 @@ const (
 func insertCounterKeys(tr *Tree, n int) {
 	tenants := benchTenants[:4]
 	for i := range n {
-		tr.Insert("req "+strconv.Itoa(i+1), tenants[i%len(tenants)])
+		tr.Insert(model, "req "+strconv.Itoa(i+1), tenants[i%len(tenants)])
 	}
 }
 
@@ -47,7 +47,7 @@ func fillHistories(tr *Tree, volume int) {
 		if rng.IntN(8) == 0 {
 			worker++
 		}
-		tr.Insert(active[s], benchTenants[worker%len(benchTenants)])
+		tr.Insert(model, active[s], benchTenants[worker%len(benchTenants)])
 	}
 }
 
@@ -72,10 +72,7 @@ func storedKeys(tr *Tree) int {
 	tr.mu.RLock()
 	defer tr.mu.RUnlock()
 	keys := 0
-	stack := []*node{&tr.root}
-	for len(stack) > 0 {
-		n := stack[len(stack)-1]
-		stack = append(stack[:len(stack)-1], n.children...)
+	for _, n := range allNodes(tr) {
 		if n.keyEnd {
 			keys++
 		}

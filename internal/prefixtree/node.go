@@ -13,9 +13,12 @@ const (
 	idBytes         = int(unsafe.Sizeof(uint32(0)))
 )
 
-// node is one edge of the radix tree together with the vertex it leads to.
+// node is one edge of the radix tree together with the vertex it leads to, or the root of a
+// namespace.
 //
 // Invariants (checked by the tests):
+//   - a root has no parent, no holders and at least one child, and its label is the name of
+//     its namespace: the key of its entry in Tree.spaces;
 //   - every non-root node has a non-empty label, and edges[i] == children[i].label[0],
 //     so the children of one node start with distinct bytes;
 //   - every non-root node has at least one holder, and a node's holders are a subset of its
@@ -45,11 +48,14 @@ func (n *node) heapBytes() int {
 	return allocBytes(nodeStructBytes) + allocBytes(len(n.label)) + n.sliceBytes()
 }
 
-// sliceBytes is the heap held by the backing arrays of the node's slices. The root is part of
-// the Tree, so only this part of it is charged.
+// sliceBytes is the heap held by the backing arrays of the node's slices.
 func (n *node) sliceBytes() int {
 	return allocBytes(cap(n.edges)) + allocBytes(cap(n.children)*ptrBytes) + allocBytes(cap(n.holders)*idBytes)
 }
+
+// isRoot reports whether n is the root of a namespace. Only meaningful for a node in the
+// tree: a detached node has no parent either.
+func (n *node) isRoot() bool { return n.parent == nil }
 
 // child returns the child whose label starts with b, with its position, or (nil, -1).
 func (n *node) child(b byte) (*node, int) {

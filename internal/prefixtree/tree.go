@@ -1,23 +1,35 @@
-// Package prefixtree is the multi-tenant radix tree behind cache-aware routing: for one model
-// it records which worker tenants were sent which chat-history keys, so the router can ask
-// "which worker most likely still holds the longest prefix of this conversation in its KV
-// cache?".
+// Package prefixtree is the multi-tenant radix tree behind cache-aware routing: it records
+// which worker tenants were sent which chat-history keys, so the router can ask "which worker
+// most likely still holds the longest prefix of this conversation in its KV cache?".
 //
 // A tenant that is sent a key holds that key and every prefix of it. Keys are serialized chat
 // histories that grow turn by turn, so the tree is mostly one shared trunk (the system
 // prompt) with one branch per conversation and one node per turn.
+//
+// # Namespaces
+//
+// Every key lives in a namespace; the router uses one per model, because a worker's KV cache
+// is per model. A namespace is an independent radix tree with its own root inside the one
+// Tree: keys in different namespaces never match each other, however alike, and the namespace
+// is never joined to a key, so a lookup copies nothing and the lengths Match reports are bytes
+// of the key alone. All namespaces share one lock, one budget, one leaf heap and one tenant
+// table: eviction takes the least recently used leaf whichever namespace holds it, so one
+// budget bounds the whole tree, and removing a tenant clears it in every namespace. A
+// namespace's root and its map entry are charged like any node; once eviction or removal
+// takes a namespace's last leaf the namespace is dropped, so the namespaces of models no
+// longer routed do not accumulate.
 //
 // # Budget and eviction
 //
 // The budget is on heap bytes, not on characters of history: a tree built with New(maxBytes)
 // charges every node what it costs the heap — its struct, its label, and the arrays behind its
 // edges, children and holders at their capacity, each rounded up to the allocation size the Go
-// allocator hands out — plus the leaf heap's array and the interned tenant names. Bytes
-// reports the charge; Chars reports the history stored (the label bytes). A label budget would
-// not bound memory: a short key such as "req 42" costs a node of over a hundred bytes for a
-// byte or two of label, so 200,000 such keys under a 4 MiB label budget held 30 MB of heap.
-// Every mutation keeps the charge exact (the tests recompute it from scratch), so the live
-// heap the tree holds stays within a few percent of Bytes.
+// allocator hands out — plus each namespace's root and map entry, the leaf heap's array and
+// the interned tenant names. Bytes reports the charge; Chars reports the history stored (the
+// label bytes). A label budget would not bound memory: a short key such as "req 42" costs a
+// node of over a hundred bytes for a byte or two of label, so 200,000 such keys under a 4 MiB
+// label budget held 30 MB of heap. Every mutation keeps the charge exact (the tests recompute
+// it from scratch), so the live heap the tree holds stays within a few percent of Bytes.
 //
 // Eviction is by whole leaf, least recently used first: a leaf's access time is the last
 // Insert by any tenant whose key ran through it, and evicting it drops every tenant's hold on
@@ -42,10 +54,10 @@
 // access stamp. A node's struct takes 112 bytes and its slices a few tens more whatever the
 // length of its label, so what a stored character costs depends on the key shape: about 150
 // heap bytes per key (and per character) for counter-like short keys, about 1.16 bytes per
-// character for chat histories that grow by a few hundred bytes or more per turn. Either way
-// the live heap stays within a few percent of Bytes, and so of the budget
-// (TestBudget_BoundsHeapForShortKeys, TestBudget_BoundsHeapForGrowingHistories,
-// BenchmarkMemory).
+// character for chat histories that grow by a few hundred bytes or more per turn. A namespace
+// adds about 200 bytes (its root, its name and its map entry). Either way the live heap stays
+// within a few percent of Bytes, and so of the budget (TestBudget_BoundsHeapForShortKeys,
+// TestBudget_BoundsHeapForGrowingHistories, BenchmarkMemory).
 package prefixtree
 
 import (
@@ -69,17 +81,36 @@ const tenantEntryBytes = 48
 // tenantCost is what interning tenant costs the heap, beyond the tenantNames slot.
 func tenantCost(tenant string) int { return allocBytes(len(tenant)) + tenantEntryBytes }
 
-// Tree is the prefix tree of one model. It is safe for concurrent use; each Tree has its own
-// lock, so routing for one model never waits on another.
-type Tree struct {
-	mu     sync.RWMutex
-	root   node
-	leaves leafHeap
-	clock  uint64
+// spaceEntryBytes is charged per namespace for its entry in the spaces map (key header, root
+// pointer and the map's spare slots): a map[string]*node measures 35 to 55 bytes per entry
+// depending on how full its table is. The namespace's name is its root's label, charged with
+// the root.
+const spaceEntryBytes = 48
 
-	// chars is the sum of the label lengths. nodeBytes is the heap charged to nodes: every
-	// node's heapBytes, plus the root's slices. tenantBytes is the heap charged to interned
-	// tenants. Bytes adds the arrays the tree keeps for all nodes and tenants (bytesLocked).
+// spaceCost is what the namespace of root costs the heap: the root node and its map entry.
+func spaceCost(root *node) int { return root.heapBytes() + spaceEntryBytes }
+
+// minSpacesPeak is the size below which the spaces map is never rebuilt to shrink it.
+const minSpacesPeak = 64
+
+// Tree is a prefix tree of keys in namespaces. It is safe for concurrent use; one lock covers
+// every namespace, as the budget, the leaf heap and the tenant table they share must change
+// together.
+type Tree struct {
+	mu sync.RWMutex
+	// spaces maps a namespace to its root. A root's label is its namespace's name; it has no
+	// parent, no holders and at least one child, and never sits in the leaf heap. A Go map
+	// keeps its table at its largest size when entries are deleted, so once the map holds
+	// fewer than half the entries it held at its peak, it is rebuilt at its current size.
+	spaces     map[string]*node
+	spacesPeak int
+	leaves     leafHeap
+	clock      uint64
+
+	// chars is the sum of the label lengths of non-root nodes. nodeBytes is the heap charged
+	// to nodes: every node's heapBytes, plus each namespace's spaceCost. tenantBytes is the
+	// heap charged to interned tenants. Bytes adds the arrays the tree keeps for all nodes and
+	// tenants (bytesLocked).
 	chars       int
 	nodeBytes   int
 	tenantBytes int
@@ -90,7 +121,8 @@ type Tree struct {
 	freeIDs     []uint32
 }
 
-// Match is the result of a longest-prefix lookup.
+// Match is the result of a longest-prefix lookup in one namespace. Its lengths are bytes of
+// the key; the namespace's name counts in none of them.
 type Match struct {
 	// Matched is the number of bytes of the key matched by the deepest holders.
 	Matched int
@@ -113,15 +145,13 @@ type Match struct {
 // New returns an empty tree whose heap use, as Bytes counts it, is held to maxBytes.
 // maxBytes <= 0 means no budget: nothing is ever evicted.
 func New(maxBytes int) *Tree {
-	t := &Tree{maxBytes: maxBytes, tenantIDs: make(map[string]uint32)}
-	t.root.heapIndex = -1
-	return t
+	return &Tree{maxBytes: maxBytes, spaces: make(map[string]*node), tenantIDs: make(map[string]uint32)}
 }
 
-// Insert records that tenant now holds key and every prefix of it, and marks the path as
-// just used. If the tree ends up more than 10% over budget it evicts down to the budget and
-// returns the bytes freed, as Bytes counts them.
-func (t *Tree) Insert(key, tenant string) (evicted int) {
+// Insert records that tenant now holds key, and every prefix of it, in namespace ns, and
+// marks the path as just used. If the tree ends up more than 10% over budget it evicts down
+// to the budget, in any namespace, and returns the bytes freed, as Bytes counts them.
+func (t *Tree) Insert(ns, key, tenant string) (freed int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if key == "" {
@@ -131,13 +161,13 @@ func (t *Tree) Insert(key, tenant string) (evicted int) {
 	t.clock++
 	now := t.clock
 
-	n := &t.root
+	n := t.spaceLocked(ns)
 	rest := key
 	for len(rest) > 0 {
 		c, i := n.child(rest[0])
 		if c == nil {
 			leaf := &node{label: cloneLabel(rest), holders: []uint32{id}, lastUsed: now}
-			if n != &t.root && len(n.children) == 0 {
+			if !n.isRoot() && len(n.children) == 0 {
 				t.leaves.remove(n)
 			}
 			t.nodeBytes += n.addChild(leaf) + leaf.heapBytes()
@@ -166,6 +196,49 @@ func (t *Tree) Insert(key, tenant string) (evicted int) {
 	return 0
 }
 
+// spaceLocked returns the root of namespace ns, creating the namespace if it has none. A new
+// root has no children yet: the caller must give it one before releasing the lock.
+func (t *Tree) spaceLocked(ns string) *node {
+	if root := t.spaces[ns]; root != nil {
+		return root
+	}
+	root := &node{label: cloneLabel(ns), heapIndex: -1}
+	t.spaces[root.label] = root
+	t.spacesPeak = max(t.spacesPeak, len(t.spaces))
+	t.nodeBytes += spaceCost(root)
+	return root
+}
+
+// dropSpaceLocked removes the namespace of root, which has just lost its last child, and
+// rebuilds the spaces map once it holds fewer than half its peak entries, so that the
+// table of a map that once held many namespaces is not kept at its largest.
+func (t *Tree) dropSpaceLocked(root *node) {
+	t.nodeBytes -= spaceCost(root)
+	delete(t.spaces, root.label)
+	if t.spacesPeak >= minSpacesPeak && len(t.spaces) < t.spacesPeak/2 {
+		spaces := make(map[string]*node, len(t.spaces))
+		for ns, r := range t.spaces {
+			spaces[ns] = r
+		}
+		t.spaces, t.spacesPeak = spaces, len(spaces)
+	}
+}
+
+// unlinkLocked detaches the non-root node n from its parent and uncharges the parent's
+// slices, then tidies the parent: a root left without children is dropped with its
+// namespace, any other node left without children becomes a leaf.
+func (t *Tree) unlinkLocked(n *node) {
+	parent := n.parent
+	t.nodeBytes -= parent.removeChild(n)
+	switch {
+	case len(parent.children) > 0:
+	case parent.isRoot():
+		t.dropSpaceLocked(parent)
+	default:
+		t.leaves.push(parent)
+	}
+}
+
 // splitLocked cuts child c of parent (at position i) after its first l bytes and returns the
 // new upper node, which takes c's place. Both halves get fresh label copies so neither keeps
 // the other's bytes alive once one of them is gone.
@@ -185,14 +258,18 @@ func (t *Tree) splitLocked(parent *node, i int, c *node, l int) *node {
 	return upper
 }
 
-// Match returns the longest prefix of key held by any tenant and every tenant holding it.
-func (t *Tree) Match(key string) Match {
+// Match returns the longest prefix of key held by any tenant in namespace ns and every tenant
+// holding it.
+func (t *Tree) Match(ns, key string) Match {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	matched, deepest := 0, (*node)(nil)
 	whole, wholeNode := 0, (*node)(nil)
 	branch := 0
-	n := &t.root
+	n := t.spaces[ns]
+	if n == nil {
+		return Match{}
+	}
 	rest := key
 	for len(rest) > 0 {
 		c, _ := n.child(rest[0])
@@ -234,16 +311,16 @@ func (t *Tree) namesLocked(ids []uint32) []string {
 	return names
 }
 
-// MatchTenant returns how many bytes of key tenant holds (0 if none).
-func (t *Tree) MatchTenant(key, tenant string) int {
+// MatchTenant returns how many bytes of key tenant holds in namespace ns (0 if none).
+func (t *Tree) MatchTenant(ns, key, tenant string) int {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	id, ok := t.tenantIDs[tenant]
-	if !ok {
+	n := t.spaces[ns]
+	if !ok || n == nil {
 		return 0
 	}
 	matched := 0
-	n := &t.root
 	rest := key
 	for len(rest) > 0 {
 		c, _ := n.child(rest[0])
@@ -261,8 +338,9 @@ func (t *Tree) MatchTenant(key, tenant string) int {
 	return matched
 }
 
-// Chars returns the number of key bytes stored in the tree (the sum of its edge label
-// lengths): how much history it holds, whatever that costs in heap.
+// Chars returns the number of key bytes stored in the tree, all namespaces together (the sum
+// of its edge label lengths, namespace names not included): how much history it holds,
+// whatever that costs in heap.
 func (t *Tree) Chars() int {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
@@ -270,7 +348,8 @@ func (t *Tree) Chars() int {
 }
 
 // Bytes returns the heap the tree holds as the budget counts it: every node's struct, label
-// and slice arrays at their capacity, the leaf heap's array, and the interned tenant names.
+// and slice arrays at their capacity, each namespace's root and map entry, the leaf heap's
+// array, and the interned tenant names.
 func (t *Tree) Bytes() int {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
@@ -284,8 +363,9 @@ func (t *Tree) bytesLocked() int {
 		allocBytes(cap(t.tenantNames)*int(unsafe.Sizeof(""))) + allocBytes(cap(t.freeIDs)*idBytes)
 }
 
-// Evict removes least recently used leaves until the tree is within its budget and returns
-// the bytes freed, as Bytes counts them.
+// Evict removes least recently used leaves, whichever namespace holds them, until the tree is
+// within its budget and returns the bytes freed, as Bytes counts them. A namespace whose last
+// leaf goes is dropped.
 func (t *Tree) Evict() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -300,18 +380,15 @@ func (t *Tree) evictLocked() int {
 	for t.bytesLocked() > t.maxBytes && len(t.leaves) > 0 {
 		leaf := t.leaves[0]
 		t.leaves.remove(leaf)
-		parent := leaf.parent
-		t.nodeBytes -= parent.removeChild(leaf) + leaf.heapBytes()
+		t.unlinkLocked(leaf)
+		t.nodeBytes -= leaf.heapBytes()
 		t.chars -= len(leaf.label)
-		if parent != &t.root && len(parent.children) == 0 {
-			t.leaves.push(parent)
-		}
 	}
 	return start - t.bytesLocked()
 }
 
-// RemoveTenant drops tenant from every node, prunes the nodes nobody holds any more and
-// returns the bytes freed, as Bytes counts them.
+// RemoveTenant drops tenant from every node of every namespace, prunes the nodes nobody holds
+// any more (and the namespaces left empty) and returns the bytes freed, as Bytes counts them.
 func (t *Tree) RemoveTenant(tenant string) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -323,8 +400,8 @@ func (t *Tree) RemoveTenant(tenant string) int {
 }
 
 // RemoveTenantsWithBase drops every tenant named base or base+"@<rank>" (a removed worker
-// together with all its data-parallel ranks) and returns the bytes freed, as Bytes counts them.
-// A tenant such as base+"x" or base+"x@0" is a different worker and is kept.
+// together with all its data-parallel ranks) from every namespace and returns the bytes freed,
+// as Bytes counts them. A tenant such as base+"x" or base+"x@0" is a different worker and is kept.
 func (t *Tree) RemoveTenantsWithBase(base string) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -342,10 +419,14 @@ func (t *Tree) RemoveTenantsWithBase(base string) int {
 
 // removeIDsLocked visits exactly the nodes held by any of ids (holders are closed under
 // taking prefixes, so the walk never needs to enter a subtree the tenants do not hold),
-// drops the ids there and prunes every node left without holders. The ids are then freed.
+// drops the ids there and prunes every node left without holders, in every namespace. The ids
+// are then freed.
 func (t *Tree) removeIDsLocked(ids []uint32) int {
 	start := t.bytesLocked()
-	stack := t.heldChildren(nil, &t.root, ids)
+	var stack []*node
+	for _, root := range t.spaces {
+		stack = t.heldChildren(stack, root, ids)
+	}
 	for len(stack) > 0 {
 		n := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
@@ -355,12 +436,8 @@ func (t *Tree) removeIDsLocked(ids []uint32) int {
 			continue
 		}
 		// Nobody holds n, so nobody holds anything below it either.
-		parent := n.parent
-		t.nodeBytes -= parent.removeChild(n)
+		t.unlinkLocked(n)
 		t.dropSubtreeLocked(n)
-		if parent != &t.root && len(parent.children) == 0 {
-			t.leaves.push(parent)
-		}
 	}
 	for _, id := range ids {
 		name := t.tenantNames[id]

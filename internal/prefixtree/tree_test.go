@@ -16,92 +16,109 @@ const (
 	workerC = "http://10.0.0.3:8000"
 )
 
-func assertMatch(t *testing.T, tr *Tree, key string, wantMatched int, wantHolders ...string) {
+// model is the namespace of the tests that need only one.
+const model = "meta-llama/Llama-3.1-8B-Instruct"
+
+func assertMatch(t *testing.T, tr *Tree, ns, key string, wantMatched int, wantHolders ...string) {
 	t.Helper()
-	got := tr.Match(key)
+	got := tr.Match(ns, key)
 	if got.Matched != wantMatched || !slices.Equal(got.Holders, wantHolders) {
-		t.Fatalf("Match(%q) = {%d %q}, want {%d %q}", key, got.Matched, got.Holders, wantMatched, wantHolders)
+		t.Fatalf("Match(%q, %q) = {%d %q}, want {%d %q}", ns, key, got.Matched, got.Holders, wantMatched, wantHolders)
 	}
+}
+
+// allNodes returns every node of the tree, namespace roots included.
+func allNodes(tr *Tree) []*node {
+	var stack, all []*node
+	for _, root := range tr.spaces {
+		stack = append(stack, root)
+	}
+	for len(stack) > 0 {
+		n := stack[len(stack)-1]
+		stack = append(stack[:len(stack)-1], n.children...)
+		all = append(all, n)
+	}
+	return all
 }
 
 func TestMatch_ExactKeyMatchesWholly(t *testing.T) {
 	tr := New(0)
-	tr.Insert("system|user: hi", workerA)
-	assertMatch(t, tr, "system|user: hi", len("system|user: hi"), workerA)
+	tr.Insert(model, "system|user: hi", workerA)
+	assertMatch(t, tr, model, "system|user: hi", len("system|user: hi"), workerA)
 	checkInvariants(t, tr)
 }
 
 func TestMatch_LongerKeyMatchesStoredPrefix(t *testing.T) {
 	tr := New(0)
-	tr.Insert("system|user: hi", workerA)
-	assertMatch(t, tr, "system|user: hi|assistant: hello", len("system|user: hi"), workerA)
+	tr.Insert(model, "system|user: hi", workerA)
+	assertMatch(t, tr, model, "system|user: hi|assistant: hello", len("system|user: hi"), workerA)
 }
 
 func TestMatch_PartialMatchStopsMidEdge(t *testing.T) {
 	tr := New(0)
-	tr.Insert("system|user: hi", workerA)
-	assertMatch(t, tr, "system|user: bye", len("system|user: "), workerA)
+	tr.Insert(model, "system|user: hi", workerA)
+	assertMatch(t, tr, model, "system|user: bye", len("system|user: "), workerA)
 }
 
 func TestMatch_NoCommonPrefixIsAMiss(t *testing.T) {
 	tr := New(0)
-	tr.Insert("system|user: hi", workerA)
-	assertMatch(t, tr, "other", 0)
-	assertMatch(t, tr, "", 0)
-	assertMatch(t, New(0), "anything", 0)
+	tr.Insert(model, "system|user: hi", workerA)
+	assertMatch(t, tr, model, "other", 0)
+	assertMatch(t, tr, model, "", 0)
+	assertMatch(t, New(0), model, "anything", 0)
 }
 
 func TestMatch_HoldersListsEveryTenantAtTheDeepestPoint(t *testing.T) {
 	tr := New(0)
-	tr.Insert("sys|turn1|turn2", workerA)
-	tr.Insert("sys|turn1", workerB)
-	tr.Insert("sys|turn1|turn2", workerC)
-	tr.Insert("sys|other", workerB)
+	tr.Insert(model, "sys|turn1|turn2", workerA)
+	tr.Insert(model, "sys|turn1", workerB)
+	tr.Insert(model, "sys|turn1|turn2", workerC)
+	tr.Insert(model, "sys|other", workerB)
 
-	assertMatch(t, tr, "sys|turn1|turn2|turn3", len("sys|turn1|turn2"), workerA, workerC)
+	assertMatch(t, tr, model, "sys|turn1|turn2|turn3", len("sys|turn1|turn2"), workerA, workerC)
 	// Past "sys|turn1" only A and C go on; the shared point is held by all three.
-	assertMatch(t, tr, "sys|turn1|x", len("sys|turn1|"), workerA, workerC)
-	assertMatch(t, tr, "sys|turn1", len("sys|turn1"), workerA, workerB, workerC)
-	assertMatch(t, tr, "sys|o", len("sys|o"), workerB)
+	assertMatch(t, tr, model, "sys|turn1|x", len("sys|turn1|"), workerA, workerC)
+	assertMatch(t, tr, model, "sys|turn1", len("sys|turn1"), workerA, workerB, workerC)
+	assertMatch(t, tr, model, "sys|o", len("sys|o"), workerB)
 	checkInvariants(t, tr)
 }
 
 func TestInsert_DivergenceMidEdgeSplitsTheEdge(t *testing.T) {
 	tr := New(0)
-	tr.Insert("abcdef", workerA)
-	tr.Insert("abcxyz", workerB)
+	tr.Insert(model, "abcdef", workerA)
+	tr.Insert(model, "abcxyz", workerB)
 
 	if got, want := tr.Chars(), len("abc")+len("def")+len("xyz"); got != want {
 		t.Fatalf("Chars() = %d, want %d", got, want)
 	}
-	if n := len(tr.root.children); n != 1 || tr.root.children[0].label != "abc" {
-		t.Fatalf("root should have the single child \"abc\", has %d children", n)
+	if root := tr.spaces[model]; len(root.children) != 1 || root.children[0].label != "abc" {
+		t.Fatalf("root should have the single child \"abc\", has %d children", len(root.children))
 	}
-	assertMatch(t, tr, "abcdef", 6, workerA)
-	assertMatch(t, tr, "abcxyz", 6, workerB)
-	assertMatch(t, tr, "abc", 3, workerA, workerB)
-	assertMatch(t, tr, "abq", 2, workerA, workerB)
+	assertMatch(t, tr, model, "abcdef", 6, workerA)
+	assertMatch(t, tr, model, "abcxyz", 6, workerB)
+	assertMatch(t, tr, model, "abc", 3, workerA, workerB)
+	assertMatch(t, tr, model, "abq", 2, workerA, workerB)
 	checkInvariants(t, tr)
 }
 
 func TestInsert_KeyEndingMidEdgeSplitsTheEdge(t *testing.T) {
 	tr := New(0)
-	tr.Insert("abcdef", workerA)
-	tr.Insert("abc", workerB)
+	tr.Insert(model, "abcdef", workerA)
+	tr.Insert(model, "abc", workerB)
 	if got := tr.Chars(); got != 6 {
 		t.Fatalf("Chars() = %d, want 6", got)
 	}
-	assertMatch(t, tr, "abcdef", 6, workerA)
-	assertMatch(t, tr, "abcd", 4, workerA)
-	assertMatch(t, tr, "abc", 3, workerA, workerB)
+	assertMatch(t, tr, model, "abcdef", 6, workerA)
+	assertMatch(t, tr, model, "abcd", 4, workerA)
+	assertMatch(t, tr, model, "abc", 3, workerA, workerB)
 	checkInvariants(t, tr)
 }
 
 func TestInsert_RepeatedKeyStoresNothingNew(t *testing.T) {
 	tr := New(0)
-	tr.Insert("abcdef", workerA)
-	tr.Insert("abcdef", workerA)
-	tr.Insert("abc", workerA)
+	tr.Insert(model, "abcdef", workerA)
+	tr.Insert(model, "abcdef", workerA)
+	tr.Insert(model, "abc", workerA)
 	if got := tr.Chars(); got != 6 {
 		t.Fatalf("Chars() = %d, want 6", got)
 	}
@@ -111,16 +128,14 @@ func TestInsert_RepeatedKeyStoresNothingNew(t *testing.T) {
 func TestInsert_LabelsDoNotPinTheCallersKey(t *testing.T) {
 	tr := New(0)
 	body := "sys|user: hello|assistant: hi, a long request body follows"
-	tr.Insert(body[:15], workerA) // a substring of a larger request
-	tr.Insert(body[:4]+"x", workerB)
-	tr.Insert(body[:9]+"y", workerC) // splits an existing edge
+	tr.Insert(model, body[:15], workerA) // a substring of a larger request
+	tr.Insert(model, body[:4]+"x", workerB)
+	tr.Insert(model, body[:9]+"y", workerC) // splits an existing edge
+	tr.Insert(body[:3], body[4:9], workerA) // a namespace cut from the caller's bytes too
 
 	start := uintptr(unsafe.Pointer(unsafe.StringData(body)))
 	end := start + uintptr(len(body))
-	stack := []*node{&tr.root}
-	for len(stack) > 0 {
-		n := stack[len(stack)-1]
-		stack = append(stack[:len(stack)-1], n.children...)
+	for _, n := range allNodes(tr) {
 		if n.label == "" {
 			continue
 		}
@@ -133,9 +148,9 @@ func TestInsert_LabelsDoNotPinTheCallersKey(t *testing.T) {
 
 func TestMatchTenant_ReportsEachTenantsOwnPrefix(t *testing.T) {
 	tr := New(0)
-	tr.Insert("sys|a1|a2|a3", workerA)
-	tr.Insert("sys|a1", workerB)
-	tr.Insert("sys|b1", workerC)
+	tr.Insert(model, "sys|a1|a2|a3", workerA)
+	tr.Insert(model, "sys|a1", workerB)
+	tr.Insert(model, "sys|b1", workerC)
 
 	key := "sys|a1|a2|a3|a4"
 	for _, tc := range []struct {
@@ -147,19 +162,19 @@ func TestMatchTenant_ReportsEachTenantsOwnPrefix(t *testing.T) {
 		{workerC, len("sys|")},
 		{"http://unknown:8000", 0},
 	} {
-		if got := tr.MatchTenant(key, tc.tenant); got != tc.want {
+		if got := tr.MatchTenant(model, key, tc.tenant); got != tc.want {
 			t.Errorf("MatchTenant(%q, %q) = %d, want %d", key, tc.tenant, got, tc.want)
 		}
 	}
-	if got := tr.MatchTenant("sys|a1|zz", workerA); got != len("sys|a1|") {
+	if got := tr.MatchTenant(model, "sys|a1|zz", workerA); got != len("sys|a1|") {
 		t.Errorf("MatchTenant mid-edge = %d, want %d", got, len("sys|a1|"))
 	}
 }
 
 func TestRemoveTenant_PrunesNodesNobodyHoldsAndFreesTheirBytes(t *testing.T) {
 	tr := New(0)
-	tr.Insert("sys|shared|a-only", workerA)
-	tr.Insert("sys|shared", workerB)
+	tr.Insert(model, "sys|shared|a-only", workerA)
+	tr.Insert(model, "sys|shared", workerB)
 	chars, bytes := tr.Chars(), tr.Bytes()
 
 	freed := tr.RemoveTenant(workerA)
@@ -170,10 +185,10 @@ func TestRemoveTenant_PrunesNodesNobodyHoldsAndFreesTheirBytes(t *testing.T) {
 	if min := nodeStructBytes + len("|a-only") + len(workerA); freed < min || tr.Bytes() != bytes-freed {
 		t.Fatalf("RemoveTenant freed %d bytes (want >= %d), Bytes() went from %d to %d", freed, min, bytes, tr.Bytes())
 	}
-	if got := tr.MatchTenant("sys|shared|a-only", workerA); got != 0 {
+	if got := tr.MatchTenant(model, "sys|shared|a-only", workerA); got != 0 {
 		t.Fatalf("removed tenant still matches %d bytes", got)
 	}
-	assertMatch(t, tr, "sys|shared|a-only", len("sys|shared"), workerB)
+	assertMatch(t, tr, model, "sys|shared|a-only", len("sys|shared"), workerB)
 	checkInvariants(t, tr)
 
 	bytes = tr.Bytes()
@@ -188,14 +203,14 @@ func TestRemoveTenant_PrunesNodesNobodyHoldsAndFreesTheirBytes(t *testing.T) {
 
 func TestRemoveTenant_ReusedTenantIDStartsEmpty(t *testing.T) {
 	tr := New(0)
-	tr.Insert("sys|a", workerA)
-	tr.Insert("sys|b", workerB)
+	tr.Insert(model, "sys|a", workerA)
+	tr.Insert(model, "sys|b", workerB)
 	tr.RemoveTenant(workerA)
-	tr.Insert("sys|c", workerC) // takes A's freed id
-	if got := tr.MatchTenant("sys|a", workerC); got != len("sys|") {
+	tr.Insert(model, "sys|c", workerC) // takes A's freed id
+	if got := tr.MatchTenant(model, "sys|a", workerC); got != len("sys|") {
 		t.Fatalf("new tenant inherited the removed tenant's prefix: %d", got)
 	}
-	assertMatch(t, tr, "sys|c", 5, workerC)
+	assertMatch(t, tr, model, "sys|c", 5, workerC)
 	checkInvariants(t, tr)
 }
 
@@ -205,16 +220,16 @@ func TestRemoveTenantsWithBase_RemovesWorkerAndItsRanksOnly(t *testing.T) {
 	removed := []string{url, url + "@0", url + "@1", url + "@12"}
 	kept := []string{url + "2", url + "x@0", url + "@", url + "@r1", "http://10.0.0.1:800"}
 	for _, tenant := range append(slices.Clone(removed), kept...) {
-		tr.Insert("sys|"+tenant, tenant)
+		tr.Insert(model, "sys|"+tenant, tenant)
 	}
 	tr.RemoveTenantsWithBase(url)
 	for _, tenant := range removed {
-		if got := tr.MatchTenant("sys|"+tenant, tenant); got != 0 {
+		if got := tr.MatchTenant(model, "sys|"+tenant, tenant); got != 0 {
 			t.Errorf("%q should be removed, still holds %d bytes", tenant, got)
 		}
 	}
 	for _, tenant := range kept {
-		if got, want := tr.MatchTenant("sys|"+tenant, tenant), len("sys|"+tenant); got != want {
+		if got, want := tr.MatchTenant(model, "sys|"+tenant, tenant), len("sys|"+tenant); got != want {
 			t.Errorf("%q should be kept, holds %d bytes, want %d", tenant, got, want)
 		}
 	}
@@ -223,9 +238,9 @@ func TestRemoveTenantsWithBase_RemovesWorkerAndItsRanksOnly(t *testing.T) {
 
 func TestEvict_LeastRecentlyInsertedLeavesGoFirst(t *testing.T) {
 	tr := New(1 << 20)
-	tr.Insert("sys|old-session", workerA)
-	tr.Insert("sys|mid-session", workerB)
-	tr.Insert("sys|new-session", workerA)
+	tr.Insert(model, "sys|old-session", workerA)
+	tr.Insert(model, "sys|mid-session", workerB)
+	tr.Insert(model, "sys|new-session", workerA)
 	chars, bytes := tr.Chars(), tr.Bytes()
 	tr.maxBytes = bytes - 1 // one leaf's worth of eviction
 
@@ -236,56 +251,56 @@ func TestEvict_LeastRecentlyInsertedLeavesGoFirst(t *testing.T) {
 	if min := nodeStructBytes + len("old-session"); freed < min || tr.Bytes() != bytes-freed {
 		t.Fatalf("Evict freed %d bytes (want >= %d), Bytes() went from %d to %d", freed, min, bytes, tr.Bytes())
 	}
-	assertMatch(t, tr, "sys|old-session", len("sys|"), workerA, workerB)
-	assertMatch(t, tr, "sys|mid-session", len("sys|mid-session"), workerB)
-	assertMatch(t, tr, "sys|new-session", len("sys|new-session"), workerA)
+	assertMatch(t, tr, model, "sys|old-session", len("sys|"), workerA, workerB)
+	assertMatch(t, tr, model, "sys|mid-session", len("sys|mid-session"), workerB)
+	assertMatch(t, tr, model, "sys|new-session", len("sys|new-session"), workerA)
 	checkInvariants(t, tr)
 }
 
 func TestEvict_ReinsertRefreshesALeaf(t *testing.T) {
 	tr := New(1 << 20)
-	tr.Insert("sys|first", workerA)
-	tr.Insert("sys|second", workerB)
-	tr.Insert("sys|first", workerA) // used again: now "second" is the oldest
+	tr.Insert(model, "sys|first", workerA)
+	tr.Insert(model, "sys|second", workerB)
+	tr.Insert(model, "sys|first", workerA) // used again: now "second" is the oldest
 	tr.maxBytes = tr.Bytes() - 1
 
 	tr.Evict()
-	assertMatch(t, tr, "sys|first", len("sys|first"), workerA)
-	assertMatch(t, tr, "sys|second", len("sys|"), workerA, workerB)
+	assertMatch(t, tr, model, "sys|first", len("sys|first"), workerA)
+	assertMatch(t, tr, model, "sys|second", len("sys|"), workerA, workerB)
 	checkInvariants(t, tr)
 }
 
 func TestEvict_MatchDoesNotRefreshALeaf(t *testing.T) {
 	tr := New(1 << 20)
-	tr.Insert("sys|first", workerA)
-	tr.Insert("sys|second", workerB)
-	tr.Match("sys|first")
-	tr.MatchTenant("sys|first", workerA)
+	tr.Insert(model, "sys|first", workerA)
+	tr.Insert(model, "sys|second", workerB)
+	tr.Match(model, "sys|first")
+	tr.MatchTenant(model, "sys|first", workerA)
 	tr.maxBytes = tr.Bytes() - 1
 
 	tr.Evict()
-	assertMatch(t, tr, "sys|first", len("sys|"), workerA, workerB)
+	assertMatch(t, tr, model, "sys|first", len("sys|"), workerA, workerB)
 }
 
 func TestEvict_ExposedParentCompetesByItsOwnAge(t *testing.T) {
 	tr := New(1 << 20)
-	tr.Insert("sys|s1|t1", workerA)
-	tr.Insert("sys|s1|t1|t2", workerA) // chain: sys|s1|t1 -> |t2
-	tr.Insert("sys|s2|t1", workerB)
+	tr.Insert(model, "sys|s1|t1", workerA)
+	tr.Insert(model, "sys|s1|t1|t2", workerA) // chain: sys|s1|t1 -> |t2
+	tr.Insert(model, "sys|s2|t1", workerB)
 	tr.maxBytes = tr.Bytes() - 1
 	tr.Evict() // "|t2", the oldest leaf
-	assertMatch(t, tr, "sys|s1|t1|t2", len("sys|s1|t1"), workerA)
+	assertMatch(t, tr, model, "sys|s1|t1|t2", len("sys|s1|t1"), workerA)
 	// Evicting "|t2" exposed "1|t1"; it is still older than session 2's leaf.
 	tr.maxBytes = tr.Bytes() - 1
 	tr.Evict()
-	assertMatch(t, tr, "sys|s2|t1", len("sys|s2|t1"), workerB)
-	assertMatch(t, tr, "sys|s1|t1|t2", len("sys|s"), workerA, workerB)
+	assertMatch(t, tr, model, "sys|s2|t1", len("sys|s2|t1"), workerB)
+	assertMatch(t, tr, model, "sys|s1|t1|t2", len("sys|s"), workerA, workerB)
 	checkInvariants(t, tr)
 }
 
 func TestEvict_WithinBudgetEvictsNothing(t *testing.T) {
 	tr := New(1 << 10)
-	tr.Insert("sys|a", workerA)
+	tr.Insert(model, "sys|a", workerA)
 	if freed := tr.Evict(); freed != 0 {
 		t.Fatalf("Evict freed %d within budget", freed)
 	}
@@ -320,7 +335,7 @@ func TestBudget_HoldsUnderALongRandomInsertWorkload(t *testing.T) {
 			sessions[s] = system // a new conversation
 		}
 		sessions[s] = randomHistory(rng, sessions[s], 50+rng.IntN(800))
-		tr.Insert(sessions[s], tenants[rng.IntN(len(tenants))])
+		tr.Insert(model, sessions[s], tenants[rng.IntN(len(tenants))])
 		if got := tr.Bytes(); got > budget+budget/10 {
 			t.Fatalf("insert %d: Bytes() = %d exceeds 1.1 x budget %d", i, got, budget)
 		}
@@ -338,7 +353,7 @@ func TestBudget_HoldsUnderALongRandomInsertWorkload(t *testing.T) {
 func TestBudget_KeyLargerThanTheBudgetIsEvicted(t *testing.T) {
 	const budget = 1 << 10
 	tr := New(budget)
-	tr.Insert(strings.Repeat("x", 5*budget), workerA)
+	tr.Insert(model, strings.Repeat("x", 5*budget), workerA)
 	if got := tr.Bytes(); got > budget || tr.Chars() != 0 {
 		t.Fatalf("Bytes() = %d, Chars() = %d after one oversized insert", got, tr.Chars())
 	}
@@ -351,6 +366,7 @@ func TestConcurrent_InsertMatchRemove(t *testing.T) {
 	var wg sync.WaitGroup
 	for g := range 4 {
 		wg.Go(func() {
+			ns := fmt.Sprintf("model-%d", g%2) // two goroutines per namespace
 			rng := rand.New(rand.NewPCG(uint64(g), 7))
 			history := "system prompt"
 			for range 2000 {
@@ -367,11 +383,11 @@ func TestConcurrent_InsertMatchRemove(t *testing.T) {
 				case 2:
 					tr.Evict()
 				case 3, 4:
-					tr.Insert(history, tenant)
+					tr.Insert(ns, history, tenant)
 				case 5:
-					tr.MatchTenant(history, tenant)
+					tr.MatchTenant(ns, history, tenant)
 				default:
-					m := tr.Match(history)
+					m := tr.Match(ns, history)
 					if m.Matched > 0 && len(m.Holders) == 0 {
 						t.Errorf("match of %d bytes without holders", m.Matched)
 					}
