@@ -3,6 +3,7 @@ package session
 import (
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cacheroute/cacheroute/internal/tenant"
 )
@@ -23,7 +24,10 @@ type entry struct {
 // modelSessions is one model's map: an index from key to slot, the slots, and an intrusive
 // doubly linked list of slots from most (head) to least (tail) recently used.
 type modelSessions struct {
-	mu         sync.Mutex
+	mu sync.Mutex
+	// size mirrors len(index), written under mu; it can be read without mu (Len, Counts, and
+	// the choice of another model to evict from), at the price of being a moment old.
+	size       atomic.Int32
 	index      map[string]int32
 	entries    []entry
 	head, tail int32
@@ -51,6 +55,7 @@ func (ms *modelSessions) addLocked(key string, tenant uint32, now int64) {
 	}
 	ms.entries[i] = entry{key: key, lastUsed: now, prev: none, next: none, tenant: tenant}
 	ms.index[key] = i
+	ms.size.Add(1)
 	ms.pushFrontLocked(i)
 }
 
@@ -59,6 +64,7 @@ func (ms *modelSessions) removeLocked(i int32) {
 	e := &ms.entries[i]
 	ms.unlinkLocked(i)
 	delete(ms.index, e.key)
+	ms.size.Add(-1)
 	ms.tenants.release(e.tenant)
 	*e = entry{next: ms.free, prev: none}
 	ms.free = i

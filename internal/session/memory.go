@@ -3,8 +3,10 @@ package session
 import (
 	"context"
 	"math"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -22,8 +24,11 @@ const sweepBatch = 1024
 type MemoryOptions struct {
 	// TTL is how long an entry lives after it was last set or read. Default 1h.
 	TTL time.Duration
-	// MaxEntries is the capacity per model; at capacity the least recently used entry is
-	// evicted. Default 1048576, at most math.MaxInt32.
+	// MaxEntries is the capacity of the whole store, all models together: the store never
+	// holds more entries than this, even while Sets run concurrently. Adding a key to a full
+	// store evicts the adding model's least recently used entry or, when that model holds
+	// none, the least recently used entry of the model holding the most. Default 1048576, at
+	// most math.MaxInt32.
 	MaxEntries int
 	// Now is the clock; tests inject one. Default time.Now.
 	Now func() time.Time
@@ -47,15 +52,33 @@ func (o *MemoryOptions) ApplyDefaults() {
 }
 
 // Memory is the in-process Store: per model, a map from session key to worker tenant with a
-// TTL and a least-recently-used capacity bound. Each model has its own lock, so sessions of
-// one model never wait on another's. Its methods never return errors.
+// TTL and a least-recently-used list, under one capacity for the whole store. Each model has
+// its own lock, so sessions of one model never wait on another's. Its methods never return
+// errors.
+//
+// The capacity is exact at every moment, not only once writers stop: an atomic total counts
+// the entries of all models plus the slots that Sets in progress have claimed. A Set adding a
+// key claims a slot while the total is below MaxEntries (compare-and-swap), else takes over
+// the slot of the entry it evicts (its own model's least recently used one, under its own
+// lock), else, when its model holds nothing, evicts from another model first and takes that
+// slot. Entries are removed before the total is lowered, so entries ≤ total ≤ MaxEntries.
+// A Set holds one model lock at a time, so models need no lock order.
+//
+// While the store is full, a model grows only into room that expiry, Delete or removed
+// workers free: each new key of a model that holds entries replaces that model's own least
+// recently used entry.
 //
 // Expired entries are dropped lazily (a Get of an expired entry is a miss and removes it), by
-// Sweep, and first when a full model needs room. Time is read from the monotonic clock; an
-// injected clock that runs backwards makes entries live longer, never shorter.
+// Sweep, and first when a full store needs room, as the least recently used entry is the
+// oldest. Time is read from the monotonic clock; an injected clock that runs backwards makes
+// entries live longer, never shorter.
 type Memory struct {
 	opts MemoryOptions
 	ttl  int64 // nanoseconds
+	max  int64 // opts.MaxEntries
+	// total is the number of entries across all models plus the slots claimed by Sets in
+	// progress; it never exceeds max.
+	total atomic.Int64
 	// epoch is the clock reading at creation; access times are nanoseconds since it, which
 	// uses the monotonic clock when Now is time.Now, so wall-clock steps do not expire or
 	// revive sessions.
@@ -68,12 +91,40 @@ var _ Store = (*Memory)(nil)
 // NewMemory returns an empty store; see MemoryOptions for the defaults.
 func NewMemory(opts MemoryOptions) *Memory {
 	opts.ApplyDefaults()
-	return &Memory{opts: opts, ttl: int64(opts.TTL), epoch: opts.Now()}
+	return &Memory{opts: opts, ttl: int64(opts.TTL), max: int64(opts.MaxEntries), epoch: opts.Now()}
 }
 
 func (m *Memory) now() int64 { return int64(m.opts.Now().Sub(m.epoch)) }
 
 func (m *Memory) expired(lastUsed, now int64) bool { return now-lastUsed >= m.ttl }
+
+// evictReason is what evicting an entry last used at lastUsed is reported as.
+func (m *Memory) evictReason(lastUsed, now int64) EvictReason {
+	if m.expired(lastUsed, now) {
+		return SessionTTL
+	}
+	return SessionCapacity
+}
+
+// claim takes a slot of the total if the store is below capacity.
+func (m *Memory) claim() bool {
+	for {
+		n := m.total.Load()
+		if n >= m.max {
+			return false
+		}
+		if m.total.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// release gives back the slots of n entries that were removed.
+func (m *Memory) release(n int) {
+	if n > 0 {
+		m.total.Add(-int64(n))
+	}
+}
 
 func (m *Memory) report(model string, reason EvictReason, n int) {
 	if n > 0 && m.opts.OnEvict != nil {
@@ -115,6 +166,7 @@ func (m *Memory) Get(_ context.Context, model, key string) (string, bool, error)
 	if m.expired(e.lastUsed, now) {
 		ms.removeLocked(i)
 		ms.mu.Unlock()
+		m.release(1)
 		m.report(model, SessionTTL, 1)
 		return "", false, nil
 	}
@@ -125,38 +177,86 @@ func (m *Memory) Get(_ context.Context, model, key string) (string, bool, error)
 	return tenant, true, nil
 }
 
-// Set points key at tenant and makes it the most recently used entry. Adding a key to a
-// full model evicts its least recently used entry (reported as SessionTTL if that entry had
-// expired anyway, else SessionCapacity).
+// Set points key at tenant and makes it the most recently used entry. Adding a key to a full
+// store evicts one entry (reported as SessionTTL if that entry had expired anyway, else
+// SessionCapacity, under the model it belonged to): this model's least recently used entry,
+// or, when this model holds none, that of the model holding the most entries.
 func (m *Memory) Set(_ context.Context, model, key, tenant string) error {
 	ms := m.lookupOrCreate(model)
-	expired, evicted := 0, 0
-	ms.mu.Lock()
-	now := m.now() // read under the lock, so list order is access-time order
-	if i, ok := ms.index[key]; ok {
-		e := &ms.entries[i]
-		if ms.tenants.names[e.tenant] != tenant {
-			ms.tenants.release(e.tenant)
-			e.tenant = ms.tenants.acquire(tenant)
+	claimed := false // a slot of the total freed in another model for this Set
+	for {
+		ms.mu.Lock()
+		now := m.now() // read under the lock, so list order is access-time order
+		if i, ok := ms.index[key]; ok {
+			e := &ms.entries[i]
+			if ms.tenants.names[e.tenant] != tenant {
+				ms.tenants.release(e.tenant)
+				e.tenant = ms.tenants.acquire(tenant)
+			}
+			e.lastUsed = now
+			ms.moveToFrontLocked(i)
+			ms.mu.Unlock()
+			if claimed { // another Set added the key while this one made room
+				m.release(1)
+			}
+			return nil
 		}
-		e.lastUsed = now
-		ms.moveToFrontLocked(i)
+		if claimed || m.claim() {
+			ms.addLocked(strings.Clone(key), ms.tenants.acquire(tenant), now)
+			ms.mu.Unlock()
+			return nil
+		}
+		if ms.tail != none {
+			// The store is full: the new entry takes over the slot of this model's least
+			// recently used entry, and the total does not change.
+			reason := m.evictReason(ms.entries[ms.tail].lastUsed, now)
+			ms.removeLocked(ms.tail)
+			ms.addLocked(strings.Clone(key), ms.tenants.acquire(tenant), now)
+			ms.mu.Unlock()
+			m.report(model, reason, 1)
+			return nil
+		}
 		ms.mu.Unlock()
-		return nil
-	}
-	for len(ms.index) >= m.opts.MaxEntries {
-		if m.expired(ms.entries[ms.tail].lastUsed, now) {
-			expired++
-		} else {
-			evicted++
+		// The store is full and this model holds nothing: make room in another model, with
+		// this model's lock released, then try again.
+		if claimed = m.evictElsewhere(ms); !claimed {
+			// No other model holds an entry, or the chosen one emptied meanwhile: the
+			// slots are claimed by Sets in progress or are being released by removals,
+			// which finish without waiting for this one. Let them, then try again.
+			runtime.Gosched()
 		}
-		ms.removeLocked(ms.tail)
 	}
-	ms.addLocked(strings.Clone(key), ms.tenants.acquire(tenant), now)
-	ms.mu.Unlock()
-	m.report(model, SessionTTL, expired)
-	m.report(model, SessionCapacity, evicted)
-	return nil
+}
+
+// evictElsewhere evicts the least recently used entry of the model, other than self, holding
+// the most entries, and reports whether it did; the entry's slot of the total passes to the
+// caller.
+func (m *Memory) evictElsewhere(self *modelSessions) bool {
+	var (
+		victim *modelSessions
+		name   string
+		most   int32
+	)
+	m.models.Range(func(model, value any) bool {
+		ms := value.(*modelSessions)
+		if n := ms.size.Load(); ms != self && n > most {
+			victim, name, most = ms, model.(string), n
+		}
+		return true
+	})
+	if victim == nil {
+		return false
+	}
+	victim.mu.Lock()
+	if victim.tail == none {
+		victim.mu.Unlock()
+		return false
+	}
+	reason := m.evictReason(victim.entries[victim.tail].lastUsed, m.now())
+	victim.removeLocked(victim.tail)
+	victim.mu.Unlock()
+	m.report(name, reason, 1)
+	return true
 }
 
 // Delete removes key from model, if present.
@@ -166,10 +266,14 @@ func (m *Memory) Delete(_ context.Context, model, key string) error {
 		return nil
 	}
 	ms.mu.Lock()
-	if i, ok := ms.index[key]; ok {
+	i, ok := ms.index[key]
+	if ok {
 		ms.removeLocked(i)
 	}
 	ms.mu.Unlock()
+	if ok {
+		m.release(1)
+	}
 	return nil
 }
 
@@ -193,6 +297,7 @@ func (m *Memory) RemoveTenantsWithBase(_ context.Context, base string) error {
 			}
 		}
 		ms.mu.Unlock()
+		m.release(removed)
 		m.report(model.(string), WorkerRemoved, removed)
 		return true
 	})
@@ -205,26 +310,26 @@ func (m *Memory) Len(model string) int {
 	if ms == nil {
 		return 0
 	}
-	ms.mu.Lock()
-	defer ms.mu.Unlock()
-	return len(ms.index)
+	return int(ms.size.Load())
 }
 
-// Counts returns the number of entries held for each model that has any.
+// Counts returns the number of entries held for each model that has any. The counts are
+// read one model at a time, so while writers run they need not add up to Total.
 func (m *Memory) Counts() map[string]int {
 	out := map[string]int{}
 	m.models.Range(func(model, value any) bool {
-		ms := value.(*modelSessions)
-		ms.mu.Lock()
-		n := len(ms.index)
-		ms.mu.Unlock()
-		if n > 0 {
-			out[model.(string)] = n
+		if n := value.(*modelSessions).size.Load(); n > 0 {
+			out[model.(string)] = int(n)
 		}
 		return true
 	})
 	return out
 }
+
+// Total returns the number of entries held across all models, including expired ones not yet
+// dropped; it is at most MaxEntries. While Sets run it also counts the entries they are about
+// to add; once they return it is the sum of Len over all models.
+func (m *Memory) Total() int { return int(m.total.Load()) }
 
 // Sweep drops the expired entries of every model and returns how many it dropped. The
 // least recently used list is ordered by access time, so it only visits expired entries.
@@ -242,6 +347,7 @@ func (m *Memory) Sweep() int {
 				batch++
 			}
 			ms.mu.Unlock()
+			m.release(batch)
 			dropped += batch
 			if batch < sweepBatch {
 				break

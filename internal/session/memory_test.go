@@ -220,17 +220,6 @@ func TestCapacity_ExpiredVictimIsReportedAsTTL(t *testing.T) {
 	}
 }
 
-func TestCapacity_IsPerModel(t *testing.T) {
-	m := NewMemory(MemoryOptions{MaxEntries: 2})
-	for _, mdl := range []string{"m1", "m2"} {
-		set(t, m, mdl, "s1", workerA)
-		set(t, m, mdl, "s2", workerA)
-	}
-	if m.Len("m1") != 2 || m.Len("m2") != 2 {
-		t.Fatalf("Len = %d and %d, want 2 each", m.Len("m1"), m.Len("m2"))
-	}
-}
-
 func TestModels_AreIsolated(t *testing.T) {
 	m := NewMemory(MemoryOptions{})
 	set(t, m, "m1", "s1", workerA)
@@ -388,6 +377,9 @@ func checkList(t *testing.T, ms *modelSessions) {
 	if prev != ms.tail || n != len(ms.index) {
 		t.Fatalf("list of %d entries ending at %d; index has %d, tail %d", n, prev, len(ms.index), ms.tail)
 	}
+	if size := ms.size.Load(); int(size) != n {
+		t.Fatalf("size is %d, the list holds %d entries", size, n)
+	}
 }
 
 func TestConcurrent_GetSetAcrossModels(t *testing.T) {
@@ -417,12 +409,14 @@ func TestConcurrent_GetSetAcrossModels(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	sum := 0
 	for _, mdl := range []string{"m0", "m1", "m2"} {
 		if ms := m.lookup(mdl); ms != nil {
 			checkList(t, ms)
-			if len(ms.index) > 500 {
-				t.Fatalf("model %s holds %d entries over capacity 500", mdl, len(ms.index))
-			}
+			sum += len(ms.index)
 		}
+	}
+	if sum > 500 || m.Total() != sum {
+		t.Fatalf("models hold %d entries, Total %d; want them equal and at most 500", sum, m.Total())
 	}
 }

@@ -1,0 +1,364 @@
+package session
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
+)
+
+// MaxEntries bounds the whole store: these tests hold it to that, alone and under concurrency.
+
+func TestCapacity_BoundsAllModelsTogether(t *testing.T) {
+	var log evictLog
+	m := NewMemory(MemoryOptions{MaxEntries: 4, OnEvict: log.record})
+	for _, key := range []string{"a1", "a2", "a3"} {
+		set(t, m, "m1", key, workerA)
+	}
+	set(t, m, "m2", "b1", workerA)
+	if m.Total() != 4 {
+		t.Fatalf("Total = %d, want 4", m.Total())
+	}
+
+	// The store is full and m2 holds an entry: m2's new key replaces m2's own oldest.
+	set(t, m, "m2", "b2", workerB)
+	assertGet(t, m, "m2", "b1", "")
+	assertGet(t, m, "m2", "b2", workerB)
+	if m.Len("m1") != 3 || m.Len("m2") != 1 || m.Total() != 4 {
+		t.Fatalf("Len = %d and %d, Total %d; want 3, 1 and 4", m.Len("m1"), m.Len("m2"), m.Total())
+	}
+	if n := log.count("m2", SessionCapacity); n != 1 {
+		t.Fatalf("OnEvict(m2, SessionCapacity) total = %d, want 1", n)
+	}
+	if n := log.count("m1", SessionCapacity); n != 0 {
+		t.Fatalf("OnEvict(m1, SessionCapacity) total = %d, want 0", n)
+	}
+
+	// And m1's new key replaces m1's own oldest.
+	set(t, m, "m1", "a4", workerA)
+	assertGet(t, m, "m1", "a1", "")
+	if m.Len("m1") != 3 || m.Len("m2") != 1 || m.Total() != 4 {
+		t.Fatalf("Len = %d and %d, Total %d; want 3, 1 and 4", m.Len("m1"), m.Len("m2"), m.Total())
+	}
+}
+
+func TestCapacity_AModelWithNoEntriesEvictsFromTheModelHoldingTheMost(t *testing.T) {
+	clock := newFakeClock()
+	var log evictLog
+	m := NewMemory(MemoryOptions{MaxEntries: 4, TTL: time.Minute, Now: clock.Now, OnEvict: log.record})
+	for _, key := range []string{"a1", "a2", "a3"} {
+		set(t, m, "m1", key, workerA)
+		clock.Advance(time.Second)
+	}
+	set(t, m, "m2", "b1", workerA)
+	assertGet(t, m, "m1", "a1", workerA) // a2 is now m1's least recently used
+
+	set(t, m, "m3", "c1", workerB)
+	assertGet(t, m, "m1", "a2", "")
+	assertGet(t, m, "m3", "c1", workerB)
+	if c := m.Counts(); c["m1"] != 2 || c["m2"] != 1 || c["m3"] != 1 || m.Total() != 4 {
+		t.Fatalf("Counts = %v, Total %d; want m1:2 m2:1 m3:1 and 4", c, m.Total())
+	}
+	if n := log.count("m1", SessionCapacity); n != 1 {
+		t.Fatalf("OnEvict(m1, SessionCapacity) total = %d, want 1 (reported under the model that lost it)", n)
+	}
+
+	// An entry evicted from another model that had expired anyway is reported as SessionTTL.
+	clock.Advance(2 * time.Minute)
+	set(t, m, "m4", "d1", workerB)
+	if c := m.Counts(); c["m1"] != 1 || c["m4"] != 1 || m.Total() != 4 {
+		t.Fatalf("Counts = %v, Total %d; want m1:1 m4:1 and 4", c, m.Total())
+	}
+	if ttl, capacity := log.count("m1", SessionTTL), log.count("m1", SessionCapacity); ttl != 1 || capacity != 1 {
+		t.Fatalf("OnEvict(m1): %d SessionTTL, %d SessionCapacity; want 1 and 1", ttl, capacity)
+	}
+}
+
+func TestCapacity_RoomFreedInOneModelIsUsedByAnother(t *testing.T) {
+	var log evictLog
+	m := NewMemory(MemoryOptions{MaxEntries: 3, OnEvict: log.record})
+	for _, key := range []string{"a1", "a2", "a3"} {
+		set(t, m, "m1", key, workerA)
+	}
+	if err := m.Delete(ctx, "m1", "a1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.RemoveTenantsWithBase(ctx, workerA); err != nil {
+		t.Fatal(err)
+	}
+	if m.Total() != 0 {
+		t.Fatalf("Total = %d after removing every entry, want 0", m.Total())
+	}
+	for _, key := range []string{"b1", "b2", "b3"} {
+		set(t, m, "m2", key, workerB)
+	}
+	if m.Len("m2") != 3 || m.Total() != 3 || log.count("m2", SessionCapacity) != 0 {
+		t.Fatalf("Len(m2) = %d, Total %d, %d evicted; want 3, 3 and 0",
+			m.Len("m2"), m.Total(), log.count("m2", SessionCapacity))
+	}
+}
+
+// heldEntries locks every model of m at once and returns the entries they hold together: a
+// consistent view while writers run. Memory never holds two model locks, so any order is safe.
+// Models created after the call starts are not counted.
+func heldEntries(m *Memory) int {
+	var all []*modelSessions
+	m.models.Range(func(_, value any) bool {
+		all = append(all, value.(*modelSessions))
+		return true
+	})
+	for _, ms := range all {
+		ms.mu.Lock()
+	}
+	n := 0
+	for _, ms := range all {
+		n += len(ms.index)
+	}
+	for _, ms := range all {
+		ms.mu.Unlock()
+	}
+	return n
+}
+
+// TestConcurrent_CapacityHoldsAcrossModelsAtEveryMoment runs writers over several models,
+// with every operation and TTL expiry in the mix, while a monitor checks that the models hold
+// at most MaxEntries together at every moment it looks (exactly: no tolerance). Once the
+// writers stop, Total must equal the sum of the models' lengths. Capacity 1 makes almost every
+// new key in an empty model evict from another one.
+func TestConcurrent_CapacityHoldsAcrossModelsAtEveryMoment(t *testing.T) {
+	models := []string{"m0", "m1", "m2", "m3", "m4", "m5"}
+	tenants := []string{workerA, workerA + "@1", workerB}
+	for _, capacity := range []int{1, 7, 200} {
+		t.Run(fmt.Sprintf("capacity=%d", capacity), func(t *testing.T) {
+			clock := newFakeClock()
+			m := NewMemory(MemoryOptions{MaxEntries: capacity, TTL: 30 * time.Second, Now: clock.Now})
+			for _, mdl := range models {
+				m.lookupOrCreate(mdl) // so that the monitor sees every model
+			}
+			check := func() {
+				if n, total := heldEntries(m), m.Total(); n > capacity || total > capacity {
+					t.Errorf("models hold %d entries, Total %d; capacity %d", n, total, capacity)
+				}
+			}
+			stop := make(chan struct{})
+			var monitor, writers sync.WaitGroup
+			snapshots := 0
+			monitor.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					check()
+					snapshots++
+					runtime.Gosched()
+				}
+			})
+			for g := range len(models) {
+				writers.Go(func() {
+					rng := rand.New(rand.NewPCG(uint64(g), uint64(capacity)))
+					for range 3000 {
+						mdl := models[g]
+						if rng.IntN(2) == 0 {
+							mdl = models[rng.IntN(len(models))]
+						}
+						key := fmt.Sprintf("s%d", rng.IntN(400))
+						switch op := rng.IntN(100); {
+						case op < 2:
+							_ = m.RemoveTenantsWithBase(ctx, workerA)
+						case op < 4:
+							m.Sweep()
+						case op < 6:
+							clock.Advance(time.Second)
+						case op < 16:
+							_ = m.Delete(ctx, mdl, key)
+						case op < 40:
+							_, _, _ = m.Get(ctx, mdl, key)
+						default:
+							_ = m.Set(ctx, mdl, key, tenants[rng.IntN(len(tenants))])
+						}
+					}
+				})
+			}
+			writers.Wait()
+			close(stop)
+			monitor.Wait()
+			t.Logf("%d snapshots taken while writers ran", snapshots)
+
+			check()
+			sum := 0
+			for mdl, n := range m.Counts() {
+				checkList(t, m.lookup(mdl))
+				sum += n
+			}
+			if n := heldEntries(m); m.Total() != sum || n != sum {
+				t.Fatalf("Total %d, Counts add up to %d, models hold %d; want all equal", m.Total(), sum, n)
+			}
+		})
+	}
+}
+
+// TestMemory_MatchesAReferenceAcrossModels runs random operations on four models sharing one
+// capacity against a plain reference, checking every Get, every OnEvict report (model and
+// reason), every model's length and Total after each operation.
+func TestMemory_MatchesAReferenceAcrossModels(t *testing.T) {
+	const (
+		capacity = 6
+		ttl      = 100 * time.Second
+	)
+	clock := newFakeClock()
+	var events []string
+	m := NewMemory(MemoryOptions{MaxEntries: capacity, TTL: ttl, Now: clock.Now,
+		OnEvict: func(model string, reason EvictReason, n int) {
+			for range n {
+				events = append(events, model+"/"+reason.String())
+			}
+		}})
+	type refEntry struct {
+		tenant string
+		last   time.Time
+	}
+	models := []string{"m0", "m1", "m2", "m3"}
+	ref := map[string]map[string]refEntry{}
+	for _, mdl := range models {
+		ref[mdl] = map[string]refEntry{}
+	}
+	refTotal := func() int {
+		n := 0
+		for _, entries := range ref {
+			n += len(entries)
+		}
+		return n
+	}
+	expired := func(e refEntry) bool { return clock.Now().Sub(e.last) >= ttl }
+	reasonFor := func(e refEntry) EvictReason {
+		if expired(e) {
+			return SessionTTL
+		}
+		return SessionCapacity
+	}
+	oldest := func(mdl string) string {
+		k := ""
+		for key, e := range ref[mdl] {
+			if k == "" || e.last.Before(ref[mdl][k].last) {
+				k = key
+			}
+		}
+		return k
+	}
+	rng := rand.New(rand.NewPCG(2, 2))
+	tenants := []string{workerA, workerA + "@1", workerB}
+	fromOtherModel := 0
+	for step := range 20000 {
+		clock.Advance(time.Duration(1+rng.IntN(3)) * time.Second) // distinct, increasing times
+		mdl := models[rng.IntN(len(models))]
+		key := fmt.Sprintf("s%d", rng.IntN(15))
+		events = events[:0]
+		var want []string
+		switch op := rng.IntN(20); {
+		case op < 8:
+			tenant := tenants[rng.IntN(len(tenants))]
+			_, exists := ref[mdl][key]
+			victim := ""
+			var tied []string // models holding the most entries, when mdl holds none
+			if !exists && refTotal() == capacity {
+				if len(ref[mdl]) > 0 {
+					victim = mdl
+				} else {
+					most := 0
+					for _, other := range models {
+						switch n := len(ref[other]); {
+						case n > most:
+							most, tied = n, []string{other}
+						case n == most && n > 0:
+							tied = append(tied, other)
+						}
+					}
+				}
+			}
+			before := m.Counts()
+			set(t, m, mdl, key, tenant)
+			if len(tied) > 0 {
+				fromOtherModel++
+				after := m.Counts()
+				for _, other := range tied {
+					if after[other] == before[other]-1 {
+						victim = other
+					}
+				}
+				if victim == "" {
+					t.Fatalf("step %d: a new key in empty %s evicted from none of %v: %v → %v", step, mdl, tied, before, after)
+				}
+			}
+			if victim != "" {
+				k := oldest(victim)
+				want = append(want, victim+"/"+reasonFor(ref[victim][k]).String())
+				delete(ref[victim], k)
+			}
+			ref[mdl][key] = refEntry{tenant, clock.Now()}
+		case op < 15:
+			e, ok := ref[mdl][key]
+			if ok && expired(e) {
+				want = append(want, mdl+"/"+SessionTTL.String())
+				delete(ref[mdl], key)
+				ok = false
+			}
+			if ok {
+				e.last = clock.Now()
+				ref[mdl][key] = e
+				assertGet(t, m, mdl, key, e.tenant)
+			} else {
+				assertGet(t, m, mdl, key, "")
+			}
+		case op < 18:
+			_ = m.Delete(ctx, mdl, key)
+			delete(ref[mdl], key)
+		case op < 19:
+			_ = m.RemoveTenantsWithBase(ctx, workerA)
+			for _, other := range models {
+				for k, e := range ref[other] {
+					if tenant.HasBase(e.tenant, workerA) {
+						want = append(want, other+"/"+WorkerRemoved.String())
+						delete(ref[other], k)
+					}
+				}
+			}
+		default:
+			m.Sweep()
+			for _, other := range models {
+				for k, e := range ref[other] {
+					if expired(e) {
+						want = append(want, other+"/"+SessionTTL.String())
+						delete(ref[other], k)
+					}
+				}
+			}
+		}
+		slices.Sort(events)
+		slices.Sort(want)
+		if !slices.Equal(events, want) {
+			t.Fatalf("step %d: OnEvict reported %v, want %v", step, events, want)
+		}
+		for _, other := range models {
+			if got := m.Len(other); got != len(ref[other]) {
+				t.Fatalf("step %d: Len(%s) = %d, want %d", step, other, got, len(ref[other]))
+			}
+			if ms := m.lookup(other); ms != nil {
+				checkList(t, ms)
+			}
+		}
+		if m.Total() != refTotal() {
+			t.Fatalf("step %d: Total = %d, want %d", step, m.Total(), refTotal())
+		}
+	}
+	if fromOtherModel < 100 {
+		t.Fatalf("only %d new keys evicted from another model; the workload no longer covers that path", fromOtherModel)
+	}
+	t.Logf("%d new keys evicted from another model", fromOtherModel)
+}
