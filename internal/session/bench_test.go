@@ -3,6 +3,7 @@ package session
 import (
 	"fmt"
 	"runtime"
+	"sync/atomic"
 	"testing"
 )
 
@@ -35,7 +36,7 @@ func BenchmarkGetHit(b *testing.B) {
 	}
 }
 
-// BenchmarkSetNew adds new sessions to a model at capacity, so every Set also evicts one.
+// BenchmarkSetNew adds new sessions to a full store, so every Set also evicts one.
 func BenchmarkSetNew(b *testing.B) {
 	const n = 1 << 16
 	m := NewMemory(MemoryOptions{MaxEntries: n})
@@ -52,6 +53,32 @@ func BenchmarkSetNew(b *testing.B) {
 		_ = m.Set(ctx, model, keys[i%len(keys)], benchTenants[i%len(benchTenants)])
 		i++
 	}
+}
+
+// BenchmarkSetNewParallel adds new sessions to four models sharing a full store from
+// parallel goroutines, one model each: every Set evicts its own model's oldest entry under
+// its model's lock and reads the shared total.
+func BenchmarkSetNewParallel(b *testing.B) {
+	const n = 1 << 16
+	models := []string{"m0", "m1", "m2", "m3"}
+	m := NewMemory(MemoryOptions{MaxEntries: n})
+	keys := make([]string, 2*n)
+	for i := range keys {
+		keys[i] = sessionKey(i)
+	}
+	for i := range n {
+		_ = m.Set(ctx, models[i%len(models)], keys[i], benchTenants[i%len(benchTenants)])
+	}
+	var next atomic.Int64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		g := int(next.Add(1))
+		mdl := models[g%len(models)]
+		for i := n + g*4099; pb.Next(); i++ {
+			_ = m.Set(ctx, mdl, keys[i%len(keys)], benchTenants[i%len(benchTenants)])
+		}
+	})
 }
 
 // BenchmarkSetOverwrite points existing sessions at another worker.
