@@ -58,7 +58,7 @@ type Reporter interface {
 }
 
 // Policy is the cache_aware policy. It is safe for concurrent use. One prefix tree holds every
-// model's conversations, each key namespaced by its model, so --max-tree-size bounds the whole
+// model's conversations, each model in a namespace of its own, so --max-tree-size bounds the whole
 // router; the session store likewise holds every model's sessions under one capacity.
 type Policy struct {
 	opts     Options
@@ -109,8 +109,7 @@ type decision struct {
 	in      policy.Input
 	ctx     context.Context
 	model   string
-	text    string // the request's history key or routing text
-	treeKey string // text namespaced by model: the key in the shared tree
+	text    string // the request's history key or routing text; in the tree under model
 	key     string // session key; "" when the request has none or is not a chat
 	minLoad int64
 	maxLoad int64
@@ -130,15 +129,8 @@ func newDecision(in policy.Input) *decision {
 	if req.Chat {
 		d.key = req.SessionKey
 	}
-	if d.text != "" {
-		d.treeKey = treeKey(d.model, d.text)
-	}
 	return d
 }
-
-// treeKey namespaces text by model: caches are per model, so one model's conversations never
-// match another's.
-func treeKey(model, text string) string { return model + "\x00" + text }
 
 // Select runs the decision chain. It changes no state: what the choice teaches is recorded by
 // Commit, once the proxy has accepted the worker.
@@ -175,7 +167,7 @@ func (p *Policy) Commit(in policy.Input, dec policy.Decision) {
 		_ = p.store.Set(d.ctx, d.model, d.key, dec.Worker.Tenant())
 	}
 	if d.text != "" {
-		p.report("tree", p.tree.Insert(d.treeKey, dec.Worker.Tenant()))
+		p.report("tree", p.tree.Insert(d.model, d.text, dec.Worker.Tenant()))
 	}
 }
 
@@ -196,20 +188,13 @@ func (p *Policy) Observe(in policy.Input, dec policy.Decision, o workers.Outcome
 	}
 }
 
-// match probes the tree with the request's text; the lengths it returns count bytes of the text,
-// not of the model namespace.
-func (p *Policy) match(d *decision) prefixtree.Match {
-	m := p.tree.Match(d.treeKey)
-	ns := len(d.treeKey) - len(d.text)
-	m.Matched = max(m.Matched-ns, 0)
-	m.Whole = max(m.Whole-ns, 0)
-	m.Branch = max(m.Branch-ns, 0)
-	return m
-}
+// match probes the request's model namespace in the tree with its text: caches are per model,
+// so one model's conversations never match another's.
+func (p *Policy) match(d *decision) prefixtree.Match { return p.tree.Match(d.model, d.text) }
 
-// matchTenant is the number of bytes of the request's text tenant holds.
+// matchTenant is the number of bytes of the request's text tenant holds for its model.
 func (p *Policy) matchTenant(d *decision, tenant string) int {
-	return max(p.tree.MatchTenant(d.treeKey, tenant)-(len(d.treeKey)-len(d.text)), 0)
+	return p.tree.MatchTenant(d.model, d.text, tenant)
 }
 
 // choose is the decision chain.
