@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cacheroute/cacheroute/internal/config"
+	"github.com/cacheroute/cacheroute/internal/policy/registry"
 	"github.com/cacheroute/cacheroute/internal/sim"
 )
 
@@ -35,8 +35,8 @@ func ParsePolicies(list []string, defaultMode string) ([]PolicySpec, error) {
 			if !hasMode {
 				mode = defaultMode
 			}
-			if !slices.Contains(config.Policies, pol) {
-				return nil, fmt.Errorf("--policies: unknown policy %q (want one of %s)", pol, strings.Join(config.Policies, ", "))
+			if _, ok := registry.Lookup(pol); !ok {
+				return nil, fmt.Errorf("--policies: unknown policy %q (want one of %s)", pol, strings.Join(registry.Names(), ", "))
 			}
 			if !slices.Contains(SessionModes, mode) {
 				return nil, fmt.Errorf("--policies %s: session id mode %q is not one of %s", e, mode, strings.Join(SessionModes, ", "))

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/cacheroute/cacheroute/internal/policy/registry"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -80,8 +82,6 @@ type Config struct {
 	RedisTimeout   time.Duration `yaml:"redis_timeout"`
 }
 
-// Policies lists the accepted --policy values.
-var Policies = []string{"cache_aware", "random", "round_robin", "power_of_two", "consistent_hash", "rendezvous_hash"}
 
 // Secrets read from the environment when their flag is not given, so they stay out of process lists.
 const (
@@ -140,7 +140,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.StringVar(&c.Host, "host", c.Host, "listen address")
 	fs.IntVar(&c.Port, "port", c.Port, "listen port")
 	fs.Var(&urlList{list: &c.WorkerURLs}, "worker-urls", "worker base URLs: space-separated after the flag, comma-separated, or the flag repeated")
-	fs.StringVar(&c.Policy, "policy", c.Policy, "routing policy: "+strings.Join(Policies, ", "))
+	fs.StringVar(&c.Policy, "policy", c.Policy, "routing policy: "+strings.Join(registry.Names(), ", "))
 	fs.IntVar(&c.DPSize, "intra-node-data-parallel-size", c.DPSize, "data-parallel ranks per worker URL; each becomes a tenant URL@rank routed with header X-data-parallel-rank")
 	fs.Float64Var(&c.RequestTimeoutSecs, "request-timeout-secs", c.RequestTimeoutSecs, "upstream request timeout in seconds")
 	fs.Float64Var(&c.FirstByteTimeoutSecs, "first-byte-timeout-secs", c.FirstByteTimeoutSecs, "seconds one attempt waits for the worker's response headers before it counts as failed and is retried on another worker (0 disables; at most --request-timeout-secs)")
@@ -279,8 +279,8 @@ func (c Config) Validate() error {
 			bad("worker-urls", "%v", err)
 		}
 	}
-	if !slices.Contains(Policies, c.Policy) {
-		bad("policy", "unknown policy %q (want one of %s)", c.Policy, strings.Join(Policies, ", "))
+	if _, ok := registry.Lookup(c.Policy); !ok {
+		bad("policy", "unknown policy %q (want one of %s)", c.Policy, strings.Join(registry.Names(), ", "))
 	}
 	if c.DPSize < 1 {
 		bad("intra-node-data-parallel-size", "must be at least 1, got %d", c.DPSize)

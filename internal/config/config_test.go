@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cacheroute/cacheroute/internal/config"
+	"github.com/cacheroute/cacheroute/internal/policy/registry"
 )
 
 // load parses args the way the root command does (space-separated --worker-urls expanded, a
@@ -551,7 +552,7 @@ func TestValidateAccepts(t *testing.T) {
 			}
 		})
 	}
-	for _, p := range config.Policies {
+	for _, p := range registry.Names() {
 		c := config.Default()
 		c.Policy = p
 		if err := c.Validate(); err != nil {
