@@ -1,6 +1,7 @@
 package reqkey_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"math/rand/v2"
 	"net/http"
@@ -73,6 +74,33 @@ func agentChatBody(size int) []byte {
 	}
 }
 
+// repeatedBody returns prefix, then unit repeated with sep between the copies, then suffix: a
+// body of at least size bytes made of one small part many times over.
+func repeatedBody(size int, prefix, unit, sep, suffix string) []byte {
+	var b bytes.Buffer
+	b.Grow(size + len(prefix) + len(unit) + len(suffix))
+	b.WriteString(prefix)
+	for first := true; b.Len() < size; first = false {
+		if !first {
+			b.WriteString(sep)
+		}
+		b.WriteString(unit)
+	}
+	b.WriteString(suffix)
+	return b.Bytes()
+}
+
+// tinyPartsBody is a chat of one user message whose content is size bytes of 4-byte text parts.
+func tinyPartsBody(size int) []byte {
+	return repeatedBody(size, `{"model":"m","messages":[{"role":"user","content":[`,
+		`{"type":"text","text":"abcd"}`, ",", `]}]}`)
+}
+
+// tinyMessagesBody is a chat of size bytes of one-letter user messages.
+func tinyMessagesBody(size int) []byte {
+	return repeatedBody(size, `{"model":"m","messages":[`, `{"role":"user","content":"a"}`, ",", `]}`)
+}
+
 // BenchmarkParse is the whole key derivation of one chat request: decode, session key, hash key and
 // history key. Compare with BenchmarkPlainDecode of the same bodies.
 func BenchmarkParse(b *testing.B) {
@@ -85,6 +113,34 @@ func BenchmarkParse(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			for b.Loop() {
 				r, err := reqkey.Parse(h, body)
+				if err != nil || r.Text == "" {
+					b.Fatalf("Parse: %v", err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkParseTinyParts is Parse of a chat whose one message holds 4-byte text parts, the shape
+// that costs the most per body byte: what is kept per part shows in B/op and allocs/op.
+func BenchmarkParseTinyParts(b *testing.B) {
+	benchmarkParseShape(b, tinyPartsBody)
+}
+
+// BenchmarkParseTinyMessages is Parse of a chat of one-letter messages: what is kept per message
+// shows in B/op and allocs/op.
+func BenchmarkParseTinyMessages(b *testing.B) {
+	benchmarkParseShape(b, tinyMessagesBody)
+}
+
+func benchmarkParseShape(b *testing.B, shape func(size int) []byte) {
+	for _, s := range benchSizes {
+		body := shape(s.size)
+		b.Run(s.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				r, err := reqkey.Parse(nil, body)
 				if err != nil || r.Text == "" {
 					b.Fatalf("Parse: %v", err)
 				}
