@@ -5,8 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"strconv"
-	"unicode"
-	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -29,6 +27,7 @@ type scanner struct {
 	typeErr *Error   // the first field of the wrong type: scanning goes on
 	path    []string // the names of the typed fields being read, for type errors
 	stack   []byte   // closing bytes of the containers skip is inside
+	keyBuf  [16]byte // the value of the last key read, when it has an escape
 }
 
 // object reads the object at s.pos, calling member with each decoded key and s.pos at its value.
@@ -46,6 +45,22 @@ func (s *scanner) object(member func(*scanner, []byte)) {
 			return
 		}
 	}
+}
+
+// array reads the array at s.pos, calling elem with s.pos at each element, and returns its length.
+func (s *scanner) array(elem func(*scanner)) int {
+	if !s.open() {
+		return 0
+	}
+	n := 0
+	for first := true; s.next(']', first); first = false {
+		elem(s)
+		n++
+		if s.err != nil {
+			break
+		}
+	}
+	return n
 }
 
 // syntax records that the document is malformed at s.pos.
@@ -119,13 +134,18 @@ func (s *scanner) next(closing byte, first bool) bool {
 	return false
 }
 
-// key reads an object key and the colon after it, leaving s.pos at the value.
+// key reads an object key and the colon after it, leaving s.pos at the value. It returns the
+// key's value when it fits keyBuf (until the next key is read), which is all matching field names
+// needs; a longer key is returned as written.
 func (s *scanner) key() []byte {
 	if s.peek() != '"' {
 		s.syntax()
 		return nil
 	}
-	k := s.stringValue()
+	raw, escaped, high := s.str()
+	if s.err != nil {
+		return nil
+	}
 	s.ws()
 	if s.peek() != ':' {
 		s.syntax()
@@ -133,7 +153,7 @@ func (s *scanner) key() []byte {
 	}
 	s.pos++
 	s.ws()
-	return k
+	return jstr{raw: raw, plain: !escaped && (!high || utf8.Valid(raw))}.name(s.keyBuf[:])
 }
 
 func (s *scanner) null() { s.literal("null") }
@@ -305,41 +325,7 @@ func (s *scanner) stringValue() []byte {
 // unquote decodes the validated contents of a JSON string as encoding/json does: a lone or
 // mismatched UTF-16 surrogate escape and every byte of invalid UTF-8 become U+FFFD.
 func unquote(s []byte) []byte {
-	b := make([]byte, 0, len(s)+utf8.UTFMax)
-	for r := 0; r < len(s); {
-		c := s[r]
-		switch {
-		case c == '\\':
-			if s[r+1] == 'u' {
-				rr := hex4(s[r+2:])
-				r += 6
-				if utf16.IsSurrogate(rr) {
-					rr1 := rune(-1)
-					if r+6 <= len(s) && s[r] == '\\' && s[r+1] == 'u' {
-						rr1 = hex4(s[r+2:])
-					}
-					if dec := utf16.DecodeRune(rr, rr1); dec != unicode.ReplacementChar {
-						b = utf8.AppendRune(b, dec)
-						r += 6
-						continue
-					}
-					rr = unicode.ReplacementChar
-				}
-				b = utf8.AppendRune(b, rr)
-				continue
-			}
-			b = append(b, unescape(s[r+1]))
-			r += 2
-		case c < utf8.RuneSelf:
-			b = append(b, c)
-			r++
-		default:
-			rr, size := utf8.DecodeRune(s[r:])
-			b = utf8.AppendRune(b, rr)
-			r += size
-		}
-	}
-	return b
+	return jstr{raw: s}.appendTo(make([]byte, 0, len(s)+utf8.UTFMax))
 }
 
 // unescape is the byte a one-letter escape stands for.
