@@ -2,7 +2,6 @@ package reqkey
 
 import (
 	"bytes"
-	"encoding/json"
 	"slices"
 	"strconv"
 	"strings"
@@ -161,21 +160,4 @@ func (c *toolCall) arguments() []byte {
 		return c.args
 	}
 	return canonicalJSON(c.args)
-}
-
-// canonicalJSON renders a raw JSON value with object keys sorted (encoding/json sorts map keys), so
-// the same schema always yields the same bytes whatever order the client wrote it in. The raw
-// value has been validated; nil (absent or null) renders as nothing.
-func canonicalJSON(raw []byte) []byte {
-	var v any
-	if raw == nil || json.Unmarshal(raw, &v) != nil || v == nil {
-		return nil
-	}
-	var sb bytes.Buffer
-	enc := json.NewEncoder(&sb)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return nil
-	}
-	return bytes.TrimSuffix(sb.Bytes(), []byte("\n"))
 }

@@ -1,0 +1,77 @@
+package reqkey
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// canonicalOf writes the canonical form of the JSON value raw, and checks that measuring it
+// gives its length.
+func canonicalOf(t *testing.T, raw []byte) string {
+	t.Helper()
+	c := canonicalizer{v: valid(raw)}
+	var size keyWriter
+	c.write(&size, 0)
+	var sb strings.Builder
+	c.write(&keyWriter{sb: &sb}, 0)
+	if size.n != sb.Len() {
+		t.Fatalf("%s: measured %d bytes, wrote %d", raw, size.n, sb.Len())
+	}
+	return sb.String()
+}
+
+func canonicalSeeds(f *testing.F) {
+	for _, s := range []string{
+		`{"b":1,"a":{"d":[1,2,{"z":null,"y":true}],"c":"x"},"a":{"e":false}}`,
+		`["\u2028\u2029\u0001\"\\\/\b\f\n\r\t<>&\ud83d\ude00\ud800 \udc00\ud800\u0041","é","` + "\xff\xe2\x80\xa8" + `"]`,
+		`[1e-7,1e21,1e20,-0,-0.0,0.000001,123456789012345,1234567890123456,1.0,1E2,2.5e-10,5e-324]`,
+		`{"\u0061":1,"a":2,"\u00e9":3,"` + "\xc3\xa9" + `":4,"` + "\xff" + `":5,"\ufffd":6,"":7,"a\u0000":8}`,
+		`{"z":{},"y":[],"x":[{}],"w":[[]]}`,
+		`null`,
+		`"s"`,
+		` {"a" : [ 1 , 2 ] } `,
+	} {
+		f.Add([]byte(s))
+	}
+}
+
+// FuzzCanonicalMatchesEncodingJSON: the canonical form written in place from a valid JSON value
+// is the one encoding/json writes for the value it decodes into `any`.
+func FuzzCanonicalMatchesEncodingJSON(f *testing.F) {
+	canonicalSeeds(f)
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		raw = bytes.Trim(raw, " \t\r\n")
+		var v any
+		if !json.Valid(raw) || json.Unmarshal(raw, &v) != nil {
+			return // invalid, or a number that does not fit a float64: Parse rejects those
+		}
+		if got, want := canonicalOf(t, raw), string(canonicalJSON(raw)); got != want {
+			t.Fatalf("%s:\n got  %s\n want %s", raw, got, want)
+		}
+	})
+}
+
+// A value too long for the positions a member holds is written by way of encoding/json, into the
+// same key.
+func TestHistoryKeyCanonicalFormOfTooLongValues(t *testing.T) {
+	body := []byte(`{"messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":{"b":[1.50,"\u00e9"],"a":{}}}}]}],` +
+		`"tools":[{"function":{"name":"f","parameters":{"z":1,"a":{"y":2,"x":3}}}}]}`)
+	want, err := Parse(nil, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func(limit int) { compactLimit = limit }(compactLimit)
+	compactLimit = 0
+	got, err := Parse(nil, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *got != *want {
+		t.Errorf("the key changed with values written by way of encoding/json:\n%q\n%q", got.Text, want.Text)
+	}
+	if !strings.Contains(got.Text, `{"a":{},"b":[1.5,"é"]}`) || !strings.Contains(got.Text, `{"a":{"x":3,"y":2},"z":1}`) {
+		t.Errorf("key %q does not hold the canonical values", got.Text)
+	}
+}

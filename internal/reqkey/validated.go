@@ -1,0 +1,196 @@
+package reqkey
+
+import (
+	"bytes"
+	"encoding/binary"
+	"unicode/utf8"
+)
+
+// validated.go reads again a document the lexer has accepted. Trusting the grammar, it only finds
+// where values begin and end (for a string, a search for its closing quote), so that the history
+// key can be written from positions in the body rather than from copies of its parts.
+
+// valid is a JSON document the lexer has accepted. Positions in it are byte offsets.
+type valid []byte
+
+// ws returns the first position from i on that is not whitespace.
+func (v valid) ws(i int) int {
+	for i < len(v) {
+		switch v[i] {
+		case ' ', '\t', '\n', '\r':
+			i++
+		default:
+			return i
+		}
+	}
+	return i
+}
+
+// str returns the string at i and the position after it.
+func (v valid) str(i int) (jstr, int) {
+	end := v.strEnd(i)
+	raw := v[i+1 : end-1]
+	return jstr{raw: raw, plain: isPlain(raw)}, end
+}
+
+// isPlain reports whether the contents of a string are its value: no escape, valid UTF-8.
+func isPlain(raw []byte) bool {
+	if len(raw) < 32 { // too short for IndexByte to pay for its start
+		for _, c := range raw {
+			if special[c] {
+				return bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw)
+			}
+		}
+		return true
+	}
+	return bytes.IndexByte(raw, '\\') < 0 && (ascii(raw) || utf8.Valid(raw))
+}
+
+// strEnd returns the position after the string at i.
+func (v valid) strEnd(i int) int {
+	for j := i + 1; ; {
+		// Most strings are short, keys among them: look a few words ahead before handing a long
+		// string to IndexByte, which is fast once started but slow to start.
+		words := 0
+		for ; words < 4 && j+8 <= len(v) && !quoteOrBackslash8(binary.LittleEndian.Uint64(v[j:])); words++ {
+			j += 8
+		}
+		if words == 4 {
+			q := j + bytes.IndexByte(v[j:], '"')
+			b := q
+			for v[b-1] == '\\' {
+				b--
+			}
+			if (q-b)%2 == 0 {
+				return q + 1
+			}
+			j = q + 1
+			continue
+		}
+		for v[j] != '"' && v[j] != '\\' {
+			j++
+		}
+		if v[j] == '"' {
+			return j + 1
+		}
+		j += 2 // the escaped byte; the hex digits of \u escapes hold no quote
+	}
+}
+
+// quoteOrBackslash8 reports whether any of the eight bytes in w is a quote or a backslash.
+func quoteOrBackslash8(w uint64) bool {
+	return (zeroByte(w^'"'*ones)|zeroByte(w^'\\'*ones))&highs != 0
+}
+
+// ascii reports whether b is all ASCII, 32 bytes at a time.
+func ascii(b []byte) bool {
+	i := 0
+	for ; i+32 <= len(b); i += 32 {
+		w := binary.LittleEndian.Uint64(b[i:]) | binary.LittleEndian.Uint64(b[i+8:]) |
+			binary.LittleEndian.Uint64(b[i+16:]) | binary.LittleEndian.Uint64(b[i+24:])
+		if w&highs != 0 {
+			return false
+		}
+	}
+	for ; i < len(b); i++ {
+		if b[i] >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
+}
+
+// skip returns the position after the value at i.
+func (v valid) skip(i int) int {
+	depth := 0
+	for {
+		switch v[i] {
+		case '"':
+			i = v.strEnd(i)
+		case '{', '[':
+			depth++
+			i++
+		case '}', ']':
+			depth--
+			i++
+		case ',', ':', ' ', '\t', '\n', '\r':
+			i++
+		default: // a number or a literal
+			for i < len(v) && !delimiter[v[i]] {
+				i++
+			}
+		}
+		if depth == 0 {
+			return i
+		}
+	}
+}
+
+// delimiter marks the bytes that can follow a number or a literal.
+var delimiter = [256]bool{',': true, ']': true, '}': true, ' ': true, '\t': true, '\n': true, '\r': true}
+
+// first returns the position of the first element of the array or object at i (for an object,
+// of its first key) and true, or the position after the container and false when it is empty.
+func (v valid) first(i int) (int, bool) {
+	return v.more(v.ws(i + 1))
+}
+
+// next returns the position of the element after the one that ends at i and true, or the
+// position after the container and false when that element was the last.
+func (v valid) next(i int) (int, bool) {
+	return v.more(v.ws(i))
+}
+
+func (v valid) more(i int) (int, bool) {
+	switch v[i] {
+	case ',':
+		return v.ws(i + 1), true
+	case ']', '}':
+		return i + 1, false
+	}
+	return i, true
+}
+
+// member returns the key of the object member at i and the position of its value.
+func (v valid) member(i int) (jstr, int) {
+	key, j := v.str(i)
+	j = v.ws(j) + 1 // the colon
+	return key, v.ws(j)
+}
+
+// fold reads an array field given more than once the way encoding/json decodes each array into
+// the same Go slice (see arrays): element i of the field is element i of each array that has one,
+// each decoded over what the earlier ones left, and the field has as many elements as the last
+// array. cursors holds the position of each array, in order, and is used up as scratch space:
+// read is called with the position of each array's element i in turn and returns the position
+// after it, then emit is called once element i is complete.
+func (v valid) fold(cursors []int, read func(pos int) int, emit func()) {
+	n := 0
+	for i, a := range cursors {
+		if pos, ok := v.first(a); ok {
+			cursors[n] = pos
+			n++
+		} else if i == len(cursors)-1 {
+			return // the last array is empty: so is the field
+		}
+	}
+	cursors = cursors[:n]
+	for len(cursors) > 0 {
+		// Cursors of arrays that have ended are dropped as they end, so every element is
+		// read once however many arrays there are and however long each is.
+		kept, lastEnded := 0, false
+		for j, pos := range cursors {
+			if next, ok := v.next(read(pos)); ok {
+				cursors[kept] = next
+				kept++
+			} else if j == len(cursors)-1 {
+				lastEnded = true
+			}
+		}
+		cursors = cursors[:kept]
+		emit()
+		if lastEnded {
+			return
+		}
+	}
+}
