@@ -63,7 +63,7 @@ type Policy interface {
 // Stateless gives the policies that learn nothing their Commit and Observe.
 type Stateless struct{}
 
-func (Stateless) Commit(Input, Decision)                  {}
+func (Stateless) Commit(Input, Decision)                   {}
 func (Stateless) Observe(Input, Decision, workers.Outcome) {}
 
 // Labeled is implemented by policies whose decisions carry labels beyond the policy's name; the
