@@ -1,9 +1,7 @@
 package reqkey
 
 import (
-	"bytes"
 	"slices"
-	"strconv"
 	"strings"
 )
 
@@ -22,142 +20,502 @@ import (
 //	tool    = "T" lp(name) lp(description) lp(parameters as canonical JSON)
 //	message = role { "n" lp(name) | "i" lp(tool_call_id) | "c" lp(text part) | "f" lp(name) lp(arguments) } "."
 //	role    = "s" | "d" | "u" | "a" | "t" | "r" lp(other role)
-func historyKey(tools []tool, messages []message) string {
-	if !hasText(tools, messages) {
+//
+// The key is written from positions in the body, in two passes over the parts it reads: the first
+// counts its bytes, the second writes it into a builder of exactly that size. Nothing is kept per
+// message, content part or tool call, so a body of many tiny parts costs no more memory than its
+// key; only tools are remembered (where their fields are), to be sorted.
+func historyKey(tools, messages *arrays) string {
+	if messages == nil {
 		return ""
 	}
-	size := 0
-	for i := range tools {
-		size += 32 + len(tools[i].name) + len(tools[i].description) + len(tools[i].params)
+	h := historyWriter{v: valid(messages.data)}
+	h.c.v = h.v
+	h.write(tools, messages)
+	if !h.w.text {
+		return ""
 	}
-	for i := range messages {
-		size += messages[i].size()
-	}
-	// A Builder grows without zeroing the bytes it is about to overwrite, and hands them to
-	// String without copying them: the key costs one allocation of about its own size.
 	var sb strings.Builder
-	sb.Grow(size)
-	if len(tools) > 0 {
-		sorted := slices.Clone(tools)
-		slices.SortStableFunc(sorted, func(a, b tool) int { return bytes.Compare(a.name, b.name) })
-		for _, t := range sorted {
-			sb.WriteByte('T')
-			lp(&sb, t.name)
-			lp(&sb, t.description)
-			lp(&sb, canonicalJSON(t.params))
-		}
-	}
-	for i := range messages {
-		m := &messages[i]
-		appendRole(&sb, m.role)
-		if len(m.name) > 0 {
-			sb.WriteByte('n')
-			lp(&sb, m.name)
-		}
-		if len(m.toolCallID) > 0 {
-			sb.WriteByte('i')
-			lp(&sb, m.toolCallID)
-		}
-		appendTextParts(&sb, m)
-		for _, tc := range m.toolCalls {
-			sb.WriteByte('f')
-			lp(&sb, tc.name)
-			lp(&sb, tc.arguments())
-		}
-		sb.WriteByte('.')
-	}
+	sb.Grow(h.w.n)
+	h.w = keyWriter{sb: &sb}
+	h.write(tools, messages)
 	return sb.String()
 }
 
-// message is one element of messages, as far as the history key reads it. Its byte slices may
-// point into the request body.
-type message struct {
-	role, name, toolCallID []byte
-	text                   []byte   // content given as a string
-	parts                  [][]byte // the non-empty texts of content given as an array
-	toolCalls              []toolCall
+// historyWriter writes the history key of one chat body, or counts its bytes.
+type historyWriter struct {
+	v     valid
+	w     keyWriter
+	c     canonicalizer
+	named int // the tools with a name, counted by the first pass for the second to sort
+	// inOrder says, from the first pass, that the messages array is given once and each message
+	// has its fields once, in the order they are written: role, name and tool_call_id before
+	// content, and content before tool_calls. The second pass then writes each message's content
+	// as it reads it, rather than finding it first and reading it again.
+	inOrder bool
+	// Scratch space, sized once: cursors over the messages or tools arrays, the positions of the
+	// elements of the message being read, and cursors over its tool_calls arrays.
+	outer, elems, inner []int
+	// The tool_calls arrays of the message being read: the first given since the field was last
+	// cleared is in its element callsElem (an index in elems), at callsPos; callsN were given.
+	callsElem, callsPos, callsN int
+	keyBuf                      [16]byte
 }
 
-// toolCall is one element of a message's tool_calls: its function's name and arguments.
-type toolCall struct {
-	name     []byte
-	args     []byte // the arguments string, or the raw JSON of other arguments (nil for none)
-	argsJSON bool   // args is raw JSON
+func (h *historyWriter) write(tools, messages *arrays) {
+	if tools != nil && tools.n > 0 {
+		h.outer = h.positions(tools, h.outer)
+		h.tools()
+	}
+	if messages.n > 0 {
+		h.outer = h.positions(messages, h.outer)
+		h.elems = scratch(h.elems, messages.n)
+		h.messages(messages.n)
+	}
 }
 
-// tool is one element of tools: its function's name, description and raw JSON parameters.
+// positions returns in dst the positions of the arrays given for a, found again by their key.
+func (h *historyWriter) positions(a *arrays, dst []int) []int {
+	dst = append(scratch(dst, a.n), a.first)
+	if a.n == 1 {
+		return dst
+	}
+	for pos, more := h.v.next(h.v.skip(a.first)); more && len(dst) < a.n; {
+		key, val := h.v.member(pos)
+		if string(key.name(h.keyBuf[:])) == a.name {
+			dst = append(dst, val)
+		}
+		pos, more = h.v.next(h.v.skip(val))
+	}
+	return dst
+}
+
+// scratch returns s emptied, with room for n elements: grown to exactly n when it has less room,
+// where growing it by appending would allocate several times that.
+func scratch(s []int, n int) []int {
+	if cap(s) < n {
+		return make([]int, 0, n)
+	}
+	return s[:0]
+}
+
+// tool is one element of tools as far as the key reads it: where its function's name,
+// description and parameters are (0 when absent), and its place among the named tools.
 type tool struct {
-	name, description, params []byte
+	name, description, params int
+	index                     int
 }
 
-// size is about the number of bytes m adds to a history key.
-func (m *message) size() int {
-	n := 16 + len(m.role) + len(m.name) + len(m.toolCallID) + len(m.text)
-	for _, p := range m.parts {
-		n += 8 + len(p)
+// tools writes the tools sorted by name, keeping tools of the same name in order. Tools without
+// a name come first, so they are written as they are read; only the others are remembered.
+func (h *historyWriter) tools() {
+	var named []tool
+	if !h.w.counting() {
+		named = make([]tool, 0, h.named)
 	}
-	for _, tc := range m.toolCalls {
-		n += 16 + len(tc.name) + len(tc.args)
+	h.named = 0
+	var t tool
+	h.v.fold(h.outer, func(pos int) int { return h.readTool(pos, &t) }, func() {
+		h.w.text = true
+		switch {
+		case t.name == 0 || h.jstr(t.name).len() == 0:
+			h.writeTool(&t)
+		case h.w.counting():
+			h.named++
+			h.writeTool(&t)
+		default:
+			t.index = len(named)
+			named = append(named, t)
+		}
+		t = tool{}
+	})
+	slices.SortFunc(named, func(a, b tool) int {
+		if c := compareJstr(h.jstr(a.name), h.jstr(b.name)); c != 0 {
+			return c
+		}
+		return a.index - b.index
+	})
+	for i := range named {
+		h.writeTool(&named[i])
 	}
-	return n
 }
 
-func appendRole(sb *strings.Builder, role []byte) {
-	switch string(role) {
+// readTool reads one element of tools over t and returns the position after it.
+func (h *historyWriter) readTool(pos int, t *tool) int {
+	return h.object(pos, func(key []byte, val int) int {
+		if string(key) != "function" {
+			return h.v.skip(val)
+		}
+		return h.object(val, func(key []byte, val int) int {
+			switch string(key) {
+			case "name":
+				h.setString(&t.name, val)
+			case "description":
+				h.setString(&t.description, val)
+			case "parameters":
+				t.params = val
+			}
+			return h.v.skip(val)
+		})
+	})
+}
+
+func (h *historyWriter) writeTool(t *tool) {
+	h.w.byte('T')
+	h.lpString(t.name)
+	h.lpString(t.description)
+	h.lpCanonical(t.params)
+}
+
+// message is one element of messages as far as the key reads it. Where its tool_calls arrays are
+// is kept in the historyWriter.
+type message struct {
+	role, name, toolCallID jstr
+	content                int // where the content is (0 when absent), to be read after the rest
+	// The first pass measures the content as it reads it: its size and whether it has text.
+	contentSize int
+	contentText bool
+	seen        uint8 // the fields read so far, to tell whether the message is in order
+	started     bool  // its role, name and tool_call_id are written
+}
+
+// The fields of a message, in the order they are written.
+const (
+	seenRole uint8 = 1 << iota
+	seenName
+	seenID
+	seenContent
+	seenCalls
+)
+
+// messages writes each message in order.
+func (h *historyWriter) messages(n int) {
+	if h.w.counting() {
+		h.inOrder = n == 1
+	}
+	var m message
+	h.elems, h.callsN = h.elems[:0], 0
+	read := func(pos int) int {
+		h.elems = append(h.elems, pos)
+		return h.readMessage(pos, &m)
+	}
+	h.v.fold(h.outer, read, func() {
+		h.writeMessage(&m)
+		m = message{}
+		h.elems, h.callsN = h.elems[:0], 0
+	})
+}
+
+// readMessage reads one element of messages over m and returns the position after it.
+func (h *historyWriter) readMessage(pos int, m *message) int {
+	return h.object(pos, func(key []byte, val int) int {
+		switch string(key) {
+		case "role":
+			h.see(m, seenRole)
+			return h.stringField(&m.role, val)
+		case "name":
+			h.see(m, seenName)
+			return h.stringField(&m.name, val)
+		case "tool_call_id":
+			h.see(m, seenID)
+			return h.stringField(&m.toolCallID, val)
+		case "content":
+			h.see(m, seenContent)
+			switch {
+			case h.w.counting():
+				size := keyWriter{}
+				end := h.content(&size, val)
+				m.contentSize, m.contentText = size.n, size.text
+				return end
+			case h.inOrder:
+				h.start(m)
+				return h.content(&h.w, val)
+			}
+			m.content = val
+		case "tool_calls":
+			h.see(m, seenCalls)
+			if h.v[val] == 'n' {
+				h.callsN = 0
+				return val + len("null")
+			}
+			switch _, ok := h.v.first(val); {
+			case !ok:
+				h.callsN = 0 // an empty array decodes into a new, empty slice
+			case h.callsN == 0:
+				h.callsElem, h.callsPos, h.callsN = len(h.elems)-1, val, 1
+			default:
+				h.callsN++
+			}
+		}
+		return h.v.skip(val)
+	})
+}
+
+// see notes, in the first pass, that the field f of m is read, and whether m is still in order.
+func (h *historyWriter) see(m *message, f uint8) {
+	if !h.w.counting() {
+		return
+	}
+	after := seenContent | seenCalls // the fields written after f
+	switch f {
+	case seenContent:
+		after = seenCalls
+	case seenCalls:
+		after = 0
+	}
+	if m.seen&(f|after) != 0 {
+		h.inOrder = false // f is repeated, or comes after a field written after it
+	}
+	m.seen |= f
+}
+
+// start writes the role, name and tool_call_id of m, once: what comes before its content.
+func (h *historyWriter) start(m *message) {
+	if m.started {
+		return
+	}
+	m.started = true
+	h.role(m.role)
+	if m.name.len() > 0 {
+		h.w.byte('n')
+		h.w.lp(m.name)
+	}
+	if m.toolCallID.len() > 0 {
+		h.w.byte('i')
+		h.w.lp(m.toolCallID)
+	}
+}
+
+func (h *historyWriter) writeMessage(m *message) {
+	h.start(m)
+	switch {
+	case h.w.counting():
+		h.w.n += m.contentSize
+		h.w.text = h.w.text || m.contentText
+	case !h.inOrder && m.content != 0:
+		h.content(&h.w, m.content)
+	}
+	h.toolCalls()
+	h.w.byte('.')
+}
+
+// role writes the role of a message: one letter for the common roles.
+func (h *historyWriter) role(role jstr) {
+	switch string(role.name(h.keyBuf[:])) {
 	case "system":
-		sb.WriteByte('s')
+		h.w.byte('s')
 	case "developer":
-		sb.WriteByte('d')
+		h.w.byte('d')
 	case "user":
-		sb.WriteByte('u')
+		h.w.byte('u')
 	case "assistant":
-		sb.WriteByte('a')
+		h.w.byte('a')
 	case "tool":
-		sb.WriteByte('t')
+		h.w.byte('t')
 	default:
-		sb.WriteByte('r')
-		lp(sb, role)
+		h.w.byte('r')
+		h.w.lp(role)
 	}
 }
 
-// lp writes s behind its length prefix: "<len>:<bytes>".
-func lp(sb *strings.Builder, s []byte) {
-	var n [20]byte
-	sb.Write(strconv.AppendInt(n[:0], int64(len(s)), 10))
-	sb.WriteByte(':')
-	sb.Write(s)
+// content writes to w the text of the message content at pos and returns the position after
+// it: a string, or the strings and text parts of a content array. Image, audio and other parts
+// contribute nothing.
+func (h *historyWriter) content(w *keyWriter, pos int) int {
+	switch h.v[pos] {
+	case '"':
+		j, end := h.v.str(pos)
+		textPart(w, j)
+		return end
+	case '[':
+		i, more := h.v.first(pos)
+		for more {
+			var end int
+			switch h.v[i] {
+			case '"':
+				var j jstr
+				j, end = h.v.str(i)
+				textPart(w, j)
+			case '{':
+				var text jstr
+				text, end = h.part(i)
+				textPart(w, text)
+			default:
+				end = h.v.skip(i)
+			}
+			i, more = h.v.next(end)
+		}
+		return i
+	}
+	return h.v.skip(pos)
 }
 
-// appendTextParts writes the text of a message content: a string, or the text parts of a content
-// array. Image, audio and other parts contribute nothing.
-func appendTextParts(sb *strings.Builder, m *message) {
-	if len(m.text) > 0 {
-		sb.WriteByte('c')
-		lp(sb, m.text)
-	}
-	for _, text := range m.parts {
-		sb.WriteByte('c')
-		lp(sb, text)
+func textPart(w *keyWriter, j jstr) {
+	if j.len() > 0 {
+		w.text = true
+		w.byte('c')
+		w.lp(j)
 	}
 }
 
-func hasText(tools []tool, messages []message) bool {
-	if len(tools) > 0 {
-		return true
+// part reads the content part object at i and returns its text when it is a text part (the
+// empty string otherwise), and the position after it. A text part has a string "text" and a
+// "type" that is absent, not a string, empty, "text" or "input_text".
+func (h *historyWriter) part(i int) (text jstr, end int) {
+	var typ jstr
+	isText := false
+	end = h.object(i, func(key []byte, val int) int {
+		switch string(key) {
+		case "type":
+			typ = jstr{}
+			if h.v[val] == '"' {
+				var end int
+				typ, end = h.v.str(val)
+				return end
+			}
+		case "text":
+			isText = h.v[val] == '"'
+			if isText {
+				var end int
+				text, end = h.v.str(val)
+				return end
+			}
+		}
+		return h.v.skip(val)
+	})
+	if !isText || (typ.len() > 0 && !typ.is("text") && !typ.is("input_text")) {
+		return jstr{}, end
 	}
-	for i := range messages {
-		if len(messages[i].toolCalls) > 0 || len(messages[i].text) > 0 || len(messages[i].parts) > 0 {
-			return true
+	return text, end
+}
+
+// toolCalls writes the tool calls of the message being written.
+func (h *historyWriter) toolCalls() {
+	if h.callsN == 0 {
+		return
+	}
+	// Find the later tool_calls arrays again by their key: in the rest of the element that holds
+	// the first, then in the later elements.
+	h.inner = append(scratch(h.inner, h.callsN), h.callsPos)
+	pos, more := h.v.next(h.v.skip(h.callsPos))
+	h.inner = h.appendCalls(h.inner, pos, more)
+	for _, e := range h.elems[h.callsElem+1:] {
+		if h.v[e] != 'n' {
+			pos, more := h.v.first(e)
+			h.inner = h.appendCalls(h.inner, pos, more)
 		}
 	}
-	return false
+	var name jstr
+	var args int
+	read := func(pos int) int {
+		return h.object(pos, func(key []byte, val int) int {
+			if string(key) != "function" {
+				return h.v.skip(val)
+			}
+			return h.object(val, func(key []byte, val int) int {
+				switch string(key) {
+				case "name":
+					return h.stringField(&name, val)
+				case "arguments":
+					args = val
+				}
+				return h.v.skip(val)
+			})
+		})
+	}
+	h.v.fold(h.inner, read, func() {
+		h.w.text = true
+		h.w.byte('f')
+		h.w.lp(name)
+		h.lpArguments(args)
+		name, args = jstr{}, 0
+	})
 }
 
-// arguments is a tool call's arguments: the string as sent (OpenAI sends a JSON string), or the
-// canonical JSON of an object some clients send instead.
-func (c *toolCall) arguments() []byte {
-	if !c.argsJSON {
-		return c.args
+// appendCalls appends to dst the positions of the tool_calls arrays among the object members from
+// pos on, while there are more (and fewer than callsN in dst).
+func (h *historyWriter) appendCalls(dst []int, pos int, more bool) []int {
+	for more && len(dst) < h.callsN {
+		key, val := h.v.member(pos)
+		if string(key.name(h.keyBuf[:])) == "tool_calls" {
+			dst = append(dst, val)
+		}
+		pos, more = h.v.next(h.v.skip(val))
 	}
-	return canonicalJSON(c.args)
+	return dst
+}
+
+// object calls member with the key and the value's position of each member of the object at i,
+// and returns the position after the object. member returns the position after the value. null
+// leaves what the object would be decoded into as it is: it has no members.
+func (h *historyWriter) object(i int, member func(key []byte, val int) int) int {
+	if h.v[i] == 'n' {
+		return i + len("null")
+	}
+	pos, more := h.v.first(i)
+	for more {
+		key, val := h.v.member(pos)
+		pos, more = h.v.next(member(key.name(h.keyBuf[:]), val))
+	}
+	return pos
+}
+
+// stringField reads the string-typed field at val into *dst and returns the position after it:
+// null leaves the field as it is.
+func (h *historyWriter) stringField(dst *jstr, val int) int {
+	if h.v[val] != '"' {
+		return val + len("null")
+	}
+	var end int
+	*dst, end = h.v.str(val)
+	return end
+}
+
+// setString sets *dst to val when val is a string: null leaves a string field as it is.
+func (h *historyWriter) setString(dst *int, val int) {
+	if h.v[val] == '"' {
+		*dst = val
+	}
+}
+
+// jstr is the string at pos, or the empty string when pos is 0.
+func (h *historyWriter) jstr(pos int) jstr {
+	if pos == 0 {
+		return jstr{plain: true}
+	}
+	j, _ := h.v.str(pos)
+	return j
+}
+
+// lpString writes the string at pos (0: the empty string) behind its length prefix.
+func (h *historyWriter) lpString(pos int) {
+	h.w.lp(h.jstr(pos))
+}
+
+// lpArguments writes a tool call's arguments behind their length prefix: the string as sent
+// (OpenAI sends a JSON string), or the canonical JSON of an object some clients send instead.
+func (h *historyWriter) lpArguments(pos int) {
+	if pos != 0 && h.v[pos] == '"' {
+		h.lpString(pos)
+		return
+	}
+	h.lpCanonical(pos)
+}
+
+// lpCanonical writes the canonical JSON of the value at pos (nothing for 0 or null) behind its
+// length prefix, which it measures first.
+func (h *historyWriter) lpCanonical(pos int) {
+	if pos == 0 {
+		h.w.writeString("0:")
+		return
+	}
+	var size keyWriter
+	h.c.write(&size, pos)
+	h.w.int(size.n)
+	h.w.byte(':')
+	if h.w.counting() {
+		h.w.n += size.n
+		return
+	}
+	h.c.write(&h.w, pos)
 }

@@ -7,8 +7,9 @@ import (
 
 // schema.go is the request schema reader: which fields of a chat, completion or generate body
 // routing reads, of which JSON types, and what each value does to what was read before. It reads
-// the body through the lexer (lexer.go) in one pass, so the bulk of a chat (its message texts) is
-// touched once by the validating loop and once more when it is copied into the history key.
+// the body through the lexer (lexer.go) in one pass that checks all of it. Of a chat's messages
+// and tools it keeps only where their arrays are: the history key (history.go) reads them again
+// from the body, so that a body of many small parts costs no memory per part.
 //
 // The decoding rules are those of encoding/json decoding into the types this package used before
 // (see reference_test.go), with one deliberate change: object keys are matched exactly, where
@@ -20,20 +21,34 @@ import (
 //     model, stream, an array field (messages, tools, tool_calls) or a free-form value.
 //   - A repeated key is decoded again over what the earlier one left: a later scalar replaces an
 //     earlier one, and an array of objects is decoded element by element over the earlier elements
-//     (see decodeArray), as encoding/json decodes into an existing slice.
+//     (see arrays), as encoding/json decodes into an existing slice.
 //   - Free-form values (content, arguments, parameters, prompt, text, input_ids) fail on a number
 //     that does not fit a float64, as decoding them into `any` does.
 
 // body holds the top-level fields routing reads. Byte slices may point into the request body.
 type body struct {
-	model    []byte
-	stream   bool
-	messages []message // nil when absent or null: not a chat
-	tools    []tool
+	model  []byte
+	stream bool
+	// messages and tools are where the arrays given for them are; nil when absent or null. A
+	// body whose messages is nil is not a chat.
+	messages, tools *arrays
 	// prompt, text and inputIDs are the raw JSON of the last such value, rendered on demand.
 	prompt, text, inputIDs []byte
 	// paramsID is session_params.session_id, empty unless the last session_params is an object.
 	paramsID, sessionID, userID, user []byte
+}
+
+// arrays is a field whose value is an array of objects (messages, tools) given once or more:
+// where the first non-empty array given since the field was last cleared (by null or by an empty
+// array) is, and how many were given since. Element i of the field is element i of each of them,
+// each decoded over what the earlier ones left (see valid.fold), as encoding/json decodes a
+// repeated key into the same Go slice. Only positions are kept: the history key reads the
+// elements again from the body, finding the later arrays by their key.
+type arrays struct {
+	data  []byte
+	name  string // the field's key
+	first int    // the position of the first array
+	n     int    // how many arrays
 }
 
 // parseBody reads the JSON object in data into b.
@@ -84,29 +99,9 @@ func (b *body) member(s *scanner, key []byte) {
 		}
 		s.out()
 	case "messages":
-		s.in("messages")
-		switch s.peek() {
-		case '[':
-			b.messages = decodeArray(s, b.messages, (*message).decode)
-		case 'n':
-			s.null()
-			b.messages = nil
-		default:
-			s.mismatch()
-		}
-		s.out()
+		b.messages = s.arrayField("messages", b.messages, checkMessage)
 	case "tools":
-		s.in("tools")
-		switch s.peek() {
-		case '[':
-			b.tools = decodeArray(s, b.tools, (*tool).decode)
-		case 'n':
-			s.null()
-			b.tools = nil
-		default:
-			s.mismatch()
-		}
-		s.out()
+		b.tools = s.arrayField("tools", b.tools, checkTool)
 	case "prompt":
 		b.prompt = s.freeForm("prompt")
 	case "text":
@@ -137,28 +132,55 @@ func (b *body) member(s *scanner, key []byte) {
 	}
 }
 
-// decode reads one element of messages over m.
-func (m *message) decode(s *scanner) {
+// arrayField reads an array of objects given for the field a, whose elements check reads, and
+// returns what the field is then.
+func (s *scanner) arrayField(name string, a *arrays, check func(*scanner)) *arrays {
+	s.in(name)
+	switch s.peek() {
+	case '[':
+		start := s.pos
+		n := s.array(check)
+		if a == nil {
+			a = &arrays{data: s.data, name: name}
+		}
+		switch {
+		case n == 0:
+			a.n = 0 // an empty array decodes into a new, empty slice
+		case a.n == 0:
+			a.first, a.n = start, 1
+		default:
+			a.n++
+		}
+	case 'n':
+		s.null()
+		a = nil
+	default:
+		s.mismatch()
+	}
+	s.out()
+	return a
+}
+
+// checkMessage reads one element of messages: the fields the history key reads must be of their
+// types. Their values are read again when the key is written.
+func checkMessage(s *scanner) {
 	s.structValue(func(s *scanner, key []byte) {
 		switch string(key) {
 		case "role":
-			s.stringField("role", &m.role)
+			s.stringField("role")
 		case "name":
-			s.stringField("name", &m.name)
+			s.stringField("name")
 		case "tool_call_id":
-			s.stringField("tool_call_id", &m.toolCallID)
+			s.stringField("tool_call_id")
 		case "content":
-			s.in("content")
-			m.text, m.parts = s.content()
-			s.out()
+			s.freeForm("content")
 		case "tool_calls":
 			s.in("tool_calls")
 			switch s.peek() {
 			case '[':
-				m.toolCalls = decodeArray(s, m.toolCalls, (*toolCall).decode)
+				s.array(checkToolCall)
 			case 'n':
 				s.null()
-				m.toolCalls = nil
 			default:
 				s.mismatch()
 			}
@@ -169,34 +191,30 @@ func (m *message) decode(s *scanner) {
 	})
 }
 
-// decode reads one element of tool_calls over c.
-func (c *toolCall) decode(s *scanner) {
+// checkToolCall reads one element of tool_calls.
+func checkToolCall(s *scanner) {
 	s.function(func(s *scanner, key []byte) {
 		switch string(key) {
 		case "name":
-			s.stringField("name", &c.name)
+			s.stringField("name")
 		case "arguments":
-			if s.peek() == '"' {
-				c.args, c.argsJSON = s.stringValue(), false
-			} else {
-				c.args, c.argsJSON = s.freeForm("arguments"), true
-			}
+			s.freeForm("arguments") // a string, or the object some clients send
 		default:
 			s.skip(false)
 		}
 	})
 }
 
-// decode reads one element of tools over t.
-func (t *tool) decode(s *scanner) {
+// checkTool reads one element of tools.
+func checkTool(s *scanner) {
 	s.function(func(s *scanner, key []byte) {
 		switch string(key) {
 		case "name":
-			s.stringField("name", &t.name)
+			s.stringField("name")
 		case "description":
-			s.stringField("description", &t.description)
+			s.stringField("description")
 		case "parameters":
-			t.params = s.freeForm("parameters")
+			s.freeForm("parameters")
 		default:
 			s.skip(false)
 		}
@@ -217,103 +235,6 @@ func (s *scanner) function(member func(*scanner, []byte)) {
 	})
 }
 
-// content reads a message content: a string, or an array whose string elements and text parts
-// carry text. It returns the string and the non-empty texts of the array's parts.
-func (s *scanner) content() (text []byte, parts [][]byte) {
-	switch s.peek() {
-	case '"':
-		return s.stringValue(), nil
-	case '[':
-	default:
-		s.skip(true)
-		return nil, nil
-	}
-	if !s.open() {
-		return nil, nil
-	}
-	for first := true; s.next(']', first); first = false {
-		var t []byte
-		switch s.peek() {
-		case '"':
-			t = s.stringValue()
-		case '{':
-			t = s.part()
-		default:
-			s.skip(true)
-		}
-		if len(t) > 0 {
-			parts = append(parts, t)
-		}
-		if s.err != nil {
-			break
-		}
-	}
-	return nil, parts
-}
-
-// part reads a content part object and returns its text when it is a text part: one with a
-// string "text" and a "type" that is absent, not a string, empty, "text" or "input_text".
-func (s *scanner) part() []byte {
-	var typ, text []byte
-	textOK := false
-	s.object(func(s *scanner, key []byte) {
-		switch string(key) {
-		case "type":
-			typ = nil
-			if s.peek() == '"' {
-				typ = s.stringValue()
-			} else {
-				s.skip(true)
-			}
-		case "text":
-			textOK = s.peek() == '"'
-			if textOK {
-				text = s.stringValue()
-			} else {
-				s.skip(true)
-			}
-		default:
-			s.skip(true)
-		}
-	})
-	if !textOK || (len(typ) > 0 && string(typ) != "text" && string(typ) != "input_text") {
-		return nil
-	}
-	return text
-}
-
-// decodeArray decodes a JSON array into v the way encoding/json decodes into a Go slice: element i
-// is decoded over what v already holds there (a repeated key merges into the earlier elements,
-// even ones a shorter repeat cut off but left in the backing array), the result is cut to the
-// array's length, and an empty array gives an empty, non-nil slice.
-func decodeArray[T any](s *scanner, v []T, decode func(*T, *scanner)) []T {
-	if !s.open() {
-		return v
-	}
-	n := 0
-	for first := true; s.next(']', first); first = false {
-		switch {
-		case n >= cap(v): // then len(v) == cap(v) == n
-			if cap(v) == 0 {
-				v = make([]T, 0, 8) // skip the smallest steps of growing one element at a time
-			}
-			var zero T
-			v = append(v, zero)
-		case n >= len(v):
-			v = v[:n+1]
-		}
-		decode(&v[n], s)
-		n++
-		if s.err != nil {
-			return v
-		}
-	}
-	if n == 0 {
-		return []T{}
-	}
-	return v[:n]
-}
-
 // structValue reads an object into a struct-typed field, calling member for each of its members;
 // null leaves the field as it is, and any other type is a type error.
 func (s *scanner) structValue(member func(*scanner, []byte)) {
@@ -328,11 +249,11 @@ func (s *scanner) structValue(member func(*scanner, []byte)) {
 }
 
 // stringField reads a string-typed field: null leaves it as it is, another type is a type error.
-func (s *scanner) stringField(name string, dst *[]byte) {
+func (s *scanner) stringField(name string) {
 	s.in(name)
 	switch s.peek() {
 	case '"':
-		*dst = s.stringValue()
+		s.str()
 	case 'n':
 		s.null()
 	default:

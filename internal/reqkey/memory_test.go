@@ -1,0 +1,136 @@
+package reqkey_test
+
+import (
+	"bytes"
+	"runtime"
+	"strconv"
+	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/reqkey"
+)
+
+// The memory bound is checked on bodies large enough that the fixed costs of a parse vanish beside
+// the per-part ones: 64 MiB for the shapes the bound was set for (4-byte content parts, one-letter
+// messages), 8 MiB for the others, whose ratio does not depend on the size. The race detector
+// slows parsing down by an order of magnitude, so under it the bodies are smaller.
+var bigBodySize, bodySize = func() (int, int) {
+	if raceEnabled {
+		return 4 << 20, 1 << 20
+	}
+	return 64 << 20, 8 << 20
+}()
+
+// tinyShapes are bodies made of one tiny part many times over, each at a level of the request
+// schema, so that any cost paid per part shows as a multiple of the body size.
+var tinyShapes = []struct {
+	name string
+	body func(size int) []byte
+	big  bool // checked at bigBodySize
+}{
+	{"4-byte content parts", tinyPartsBody, true},
+	{"one-letter messages", tinyMessagesBody, true},
+	{"empty messages", func(n int) []byte {
+		return repeatedBody(n, `{"messages":[{"content":"a"},`, `{}`, ",", `]}`)
+	}, false},
+	{"string content parts", func(n int) []byte {
+		return repeatedBody(n, `{"messages":[{"content":[`, `"ab"`, ",", `]}]}`)
+	}, false},
+	{"empty content parts", func(n int) []byte {
+		return repeatedBody(n, `{"messages":[{"content":["a",`, `{}`, ",", `]}]}`)
+	}, false},
+	{"tiny tool calls", func(n int) []byte {
+		return repeatedBody(n, `{"messages":[{"role":"assistant","tool_calls":[`,
+			`{"function":{"name":"f","arguments":"1"}}`, ",", `]}]}`)
+	}, false},
+	{"empty tool calls", func(n int) []byte {
+		return repeatedBody(n, `{"messages":[{"tool_calls":[`, `{}`, ",", `]}]}`)
+	}, false},
+	{"empty tools", func(n int) []byte {
+		return repeatedBody(n, `{"messages":[],"tools":[`, `{}`, ",", `]}`)
+	}, false},
+	{"unsorted tools", func(n int) []byte {
+		return repeatedBody(n, `{"messages":[],"tools":[`,
+			`{"function":{"name":"b"}},{"function":{"name":"a"}}`, ",", `]}`)
+	}, false},
+	{"tool parameters of tiny members", func(n int) []byte {
+		// Distinct keys in descending order: the most work for the sort of the canonical form.
+		var b bytes.Buffer
+		b.Grow(n + 64)
+		b.WriteString(`{"messages":[],"tools":[{"function":{"name":"f","parameters":{`)
+		for i := 36*36*36*36*36 - 1; b.Len() < n; i-- {
+			if b.Len() > 64 {
+				b.WriteByte(',')
+			}
+			key := strconv.FormatInt(int64(i), 36)
+			b.WriteString(`"` + key + `":0`)
+		}
+		b.WriteString(`}}}]}`)
+		return b.Bytes()
+	}, false},
+	{"tool parameters of one repeated member", func(n int) []byte {
+		return repeatedBody(n, `{"messages":[],"tools":[{"function":{"name":"f","parameters":{`,
+			`"":0`, ",", `}}}]}`)
+	}, false},
+	{"tool parameters of empty objects", func(n int) []byte {
+		return repeatedBody(n, `{"messages":[],"tools":[{"function":{"name":"f","parameters":[`,
+			`{}`, ",", `]}}]}`)
+	}, false},
+	{"object arguments of tiny numbers", func(n int) []byte {
+		return repeatedBody(n, `{"messages":[{"tool_calls":[{"function":{"arguments":[`,
+			`1`, ",", `]}}]}]}`)
+	}, false},
+	{"repeated messages keys", func(n int) []byte {
+		return repeatedBody(n, `{`, `"messages":[{"content":"a"}]`, ",", `}`)
+	}, false},
+	{"unknown nested arrays", func(n int) []byte {
+		return repeatedBody(n, `{"x":[`, `[]`, ",", `],"messages":[{"content":"a"}]}`)
+	}, false},
+	// The keys of these outgrow their bodies: each byte of invalid UTF-8 is read as U+FFFD, three
+	// bytes long, and the canonical form of 1e20 is written out in full.
+	{"invalid UTF-8 content", func(n int) []byte {
+		return repeatedBody(n, `{"messages":[{"content":"`, "\xff", "", `"}]}`)
+	}, false},
+	{"tool parameters of large numbers", func(n int) []byte {
+		return repeatedBody(n, `{"messages":[],"tools":[{"function":{"parameters":[`, `1e20`, ",", `]}}]}`)
+	}, false},
+}
+
+// parseAllocs returns the bytes Parse allocates for body, and the request it returns.
+func parseAllocs(t testing.TB, body []byte) (uint64, *reqkey.Request) {
+	t.Helper()
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	r, err := reqkey.Parse(nil, body)
+	runtime.ReadMemStats(&after)
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	return after.TotalAlloc - before.TotalAlloc, r
+}
+
+// Parsing a body allocates at most three times its size, whatever the body is made of: nothing is
+// kept per content part, message, tool or tool call beyond what it adds to the key. Where the key
+// itself outgrows that, the parse allocates at most the key and the body's size once more. The
+// bytes allocated bound the peak memory of the parse from above.
+func TestParseMemoryIsBoundedByBodySizeForTinyParts(t *testing.T) {
+	for _, shape := range tinyShapes {
+		t.Run(shape.name, func(t *testing.T) {
+			size := bodySize
+			if shape.big {
+				size = bigBodySize
+			}
+			body := shape.body(size)
+			allocated, r := parseAllocs(t, body)
+			ratio := float64(allocated) / float64(len(body))
+			t.Logf("%d bytes allocated for a body of %d bytes (%.2fx), key %d bytes (%.2fx)",
+				allocated, len(body), ratio, len(r.Text), float64(len(r.Text))/float64(len(body)))
+			if bound := max(3*len(body), len(r.Text)+len(body)); allocated > uint64(bound) {
+				t.Errorf("Parse allocated %d bytes (%.2f times the body), want at most %d", allocated, ratio, bound)
+			}
+			if r.Text == "" {
+				t.Errorf("no routing text for the body")
+			}
+		})
+	}
+}
