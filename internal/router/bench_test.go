@@ -1,8 +1,10 @@
 package router
 
 import (
+	"context"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -33,14 +35,13 @@ func BenchmarkProxyChat(b *testing.B) {
 		b.Fatal(err)
 	}
 	r.Start(b.Context())
-	front := httptest.NewServer(r.Handler())
-	defer front.Close()
+	front := serveForBench(b, r)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	body := `{"model":"m","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one word."}]}`
 	b.ReportAllocs()
 	b.ResetTimer()
 	for b.Loop() {
-		resp, err := client.Post(front.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		resp, err := client.Post(front+"/v1/chat/completions", "application/json", strings.NewReader(body))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -50,4 +51,21 @@ func BenchmarkProxyChat(b *testing.B) {
 			b.Fatalf("status %d", resp.StatusCode)
 		}
 	}
+}
+
+// serveForBench serves r on a loopback port until the benchmark ends and returns its base URL.
+func serveForBench(b *testing.B, r *Router) string {
+	b.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Serve(ctx, ln, nil) }()
+	b.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return "http://" + ln.Addr().String()
 }

@@ -122,12 +122,11 @@ func BenchmarkSessionStoreRouter(b *testing.B) {
 					b.Cleanup(func() { _ = r.store.redis.Close() })
 				}
 				r.Start(b.Context())
-				front := httptest.NewServer(r.Handler())
-				b.Cleanup(front.Close)
+				front := serveForBench(b, r)
 				client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 				bodies, headers := sessionChats(benchSessions)
 				send := func(i int) {
-					req, _ := http.NewRequest(http.MethodPost, front.URL+"/v1/chat/completions", strings.NewReader(string(bodies[i])))
+					req, _ := http.NewRequest(http.MethodPost, front+"/v1/chat/completions", strings.NewReader(string(bodies[i])))
 					req.Header = headers[i].Clone()
 					req.Header.Set("Content-Type", "application/json")
 					resp, err := client.Do(req)

@@ -169,10 +169,6 @@ func newSharedStore(cfg config.Config, m *metrics.Metrics, log *slog.Logger) (*s
 	return &sharedStore{Fallback: fb, redis: rs}, nil
 }
 
-// Handler is the router's net/http handler of the endpoints that are not routed (health, models,
-// metrics, admin); the routed endpoints are served by Serve.
-func (r *Router) Handler() http.Handler { return r.proxy }
-
 // MetricsHandler serves only /metrics, for the separate metrics listener.
 func (r *Router) MetricsHandler() http.Handler { return r.metrics.Handler() }
 
