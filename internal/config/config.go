@@ -82,7 +82,6 @@ type Config struct {
 	RedisTimeout   time.Duration `yaml:"redis_timeout"`
 }
 
-
 // Secrets read from the environment when their flag is not given, so they stay out of process lists.
 const (
 	AdminAPIKeyEnv = "CACHEROUTE_ADMIN_API_KEY"
