@@ -82,6 +82,12 @@ var tinyShapes = []struct {
 	{"repeated messages keys", func(n int) []byte {
 		return repeatedBody(n, `{`, `"messages":[{"content":"a"}]`, ",", `}`)
 	}, false},
+	{"token id prompt", func(n int) []byte {
+		return repeatedBody(n, `{"prompt":[`, `7`, ",", `]}`)
+	}, false},
+	{"string prompts", func(n int) []byte {
+		return repeatedBody(n, `{"prompt":[`, `"a"`, ",", `]}`)
+	}, false},
 	{"unknown nested arrays", func(n int) []byte {
 		return repeatedBody(n, `{"x":[`, `[]`, ",", `],"messages":[{"content":"a"}]}`)
 	}, false},

@@ -9,7 +9,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
-	"strconv"
 	"strings"
 )
 
@@ -130,49 +129,4 @@ func namespaced(kind, v string) string {
 	}
 	sum := sha256.Sum256([]byte(v))
 	return kind + "sha256:" + hex.EncodeToString(sum[:16])
-}
-
-// routingText is what non-chat requests are matched on: /generate's text, prompt or input_ids, or
-// the completion prompt (strings joined by newlines, token ids rendered as their decimal values).
-func routingText(b *body) string {
-	for _, raw := range [][]byte{b.text, b.prompt, b.inputIDs} {
-		if raw == nil {
-			continue
-		}
-		var sb strings.Builder
-		renderPrompt(&sb, &scanner{data: raw})
-		if sb.Len() > 0 {
-			return sb.String()
-		}
-	}
-	return ""
-}
-
-// renderPrompt writes the prompt value at s.pos, which has been validated: a string as it is, a
-// number in decimal, an array as its elements separated by a space before a number and a newline
-// before anything else. Other values write nothing.
-func renderPrompt(sb *strings.Builder, s *scanner) {
-	switch c := s.peek(); {
-	case c == '"':
-		sb.Write(s.stringValue())
-	case c == '-' || isDigit(c):
-		f, _ := strconv.ParseFloat(string(s.number()), 64)
-		sb.WriteString(strconv.FormatFloat(f, 'f', -1, 64))
-	case c == '[':
-		if !s.open() {
-			return
-		}
-		for first := true; s.next(']', first); first = false {
-			if !first {
-				if c := s.peek(); c == '-' || isDigit(c) {
-					sb.WriteByte(' ')
-				} else {
-					sb.WriteByte('\n')
-				}
-			}
-			renderPrompt(sb, s)
-		}
-	default:
-		s.skip(false)
-	}
 }
