@@ -172,7 +172,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.IntVar(&c.MaxTreeSize, "max-tree-size", c.MaxTreeSize, "cache_aware: characters held per model prefix tree in total")
 	fs.Float64Var(&c.EvictionIntervalSecs, "eviction-interval-secs", c.EvictionIntervalSecs, "cache_aware: seconds between tree and session sweeps")
 	fs.DurationVar(&c.SessionTTL, "session-ttl", c.SessionTTL, "cache_aware: idle time after which a session entry expires")
-	fs.IntVar(&c.MaxSessions, "max-sessions", c.MaxSessions, "cache_aware: session entries per model (least recently used evicted)")
+	fs.IntVar(&c.MaxSessions, "max-sessions", c.MaxSessions, "cache_aware: session entries held in this process, all models together (least recently used evicted)")
 	fs.StringVar(&c.SessionStore, "session-store", c.SessionStore, "cache_aware session map: memory (this process) or redis (shared by every replica)")
 	fs.StringVar(&c.RedisURL, "redis-url", c.RedisURL, "redis:// or rediss:// URL of the shared session store (env "+RedisURLEnv+")")
 	fs.StringVar(&c.RedisKeyPrefix, "redis-key-prefix", c.RedisKeyPrefix, "prefix of the session store's Redis keys")
