@@ -276,12 +276,11 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, status int, typ, code, msg strin
 
 // finish counts a request the router answered itself (it never reached a relayed answer).
 func (s *Server) finish(ex *exchange, status int) {
-	class := metrics.StatusClass(status)
-	s.metrics.Requests.WithLabelValues(ex.route.path, class).Inc()
-	s.metrics.RequestDuration.WithLabelValues(ex.route.path).Observe(time.Since(ex.start).Seconds())
+	var firstByte time.Time
 	if status != statusClientGone {
-		s.metrics.TimeToFirstByte.WithLabelValues(ex.route.path).Observe(time.Since(ex.start).Seconds())
+		firstByte = time.Now() // the router's own answer is the first byte
 	}
+	ex.route.count(ex.start, metrics.StatusClass(status), firstByte)
 }
 
 // sleep waits d before a retry, bounded by the request's deadline; it reports false when the

@@ -111,6 +111,9 @@ func (r *relayBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// complete reports whether the whole answer was read from the worker.
+func (r *relayBody) complete() bool { return r.eof || r.relayed == r.size }
+
 // Close ends the exchange; fasthttp calls it once the body was written or could not be.
 func (r *relayBody) Close() error { r.end(nil); return nil }
 
@@ -123,7 +126,7 @@ func (r *relayBody) end(writeErr error) {
 		outcome := workers.Succeeded
 		class := metrics.StatusClass(r.status)
 		ex.stopWatch()
-		complete := r.eof || r.relayed == r.size
+		complete := r.complete()
 		switch {
 		case ex.gone.Load():
 			// The watch saw the client leave and closed the worker connection.
@@ -159,12 +162,9 @@ func (r *relayBody) end(writeErr error) {
 		}
 		r.at.Close(outcome)
 		s.policy.Observe(ex.in, r.dec, outcome)
-		route := ex.route.path
-		s.metrics.Requests.WithLabelValues(route, class).Inc()
-		s.metrics.RequestDuration.WithLabelValues(route).Observe(time.Since(ex.start).Seconds())
-		if r.firstByte.IsZero() {
+		if r.firstByte.IsZero() && r.complete() {
 			r.firstByte = time.Now() // an empty body: its end is its first byte
 		}
-		s.metrics.TimeToFirstByte.WithLabelValues(route).Observe(r.firstByte.Sub(ex.start).Seconds())
+		ex.route.count(ex.start, class, r.firstByte)
 	})
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
@@ -62,9 +63,35 @@ type Server struct {
 	plain     fasthttp.RequestHandler
 }
 
-// route is one routed endpoint: a POST path forwarded to a worker chosen by the policy.
+// route is one routed endpoint: a POST path forwarded to a worker chosen by the policy, with its
+// metric series resolved once rather than looked up by label on every request.
 type route struct {
-	path string
+	path     string
+	requests map[string]prometheus.Counter // by status class
+	duration prometheus.Observer
+	ttfb     prometheus.Observer
+}
+
+// statusClasses are every status_class a routed request can end with.
+var statusClasses = []string{"1xx", "2xx", "3xx", "4xx", "5xx", metrics.StatusCut}
+
+func newRoute(path string, m *metrics.Metrics) *route {
+	rt := &route{path: path, requests: map[string]prometheus.Counter{},
+		duration: m.RequestDuration.WithLabelValues(path), ttfb: m.TimeToFirstByte.WithLabelValues(path)}
+	for _, class := range statusClasses {
+		rt.requests[class] = m.Requests.WithLabelValues(path, class)
+	}
+	return rt
+}
+
+// count records one finished request: its status class, its duration, and its time to the first
+// byte of the answer (zero firstByte: the request got none, its client having left).
+func (rt *route) count(start time.Time, class string, firstByte time.Time) {
+	rt.requests[class].Inc()
+	rt.duration.Observe(time.Since(start).Seconds())
+	if !firstByte.IsZero() {
+		rt.ttfb.Observe(firstByte.Sub(start).Seconds())
+	}
 }
 
 // RoutedPaths are the POST endpoints forwarded to a worker chosen by the policy.
@@ -84,7 +111,7 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 		}
 	}
 	for _, path := range RoutedPaths {
-		s.routes[path] = &route{path: path}
+		s.routes[path] = newRoute(path, m)
 	}
 	allow := map[string][]string{} // path → methods, for 405 answers
 	handle := func(method, path string, h http.HandlerFunc) {
