@@ -15,67 +15,153 @@ import (
 // MaxEntries bounds the whole store: these tests hold it to that, alone and under concurrency.
 
 func TestCapacity_BoundsAllModelsTogether(t *testing.T) {
+	clock := newFakeClock()
+	m := NewMemory(MemoryOptions{MaxEntries: 4, Now: clock.Now})
+	for i := range 10 {
+		set(t, m, fmt.Sprintf("m%d", i%3), fmt.Sprintf("s%d", i), workerA)
+		clock.Advance(time.Second)
+		if want := min(i+1, 4); m.Total() != want {
+			t.Fatalf("after %d new keys: Total = %d, want %d", i+1, m.Total(), want)
+		}
+	}
+	if c := m.Counts(); c["m0"]+c["m1"]+c["m2"] != 4 {
+		t.Fatalf("Counts = %v, want 4 entries in all", c)
+	}
+}
+
+func TestCapacity_EvictsTheLeastRecentlyUsedEntryOfWhicheverModel(t *testing.T) {
+	clock := newFakeClock()
 	var log evictLog
-	m := NewMemory(MemoryOptions{MaxEntries: 4, OnEvict: log.record})
+	m := NewMemory(MemoryOptions{MaxEntries: 4, Now: clock.Now, OnEvict: log.record})
+	tick := func() { clock.Advance(time.Second) }
 	for _, key := range []string{"a1", "a2", "a3"} {
 		set(t, m, "m1", key, workerA)
+		tick()
 	}
 	set(t, m, "m2", "b1", workerA)
-	if m.Total() != 4 {
-		t.Fatalf("Total = %d, want 4", m.Total())
+	tick()
+
+	// The store is full: m2's new key evicts a1, the oldest entry in the store, from m1.
+	set(t, m, "m2", "b2", workerB)
+	tick()
+	assertGet(t, m, "m1", "a1", "")
+	if m.Len("m1") != 2 || m.Len("m2") != 2 || m.Total() != 4 {
+		t.Fatalf("Len = %d and %d, Total %d; want 2, 2 and 4", m.Len("m1"), m.Len("m2"), m.Total())
+	}
+	if a, b := log.count("m1", SessionCapacity), log.count("m2", SessionCapacity); a != 1 || b != 0 {
+		t.Fatalf("OnEvict(SessionCapacity): m1 %d, m2 %d; want 1 and 0 (reported under the model that lost it)", a, b)
 	}
 
-	// The store is full and m2 holds an entry: m2's new key replaces m2's own oldest.
-	set(t, m, "m2", "b2", workerB)
+	// A read is use: a2 is refreshed, so m1's next key evicts m1's own a3 instead.
+	assertGet(t, m, "m1", "a2", workerA)
+	tick()
+	set(t, m, "m1", "a4", workerA)
+	tick()
+	assertGet(t, m, "m1", "a3", "")
+	assertGet(t, m, "m2", "b1", workerA)
+	tick()
+
+	// Now m2's b2 is the oldest, and m1's next key evicts it.
+	set(t, m, "m1", "a5", workerA)
+	assertGet(t, m, "m2", "b2", "")
+	if c := m.Counts(); c["m1"] != 3 || c["m2"] != 1 || m.Total() != 4 {
+		t.Fatalf("Counts = %v, Total %d; want m1:3 m2:1 and 4", c, m.Total())
+	}
+	if a, b := log.count("m1", SessionCapacity), log.count("m2", SessionCapacity); a != 2 || b != 1 {
+		t.Fatalf("OnEvict(SessionCapacity): m1 %d, m2 %d; want 2 and 1", a, b)
+	}
+}
+
+func TestCapacity_ANewModelEvictsTheOldestEntryNotFromTheLargestModel(t *testing.T) {
+	clock := newFakeClock()
+	var log evictLog
+	m := NewMemory(MemoryOptions{MaxEntries: 4, TTL: time.Minute, Now: clock.Now, OnEvict: log.record})
+	set(t, m, "m2", "b1", workerA)
+	for _, key := range []string{"a1", "a2", "a3"} {
+		clock.Advance(time.Second)
+		set(t, m, "m1", key, workerA)
+	}
+	clock.Advance(time.Second)
+
+	set(t, m, "m3", "c1", workerB)
 	assertGet(t, m, "m2", "b1", "")
-	assertGet(t, m, "m2", "b2", workerB)
-	if m.Len("m1") != 3 || m.Len("m2") != 1 || m.Total() != 4 {
-		t.Fatalf("Len = %d and %d, Total %d; want 3, 1 and 4", m.Len("m1"), m.Len("m2"), m.Total())
+	assertGet(t, m, "m3", "c1", workerB)
+	if c := m.Counts(); c["m1"] != 3 || c["m2"] != 0 || c["m3"] != 1 || m.Total() != 4 {
+		t.Fatalf("Counts = %v, Total %d; want m1:3 m3:1 and 4", c, m.Total())
 	}
 	if n := log.count("m2", SessionCapacity); n != 1 {
 		t.Fatalf("OnEvict(m2, SessionCapacity) total = %d, want 1", n)
 	}
-	if n := log.count("m1", SessionCapacity); n != 0 {
-		t.Fatalf("OnEvict(m1, SessionCapacity) total = %d, want 0", n)
-	}
 
-	// And m1's new key replaces m1's own oldest.
-	set(t, m, "m1", "a4", workerA)
-	assertGet(t, m, "m1", "a1", "")
-	if m.Len("m1") != 3 || m.Len("m2") != 1 || m.Total() != 4 {
-		t.Fatalf("Len = %d and %d, Total %d; want 3, 1 and 4", m.Len("m1"), m.Len("m2"), m.Total())
+	// An evicted entry that had expired anyway is reported as SessionTTL: a1 is the oldest.
+	clock.Advance(2 * time.Minute)
+	set(t, m, "m4", "d1", workerB)
+	assertGet(t, m, "m4", "d1", workerB)
+	if c := m.Counts(); c["m1"] != 2 || c["m3"] != 1 || c["m4"] != 1 || m.Total() != 4 {
+		t.Fatalf("Counts = %v, Total %d; want m1:2 m3:1 m4:1 and 4", c, m.Total())
+	}
+	if ttl, capacity := log.count("m1", SessionTTL), log.count("m1", SessionCapacity); ttl != 1 || capacity != 0 {
+		t.Fatalf("OnEvict(m1): %d SessionTTL, %d SessionCapacity; want 1 and 0", ttl, capacity)
 	}
 }
 
-func TestCapacity_AModelWithNoEntriesEvictsFromTheModelHoldingTheMost(t *testing.T) {
+// TestCapacity_ModelsShareAFullStoreInProportionToTheirUse: a model that arrives at a store
+// another model filled is not held to one entry; every model keeps the share of the store
+// that its recent new keys make up.
+func TestCapacity_ModelsShareAFullStoreInProportionToTheirUse(t *testing.T) {
+	const capacity = 100
 	clock := newFakeClock()
-	var log evictLog
-	m := NewMemory(MemoryOptions{MaxEntries: 4, TTL: time.Minute, Now: clock.Now, OnEvict: log.record})
-	for _, key := range []string{"a1", "a2", "a3"} {
-		set(t, m, "m1", key, workerA)
-		clock.Advance(time.Second)
+	m := NewMemory(MemoryOptions{MaxEntries: capacity, Now: clock.Now})
+	n := 0
+	add := func(mdl string) {
+		set(t, m, mdl, fmt.Sprintf("s%d", n), workerA)
+		n++
+		clock.Advance(time.Millisecond)
 	}
-	set(t, m, "m2", "b1", workerA)
-	assertGet(t, m, "m1", "a1", workerA) // a2 is now m1's least recently used
-
-	set(t, m, "m3", "c1", workerB)
-	assertGet(t, m, "m1", "a2", "")
-	assertGet(t, m, "m3", "c1", workerB)
-	if c := m.Counts(); c["m1"] != 2 || c["m2"] != 1 || c["m3"] != 1 || m.Total() != 4 {
-		t.Fatalf("Counts = %v, Total %d; want m1:2 m2:1 m3:1 and 4", c, m.Total())
-	}
-	if n := log.count("m1", SessionCapacity); n != 1 {
-		t.Fatalf("OnEvict(m1, SessionCapacity) total = %d, want 1 (reported under the model that lost it)", n)
+	for range capacity {
+		add("busy")
 	}
 
-	// An entry evicted from another model that had expired anyway is reported as SessionTTL.
-	clock.Advance(2 * time.Minute)
-	set(t, m, "m4", "d1", workerB)
-	if c := m.Counts(); c["m1"] != 1 || c["m4"] != 1 || m.Total() != 4 {
-		t.Fatalf("Counts = %v, Total %d; want m1:1 m4:1 and 4", c, m.Total())
+	// Alternating new keys: after a store's worth of them, each model holds half.
+	for i := range capacity {
+		add([]string{"busy", "quiet"}[i%2])
 	}
-	if ttl, capacity := log.count("m1", SessionTTL), log.count("m1", SessionCapacity); ttl != 1 || capacity != 1 {
-		t.Fatalf("OnEvict(m1): %d SessionTTL, %d SessionCapacity; want 1 and 1", ttl, capacity)
+	if c := m.Counts(); c["busy"] != capacity/2 || c["quiet"] != capacity/2 || m.Total() != capacity {
+		t.Fatalf("after alternating inserts: Counts = %v, Total %d; want %d each", c, m.Total(), capacity/2)
+	}
+
+	// One new key in four for quiet: it ends with a quarter of the store.
+	for i := range 2 * capacity {
+		if i%4 == 3 {
+			add("quiet")
+		} else {
+			add("busy")
+		}
+	}
+	if c := m.Counts(); c["busy"] != 3*capacity/4 || c["quiet"] != capacity/4 || m.Total() != capacity {
+		t.Fatalf("after 3:1 inserts: Counts = %v, Total %d; want busy:%d quiet:%d", c, m.Total(), 3*capacity/4, capacity/4)
+	}
+
+	// A model that is read keeps its entries even while another adds keys: quiet reads its
+	// 25 sessions between busy's new keys and loses none of them.
+	quiet := m.lookup("quiet")
+	var keys []string
+	quiet.mu.Lock()
+	for key := range quiet.index {
+		keys = append(keys, key)
+	}
+	quiet.mu.Unlock()
+	for i := range 4 * capacity {
+		if i%4 == 0 {
+			for _, key := range keys {
+				assertGet(t, m, "quiet", key, workerA)
+			}
+			clock.Advance(time.Millisecond)
+		}
+		add("busy")
+	}
+	if c := m.Counts(); c["quiet"] != capacity/4 || c["busy"] != 3*capacity/4 {
+		t.Fatalf("while quiet reads its sessions: Counts = %v, want busy:%d quiet:%d", c, 3*capacity/4, capacity/4)
 	}
 }
 
@@ -206,7 +292,8 @@ func TestConcurrent_CapacityHoldsAcrossModelsAtEveryMoment(t *testing.T) {
 
 // TestMemory_MatchesAReferenceAcrossModels runs random operations on four models sharing one
 // capacity against a plain reference, checking every Get, every OnEvict report (model and
-// reason), every model's length and Total after each operation.
+// reason), every model's length and Total after each operation. The reference evicts the
+// entry with the oldest access time in the whole store.
 func TestMemory_MatchesAReferenceAcrossModels(t *testing.T) {
 	const (
 		capacity = 6
@@ -243,18 +330,21 @@ func TestMemory_MatchesAReferenceAcrossModels(t *testing.T) {
 		}
 		return SessionCapacity
 	}
-	oldest := func(mdl string) string {
-		k := ""
-		for key, e := range ref[mdl] {
-			if k == "" || e.last.Before(ref[mdl][k].last) {
-				k = key
+	// oldest returns the entry of the whole store with the oldest access time; access times
+	// are distinct, as the clock advances before every operation.
+	oldest := func() (mdl, key string) {
+		for _, other := range models {
+			for k, e := range ref[other] {
+				if key == "" || e.last.Before(ref[mdl][key].last) {
+					mdl, key = other, k
+				}
 			}
 		}
-		return k
+		return mdl, key
 	}
 	rng := rand.New(rand.NewPCG(2, 2))
 	tenants := []string{workerA, workerA + "@1", workerB}
-	fromOtherModel := 0
+	fromOtherModel, fromOwnModel := 0, 0
 	for step := range 20000 {
 		clock.Advance(time.Duration(1+rng.IntN(3)) * time.Second) // distinct, increasing times
 		mdl := models[rng.IntN(len(models))]
@@ -264,43 +354,17 @@ func TestMemory_MatchesAReferenceAcrossModels(t *testing.T) {
 		switch op := rng.IntN(20); {
 		case op < 8:
 			tenant := tenants[rng.IntN(len(tenants))]
-			_, exists := ref[mdl][key]
-			victim := ""
-			var tied []string // models holding the most entries, when mdl holds none
-			if !exists && refTotal() == capacity {
-				if len(ref[mdl]) > 0 {
-					victim = mdl
+			if _, exists := ref[mdl][key]; !exists && refTotal() == capacity {
+				victim, k := oldest()
+				if victim == mdl {
+					fromOwnModel++
 				} else {
-					most := 0
-					for _, other := range models {
-						switch n := len(ref[other]); {
-						case n > most:
-							most, tied = n, []string{other}
-						case n == most && n > 0:
-							tied = append(tied, other)
-						}
-					}
+					fromOtherModel++
 				}
-			}
-			before := m.Counts()
-			set(t, m, mdl, key, tenant)
-			if len(tied) > 0 {
-				fromOtherModel++
-				after := m.Counts()
-				for _, other := range tied {
-					if after[other] == before[other]-1 {
-						victim = other
-					}
-				}
-				if victim == "" {
-					t.Fatalf("step %d: a new key in empty %s evicted from none of %v: %v → %v", step, mdl, tied, before, after)
-				}
-			}
-			if victim != "" {
-				k := oldest(victim)
 				want = append(want, victim+"/"+reasonFor(ref[victim][k]).String())
 				delete(ref[victim], k)
 			}
+			set(t, m, mdl, key, tenant)
 			ref[mdl][key] = refEntry{tenant, clock.Now()}
 		case op < 15:
 			e, ok := ref[mdl][key]
@@ -357,8 +421,9 @@ func TestMemory_MatchesAReferenceAcrossModels(t *testing.T) {
 			t.Fatalf("step %d: Total = %d, want %d", step, m.Total(), refTotal())
 		}
 	}
-	if fromOtherModel < 100 {
-		t.Fatalf("only %d new keys evicted from another model; the workload no longer covers that path", fromOtherModel)
+	if fromOtherModel < 100 || fromOwnModel < 100 {
+		t.Fatalf("%d new keys evicted from another model, %d from their own; the workload no longer covers both paths",
+			fromOtherModel, fromOwnModel)
 	}
-	t.Logf("%d new keys evicted from another model", fromOtherModel)
+	t.Logf("%d new keys evicted from another model, %d from their own", fromOtherModel, fromOwnModel)
 }

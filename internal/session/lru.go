@@ -24,9 +24,10 @@ type entry struct {
 // modelSessions is one model's map: an index from key to slot, the slots, and an intrusive
 // doubly linked list of slots from most (head) to least (tail) recently used.
 type modelSessions struct {
-	mu sync.Mutex
+	name string // the model, owned by the store
+	mu   sync.Mutex
 	// size mirrors len(index), written under mu; it can be read without mu (Len, Counts, and
-	// the choice of another model to evict from), at the price of being a moment old.
+	// whether other models hold entries at all), at the price of being a moment old.
 	size       atomic.Int32
 	index      map[string]int32
 	entries    []entry
@@ -35,8 +36,9 @@ type modelSessions struct {
 	tenants    tenantTable
 }
 
-func newModelSessions() *modelSessions {
+func newModelSessions(name string) *modelSessions {
 	return &modelSessions{
+		name:  name,
 		index: make(map[string]int32),
 		head:  none,
 		tail:  none,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,9 +27,8 @@ type MemoryOptions struct {
 	TTL time.Duration
 	// MaxEntries is the capacity of the whole store, all models together: the store never
 	// holds more entries than this, even while Sets run concurrently. Adding a key to a full
-	// store evicts the adding model's least recently used entry or, when that model holds
-	// none, the least recently used entry of the model holding the most. Default 1048576, at
-	// most math.MaxInt32.
+	// store evicts the store's least recently used entry, whichever model it belongs to.
+	// Default 1048576, at most math.MaxInt32.
 	MaxEntries int
 	// Now is the clock; tests inject one. Default time.Now.
 	Now func() time.Time
@@ -59,14 +59,19 @@ func (o *MemoryOptions) ApplyDefaults() {
 // The capacity is exact at every moment, not only once writers stop: an atomic total counts
 // the entries of all models plus the slots that Sets in progress have claimed. A Set adding a
 // key claims a slot while the total is below MaxEntries (compare-and-swap), else takes over
-// the slot of the entry it evicts (its own model's least recently used one, under its own
-// lock), else, when its model holds nothing, evicts from another model first and takes that
-// slot. Entries are removed before the total is lowered, so entries ≤ total ≤ MaxEntries.
-// A Set holds one model lock at a time, so models need no lock order.
+// the slot of the entry it evicts: in place, under its own model's lock, when that entry is
+// its own model's; otherwise it removes the entry under the other model's lock first, keeps
+// the slot that frees, and then adds its key under its own. Entries are removed before the
+// total is lowered, so entries ≤ total ≤ MaxEntries. A Set holds one model lock at a time,
+// so models need no lock order.
 //
-// While the store is full, a model grows only into room that expiry, Delete or removed
-// workers free: each new key of a model that holds entries replaces that model's own least
-// recently used entry.
+// Eviction is least recently used across the whole store. Each model's list is in
+// access-time order, so the store's least recently used entry is the tail of one of them: a
+// Set at a full store reads each model's tail access time, one model lock at a time (the
+// models are the few a worker serves), and evicts the oldest. So every model keeps entries in
+// proportion to its recent use, whichever filled the store first. When only the adding model
+// holds entries the pass is skipped. While Sets run concurrently the tails are read moments
+// apart, so the entry evicted may not be exactly the oldest; the capacity stays exact.
 //
 // Expired entries are dropped lazily (a Get of an expired entry is a miss and removes it), by
 // Sweep, and first when a full store needs room, as the least recently used entry is the
@@ -83,7 +88,11 @@ type Memory struct {
 	// uses the monotonic clock when Now is time.Now, so wall-clock steps do not expire or
 	// revive sessions.
 	epoch  time.Time
-	models sync.Map
+	models sync.Map // model name → *modelSessions
+	// list holds every model in creation order, for the eviction pass; it is replaced, never
+	// modified, under listMu when a model is created. Models are never removed.
+	listMu sync.Mutex
+	list   atomic.Pointer[[]*modelSessions]
 }
 
 var _ Store = (*Memory)(nil)
@@ -91,7 +100,9 @@ var _ Store = (*Memory)(nil)
 // NewMemory returns an empty store; see MemoryOptions for the defaults.
 func NewMemory(opts MemoryOptions) *Memory {
 	opts.ApplyDefaults()
-	return &Memory{opts: opts, ttl: int64(opts.TTL), max: int64(opts.MaxEntries), epoch: opts.Now()}
+	m := &Memory{opts: opts, ttl: int64(opts.TTL), max: int64(opts.MaxEntries), epoch: opts.Now()}
+	m.list.Store(new([]*modelSessions))
+	return m
 }
 
 func (m *Memory) now() int64 { return int64(m.opts.Now().Sub(m.epoch)) }
@@ -144,8 +155,16 @@ func (m *Memory) lookupOrCreate(model string) *modelSessions {
 	if ms := m.lookup(model); ms != nil {
 		return ms
 	}
-	ms, _ := m.models.LoadOrStore(strings.Clone(model), newModelSessions())
-	return ms.(*modelSessions)
+	m.listMu.Lock()
+	defer m.listMu.Unlock()
+	if ms := m.lookup(model); ms != nil {
+		return ms
+	}
+	ms := newModelSessions(strings.Clone(model))
+	list := append(slices.Clone(*m.list.Load()), ms)
+	m.list.Store(&list) // before the model can hold an entry, so the eviction pass sees it
+	m.models.Store(ms.name, ms)
+	return ms
 }
 
 // Get returns the tenant for key and refreshes the entry. An expired entry is removed and
@@ -178,12 +197,12 @@ func (m *Memory) Get(_ context.Context, model, key string) (string, bool, error)
 }
 
 // Set points key at tenant and makes it the most recently used entry. Adding a key to a full
-// store evicts one entry (reported as SessionTTL if that entry had expired anyway, else
-// SessionCapacity, under the model it belonged to): this model's least recently used entry,
-// or, when this model holds none, that of the model holding the most entries.
+// store evicts the store's least recently used entry, of whichever model, and reports it
+// under the model it belonged to: SessionTTL if it had expired anyway, else SessionCapacity.
 func (m *Memory) Set(_ context.Context, model, key, tenant string) error {
 	ms := m.lookupOrCreate(model)
-	claimed := false // a slot of the total freed in another model for this Set
+	claimed := false   // a slot of the total freed in another model for this Set
+	ownOldest := false // the last pass found the oldest entry in this model
 	for {
 		ms.mu.Lock()
 		now := m.now() // read under the lock, so list order is access-time order
@@ -206,9 +225,10 @@ func (m *Memory) Set(_ context.Context, model, key, tenant string) error {
 			ms.mu.Unlock()
 			return nil
 		}
-		if ms.tail != none {
-			// The store is full: the new entry takes over the slot of this model's least
-			// recently used entry, and the total does not change.
+		// The store is full.
+		if ms.tail != none && (ownOldest || !m.othersHoldEntries(ms)) {
+			// The least recently used entry is this model's: the new entry takes over its
+			// slot, and the total does not change.
 			reason := m.evictReason(ms.entries[ms.tail].lastUsed, now)
 			ms.removeLocked(ms.tail)
 			ms.addLocked(strings.Clone(key), ms.tenants.acquire(tenant), now)
@@ -216,46 +236,70 @@ func (m *Memory) Set(_ context.Context, model, key, tenant string) error {
 			m.report(model, reason, 1)
 			return nil
 		}
-		ms.mu.Unlock()
-		// The store is full and this model holds nothing: make room in another model, with
-		// this model's lock released, then try again.
-		if claimed = m.evictElsewhere(ms); !claimed {
-			// No other model holds an entry, or the chosen one emptied meanwhile: the
-			// slots are claimed by Sets in progress or are being released by removals,
-			// which finish without waiting for this one. Let them, then try again.
-			runtime.Gosched()
+		own, hasOwn := int64(0), ms.tail != none
+		if hasOwn {
+			own = ms.entries[ms.tail].lastUsed
 		}
+		ms.mu.Unlock()
+		// Compare with the other models' oldest entries with this model's lock released.
+		victim, oldest := m.oldestElsewhere(ms)
+		// On a tie this model's entry goes: replacing it in place is the cheaper eviction.
+		if ownOldest = hasOwn && (victim == nil || own <= oldest); ownOldest {
+			continue
+		}
+		if victim != nil && m.evictTail(victim) {
+			claimed = true
+			continue
+		}
+		// No model holds an entry, or the chosen one emptied meanwhile: the slots are
+		// claimed by Sets in progress or are being released by removals, which finish
+		// without waiting for this one. Let them, then try again.
+		runtime.Gosched()
 	}
 }
 
-// evictElsewhere evicts the least recently used entry of the model, other than self, holding
-// the most entries, and reports whether it did; the entry's slot of the total passes to the
-// caller.
-func (m *Memory) evictElsewhere(self *modelSessions) bool {
-	var (
-		victim *modelSessions
-		name   string
-		most   int32
-	)
-	m.models.Range(func(model, value any) bool {
-		ms := value.(*modelSessions)
-		if n := ms.size.Load(); ms != self && n > most {
-			victim, name, most = ms, model.(string), n
+// othersHoldEntries reports whether a model other than self holds entries. It reads their
+// sizes without their locks, so it may be called under self's lock.
+func (m *Memory) othersHoldEntries(self *modelSessions) bool {
+	for _, ms := range *m.list.Load() {
+		if ms != self && ms.size.Load() > 0 {
+			return true
 		}
-		return true
-	})
-	if victim == nil {
+	}
+	return false
+}
+
+// oldestElsewhere returns the model other than self whose least recently used entry is the
+// oldest, and that entry's access time, or nil if no other model holds an entry. It holds
+// one model's lock at a time, only to read its tail; ties go to the model created first.
+func (m *Memory) oldestElsewhere(self *modelSessions) (victim *modelSessions, oldest int64) {
+	for _, ms := range *m.list.Load() {
+		if ms == self || ms.size.Load() == 0 {
+			continue
+		}
+		ms.mu.Lock()
+		if ms.tail != none {
+			if t := ms.entries[ms.tail].lastUsed; victim == nil || t < oldest {
+				victim, oldest = ms, t
+			}
+		}
+		ms.mu.Unlock()
+	}
+	return victim, oldest
+}
+
+// evictTail evicts the least recently used entry of ms and reports whether there was one; the
+// entry's slot of the total passes to the caller.
+func (m *Memory) evictTail(ms *modelSessions) bool {
+	ms.mu.Lock()
+	if ms.tail == none {
+		ms.mu.Unlock()
 		return false
 	}
-	victim.mu.Lock()
-	if victim.tail == none {
-		victim.mu.Unlock()
-		return false
-	}
-	reason := m.evictReason(victim.entries[victim.tail].lastUsed, m.now())
-	victim.removeLocked(victim.tail)
-	victim.mu.Unlock()
-	m.report(name, reason, 1)
+	reason := m.evictReason(ms.entries[ms.tail].lastUsed, m.now())
+	ms.removeLocked(ms.tail)
+	ms.mu.Unlock()
+	m.report(ms.name, reason, 1)
 	return true
 }
 

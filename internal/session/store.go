@@ -31,7 +31,8 @@ type EvictReason int
 const (
 	// SessionTTL: the entry was not used for longer than the TTL.
 	SessionTTL EvictReason = iota + 1
-	// SessionCapacity: the store was full and this was its model's least recently used entry.
+	// SessionCapacity: the store was full and this was its least recently used entry, of any
+	// model; it is reported under the model it belonged to.
 	SessionCapacity
 	// WorkerRemoved: the entry pointed at a worker that was removed from the pool.
 	WorkerRemoved
