@@ -70,6 +70,49 @@ func (r referenceTree) spaces() int {
 	return len(spaces)
 }
 
+// release is Release in the model: tenant keeps, of each of its keys in ns that runs past byte
+// from of key, the first from bytes (which are key's), and nothing if from is 0.
+func (r referenceTree) release(ns, key, tenant string, from int) {
+	for e := range r {
+		if e.ns == ns && e.tenant == tenant && commonPrefixLen(e.key, key) > from {
+			delete(r, e)
+			if from > 0 {
+				r[refEntry{ns, key[:from], tenant}] = true
+			}
+		}
+	}
+}
+
+// releaseFrom is where Release(ns, key, _, held) starts dropping holds in tr: the start of the
+// first node on key's path that begins at or after byte held (false if key's path ends, or
+// leaves the tree, before one). Holding is per node, so the model needs the tree's node
+// boundaries; everything else about Release it predicts on its own.
+func releaseFrom(tr *Tree, ns, key string, held int) (int, bool) {
+	tr.mu.RLock()
+	defer tr.mu.RUnlock()
+	n := tr.spaces[ns]
+	if n == nil || held >= len(key) {
+		return 0, false
+	}
+	pos := 0
+	for pos < len(key) {
+		c, _ := n.child(key[pos])
+		if c == nil {
+			return 0, false
+		}
+		if pos >= held {
+			return pos, true
+		}
+		l := commonPrefixLen(c.label, key[pos:])
+		if l < len(c.label) {
+			return 0, false
+		}
+		pos += l
+		n = c
+	}
+	return 0, false
+}
+
 func (r referenceTree) removeIf(drop func(tenant string) bool) {
 	for e := range r {
 		if drop(e.tenant) {
@@ -80,14 +123,27 @@ func (r referenceTree) removeIf(drop func(tenant string) bool) {
 
 // FuzzTree runs a sequence of operations decoded from the input against a Tree and the
 // reference model and fails on any disagreement. Each operation byte picks the operation
-// (byte % 5) and the namespace (byte / 5 % 3), so bytes below 5 all work in the first one. The
-// budget is unlimited so eviction stays out of the comparison; the tree's own invariants are
-// checked after every step.
+// (byte % 6) and the namespace (byte / 6 % 3), so bytes below 6 all work in the first one. An
+// operation reads a tenant byte, a length byte and that many key bytes; a Release reads one
+// byte more: 128 and above inserts the key and releases it at once, as a failed attempt does,
+// and below it releases the key at that byte. The budget is unlimited so eviction stays out of
+// the comparison; the tree's own invariants are checked after every step.
 func FuzzTree(f *testing.F) {
 	f.Add([]byte{0, 3, 0, 1, 2, 0, 0, 5, 0, 1, 2, 1, 1, 1, 3, 0, 1, 2})
 	f.Add([]byte{0, 4, 0, 0, 0, 0, 1, 0, 2, 0, 0, 2, 2, 5, 0, 0, 1, 1, 1})
 	// "abc" in namespace "", "bc" in "a", then look "c" up in "ab": joined, all three are "abc".
-	f.Add([]byte{10, 0, 3, 0, 1, 2, 0, 5, 2, 1, 2, 6, 0, 1, 2, 11, 0, 3, 0, 1, 2, 2, 5, 2, 1, 2, 3, 0, 0, 8, 5, 0})
+	f.Add([]byte{12, 0, 3, 0, 1, 2, 0, 5, 2, 1, 2, 7, 0, 1, 2, 13, 0, 3, 0, 1, 2, 2, 5, 2, 1, 2, 3, 0, 0, 9, 5, 0})
+	// "u" holds "abc" and "v" "abcab"; "u" is sent "abcabc", which fails: "u" loses the part of
+	// "v"'s node it had joined and the new leaf, and "v" keeps its hold.
+	f.Add([]byte{0, 0, 3, 0, 1, 2, 0, 5, 5, 0, 1, 2, 0, 1, 5, 0, 6, 0, 1, 2, 0, 1, 2, 200,
+		1, 0, 6, 0, 1, 2, 0, 1, 2, 2, 0, 6, 0, 1, 2, 0, 1, 2})
+	// "u" holds the single node "abcab": releasing it at byte 2 keeps the straddling node;
+	// after "abcabcc" is inserted, releasing that at byte 2 drops only the node past "abcab";
+	// releasing "abc" from -1 empties the namespace.
+	f.Add([]byte{0, 0, 5, 0, 1, 2, 0, 1, 5, 0, 5, 0, 1, 2, 0, 1, 3, 0, 0, 7, 0, 1, 2, 0, 1, 2, 2,
+		5, 0, 7, 0, 1, 2, 0, 1, 2, 2, 3, 5, 0, 3, 0, 1, 2, 0, 1, 0, 3, 0, 1, 2})
+	// A failed attempt in namespace "ab".
+	f.Add([]byte{6, 1, 2, 0, 1, 11, 1, 4, 0, 1, 0, 1, 200, 7, 0, 4, 0, 1, 0, 1})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		// The reference model is quadratic; a few dozen operations find every bug it can.
 		data = data[:min(len(data), 512)]
@@ -103,7 +159,7 @@ func FuzzTree(f *testing.F) {
 		}
 		for len(data) > 0 {
 			opByte := next()
-			op, ns := opByte%5, fuzzSpaces[int(opByte/5)%len(fuzzSpaces)]
+			op, ns := opByte%6, fuzzSpaces[int(opByte/6)%len(fuzzSpaces)]
 			who := fuzzTenants[int(next())%len(fuzzTenants)]
 			key := make([]byte, next()%12)
 			for i := range key {
@@ -138,6 +194,32 @@ func FuzzTree(f *testing.F) {
 				ref.removeIf(func(s string) bool { return tenant.HasBase(s, base) })
 				if got, want := tr.RemoveTenantsWithBase(base), before-tr.Bytes(); got != want {
 					t.Fatalf("RemoveTenantsWithBase(%q) freed %d, Bytes() fell by %d", base, got, want)
+				}
+			case 5:
+				if h := int(next()); h >= 128 {
+					// A failed attempt: Insert, then Release at what the tenant held before.
+					held := tr.MatchTenant(ns, k, who)
+					tr.Insert(ns, k, who)
+					checkInvariants(t, tr)
+					before := tr.Bytes()
+					if got, want := tr.Release(ns, k, who, held), before-tr.Bytes(); got != want || got < 0 {
+						t.Fatalf("Release(%q, %q, %q, %d) after Insert freed %d, Bytes() fell by %d", ns, k, who, held, got, want)
+					}
+					if got := tr.MatchTenant(ns, k, who); got != held {
+						t.Fatalf("MatchTenant(%q, %q, %q) = %d after Insert and Release, want %d as before", ns, k, who, got, held)
+					}
+				} else {
+					held := h%(len(k)+2) - 1 // -1 to len(k)
+					if from, ok := releaseFrom(tr, ns, k, held); ok {
+						ref.release(ns, k, who, from)
+					}
+					before := tr.Bytes()
+					if got, want := tr.Release(ns, k, who, held), before-tr.Bytes(); got != want || got < 0 {
+						t.Fatalf("Release(%q, %q, %q, %d) freed %d, Bytes() fell by %d", ns, k, who, held, got, want)
+					}
+					if got, want := tr.MatchTenant(ns, k, who), ref.heldBy(ns, k, who); got != want {
+						t.Fatalf("MatchTenant(%q, %q, %q) = %d after Release at %d, want %d", ns, k, who, got, held, want)
+					}
 				}
 			}
 			if got, want := tr.Chars(), ref.chars(); got != want {

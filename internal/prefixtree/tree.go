@@ -47,6 +47,16 @@
 // Match and MatchTenant do not refresh access times: they run under a read lock, and the
 // router inserts the key it routes right after deciding, which refreshes the path.
 //
+// # Release
+//
+// The router teaches the tree when it sends a request, before the worker answers. Release
+// undoes that for an attempt that failed: given how many bytes of the key the tenant held
+// before (MatchTenant's answer), it drops the tenant's hold on the key's path from the first
+// node that begins at or after that byte, prunes what nobody holds any more, and leaves other
+// tenants' holds alone. Holding is per node and Insert splits the path where the key leaves
+// what the tenant held, so when nothing else was inserted for the tenant along the key in
+// between, MatchTenant answers as it did before the Insert.
+//
 // # Memory
 //
 // Labels are copied when a node is created or split, so the tree never pins a caller's
@@ -417,6 +427,61 @@ func (t *Tree) RemoveTenantsWithBase(base string) int {
 	return t.removeIDsLocked(ids)
 }
 
+// Release undoes what Insert(ns, key, tenant) taught, for a tenant that held the first held
+// bytes of key before that Insert (as MatchTenant reported them): the caller sent key to
+// tenant, the attempt failed, and tenant should not be predicted to hold what it was never
+// given. It returns the bytes freed, as Bytes counts them.
+//
+// Holding is per node, so Release works in nodes. It walks key's path in ns and takes
+// tenant's hold off the first node of that path that begins at or after byte held of key,
+// and off everything tenant holds below that node (a tenant that does not hold a node holds
+// nothing below it); nodes left without holders are pruned, and the namespace with its last
+// one. Nodes that begin before byte held keep tenant's hold, including one that straddles
+// held: the Insert split the path wherever key left what tenant held before, so a node
+// straddling held was not extended by that Insert but held by tenant through another key.
+// Hence, when nothing else was inserted for tenant along key in between, MatchTenant(ns, key,
+// tenant) == held afterwards. held <= 0 takes every hold tenant has along key; held >= len(key)
+// changes nothing. Other tenants' holds are untouched.
+//
+// Release undoes the hold, not everything the Insert did: a split it made stays (nodes are
+// never merged back), access times it refreshed stay, and tenant stays interned until
+// RemoveTenant; Bytes returns to its figure before the Insert when that Insert only added a
+// tail below what tenant held. The tree is a prediction: if another key was inserted for
+// tenant through key's path beyond byte held in between, its hold there goes too.
+//
+// Key-end markers need no clearing: a node that survives still has a holder, and every holder
+// of a node holds the whole path down to it, so a marker left on a surviving node still marks
+// a key the tree was given and that is held whole; markers on pruned nodes go with them.
+func (t *Tree) Release(ns, key, tenant string, held int) (freed int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	id, ok := t.tenantIDs[tenant]
+	n := t.spaces[ns]
+	if !ok || n == nil || held >= len(key) {
+		return 0
+	}
+	pos, rest := 0, key
+	for len(rest) > 0 {
+		c, _ := n.child(rest[0])
+		if c == nil || !c.holds(id) {
+			return 0 // tenant holds nothing further along key
+		}
+		if pos >= held {
+			start := t.bytesLocked()
+			t.dropHoldsLocked([]*node{c}, []uint32{id})
+			return start - t.bytesLocked()
+		}
+		l := commonPrefixLen(c.label, rest)
+		if l < len(c.label) {
+			return 0 // key ends or leaves the tree inside c, which begins before held
+		}
+		pos += l
+		rest = rest[l:]
+		n = c
+	}
+	return 0
+}
+
 // removeIDsLocked visits exactly the nodes held by any of ids (holders are closed under
 // taking prefixes, so the walk never needs to enter a subtree the tenants do not hold),
 // drops the ids there and prunes every node left without holders, in every namespace. The ids
@@ -427,18 +492,7 @@ func (t *Tree) removeIDsLocked(ids []uint32) int {
 	for _, root := range t.spaces {
 		stack = t.heldChildren(stack, root, ids)
 	}
-	for len(stack) > 0 {
-		n := stack[len(stack)-1]
-		stack = stack[:len(stack)-1]
-		t.nodeBytes -= n.dropHolders(ids)
-		if len(n.holders) > 0 {
-			stack = t.heldChildren(stack, n, ids)
-			continue
-		}
-		// Nobody holds n, so nobody holds anything below it either.
-		t.unlinkLocked(n)
-		t.dropSubtreeLocked(n)
-	}
+	t.dropHoldsLocked(stack, ids)
 	for _, id := range ids {
 		name := t.tenantNames[id]
 		delete(t.tenantIDs, name)
@@ -447,6 +501,24 @@ func (t *Tree) removeIDsLocked(ids []uint32) int {
 		t.freeIDs = append(t.freeIDs, id)
 	}
 	return start - t.bytesLocked()
+}
+
+// dropHoldsLocked drops ids from every node of stack, each held by one of ids, and from
+// every node below them that ids hold, and prunes every node left without holders.
+func (t *Tree) dropHoldsLocked(stack []*node, ids []uint32) {
+	for len(stack) > 0 {
+		n := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		t.nodeBytes -= n.dropHolders(ids)
+		if len(n.holders) > 0 {
+			stack = t.heldChildren(stack, n, ids)
+			continue
+		}
+		// Nobody holds n, so nobody holds anything below it either. Its leaves leave the heap
+		// before its parent may join it, so the heap's array never grows on the way.
+		t.dropSubtreeLocked(n)
+		t.unlinkLocked(n)
+	}
 }
 
 func (t *Tree) heldChildren(stack []*node, n *node, ids []uint32) []*node {
@@ -458,8 +530,8 @@ func (t *Tree) heldChildren(stack []*node, n *node, ids []uint32) []*node {
 	return stack
 }
 
-// dropSubtreeLocked takes every leaf under the detached node n out of the heap and uncharges
-// every node of the subtree.
+// dropSubtreeLocked takes every leaf of the subtree of n (n included) out of the heap and
+// uncharges every node of it; the caller unlinks n.
 func (t *Tree) dropSubtreeLocked(n *node) {
 	stack := []*node{n}
 	for len(stack) > 0 {
