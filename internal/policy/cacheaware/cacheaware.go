@@ -172,14 +172,20 @@ func (p *Policy) Commit(in policy.Input, dec policy.Decision) {
 }
 
 // Observe unlearns a worker that failed the attempt (unreachable, 5xx, no first byte in time): it
-// served nothing, so the session must not stay pinned to it. A retry's Commit points the session
-// at the next worker; after a last failure the next turn chooses afresh. Cancelled and succeeded
-// attempts keep what Commit taught: the worker may well have prefilled the request.
+// served nothing, so the session must not stay pinned to it, and the tree must not say it holds
+// the request's text: the worker keeps only the dec.Held bytes it held before Commit taught it
+// the rest, and the next turn does not follow the text there. A retry's Commit points the
+// session and the text at the next worker; after a last failure the next turn chooses afresh.
+// The bytes the tree frees are undone, not evicted, so they are not reported. Cancelled and
+// succeeded attempts keep what Commit taught: the worker may well have prefilled the request.
 func (p *Policy) Observe(in policy.Input, dec policy.Decision, o workers.Outcome) {
 	if o != workers.Failed {
 		return
 	}
 	d := newDecision(in)
+	if d.text != "" {
+		p.tree.Release(d.model, d.text, dec.Worker.Tenant(), dec.Held)
+	}
 	if d.key == "" {
 		return
 	}

@@ -1,0 +1,116 @@
+package cacheaware
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/workers"
+)
+
+// evictionCounter is a Reporter that counts what it is told, by kind.
+type evictionCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *evictionCounter) Evicted(kind string, n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[kind] += n
+}
+
+func (c *evictionCounter) count(kind string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[kind]
+}
+
+// chatInput is the policy input for body, without a session id, with every worker a candidate.
+func chatInput(t *testing.T, pool *workers.Pool, body string) policy.Input {
+	t.Helper()
+	return policy.Input{Context: context.Background(), Request: req(t, body), Model: "m", Candidates: pool.All(), All: pool.All()}
+}
+
+func TestFailedAttemptDoesNotMakeTheWorkerTheHistorysHolder(t *testing.T) {
+	pool, _ := fleet(t, 3)
+	var reported evictionCounter
+	p := New(defaultOptions(), &reported, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	in := chatInput(t, pool, chat(longSystem, []string{"task"}, ""))
+
+	d := p.Select(in)
+	if before := heldBy(p, in.Request, d.Worker.Tenant()); before != d.Held {
+		t.Fatalf("Select says %s held %d bytes, the tree says %d", d.Worker.Tenant(), d.Held, before)
+	}
+	p.Commit(in, d)
+	if heldBy(p, in.Request, d.Worker.Tenant()) != len(in.Request.Text) {
+		t.Fatal("Commit did not teach the chosen worker the history")
+	}
+	p.Observe(in, d, workers.Failed) // unreachable, a 503, no first byte in time
+
+	if got := heldBy(p, in.Request, d.Worker.Tenant()); got != d.Held {
+		t.Fatalf("after the failed attempt %s holds %d bytes of the history, held %d before", d.Worker.Tenant(), got, d.Held)
+	}
+	if next := p.Select(in); next.Worker == d.Worker && next.Label == LabelCacheAffinity {
+		t.Fatalf("the same history went back to %s as %s, which never served it", d.Worker.Tenant(), next.Label)
+	}
+	if n := reported.count("tree"); n != 0 {
+		t.Fatalf("what the failed attempt taught was reported as %d bytes evicted", n)
+	}
+}
+
+func TestRetryAfterAFailedAttemptLeavesTheServingWorkerTheOnlyHolder(t *testing.T) {
+	pool, _ := fleet(t, 3)
+	p := newPolicy(defaultOptions())
+	in := chatInput(t, pool, chat(longSystem, []string{"task"}, ""))
+
+	failed := p.Select(in)
+	p.Commit(in, failed)
+	p.Observe(in, failed, workers.Failed)
+	// The proxy retries on another worker, which answers.
+	in.Candidates = without(pool.All(), failed.Worker)
+	served := p.Select(in)
+	p.Commit(in, served)
+	p.Observe(in, served, workers.Succeeded)
+
+	next := chatInput(t, pool, chat(longSystem, []string{"task", "done", "more"}, ""))
+	d := p.Select(next)
+	if d.Worker != served.Worker || d.Label != LabelCacheAffinity {
+		t.Fatalf("next turn: %s on %s, want cache_affinity on %s, which served the conversation",
+			d.Label, d.Worker.Tenant(), served.Worker.Tenant())
+	}
+	if got := heldBy(p, next.Request, failed.Worker.Tenant()); got != 0 {
+		t.Fatalf("the worker that failed holds %d bytes of the conversation", got)
+	}
+}
+
+func TestFailedNextTurnKeepsThePreviousTurnOnItsWorker(t *testing.T) {
+	pool, _ := fleet(t, 3)
+	p := newPolicy(defaultOptions())
+	first := chatInput(t, pool, chat(longSystem, []string{"task"}, ""))
+	home := p.Select(first)
+	p.Commit(first, home)
+	p.Observe(first, home, workers.Succeeded)
+
+	in := chatInput(t, pool, chat(longSystem, []string{"task", "done", "more"}, ""))
+	d := p.Select(in)
+	if d.Worker != home.Worker || d.Held != len(first.Request.Text) {
+		t.Fatalf("next turn: %s holding %d bytes, want %s holding the first turn's %d",
+			d.Worker.Tenant(), d.Held, home.Worker.Tenant(), len(first.Request.Text))
+	}
+	p.Commit(in, d)
+	p.Observe(in, d, workers.Failed)
+
+	if got := heldBy(p, in.Request, home.Worker.Tenant()); got != len(first.Request.Text) {
+		t.Fatalf("after the failed turn %s holds %d bytes of it, want the first turn's %d", home.Worker.Tenant(), got, len(first.Request.Text))
+	}
+	if got := heldBy(p, first.Request, home.Worker.Tenant()); got != len(first.Request.Text) {
+		t.Fatalf("%s holds %d bytes of the first turn, which it served, want all %d", home.Worker.Tenant(), got, len(first.Request.Text))
+	}
+}
