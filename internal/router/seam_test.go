@@ -33,16 +33,21 @@ func TestWorkerThatAnswered503DoesNotBecomeTheHistorysHolder(t *testing.T) {
 		}
 		return `{"model":"test-model","messages":[` + msgs + `]}`
 	}
-	// Turn 1 goes to either worker; make sure it has been tried on the failing one by sending it
-	// until the failing worker has refused at least once.
-	for i := 0; failing.hits.Load() == 0 && i < 10; i++ {
-		resp := tr.post(t, "/v1/chat/completions", turn(1))
-		if body := readAll(t, resp); resp.StatusCode != 200 {
-			t.Fatalf("turn 1: %d %s", resp.StatusCode, body)
+	// One request in flight on the healthy worker makes the failing one the least loaded, so turn 1
+	// is tried there first, answered 503, and retried on the healthy worker.
+	for _, w := range tr.Pool().All() {
+		if w.URL() == healthy.URL() {
+			lease := w.Reserve()
+			resp := tr.post(t, "/v1/chat/completions", turn(1))
+			body := readAll(t, resp)
+			lease.Release()
+			if resp.StatusCode != 200 || resp.Header.Get("x-vllm-router-worker") != healthy.URL() {
+				t.Fatalf("turn 1: %d on %s: %s", resp.StatusCode, resp.Header.Get("x-vllm-router-worker"), body)
+			}
 		}
 	}
-	if failing.hits.Load() == 0 {
-		t.Skip("the failing worker was never chosen for the first turn") // rendezvous tie-break on an idle fleet
+	if failing.hits.Load() != 1 {
+		t.Fatalf("turn 1 reached the failing worker %d times, want once", failing.hits.Load())
 	}
 	fail.Store(false) // it would answer now: only the tree can send the next turn there
 	for n := 2; n <= 4; n++ {
