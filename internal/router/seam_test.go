@@ -33,23 +33,23 @@ func TestWorkerThatAnswered503DoesNotBecomeTheHistorysHolder(t *testing.T) {
 		}
 		return `{"model":"test-model","messages":[` + msgs + `]}`
 	}
-	// One request in flight on the healthy worker makes the failing one the least loaded, so turn 1
-	// is tried there first, answered 503, and retried on the healthy worker.
+	// One request kept in flight on the healthy worker makes the failing one the least loaded: turn 1
+	// is tried there first, answered 503, and retried on the healthy worker. The later turns then
+	// go to the healthy worker only if the tree names it alone as the history's holder; were the
+	// failing worker still a holder, the load would send them there.
 	for _, w := range tr.Pool().All() {
 		if w.URL() == healthy.URL() {
-			lease := w.Reserve()
-			resp := tr.post(t, "/v1/chat/completions", turn(1))
-			body := readAll(t, resp)
-			lease.Release()
-			if resp.StatusCode != 200 || resp.Header.Get("x-vllm-router-worker") != healthy.URL() {
-				t.Fatalf("turn 1: %d on %s: %s", resp.StatusCode, resp.Header.Get("x-vllm-router-worker"), body)
-			}
+			defer w.Reserve().Release()
 		}
+	}
+	resp := tr.post(t, "/v1/chat/completions", turn(1))
+	if body := readAll(t, resp); resp.StatusCode != 200 || resp.Header.Get("x-vllm-router-worker") != healthy.URL() {
+		t.Fatalf("turn 1: %d on %s: %s", resp.StatusCode, resp.Header.Get("x-vllm-router-worker"), body)
 	}
 	if failing.hits.Load() != 1 {
 		t.Fatalf("turn 1 reached the failing worker %d times, want once", failing.hits.Load())
 	}
-	fail.Store(false) // it would answer now: only the tree can send the next turn there
+	fail.Store(false) // it would answer now: only the tree can send the next turns there
 	for n := 2; n <= 4; n++ {
 		resp := tr.post(t, "/v1/chat/completions", turn(n))
 		readAll(t, resp)
