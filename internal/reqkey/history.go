@@ -364,29 +364,33 @@ func textPart(w *keyWriter, j jstr) {
 func (h *historyWriter) part(i int) (text jstr, end int) {
 	var typ jstr
 	isText := false
-	end = h.object(i, func(key []byte, val int) int {
-		switch string(key) {
+	pos, more := h.v.first(i)
+	for more {
+		key, val := h.v.member(pos)
+		switch string(key.name(h.keyBuf[:])) {
 		case "type":
 			typ = jstr{}
 			if h.v[val] == '"' {
-				var end int
 				typ, end = h.v.str(val)
-				return end
+			} else {
+				end = h.v.skip(val)
 			}
 		case "text":
 			isText = h.v[val] == '"'
 			if isText {
-				var end int
 				text, end = h.v.str(val)
-				return end
+			} else {
+				end = h.v.skip(val)
 			}
+		default:
+			end = h.v.skip(val)
 		}
-		return h.v.skip(val)
-	})
-	if !isText || (typ.len() > 0 && !typ.is("text") && !typ.is("input_text")) {
-		return jstr{}, end
+		pos, more = h.v.next(end)
 	}
-	return text, end
+	if !isText || (typ.len() > 0 && !typ.is("text") && !typ.is("input_text")) {
+		return jstr{}, pos
+	}
+	return text, pos
 }
 
 // toolCalls writes the tool calls of the message being written.

@@ -15,7 +15,7 @@ import (
 // slows parsing down by an order of magnitude, so under it the bodies are smaller.
 var bigBodySize, bodySize = func() (int, int) {
 	if raceEnabled {
-		return 4 << 20, 1 << 20
+		return 2 << 20, 512 << 10
 	}
 	return 64 << 20, 8 << 20
 }()

@@ -3,6 +3,7 @@ package reqkey
 import (
 	"bytes"
 	"encoding/binary"
+	"math/bits"
 	"unicode/utf8"
 )
 
@@ -15,6 +16,9 @@ type valid []byte
 
 // ws returns the first position from i on that is not whitespace.
 func (v valid) ws(i int) int {
+	if i < len(v) && v[i] > ' ' {
+		return i // no whitespace: the common case of compact JSON
+	}
 	for i < len(v) {
 		switch v[i] {
 		case ' ', '\t', '\n', '\r':
@@ -26,33 +30,44 @@ func (v valid) ws(i int) int {
 	return i
 }
 
-// str returns the string at i and the position after it.
+// str returns the string at i and the position after it. It reads the string a word at a time,
+// looking for its closing quote and for what makes it other than its value: an escape or a byte
+// outside ASCII (then valid UTF-8 or not).
 func (v valid) str(i int) (jstr, int) {
-	end := v.strEnd(i)
-	raw := v[i+1 : end-1]
-	return jstr{raw: raw, plain: isPlain(raw)}, end
-}
-
-// isPlain reports whether the contents of a string are its value: no escape, valid UTF-8.
-func isPlain(raw []byte) bool {
-	if len(raw) < 32 { // too short for IndexByte to pay for its start
-		for _, c := range raw {
-			if special[c] {
-				return bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw)
+	start := i + 1
+	escaped, high := false, false
+	highMask := uint64(highs) // bytes outside ASCII are looked at until one is found
+	for j := start; ; {
+		for ; j+8 <= len(v); j += 8 {
+			w := binary.LittleEndian.Uint64(v[j:])
+			if m := quoteOrBackslash8(w) | w&highMask; m != 0 {
+				j += bits.TrailingZeros64(m) / 8 // the first such byte: later bits may be wrong
+				break
 			}
 		}
-		return true
+		switch c := v[j]; {
+		case c == '"':
+			raw := v[start:j]
+			return jstr{raw: raw, plain: !escaped && (!high || utf8.Valid(raw))}, j + 1
+		case c == '\\':
+			escaped = true
+			j += 2 // the escaped byte; the hex digits of \u escapes are ASCII
+		case c >= utf8.RuneSelf:
+			high, highMask = true, 0
+			j++
+		default: // the last bytes of the document, fewer than a word
+			j++
+		}
 	}
-	return bytes.IndexByte(raw, '\\') < 0 && (ascii(raw) || utf8.Valid(raw))
 }
 
 // strEnd returns the position after the string at i.
 func (v valid) strEnd(i int) int {
 	for j := i + 1; ; {
-		// Most strings are short, keys among them: look a few words ahead before handing a long
-		// string to IndexByte, which is fast once started but slow to start.
+		// Look a few words ahead before handing a long string to IndexByte, which is fast once
+		// started but slow to start.
 		words := 0
-		for ; words < 4 && j+8 <= len(v) && !quoteOrBackslash8(binary.LittleEndian.Uint64(v[j:])); words++ {
+		for ; words < 4 && j+8 <= len(v) && quoteOrBackslash8(binary.LittleEndian.Uint64(v[j:])) == 0; words++ {
 			j += 8
 		}
 		if words == 4 {
@@ -77,27 +92,10 @@ func (v valid) strEnd(i int) int {
 	}
 }
 
-// quoteOrBackslash8 reports whether any of the eight bytes in w is a quote or a backslash.
-func quoteOrBackslash8(w uint64) bool {
-	return (zeroByte(w^'"'*ones)|zeroByte(w^'\\'*ones))&highs != 0
-}
-
-// ascii reports whether b is all ASCII, 32 bytes at a time.
-func ascii(b []byte) bool {
-	i := 0
-	for ; i+32 <= len(b); i += 32 {
-		w := binary.LittleEndian.Uint64(b[i:]) | binary.LittleEndian.Uint64(b[i+8:]) |
-			binary.LittleEndian.Uint64(b[i+16:]) | binary.LittleEndian.Uint64(b[i+24:])
-		if w&highs != 0 {
-			return false
-		}
-	}
-	for ; i < len(b); i++ {
-		if b[i] >= utf8.RuneSelf {
-			return false
-		}
-	}
-	return true
+// quoteOrBackslash8 sets the high bit of the first byte of w that is a quote or a backslash (and
+// perhaps of later bytes), and of none when there is none.
+func quoteOrBackslash8(w uint64) uint64 {
+	return (zeroByte(w^'"'*ones) | zeroByte(w^'\\'*ones)) & highs
 }
 
 // skip returns the position after the value at i.

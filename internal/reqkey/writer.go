@@ -40,10 +40,19 @@ func (w *keyWriter) writeString(s string) {
 	}
 }
 
-// int writes n in decimal.
+// int writes n, at least 0, in decimal.
 func (w *keyWriter) int(n int) {
-	var buf [20]byte
-	w.write(strconv.AppendInt(buf[:0], int64(n), 10))
+	switch {
+	case n < 10:
+		w.byte('0' + byte(n))
+	case w.sb == nil:
+		for ; n > 0; n /= 10 {
+			w.n++
+		}
+	default:
+		var buf [20]byte
+		w.write(strconv.AppendInt(buf[:0], int64(n), 10))
+	}
 }
 
 // value writes the value of the string j.
