@@ -169,7 +169,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.Float64Var(&c.CacheThreshold, "cache-threshold", c.CacheThreshold, "cache_aware: matched fraction of the history above which the holder is chosen")
 	fs.IntVar(&c.BalanceAbsThreshold, "balance-abs-threshold", c.BalanceAbsThreshold, "cache_aware: load gate trips when max-min in-flight exceeds this ...")
 	fs.Float64Var(&c.BalanceRelThreshold, "balance-rel-threshold", c.BalanceRelThreshold, "cache_aware: ... and max exceeds min times this")
-	fs.IntVar(&c.MaxTreeSize, "max-tree-size", c.MaxTreeSize, "cache_aware: characters held per model prefix tree in total")
+	fs.IntVar(&c.MaxTreeSize, "max-tree-size", c.MaxTreeSize, "cache_aware: heap bytes of the prefix tree, all models together (node overhead included)")
 	fs.Float64Var(&c.EvictionIntervalSecs, "eviction-interval-secs", c.EvictionIntervalSecs, "cache_aware: seconds between tree and session sweeps")
 	fs.DurationVar(&c.SessionTTL, "session-ttl", c.SessionTTL, "cache_aware: idle time after which a session entry expires")
 	fs.IntVar(&c.MaxSessions, "max-sessions", c.MaxSessions, "cache_aware: session entries held in this process, all models together (least recently used evicted)")

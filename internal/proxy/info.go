@@ -70,11 +70,12 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 		status, code = "unhealthy", http.StatusServiceUnavailable
 	}
 	body := map[string]any{"status": status, "worker_counts": counts}
-	if s.mayShowTopology(r) {
+	detail := s.mayShowTopology(r)
+	if detail {
 		body["workers"] = describeWorkers(all)
 	}
 	if s.opts.SessionStore != nil {
-		body["session_store"] = s.opts.SessionStore(r.Context())
+		body["session_store"] = s.opts.SessionStore(r.Context(), detail)
 	}
 	writeJSON(w, code, body)
 }

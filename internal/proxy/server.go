@@ -37,8 +37,9 @@ type Options struct {
 	MaxClientConns      int           // open client connections; more get 503
 	Upstream            UpstreamOptions
 
-	// SessionStore, when set, reports the shared session store's state for /health.
-	SessionStore func(ctx context.Context) any
+	// SessionStore, when set, reports the shared session store's state for /health; with detail
+	// false it leaves out what could reveal the store's address (its last error).
+	SessionStore func(ctx context.Context, detail bool) any
 }
 
 // Fleet changes the set of workers; the router implements it so that adding a worker also probes

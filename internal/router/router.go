@@ -69,9 +69,15 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		SuccessThreshold: cfg.HealthSuccessThreshold,
 		APIKey:           cfg.APIKey,
 	}, &http.Client{Transport: transport}, log)
-	var storeHealth func(context.Context) any
+	var storeHealth func(context.Context, bool) any
 	if store != nil {
-		storeHealth = func(ctx context.Context) any { return store.Status(ctx) }
+		storeHealth = func(ctx context.Context, detail bool) any {
+			st := store.Status(ctx)
+			if !detail {
+				st.LastError, st.LastErrorTime = "", nil
+			}
+			return st
+		}
 	}
 	r.proxy = proxy.New(proxy.Options{
 		MaxPayloadSize:      cfg.MaxPayloadSize,
@@ -250,7 +256,7 @@ func (r *Router) Start(ctx context.Context) {
 func (r *Router) Serve(ctx context.Context, ln, metricsLn net.Listener) error {
 	srv := r.proxy.HTTPServer()
 	errc := make(chan error, 2)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- srv.Serve(retryAccept(ln, r.log)) }()
 	var msrv *http.Server
 	if metricsLn != nil {
 		// The metrics listener has limits of its own, so that a flood of connections to the
@@ -258,7 +264,7 @@ func (r *Router) Serve(ctx context.Context, ln, metricsLn net.Listener) error {
 		msrv = &http.Server{Handler: r.MetricsHandler(), ReadHeaderTimeout: 10 * time.Second,
 			ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 75 * time.Second,
 			ErrorLog: slog.NewLogLogger(r.log.Handler(), slog.LevelDebug)}
-		go func() { errc <- msrv.Serve(capListener(metricsLn, maxMetricsConns)) }()
+		go func() { errc <- msrv.Serve(capListener(retryAccept(metricsLn, r.log), maxMetricsConns)) }()
 	}
 	stopAll := func() {
 		_ = srv.Shutdown()

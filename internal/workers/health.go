@@ -3,6 +3,7 @@ package workers
 import (
 	"context"
 	"encoding/json"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"io"
 	"log/slog"
 	"net/http"
@@ -112,7 +113,7 @@ func (c *Checker) Check(ctx context.Context, url string) {
 		}
 	}
 	if was != now {
-		c.log.Info("worker health changed", "worker", url, "healthy", now)
+		c.log.Info("worker health changed", "worker", tenant.Redact(url), "healthy", now)
 	}
 }
 

@@ -1,0 +1,131 @@
+package router
+
+import (
+	"bufio"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// flakyListener fails its first failures accepts with err, then accepts from the real listener.
+type flakyListener struct {
+	net.Listener
+	failures atomic.Int32
+	err      error
+}
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	if l.failures.Add(-1) >= 0 {
+		return nil, l.err
+	}
+	return l.Listener.Accept()
+}
+
+func TestAcceptSurvivesRunningOutOfFileDescriptors(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	flaky := &flakyListener{Listener: ln, err: &net.OpError{Op: "accept", Err: syscall.EMFILE}}
+	flaky.failures.Store(3)
+	l := retryAccept(flaky, slog.New(slog.DiscardHandler))
+	go func() {
+		if c, err := net.Dial("tcp", ln.Addr().String()); err == nil {
+			defer c.Close()
+			time.Sleep(2 * time.Second)
+		}
+	}()
+	done := make(chan error, 1)
+	go func() {
+		c, err := l.Accept()
+		if c != nil {
+			c.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Accept gave up: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Accept did not recover")
+	}
+}
+
+func TestAcceptStillFailsOnOtherErrors(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+	if _, err := retryAccept(ln, slog.New(slog.DiscardHandler)).Accept(); err == nil {
+		t.Fatal("a closed listener accepted")
+	}
+}
+
+func TestConnectionsOverTheCapGet503AndTheRestStillWork(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	capped := capListener(ln, 2)
+	defer capped.Close()
+	go func() {
+		for {
+			c, err := capped.Accept()
+			if err != nil {
+				return
+			}
+			go func() { // an echo of one line, then close
+				line, _ := bufio.NewReader(c).ReadString('\n')
+				_, _ = io.WriteString(c, line)
+				c.Close()
+			}()
+		}
+	}()
+	var held []net.Conn
+	for range 2 {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	time.Sleep(50 * time.Millisecond) // let both be accepted
+	over, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = over.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got, _ := io.ReadAll(over)
+	if !strings.HasPrefix(string(got), "HTTP/1.1 503") {
+		t.Fatalf("connection over the cap got %q, want a 503", got)
+	}
+	for i, c := range held {
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		_, _ = io.WriteString(c, "ping\n")
+		if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != "ping\n" {
+			t.Fatalf("connection %d within the cap: %q, %v", i, line, err)
+		}
+		c.Close()
+	}
+	// Closed connections free their places.
+	waitFor(t, "a place to free up", func() bool {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			return false
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(time.Second))
+		_, _ = io.WriteString(c, "again\n")
+		line, _ := bufio.NewReader(c).ReadString('\n')
+		return line == "again\n"
+	})
+}
