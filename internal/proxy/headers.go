@@ -27,19 +27,21 @@ var hopHeaders = [][]byte{
 	[]byte("Proxy-Authorization"), []byte("Te"), []byte("Trailer"), []byte("Transfer-Encoding"), []byte("Upgrade"),
 }
 
-// isHop reports whether key is hop-by-hop: one of hopHeaders, or named by the Connection header
-// (connection holds its comma-separated values).
-func isHop(key, connection []byte) bool {
+// isHop reports whether key is hop-by-hop: one of hopHeaders, or named by a Connection header
+// (connection holds the values of every Connection line, each a comma-separated list).
+func isHop(key []byte, connection [][]byte) bool {
 	for _, h := range hopHeaders {
 		if bytes.EqualFold(key, h) {
 			return true
 		}
 	}
-	for len(connection) > 0 {
-		var name []byte
-		name, connection, _ = bytes.Cut(connection, []byte(","))
-		if bytes.EqualFold(bytes.TrimSpace(name), key) {
-			return true
+	for _, line := range connection {
+		for len(line) > 0 {
+			var name []byte
+			name, line, _ = bytes.Cut(line, []byte(","))
+			if bytes.EqualFold(bytes.TrimSpace(name), key) {
+				return true
+			}
 		}
 	}
 	return false
@@ -48,7 +50,7 @@ func isHop(key, connection []byte) bool {
 // copyRequestHeaders copies the client's end-to-end headers into the upstream request. Host,
 // Content-Length and the framing headers are the upstream request's own.
 func copyRequestHeaders(dst, src *fasthttp.RequestHeader) {
-	connection := src.Peek("Connection")
+	connection := src.PeekAll("Connection")
 	for k, v := range src.All() {
 		if isHop(k, connection) || bytes.EqualFold(k, []byte("Host")) || bytes.EqualFold(k, []byte("Content-Length")) {
 			continue
@@ -60,7 +62,7 @@ func copyRequestHeaders(dst, src *fasthttp.RequestHeader) {
 // copyResponseHeaders copies the worker's end-to-end headers into the client's response. The
 // framing (Content-Length or chunked) is set by the relay, and the Date is the router's.
 func copyResponseHeaders(dst, src *fasthttp.ResponseHeader) {
-	connection := src.Peek("Connection")
+	connection := src.PeekAll("Connection")
 	for k, v := range src.All() {
 		if isHop(k, connection) || bytes.EqualFold(k, []byte("Content-Length")) || bytes.EqualFold(k, []byte("Date")) {
 			continue
@@ -73,8 +75,11 @@ func copyResponseHeaders(dst, src *fasthttp.ResponseHeader) {
 // the scheme it used in X-Forwarded-Proto (when the client sent none).
 func addForwarded(h *fasthttp.RequestHeader, ctx *fasthttp.RequestCtx) {
 	ip := ctx.RemoteIP().String()
-	if prior := h.Peek(HeaderForwardedFor); len(prior) > 0 {
-		h.Set(HeaderForwardedFor, string(prior)+", "+ip)
+	if prior := h.PeekAll(HeaderForwardedFor); len(prior) > 0 {
+		// Several lines are one list (RFC 9110 section 5.3): keep every address, in order.
+		joined := string(bytes.Join(prior, []byte(", ")))
+		h.Del(HeaderForwardedFor)
+		h.Set(HeaderForwardedFor, joined+", "+ip)
 	} else {
 		h.Set(HeaderForwardedFor, ip)
 	}
