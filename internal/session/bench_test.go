@@ -2,6 +2,7 @@ package session
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -55,9 +56,45 @@ func BenchmarkSetNew(b *testing.B) {
 	}
 }
 
+// BenchmarkSetNewModels adds new sessions to a full store shared by 1 to 10 models, each key
+// to a model drawn at random, so the store's least recently used entry is usually another
+// model's: every Set reads each model's oldest entry, one lock at a time, and evicts the
+// oldest of them.
+func BenchmarkSetNewModels(b *testing.B) {
+	const n = 1 << 16
+	keys := make([]string, 2*n)
+	for i := range keys {
+		keys[i] = sessionKey(i)
+	}
+	for _, count := range []int{1, 2, 4, 10} {
+		b.Run(fmt.Sprintf("models=%d", count), func(b *testing.B) {
+			models := make([]string, count)
+			for i := range models {
+				models[i] = fmt.Sprintf("model-%d", i)
+			}
+			rng := rand.New(rand.NewPCG(1, uint64(count)))
+			of := make([]string, len(keys)) // the model of each key
+			for i := range of {
+				of[i] = models[rng.IntN(count)]
+			}
+			m := NewMemory(MemoryOptions{MaxEntries: n})
+			for i := range n {
+				_ = m.Set(ctx, of[i], keys[i], benchTenants[i%len(benchTenants)])
+			}
+			b.ReportAllocs()
+			i := n
+			for b.Loop() {
+				k := i % len(keys)
+				_ = m.Set(ctx, of[k], keys[k], benchTenants[i%len(benchTenants)])
+				i++
+			}
+		})
+	}
+}
+
 // BenchmarkSetNewParallel adds new sessions to four models sharing a full store from
-// parallel goroutines, one model each: every Set evicts its own model's oldest entry under
-// its model's lock and reads the shared total.
+// parallel goroutines, one model each: every Set reads the shared total and evicts the
+// store's least recently used entry, its own model's or another's.
 func BenchmarkSetNewParallel(b *testing.B) {
 	const n = 1 << 16
 	models := []string{"m0", "m1", "m2", "m3"}

@@ -247,7 +247,7 @@ func (m *Memory) Set(_ context.Context, model, key, tenant string) error {
 		if ownOldest = hasOwn && (victim == nil || own <= oldest); ownOldest {
 			continue
 		}
-		if victim != nil && m.evictTail(victim) {
+		if victim != nil && m.evictTail(victim, now) {
 			claimed = true
 			continue
 		}
@@ -289,14 +289,16 @@ func (m *Memory) oldestElsewhere(self *modelSessions) (victim *modelSessions, ol
 }
 
 // evictTail evicts the least recently used entry of ms and reports whether there was one; the
-// entry's slot of the total passes to the caller.
-func (m *Memory) evictTail(ms *modelSessions) bool {
+// entry's slot of the total passes to the caller. now is the caller's last clock reading,
+// moments old, which is close enough to tell whether the entry had expired and saves a
+// reading of the clock.
+func (m *Memory) evictTail(ms *modelSessions, now int64) bool {
 	ms.mu.Lock()
 	if ms.tail == none {
 		ms.mu.Unlock()
 		return false
 	}
-	reason := m.evictReason(ms.entries[ms.tail].lastUsed, m.now())
+	reason := m.evictReason(ms.entries[ms.tail].lastUsed, now)
 	ms.removeLocked(ms.tail)
 	ms.mu.Unlock()
 	m.report(ms.name, reason, 1)
