@@ -1,0 +1,446 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/cacheroute/cacheroute/internal/metrics"
+	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/workers"
+)
+
+// The helpers below build one router in front of a few test workers on 127.0.0.1: httptest
+// servers for well-behaved workers, raw TCP listeners for workers that misbehave on the wire.
+// Every wait is bounded; no test asserts how long anything took.
+
+const chatPath = "/v1/chat/completions"
+
+// chatBody is a non-streamed chat request; streamBody asks for a streamed answer.
+const (
+	chatBody   = `{"model":"m","messages":[{"role":"user","content":"hello"}]}`
+	streamBody = `{"model":"m","stream":true,"messages":[{"role":"user","content":"hello"}]}`
+)
+
+// testOptions are proxy options with every timeout generous, so that a test changes only the
+// knob it is about.
+func testOptions() Options {
+	return Options{
+		MaxPayloadSize:      1 << 20,
+		RequestTimeout:      20 * time.Second,
+		MaxRetries:          2,
+		InitialBackoff:      time.Millisecond,
+		MaxBackoff:          5 * time.Millisecond,
+		ClientHeaderTimeout: 20 * time.Second,
+		ClientBodyTimeout:   20 * time.Second,
+		KeepaliveTimeout:    20 * time.Second,
+		Upstream: UpstreamOptions{
+			DialTimeout:      2 * time.Second,
+			MaxIdlePerWorker: 8,
+			IdleConnTimeout:  time.Minute,
+		},
+	}
+}
+
+// oneFailureBreaker opens a worker's breaker on its first failure, for a minute: a test reads the
+// breaker's state to tell whether an outcome was counted as the worker's failure.
+var oneFailureBreaker = &workers.Options{CBFailureThreshold: 1, CBTimeout: time.Minute}
+
+// setup describes one test router; zero fields take the defaults of newTestProxy.
+type setup struct {
+	opts   *Options         // testOptions() when nil
+	policy policy.Policy    // round robin (first registered worker first) when nil
+	pool   *workers.Options // breaker opens after 3 failures, for a minute, when nil
+	log    *slog.Logger     // discarded when nil
+	urls   []string         // worker URLs, registered and marked healthy in this order
+}
+
+// testProxy is a running router.
+type testProxy struct {
+	URL     string // http://127.0.0.1:port
+	Addr    string // 127.0.0.1:port
+	Server  *Server
+	Pool    *workers.Pool
+	Metrics *metrics.Metrics
+	Client  *http.Client
+}
+
+// newTestProxy serves a router over the given workers on a loopback port until the test ends.
+func newTestProxy(t *testing.T, cfg setup) *testProxy {
+	t.Helper()
+	opts := testOptions()
+	if cfg.opts != nil {
+		opts = *cfg.opts
+	}
+	poolOpts := workers.Options{CBFailureThreshold: 3, CBTimeout: time.Minute}
+	if cfg.pool != nil {
+		poolOpts = *cfg.pool
+	}
+	pool := workers.NewPool(poolOpts)
+	for _, u := range cfg.urls {
+		ws, err := pool.Add(u)
+		if err != nil {
+			t.Fatalf("add worker %s: %v", u, err)
+		}
+		for _, w := range ws {
+			w.SetHealthy(true)
+		}
+	}
+	p := cfg.policy
+	if p == nil {
+		p = &policy.RoundRobin{}
+	}
+	log := cfg.log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	m := metrics.New(pool)
+	s := New(opts, pool, nil, p, m, log) // no Fleet: the admin add/remove endpoints are not under test
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := s.HTTPServer()
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = srv.Serve(ln)
+	}()
+	transport := &http.Transport{DisableCompression: true, MaxIdleConnsPerHost: 16}
+	tp := &testProxy{
+		URL: "http://" + ln.Addr().String(), Addr: ln.Addr().String(),
+		Server: s, Pool: pool, Metrics: m,
+		Client: &http.Client{Transport: transport, Timeout: 30 * time.Second},
+	}
+	t.Cleanup(func() {
+		transport.CloseIdleConnections()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.ShutdownWithContext(ctx)
+		_ = ln.Close()
+		s.CloseIdleConnections()
+		select {
+		case <-served:
+		case <-time.After(5 * time.Second):
+		}
+	})
+	return tp
+}
+
+// worker returns the tenant registered under url.
+func (tp *testProxy) worker(t *testing.T, url string) *workers.Worker {
+	t.Helper()
+	ws := tp.Pool.Get(url)
+	if len(ws) != 1 {
+		t.Fatalf("worker %s: %d tenants registered", url, len(ws))
+	}
+	return ws[0]
+}
+
+// post sends body to path and returns the status, headers and whole body.
+func (tp *testProxy) post(t *testing.T, path, body string, header ...string) (int, http.Header, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, tp.URL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := tp.Client.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("POST %s: reading the body: %v", path, err)
+	}
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+// do sends a body-less request (GET, DELETE, ...) with optional header pairs.
+func (tp *testProxy) do(t *testing.T, method, path string, header ...string) (int, http.Header, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, tp.URL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := tp.Client.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: reading the body: %v", method, path, err)
+	}
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+// upstreamErrors is upstream_errors_total{kind}.
+func (tp *testProxy) upstreamErrors(kind string) float64 {
+	return testutil.ToFloat64(tp.Metrics.UpstreamErrors.WithLabelValues(kind))
+}
+
+// requests is requests_total{route=chatPath, status_class}.
+func (tp *testProxy) requests(class string) float64 {
+	return testutil.ToFloat64(tp.Metrics.Requests.WithLabelValues(chatPath, class))
+}
+
+// eventually polls cond every 10 ms until it holds, and fails the test with what when within
+// passes first. The bound is an upper bound on behaviour, never a performance target.
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", within, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// loadReturnsToZero waits for every tenant's in-flight load to be given back.
+func (tp *testProxy) loadReturnsToZero(t *testing.T) {
+	t.Helper()
+	for _, w := range tp.Pool.All() {
+		eventually(t, 5*time.Second, "load of "+w.Name()+" back to 0", func() bool { return w.Load() == 0 })
+	}
+}
+
+// testWorker is a well-behaved worker: an httptest server that counts the requests it receives.
+type testWorker struct {
+	*httptest.Server
+	hits atomic.Int64
+}
+
+func newWorker(t *testing.T, h http.HandlerFunc) *testWorker {
+	t.Helper()
+	w := &testWorker{}
+	w.Server = httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		w.hits.Add(1)
+		h(rw, r)
+	}))
+	t.Cleanup(w.Close)
+	return w
+}
+
+// okWorker answers every request 200 with a JSON body naming itself.
+func okWorker(t *testing.T, name string) *testWorker {
+	return newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = fmt.Fprintf(w, `{"worker":%q}`, name)
+	})
+}
+
+// statusWorker answers every request with status and a body naming itself.
+func statusWorker(t *testing.T, status int, name string) *testWorker {
+	return newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = fmt.Fprintf(w, `{"worker":%q}`, name)
+	})
+}
+
+// sseWorker streams n events, flushing each one, then ends the stream cleanly.
+func sseWorker(t *testing.T, name string, n int) *testWorker {
+	return newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := range n {
+			_, _ = fmt.Fprintf(w, "data: {\"worker\":%q,\"i\":%d}\n\n", name, i)
+			w.(http.Flusher).Flush()
+		}
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	})
+}
+
+// rawWorker is a worker that speaks HTTP/1.1 by hand, for behaviour a net/http server never
+// shows: closing a keep-alive connection right after answering, closing after reading a request,
+// never answering, lying about Content-Length. serve gets each accepted connection; it returns
+// when it is done with it, and the connection is then closed.
+type rawWorker struct {
+	URL      string
+	ln       net.Listener
+	requests atomic.Int64 // requests read in full by readRequest
+	conns    atomic.Int64 // connections accepted
+	mu       sync.Mutex
+	open     []net.Conn
+	wg       sync.WaitGroup
+}
+
+func newRawWorker(t *testing.T, serve func(rw *rawWorker, c net.Conn, br *bufio.Reader)) *rawWorker {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rw := &rawWorker{URL: "http://" + ln.Addr().String(), ln: ln}
+	rw.wg.Add(1)
+	go func() {
+		defer rw.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			rw.conns.Add(1)
+			rw.mu.Lock()
+			rw.open = append(rw.open, c)
+			rw.mu.Unlock()
+			rw.wg.Add(1)
+			go func() {
+				defer rw.wg.Done()
+				defer c.Close()
+				serve(rw, c, bufio.NewReader(c))
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		rw.mu.Lock()
+		for _, c := range rw.open {
+			_ = c.Close()
+		}
+		rw.mu.Unlock()
+		rw.wg.Wait()
+	})
+	return rw
+}
+
+// readRequest reads one whole request (headers and body) and counts it.
+func (rw *rawWorker) readRequest(br *bufio.Reader) (*http.Request, []byte, error) {
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		return nil, nil, err
+	}
+	body, err := io.ReadAll(req.Body)
+	if err != nil {
+		return nil, nil, err
+	}
+	rw.requests.Add(1)
+	return req, body, nil
+}
+
+// hangingWorker reads each request in full and never answers; the connection stays open until
+// the router closes it (or the test ends).
+func hangingWorker(t *testing.T) *rawWorker {
+	return newRawWorker(t, func(rw *rawWorker, c net.Conn, br *bufio.Reader) {
+		if _, _, err := rw.readRequest(br); err != nil {
+			return
+		}
+		_, _ = io.Copy(io.Discard, br) // until the router closes the connection
+	})
+}
+
+// roundTrip writes one request on c and reads its whole answer, keeping c open.
+func roundTrip(t *testing.T, c net.Conn, req string) int {
+	t.Helper()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	defer func() { _ = c.SetDeadline(time.Time{}) }()
+	if _, err := io.WriteString(c, req); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	// The router sends nothing unasked on a connection, so a fresh bufio.Reader per answer loses
+	// no byte of the next one.
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("read answer: %v", err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	return resp.StatusCode
+}
+
+// closedPort returns the URL of a loopback port nothing listens on: dialing it is refused.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	return "http://" + addr
+}
+
+// rawRequest is an HTTP/1.1 request written by hand: the header lines exactly as given (the router
+// sees what a net/http client would have normalised or refused), and for a POST its body.
+func rawRequest(method, path, body string, headers ...string) string {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "%s %s HTTP/1.1\r\nHost: router\r\n", method, path)
+	for _, h := range headers {
+		b.WriteString(h + "\r\n")
+	}
+	if body != "" || method == http.MethodPost {
+		fmt.Fprintf(&b, "Content-Type: application/json\r\nContent-Length: %d\r\n", len(body))
+	}
+	b.WriteString("\r\n")
+	b.WriteString(body)
+	return b.String()
+}
+
+// dial opens a client connection to the router.
+func (tp *testProxy) dial(t *testing.T) net.Conn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", tp.Addr, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// waitClosed reads from c until the router closes it, and fails the test when that does not
+// happen within the bound. It returns everything read before the close.
+func waitClosed(t *testing.T, c net.Conn, within time.Duration) []byte {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(within))
+	var got []byte
+	buf := make([]byte, 4096)
+	for {
+		n, err := c.Read(buf)
+		got = append(got, buf[:n]...)
+		if err == nil {
+			continue
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatalf("the router did not close the connection within %v (read so far: %q)", within, got)
+		}
+		return got // io.EOF, or a reset: either way the router closed it
+	}
+}
+
+// errorCode returns error.code of an OpenAI-shaped error body, failing the test when body is not
+// one.
+func errorCode(t *testing.T, body string) string {
+	t.Helper()
+	var e apiError
+	if err := json.Unmarshal([]byte(body), &e); err != nil || e.Error.Code == "" {
+		t.Fatalf("not an OpenAI error body (%v): %q", err, body)
+	}
+	return e.Error.Code
+}
