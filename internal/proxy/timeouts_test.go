@@ -1,0 +1,221 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cacheroute/cacheroute/internal/metrics"
+)
+
+// Every timeout of the router, each cut short so that the behaviour shows within a test. The
+// bounds the tests wait with are upper bounds on behaviour ("closed within 5 s" when the timeout
+// is 1 s); none of them is a performance target.
+
+// A streamed request whose worker sends no response header within the first-byte timeout
+// provably generated nothing the client saw: it goes to the next worker.
+func TestTimeouts_FirstByteTimeoutFailsAStreamOverToTheNextWorker(t *testing.T) {
+	hang := hangingWorker(t)
+	live := sseWorker(t, "live", 3)
+	opts := testOptions()
+	opts.Upstream.FirstByteTimeout = 100 * time.Millisecond
+	tp := newTestProxy(t, setup{opts: &opts, urls: []string{hang.URL, live.URL}})
+
+	status, h, body := tp.post(t, chatPath, streamBody)
+	if status != http.StatusOK || !strings.Contains(body, `"live"`) || !strings.Contains(body, "[DONE]") {
+		t.Fatalf("got %d %q, want the live worker's whole stream", status, body)
+	}
+	if got := h.Get(HeaderWorker); got != tp.worker(t, live.URL).Name() {
+		t.Errorf("%s = %q, want the live worker", HeaderWorker, got)
+	}
+	if got := hang.requests.Load(); got != 1 {
+		t.Errorf("the hanging worker read %d requests, want 1", got)
+	}
+	if got := tp.upstreamErrors(metrics.ErrFirstByte); got != 1 {
+		t.Errorf("upstream_errors_total{kind=first_byte} = %v, want 1", got)
+	}
+	tp.loadReturnsToZero(t)
+}
+
+// A client that trickles its body (one byte every 250 ms: each read alone is quick) is cut once
+// the whole body has taken longer than the client body timeout; the worker never sees it.
+func TestTimeouts_SlowBodyIsCutAfterClientBodyTimeout(t *testing.T) {
+	live := okWorker(t, "live")
+	opts := testOptions()
+	opts.ClientBodyTimeout = time.Second
+	tp := newTestProxy(t, setup{opts: &opts, urls: []string{live.URL}})
+
+	c := tp.dial(t)
+	if _, err := io.WriteString(c, "POST "+chatPath+" HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // 40 bytes at most: the body would need 250 s
+		defer wg.Done()
+		for range 40 {
+			select {
+			case <-stop:
+				return
+			case <-time.After(250 * time.Millisecond):
+			}
+			if _, err := c.Write([]byte("x")); err != nil {
+				return
+			}
+		}
+	}()
+	got := waitClosed(t, c, 8*time.Second)
+	close(stop)
+	wg.Wait()
+	if len(got) > 0 && !bytes.HasPrefix(got, []byte("HTTP/1.1 408 ")) {
+		t.Errorf("answer before the close: %q, want 408 or nothing", got)
+	}
+	if n := live.hits.Load(); n != 0 {
+		t.Errorf("the worker got %d requests, want 0", n)
+	}
+}
+
+// A connection that sends nothing, or stops in the middle of its headers, is closed after the
+// client header timeout.
+func TestTimeouts_SilentConnectionIsClosedAfterClientHeaderTimeout(t *testing.T) {
+	opts := testOptions()
+	opts.ClientHeaderTimeout = 500 * time.Millisecond
+	tp := newTestProxy(t, setup{opts: &opts, urls: []string{okWorker(t, "live").URL}})
+
+	t.Run("nothing sent", func(t *testing.T) {
+		waitClosed(t, tp.dial(t), 5*time.Second)
+	})
+	t.Run("headers unfinished", func(t *testing.T) {
+		c := tp.dial(t)
+		if _, err := io.WriteString(c, "POST "+chatPath+" HTTP/1.1\r\nHost: router\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		waitClosed(t, c, 5*time.Second)
+	})
+}
+
+// An idle keep-alive connection is closed after the keep-alive timeout, which is independent of
+// the (here much longer) header timeout.
+func TestTimeouts_IdleKeepAliveConnectionIsClosedAfterKeepaliveTimeout(t *testing.T) {
+	opts := testOptions()
+	opts.KeepaliveTimeout = 500 * time.Millisecond
+	opts.ClientHeaderTimeout = 30 * time.Second
+	tp := newTestProxy(t, setup{opts: &opts, urls: []string{okWorker(t, "live").URL}})
+
+	c := tp.dial(t)
+	if status := roundTrip(t, c, rawRequest(http.MethodGet, "/liveness", "")); status != http.StatusOK {
+		t.Fatalf("/liveness: %d", status)
+	}
+	if got := waitClosed(t, c, 5*time.Second); len(got) != 0 {
+		t.Errorf("unexpected bytes on the idle connection: %q", got)
+	}
+}
+
+// Connections above MaxClientConns are refused with 503 at once; the ones within the cap keep
+// working, and a slot freed by a closed connection serves a new one.
+func TestTimeouts_MaxClientConnsRefusesConnectionsAboveTheCap(t *testing.T) {
+	opts := testOptions()
+	opts.MaxClientConns = 2
+	tp := newTestProxy(t, setup{opts: &opts, urls: []string{okWorker(t, "live").URL}})
+
+	within := []net.Conn{tp.dial(t), tp.dial(t)}
+	for i, c := range within {
+		if status := roundTrip(t, c, rawRequest(http.MethodGet, "/liveness", "")); status != http.StatusOK {
+			t.Fatalf("connection %d within the cap: %d", i, status)
+		}
+	}
+
+	over := tp.dial(t)
+	got := waitClosed(t, over, 5*time.Second) // the refusal is written on accept, unasked
+	if !bytes.HasPrefix(got, []byte("HTTP/1.1 503 ")) {
+		t.Fatalf("connection above the cap got %q, want a 503 answer", got)
+	}
+
+	for i, c := range within {
+		if status := roundTrip(t, c, rawRequest(http.MethodPost, chatPath, chatBody)); status != http.StatusOK {
+			t.Errorf("connection %d within the cap after the refusal: %d", i, status)
+		}
+	}
+
+	_ = within[0].Close()
+	served := false
+	for range 50 { // the slot frees once the router has seen the close
+		c, err := net.DialTimeout("tcp", tp.Addr, 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		_, _ = io.WriteString(c, rawRequest(http.MethodGet, "/liveness", ""))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		_ = c.Close()
+		if err == nil && resp.StatusCode == http.StatusOK {
+			served = true
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !served {
+		t.Error("a new connection was never served after one within the cap closed")
+	}
+}
+
+// A streaming client that never reads its answer cannot hold the worker's load past the request
+// timeout: the lease is given back whatever the client does, and the worker connection closes.
+func TestTimeouts_StreamingClientThatNeverReadsReleasesTheLoad(t *testing.T) {
+	stopped := make(chan struct{})
+	var once sync.Once
+	flood := newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+		defer once.Do(func() { close(stopped) })
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		chunk := []byte("data: " + strings.Repeat("x", 32<<10) + "\n\n")
+		limit := time.After(20 * time.Second)
+		for {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+				return
+			case <-limit:
+				return
+			default:
+			}
+		}
+	})
+	opts := testOptions()
+	opts.RequestTimeout = time.Second
+	tp := newTestProxy(t, setup{opts: &opts, urls: []string{flood.URL}})
+	w := tp.worker(t, flood.URL)
+
+	c := tp.dial(t) // sends the request, then never reads
+	if _, err := io.WriteString(c, rawRequest(http.MethodPost, chatPath, streamBody)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the worker is streaming", func() bool { return flood.hits.Load() == 1 })
+
+	eventually(t, 8*time.Second, "load back to 0 with a client that never reads", func() bool { return w.Load() == 0 })
+	select {
+	case <-stopped:
+	case <-time.After(8 * time.Second):
+		t.Error("the worker was never told to stop streaming")
+	}
+	eventually(t, 5*time.Second, "the request counted once", func() bool {
+		n := 0.0
+		for _, class := range []string{"2xx", "4xx", "5xx", metrics.StatusCut} {
+			n += tp.requests(class)
+		}
+		return n == 1
+	})
+	if got := tp.requests("2xx"); got != 0 {
+		t.Errorf("requests_total{status_class=2xx} = %v: an answer the client never took is not a success", got)
+	}
+}
