@@ -31,7 +31,7 @@ type exchange struct {
 	conn   atomic.Pointer[upConn] // the worker connection in use, for the watch to close
 	gone   atomic.Bool            // the watch saw the client leave
 	done   atomic.Bool            // the exchange ended: the watch must not re-arm
-	watch  *time.Timer
+	watch  atomic.Pointer[time.Timer]
 }
 
 // clientWatchInterval is how often a running exchange checks whether its client went away. A
@@ -43,25 +43,31 @@ const clientWatchInterval = 250 * time.Millisecond
 // startWatch arms the client watch; it costs one timer per request, and one non-blocking
 // socket peek per interval only for requests that run that long.
 func (ex *exchange) startWatch() {
-	ex.watch = time.AfterFunc(clientWatchInterval, func() {
-		if ex.done.Load() {
-			return
-		}
-		if !peerClosed(ex.client) {
-			ex.watch.Reset(clientWatchInterval)
-			return
-		}
-		ex.gone.Store(true)
-		if c := ex.conn.Load(); c != nil {
-			_ = c.conn.Close()
-		}
-	})
+	ex.watch.Store(time.AfterFunc(clientWatchInterval, ex.check))
+}
+
+// check runs on the timer's goroutine: it re-arms the watch while the client is there, and closes
+// the worker connection once it is gone. It re-arms with a new timer rather than resetting the
+// current one, whose field startWatch may not have written yet; a timer that stopWatch missed
+// fires once more, sees the exchange done, and ends.
+func (ex *exchange) check() {
+	if ex.done.Load() {
+		return
+	}
+	if !peerClosed(ex.client) {
+		ex.watch.Store(time.AfterFunc(clientWatchInterval, ex.check))
+		return
+	}
+	ex.gone.Store(true)
+	if c := ex.conn.Load(); c != nil {
+		_ = c.conn.Close()
+	}
 }
 
 func (ex *exchange) stopWatch() {
 	ex.done.Store(true)
-	if ex.watch != nil {
-		ex.watch.Stop()
+	if t := ex.watch.Load(); t != nil {
+		t.Stop()
 	}
 }
 
