@@ -196,3 +196,33 @@ func TestClientDisconnect_DuringBackoffStopsTheRetry(t *testing.T) {
 	}
 	tp.loadReturnsToZero(t)
 }
+
+// The watch must leave a client that is still there alone: a request that outlasts several watch
+// rounds is answered in full, and the worker's request is not cancelled.
+func TestClientDisconnect_ClientThatStaysIsNotCutByTheWatch(t *testing.T) {
+	cancelled := newSignal()
+	w := newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		select {
+		case <-r.Context().Done():
+			cancelled.fire()
+			return
+		case <-time.After(4 * clientWatchInterval):
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"done":true}`)
+	})
+	tp := newTestProxy(t, setup{urls: []string{w.URL}, pool: oneFailureBreaker})
+
+	status, _, body := tp.post(t, chatPath, chatBody)
+	if status != http.StatusOK || body != `{"done":true}` {
+		t.Fatalf("got %d %q, want the worker's whole answer", status, body)
+	}
+	select {
+	case <-cancelled.ch:
+		t.Error("the worker's request was cancelled while the client waited")
+	default:
+	}
+	eventually(t, 5*time.Second, "requests_total{status_class=2xx} is 1", func() bool { return tp.requests("2xx") == 1 })
+	tp.loadReturnsToZero(t)
+}

@@ -43,6 +43,36 @@ func TestTimeouts_FirstByteTimeoutFailsAStreamOverToTheNextWorker(t *testing.T) 
 	tp.loadReturnsToZero(t)
 }
 
+// A non-streamed answer's headers come with the finished generation, so the first-byte timeout
+// does not apply to it; the request timeout does, and a request that ran out of it may have
+// generated: 504, not retried.
+func TestTimeouts_RequestTimeoutIs504AndNotRetried(t *testing.T) {
+	hang := hangingWorker(t)
+	live := okWorker(t, "live")
+	opts := testOptions()
+	opts.RequestTimeout = time.Second
+	opts.Upstream.FirstByteTimeout = 200 * time.Millisecond // shorter, and not for this request
+	tp := newTestProxy(t, setup{opts: &opts, urls: []string{hang.URL, live.URL}})
+
+	status, _, body := tp.post(t, chatPath, chatBody)
+	if status != http.StatusGatewayTimeout {
+		t.Fatalf("got %d %q, want 504", status, body)
+	}
+	if code := errorCode(t, body); code != "upstream_timeout" {
+		t.Errorf("error code %q, want upstream_timeout", code)
+	}
+	if got := live.hits.Load(); got != 0 {
+		t.Errorf("the other worker got %d requests, want 0 (not retried)", got)
+	}
+	if got := tp.upstreamErrors(metrics.ErrTimeout); got != 1 {
+		t.Errorf("upstream_errors_total{kind=timeout} = %v, want 1", got)
+	}
+	if got := tp.upstreamErrors(metrics.ErrFirstByte); got != 0 {
+		t.Errorf("upstream_errors_total{kind=first_byte} = %v, want 0: a non-streamed request has no first-byte deadline", got)
+	}
+	tp.loadReturnsToZero(t)
+}
+
 // A client that trickles its body (one byte every 250 ms: each read alone is quick) is cut once
 // the whole body has taken longer than the client body timeout; the worker never sees it.
 func TestTimeouts_SlowBodyIsCutAfterClientBodyTimeout(t *testing.T) {
