@@ -181,3 +181,29 @@ func TestAgentChatBodySizes(t *testing.T) {
 		}
 	}
 }
+
+// twoMessagesBody is the chat body of the router's CPU profile: a system and a user message of
+// size/2 bytes of words each.
+func twoMessagesBody(size int) []byte {
+	words := func(n int) string {
+		return strings.Repeat("word ", n/5) + strings.Repeat("w", n%5)
+	}
+	return []byte(`{"model":"m","messages":[{"role":"system","content":"` + words(size/2) +
+		`"},{"role":"user","content":"` + words(size/2) + `"}]}`)
+}
+
+// BenchmarkParseTwoMessages4KiB is Parse of the body profiled under load: two messages of 2 KiB
+// of prose, with a session header.
+func BenchmarkParseTwoMessages4KiB(b *testing.B) {
+	h := http.Header{}
+	h.Set("x-session-id", "bench-session")
+	body := twoMessagesBody(4 << 10)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		r, err := reqkey.Parse(h, body)
+		if err != nil || r.Text == "" {
+			b.Fatalf("Parse: %v", err)
+		}
+	}
+}
