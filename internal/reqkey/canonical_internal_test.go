@@ -3,12 +3,15 @@ package reqkey
 import (
 	"bytes"
 	"encoding/json"
+	"math"
+	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 )
 
 // canonicalOf writes the canonical form of the JSON value raw, and checks that measuring it
-// gives its length.
+// gives its length, and that it is within the bound the lexer finds for it.
 func canonicalOf(t *testing.T, raw []byte) string {
 	t.Helper()
 	c := canonicalizer{v: valid(raw)}
@@ -19,7 +22,37 @@ func canonicalOf(t *testing.T, raw []byte) string {
 	if size.n != sb.Len() {
 		t.Fatalf("%s: measured %d bytes, wrote %d", raw, size.n, sb.Len())
 	}
+	s := scanner{data: raw}
+	s.skip(true)
+	if bound := len(raw) + s.grow + maxFloatLen*s.floats; s.err == nil && sb.Len() > bound {
+		t.Fatalf("%s: wrote %d bytes, over the bound of %d", raw, sb.Len(), bound)
+	}
 	return sb.String()
+}
+
+// No number is longer in canonical form than maxFloatLen, which the key's bound allows each.
+func TestCanonicalNumbersFitMaxFloatLen(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	check := func(n string) {
+		t.Helper()
+		var w keyWriter
+		number(&w, []byte(n))
+		if w.n > maxFloatLen {
+			t.Fatalf("%s is %d bytes in canonical form, over %d", n, w.n, maxFloatLen)
+		}
+	}
+	for _, n := range []string{"-1.2345678901234567e-7", "-0.0000012345678901234567", "-9.999999999999999e20",
+		"-1.7976931348623157e308", "-2.2250738585072014e-308", "-5e-324", "-123456789012345678901234567890"} {
+		check(n)
+	}
+	for range 200000 {
+		// Any bits, and the 17 digits of a random mantissa at every exponent near the switch
+		// between the two formats, where the digits are written out.
+		if f := math.Float64frombits(r.Uint64()); !math.IsNaN(f) && !math.IsInf(f, 0) {
+			check(strconv.FormatFloat(f, 'g', -1, 64))
+		}
+		check(strconv.FormatFloat(-(1+r.Float64())*math.Pow10(r.IntN(32)-10), 'g', -1, 64))
+	}
 }
 
 func canonicalSeeds(f *testing.F) {

@@ -192,8 +192,10 @@ func TestParseTypeErrorMessages(t *testing.T) {
 // nested and null, with the escapes, surrogates and invalid UTF-8 the fuzzer finds slowly.
 func randomDoc(r *rand.Rand) []byte {
 	strs := []string{`""`, `"user"`, `"assistant"`, `"tool"`, `"text"`, `"input_text"`, `"image_url"`, `"a b"`,
-		`"\u00e9\n"`, `"\ud83d\ude00"`, `"\ud83d"`, `"\ude00\ud83d x"`, "\"\xff\xc3(\"", `"\"\\\/"`, `"{\"b\":1,\"a\":2}"`, `" s "`}
-	nums := []string{"0", "-0", "7", "-1.5e3", "1E2", "0.25", "151643", "1e400", "-1e309", "12345678901234567890"}
+		`"\u00e9\n"`, `"\ud83d\ude00"`, `"\ud83d"`, `"\ude00\ud83d x"`, "\"\xff\xc3(\"", `"\"\\\/"`, `"{\"b\":1,\"a\":2}"`, `" s "`,
+		"\"\u2028\xe2\x80\xa9\"", `"\u2028"`}
+	nums := []string{"0", "-0", "7", "-1.5e3", "1E2", "0.25", "151643", "1e400", "-1e309", "12345678901234567890",
+		"1e20", "-1.2345678901234567e-7", "5e-324", "-0.0"}
 	keys := append(slices.Clone(fieldNames), "x", "id", "image_url", "")
 	var value func(depth int, key string) string
 	object := func(depth int, names ...string) string {

@@ -33,7 +33,8 @@ func parseSeeds(f *testing.F) {
 }
 
 // FuzzParse: Parse never panics; its errors are *reqkey.Error; a valid JSON object nested under an
-// unknown field never fails; and adding an unknown field to a body that parses changes nothing.
+// unknown field never fails; adding an unknown field to a body that parses changes nothing; and
+// the history key is the same written in one pass or in two.
 func FuzzParse(f *testing.F) {
 	parseSeeds(f)
 	f.Fuzz(func(t *testing.T, body []byte, session string) {
@@ -53,6 +54,7 @@ func FuzzParse(f *testing.F) {
 		} else if r == nil {
 			t.Fatal("nil request without an error")
 		}
+		checkBothWays(t, body)
 
 		trimmed := bytes.TrimSpace(body)
 		if !json.Valid(trimmed) || len(trimmed) == 0 || trimmed[0] != '{' {

@@ -21,37 +21,74 @@ import (
 //	message = role { "n" lp(name) | "i" lp(tool_call_id) | "c" lp(text part) | "f" lp(name) lp(arguments) } "."
 //	role    = "s" | "d" | "u" | "a" | "t" | "r" lp(other role)
 //
-// The key is written from positions in the body, in two passes over the parts it reads: the first
-// counts its bytes, the second writes it into a builder of exactly that size. Nothing is kept per
-// message, content part or tool call, so a body of many tiny parts costs no more memory than its
-// key; only tools are remembered (where their fields are), to be sorted.
-func historyKey(tools, messages *arrays) string {
+// The key is written from positions in the body, in one pass over the parts it reads, into a
+// builder the size of the bound the schema reader found for it (see keyBound): the key never
+// outgrows it. Nothing is kept per message, content part or tool call, so a body of many tiny
+// parts costs no more memory than that bound; only tools are remembered (where their fields are),
+// to be sorted.
+//
+// The bound is close to the key for any body whose key is mostly its text. Where it is more than
+// limit bytes (parts whose key outgrows them, numbers whose canonical form may be longer), the key
+// is written in two passes instead: the first counts its bytes, the second writes it into a
+// builder of exactly that size.
+func historyKey(tools, messages *arrays, limit int) string {
+	key, _ := writeHistoryKey(tools, messages, limit)
+	return key
+}
+
+// historyKeyLimit is the largest bound on the history key of the body raw under which the key is
+// written in one pass: twice the body. A builder of that size leaves parse memory within three
+// times the body, however small the key turns out (see
+// TestParseMemoryIsBoundedByBodySizeForTinyParts). Only bodies whose key outgrows them, or whose
+// free-form values are full of numbers, have a larger bound.
+func historyKeyLimit(raw []byte) int { return 2 * len(raw) }
+
+// writeHistoryKey is historyKey, and reports whether the key was written in one pass.
+func writeHistoryKey(tools, messages *arrays, limit int) (key string, onePass bool) {
 	if messages == nil {
-		return ""
+		return "", false
 	}
-	h := historyWriter{v: valid(messages.data)}
+	h := historyWriter{v: valid(messages.data), inOrder: messages.inOrder}
 	h.c.v = h.v
-	h.write(tools, messages)
-	if !h.w.text {
-		return ""
-	}
 	var sb strings.Builder
-	sb.Grow(h.w.n)
+	if bound := messages.size + tools.bound().size; bound <= limit {
+		h.named = tools.bound().named
+		sb.Grow(bound)
+		onePass = true
+	} else {
+		h.write(tools, messages)
+		if !h.w.text {
+			return "", false
+		}
+		sb.Grow(h.w.n)
+	}
 	h.w = keyWriter{sb: &sb}
 	h.write(tools, messages)
-	return sb.String()
+	if !h.w.text {
+		return "", onePass
+	}
+	return sb.String(), onePass
+}
+
+// bound is the key bound of the elements of a, or none when a is absent.
+func (a *arrays) bound() keyBound {
+	if a == nil {
+		return keyBound{}
+	}
+	return a.keyBound
 }
 
 // historyWriter writes the history key of one chat body, or counts its bytes.
 type historyWriter struct {
-	v     valid
-	w     keyWriter
-	c     canonicalizer
-	named int // the tools with a name, counted by the first pass for the second to sort
-	// inOrder says, from the first pass, that the messages array is given once and each message
-	// has its fields once, in the order they are written: role, name and tool_call_id before
-	// content, and content before tool_calls. The second pass then writes each message's content
-	// as it reads it, rather than finding it first and reading it again.
+	v valid
+	w keyWriter
+	c canonicalizer
+	// named is the most tools with a name: the writing pass sorts them. The counting pass counts
+	// them exactly.
+	named int
+	// inOrder says that the messages array is given once and its messages are in order (see
+	// keyBound). Each message's content is then written as it is read, rather than found first
+	// and read again.
 	inOrder bool
 	// Scratch space, sized once: cursors over the messages or tools arrays, the positions of the
 	// elements of the message being read, and cursors over its tool_calls arrays.
@@ -70,7 +107,7 @@ func (h *historyWriter) write(tools, messages *arrays) {
 	if messages.n > 0 {
 		h.outer = h.positions(messages, h.outer)
 		h.elems = scratch(h.elems, messages.n)
-		h.messages(messages.n)
+		h.messages()
 	}
 }
 
@@ -172,27 +209,14 @@ func (h *historyWriter) writeTool(t *tool) {
 type message struct {
 	role, name, toolCallID jstr
 	content                int // where the content is (0 when absent), to be read after the rest
-	// The first pass measures the content as it reads it: its size and whether it has text.
+	// The counting pass measures the content as it reads it: its size and whether it has text.
 	contentSize int
 	contentText bool
-	seen        uint8 // the fields read so far, to tell whether the message is in order
-	started     bool  // its role, name and tool_call_id are written
+	started     bool // its role, name and tool_call_id are written
 }
 
-// The fields of a message, in the order they are written.
-const (
-	seenRole uint8 = 1 << iota
-	seenName
-	seenID
-	seenContent
-	seenCalls
-)
-
 // messages writes each message in order.
-func (h *historyWriter) messages(n int) {
-	if h.w.counting() {
-		h.inOrder = n == 1
-	}
+func (h *historyWriter) messages() {
 	var m message
 	h.elems, h.callsN = h.elems[:0], 0
 	read := func(pos int) int {
@@ -211,16 +235,12 @@ func (h *historyWriter) readMessage(pos int, m *message) int {
 	return h.object(pos, func(key []byte, val int) int {
 		switch string(key) {
 		case "role":
-			h.see(m, seenRole)
 			return h.stringField(&m.role, val)
 		case "name":
-			h.see(m, seenName)
 			return h.stringField(&m.name, val)
 		case "tool_call_id":
-			h.see(m, seenID)
 			return h.stringField(&m.toolCallID, val)
 		case "content":
-			h.see(m, seenContent)
 			switch {
 			case h.w.counting():
 				size := keyWriter{}
@@ -233,7 +253,6 @@ func (h *historyWriter) readMessage(pos int, m *message) int {
 			}
 			m.content = val
 		case "tool_calls":
-			h.see(m, seenCalls)
 			if h.v[val] == 'n' {
 				h.callsN = 0
 				return val + len("null")
@@ -249,24 +268,6 @@ func (h *historyWriter) readMessage(pos int, m *message) int {
 		}
 		return h.v.skip(val)
 	})
-}
-
-// see notes, in the first pass, that the field f of m is read, and whether m is still in order.
-func (h *historyWriter) see(m *message, f uint8) {
-	if !h.w.counting() {
-		return
-	}
-	after := seenContent | seenCalls // the fields written after f
-	switch f {
-	case seenContent:
-		after = seenCalls
-	case seenCalls:
-		after = 0
-	}
-	if m.seen&(f|after) != 0 {
-		h.inOrder = false // f is repeated, or comes after a field written after it
-	}
-	m.seen |= f
 }
 
 // start writes the role, name and tool_call_id of m, once: what comes before its content.

@@ -28,6 +28,13 @@ type scanner struct {
 	path    []string // the names of the typed fields being read, for type errors
 	stack   []byte   // closing bytes of the containers skip is inside
 	keyBuf  [16]byte // the value of the last key read, when it has an escape
+
+	// For the schema reader to bound the size of the history key (see keyBound): grow is the
+	// bytes the strings read so far may add to their length when decoded or written in canonical
+	// form, and floats counts the numbers of free-form values read so far that canonical form
+	// may write otherwise than as they are.
+	grow, floats int
+	hist         keyBound // of the elements of the messages or tools array being read
 }
 
 // object reads the object at s.pos, calling member with each decoded key and s.pos at its value.
@@ -271,7 +278,16 @@ func (s *scanner) str() (raw []byte, escaped, high bool) {
 			return nil, false, false
 		default:
 			high = true
-			i++
+			// A byte of invalid UTF-8 decodes to U+FFFD, three bytes; encoding/json writes
+			// U+2028 and U+2029 as six-byte escapes.
+			r, size := utf8.DecodeRune(d[i:])
+			switch {
+			case size == 1:
+				s.grow += 2
+			case r == '\u2028' || r == '\u2029':
+				s.grow += 3
+			}
+			i += size
 		}
 	}
 }
@@ -420,6 +436,8 @@ func (s *scanner) skipScalarOrOpen(numbers bool) bool {
 		if numbers && n != nil {
 			if _, err := strconv.ParseFloat(string(n), 64); err != nil {
 				s.typeError("number " + string(n))
+			} else if !exactInt(n) {
+				s.floats++
 			}
 		}
 	default:

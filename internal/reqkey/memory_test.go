@@ -99,6 +99,11 @@ var tinyShapes = []struct {
 	{"tool parameters of large numbers", func(n int) []byte {
 		return repeatedBody(n, `{"messages":[],"tools":[{"function":{"parameters":[`, `1e20`, ",", `]}}]}`)
 	}, false},
+	// The bound on the key of this one is six times the body: the canonical form of a number
+	// may be 25 bytes long. Its key is counted first.
+	{"tool parameters of small floats", func(n int) []byte {
+		return repeatedBody(n, `{"messages":[],"tools":[{"function":{"parameters":[`, `0.5`, ",", `]}}]}`)
+	}, false},
 }
 
 // parseAllocs returns the bytes Parse allocates for body, and the request it returns.

@@ -75,7 +75,7 @@ func Parse(h Header, raw []byte) (*Request, error) {
 	}
 	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.messages != nil}
 	if r.Chat {
-		r.Text = historyKey(b.tools, b.messages)
+		r.Text = historyKey(b.tools, b.messages, historyKeyLimit(raw))
 	} else {
 		r.Text = routingText(&b)
 	}

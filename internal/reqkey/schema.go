@@ -8,8 +8,9 @@ import (
 // schema.go is the request schema reader: which fields of a chat, completion or generate body
 // routing reads, of which JSON types, and what each value does to what was read before. It reads
 // the body through the lexer (lexer.go) in one pass that checks all of it. Of a chat's messages
-// and tools it keeps only where their arrays are: the history key (history.go) reads them again
-// from the body, so that a body of many small parts costs no memory per part.
+// and tools it keeps only where their arrays are, and a bound on the size of the key they make:
+// the history key (history.go) reads them again from the body, in one pass into a builder of that
+// size, so that a body of many small parts costs no memory per part.
 //
 // The decoding rules are those of encoding/json decoding into the types this package used before
 // (see reference_test.go), with one deliberate change: object keys are matched exactly, where
@@ -45,10 +46,39 @@ type body struct {
 // repeated key into the same Go slice. Only positions are kept: the history key reads the
 // elements again from the body, finding the later arrays by their key.
 type arrays struct {
-	data  []byte
-	name  string // the field's key
-	first int    // the position of the first array
-	n     int    // how many arrays
+	data     []byte
+	name     string // the field's key
+	first    int    // the position of the first array
+	n        int    // how many arrays
+	keyBound        // of the elements of all of them
+}
+
+// keyBound is what checking the elements of a messages or tools array learns of the history key
+// they make, so that it can be written in one pass into a builder of the right size (see
+// historyKey) rather than counted first. Each element's bound covers what the key can take of it
+// whichever element of the array field it is folded into (see valid.fold): the framing of one
+// whole element, and the length prefix and tag of each text field it holds, as many times as it
+// is given.
+type keyBound struct {
+	size  int // the most bytes the key of the elements may take
+	named int // the most tools with a name among them
+	// inOrder says that each message has each of its fields once, in the order they are
+	// written: role, name and tool_call_id before content, and content before tool_calls. Its
+	// content can then be written as it is read.
+	inOrder bool
+}
+
+// maxFloatLen is the longest canonical form of a number (see number): 17 significant digits,
+// a sign, a point and up to six zeros after it, or an exponent.
+const maxFloatLen = 25
+
+// lpSize is the size of a length-prefixed value of n bytes: "<n>:<value>".
+func lpSize(n int) int {
+	size := n + len("0:")
+	for ; n >= 10; n /= 10 {
+		size++
+	}
+	return size
 }
 
 // parseBody reads the JSON object in data into b.
@@ -139,17 +169,22 @@ func (s *scanner) arrayField(name string, a *arrays, check func(*scanner)) *arra
 	switch s.peek() {
 	case '[':
 		start := s.pos
+		s.hist = keyBound{inOrder: true}
 		n := s.array(check)
 		if a == nil {
 			a = &arrays{data: s.data, name: name}
 		}
 		switch {
 		case n == 0:
-			a.n = 0 // an empty array decodes into a new, empty slice
+			a.n, a.keyBound = 0, keyBound{} // an empty array decodes into a new, empty slice
 		case a.n == 0:
 			a.first, a.n = start, 1
+			a.keyBound = s.hist
 		default:
 			a.n++
+			a.size += s.hist.size
+			a.named += s.hist.named
+			a.inOrder = false // its elements are read over those of the first
 		}
 	case 'n':
 		s.null()
@@ -161,20 +196,38 @@ func (s *scanner) arrayField(name string, a *arrays, check func(*scanner)) *arra
 	return a
 }
 
+// The fields of a message, in the order the history key writes them.
+const (
+	seenRole uint8 = 1 << iota
+	seenName
+	seenID
+	seenContent
+	seenCalls
+)
+
 // checkMessage reads one element of messages: the fields the history key reads must be of their
 // types. Their values are read again when the key is written.
 func checkMessage(s *scanner) {
+	var seen uint8
+	roles := -1 // the key's bytes for the roles given, -1 for none
 	s.structValue(func(s *scanner, key []byte) {
 		switch string(key) {
 		case "role":
-			s.stringField("role")
+			s.see(&seen, seenRole)
+			if raw, n, ok := s.stringField("role"); ok {
+				roles = max(roles, 0) + roleSize(raw, n)
+			}
 		case "name":
-			s.stringField("name")
+			s.see(&seen, seenName)
+			s.taggedString("name")
 		case "tool_call_id":
-			s.stringField("tool_call_id")
+			s.see(&seen, seenID)
+			s.taggedString("tool_call_id")
 		case "content":
-			s.freeForm("content")
+			s.see(&seen, seenContent)
+			s.content()
 		case "tool_calls":
+			s.see(&seen, seenCalls)
 			s.in("tool_calls")
 			switch s.peek() {
 			case '[':
@@ -189,16 +242,96 @@ func checkMessage(s *scanner) {
 			s.skip(false)
 		}
 	})
+	if roles < 0 {
+		roles = len("r0:") // no role: the empty one, unless an element read before gives one
+	}
+	s.hist.size += roles + len(".")
+}
+
+// see notes that the message field f is read after the fields in seen, and whether the message
+// is still in order: f is not repeated, nor read after a field written after it.
+func (s *scanner) see(seen *uint8, f uint8) {
+	after := seenContent | seenCalls // the fields written after f
+	switch f {
+	case seenContent:
+		after = seenCalls
+	case seenCalls:
+		after = 0
+	}
+	if *seen&(f|after) != 0 {
+		s.hist.inOrder = false
+	}
+	*seen |= f
+}
+
+// roleSize is the key's bytes for the role given as raw, whose value takes at most n bytes.
+func roleSize(raw []byte, n int) int {
+	switch string(raw) {
+	case "system", "developer", "user", "assistant", "tool":
+		return 1
+	}
+	return 1 + lpSize(n)
+}
+
+// taggedString reads a string field the key writes behind a tag, and a length prefix, when it is
+// not empty.
+func (s *scanner) taggedString(name string) {
+	if raw, n, ok := s.stringField(name); ok && len(raw) > 0 {
+		s.hist.size += 1 + lpSize(n)
+	}
+}
+
+// content reads a message's content, of any type. The key writes its text: the content when it is
+// a string, or the strings and text parts of a content array. This reads what encoding/json's
+// decoding of the content into `any` does, validating the value as freeForm does.
+func (s *scanner) content() {
+	s.in("content")
+	switch s.peek() {
+	case '"':
+		s.taggedText()
+	case '[':
+		s.array(func(s *scanner) {
+			switch s.peek() {
+			case '"':
+				s.taggedText()
+			case '{':
+				s.object(func(s *scanner, key []byte) {
+					if string(key) == "text" && s.peek() == '"' {
+						s.taggedText()
+					} else {
+						s.skip(true)
+					}
+				})
+			default:
+				s.skip(true)
+			}
+		})
+	default:
+		s.skip(true)
+	}
+	s.out()
+}
+
+// taggedText reads a string of content that the key may write as a text part.
+func (s *scanner) taggedText() {
+	grow := s.grow
+	raw, _, _ := s.str()
+	if len(raw) > 0 {
+		s.hist.size += 1 + lpSize(len(raw)+s.grow-grow)
+	}
 }
 
 // checkToolCall reads one element of tool_calls.
 func checkToolCall(s *scanner) {
+	s.hist.size += len("f0:0:") // the call, with no name and no arguments
 	s.function(func(s *scanner, key []byte) {
 		switch string(key) {
 		case "name":
-			s.stringField("name")
+			if _, n, ok := s.stringField("name"); ok {
+				s.hist.size += lpSize(n)
+			}
 		case "arguments":
-			s.freeForm("arguments") // a string, or the object some clients send
+			s.canonical("arguments") // a string, or the object some clients send
 		default:
 			s.skip(false)
 		}
@@ -207,18 +340,35 @@ func checkToolCall(s *scanner) {
 
 // checkTool reads one element of tools.
 func checkTool(s *scanner) {
+	s.hist.size += len("T0:0:0:") // the tool, with no name, description or parameters
 	s.function(func(s *scanner, key []byte) {
 		switch string(key) {
 		case "name":
-			s.stringField("name")
+			if raw, n, ok := s.stringField("name"); ok {
+				s.hist.size += lpSize(n)
+				if len(raw) > 0 {
+					s.hist.named++
+				}
+			}
 		case "description":
-			s.stringField("description")
+			if _, n, ok := s.stringField("description"); ok {
+				s.hist.size += lpSize(n)
+			}
 		case "parameters":
-			s.freeForm("parameters")
+			s.canonical("parameters")
 		default:
 			s.skip(false)
 		}
 	})
+}
+
+// canonical reads a free-form value the key writes in canonical form behind a length prefix (or,
+// a tool call's arguments, as the string it is).
+func (s *scanner) canonical(name string) {
+	grow, floats := s.grow, s.floats
+	if raw := s.freeForm(name); raw != nil {
+		s.hist.size += lpSize(len(raw) + s.grow - grow + maxFloatLen*(s.floats-floats))
+	}
 }
 
 // function reads an object of the shape {"function": {...}} (a tool, a tool call): member reads
@@ -249,17 +399,21 @@ func (s *scanner) structValue(member func(*scanner, []byte)) {
 }
 
 // stringField reads a string-typed field: null leaves it as it is, another type is a type error.
-func (s *scanner) stringField(name string) {
+// For a string it returns its contents, the most bytes its value takes, and true.
+func (s *scanner) stringField(name string) (raw []byte, n int, ok bool) {
 	s.in(name)
 	switch s.peek() {
 	case '"':
-		s.str()
+		grow := s.grow
+		raw, _, _ = s.str()
+		n, ok = len(raw)+s.grow-grow, s.err == nil
 	case 'n':
 		s.null()
 	default:
 		s.mismatch()
 	}
 	s.out()
+	return raw, n, ok
 }
 
 // id reads a session or user id: a string is decoded, a number is kept as written, and any other

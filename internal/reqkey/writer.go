@@ -6,9 +6,9 @@ import (
 	"unicode/utf8"
 )
 
-// writer.go is where keys are written. Each key is written twice: a first pass only counts its
-// bytes, so that the second writes into a builder allocated once, at the key's exact size. A key
-// then costs one allocation of its own size, however many parts it is made of.
+// writer.go is where keys are written, into a builder allocated once, however many parts a key is
+// made of: at the size of a bound on the key found while the body was checked (the history key,
+// see keyBound), or at the key's exact size, counted by a first pass that only counts its bytes.
 
 // keyWriter writes a key into sb, or only counts its bytes in n when sb is nil.
 type keyWriter struct {

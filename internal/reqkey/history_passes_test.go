@@ -1,0 +1,112 @@
+package reqkey_test
+
+import (
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/reqkey"
+)
+
+// checkBothWays fails unless the history key of body is the same written in one pass and in two,
+// and the one-pass writer never writes past the bound its builder is sized to.
+func checkBothWays(t testing.TB, body []byte) {
+	t.Helper()
+	onePass, twoPass, written, bound, ok := reqkey.HistoryKeyBothWays(body)
+	if !ok {
+		return
+	}
+	if onePass != twoPass {
+		t.Fatalf("body %.300q: key written in one pass\n%.300q\nin two\n%.300q", body, onePass, twoPass)
+	}
+	if written > bound {
+		t.Fatalf("body %.300q: the key writer writes %d bytes, over the bound of %d", body, written, bound)
+	}
+}
+
+// A chat whose key is mostly its text is written in one pass: the two-message body of the router's
+// profile, agent conversations, and bodies of tiny parts.
+func TestHistoryKeyOfTextChatsIsWrittenInOnePass(t *testing.T) {
+	bodies := map[string][]byte{
+		"two messages":         twoMessagesBody(4 << 10),
+		"agent chat":           agentChatBody(64 << 10),
+		"4-byte content parts": tinyPartsBody(64 << 10),
+		"one-letter messages":  tinyMessagesBody(64 << 10),
+		"messages out of order": []byte(`{"messages":[{"content":"You are terse.","role":"system"},` +
+			`{"content":null,"role":"assistant","tool_calls":[{"function":{"arguments":"{}","name":"ls"}}]},` +
+			`{"content":"a b","tool_call_id":"1","role":"tool"}]}`),
+	}
+	for name, body := range bodies {
+		t.Run(name, func(t *testing.T) {
+			key, onePass := reqkey.WritesHistoryKeyInOnePass(body)
+			if !onePass {
+				t.Errorf("the key was counted first")
+			}
+			r, err := reqkey.Parse(nil, body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if key == "" || key != r.Text {
+				t.Errorf("key %.40q, Parse's %.40q", key, r.Text)
+			}
+			checkBothWays(t, body)
+		})
+	}
+}
+
+// A chat whose key may outgrow twice its body is counted first, then written into a builder of its
+// exact size: the builder of the bound would take more than the parse may.
+func TestHistoryKeyThatMayOutgrowTwiceTheBodyIsCountedFirst(t *testing.T) {
+	n := 1 << 12
+	tests := []struct {
+		name string
+		body []byte
+		want string // the key, when short enough to spell out
+	}{
+		// Each byte of invalid UTF-8 is U+FFFD in the key, three bytes.
+		{"invalid UTF-8 content", []byte(`{"messages":[{"role":"user","content":"` + strings.Repeat("\xff", n) + `"}]}`),
+			"uc" + "12288:" + strings.Repeat("\uFFFD", n) + "."},
+		// The canonical form of a number may be longer than the number: the bound allows the
+		// longest, and 0.5 is written as it is.
+		{"tool parameters of small floats", []byte(`{"messages":[{"role":"user","content":"hi"}],"tools":[{"function":{"name":"f","parameters":[` +
+			strings.Repeat("0.5,", n) + `0.5]}}]}`),
+			"T1:f0:" + strconv.Itoa(4*n+5) + ":[" + strings.Repeat("0.5,", n) + "0.5]uc2:hi."},
+		{"tool parameters of large numbers", repeatedBody(n, `{"messages":[{"content":"a"}],"tools":[{"function":{"parameters":[`, `1e20`, ",", `]}}]}`), ""},
+		// Each tool is seven bytes of key at least.
+		{"empty tools", repeatedBody(n, `{"messages":[{"content":"a"}],"tools":[`, `{}`, ",", `]}`), ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			key, onePass := reqkey.WritesHistoryKeyInOnePass(tt.body)
+			if onePass {
+				t.Errorf("the key was written in one pass")
+			}
+			if tt.want != "" && key != tt.want {
+				t.Errorf("key %.60q, want %.60q", key, tt.want)
+			}
+			r, err := reqkey.Parse(nil, tt.body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ref, err := refParse(nil, tt.body)
+			if err != nil || key != r.Text || key != ref.Text {
+				t.Errorf("key %.40q, Parse's %.40q, the reference's %.40q (%v)", key, r.Text, ref.Text, err)
+			}
+			checkBothWays(t, tt.body)
+		})
+	}
+}
+
+// The key is the same written in one pass or in two, and the bound covers every byte the writer
+// writes, on bodies shaped like requests with the fields repeated, nested, null and out of order.
+func TestHistoryKeyOnePassMatchesTwoPassesOnRandomBodies(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	n := 100000
+	if testing.Short() {
+		n = 10000
+	}
+	for range n {
+		checkBothWays(t, randomDoc(r))
+	}
+}
