@@ -32,12 +32,47 @@ func (v valid) ws(i int) int {
 
 // str returns the string at i and the position after it. It reads the string a word at a time,
 // looking for its closing quote and for what makes it other than its value: an escape or a byte
-// outside ASCII (then valid UTF-8 or not).
+// outside ASCII (then valid UTF-8 or not). Past the first words of plain ASCII, a long string is
+// read at memchr speed instead (see longStr).
 func (v valid) str(i int) (jstr, int) {
 	start := i + 1
+	j := start
+	for words := 0; j+8 <= len(v); words++ {
+		if words == 4 {
+			return v.longStr(start, j)
+		}
+		w := binary.LittleEndian.Uint64(v[j:])
+		if m := quoteOrBackslash8(w) | w&highs; m != 0 {
+			j += bits.TrailingZeros64(m) / 8
+			if v[j] == '"' {
+				return jstr{raw: v[start:j], plain: true}, j + 1
+			}
+			break
+		}
+		j += 8
+	}
+	return v.strFrom(start, j)
+}
+
+// longStr returns the string whose contents start at start and are plain ASCII up to j, and the
+// position after it. The first quote from j closes it unless a backslash comes before: then it
+// has an escape, and is read to its end by strEnd. Otherwise it is the string's value when it is
+// valid UTF-8, which utf8.Valid checks at the speed of ASCII until it finds a byte outside.
+func (v valid) longStr(start, j int) (jstr, int) {
+	q := j + bytes.IndexByte(v[j:], '"')
+	if bytes.IndexByte(v[j:q], '\\') >= 0 {
+		end := v.strEnd(start - 1)
+		return jstr{raw: v[start : end-1]}, end
+	}
+	return jstr{raw: v[start:q], plain: utf8.Valid(v[j:q])}, q + 1
+}
+
+// strFrom returns the string whose contents start at start and are plain ASCII up to j, and the
+// position after it.
+func (v valid) strFrom(start, j int) (jstr, int) {
 	escaped, high := false, false
 	highMask := uint64(highs) // bytes outside ASCII are looked at until one is found
-	for j := start; ; {
+	for {
 		for ; j+8 <= len(v); j += 8 {
 			w := binary.LittleEndian.Uint64(v[j:])
 			if m := quoteOrBackslash8(w) | w&highMask; m != 0 {

@@ -7,10 +7,12 @@ import (
 )
 
 // valid.str finds the same end of a string as the lexer and tells its value from its contents as
-// the lexer's flags do, wherever the string sits in the document, including its last bytes.
+// the lexer's flags do, wherever the string sits in the document, including its last bytes, and
+// whether its escapes and bytes outside ASCII come after a long run of ASCII or not.
 func TestValidStrMatchesLexer(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
-	pieces := []string{"a", "Z", " ", "\\n", "\\\"", "\\\\", "\\u00e9", "\\ud83d\\ude00", "é", "\xff", "\xe2\x80\xa8", "~", "\\/"}
+	pieces := []string{"a", "Z", " ", "\\n", "\\\"", "\\\\", "\\u00e9", "\\ud83d\\ude00", "é", "\xff", "\xe2\x80\xa8", "~", "\\/",
+		"the router sends each request to the worker", "0123456789abcdef0123456789abcdef0"}
 	for range 100000 {
 		doc := []byte{}
 		for range r.IntN(3) {
