@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"math/bits"
 	"strconv"
 	"unicode/utf8"
 )
@@ -236,14 +237,30 @@ var plain = func() (t [256]bool) {
 }()
 
 // str reads the string at s.pos and returns the bytes between its quotes, whether they hold an
-// escape, and whether they hold a byte outside ASCII.
+// escape, and whether they hold a byte outside ASCII. It reads plain bytes a word at a time; past
+// eight words of them, a long run is read by finding the next quote and backslash at memchr speed
+// and checking only that the bytes before them are printable ASCII (see printable). Escapes and
+// bytes outside ASCII closer together than that, as in code or in text other than English, are
+// read a word at a time, which is faster for short runs.
 func (s *scanner) str() (raw []byte, escaped, high bool) {
 	d := s.data
 	start := s.pos + 1
 	i := start
+	quote, slash := -1, -1 // where the next quote and backslash from i are, once looked for
 	for {
-		for i+8 <= len(d) && !special8(binary.LittleEndian.Uint64(d[i:])) {
+		words := 0
+		for words < 8 && i+8 <= len(d) && !special8(binary.LittleEndian.Uint64(d[i:])) {
 			i += 8
+			words++
+		}
+		if words == 8 {
+			if quote < i {
+				quote = indexFrom(d, i, '"')
+			}
+			if slash < i {
+				slash = indexFrom(d[:quote], i, '\\')
+			}
+			i += printable(d[i:min(quote, slash)])
 		}
 		for i < len(d) && plain[d[i]] {
 			i++
@@ -296,6 +313,40 @@ const (
 	ones  = 0x0101010101010101
 	highs = 0x8080808080808080
 )
+
+// indexFrom returns the position of the first c in d from i on, or len(d) when there is none.
+func indexFrom(d []byte, i int, c byte) int {
+	if k := bytes.IndexByte(d[i:], c); k >= 0 {
+		return i + k
+	}
+	return len(d)
+}
+
+// printable returns how many bytes b starts with that are printable ASCII: none is a control
+// byte or outside ASCII. It reads four words at a time while all are.
+func printable(b []byte) int {
+	const space = 0x20 * ones
+	i := 0
+	for ; i+32 <= len(b); i += 32 {
+		w0, w1 := binary.LittleEndian.Uint64(b[i:]), binary.LittleEndian.Uint64(b[i+8:])
+		w2, w3 := binary.LittleEndian.Uint64(b[i+16:]), binary.LittleEndian.Uint64(b[i+24:])
+		if ((w0-space)|w0|(w1-space)|w1|(w2-space)|w2|(w3-space)|w3)&highs != 0 {
+			break
+		}
+	}
+	for ; i+8 <= len(b); i += 8 {
+		// A byte below 0x20 sets its high bit in w-space (and perhaps, borrowing, those of
+		// later bytes), a byte outside ASCII in w: the first high bit set is the first such byte.
+		w := binary.LittleEndian.Uint64(b[i:])
+		if m := ((w - space) | w) & highs; m != 0 {
+			return i + bits.TrailingZeros64(m)/8
+		}
+	}
+	for i < len(b) && b[i] >= 0x20 && b[i] < utf8.RuneSelf {
+		i++
+	}
+	return i
+}
 
 // special8 reports whether any of the eight bytes in w needs a look inside a string: a control
 // byte, a quote, a backslash or a byte outside ASCII. It may not say which, only whether.
