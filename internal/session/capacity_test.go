@@ -105,6 +105,27 @@ func TestCapacity_ANewModelEvictsTheOldestEntryNotFromTheLargestModel(t *testing
 	}
 }
 
+func TestCapacity_OnEqualAccessTimesTheAddingModelsOwnEntryGoes(t *testing.T) {
+	clock := newFakeClock() // never advanced: every entry has the same access time
+	var log evictLog
+	m := NewMemory(MemoryOptions{MaxEntries: 3, Now: clock.Now, OnEvict: log.record})
+	set(t, m, "m1", "a1", workerA)
+	set(t, m, "m2", "b1", workerA)
+	set(t, m, "m3", "c1", workerA)
+
+	set(t, m, "m3", "c2", workerB)
+	assertGet(t, m, "m3", "c1", "")
+	// A model holding none evicts from the model created first.
+	set(t, m, "m4", "d1", workerB)
+	assertGet(t, m, "m1", "a1", "")
+	if c := m.Counts(); c["m2"] != 1 || c["m3"] != 1 || c["m4"] != 1 {
+		t.Fatalf("Counts = %v, want m2:1 m3:1 m4:1", c)
+	}
+	if a, c := log.count("m1", SessionCapacity), log.count("m3", SessionCapacity); a != 1 || c != 1 {
+		t.Fatalf("OnEvict(SessionCapacity): m1 %d, m3 %d; want 1 and 1", a, c)
+	}
+}
+
 // TestCapacity_ModelsShareAFullStoreInProportionToTheirUse: a model that arrives at a store
 // another model filled is not held to one entry; every model keeps the share of the store
 // that its recent new keys make up.
@@ -278,9 +299,11 @@ func TestConcurrent_CapacityHoldsAcrossModelsAtEveryMoment(t *testing.T) {
 			t.Logf("%d snapshots taken while writers ran", snapshots)
 
 			check()
-			sum := 0
-			for mdl, n := range m.Counts() {
+			for _, mdl := range models {
 				checkList(t, m.lookup(mdl))
+			}
+			sum := 0
+			for _, n := range m.Counts() {
 				sum += n
 			}
 			if n := heldEntries(m); m.Total() != sum || n != sum {

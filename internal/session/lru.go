@@ -1,6 +1,7 @@
 package session
 
 import (
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -28,7 +29,12 @@ type modelSessions struct {
 	mu   sync.Mutex
 	// size mirrors len(index), written under mu; it can be read without mu (Len, Counts, and
 	// whether other models hold entries at all), at the price of being a moment old.
-	size       atomic.Int32
+	size atomic.Int32
+	// oldest mirrors the access time of the tail, the model's least recently used entry
+	// (math.MaxInt64 while the list is empty). It is written under mu whenever the tail or its
+	// access time changes, which the common paths rarely do, and read without mu by Sets of
+	// other models looking for the store's least recently used entry.
+	oldest     atomic.Int64
 	index      map[string]int32
 	entries    []entry
 	head, tail int32
@@ -37,12 +43,24 @@ type modelSessions struct {
 }
 
 func newModelSessions(name string) *modelSessions {
-	return &modelSessions{
+	ms := &modelSessions{
 		name:  name,
 		index: make(map[string]int32),
 		head:  none,
 		tail:  none,
 		free:  none,
+	}
+	ms.oldest.Store(math.MaxInt64)
+	return ms
+}
+
+// setTailLocked makes i the tail and mirrors its access time into oldest.
+func (ms *modelSessions) setTailLocked(i int32) {
+	ms.tail = i
+	if i == none {
+		ms.oldest.Store(math.MaxInt64)
+	} else {
+		ms.oldest.Store(ms.entries[i].lastUsed)
 	}
 }
 
@@ -82,7 +100,7 @@ func (ms *modelSessions) unlinkLocked(i int32) {
 	if e.next != none {
 		ms.entries[e.next].prev = e.prev
 	} else {
-		ms.tail = e.prev
+		ms.setTailLocked(e.prev)
 	}
 	e.prev, e.next = none, none
 }
@@ -95,12 +113,17 @@ func (ms *modelSessions) pushFrontLocked(i int32) {
 	}
 	ms.head = i
 	if ms.tail == none {
-		ms.tail = i
+		ms.setTailLocked(i)
 	}
 }
 
+// moveToFrontLocked makes entry i, whose access time the caller has just set, the most
+// recently used.
 func (ms *modelSessions) moveToFrontLocked(i int32) {
 	if ms.head == i {
+		if ms.tail == i { // the only entry: the tail's access time changed
+			ms.oldest.Store(ms.entries[i].lastUsed)
+		}
 		return
 	}
 	ms.unlinkLocked(i)

@@ -65,13 +65,14 @@ func (o *MemoryOptions) ApplyDefaults() {
 // total is lowered, so entries ≤ total ≤ MaxEntries. A Set holds one model lock at a time,
 // so models need no lock order.
 //
-// Eviction is least recently used across the whole store. Each model's list is in
-// access-time order, so the store's least recently used entry is the tail of one of them: a
-// Set at a full store reads each model's tail access time, one model lock at a time (the
-// models are the few a worker serves), and evicts the oldest. So every model keeps entries in
-// proportion to its recent use, whichever filled the store first. When only the adding model
-// holds entries the pass is skipped. While Sets run concurrently the tails are read moments
-// apart, so the entry evicted may not be exactly the oldest; the capacity stays exact.
+// Eviction is least recently used across the whole store, so every model keeps entries in
+// proportion to its recent use, whichever filled the store first. Each model's list is in
+// access-time order, so the store's least recently used entry is the tail of one of them.
+// Each model mirrors its tail's access time in an atomic, written under its lock when the
+// tail changes (rarely, on the common paths), so a Set at a full store compares its own
+// tail with the other models' mirrors (the models are the few a worker serves) without
+// taking their locks. While other Sets run, a mirror can be a moment old, so the entry
+// evicted may not be exactly the oldest; the capacity stays exact.
 //
 // Expired entries are dropped lazily (a Get of an expired entry is a miss and removes it), by
 // Sweep, and first when a full store needs room, as the least recently used entry is the
@@ -89,8 +90,8 @@ type Memory struct {
 	// revive sessions.
 	epoch  time.Time
 	models sync.Map // model name → *modelSessions
-	// list holds every model in creation order, for the eviction pass; it is replaced, never
-	// modified, under listMu when a model is created. Models are never removed.
+	// list holds every model in creation order, to find the store's oldest entry; it is
+	// replaced, never modified, under listMu when a model is created. Models are never removed.
 	listMu sync.Mutex
 	list   atomic.Pointer[[]*modelSessions]
 }
@@ -162,7 +163,7 @@ func (m *Memory) lookupOrCreate(model string) *modelSessions {
 	}
 	ms := newModelSessions(strings.Clone(model))
 	list := append(slices.Clone(*m.list.Load()), ms)
-	m.list.Store(&list) // before the model can hold an entry, so the eviction pass sees it
+	m.list.Store(&list) // before the model can hold an entry, so every Set sees it
 	m.models.Store(ms.name, ms)
 	return ms
 }
@@ -201,8 +202,7 @@ func (m *Memory) Get(_ context.Context, model, key string) (string, bool, error)
 // under the model it belonged to: SessionTTL if it had expired anyway, else SessionCapacity.
 func (m *Memory) Set(_ context.Context, model, key, tenant string) error {
 	ms := m.lookupOrCreate(model)
-	claimed := false   // a slot of the total freed in another model for this Set
-	ownOldest := false // the last pass found the oldest entry in this model
+	claimed := false // a slot of the total freed in another model for this Set
 	for {
 		ms.mu.Lock()
 		now := m.now() // read under the lock, so list order is access-time order
@@ -225,10 +225,11 @@ func (m *Memory) Set(_ context.Context, model, key, tenant string) error {
 			ms.mu.Unlock()
 			return nil
 		}
-		// The store is full.
-		if ms.tail != none && (ownOldest || !m.othersHoldEntries(ms)) {
-			// The least recently used entry is this model's: the new entry takes over its
-			// slot, and the total does not change.
+		// The store is full: evict its least recently used entry.
+		victim := m.oldestModel(ms)
+		if victim == ms {
+			// The new entry takes over the slot of this model's own entry, and the total
+			// does not change.
 			reason := m.evictReason(ms.entries[ms.tail].lastUsed, now)
 			ms.removeLocked(ms.tail)
 			ms.addLocked(strings.Clone(key), ms.tenants.acquire(tenant), now)
@@ -236,17 +237,9 @@ func (m *Memory) Set(_ context.Context, model, key, tenant string) error {
 			m.report(model, reason, 1)
 			return nil
 		}
-		own, hasOwn := int64(0), ms.tail != none
-		if hasOwn {
-			own = ms.entries[ms.tail].lastUsed
-		}
 		ms.mu.Unlock()
-		// Compare with the other models' oldest entries with this model's lock released.
-		victim, oldest := m.oldestElsewhere(ms)
-		// On a tie this model's entry goes: replacing it in place is the cheaper eviction.
-		if ownOldest = hasOwn && (victim == nil || own <= oldest); ownOldest {
-			continue
-		}
+		// Another model's: evict it under that model's lock, with this one's released, and
+		// add the key with the slot it frees.
 		if victim != nil && m.evictTail(victim, now) {
 			claimed = true
 			continue
@@ -258,34 +251,22 @@ func (m *Memory) Set(_ context.Context, model, key, tenant string) error {
 	}
 }
 
-// othersHoldEntries reports whether a model other than self holds entries. It reads their
-// sizes without their locks, so it may be called under self's lock.
-func (m *Memory) othersHoldEntries(self *modelSessions) bool {
+// oldestModel returns the model whose least recently used entry is the oldest in the store,
+// or nil if no model holds an entry. The caller holds self's lock; the other models' oldest
+// access times are read from their mirrors, without their locks. Ties go to self, whose
+// entry is the cheaper to evict, then to the model created first.
+func (m *Memory) oldestModel(self *modelSessions) *modelSessions {
+	var victim *modelSessions
+	oldest := int64(math.MaxInt64)
+	if self.tail != none {
+		victim, oldest = self, self.entries[self.tail].lastUsed
+	}
 	for _, ms := range *m.list.Load() {
-		if ms != self && ms.size.Load() > 0 {
-			return true
+		if t := ms.oldest.Load(); ms != self && t < oldest {
+			victim, oldest = ms, t
 		}
 	}
-	return false
-}
-
-// oldestElsewhere returns the model other than self whose least recently used entry is the
-// oldest, and that entry's access time, or nil if no other model holds an entry. It holds
-// one model's lock at a time, only to read its tail; ties go to the model created first.
-func (m *Memory) oldestElsewhere(self *modelSessions) (victim *modelSessions, oldest int64) {
-	for _, ms := range *m.list.Load() {
-		if ms == self || ms.size.Load() == 0 {
-			continue
-		}
-		ms.mu.Lock()
-		if ms.tail != none {
-			if t := ms.entries[ms.tail].lastUsed; victim == nil || t < oldest {
-				victim, oldest = ms, t
-			}
-		}
-		ms.mu.Unlock()
-	}
-	return victim, oldest
+	return victim
 }
 
 // evictTail evicts the least recently used entry of ms and reports whether there was one; the

@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -379,6 +380,13 @@ func checkList(t *testing.T, ms *modelSessions) {
 	}
 	if size := ms.size.Load(); int(size) != n {
 		t.Fatalf("size is %d, the list holds %d entries", size, n)
+	}
+	want := int64(math.MaxInt64)
+	if ms.tail != none {
+		want = ms.entries[ms.tail].lastUsed
+	}
+	if got := ms.oldest.Load(); got != want {
+		t.Fatalf("oldest is %d, the tail was last used at %d", got, want)
 	}
 }
 
