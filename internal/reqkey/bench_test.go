@@ -3,6 +3,7 @@ package reqkey_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"strings"
@@ -198,6 +199,43 @@ func BenchmarkParseTwoMessages4KiB(b *testing.B) {
 	h := http.Header{}
 	h.Set("x-session-id", "bench-session")
 	body := twoMessagesBody(4 << 10)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		r, err := reqkey.Parse(h, body)
+		if err != nil || r.Text == "" {
+			b.Fatalf("Parse: %v", err)
+		}
+	}
+}
+
+// toolsChatBody is the first turn of a coding agent: twenty tools whose schemas take about 40 KiB,
+// as agents send on every turn, and two short messages. Most of its key is the canonical form of
+// the schemas.
+func toolsChatBody() []byte {
+	var tools []any
+	for i := range 20 {
+		props := map[string]any{}
+		for j := range 12 {
+			props[fmt.Sprintf("param_%d", j)] = map[string]any{"type": "string", "enum": []string{"a", "b"},
+				"description": "The absolute path to the file to read; must be within the workspace and readable"}
+		}
+		tools = append(tools, map[string]any{"type": "function", "function": map[string]any{
+			"name":        fmt.Sprintf("tool_%02d", i),
+			"description": "Reads a file from the local filesystem. You can access any file directly by using this tool.",
+			"parameters":  map[string]any{"type": "object", "properties": props, "required": []string{"param_0"}, "additionalProperties": false}}})
+	}
+	b, _ := json.Marshal(map[string]any{"model": "m", "tools": tools, "messages": []any{
+		map[string]any{"role": "system", "content": "You are a coding agent."},
+		map[string]any{"role": "user", "content": "fix the failing test"}}})
+	return b
+}
+
+// BenchmarkParseAgentTools is Parse of a chat whose key is mostly tool schemas in canonical form.
+func BenchmarkParseAgentTools(b *testing.B) {
+	h := http.Header{}
+	h.Set("x-session-id", "bench-session")
+	body := toolsChatBody()
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {
