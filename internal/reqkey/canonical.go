@@ -56,13 +56,22 @@ func (c *canonicalizer) write(w *keyWriter, i int) {
 // linked to the next member of its object.
 func (c *canonicalizer) collect(i int) {
 	// Size recs once for the value: grown by appending it would allocate several times its size.
-	n, end := 0, c.v.skip(i)
-	for j := i; j < end; j++ {
-		switch c.v[j] {
+	// Count its members, and find where it ends, in one reading.
+	n, end := 0, i
+	for depth := 0; ; {
+		switch c.v[end] {
 		case '"':
-			j = c.v.strEnd(j) - 1
+			end = c.v.strEnd(end) - 1
 		case ':':
 			n++
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+		}
+		end++
+		if depth == 0 {
+			break // the end of the value, or of its first token: a scalar has no members
 		}
 	}
 	if cap(c.recs) < n {
@@ -266,6 +275,14 @@ func (c *canonicalizer) merge(p, q uint32) (head, tail uint32) {
 
 // quote writes the value of the string j as encoding/json encodes a string without HTML escaping.
 func quote(w *keyWriter, j jstr) {
+	// A string without escapes and of valid UTF-8 holds no character encoding/json escapes,
+	// unless U+2028 or U+2029, whose first byte is 0xe2: it is written as it is.
+	if j.plain && bytes.IndexByte(j.raw, 0xe2) < 0 {
+		w.byte('"')
+		w.write(j.raw)
+		w.byte('"')
+		return
+	}
 	w.byte('"')
 	raw := j.raw
 	for i := 0; i < len(raw); {
