@@ -17,17 +17,17 @@ func canonicalOf(t *testing.T, raw []byte) string {
 	c := canonicalizer{v: valid(raw)}
 	var size keyWriter
 	c.write(&size, 0)
-	var sb strings.Builder
-	c.write(&keyWriter{sb: &sb}, 0)
-	if size.n != sb.Len() {
-		t.Fatalf("%s: measured %d bytes, wrote %d", raw, size.n, sb.Len())
+	w := writerOf(size.n)
+	c.write(&w, 0)
+	if size.n != len(w.buf) || cap(w.buf) != size.n {
+		t.Fatalf("%s: measured %d bytes, wrote %d", raw, size.n, len(w.buf))
 	}
 	s := scanner{data: raw}
 	s.skip(true)
-	if bound := len(raw) + s.grow + maxFloatLen*s.floats; s.err == nil && sb.Len() > bound {
-		t.Fatalf("%s: wrote %d bytes, over the bound of %d", raw, sb.Len(), bound)
+	if bound := len(raw) + s.grow + maxFloatLen*s.floats; s.err == nil && len(w.buf) > bound {
+		t.Fatalf("%s: wrote %d bytes, over the bound of %d", raw, len(w.buf), bound)
 	}
-	return sb.String()
+	return w.string()
 }
 
 // No number is longer in canonical form than maxFloatLen, which the key's bound allows each.

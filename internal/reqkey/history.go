@@ -1,9 +1,6 @@
 package reqkey
 
-import (
-	"slices"
-	"strings"
-)
+import "slices"
 
 // historyKey serializes a chat conversation so that a conversation's key is a byte prefix of the
 // key of any continuation of it (the same tools, messages appended). Tool schemas come first,
@@ -50,24 +47,22 @@ func writeHistoryKey(tools, messages *arrays, limit int) (key string, onePass bo
 	}
 	h := historyWriter{v: valid(messages.data), inOrder: messages.inOrder}
 	h.c.v = h.v
-	var sb strings.Builder
-	if bound := messages.size + tools.bound().size; bound <= limit {
+	size := messages.size + tools.bound().size
+	if onePass = size <= limit; onePass {
 		h.named = tools.bound().named
-		sb.Grow(bound)
-		onePass = true
 	} else {
 		h.write(tools, messages)
 		if !h.w.text {
 			return "", false
 		}
-		sb.Grow(h.w.n)
+		size = h.w.n
 	}
-	h.w = keyWriter{sb: &sb}
+	h.w = writerOf(size)
 	h.write(tools, messages)
 	if !h.w.text {
 		return "", onePass
 	}
-	return sb.String(), onePass
+	return h.w.string(), onePass
 }
 
 // bound is the key bound of the elements of a, or none when a is absent.
@@ -508,19 +503,20 @@ func (h *historyWriter) lpArguments(pos int) {
 }
 
 // lpCanonical writes the canonical JSON of the value at pos (nothing for 0 or null) behind its
-// length prefix, which it measures first.
+// length prefix, which it puts before the value once the value is written.
 func (h *historyWriter) lpCanonical(pos int) {
 	if pos == 0 {
 		h.w.writeString("0:")
 		return
 	}
-	var size keyWriter
-	h.c.write(&size, pos)
-	h.w.int(size.n)
-	h.w.byte(':')
 	if h.w.counting() {
-		h.w.n += size.n
+		var size keyWriter
+		h.c.write(&size, pos)
+		h.w.int(size.n)
+		h.w.n += len(":") + size.n
 		return
 	}
+	start := len(h.w.buf)
 	h.c.write(&h.w, pos)
+	h.w.prefix(start)
 }

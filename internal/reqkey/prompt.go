@@ -1,9 +1,6 @@
 package reqkey
 
-import (
-	"strconv"
-	"strings"
-)
+import "strconv"
 
 // prompt.go renders the routing text of completion and generate requests from their prompt, the
 // way the history key is written: measured first, then written into a builder of its exact size.
@@ -20,10 +17,9 @@ func routingText(b *body) string {
 		if size.n == 0 {
 			continue
 		}
-		var sb strings.Builder
-		sb.Grow(size.n)
-		renderPrompt(&keyWriter{sb: &sb}, valid(raw), 0)
-		return sb.String()
+		w := writerOf(size.n)
+		renderPrompt(&w, valid(raw), 0)
+		return w.string()
 	}
 	return ""
 }

@@ -2,42 +2,62 @@ package reqkey
 
 import (
 	"strconv"
-	"strings"
 	"unicode/utf8"
+	"unsafe"
 )
 
-// writer.go is where keys are written, into a builder allocated once, however many parts a key is
+// writer.go is where keys are written, into a buffer allocated once, however many parts a key is
 // made of: at the size of a bound on the key found while the body was checked (the history key,
 // see keyBound), or at the key's exact size, counted by a first pass that only counts its bytes.
 
-// keyWriter writes a key into sb, or only counts its bytes in n when sb is nil.
+// keyWriter writes a key into buf, or only counts its bytes in n when buf is nil.
 type keyWriter struct {
-	sb   *strings.Builder
+	buf  []byte
 	n    int
 	text bool // some text was written: a key without is empty
 }
 
-func (w *keyWriter) counting() bool { return w.sb == nil }
+// writerOf returns a writer into a buffer of size bytes, which the key must not outgrow.
+func writerOf(size int) keyWriter { return keyWriter{buf: make([]byte, 0, size)} }
+
+func (w *keyWriter) counting() bool { return w.buf == nil }
+
+// string returns what w wrote, without a copy: w must not be written to after.
+func (w *keyWriter) string() string {
+	return unsafe.String(unsafe.SliceData(w.buf), len(w.buf))
+}
 
 func (w *keyWriter) byte(c byte) {
 	w.n++
-	if w.sb != nil {
-		w.sb.WriteByte(c)
+	if w.buf != nil {
+		w.buf = append(w.buf, c)
 	}
 }
 
 func (w *keyWriter) write(p []byte) {
 	w.n += len(p)
-	if w.sb != nil {
-		w.sb.Write(p)
+	if w.buf != nil {
+		w.buf = append(w.buf, p...)
 	}
 }
 
 func (w *keyWriter) writeString(s string) {
 	w.n += len(s)
-	if w.sb != nil {
-		w.sb.WriteString(s)
+	if w.buf != nil {
+		w.buf = append(w.buf, s...)
 	}
+}
+
+// prefix puts before what w wrote from start on its length: "<len>:". The buffer has room for
+// it when it has room for the key, so moving what was written makes way without growing it.
+func (w *keyWriter) prefix(start int) {
+	size := len(w.buf) - start
+	var b [21]byte
+	p := append(strconv.AppendInt(b[:0], int64(size), 10), ':')
+	w.n += len(p)
+	w.buf = append(w.buf, p...)
+	copy(w.buf[start+len(p):], w.buf[start:start+size])
+	copy(w.buf[start:], p)
 }
 
 // int writes n, at least 0, in decimal.
@@ -45,7 +65,7 @@ func (w *keyWriter) int(n int) {
 	switch {
 	case n < 10:
 		w.byte('0' + byte(n))
-	case w.sb == nil:
+	case w.buf == nil:
 		for ; n > 0; n /= 10 {
 			w.n++
 		}
@@ -61,7 +81,7 @@ func (w *keyWriter) value(j jstr) {
 	case j.plain:
 		w.write(j.raw)
 		return
-	case w.sb == nil:
+	case w.buf == nil:
 		w.n += j.len()
 		return
 	}
