@@ -53,33 +53,13 @@ func (c *canonicalizer) write(w *keyWriter, i int) {
 }
 
 // collect records every object member of the value at i in c.recs, in document order, each
-// linked to the next member of its object.
+// linked to the next member of its object. recs is sized by the canonicalizer's user, from the
+// members the lexer counted in the largest value (see keyBound): grown by appending it would
+// allocate several times its size.
 func (c *canonicalizer) collect(i int) {
-	// Size recs once for the value: grown by appending it would allocate several times its size.
-	// Count its members, and find where it ends, in one reading.
-	n, end := 0, i
-	for depth := 0; ; {
-		switch c.v[end] {
-		case '"':
-			end = c.v.strEnd(end) - 1
-		case ':':
-			n++
-		case '{', '[':
-			depth++
-		case '}', ']':
-			depth--
-		}
-		end++
-		if depth == 0 {
-			break // the end of the value, or of its first token: a scalar has no members
-		}
-	}
-	if cap(c.recs) < n {
-		c.recs = make([]member, 0, n)
-	}
 	c.recs, c.open = c.recs[:0], c.open[:0]
 	wantKey := false
-	for j := i; j < end; {
+	for j := i; ; {
 		switch c.v[j] {
 		case '"':
 			if wantKey {
@@ -107,6 +87,9 @@ func (c *canonicalizer) collect(i int) {
 			j++
 		default:
 			j++
+		}
+		if len(c.open) == 0 {
+			return // the end of the value, or of its first token: a scalar has no members
 		}
 	}
 }

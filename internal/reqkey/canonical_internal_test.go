@@ -14,7 +14,9 @@ import (
 // gives its length, and that it is within the bound the lexer finds for it.
 func canonicalOf(t *testing.T, raw []byte) string {
 	t.Helper()
-	c := canonicalizer{v: valid(raw)}
+	s := scanner{data: raw}
+	s.skip(true)
+	c := canonicalizer{v: valid(raw), recs: make([]member, 0, s.keys)}
 	var size keyWriter
 	c.write(&size, 0)
 	w := writerOf(size.n)
@@ -22,8 +24,9 @@ func canonicalOf(t *testing.T, raw []byte) string {
 	if size.n != len(w.buf) || cap(w.buf) != size.n {
 		t.Fatalf("%s: measured %d bytes, wrote %d", raw, size.n, len(w.buf))
 	}
-	s := scanner{data: raw}
-	s.skip(true)
+	if cap(c.recs) != s.keys {
+		t.Fatalf("%s: %d members recorded, over the %d keys the lexer counted", raw, cap(c.recs), s.keys)
+	}
 	if bound := len(raw) + s.grow + maxFloatLen*s.floats; s.err == nil && len(w.buf) > bound {
 		t.Fatalf("%s: wrote %d bytes, over the bound of %d", raw, len(w.buf), bound)
 	}

@@ -2,20 +2,28 @@ package reqkey
 
 import "math"
 
-// HistoryKeyBothWays writes the history key of the chat body raw in one pass, into a builder the
-// size of its bound, and in two, counting it first; and returns both keys, the bytes the writer
-// writes (text or not), and the bound. ok is false when raw does not parse or is not a chat.
-func HistoryKeyBothWays(raw []byte) (onePass, twoPass string, written, bound int, ok bool) {
+// KeyPasses is the history key of a chat body written both ways, and what the writer took.
+type KeyPasses struct {
+	OnePass, TwoPass string // the key written in one pass, into a buffer of its bound, and in two
+	Written, Bound   int    // the bytes the writer writes (text or not), and their bound
+	MembersOutgrown  bool   // a canonical value has more members than recs was sized for
+}
+
+// HistoryKeyBothWays writes the history key of the chat body raw in one pass and in two. ok is
+// false when raw does not parse or is not a chat.
+func HistoryKeyBothWays(raw []byte) (k KeyPasses, ok bool) {
 	var b body
 	if parseBody(raw, &b) != nil || b.messages == nil {
-		return "", "", 0, 0, false
+		return k, false
 	}
-	onePass, _ = writeHistoryKey(b.tools, b.messages, math.MaxInt)
-	twoPass, _ = writeHistoryKey(b.tools, b.messages, -1)
-	h := historyWriter{v: valid(b.messages.data), inOrder: b.messages.inOrder}
-	h.c.v = h.v
+	k.OnePass, _ = writeHistoryKey(b.tools, b.messages, math.MaxInt)
+	k.TwoPass, _ = writeHistoryKey(b.tools, b.messages, -1)
+	h := newHistoryWriter(b.tools, b.messages)
+	members := cap(h.c.recs)
 	h.write(b.tools, b.messages)
-	return onePass, twoPass, h.w.n, b.messages.size + b.tools.bound().size, true
+	k.Written, k.Bound = h.w.n, b.messages.size+b.tools.bound().size
+	k.MembersOutgrown = cap(h.c.recs) != members
+	return k, true
 }
 
 // WritesHistoryKeyInOnePass reports whether Parse writes the history key of the chat body raw in

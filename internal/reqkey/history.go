@@ -45,8 +45,7 @@ func writeHistoryKey(tools, messages *arrays, limit int) (key string, onePass bo
 	if messages == nil {
 		return "", false
 	}
-	h := historyWriter{v: valid(messages.data), inOrder: messages.inOrder}
-	h.c.v = h.v
+	h := newHistoryWriter(tools, messages)
 	size := messages.size + tools.bound().size
 	if onePass = size <= limit; onePass {
 		h.named = tools.bound().named
@@ -63,6 +62,16 @@ func writeHistoryKey(tools, messages *arrays, limit int) (key string, onePass bo
 		return "", onePass
 	}
 	return h.w.string(), onePass
+}
+
+// newHistoryWriter returns a writer of the history key of messages and tools, which counts it.
+func newHistoryWriter(tools, messages *arrays) historyWriter {
+	h := historyWriter{v: valid(messages.data), inOrder: messages.inOrder}
+	h.c.v = h.v
+	if n := max(messages.members, tools.bound().members); n > 0 {
+		h.c.recs = make([]member, 0, n)
+	}
+	return h
 }
 
 // bound is the key bound of the elements of a, or none when a is absent.

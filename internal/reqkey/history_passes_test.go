@@ -10,18 +10,19 @@ import (
 )
 
 // checkBothWays fails unless the history key of body is the same written in one pass and in two,
-// and the one-pass writer never writes past the bound its builder is sized to.
+// and the one-pass writer never outgrows the buffer sized to its bound, nor the canonicalizer its
+// records sized to the members the lexer counted.
 func checkBothWays(t testing.TB, body []byte) {
 	t.Helper()
-	onePass, twoPass, written, bound, ok := reqkey.HistoryKeyBothWays(body)
-	if !ok {
-		return
-	}
-	if onePass != twoPass {
-		t.Fatalf("body %.300q: key written in one pass\n%.300q\nin two\n%.300q", body, onePass, twoPass)
-	}
-	if written > bound {
-		t.Fatalf("body %.300q: the key writer writes %d bytes, over the bound of %d", body, written, bound)
+	k, ok := reqkey.HistoryKeyBothWays(body)
+	switch {
+	case !ok:
+	case k.OnePass != k.TwoPass:
+		t.Fatalf("body %.300q: key written in one pass\n%.300q\nin two\n%.300q", body, k.OnePass, k.TwoPass)
+	case k.Written > k.Bound:
+		t.Fatalf("body %.300q: the key writer writes %d bytes, over the bound of %d", body, k.Written, k.Bound)
+	case k.MembersOutgrown:
+		t.Fatalf("body %.300q: a canonical value has more members than the lexer counted", body)
 	}
 }
 

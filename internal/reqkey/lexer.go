@@ -32,10 +32,10 @@ type scanner struct {
 
 	// For the schema reader to bound the size of the history key (see keyBound): grow is the
 	// bytes the strings read so far may add to their length when decoded or written in canonical
-	// form, and floats counts the numbers of free-form values read so far that canonical form
-	// may write otherwise than as they are.
-	grow, floats int
-	hist         keyBound // of the elements of the messages or tools array being read
+	// form, floats counts the numbers of free-form values read so far that canonical form may
+	// write otherwise than as they are, and keys counts the object keys read so far.
+	grow, floats, keys int
+	hist               keyBound // of the elements of the messages or tools array being read
 }
 
 // object reads the object at s.pos, calling member with each decoded key and s.pos at its value.
@@ -150,6 +150,7 @@ func (s *scanner) key() []byte {
 		s.syntax()
 		return nil
 	}
+	s.keys++
 	raw, escaped, high := s.str()
 	if s.err != nil {
 		return nil

@@ -60,8 +60,9 @@ type arrays struct {
 // whole element, and the length prefix and tag of each text field it holds, as many times as it
 // is given.
 type keyBound struct {
-	size  int // the most bytes the key of the elements may take
-	named int // the most tools with a name among them
+	size    int // the most bytes the key of the elements may take
+	named   int // the most tools with a name among them
+	members int // the most object members of a value the key writes in canonical form
 	// inOrder says that each message has each of its fields once, in the order they are
 	// written: role, name and tool_call_id before content, and content before tool_calls. Its
 	// content can then be written as it is read.
@@ -184,6 +185,7 @@ func (s *scanner) arrayField(name string, a *arrays, check func(*scanner)) *arra
 			a.n++
 			a.size += s.hist.size
 			a.named += s.hist.named
+			a.members = max(a.members, s.hist.members)
 			a.inOrder = false // its elements are read over those of the first
 		}
 	case 'n':
@@ -365,9 +367,10 @@ func checkTool(s *scanner) {
 // canonical reads a free-form value the key writes in canonical form behind a length prefix (or,
 // a tool call's arguments, as the string it is).
 func (s *scanner) canonical(name string) {
-	grow, floats := s.grow, s.floats
+	grow, floats, keys := s.grow, s.floats, s.keys
 	if raw := s.freeForm(name); raw != nil {
 		s.hist.size += lpSize(len(raw) + s.grow - grow + maxFloatLen*(s.floats-floats))
+		s.hist.members = max(s.hist.members, s.keys-keys)
 	}
 }
 

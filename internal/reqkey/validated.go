@@ -102,7 +102,11 @@ func (v valid) strEnd(i int) int {
 		// Look a few words ahead before handing a long string to IndexByte, which is fast once
 		// started but slow to start.
 		words := 0
-		for ; words < 4 && j+8 <= len(v) && quoteOrBackslash8(binary.LittleEndian.Uint64(v[j:])) == 0; words++ {
+		for ; words < 4 && j+8 <= len(v); words++ {
+			if m := quoteOrBackslash8(binary.LittleEndian.Uint64(v[j:])); m != 0 {
+				j += bits.TrailingZeros64(m) / 8 // the first such byte: later bits may be wrong
+				break
+			}
 			j += 8
 		}
 		if words == 4 {
