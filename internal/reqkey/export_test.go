@@ -33,5 +33,39 @@ func WritesHistoryKeyInOnePass(raw []byte) (key string, onePass bool) {
 	if parseBody(raw, &b) != nil {
 		return "", false
 	}
-	return writeHistoryKey(b.tools, b.messages, historyKeyLimit(raw))
+	return writeHistoryKey(b.tools, b.messages, onePassLimit(raw))
+}
+
+// RoutingTextBothWays renders the routing text of the non-chat body raw in one pass, into a
+// buffer of its bound, and in two, counting it first, and reports whether a bound was outgrown.
+// ok is false when raw does not parse or is a chat.
+func RoutingTextBothWays(raw []byte) (onePass, twoPass string, outgrown, ok bool) {
+	var b body
+	if parseBody(raw, &b) != nil || b.messages != nil {
+		return "", "", false, false
+	}
+	onePass, twoPass = routingText(&b, math.MaxInt), routingText(&b, -1)
+	for _, p := range []prompt{b.text, b.prompt, b.inputIDs} {
+		if p.raw != nil {
+			var count keyWriter
+			renderPrompt(&count, valid(p.raw), 0)
+			outgrown = outgrown || count.n > p.size
+		}
+	}
+	return onePass, twoPass, outgrown, true
+}
+
+// RendersRoutingTextInOnePass reports whether Parse renders the routing text of the non-chat body
+// raw in one pass: whether the bound of the value it renders is within the limit.
+func RendersRoutingTextInOnePass(raw []byte) bool {
+	var b body
+	if parseBody(raw, &b) != nil {
+		return false
+	}
+	for _, p := range []prompt{b.text, b.prompt, b.inputIDs} {
+		if p.raw != nil {
+			return p.size <= onePassLimit(raw)
+		}
+	}
+	return false
 }

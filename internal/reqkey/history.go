@@ -33,13 +33,6 @@ func historyKey(tools, messages *arrays, limit int) string {
 	return key
 }
 
-// historyKeyLimit is the largest bound on the history key of the body raw under which the key is
-// written in one pass: twice the body. A builder of that size leaves parse memory within three
-// times the body, however small the key turns out (see
-// TestParseMemoryIsBoundedByBodySizeForTinyParts). Only bodies whose key outgrows them, or whose
-// free-form values are full of numbers, have a larger bound.
-func historyKeyLimit(raw []byte) int { return 2 * len(raw) }
-
 // writeHistoryKey is historyKey, and reports whether the key was written in one pass.
 func writeHistoryKey(tools, messages *arrays, limit int) (key string, onePass bool) {
 	if messages == nil {

@@ -9,11 +9,19 @@ import (
 	"github.com/cacheroute/cacheroute/internal/reqkey"
 )
 
-// checkBothWays fails unless the history key of body is the same written in one pass and in two,
-// and the one-pass writer never outgrows the buffer sized to its bound, nor the canonicalizer its
-// records sized to the members the lexer counted.
+// checkBothWays fails unless the history key or routing text of body is the same written in one
+// pass and in two, and the one-pass writer never outgrows the buffer sized to its bound, nor the
+// canonicalizer its records sized to the members the lexer counted.
 func checkBothWays(t testing.TB, body []byte) {
 	t.Helper()
+	if one, two, outgrown, ok := reqkey.RoutingTextBothWays(body); ok {
+		if one != two {
+			t.Fatalf("body %.300q: routing text rendered in one pass\n%.300q\nin two\n%.300q", body, one, two)
+		}
+		if outgrown {
+			t.Fatalf("body %.300q: a prompt renders to more than its bound", body)
+		}
+	}
 	k, ok := reqkey.HistoryKeyBothWays(body)
 	switch {
 	case !ok:
@@ -109,5 +117,30 @@ func TestHistoryKeyOnePassMatchesTwoPassesOnRandomBodies(t *testing.T) {
 	}
 	for range n {
 		checkBothWays(t, randomDoc(r))
+	}
+}
+
+// Routing text is rendered in one pass unless its bound is over twice the body: a prompt of
+// numbers not written as they are, each of which may take hundreds of bytes.
+func TestRoutingTextOfManyFloatsIsCountedFirst(t *testing.T) {
+	tests := []struct {
+		body    []byte
+		onePass bool
+	}{
+		{[]byte(`{"prompt":"` + strings.Repeat("word ", 1000) + `"}`), true},
+		{repeatedBody(4096, `{"prompt":[`, `151643`, ",", `]}`), true},
+		{repeatedBody(4096, `{"prompt":[`, `0.5`, ",", `]}`), false},
+	}
+	for _, tt := range tests {
+		one, two, outgrown, ok := reqkey.RoutingTextBothWays(tt.body)
+		if !ok || one != two || outgrown || one == "" {
+			t.Fatalf("body %.60q: rendered %.40q in one pass, %.40q in two; bound outgrown %v", tt.body, one, two, outgrown)
+		}
+		if r, err := reqkey.Parse(nil, tt.body); err != nil || r.Text != one {
+			t.Fatalf("body %.60q: Parse gives %.40q, %v", tt.body, r.Text, err)
+		}
+		if got := reqkey.RendersRoutingTextInOnePass(tt.body); got != tt.onePass {
+			t.Errorf("body %.60q: rendered in one pass %v, want %v", tt.body, got, tt.onePass)
+		}
 	}
 }

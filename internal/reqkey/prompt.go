@@ -3,23 +3,45 @@ package reqkey
 import "strconv"
 
 // prompt.go renders the routing text of completion and generate requests from their prompt, the
-// way the history key is written: measured first, then written into a builder of its exact size.
+// way the history key is written: in one pass, into a buffer the size of a bound the lexer found
+// for it, or, when the bound is more than twice the body (a prompt of many numbers not written as
+// they are), measured first, then written into a buffer of its exact size.
+
+// prompt is a free-form value that may be rendered as routing text: its raw JSON, nil for null,
+// and a bound on its rendering's size. Separators take the place of commas, and strings lose
+// their quotes: a rendering is no longer than the value but for what decoding adds to strings
+// (see scanner.grow) and numbers not written as they are, which take at most
+// maxRenderedFloatLen bytes.
+type prompt struct {
+	raw  []byte
+	size int
+}
+
+// maxRenderedFloatLen is the longest rendering of a number (see renderPrompt): a sign, "0.", 323
+// zeros and the digit of the smallest float64, 5e-324.
+const maxRenderedFloatLen = 327
 
 // routingText is what non-chat requests are matched on: /generate's text, prompt or input_ids, or
 // the completion prompt (strings joined by newlines, token ids rendered as their decimal values).
-func routingText(b *body) string {
-	for _, raw := range [][]byte{b.text, b.prompt, b.inputIDs} {
-		if raw == nil {
+// limit is the largest bound under which the text is written in one pass.
+func routingText(b *body, limit int) string {
+	for _, p := range []prompt{b.text, b.prompt, b.inputIDs} {
+		if p.raw == nil {
 			continue
 		}
-		var size keyWriter
-		renderPrompt(&size, valid(raw), 0)
-		if size.n == 0 {
+		size := p.size
+		if size > limit {
+			var count keyWriter
+			renderPrompt(&count, valid(p.raw), 0)
+			size = count.n
+		}
+		if size == 0 {
 			continue
 		}
-		w := writerOf(size.n)
-		renderPrompt(&w, valid(raw), 0)
-		return w.string()
+		w := writerOf(size)
+		if renderPrompt(&w, valid(p.raw), 0); w.n > 0 {
+			return w.string()
+		}
 	}
 	return ""
 }

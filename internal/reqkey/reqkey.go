@@ -75,9 +75,9 @@ func Parse(h Header, raw []byte) (*Request, error) {
 	}
 	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.messages != nil}
 	if r.Chat {
-		r.Text = historyKey(b.tools, b.messages, historyKeyLimit(raw))
+		r.Text = historyKey(b.tools, b.messages, onePassLimit(raw))
 	} else {
-		r.Text = routingText(&b)
+		r.Text = routingText(&b, onePassLimit(raw))
 	}
 	paramsID, sessionID, userID, user := id(b.paramsID), id(b.sessionID), id(b.userID), id(b.user)
 	r.SessionKey = sessionKey(h, paramsID, sessionID, userID, user)

@@ -33,8 +33,8 @@ type body struct {
 	// messages and tools are where the arrays given for them are; nil when absent or null. A
 	// body whose messages is nil is not a chat.
 	messages, tools *arrays
-	// prompt, text and inputIDs are the raw JSON of the last such value, rendered on demand.
-	prompt, text, inputIDs []byte
+	// prompt, text and inputIDs are the last such value, rendered on demand.
+	prompt, text, inputIDs prompt
 	// paramsID is session_params.session_id, empty unless the last session_params is an object.
 	paramsID, sessionID, userID, user []byte
 }
@@ -134,11 +134,11 @@ func (b *body) member(s *scanner, key []byte) {
 	case "tools":
 		b.tools = s.arrayField("tools", b.tools, checkTool)
 	case "prompt":
-		b.prompt = s.freeForm("prompt")
+		b.prompt = s.prompt("prompt")
 	case "text":
-		b.text = s.freeForm("text")
+		b.text = s.prompt("text")
 	case "input_ids":
-		b.inputIDs = s.freeForm("input_ids")
+		b.inputIDs = s.prompt("input_ids")
 	case "session_params":
 		b.paramsID = nil
 		if s.peek() != '{' {
@@ -362,6 +362,13 @@ func checkTool(s *scanner) {
 			s.skip(false)
 		}
 	})
+}
+
+// prompt reads a free-form value that may be rendered as routing text (see routingText).
+func (s *scanner) prompt(name string) prompt {
+	grow, floats := s.grow, s.floats
+	raw := s.freeForm(name)
+	return prompt{raw: raw, size: len(raw) + s.grow - grow + maxRenderedFloatLen*(s.floats-floats)}
 }
 
 // canonical reads a free-form value the key writes in canonical form behind a length prefix (or,

@@ -10,6 +10,13 @@ import (
 // made of: at the size of a bound on the key found while the body was checked (the history key,
 // see keyBound), or at the key's exact size, counted by a first pass that only counts its bytes.
 
+// onePassLimit is the largest bound on a key of the body raw under which the key is written in
+// one pass, into a buffer of the bound's size: twice the body. A buffer that size leaves parse
+// memory within three times the body, however small the key turns out (see
+// TestParseMemoryIsBoundedByBodySizeForTinyParts). Only bodies whose key outgrows them, or whose
+// free-form values are full of numbers, have a larger bound; their key is counted first.
+func onePassLimit(raw []byte) int { return 2 * len(raw) }
+
 // keyWriter writes a key into buf, or only counts its bytes in n when buf is nil.
 type keyWriter struct {
 	buf  []byte
