@@ -193,6 +193,34 @@ func twoMessagesBody(size int) []byte {
 		`"},{"role":"user","content":"` + words(size/2) + `"}]}`)
 }
 
+// contentKinds are texts of different make for the two-message body: escapes every line in code,
+// characters outside ASCII now and then in English, or everywhere in Chinese.
+var contentKinds = []struct{ name, unit string }{
+	{"prose", "the router sends each request to the worker whose prefix cache holds most of it "},
+	{"code", `\tif err := r.Parse(body); err != nil {\n\t\treturn fmt.Errorf(\"parse: %w\", err)\n\t}\n`},
+	{"typography", "the router’s choice — sticky sessions, “prefix” matches — stays cheap… "},
+	{"chinese", "路由器将每个请求发送到其前缀缓存中已有大部分内容的工作节点，"},
+}
+
+// BenchmarkParseContent is Parse of two messages of about 2 KiB each of each kind of content.
+func BenchmarkParseContent(b *testing.B) {
+	for _, k := range contentKinds {
+		text := strings.Repeat(k.unit, 2048/len(k.unit))
+		body := []byte(`{"model":"m","messages":[{"role":"system","content":"` + text +
+			`"},{"role":"user","content":"` + text + `"}]}`)
+		b.Run(k.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				r, err := reqkey.Parse(nil, body)
+				if err != nil || r.Text == "" {
+					b.Fatalf("Parse: %v", err)
+				}
+			}
+		})
+	}
+}
+
 // BenchmarkParseTwoMessages4KiB is Parse of the body profiled under load: two messages of 2 KiB
 // of prose, with a session header.
 func BenchmarkParseTwoMessages4KiB(b *testing.B) {

@@ -19,7 +19,7 @@ import "slices"
 //	role    = "s" | "d" | "u" | "a" | "t" | "r" lp(other role)
 //
 // The key is written from positions in the body, in one pass over the parts it reads, into a
-// builder the size of the bound the schema reader found for it (see keyBound): the key never
+// buffer the size of the bound the schema reader found for it (see keyBound): the key never
 // outgrows it. Nothing is kept per message, content part or tool call, so a body of many tiny
 // parts costs no more memory than that bound; only tools are remembered (where their fields are),
 // to be sorted.
@@ -27,7 +27,7 @@ import "slices"
 // The bound is close to the key for any body whose key is mostly its text. Where it is more than
 // limit bytes (parts whose key outgrows them, numbers whose canonical form may be longer), the key
 // is written in two passes instead: the first counts its bytes, the second writes it into a
-// builder of exactly that size.
+// buffer of exactly that size.
 func historyKey(tools, messages *arrays, limit int) string {
 	key, _ := writeHistoryKey(tools, messages, limit)
 	return key

@@ -2,6 +2,8 @@ package reqkey
 
 import (
 	"bytes"
+	"encoding/binary"
+	"math/bits"
 	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -47,14 +49,33 @@ func decodeRune(s []byte, i int) (rune, int) {
 	return r, i + size
 }
 
-// special marks the bytes of a string's contents that decodeRune has to look at: the backslash
-// and every byte outside ASCII.
-var special = func() (t [256]bool) {
-	for c := range 256 {
-		t[c] = c == '\\' || c >= utf8.RuneSelf
+// ownValue returns the first position from i on in s, the validated contents of a JSON string,
+// of a byte that is not its own value: a backslash, or a byte of invalid UTF-8; len(s) when there
+// is none. ASCII is skipped a word at a time, valid UTF-8 a character at a time.
+func ownValue(s []byte, i int) int {
+	for i < len(s) {
+		for i+8 <= len(s) {
+			w := binary.LittleEndian.Uint64(s[i:])
+			if m := (zeroByte(w^'\\'*ones) | w) & highs; m != 0 {
+				i += bits.TrailingZeros64(m) / 8 // the first backslash or byte outside ASCII
+				break
+			}
+			i += 8
+		}
+		for i < len(s) && s[i] < utf8.RuneSelf && s[i] != '\\' {
+			i++
+		}
+		if i == len(s) || s[i] == '\\' {
+			return i
+		}
+		r, size := utf8.DecodeRune(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			return i
+		}
+		i += size
 	}
-	return t
-}()
+	return i
+}
 
 // len is the length of the value in bytes.
 func (j jstr) len() int {
@@ -63,14 +84,14 @@ func (j jstr) len() int {
 	}
 	n := 0
 	for i := 0; i < len(j.raw); {
-		if !special[j.raw[i]] {
-			n++
-			i++
-			continue
+		k := ownValue(j.raw, i)
+		n += k - i
+		if k < len(j.raw) {
+			var r rune
+			r, k = decodeRune(j.raw, k)
+			n += utf8.RuneLen(r)
 		}
-		var r rune
-		r, i = decodeRune(j.raw, i)
-		n += utf8.RuneLen(r)
+		i = k
 	}
 	return n
 }
@@ -81,14 +102,14 @@ func (j jstr) appendTo(b []byte) []byte {
 		return append(b, j.raw...)
 	}
 	for i := 0; i < len(j.raw); {
-		if !special[j.raw[i]] {
-			b = append(b, j.raw[i])
-			i++
-			continue
+		k := ownValue(j.raw, i)
+		b = append(b, j.raw[i:k]...)
+		if k < len(j.raw) {
+			var r rune
+			r, k = decodeRune(j.raw, k)
+			b = utf8.AppendRune(b, r)
 		}
-		var r rune
-		r, i = decodeRune(j.raw, i)
-		b = utf8.AppendRune(b, r)
+		i = k
 	}
 	return b
 }
@@ -110,6 +131,15 @@ func (j jstr) is(s string) bool {
 	}
 	return compareJstr(j, jstr{raw: []byte(s), plain: true}) == 0
 }
+
+// special marks the bytes of a string's contents that decodeRune has to look at: the backslash
+// and every byte outside ASCII.
+var special = func() (t [256]bool) {
+	for c := range 256 {
+		t[c] = c == '\\' || c >= utf8.RuneSelf
+	}
+	return t
+}()
 
 // compareJstr compares the values of a and b byte-wise, as strings.Compare compares the decoded
 // strings: the values are valid UTF-8, whose byte order is the order of their characters.

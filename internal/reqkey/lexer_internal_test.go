@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 )
 
@@ -96,6 +97,16 @@ func TestLexerStrMatchesEncodingJSON(t *testing.T) {
 			t.Fatalf("%q: lexer value %q, encoding/json %q", doc, unquote(raw), want)
 		case len(want) > len(raw)+s.grow:
 			t.Fatalf("%q: value of %d bytes, over the bound of %d", doc, len(want), len(raw)+s.grow)
+		}
+		// The value is measured and written as it decodes, behind its length prefix.
+		j := jstr{raw: raw}
+		lp := strconv.Itoa(len(want)) + ":" + want
+		var count keyWriter
+		count.lp(j)
+		w := writerOf(len(lp))
+		w.lp(j)
+		if j.len() != len(want) || count.n != len(lp) || w.string() != lp || w.n != len(lp) {
+			t.Fatalf("%q: value %q measured %d, length-prefixed %q measured %d", doc, want, j.len(), w.string(), count.n)
 		}
 	}
 }

@@ -9,7 +9,7 @@ import (
 // routing reads, of which JSON types, and what each value does to what was read before. It reads
 // the body through the lexer (lexer.go) in one pass that checks all of it. Of a chat's messages
 // and tools it keeps only where their arrays are, and a bound on the size of the key they make:
-// the history key (history.go) reads them again from the body, in one pass into a builder of that
+// the history key (history.go) reads them again from the body, in one pass into a buffer of that
 // size, so that a body of many small parts costs no memory per part.
 //
 // The decoding rules are those of encoding/json decoding into the types this package used before
@@ -54,7 +54,7 @@ type arrays struct {
 }
 
 // keyBound is what checking the elements of a messages or tools array learns of the history key
-// they make, so that it can be written in one pass into a builder of the right size (see
+// they make, so that it can be written in one pass into a buffer of the right size (see
 // historyKey) rather than counted first. Each element's bound covers what the key can take of it
 // whichever element of the array field it is folded into (see valid.fold): the framing of one
 // whole element, and the length prefix and tag of each text field it holds, as many times as it

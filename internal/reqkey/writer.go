@@ -95,29 +95,29 @@ func (w *keyWriter) value(j jstr) {
 	raw := j.raw
 	for i := 0; i < len(raw); {
 		// Copy the longest run of bytes that are their own value, then decode one character.
-		start := i
-		for i < len(raw) && raw[i] != '\\' {
-			if raw[i] < utf8.RuneSelf {
-				i++
-			} else if r, size := utf8.DecodeRune(raw[i:]); r != utf8.RuneError || size > 1 {
-				i += size
-			} else {
-				break // a byte of invalid UTF-8
-			}
-		}
-		w.write(raw[start:i])
-		if i < len(raw) {
+		k := ownValue(raw, i)
+		w.write(raw[i:k])
+		if k < len(raw) {
 			var buf [utf8.UTFMax]byte
 			var r rune
-			r, i = decodeRune(raw, i)
+			r, k = decodeRune(raw, k)
 			w.write(utf8.AppendRune(buf[:0], r))
 		}
+		i = k
 	}
 }
 
-// lp writes the value of the string j behind its length prefix: "<len>:<value>".
+// lp writes the value of the string j behind its length prefix: "<len>:<value>". The value of a
+// string with escapes or invalid UTF-8 is written first, and its length put before it, rather
+// than measured first.
 func (w *keyWriter) lp(j jstr) {
-	w.int(j.len())
-	w.byte(':')
+	if j.plain || w.buf == nil {
+		w.int(j.len())
+		w.byte(':')
+		w.value(j)
+		return
+	}
+	start := len(w.buf)
 	w.value(j)
+	w.prefix(start)
 }
