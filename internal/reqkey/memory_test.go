@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/cacheroute/cacheroute/internal/reqkey"
@@ -98,6 +99,13 @@ var tinyShapes = []struct {
 	}, false},
 	{"tool parameters of large numbers", func(n int) []byte {
 		return repeatedBody(n, `{"messages":[],"tools":[{"function":{"parameters":[`, `1e20`, ",", `]}}]}`)
+	}, false},
+	// The most a key written in one pass takes beside the canonicalizer's records: half the
+	// body is content whose bound is three times its size, so that the bound on the key is
+	// twice the body, and half is members of one key, each with a record and none in the key.
+	{"repeated members beside invalid UTF-8 content", func(n int) []byte {
+		return repeatedBody(n, `{"messages":[{"content":"`+strings.Repeat("\xff", n/2)+`"}],"tools":[{"function":{"parameters":{`,
+			`"":0`, ",", `}}}]}`)
 	}, false},
 	// The bound on the key of this one is six times the body: the canonical form of a number
 	// may be 25 bytes long. Its key is counted first.
