@@ -110,14 +110,7 @@ func BenchmarkParse(b *testing.B) {
 	for _, s := range benchSizes {
 		body := agentChatBody(s.size)
 		b.Run(s.name, func(b *testing.B) {
-			b.ReportAllocs()
-			b.SetBytes(int64(len(body)))
-			for b.Loop() {
-				r, err := reqkey.Parse(h, body)
-				if err != nil || r.Text == "" {
-					b.Fatalf("Parse: %v", err)
-				}
-			}
+			benchParse(b, h, body)
 		})
 	}
 }
@@ -138,15 +131,20 @@ func benchmarkParseShape(b *testing.B, shape func(size int) []byte) {
 	for _, s := range benchSizes {
 		body := shape(s.size)
 		b.Run(s.name, func(b *testing.B) {
-			b.ReportAllocs()
-			b.SetBytes(int64(len(body)))
-			for b.Loop() {
-				r, err := reqkey.Parse(nil, body)
-				if err != nil || r.Text == "" {
-					b.Fatalf("Parse: %v", err)
-				}
-			}
+			benchParse(b, nil, body)
 		})
+	}
+}
+
+// benchParse is the measured loop of every Parse benchmark: one body, parsed again and again.
+func benchParse(b *testing.B, h http.Header, body []byte) {
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		r, err := reqkey.Parse(h, body)
+		if err != nil || r.Text == "" {
+			b.Fatalf("Parse: %v", err)
+		}
 	}
 }
 
@@ -209,14 +207,7 @@ func BenchmarkParseContent(b *testing.B) {
 		body := []byte(`{"model":"m","messages":[{"role":"system","content":"` + text +
 			`"},{"role":"user","content":"` + text + `"}]}`)
 		b.Run(k.name, func(b *testing.B) {
-			b.ReportAllocs()
-			b.SetBytes(int64(len(body)))
-			for b.Loop() {
-				r, err := reqkey.Parse(nil, body)
-				if err != nil || r.Text == "" {
-					b.Fatalf("Parse: %v", err)
-				}
-			}
+			benchParse(b, nil, body)
 		})
 	}
 }
@@ -227,14 +218,7 @@ func BenchmarkParseTwoMessages4KiB(b *testing.B) {
 	h := http.Header{}
 	h.Set("x-session-id", "bench-session")
 	body := twoMessagesBody(4 << 10)
-	b.ReportAllocs()
-	b.SetBytes(int64(len(body)))
-	for b.Loop() {
-		r, err := reqkey.Parse(h, body)
-		if err != nil || r.Text == "" {
-			b.Fatalf("Parse: %v", err)
-		}
-	}
+	benchParse(b, h, body)
 }
 
 // toolsChatBody is the first turn of a coding agent: twenty tools whose schemas take about 40 KiB,
@@ -264,12 +248,5 @@ func BenchmarkParseAgentTools(b *testing.B) {
 	h := http.Header{}
 	h.Set("x-session-id", "bench-session")
 	body := toolsChatBody()
-	b.ReportAllocs()
-	b.SetBytes(int64(len(body)))
-	for b.Loop() {
-		r, err := reqkey.Parse(h, body)
-		if err != nil || r.Text == "" {
-			b.Fatalf("Parse: %v", err)
-		}
-	}
+	benchParse(b, h, body)
 }

@@ -174,23 +174,29 @@ func (h *historyWriter) tools() {
 	}
 }
 
-// readTool reads one element of tools over t and returns the position after it.
-func (h *historyWriter) readTool(pos int, t *tool) int {
+// function reads the object at pos, a tool or a tool call, and hands each member of its
+// "function" object to field; the other members are skipped. It returns the position after it.
+func (h *historyWriter) function(pos int, field func(key []byte, val int) int) int {
 	return h.object(pos, func(key []byte, val int) int {
 		if string(key) != "function" {
 			return h.v.skip(val)
 		}
-		return h.object(val, func(key []byte, val int) int {
-			switch string(key) {
-			case "name":
-				h.setString(&t.name, val)
-			case "description":
-				h.setString(&t.description, val)
-			case "parameters":
-				t.params = val
-			}
-			return h.v.skip(val)
-		})
+		return h.object(val, field)
+	})
+}
+
+// readTool reads one element of tools over t and returns the position after it.
+func (h *historyWriter) readTool(pos int, t *tool) int {
+	return h.function(pos, func(key []byte, val int) int {
+		switch string(key) {
+		case "name":
+			h.setString(&t.name, val)
+		case "description":
+			h.setString(&t.description, val)
+		case "parameters":
+			t.params = val
+		}
+		return h.v.skip(val)
 	})
 }
 
@@ -410,19 +416,14 @@ func (h *historyWriter) toolCalls() {
 	var name jstr
 	var args int
 	read := func(pos int) int {
-		return h.object(pos, func(key []byte, val int) int {
-			if string(key) != "function" {
-				return h.v.skip(val)
+		return h.function(pos, func(key []byte, val int) int {
+			switch string(key) {
+			case "name":
+				return h.stringField(&name, val)
+			case "arguments":
+				args = val
 			}
-			return h.object(val, func(key []byte, val int) int {
-				switch string(key) {
-				case "name":
-					return h.stringField(&name, val)
-				case "arguments":
-					args = val
-				}
-				return h.v.skip(val)
-			})
+			return h.v.skip(val)
 		})
 	}
 	h.v.fold(h.inner, read, func() {
