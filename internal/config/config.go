@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cacheroute/cacheroute/internal/policy/registry"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -274,7 +275,7 @@ func (c Config) Validate() error {
 		bad("port", "%d is not a port number", c.Port)
 	}
 	for _, u := range c.WorkerURLs {
-		if err := ValidateWorkerURL(u); err != nil {
+		if _, err := tenant.NormalizeURL(u); err != nil {
 			bad("worker-urls", "%v", err)
 		}
 	}
@@ -362,18 +363,6 @@ func checkEach[V int | float64](bad func(flag, format string, args ...any), valu
 			bad(name, "%s, got %v", rule, values[name])
 		}
 	}
-}
-
-// ValidateWorkerURL accepts an absolute http or https URL with a host and no query or fragment.
-func ValidateWorkerURL(raw string) error {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return fmt.Errorf("malformed worker URL %q: %v", raw, err)
-	}
-	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
-		return fmt.Errorf("malformed worker URL %q: want http(s)://host[:port][/path]", raw)
-	}
-	return nil
 }
 
 // Timeouts and intervals as durations, for the packages that use them.

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 )
@@ -198,6 +197,3 @@ func (c *cancelOnClose) Close() error {
 	c.cancel()
 	return err
 }
-
-// TrimURL normalises a worker URL given by a user: no trailing slash.
-func TrimURL(url string) string { return strings.TrimRight(url, "/") }

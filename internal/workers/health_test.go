@@ -275,11 +275,3 @@ func TestCheckOfRemovedWorkerIsHarmless(t *testing.T) {
 		t.Error("Check registered a worker")
 	}
 }
-
-func TestTrimURL(t *testing.T) {
-	for in, want := range map[string]string{"http://a:1/": "http://a:1", "http://a:1": "http://a:1", "http://a:1//": "http://a:1"} {
-		if got := TrimURL(in); got != want {
-			t.Errorf("TrimURL(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
