@@ -108,7 +108,6 @@ func (s *Server) removeWorker(w http.ResponseWriter, raw string) {
 		writeError(w, http.StatusInternalServerError, "server_error", "remove_worker_failed", err.Error())
 		return
 	}
-	s.upstreams.forget(url)
 	writeJSON(w, http.StatusOK, map[string]any{"removed": tenant.Redact(url)})
 }
 

@@ -7,6 +7,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -181,15 +182,12 @@ func (s *Server) HTTPServer() *fasthttp.Server {
 
 // clientError answers a request fasthttp could not read: too large, too slow, malformed.
 func (s *Server) clientError(ctx *fasthttp.RequestCtx, err error) {
-	var tooLarge bool
-	if _, ok := err.(*fasthttp.ErrSmallBuffer); ok {
+	var small *fasthttp.ErrSmallBuffer
+	switch {
+	case errors.As(err, &small):
 		writeFastError(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "headers_too_large",
 			"request headers are too large")
-		return
-	}
-	tooLarge = err == fasthttp.ErrBodyTooLarge
-	switch {
-	case tooLarge:
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		writeFastError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "payload_too_large",
 			"request body exceeds the limit of "+itoa(s.opts.MaxPayloadSize)+" bytes (--max-payload-size)")
 	case isTimeout(err):
