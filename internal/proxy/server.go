@@ -144,6 +144,7 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 			ctx.Response.Header.Set("Allow", "POST")
 			writeFastError(ctx, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed",
 				"method "+string(ctx.Method())+" is not allowed on "+rt.path+"; use POST")
+			rt.count(ctx.Time(), metrics.StatusClass(fasthttp.StatusMethodNotAllowed), time.Now())
 			return
 		}
 		s.forward(ctx, rt)
@@ -183,20 +184,27 @@ func (s *Server) HTTPServer() *fasthttp.Server {
 // clientError answers a request fasthttp could not read: too large, too slow, malformed.
 func (s *Server) clientError(ctx *fasthttp.RequestCtx, err error) {
 	var small *fasthttp.ErrSmallBuffer
+	var status int
 	switch {
 	case errors.As(err, &small):
-		writeFastError(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "headers_too_large",
-			"request headers are too large")
+		status = fasthttp.StatusRequestHeaderFieldsTooLarge
+		writeFastError(ctx, status, "invalid_request_error", "headers_too_large", "request headers are too large")
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		writeFastError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "payload_too_large",
+		status = fasthttp.StatusRequestEntityTooLarge
+		writeFastError(ctx, status, "invalid_request_error", "payload_too_large",
 			"request body exceeds the limit of "+itoa(s.opts.MaxPayloadSize)+" bytes (--max-payload-size)")
 	case isTimeout(err):
-		writeFastError(ctx, fasthttp.StatusRequestTimeout, "invalid_request_error", "request_timeout",
-			"the request was not received in time")
+		status = fasthttp.StatusRequestTimeout
+		writeFastError(ctx, status, "invalid_request_error", "request_timeout", "the request was not received in time")
 	default:
-		writeFastError(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "bad_request", "malformed HTTP request")
+		status = fasthttp.StatusBadRequest
+		writeFastError(ctx, status, "invalid_request_error", "bad_request", "malformed HTTP request")
 	}
 	ctx.SetConnectionClose()
+	// A request whose headers named a routed path is counted under it, like any other answer.
+	if rt := s.routes[string(ctx.Path())]; rt != nil {
+		rt.count(ctx.Time(), metrics.StatusClass(status), time.Now())
+	}
 }
 
 // WorkerRemoved drops the connection pool of a removed worker URL.

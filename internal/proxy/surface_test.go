@@ -502,3 +502,26 @@ func TestSurface_PayloadTooLargeIsAnOpenAIError(t *testing.T) {
 		t.Errorf("a small request after the 413: %d %q", status, body)
 	}
 }
+
+func TestSurface_RequestsRefusedBeforeTheyAreReadAreCounted(t *testing.T) {
+	w := okWorker(t, "w")
+	opts := testOptions()
+	opts.MaxPayloadSize = 1024
+	tp := newTestProxy(t, setup{opts: &opts, urls: []string{w.URL}})
+	before := tp.requests("4xx")
+	if status, _, body := tp.post(t, chatPath, strings.Repeat("x", 2048)); status != http.StatusRequestEntityTooLarge {
+		t.Fatalf("got %d %q, want 413", status, body)
+	}
+	req, _ := http.NewRequest(http.MethodGet, tp.URL+chatPath, nil)
+	resp, err := tp.Client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Fatalf("GET got %d, want 405", resp.StatusCode)
+	}
+	if got := tp.requests("4xx") - before; got != 2 {
+		t.Fatalf("requests_total{status_class=4xx} rose by %v, want 2 (the 413 and the 405)", got)
+	}
+}
