@@ -30,12 +30,12 @@ func (s *Server) isAdmin(r *http.Request) bool {
 	if s.opts.AdminAPIKey == "" {
 		return false
 	}
-	return subtle.ConstantTimeCompare([]byte(BearerToken(r.Header.Get("Authorization"))), []byte(s.opts.AdminAPIKey)) == 1
+	return subtle.ConstantTimeCompare([]byte(bearerToken(r.Header.Get("Authorization"))), []byte(s.opts.AdminAPIKey)) == 1
 }
 
-// BearerToken returns the token of an Authorization header value with the Bearer scheme, in any
+// bearerToken returns the token of an Authorization header value with the Bearer scheme, in any
 // letter case, or "".
-func BearerToken(v string) string {
+func bearerToken(v string) string {
 	scheme, token, ok := strings.Cut(strings.TrimSpace(v), " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return ""

@@ -137,8 +137,8 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 	return s
 }
 
-// Handle is the fasthttp handler of every endpoint.
-func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
+// serve is the fasthttp handler of every endpoint.
+func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	if rt := s.routes[string(ctx.Path())]; rt != nil {
 		if !ctx.IsPost() {
 			ctx.Response.Header.Set("Allow", "POST")
@@ -153,15 +153,11 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	s.plain(ctx)
 }
 
-// ServeHTTP serves the endpoints that are not routed (health, models, metrics, admin) to net/http
-// callers, such as the admin plane's own tests.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
-
 // HTTPServer returns the fasthttp server of the traffic listener, with the client-side limits:
 // header, body and idle timeouts, the body size limit and the connection cap.
 func (s *Server) HTTPServer() *fasthttp.Server {
 	return &fasthttp.Server{
-		Handler:               s.Handle,
+		Handler:               s.serve,
 		Name:                  "cacheroute",
 		ReadTimeout:           s.opts.ClientHeaderTimeout,
 		IdleTimeout:           s.opts.KeepaliveTimeout,
