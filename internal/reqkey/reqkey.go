@@ -16,7 +16,9 @@ import (
 type Request struct {
 	Model  string // the body's "model"; empty when absent
 	Stream bool   // "stream": true
-	Chat   bool   // the body carries "messages"
+	// Chat says the body carries a conversation: a chat's "messages", a Responses request's
+	// "input" or a Messages request's "messages". Only conversations have session affinity.
+	Chat bool
 
 	// SessionKey is "session:<id>" or "user:<id>" from the first non-blank source in SessionSources
 	// order, or empty. Ids longer than MaxIDLen are replaced by a fixed-size hash.
@@ -27,6 +29,13 @@ type Request struct {
 	// Text is the history key of a chat request (see HistoryKey) or the routing text of a
 	// completion or generate request. Empty when the request has nothing to match on.
 	Text string
+
+	// PreviousResponseID is a Responses request's previous_response_id, verbatim; "" otherwise.
+	// Only the worker that produced that response can continue from it.
+	PreviousResponseID string
+	// NoStore is set when a Responses request asks its response not to be stored ("store":
+	// false), so there is no response id worth remembering.
+	NoStore bool
 }
 
 // MaxIDLen is the longest session id kept verbatim; longer ids are stored as a hash.
