@@ -43,6 +43,17 @@ type Decision struct {
 	// Forget are tenants the policy found gone or unavailable while choosing; Commit drops their
 	// state, so that Select itself changes nothing.
 	Forget []string
+	// Refusal, when set, says that no worker may take the request (Worker is then nil): the
+	// proxy answers it in the route's error shape, and nothing is committed.
+	Refusal *Refusal
+}
+
+// Refusal is a policy's answer that the request cannot be served anywhere: a turn that continues
+// a stored response whose worker is gone must not reach a worker that cannot know it.
+type Refusal struct {
+	Status  int    // the HTTP status: 404 when the request names what no longer exists, 503 when it is unavailable for now
+	Code    string // a machine-readable code for the error body
+	Message string // safe to show the client
 }
 
 // Policy chooses a worker in three steps, so that nothing is learned from a choice the proxy
@@ -77,6 +88,19 @@ type Labeled interface {
 // it when a worker URL (all its ranks) leaves the pool.
 type WorkerRemovalListener interface {
 	WorkerRemoved(url string)
+}
+
+// ResponseTracker is implemented by policies that follow stored responses (the Responses API's
+// previous_response_id) to the worker that produced them, which alone can continue from them.
+// The proxy tells the policy every stored response it relays, and asks it where an id lives for
+// the requests that name one in their path (GET, DELETE, cancel, input_items).
+type ResponseTracker interface {
+	// ResponseStored records that w produced the stored response id.
+	ResponseStored(ctx context.Context, id string, w *workers.Worker)
+	// ResponseHolder returns the tenant that produced response id, if known.
+	ResponseHolder(ctx context.Context, id string) (tenant string, ok bool)
+	// ResponseDeleted forgets id, once its worker deleted it.
+	ResponseDeleted(ctx context.Context, id string)
 }
 
 // LeastLoaded returns the candidate with the fewest requests in flight. Ties are broken uniformly

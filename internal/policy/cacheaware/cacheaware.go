@@ -94,7 +94,7 @@ func (p *Policy) Name() string { return "cache_aware" }
 
 // DecisionLabels lists every label the chain gives, for the per-label decision counter.
 func (p *Policy) DecisionLabels() []string {
-	return []string{LabelLoadBalance, LabelSessionMatch, LabelFullHistoryMatch, LabelStaleTenant, LabelHistoryLowMatch,
+	return []string{LabelResponseMatch, LabelResponseGone, LabelResponseUnavailable, LabelLoadBalance, LabelSessionMatch, LabelFullHistoryMatch, LabelStaleTenant, LabelHistoryLowMatch,
 		LabelEmptyHistory, LabelCacheAffinity, LabelLowMatch, LabelFirstHealthyFallback}
 }
 
@@ -129,6 +129,11 @@ func newDecision(in policy.Input) *decision {
 	if req.Chat {
 		d.key = req.SessionKey
 	}
+	if req.PreviousResponseID != "" {
+		// The input of a turn that continues a stored response holds only the new items: it is
+		// no history to match or to teach.
+		d.text = ""
+	}
 	return d
 }
 
@@ -136,6 +141,11 @@ func newDecision(in policy.Input) *decision {
 // Commit, once the proxy has accepted the worker.
 func (p *Policy) Select(in policy.Input) policy.Decision {
 	d := newDecision(in)
+	if id := in.Request.PreviousResponseID; id != "" {
+		if dec, ok := p.followResponse(d, id); ok {
+			return dec
+		}
+	}
 	d.minLoad, d.maxLoad = loadRange(in.Candidates)
 
 	w, label := p.choose(d)
@@ -159,6 +169,9 @@ func (p *Policy) Select(in policy.Input) policy.Decision {
 // text, and the tenants found gone while choosing leave the tree. Session ids never enter the
 // tree.
 func (p *Policy) Commit(in policy.Input, dec policy.Decision) {
+	if dec.Refusal != nil {
+		return // nothing was chosen
+	}
 	d := newDecision(in)
 	for _, t := range dec.Forget {
 		p.report("tree", p.tree.RemoveTenant(t))
