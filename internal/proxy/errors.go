@@ -34,11 +34,67 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = enc.Encode(v)
 }
 
-// writeFastError answers a routed request with an OpenAI-style error body.
-func writeFastError(ctx *fasthttp.RequestCtx, status int, typ, code, message string) {
-	body, _ := json.Marshal(apiError{Error: apiErrorBody{Message: message, Type: typ, Code: code}})
+// errorShape is the error body of a route's protocol.
+type errorShape uint8
+
+const (
+	openAIErrors    errorShape = iota // {"error":{"message","type","code"}}
+	anthropicErrors                   // {"type":"error","error":{"type","message"}}
+)
+
+// Error body shape of the Anthropic API.
+type anthropicError struct {
+	Type  string             `json:"type"` // always "error"
+	Error anthropicErrorBody `json:"error"`
+}
+
+type anthropicErrorBody struct {
+	Type    string `json:"type"`
+	Message string `json:"message"`
+}
+
+// anthropicStatus maps the status of an answer the router makes itself to the one the
+// Anthropic API gives for that case, with its error type: it answers "no capacity" with 529.
+func anthropicStatus(status int) (int, string) {
+	switch status {
+	case 400, 405, 408, 415, 431:
+		return status, "invalid_request_error"
+	case 401:
+		return status, "authentication_error"
+	case 403:
+		return status, "permission_error"
+	case 404:
+		return status, "not_found_error"
+	case 413:
+		return status, "request_too_large"
+	case 429:
+		return status, "rate_limit_error"
+	case 503:
+		return 529, "overloaded_error"
+	case 504:
+		return status, "timeout_error"
+	}
+	if status >= 500 {
+		return status, "api_error"
+	}
+	return status, "invalid_request_error"
+}
+
+// writeFastError answers a routed request with an error body of the given shape. typ and code are
+// OpenAI's error type and code; an Anthropic body carries the type that matches the status.
+// It returns the status written.
+func writeFastError(ctx *fasthttp.RequestCtx, shape errorShape, status int, typ, code, message string) int {
+	var body []byte
+	if shape == anthropicErrors {
+		var atyp string
+		status, atyp = anthropicStatus(status)
+		body, _ = json.Marshal(anthropicError{Type: "error", Error: anthropicErrorBody{Type: atyp, Message: message}})
+	} else {
+		body, _ = json.Marshal(apiError{Error: apiErrorBody{Message: message, Type: typ, Code: code}})
+	}
 	ctx.Response.Header.Set("Content-Type", "application/json")
 	ctx.Response.Header.Set("X-Content-Type-Options", "nosniff")
 	ctx.SetStatusCode(status)
 	ctx.SetBody(append(body, '\n'))
+	return status
 }

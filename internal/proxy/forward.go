@@ -1,11 +1,13 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -26,6 +28,12 @@ type exchange struct {
 	deadline time.Time // --request-timeout-secs after start: the whole exchange, stream included
 	rid      string
 	in       policy.Input
+	// responseID is the stored response a byResponseID path names; label and searching say how
+	// its worker is found: the known holder, or every healthy worker in turn.
+	responseID string
+	method     string
+	label      string
+	searching  bool
 
 	client net.Conn               // the client's connection
 	conn   atomic.Pointer[upConn] // the worker connection in use, for the watch to close
@@ -71,26 +79,24 @@ func (ex *exchange) stopWatch() {
 	}
 }
 
-// forward runs one routed request: parse, then choose → accept → commit → send, again on another
-// worker while the failure provably started nothing, and finally relay the answer.
-func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route) {
-	ex := &exchange{route: rt, start: time.Now(), client: ctx.Conn()}
+// forward runs one routed request: read it and find its candidates, then choose → accept →
+// commit → send, again on another worker while the failure provably started nothing, and finally
+// relay the answer. id is the response id a byResponseID path names.
+func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
+	ex := &exchange{route: rt, start: time.Now(), client: ctx.Conn(), responseID: id, method: string(ctx.Method())}
 	ex.deadline = ex.start.Add(s.opts.RequestTimeout)
 	ex.rid = requestID(ctx.Request.Header.Peek(HeaderRequestID))
 	ctx.Response.Header.Set(HeaderRequestID, ex.rid)
 
-	req, err := reqkey.Parse(requestHeaders{&ctx.Request.Header}, ctx.PostBody())
-	if err != nil {
-		s.finish(ex, s.fail(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "invalid_json", err.Error()))
+	var ok bool
+	if rt.place == byResponseID {
+		ok = s.prepareByResponseID(ctx, ex)
+	} else {
+		ok = s.prepareByPolicy(ctx, ex)
+	}
+	if !ok {
 		return
 	}
-	candidates, served, known := s.pool.Candidates(req.Model)
-	if !known {
-		s.finish(ex, s.fail(ctx, fasthttp.StatusNotFound, "invalid_request_error", "model_not_found",
-			fmt.Sprintf("model %q is not served here; available models: %s", truncate(req.Model, 200), strings.Join(s.pool.Models(), ", "))))
-		return
-	}
-	ex.in = policy.Input{Context: context.Background(), Request: req, Model: served, Candidates: candidates, All: s.pool.All()}
 	ex.startWatch()
 
 	backoff := s.opts.InitialBackoff
@@ -98,40 +104,51 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route) {
 	for attempt := 0; ; {
 		if len(ex.in.Candidates) == 0 {
 			ex.stopWatch()
-			s.finish(ex, s.noWorker(ctx, last))
+			s.finish(ex, s.noWorker(ctx, ex, last))
 			return
 		}
-		dec := s.policy.Select(ex.in)
+		dec := s.choose(ex)
+		if dec.Refusal != nil {
+			ex.stopWatch()
+			s.refuse(ctx, ex, dec)
+			return
+		}
 		ex.in.Candidates = without(ex.in.Candidates, dec.Worker.URL())
 		at := s.pool.Acquire(dec.Worker)
 		if at == nil {
 			continue // the breaker refused (its half-open trial is taken): choose again without it
 		}
-		s.policy.Commit(ex.in, dec)
-		s.metrics.PolicyDecisions.WithLabelValues(s.policy.Name(), dec.Worker.Name()).Inc()
+		if rt.place == byPolicy {
+			s.policy.Commit(ex.in, dec)
+			s.metrics.PolicyDecisions.WithLabelValues(s.policy.Name(), dec.Worker.Name()).Inc()
+		}
 		attempt++
-		final := attempt > s.opts.MaxRetries || len(ex.in.Candidates) == 0
+		final := len(ex.in.Candidates) == 0 || (!ex.searching && attempt > s.opts.MaxRetries)
 
 		resp, conn, f := s.send(ctx, ex, dec.Worker, final)
 		if resp != nil {
 			s.relay(ctx, ex, resp, conn, dec, at)
 			return
 		}
+		if f.notHere {
+			at.Close(workers.Succeeded) // the worker answered: it only does not hold the response
+			continue
+		}
 		if ex.gone.Load() {
 			at.Close(workers.Cancelled)
-			s.policy.Observe(ex.in, dec, workers.Cancelled)
+			s.observe(ex, dec, workers.Cancelled)
 			ex.stopWatch()
 			s.finish(ex, statusClientGone)
 			return
 		}
 		at.Close(workers.Failed)
-		s.policy.Observe(ex.in, dec, workers.Failed)
+		s.observe(ex, dec, workers.Failed)
 		s.metrics.UpstreamErrors.WithLabelValues(f.kind).Inc()
 		s.log.Warn("upstream attempt failed", "request_id", ex.rid, "worker", dec.Worker.Name(), "attempt", attempt, "kind", f.kind)
 		last = f
 		if !f.retryable || final || time.Now().After(ex.deadline) {
 			ex.stopWatch()
-			s.finish(ex, s.upstreamFailed(ctx, f))
+			s.finish(ex, s.upstreamFailed(ctx, ex, f))
 			return
 		}
 		s.metrics.Retries.Inc()
@@ -142,6 +159,90 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route) {
 		}
 		backoff = min(2*backoff, s.opts.MaxBackoff)
 	}
+}
+
+// prepareByPolicy reads the body by the route's protocol and finds the workers serving its
+// model; it answers the request itself and reports false when there is nothing to route.
+func (s *Server) prepareByPolicy(ctx *fasthttp.RequestCtx, ex *exchange) bool {
+	req, err := ex.route.read(requestHeaders{&ctx.Request.Header}, ctx.PostBody())
+	if err != nil {
+		s.finish(ex, s.fail(ctx, ex, fasthttp.StatusBadRequest, "invalid_request_error", "invalid_request", err.Error()))
+		return false
+	}
+	candidates, served, known := s.pool.Candidates(req.Model)
+	if !known {
+		s.finish(ex, s.fail(ctx, ex, fasthttp.StatusNotFound, "invalid_request_error", "model_not_found",
+			fmt.Sprintf("model %q is not served here; available models: %s", truncate(req.Model, 200), strings.Join(s.pool.Models(), ", "))))
+		return false
+	}
+	ex.in = policy.Input{Context: context.Background(), Request: req, Model: served, Candidates: candidates, All: s.pool.All()}
+	return true
+}
+
+// Labels of the requests that name a stored response in their path. They are not the policy's
+// decisions, so they are given in the decision header only.
+const (
+	labelResponseHolder = "response_id_holder" // the worker that stored the response
+	labelResponseSearch = "response_id_search" // unknown id: every healthy worker in turn, the least loaded first
+)
+
+// prepareByResponseID finds the worker holding the response the path names: the one the policy
+// knows stored it, else every healthy worker, asked in turn until one has it.
+func (s *Server) prepareByResponseID(ctx *fasthttp.RequestCtx, ex *exchange) bool {
+	req := &reqkey.Request{Stream: string(ctx.QueryArgs().Peek("stream")) == "true"}
+	candidates, _, _ := s.pool.Candidates("")
+	ex.in = policy.Input{Context: context.Background(), Request: req, Candidates: candidates, All: s.pool.All()}
+	if s.tracker != nil {
+		if tenant, ok := s.tracker.ResponseHolder(ex.in.Context, ex.responseID); ok {
+			ex.label = labelResponseHolder
+			ex.in.Candidates = nil
+			for _, w := range candidates {
+				if w.Tenant() == tenant {
+					ex.in.Candidates = []*workers.Worker{w}
+				}
+			}
+			if len(ex.in.Candidates) == 0 {
+				s.finish(ex, s.fail(ctx, ex, fasthttp.StatusNotFound, "invalid_request_error", "response_not_found",
+					"Response with id '"+truncate(ex.responseID, 200)+"' not found: the worker that stored it is not available."))
+				return false
+			}
+			return true
+		}
+	}
+	ex.label, ex.searching = labelResponseSearch, true
+	slices.SortStableFunc(ex.in.Candidates, func(a, b *workers.Worker) int { return cmp.Compare(a.Load(), b.Load()) })
+	return true
+}
+
+// choose is the worker the next attempt goes to: the policy's choice, or the next worker that may
+// hold the response a path names.
+func (s *Server) choose(ex *exchange) policy.Decision {
+	if ex.route.place == byPolicy {
+		return s.policy.Select(ex.in)
+	}
+	return policy.Decision{Worker: ex.in.Candidates[0], Label: ex.label}
+}
+
+// observe tells the policy how an attempt it placed ended.
+func (s *Server) observe(ex *exchange, dec policy.Decision, o workers.Outcome) {
+	if ex.route.place == byPolicy {
+		s.policy.Observe(ex.in, dec, o)
+	}
+}
+
+// refuse answers a request the policy would place nowhere, with the policy's label.
+func (s *Server) refuse(ctx *fasthttp.RequestCtx, ex *exchange, dec policy.Decision) {
+	ctx.Response.Header.Set(HeaderDecision, dec.Label)
+	if s.labeled {
+		s.metrics.CacheAwareDecisions.WithLabelValues(dec.Label).Inc()
+	}
+	r := dec.Refusal
+	typ := "invalid_request_error"
+	if r.Status >= 500 {
+		typ = "server_error"
+		ctx.Response.Header.Set(HeaderRetryAfter, "1")
+	}
+	s.finish(ex, s.fail(ctx, ex, r.Status, typ, r.Code, r.Message))
 }
 
 // errorWriteTimeout bounds the write of an answer the router makes itself.
@@ -167,6 +268,10 @@ func (s *Server) send(ctx *fasthttp.RequestCtx, ex *exchange, w *workers.Worker,
 		resp, c, err := s.exchangeOn(pool, out, ex)
 		if err == nil {
 			status := resp.StatusCode()
+			if ex.searching && status == http.StatusNotFound && !final {
+				s.discard(resp, c)
+				return nil, nil, failure{notHere: true}
+			}
 			if final || !retryableStatus(status) {
 				return resp, c, failure{}
 			}
@@ -250,34 +355,34 @@ func (s *Server) buildRequest(ctx *fasthttp.RequestCtx, out *fasthttp.Request, w
 	if w.Rank() >= 0 {
 		out.Header.Set(HeaderDPRankOut, strconv.Itoa(w.Rank()))
 	}
-	if s.opts.APIKey != "" && len(out.Header.Peek("Authorization")) == 0 {
+	if s.opts.APIKey != "" && len(out.Header.Peek("Authorization")) == 0 && len(out.Header.Peek("X-Api-Key")) == 0 {
 		out.Header.Set("Authorization", "Bearer "+s.opts.APIKey)
 	}
 	addForwarded(&out.Header, ctx)
 }
 
 // noWorker answers when no candidate is left: 502 after failed attempts, else 503.
-func (s *Server) noWorker(ctx *fasthttp.RequestCtx, last failure) int {
+func (s *Server) noWorker(ctx *fasthttp.RequestCtx, ex *exchange, last failure) int {
 	if last.kind != "" {
-		return s.upstreamFailed(ctx, last)
+		return s.upstreamFailed(ctx, ex, last)
 	}
 	ctx.Response.Header.Set(HeaderRetryAfter, "1")
-	return s.fail(ctx, fasthttp.StatusServiceUnavailable, "server_error", "no_available_worker", "no healthy worker is available for this request")
+	return s.fail(ctx, ex, fasthttp.StatusServiceUnavailable, "server_error", "no_available_worker", "no healthy worker is available for this request")
 }
 
 // upstreamFailed answers the last failure: 504 when the worker ran out of time, else 502. The
 // message says what happened without naming any socket address.
-func (s *Server) upstreamFailed(ctx *fasthttp.RequestCtx, f failure) int {
+func (s *Server) upstreamFailed(ctx *fasthttp.RequestCtx, ex *exchange, f failure) int {
 	if f.kind == metrics.ErrTimeout || f.kind == metrics.ErrFirstByte {
-		return s.fail(ctx, fasthttp.StatusGatewayTimeout, "server_error", "upstream_timeout", "no worker could serve the request: "+f.message)
+		return s.fail(ctx, ex, fasthttp.StatusGatewayTimeout, "server_error", "upstream_timeout", "no worker could serve the request: "+f.message)
 	}
-	return s.fail(ctx, fasthttp.StatusBadGateway, "server_error", "upstream_unavailable", "no worker could serve the request: "+f.message)
+	return s.fail(ctx, ex, fasthttp.StatusBadGateway, "server_error", "upstream_unavailable", "no worker could serve the request: "+f.message)
 }
 
-func (s *Server) fail(ctx *fasthttp.RequestCtx, status int, typ, code, msg string) int {
+// fail answers the request with an error in its route's shape and returns the status sent.
+func (s *Server) fail(ctx *fasthttp.RequestCtx, ex *exchange, status int, typ, code, msg string) int {
 	_ = ctx.SetWriteDeadline(time.Now().Add(errorWriteTimeout))
-	writeFastError(ctx, status, typ, code, msg)
-	return status
+	return writeFastError(ctx, ex.route.errors, status, typ, code, msg)
 }
 
 // finish counts a request the router answered itself (it never reached a relayed answer).

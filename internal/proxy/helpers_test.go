@@ -444,3 +444,14 @@ func errorCode(t *testing.T, body string) string {
 	}
 	return e.Error.Code
 }
+
+// anthropicErrorType is the error type of an Anthropic error body, failing the test on any other
+// body.
+func anthropicErrorType(t *testing.T, body string) string {
+	t.Helper()
+	var e anthropicError
+	if err := json.Unmarshal([]byte(body), &e); err != nil || e.Type != "error" || e.Error.Type == "" || e.Error.Message == "" {
+		t.Fatalf("not an Anthropic error body (%v): %q", err, body)
+	}
+	return e.Error.Type
+}

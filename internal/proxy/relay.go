@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"io"
 	"strconv"
 	"sync"
@@ -34,12 +35,15 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, ex *exchange, resp *fasthttp.Re
 	status := resp.StatusCode()
 	ctx.SetStatusCode(status)
 	s.metrics.Processed.WithLabelValues(worker.Name()).Inc()
-	if s.labeled {
+	if s.labeled && ex.route.place == byPolicy {
 		s.metrics.CacheAwareDecisions.WithLabelValues(dec.Label).Inc()
 		s.metrics.PrefixMatchRatio.Observe(dec.Match)
 	}
 	size := resp.Header.ContentLength() // -1 chunked, -2 until the connection closes
 	r := &relayBody{s: s, ex: ex, resp: resp, conn: conn, body: resp.BodyStream(), dec: dec, at: at, status: status, size: int64(size)}
+	if ex.route.storesResponses && s.tracker != nil && status/100 == 2 && !ex.in.Request.NoStore {
+		r.sniff = newIDSniffer(bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream")))
+	}
 	if !ex.in.Request.Stream && size >= 0 && size <= maxBufferedAnswer {
 		// A non-streamed answer of known, modest size is read whole now and sent with the
 		// headers in one write; nothing waits on it in between.
@@ -82,6 +86,7 @@ type relayBody struct {
 	at     *workers.Attempt
 	status int
 	size   int64 // the answer's Content-Length, or -1 (chunked), or -2 (until the connection closes)
+	sniff  *idSniffer // looks for the id of the response the worker stored; nil when none is wanted
 
 	relayed   int64
 	firstByte time.Time
@@ -99,6 +104,9 @@ func (r *relayBody) Read(p []byte) (int, error) {
 		r.firstByte = time.Now()
 	}
 	r.relayed += int64(n)
+	if r.sniff != nil {
+		r.sniff.feed(p[:n])
+	}
 	switch {
 	case err == io.EOF:
 		r.eof = true
@@ -161,10 +169,33 @@ func (r *relayBody) end(writeErr error) {
 			fasthttp.ReleaseResponse(r.resp)
 		}
 		r.at.Close(outcome)
-		s.policy.Observe(ex.in, r.dec, outcome)
+		s.observe(ex, r.dec, outcome)
+		if outcome == workers.Succeeded && r.status/100 == 2 {
+			s.learn(ex, r)
+		}
 		if r.firstByte.IsZero() && r.complete() {
 			r.firstByte = time.Now() // an empty body: its end is its first byte
 		}
 		ex.route.count(ex.start, class, r.firstByte)
 	})
+}
+
+// learn tells the policy where a stored response lives, from an answer that succeeded: the
+// response a POST /v1/responses stored, the one a search found, or the one a DELETE removed.
+func (s *Server) learn(ex *exchange, r *relayBody) {
+	if s.tracker == nil {
+		return
+	}
+	ctx := ex.in.Context
+	switch {
+	case r.sniff != nil:
+		if id := r.sniff.result(); id != "" {
+			s.tracker.ResponseStored(ctx, id, r.dec.Worker)
+		}
+	case ex.responseID == "":
+	case ex.method == "DELETE":
+		s.tracker.ResponseDeleted(ctx, ex.responseID)
+	case ex.searching:
+		s.tracker.ResponseStored(ctx, ex.responseID, r.dec.Worker)
+	}
 }

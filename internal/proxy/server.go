@@ -13,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
@@ -56,7 +55,8 @@ type Server struct {
 	pool      *workers.Pool
 	fleet     Fleet
 	policy    policy.Policy
-	labeled   bool // the policy's labels are counted per label
+	labeled   bool                   // the policy's labels are counted per label
+	tracker   policy.ResponseTracker // the policy's map of stored responses; nil when it keeps none
 	metrics   *metrics.Metrics
 	log       *slog.Logger
 	upstreams *upstreams
@@ -65,26 +65,8 @@ type Server struct {
 	plain     fasthttp.RequestHandler
 }
 
-// route is one routed endpoint: a POST path forwarded to a worker chosen by the policy, with its
-// metric series resolved once rather than looked up by label on every request.
-type route struct {
-	path     string
-	requests map[string]prometheus.Counter // by status class
-	duration prometheus.Observer
-	ttfb     prometheus.Observer
-}
-
 // statusClasses are every status_class a routed request can end with.
 var statusClasses = []string{"1xx", "2xx", "3xx", "4xx", "5xx", metrics.StatusCut}
-
-func newRoute(path string, m *metrics.Metrics) *route {
-	rt := &route{path: path, requests: map[string]prometheus.Counter{},
-		duration: m.RequestDuration.WithLabelValues(path), ttfb: m.TimeToFirstByte.WithLabelValues(path)}
-	for _, class := range statusClasses {
-		rt.requests[class] = m.Requests.WithLabelValues(path, class)
-	}
-	return rt
-}
 
 // count records one finished request: its status class, its duration, and its time to the first
 // byte of the answer (zero firstByte: the request got none, its client having left).
@@ -96,24 +78,16 @@ func (rt *route) count(start time.Time, class string, firstByte time.Time) {
 	}
 }
 
-// RoutedPaths are the POST endpoints forwarded to a worker chosen by the policy.
-var RoutedPaths = []string{
-	"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/generate",
-	"/v1/rerank", "/rerank", "/tokenize", "/detokenize",
-}
-
 // New returns a server.
 func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metrics.Metrics, log *slog.Logger) *Server {
 	s := &Server{opts: opts, pool: pool, fleet: fleet, policy: p, metrics: m, log: log,
-		upstreams: newUpstreams(opts.Upstream), routes: map[string]*route{}, mux: http.NewServeMux()}
+		upstreams: newUpstreams(opts.Upstream), routes: newRoutes(m), mux: http.NewServeMux()}
+	s.tracker, _ = p.(policy.ResponseTracker)
 	if l, ok := p.(policy.Labeled); ok {
 		s.labeled = true
 		for _, label := range l.DecisionLabels() {
 			m.CacheAwareDecisions.WithLabelValues(label)
 		}
-	}
-	for _, path := range RoutedPaths {
-		s.routes[path] = newRoute(path, m)
 	}
 	allow := map[string][]string{} // path → methods, for 405 answers
 	handle := func(method, path string, h http.HandlerFunc) {
@@ -139,15 +113,16 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 
 // serve is the fasthttp handler of every endpoint.
 func (s *Server) serve(ctx *fasthttp.RequestCtx) {
-	if rt := s.routes[string(ctx.Path())]; rt != nil {
-		if !ctx.IsPost() {
-			ctx.Response.Header.Set("Allow", "POST")
-			writeFastError(ctx, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed",
-				"method "+string(ctx.Method())+" is not allowed on "+rt.path+"; use POST")
-			rt.count(ctx.Time(), metrics.StatusClass(fasthttp.StatusMethodNotAllowed), time.Now())
+	if rt, id := lookup(s.routes, string(ctx.Path())); rt != nil {
+		if method := string(ctx.Method()); !rt.allows(method) {
+			allow := strings.Join(rt.methods, ", ")
+			ctx.Response.Header.Set("Allow", allow)
+			status := writeFastError(ctx, rt.errors, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed",
+				"method "+method+" is not allowed on "+rt.path+"; use "+allow)
+			rt.count(ctx.Time(), metrics.StatusClass(status), time.Now())
 			return
 		}
-		s.forward(ctx, rt)
+		s.forward(ctx, rt, id)
 		return
 	}
 	s.plain(ctx)
@@ -179,26 +154,27 @@ func (s *Server) HTTPServer() *fasthttp.Server {
 
 // clientError answers a request fasthttp could not read: too large, too slow, malformed.
 func (s *Server) clientError(ctx *fasthttp.RequestCtx, err error) {
+	rt, _ := lookup(s.routes, string(ctx.Path()))
+	shape := openAIErrors
+	if rt != nil {
+		shape = rt.errors
+	}
 	var small *fasthttp.ErrSmallBuffer
 	var status int
 	switch {
 	case errors.As(err, &small):
-		status = fasthttp.StatusRequestHeaderFieldsTooLarge
-		writeFastError(ctx, status, "invalid_request_error", "headers_too_large", "request headers are too large")
+		status = writeFastError(ctx, shape, fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "headers_too_large", "request headers are too large")
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		status = fasthttp.StatusRequestEntityTooLarge
-		writeFastError(ctx, status, "invalid_request_error", "payload_too_large",
+		status = writeFastError(ctx, shape, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "payload_too_large",
 			"request body exceeds the limit of "+itoa(s.opts.MaxPayloadSize)+" bytes (--max-payload-size)")
 	case isTimeout(err):
-		status = fasthttp.StatusRequestTimeout
-		writeFastError(ctx, status, "invalid_request_error", "request_timeout", "the request was not received in time")
+		status = writeFastError(ctx, shape, fasthttp.StatusRequestTimeout, "invalid_request_error", "request_timeout", "the request was not received in time")
 	default:
-		status = fasthttp.StatusBadRequest
-		writeFastError(ctx, status, "invalid_request_error", "bad_request", "malformed HTTP request")
+		status = writeFastError(ctx, shape, fasthttp.StatusBadRequest, "invalid_request_error", "bad_request", "malformed HTTP request")
 	}
 	ctx.SetConnectionClose()
 	// A request whose headers named a routed path is counted under it, like any other answer.
-	if rt := s.routes[string(ctx.Path())]; rt != nil {
+	if rt != nil {
 		rt.count(ctx.Time(), metrics.StatusClass(status), time.Now())
 	}
 }
@@ -221,7 +197,8 @@ func notFound(w http.ResponseWriter, r *http.Request, allow map[string][]string)
 		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "method "+r.Method+" is not allowed on "+r.URL.Path)
 		return
 	}
-	writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", "no route for "+r.Method+" "+r.URL.Path)
+	writeError(w, http.StatusNotFound, "invalid_request_error", "not_found",
+		"no route for "+r.Method+" "+r.URL.Path+"; routed paths: "+strings.Join(RoutedPaths(), ", "))
 }
 
 type discardLogger struct{}

@@ -98,16 +98,25 @@ func TestSurface_InvalidRequestIDIsReplacedByAGeneratedOne(t *testing.T) {
 
 func TestSurface_MethodNotAllowedOnARoutedPath(t *testing.T) {
 	tp := newTestProxy(t, setup{urls: []string{okWorker(t, "w").URL}})
-	for _, path := range RoutedPaths {
-		status, h, body := tp.do(t, http.MethodGet, path)
+	for _, rt := range routeTable {
+		path := strings.Replace(rt.path, "{id}", "resp_1", 1)
+		status, h, body := tp.do(t, http.MethodPut, path)
 		if status != http.StatusMethodNotAllowed {
-			t.Fatalf("GET %s: %d, want 405", path, status)
+			t.Fatalf("PUT %s: %d, want 405", path, status)
 		}
-		if got := h.Get("Allow"); got != "POST" {
-			t.Errorf("GET %s: Allow %q, want POST", path, got)
+		allow := "POST"
+		if rt.methods != nil {
+			allow = strings.Join(rt.methods, ", ")
 		}
-		if code := errorCode(t, body); code != "method_not_allowed" {
-			t.Errorf("GET %s: error code %q", path, code)
+		if got := h.Get("Allow"); got != allow {
+			t.Errorf("PUT %s: Allow %q, want %q", path, got, allow)
+		}
+		if rt.errors == anthropicErrors {
+			if typ := anthropicErrorType(t, body); typ != "invalid_request_error" {
+				t.Errorf("PUT %s: Anthropic error type %q", path, typ)
+			}
+		} else if code := errorCode(t, body); code != "method_not_allowed" {
+			t.Errorf("PUT %s: error code %q", path, code)
 		}
 	}
 }

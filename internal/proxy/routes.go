@@ -1,0 +1,128 @@
+package proxy
+
+import (
+	"slices"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cacheroute/cacheroute/internal/metrics"
+	"github.com/cacheroute/cacheroute/internal/reqkey"
+)
+
+// routes.go is the route table: every path the router forwards to one worker, how its body is
+// read, what the router's own errors on it look like, and how its worker is found.
+
+// placement says how a routed request's worker is found.
+type placement uint8
+
+const (
+	// byPolicy: the policy's decision chain over the workers serving the body's model. What the
+	// route's reader derives (session, history, response id) is what the policy may learn; the
+	// load-only readers derive nothing, so those routes are placed by load and teach nothing.
+	byPolicy placement = iota
+	// byResponseID: the worker that stored the response named in the path, or, when the router
+	// does not know the id, every healthy worker in turn until one has it.
+	byResponseID
+)
+
+// bodyReader derives what routing needs from a request's headers and body.
+type bodyReader func(h reqkey.Header, body []byte) (*reqkey.Request, error)
+
+// route is one routed endpoint, with its metric series resolved once rather than looked up by
+// label on every request.
+type route struct {
+	path    string   // the path, or its pattern ({id}); also its metrics label
+	methods []string // the methods it takes
+	read    bodyReader
+	errors  errorShape
+	place   placement
+	// storesResponses says that a 2xx answer carries the id of a response stored on its worker
+	// (POST /v1/responses): the policy is told where it lives.
+	storesResponses bool
+
+	requests map[string]prometheus.Counter // by status class
+	duration prometheus.Observer
+	ttfb     prometheus.Observer
+}
+
+var post = []string{"POST"}
+
+// routeTable lists every routed endpoint.
+var routeTable = []route{
+	{path: "/v1/chat/completions", read: reqkey.Parse},
+	{path: "/v1/completions", read: reqkey.Parse},
+	{path: "/generate", read: reqkey.Parse},
+	{path: "/v1/responses", read: reqkey.ParseResponses, storesResponses: true},
+	{path: "/v1/messages", read: reqkey.ParseMessages, errors: anthropicErrors},
+	{path: "/v1/messages/count_tokens", read: reqkey.ParseModel, errors: anthropicErrors},
+	{path: "/tokenize", read: reqkey.ParseModel},
+	{path: "/detokenize", read: reqkey.ParseModel},
+	{path: "/v1/embeddings", read: reqkey.ParseModel},
+	{path: "/v1/score", read: reqkey.ParseModel},
+	{path: "/score", read: reqkey.ParseModel},
+	{path: "/v1/rerank", read: reqkey.ParseModel},
+	{path: "/rerank", read: reqkey.ParseModel},
+	{path: "/pooling", read: reqkey.ParseModel},
+	{path: "/classify", read: reqkey.ParseModel},
+	{path: "/v1/audio/transcriptions", read: readMultipart},
+	{path: "/v1/audio/translations", read: readMultipart},
+	{path: responsePattern, methods: []string{"GET", "DELETE"}, place: byResponseID},
+	{path: responsePattern + "/cancel", place: byResponseID},
+	{path: responsePattern + "/input_items", methods: []string{"GET"}, place: byResponseID},
+}
+
+const (
+	responsesPrefix = "/v1/responses/"
+	responsePattern = responsesPrefix + "{id}"
+)
+
+// RoutedPaths lists the routed endpoints' paths and patterns, in table order.
+func RoutedPaths() []string {
+	out := make([]string, len(routeTable))
+	for i := range routeTable {
+		out[i] = routeTable[i].path
+	}
+	return out
+}
+
+// newRoutes returns the route table with each route's metric series, by path or pattern.
+func newRoutes(m *metrics.Metrics) map[string]*route {
+	routes := make(map[string]*route, len(routeTable))
+	for _, spec := range routeTable {
+		rt := spec
+		if rt.methods == nil {
+			rt.methods = post
+		}
+		rt.requests = map[string]prometheus.Counter{}
+		rt.duration, rt.ttfb = m.RequestDuration.WithLabelValues(rt.path), m.TimeToFirstByte.WithLabelValues(rt.path)
+		for _, class := range statusClasses {
+			rt.requests[class] = m.Requests.WithLabelValues(rt.path, class)
+		}
+		routes[rt.path] = &rt
+	}
+	return routes
+}
+
+// lookup finds the route of path, and the response id a byResponseID path names.
+func lookup(routes map[string]*route, path string) (rt *route, id string) {
+	if rt := routes[path]; rt != nil && rt.place == byPolicy {
+		return rt, ""
+	}
+	rest, ok := strings.CutPrefix(path, responsesPrefix)
+	if !ok {
+		return nil, ""
+	}
+	id, suffix, _ := strings.Cut(rest, "/")
+	if id == "" || (suffix != "" && suffix != "cancel" && suffix != "input_items") {
+		return nil, ""
+	}
+	pattern := responsePattern
+	if suffix != "" {
+		pattern += "/" + suffix
+	}
+	return routes[pattern], id
+}
+
+// allows reports whether the route takes method.
+func (rt *route) allows(method string) bool { return slices.Contains(rt.methods, method) }

@@ -1,0 +1,103 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+// maxSniff bounds how much of an answer is looked at for the id of the response it stored.
+const maxSniff = 64 << 10
+
+// idSniffer finds the id of the response a worker stored, in its answer to POST /v1/responses:
+// the top-level "id" of the JSON response object, or, in a stream, the response's id in the
+// first event that carries one (response.created). It reads the answer as it is relayed and keeps
+// at most maxSniff bytes of it; the relay is not held back.
+type idSniffer struct {
+	stream bool
+	buf    []byte
+	id     string
+	done   bool // the id was found, or cannot be within the bytes kept
+}
+
+func newIDSniffer(stream bool) *idSniffer { return &idSniffer{stream: stream} }
+
+// feed looks at the next bytes of the answer.
+func (s *idSniffer) feed(p []byte) {
+	if s.done {
+		return
+	}
+	keep := min(len(p), maxSniff-len(s.buf))
+	s.buf = append(s.buf, p[:keep]...)
+	if s.stream {
+		s.events()
+	}
+	if len(s.buf) >= maxSniff {
+		s.done = true
+	}
+}
+
+// events reads the complete events in the buffer, dropping each once read.
+func (s *idSniffer) events() {
+	for !s.done {
+		end, sep := bytes.Index(s.buf, []byte("\n\n")), 2
+		if crlf := bytes.Index(s.buf, []byte("\r\n\r\n")); crlf >= 0 && (end < 0 || crlf < end) {
+			end, sep = crlf, 4
+		}
+		if end < 0 {
+			return
+		}
+		if id := eventResponseID(s.buf[:end]); id != "" {
+			s.id, s.done = id, true
+		}
+		s.buf = s.buf[:copy(s.buf, s.buf[end+sep:])]
+	}
+}
+
+// eventResponseID is the id of the response an event's data carries, if any.
+func eventResponseID(event []byte) string {
+	for line := range bytes.Lines(event) {
+		data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data:"))
+		if !ok {
+			continue
+		}
+		var e struct {
+			Response struct {
+				ID string `json:"id"`
+			} `json:"response"`
+		}
+		if json.Unmarshal(bytes.TrimSpace(data), &e) == nil && e.Response.ID != "" {
+			return e.Response.ID
+		}
+	}
+	return ""
+}
+
+// result is the id found; a JSON answer is read once it has ended (or its first maxSniff bytes).
+func (s *idSniffer) result() string {
+	if s.stream || s.id != "" {
+		return s.id
+	}
+	dec := json.NewDecoder(bytes.NewReader(s.buf))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return ""
+	}
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			return ""
+		}
+		if key == "id" {
+			var id string
+			if dec.Decode(&id) != nil {
+				return ""
+			}
+			s.id = id
+			return id
+		}
+		var skip json.RawMessage
+		if dec.Decode(&skip) != nil {
+			return ""
+		}
+	}
+	return ""
+}
