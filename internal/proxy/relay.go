@@ -85,7 +85,7 @@ type relayBody struct {
 	dec    policy.Decision
 	at     *workers.Attempt
 	status int
-	size   int64 // the answer's Content-Length, or -1 (chunked), or -2 (until the connection closes)
+	size   int64      // the answer's Content-Length, or -1 (chunked), or -2 (until the connection closes)
 	sniff  *idSniffer // looks for the id of the response the worker stored; nil when none is wanted
 
 	relayed   int64
