@@ -68,6 +68,7 @@ type setup struct {
 	pool   *workers.Options // breaker opens after 3 failures, for a minute, when nil
 	log    *slog.Logger     // discarded when nil
 	urls   []string         // worker URLs, registered and marked healthy in this order
+	fleet  Fleet            // none when nil: the admin add/remove endpoints are not under test
 }
 
 // testProxy is a running router.
@@ -110,7 +111,7 @@ func newTestProxy(t *testing.T, cfg setup) *testProxy {
 		log = slog.New(slog.DiscardHandler)
 	}
 	m := metrics.New(pool)
-	s := New(opts, pool, nil, p, m, log) // no Fleet: the admin add/remove endpoints are not under test
+	s := New(opts, pool, cfg.fleet, p, m, log)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -47,22 +47,25 @@ type Options struct {
 type Fleet interface {
 	AddWorker(ctx context.Context, url string) error
 	RemoveWorker(url string) error
+	// CheckWorker probes a registered worker URL now: its health and its model list.
+	CheckWorker(ctx context.Context, url string)
 }
 
 // Server routes requests over a pool of workers.
 type Server struct {
-	opts      Options
-	pool      *workers.Pool
-	fleet     Fleet
-	policy    policy.Policy
-	labeled   bool                   // the policy's labels are counted per label
-	tracker   policy.ResponseTracker // the policy's map of stored responses; nil when it keeps none
-	metrics   *metrics.Metrics
-	log       *slog.Logger
-	upstreams *upstreams
-	routes    map[string]*route
-	mux       *http.ServeMux // every endpoint that is not routed
-	plain     fasthttp.RequestHandler
+	opts       Options
+	pool       *workers.Pool
+	fleet      Fleet
+	policy     policy.Policy
+	labeled    bool                   // the policy's labels are counted per label
+	tracker    policy.ResponseTracker // the policy's map of stored responses; nil when it keeps none
+	metrics    *metrics.Metrics
+	log        *slog.Logger
+	upstreams  *upstreams
+	routes     map[string]*route
+	mux        *http.ServeMux // every endpoint that is not routed
+	loraClient *http.Client
+	plain      fasthttp.RequestHandler
 }
 
 // statusClasses are every status_class a routed request can end with.
@@ -81,7 +84,8 @@ func (rt *route) count(start time.Time, class string, firstByte time.Time) {
 // New returns a server.
 func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metrics.Metrics, log *slog.Logger) *Server {
 	s := &Server{opts: opts, pool: pool, fleet: fleet, policy: p, metrics: m, log: log,
-		upstreams: newUpstreams(opts.Upstream), routes: newRoutes(m), mux: http.NewServeMux()}
+		upstreams: newUpstreams(opts.Upstream), routes: newRoutes(m), mux: http.NewServeMux(),
+		loraClient: newLoraClient(opts.Upstream.DialTimeout)}
 	s.tracker, _ = p.(policy.ResponseTracker)
 	if l, ok := p.(policy.Labeled); ok {
 		s.labeled = true
@@ -101,6 +105,8 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 	handle("GET", "/metrics", m.Handler().ServeHTTP)
 	handle("POST", "/add_worker", s.admin(s.addWorkerQuery))
 	handle("POST", "/remove_worker", s.admin(s.removeWorkerQuery))
+	handle("POST", "/v1/load_lora_adapter", s.admin(s.lora))
+	handle("POST", "/v1/unload_lora_adapter", s.admin(s.lora))
 	handle("GET", "/list_workers", s.admin(s.listWorkers))
 	handle("GET", "/workers", s.admin(s.listWorkers))
 	handle("POST", "/workers", s.admin(s.addWorkerREST))

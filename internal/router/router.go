@@ -222,6 +222,9 @@ func (r *Router) RemoveWorker(raw string) error {
 	return nil
 }
 
+// CheckWorker probes one registered worker URL now: health and model list.
+func (r *Router) CheckWorker(ctx context.Context, url string) { r.checker.Check(ctx, url) }
+
 // CheckHealth runs one round of health checks now (the background loop does so every interval).
 func (r *Router) CheckHealth(ctx context.Context) { r.checker.CheckAll(ctx) }
 
