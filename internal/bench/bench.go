@@ -99,6 +99,8 @@ type Options struct {
 	WorkerMetrics   []string
 	TargetTimeScale float64 // time scale of simulated workers behind Targets (1 for real ones)
 
+	// API is how each turn is sent: one of APIs, "" for chat.
+	API         string
 	Model       string // empty: the in-process sims' model, or the first one a target lists
 	Concurrency int
 	Timeout     time.Duration // per request
@@ -117,8 +119,14 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.Timeout <= 0 {
 		o.Timeout = 10 * time.Minute
 	}
+	if o.API == "" {
+		o.API = APIChat
+	}
+	if _, err := apiFor(o.API); err != nil {
+		return nil, err
+	}
 	rep := &Report{
-		Workload: o.Workload.Name, Params: o.Params, Sessions: len(o.Workload.Sessions),
+		Workload: o.Workload.Name, API: o.API, Params: o.Params, Sessions: len(o.Workload.Sessions),
 		Requests: o.Workload.Requests(), Concurrency: o.Concurrency, TimeScale: 1,
 	}
 	if len(o.Policies) > 0 {
@@ -222,9 +230,12 @@ func runOne(ctx context.Context, o *Options, t *Target, model string) (TargetRep
 		interval = scrapedSampleInterval
 	}
 	o.Progress.begin(t.Name, o.Workload.Requests())
-	res := run(ctx, &o.Workload, t, RunOptions{Model: model, Concurrency: o.Concurrency, Timeout: o.Timeout,
+	res := run(ctx, &o.Workload, t, RunOptions{API: o.API, Model: model, Concurrency: o.Concurrency, Timeout: o.Timeout,
 		SampleInterval: interval, Progress: o.Progress})
 	o.Progress.end()
+	if res.failed != nil {
+		return TargetReport{}, res.failed
+	}
 	scale := t.TimeScale
 	tr := summarize(t, res, scale)
 	if len(t.WorkerMetrics) > 0 && metricsErr == nil {

@@ -37,51 +37,23 @@ var SessionModes = []string{SessionHeader, SessionBody, SessionNone}
 type Record struct {
 	Session, Turn int
 	Start         time.Duration // from the start of the run, wall clock
-	TTFT          time.Duration // to the first chunk that carries content, wall clock
+	TTFT          time.Duration // to the first event that carries content, wall clock
 	E2E           time.Duration // to the end of the stream, wall clock
-	PromptTokens  int
+	PromptTokens  int           // every prompt token, cached ones included, whatever the API
 	CachedTokens  int
 	OutputTokens  int
 	Worker        string // the router's x-vllm-router-worker, else the simulator's x-sim-worker
 	Decision      string // x-vllm-router-decision
+	Status        int    // the HTTP status; 0 when no answer came
+	Chained       bool   // the request continued a stored response (previous_response_id)
 	Err           string // empty on success
 	reply         string
+	responseID    string
 }
 
-// chatRequest is the body the bench sends.
-type chatRequest struct {
-	Model         string          `json:"model"`
-	Messages      []Message       `json:"messages"`
-	Tools         json.RawMessage `json:"tools,omitempty"`
-	MaxTokens     int             `json:"max_tokens"`
-	IgnoreEOS     bool            `json:"ignore_eos,omitempty"`
-	Stream        bool            `json:"stream"`
-	StreamOptions struct {
-		IncludeUsage bool `json:"include_usage"`
-	} `json:"stream_options"`
-	SessionParams *struct {
-		SessionID string `json:"session_id"`
-	} `json:"session_params,omitempty"`
-}
-
-// streamChunk is the part of an SSE chunk the bench reads.
-type streamChunk struct {
-	Choices []struct {
-		Delta struct {
-			Content          string          `json:"content"`
-			ReasoningContent string          `json:"reasoning_content"`
-			ToolCalls        json.RawMessage `json:"tool_calls"`
-		} `json:"delta"`
-		Text string `json:"text"`
-	} `json:"choices"`
-	Usage *struct {
-		PromptTokens        int `json:"prompt_tokens"`
-		CompletionTokens    int `json:"completion_tokens"`
-		PromptTokensDetails *struct {
-			CachedTokens int `json:"cached_tokens"`
-		} `json:"prompt_tokens_details"`
-	} `json:"usage"`
-}
+// responseNotFound reports whether the request continued a stored response and the worker it
+// reached did not have it.
+func (r *Record) responseNotFound() bool { return r.Chained && r.Status == http.StatusNotFound }
 
 // newHTTPClient returns a client for loopback or known targets: no environment proxy, enough
 // idle connections for conns requests at once.
@@ -102,33 +74,24 @@ func newHTTPClient(conns int, timeout time.Duration) *http.Client {
 // maxErrorBody bounds how much of an error answer is kept.
 const maxErrorBody = 512
 
-// send posts one streaming chat request to base and fills rec with what came back. TTFT is
-// measured at the first chunk with content (text, reasoning or a tool call), not at the
-// headers, since a router or server may answer the headers before the first token.
-func send(ctx context.Context, client *http.Client, base string, req *chatRequest, sessionID, mode string, rec *Record, began time.Time) {
-	req.Stream = true
-	req.StreamOptions.IncludeUsage = true
-	req.SessionParams = nil
-	if mode == SessionBody {
-		req.SessionParams = &struct {
-			SessionID string `json:"session_id"`
-		}{sessionID}
-	}
-	body, err := json.Marshal(req)
+// send posts one turn to base in a's shape, reads the stream and fills rec with what came
+// back. TTFT is measured at the first event with content (text, reasoning or a tool call), not
+// at the headers, since a router or server may answer the headers before the first token.
+func send(ctx context.Context, client *http.Client, base string, a api, x *exchange, rec *Record, began time.Time) {
+	body, err := json.Marshal(a.body(x))
 	if err != nil {
 		rec.Err = err.Error()
 		return
 	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+"/v1/chat/completions", bytes.NewReader(body))
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+a.path(), bytes.NewReader(body))
 	if err != nil {
 		rec.Err = err.Error()
 		return
 	}
 	hreq.Header.Set("Content-Type", "application/json")
 	hreq.Header.Set("Accept", "text/event-stream")
-	if mode == SessionHeader {
-		hreq.Header.Set(headerSessionID, sessionID)
-	}
+	a.header(hreq.Header, x)
+	rec.Chained = x.previousID != ""
 	start := time.Now()
 	rec.Start = start.Sub(began)
 	resp, err := client.Do(hreq)
@@ -137,6 +100,7 @@ func send(ctx context.Context, client *http.Client, base string, req *chatReques
 		return
 	}
 	defer resp.Body.Close()
+	rec.Status = resp.StatusCode
 	rec.Worker = resp.Header.Get(headerRouterWorker)
 	if rec.Worker == "" {
 		rec.Worker = resp.Header.Get(headerSimWorker)
@@ -147,59 +111,81 @@ func send(ctx context.Context, client *http.Client, base string, req *chatReques
 		rec.Err = fmt.Sprintf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(msg)))
 		return
 	}
-	var reply strings.Builder
-	done := false
-	br := bufio.NewReaderSize(resp.Body, 64<<10)
-	for {
-		line, err := br.ReadSlice('\n')
-		if err == bufio.ErrBufferFull {
-			// A chunk longer than the buffer: read the rest of the line.
-			rest, err2 := br.ReadBytes('\n')
-			line, err = append(append([]byte(nil), line...), rest...), err2
+	var st stream
+	err = readEvents(resp.Body, func(data []byte) (bool, error) {
+		if err := a.event(data, &st); err != nil {
+			return false, err
 		}
-		if data, ok := bytes.CutPrefix(bytes.TrimSpace(line), []byte("data:")); ok {
-			data = bytes.TrimSpace(data)
-			if string(data) == "[DONE]" {
-				done = true
-				break
-			}
-			var ch streamChunk
-			if jerr := json.Unmarshal(data, &ch); jerr != nil {
-				rec.Err = "bad stream chunk: " + jerr.Error()
-				return
-			}
-			for _, c := range ch.Choices {
-				text := c.Delta.Content + c.Text
-				if rec.TTFT == 0 && (text != "" || c.Delta.ReasoningContent != "" || len(c.Delta.ToolCalls) > 0) {
-					rec.TTFT = time.Since(start)
-				}
-				reply.WriteString(text)
-			}
-			if u := ch.Usage; u != nil {
-				rec.PromptTokens, rec.OutputTokens = u.PromptTokens, u.CompletionTokens
-				if u.PromptTokensDetails != nil {
-					rec.CachedTokens = u.PromptTokensDetails.CachedTokens
-				}
-			}
+		if rec.TTFT == 0 && st.content {
+			rec.TTFT = time.Since(start)
 		}
-		if err != nil {
-			if err != io.EOF {
-				rec.Err = shortError(err)
-				return
-			}
-			break
-		}
-	}
+		return st.done, nil
+	})
 	rec.E2E = time.Since(start)
+	rec.PromptTokens, rec.CachedTokens, rec.OutputTokens = st.prompt, st.cached, st.output
 	switch {
-	case !done:
-		rec.Err = "stream ended without [DONE]"
-	case rec.PromptTokens == 0:
-		rec.Err = "no usage in the stream (stream_options.include_usage unsupported?)"
+	case err != nil:
+		rec.Err = shortError(err)
+		return
+	case !st.done:
+		rec.Err = "stream ended without " + a.final()
+	case st.prompt == 0:
+		rec.Err = "no usage in the stream"
 	case rec.TTFT == 0:
 		rec.TTFT = rec.E2E // an empty reply: the first token is the end
 	}
-	rec.reply = reply.String()
+	rec.reply, rec.responseID = st.reply.String(), st.responseID
+}
+
+// readEvents reads a server-sent event stream and calls fn with the data of each event (its
+// data lines joined by newlines) until fn reports the stream complete, fn fails or the stream
+// ends. Event names, ids and comments are not needed: every API the bench speaks names an
+// event's type in its data.
+func readEvents(r io.Reader, fn func(data []byte) (stop bool, err error)) error {
+	br := bufio.NewReaderSize(r, 64<<10)
+	var data []byte
+	pending := false
+	dispatch := func() (bool, error) {
+		if !pending {
+			return false, nil
+		}
+		pending = false
+		stop, err := fn(data)
+		data = data[:0]
+		if err != nil {
+			return true, fmt.Errorf("bad stream event: %w", err)
+		}
+		return stop, nil
+	}
+	for {
+		line, err := br.ReadSlice('\n')
+		if err == bufio.ErrBufferFull {
+			// An event longer than the buffer: copy what was read before the buffer is reused,
+			// then read the rest of the line.
+			head := append([]byte(nil), line...)
+			rest, err2 := br.ReadBytes('\n')
+			line, err = append(head, rest...), err2
+		}
+		line = bytes.TrimRight(line, "\r\n")
+		if len(line) == 0 && err == nil {
+			if stop, derr := dispatch(); stop || derr != nil {
+				return derr
+			}
+		} else if v, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+			if pending {
+				data = append(data, '\n')
+			}
+			data = append(data, bytes.TrimPrefix(v, []byte(" "))...)
+			pending = true
+		}
+		if err != nil {
+			if err != io.EOF {
+				return err
+			}
+			_, derr := dispatch()
+			return derr
+		}
+	}
 }
 
 // shortError strips the request URL and method that net/http puts in front of errors.

@@ -19,15 +19,20 @@ func WriteJSON(w io.Writer, r *Report) error {
 func WriteMarkdown(w io.Writer, r *Report) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n\n", summaryLine(r))
-	fmt.Fprintf(&b, "| %s |\n", strings.Join(tableHeader, " | "))
-	b.WriteString("|---" + strings.Repeat("|---:", len(tableHeader)-1) + "|\n")
+	cols := columns(r)
+	fmt.Fprintf(&b, "| %s |\n", strings.Join(cols, " | "))
+	b.WriteString("|---" + strings.Repeat("|---:", len(cols)-1) + "|\n")
 	for i := range r.Targets {
-		fmt.Fprintf(&b, "| %s |\n", strings.Join(tableRow(&r.Targets[i]), " | "))
+		fmt.Fprintf(&b, "| %s |\n", strings.Join(row(r, &r.Targets[i]), " | "))
 	}
 	b.WriteString("\n")
 	for i := range r.Targets {
 		t := &r.Targets[i]
-		fmt.Fprintf(&b, "- `%s`: decisions %s; workers %s\n", t.Name, decisionList(t), shareList(t))
+		fmt.Fprintf(&b, "- `%s`: decisions %s; workers %s", t.Name, decisionList(t), shareList(t))
+		if t.SameWorker != nil {
+			fmt.Fprintf(&b, "; %s of later turns on the previous turn's worker", pct(*t.SameWorker))
+		}
+		b.WriteString("\n")
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

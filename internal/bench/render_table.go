@@ -13,6 +13,35 @@ import (
 var tableHeader = []string{"target", "hit rate", "worker hit", "TTFT p50", "TTFT p90", "TTFT p99",
 	"E2E p50", "E2E p99", "req/s", "out tok/s", "errors", "imbalance peak/mean"}
 
+// chainHeader are the columns added for --api responses-chain, where a turn that reaches
+// another worker than its session's previous turn fails.
+var chainHeader = []string{"not found", "same worker"}
+
+// columns are the table's columns for r.
+func columns(r *Report) []string {
+	if r.API == APIResponsesChain {
+		return append(slices.Clone(tableHeader), chainHeader...)
+	}
+	return tableHeader
+}
+
+// row is one target's cells, in columns(r) order.
+func row(r *Report, t *TargetReport) []string {
+	cells := tableRow(t)
+	if r.API == APIResponsesChain {
+		cells = append(cells, fmt.Sprint(t.ResponseNotFound), optPct(t.SameWorker))
+	}
+	return cells
+}
+
+// optPct is a percentage, or n/a for nil.
+func optPct(v *float64) string {
+	if v == nil {
+		return "n/a"
+	}
+	return pct(*v)
+}
+
 // tableRow is one target's cells, in tableHeader order.
 func tableRow(t *TargetReport) []string {
 	worker := "n/a"
@@ -47,6 +76,9 @@ func millis(v float64) string {
 // summaryLine describes the workload in one line.
 func summaryLine(r *Report) string {
 	s := fmt.Sprintf("workload %s: %d sessions, %d requests per target, concurrency %d", r.Workload, r.Sessions, r.Requests, r.Concurrency)
+	if r.API != "" && r.API != APIChat {
+		s += "; api " + r.API
+	}
 	if r.TimeScale > 0 && r.TimeScale != 1 {
 		s += fmt.Sprintf("; simulated workers at time scale %g, times shown at full scale", r.TimeScale)
 	}
@@ -59,9 +91,9 @@ func WriteTable(w io.Writer, r *Report) error {
 	fmt.Fprintln(w, summaryLine(r))
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, strings.Join(tableHeader, "\t"))
+	fmt.Fprintln(tw, strings.Join(columns(r), "\t"))
 	for i := range r.Targets {
-		fmt.Fprintln(tw, strings.Join(tableRow(&r.Targets[i]), "\t"))
+		fmt.Fprintln(tw, strings.Join(row(r, &r.Targets[i]), "\t"))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -70,6 +102,9 @@ func WriteTable(w io.Writer, r *Report) error {
 	for i := range r.Targets {
 		t := &r.Targets[i]
 		fmt.Fprintf(w, "%s\n  decisions: %s\n  workers:   %s\n", t.Name, decisionList(t), shareList(t))
+		if t.SameWorker != nil {
+			fmt.Fprintf(w, "  sticking:  %s of later turns on the previous turn's worker\n", pct(*t.SameWorker))
+		}
 		for _, e := range t.ErrorSamples {
 			fmt.Fprintf(w, "  error:     %s\n", e)
 		}

@@ -10,6 +10,7 @@ import (
 // target, in the order they ran.
 type Report struct {
 	Workload    string         `json:"workload"`
+	API         string         `json:"api"`              // how each turn was sent: chat, responses, responses-chain or messages
 	Params      map[string]any `json:"params,omitempty"` // workload and fleet settings, as given
 	Sessions    int            `json:"sessions"`
 	Requests    int            `json:"requests"` // per target, when every turn succeeds
@@ -36,6 +37,15 @@ type TargetReport struct {
 	OutputTokens int64 `json:"output_tokens"`
 	// HitRate is Σ cached_tokens / Σ prompt_tokens over the successful responses.
 	HitRate float64 `json:"hit_rate"`
+	// ResponseNotFound counts the requests that continued a stored response (previous_response_id,
+	// --api responses-chain) and were answered 404: the worker they reached did not hold it. It
+	// is one of Errors.
+	ResponseNotFound int `json:"response_not_found"`
+	// SameWorker is the share of later turns (a session's second request on) that reached the
+	// worker of the session's previous turn, failed turns included, by the worker header; nil
+	// when no later turn and its predecessor both named their worker.
+	SameWorker *float64 `json:"same_worker_later_turns"`
+
 	// WorkerHitRate is Δ prefix_cache_hits / Δ prefix_cache_queries scraped from the workers
 	// before and after the run; nil when no worker metrics were scraped.
 	WorkerHitRate *float64 `json:"worker_hit_rate"`
@@ -87,6 +97,9 @@ func summarize(t *Target, res runResult, scale float64) TargetReport {
 		}
 		if rec.Err != "" {
 			r.Errors++
+			if rec.responseNotFound() {
+				r.ResponseNotFound++
+			}
 			if !seenErr[rec.Err] && len(r.ErrorSamples) < maxErrorSamples {
 				seenErr[rec.Err] = true
 				r.ErrorSamples = append(r.ErrorSamples, rec.Err)
@@ -118,7 +131,37 @@ func summarize(t *Target, res runResult, scale float64) TargetReport {
 		r.WorkerShare[w] = float64(workers[w]) / float64(r.Requests)
 	}
 	r.Imbalance = imbalance(res.samples, ImbalanceWindow)
+	r.SameWorker = sameWorker(res.records)
 	return r
+}
+
+// sameWorker is the share of later turns whose worker is the worker of the session's previous
+// turn, over the later turns where both are known; nil when there is none.
+func sameWorker(recs []Record) *float64 {
+	type key struct{ session, turn int }
+	worker := make(map[key]string, len(recs))
+	for i := range recs {
+		if recs[i].Worker != "" {
+			worker[key{recs[i].Session, recs[i].Turn}] = recs[i].Worker
+		}
+	}
+	same, later := 0, 0
+	for i := range recs {
+		rec := &recs[i]
+		prev, ok := worker[key{rec.Session, rec.Turn - 1}]
+		if rec.Turn == 0 || rec.Worker == "" || !ok {
+			continue
+		}
+		later++
+		if rec.Worker == prev {
+			same++
+		}
+	}
+	if later == 0 {
+		return nil
+	}
+	v := float64(same) / float64(later)
+	return &v
 }
 
 // HitRate is cached / prompt, or 0 without prompt tokens.

@@ -107,3 +107,49 @@ func TestRenderings(t *testing.T) {
 		t.Fatalf("svg:\n%s", s)
 	}
 }
+
+func TestSameWorkerIsTheShareOfLaterTurnsOnThePreviousTurnsWorker(t *testing.T) {
+	recs := []Record{
+		{Session: 0, Turn: 0, Worker: "a"}, {Session: 0, Turn: 1, Worker: "a"}, {Session: 0, Turn: 2, Worker: "b"},
+		{Session: 1, Turn: 1, Worker: "c"}, {Session: 1, Turn: 0, Worker: "c"}, // out of order
+		{Session: 1, Turn: 2, Worker: "d", Err: "HTTP 404: gone", Status: 404, Chained: true},
+		{Session: 2, Turn: 0, Err: "refused"}, {Session: 2, Turn: 1, Worker: "a"}, // no worker before: not counted
+	}
+	r := summarize(&Target{Name: "x"}, runResult{records: recs}, 1)
+	if r.SameWorker == nil || *r.SameWorker != 2.0/4 || r.ResponseNotFound != 1 {
+		t.Fatalf("same worker %v, not found %d", r.SameWorker, r.ResponseNotFound)
+	}
+	if r := summarize(&Target{Name: "x"}, runResult{records: recs[:1]}, 1); r.SameWorker != nil {
+		t.Fatalf("one turn: same worker %v", *r.SameWorker)
+	}
+}
+
+// The chain columns appear for --api responses-chain only; the JSON always has both figures.
+func TestChainColumnsOnlyForResponsesChain(t *testing.T) {
+	share := 0.25
+	tr := summarize(&Target{Name: "round_robin"}, runResult{records: testRecords(), wall: time.Second}, 1)
+	tr.ResponseNotFound, tr.SameWorker = 7, &share
+	for _, api := range APIs {
+		rep := &Report{Workload: "agent", API: api, Targets: []TargetReport{tr}}
+		var table, md, js bytes.Buffer
+		_ = WriteTable(&table, rep)
+		_ = WriteMarkdown(&md, rep)
+		_ = WriteJSON(&js, rep)
+		chain := api == APIResponsesChain
+		if got := strings.Contains(table.String(), "not found") && strings.Contains(table.String(), "same worker"); got != chain {
+			t.Errorf("%s: table has the chain columns: %v\n%s", api, got, table.String())
+		}
+		if got := strings.Contains(md.String(), "| n/a | 7 | 25.0% |"); got != chain {
+			t.Errorf("%s: markdown row ends with the chain cells: %v\n%s", api, got, md.String())
+		}
+		if !strings.Contains(table.String(), "25.0% of later turns on the previous turn's worker") {
+			t.Errorf("%s: table lacks the same-worker line\n%s", api, table.String())
+		}
+		var back map[string]any
+		_ = json.Unmarshal(js.Bytes(), &back)
+		tj := back["targets"].([]any)[0].(map[string]any)
+		if back["api"] != api || tj["response_not_found"] != 7.0 || tj["same_worker_later_turns"] != 0.25 {
+			t.Errorf("%s: JSON %v", api, tj)
+		}
+	}
+}

@@ -30,6 +30,7 @@ type Target struct {
 
 // RunOptions are the knobs of one run that do not depend on the target.
 type RunOptions struct {
+	API         string // one of APIs; "" is chat
 	Model       string
 	Concurrency int // closed loop: sessions at once; paced: requests at once
 	Timeout     time.Duration
@@ -43,14 +44,23 @@ type runResult struct {
 	records []Record
 	samples []loadSample
 	wall    time.Duration
-	skipped int // turns not sent because an earlier turn of their session failed
+	skipped int   // turns not sent because an earlier turn of their session failed
+	failed  error // the run could not start
 }
 
 // run replays w against t and returns every request's record. Closed loop: Concurrency workers
 // each take the next session and run its turns in order. Paced: every session runs on its own,
 // each turn waiting for its time and for the previous turn, with at most Concurrency requests in
 // flight. A failed turn ends its session, since the next turn would have to resend its reply.
+//
+// With a chaining API (responses-chain) each turn after the first names the previous turn's
+// response instead of resending the conversation; a turn whose response carries no id ends its
+// session, since the next turn could not name it.
 func run(ctx context.Context, w *Workload, t *Target, o RunOptions) runResult {
+	a, err := apiFor(o.API)
+	if err != nil {
+		return runResult{failed: err}
+	}
 	client := newHTTPClient(o.Concurrency, o.Timeout)
 	defer client.CloseIdleConnections()
 	scale := t.TimeScale
@@ -78,7 +88,12 @@ func run(ctx context.Context, w *Workload, t *Target, o RunOptions) runResult {
 	runSession := func(si int) {
 		s := &w.Sessions[si]
 		var conv conversation
-		sid := s.ID + "@" + t.Name
+		sid := ""
+		if t.SessionMode != SessionNone {
+			sid = s.ID + "@" + t.Name
+		}
+		tools, terr := a.tools(s.Tools)
+		previousID := ""
 		for ti := range s.Turns {
 			turn := &s.Turns[ti]
 			if w.Paced {
@@ -93,19 +108,34 @@ func run(ctx context.Context, w *Workload, t *Target, o RunOptions) runResult {
 					return
 				}
 			}
-			req := chatRequest{Model: o.Model, Messages: conv.next(turn), Tools: s.Tools, MaxTokens: turn.MaxTokens, IgnoreEOS: turn.IgnoreEOS}
+			msgs := conv.next(turn)
+			x := exchange{model: o.Model, msgs: msgs, fresh: len(msgs) - len(turn.Append), tools: tools,
+				maxTokens: turn.MaxTokens, ignoreEOS: turn.IgnoreEOS, sessionID: sid, mode: t.SessionMode}
+			if a.chains() && !turn.Fresh {
+				x.previousID = previousID
+			}
 			rec := Record{Session: si, Turn: ti}
-			url := t.URLs[(rr.Add(1)-1)%uint64(len(t.URLs))]
-			inflight.Add(1)
-			send(ctx, client, url, &req, sid, t.SessionMode, &rec, began)
-			inflight.Add(-1)
+			if terr != nil {
+				rec.Err = terr.Error()
+			} else {
+				url := t.URLs[(rr.Add(1)-1)%uint64(len(t.URLs))]
+				inflight.Add(1)
+				send(ctx, client, url, a, &x, &rec, began)
+				inflight.Add(-1)
+			}
 			if w.Paced {
 				<-sem
+			}
+			if rec.Err == "" && a.chains() {
+				previousID = rec.responseID
+				if previousID == "" {
+					rec.Err = "no response id in the stream"
+				}
 			}
 			if rec.Err == "" {
 				conv.reply(rec.reply)
 			}
-			rec.reply = ""
+			rec.reply, rec.responseID = "", ""
 			mu.Lock()
 			records = append(records, rec)
 			mu.Unlock()

@@ -138,3 +138,141 @@ func TestParsePoliciesAndTargets(t *testing.T) {
 		}
 	}
 }
+
+// responsesServer is a worker that speaks the Responses API as the bench needs it: it stores
+// the responses it makes and answers 404, in OpenAI's error shape, to a previous_response_id it
+// did not store.
+type responsesServer struct {
+	name string
+	srv  *httptest.Server
+
+	mu     sync.Mutex
+	n      int
+	stored map[string]bool
+	bodies []responsesRequest
+}
+
+func newResponsesServer(t *testing.T, name string) *responsesServer {
+	s := &responsesServer{name: name, stored: map[string]bool{}}
+	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req responsesRequest
+		if r.URL.Path != "/v1/responses" || json.NewDecoder(r.Body).Decode(&req) != nil {
+			http.Error(w, "bad request", 400)
+			return
+		}
+		s.mu.Lock()
+		s.bodies = append(s.bodies, req)
+		known := req.PreviousResponseID == "" || s.stored[req.PreviousResponseID]
+		s.n++
+		id := fmt.Sprintf("resp_%s_%d", name, s.n)
+		if req.Store {
+			s.stored[id] = true
+		}
+		s.mu.Unlock()
+		w.Header().Set(headerRouterWorker, name)
+		if !known {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprintf(w, `{"error":{"message":"Response with id '%s' not found.","type":"invalid_request_error","param":"previous_response_id","code":"previous_response_not_found"}}`, req.PreviousResponseID)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprintf(w, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":%q,\"usage\":null}}\n\n", id)
+		fmt.Fprintf(w, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":%q}\n\n", "from "+name)
+		fmt.Fprintf(w, "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":%q,\"usage\":{\"input_tokens\":100,\"input_tokens_details\":{\"cached_tokens\":50},\"output_tokens\":2}}}\n\n", id)
+	}))
+	t.Cleanup(s.srv.Close)
+	return s
+}
+
+func threeTurns() Workload {
+	return Workload{Name: "t", Sessions: []Session{{ID: "s", Turns: []Turn{
+		{Append: []Message{{"system", "be brief"}, {"user", "one"}}, MaxTokens: 2},
+		{Append: []Message{{"user", "two"}}, MaxTokens: 2},
+		{Append: []Message{{"user", "three"}}, MaxTokens: 2},
+	}}}}
+}
+
+func TestResponsesChainNamesThePreviousResponseAndSendsOnlyTheNewInput(t *testing.T) {
+	a := newResponsesServer(t, "A")
+	w := threeTurns()
+	tgt := &Target{Name: "one", URLs: []string{a.srv.URL}, SessionMode: SessionHeader}
+	res := run(t.Context(), &w, tgt, RunOptions{API: APIResponsesChain, Model: "m", Concurrency: 1, Timeout: 10 * time.Second})
+	rep := summarize(tgt, res, 1)
+	if rep.Requests != 3 || rep.Errors != 0 || rep.ResponseNotFound != 0 || rep.SameWorker == nil || *rep.SameWorker != 1 {
+		t.Fatalf("report %+v (errors %v)", rep, rep.ErrorSamples)
+	}
+	for i, want := range []string{"", "resp_A_1", "resp_A_2"} {
+		b := a.bodies[i]
+		if b.PreviousResponseID != want || !b.Store || b.Instructions != "be brief" || len(b.Input) != 1 || b.PromptCacheKey != "s@one" {
+			t.Fatalf("turn %d body %+v", i+1, b)
+		}
+	}
+	if a.bodies[2].Input[0].Content != "three" {
+		t.Fatalf("turn 3 input %+v", a.bodies[2].Input)
+	}
+	if rep.HitRate != 0.5 {
+		t.Fatalf("hit rate %v", rep.HitRate)
+	}
+}
+
+// A turn that reaches a worker other than the one holding its previous response is answered
+// 404: it is counted as "response not found", it ends its session, and the turn counts as a
+// later turn on another worker.
+func TestResponsesChainCountsResponseNotFoundOnAnotherWorker(t *testing.T) {
+	a, b := newResponsesServer(t, "A"), newResponsesServer(t, "B")
+	w := threeTurns()
+	tgt := &Target{Name: "pair", URLs: []string{a.srv.URL, b.srv.URL}, SessionMode: SessionHeader}
+	res := run(t.Context(), &w, tgt, RunOptions{API: APIResponsesChain, Model: "m", Concurrency: 1, Timeout: 10 * time.Second})
+	rep := summarize(tgt, res, 1)
+	if rep.Requests != 1 || rep.Errors != 1 || rep.ResponseNotFound != 1 || rep.Skipped != 1 {
+		t.Fatalf("report %+v", rep)
+	}
+	if rep.SameWorker == nil || *rep.SameWorker != 0 {
+		t.Fatalf("same worker %v", rep.SameWorker)
+	}
+	if !strings.Contains(rep.ErrorSamples[0], "HTTP 404") || !strings.Contains(rep.ErrorSamples[0], "resp_A_1") {
+		t.Fatalf("error %v", rep.ErrorSamples)
+	}
+
+	// Full resends do not chain: the same pair serves every turn, and a 404 on a request that
+	// named no previous response is not "response not found".
+	w = threeTurns()
+	res = run(t.Context(), &w, tgt, RunOptions{API: APIResponses, Model: "m", Concurrency: 1, Timeout: 10 * time.Second})
+	rep = summarize(tgt, res, 1)
+	if rep.Requests != 3 || rep.Errors != 0 || b.bodies[len(b.bodies)-1].PreviousResponseID != "" || b.bodies[len(b.bodies)-1].Store {
+		t.Fatalf("full resend over the pair: %+v", rep)
+	}
+	if got := a.bodies[len(a.bodies)-1].Input; len(got) != 5 || got[1] != (responsesItem{"message", "assistant", "from A"}) || got[3].Content != "from B" {
+		t.Fatalf("turn 3 input %+v", got)
+	}
+	if rep := summarize(tgt, runResult{records: []Record{{Err: "HTTP 404: no route", Status: 404}}}, 1); rep.ResponseNotFound != 0 {
+		t.Fatal("a 404 without previous_response_id counted as response not found")
+	}
+}
+
+func TestResponsesChainEndsTheSessionWithoutAResponseID(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "data: {\"type\":\"response.output_text.delta\",\"delta\":\"x\"}\n\n"+
+			"data: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n")
+	}))
+	defer srv.Close()
+	w := threeTurns()
+	res := run(t.Context(), &w, &Target{Name: "t", URLs: []string{srv.URL}}, RunOptions{API: APIResponsesChain, Model: "m", Concurrency: 1})
+	if len(res.records) != 1 || res.records[0].Err != "no response id in the stream" || res.skipped != 2 {
+		t.Fatalf("records %+v skipped %d", res.records, res.skipped)
+	}
+}
+
+func TestStreamWithoutItsFinalEventFails(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"usage\":{\"input_tokens\":3}}}\n\n"+
+			"data: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"x\"}}\n\n")
+	}))
+	defer srv.Close()
+	w := threeTurns()
+	res := run(t.Context(), &w, &Target{Name: "t", URLs: []string{srv.URL}}, RunOptions{API: APIMessages, Model: "m", Concurrency: 1})
+	if len(res.records) != 1 || res.records[0].Err != "stream ended without message_stop" {
+		t.Fatalf("records %+v", res.records)
+	}
+}

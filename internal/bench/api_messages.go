@@ -1,0 +1,175 @@
+package bench
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+)
+
+// messagesAPI sends POST /v1/messages, Anthropic's Messages API, with the whole conversation
+// every turn. The leading system messages become "system"; the others become user and
+// assistant messages, consecutive messages of one role merged into one message of text blocks
+// (a single message keeps string content). Tools become {name, description, input_schema}.
+//
+// With session ids (header or body mode) "metadata": {"user_id": ...} is the session id; header
+// mode adds the x-claude-code-session-id header, the header Claude Code sends.
+type messagesAPI struct{}
+
+// anthropicVersion is the anthropic-version header every request carries.
+const anthropicVersion = "2023-06-01"
+
+// headerClaudeSessionID is the session header of Claude Code.
+const headerClaudeSessionID = "x-claude-code-session-id"
+
+// messagesRequest is the body of a Messages turn.
+type messagesRequest struct {
+	Model     string             `json:"model"`
+	System    string             `json:"system,omitempty"`
+	Messages  []anthropicMessage `json:"messages"`
+	Tools     json.RawMessage    `json:"tools,omitempty"`
+	MaxTokens int                `json:"max_tokens"`
+	IgnoreEOS bool               `json:"ignore_eos,omitempty"`
+	Stream    bool               `json:"stream"`
+	Metadata  *messagesMetadata  `json:"metadata,omitempty"`
+}
+
+type messagesMetadata struct {
+	UserID string `json:"user_id"`
+}
+
+// anthropicMessage has string content, or text blocks when several messages were merged.
+type anthropicMessage struct {
+	Role    string `json:"role"`
+	Content any    `json:"content"` // string or []anthropicText
+}
+
+type anthropicText struct {
+	Type string `json:"type"` // "text"
+	Text string `json:"text"`
+}
+
+type anthropicTool struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	InputSchema json.RawMessage `json:"input_schema"`
+}
+
+// anthropicUsage holds the usage fields of message_start and message_delta; a field absent from
+// an event leaves the count read before.
+type anthropicUsage struct {
+	InputTokens              *int `json:"input_tokens"`
+	CacheCreationInputTokens *int `json:"cache_creation_input_tokens"`
+	CacheReadInputTokens     *int `json:"cache_read_input_tokens"`
+	OutputTokens             *int `json:"output_tokens"`
+}
+
+// messagesEvent is the part of a Messages stream event the bench reads.
+type messagesEvent struct {
+	Type    string `json:"type"`
+	Message *struct {
+		ID    string          `json:"id"`
+		Usage *anthropicUsage `json:"usage"`
+	} `json:"message"`
+	Delta *struct {
+		Type        string `json:"type"`
+		Text        string `json:"text"`
+		Thinking    string `json:"thinking"`
+		PartialJSON string `json:"partial_json"`
+	} `json:"delta"`
+	Usage *anthropicUsage `json:"usage"`
+	Error *apiError       `json:"error"`
+}
+
+func (messagesAPI) path() string  { return "/v1/messages" }
+func (messagesAPI) chains() bool  { return false }
+func (messagesAPI) final() string { return "message_stop" }
+func (messagesAPI) tools(chat json.RawMessage) (json.RawMessage, error) {
+	return convertTools(chat, func(f *chatFunction) anthropicTool {
+		schema := f.Function.Parameters
+		if len(schema) == 0 {
+			schema = json.RawMessage(`{"type":"object"}`)
+		}
+		return anthropicTool{Name: f.Function.Name, Description: f.Function.Description, InputSchema: schema}
+	})
+}
+
+func (messagesAPI) body(x *exchange) any {
+	system, lead := splitSystem(x.msgs)
+	r := &messagesRequest{Model: x.model, System: system, Tools: x.tools, MaxTokens: x.maxTokens,
+		IgnoreEOS: x.ignoreEOS, Stream: true}
+	if x.sessionID != "" {
+		r.Metadata = &messagesMetadata{UserID: x.sessionID}
+	}
+	for _, m := range x.msgs[lead:] {
+		role := "user"
+		if m.Role == "assistant" {
+			role = "assistant"
+		}
+		n := len(r.Messages)
+		if n == 0 || r.Messages[n-1].Role != role {
+			r.Messages = append(r.Messages, anthropicMessage{Role: role, Content: m.Content})
+			continue
+		}
+		last := &r.Messages[n-1]
+		blocks, ok := last.Content.([]anthropicText)
+		if !ok {
+			blocks = []anthropicText{{Type: "text", Text: last.Content.(string)}}
+		}
+		last.Content = append(blocks, anthropicText{Type: "text", Text: m.Content})
+	}
+	return r
+}
+
+func (messagesAPI) header(h http.Header, x *exchange) {
+	h.Set("anthropic-version", anthropicVersion)
+	if x.mode == SessionHeader && x.sessionID != "" {
+		h.Set(headerClaudeSessionID, x.sessionID)
+	}
+}
+
+func (messagesAPI) event(data []byte, st *stream) error {
+	var ev messagesEvent
+	if err := json.Unmarshal(data, &ev); err != nil {
+		return err
+	}
+	switch ev.Type {
+	case "message_start":
+		if ev.Message != nil {
+			st.responseID = ev.Message.ID
+			st.anthropicUsage(ev.Message.Usage)
+		}
+	case "content_block_delta":
+		if d := ev.Delta; d != nil {
+			st.content = st.content || d.Text != "" || d.Thinking != "" || d.PartialJSON != ""
+			st.reply.WriteString(d.Text)
+		}
+	case "message_delta":
+		st.anthropicUsage(ev.Usage)
+	case "message_stop":
+		st.done = true
+	case "error":
+		if ev.Error != nil {
+			return errors.New("error event: " + ev.Error.String())
+		}
+		return errors.New("error event")
+	}
+	return nil
+}
+
+// anthropicUsage takes the fields u carries. Anthropic's input_tokens leaves out the tokens
+// read from or written to the cache, so the prompt is the sum of the three.
+func (st *stream) anthropicUsage(u *anthropicUsage) {
+	if u == nil {
+		return
+	}
+	set := func(dst *int, v *int) {
+		if v != nil {
+			*dst = *v
+		}
+	}
+	set(&st.in, u.InputTokens)
+	set(&st.cacheWrite, u.CacheCreationInputTokens)
+	set(&st.cached, u.CacheReadInputTokens)
+	set(&st.output, u.OutputTokens)
+	st.prompt = st.in + st.cacheWrite + st.cached
+}

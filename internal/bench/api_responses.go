@@ -1,0 +1,167 @@
+package bench
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+)
+
+// responsesAPI sends POST /v1/responses. The conversation's leading system messages become
+// "instructions", the others input message items; tools become flat function tools.
+//
+// Without chain, every turn resends the whole conversation with "store": false, as a stateless
+// client does. With chain, every turn after the first sends only its own input items and
+// "previous_response_id", the id of the session's previous response, with "store": true: only
+// the worker that stored that response can continue from it. Instructions and tools are sent
+// with every turn in both forms, because a response does not carry its instructions over to the
+// next one.
+//
+// With session ids (header or body mode) "prompt_cache_key" is the session id; header mode adds
+// the x-session-id header.
+type responsesAPI struct{ chain bool }
+
+// responsesRequest is the body of a Responses turn.
+type responsesRequest struct {
+	Model              string          `json:"model"`
+	Instructions       string          `json:"instructions,omitempty"`
+	Input              []responsesItem `json:"input"`
+	Tools              json.RawMessage `json:"tools,omitempty"`
+	MaxOutputTokens    int             `json:"max_output_tokens"`
+	IgnoreEOS          bool            `json:"ignore_eos,omitempty"`
+	Stream             bool            `json:"stream"`
+	Store              bool            `json:"store"`
+	PreviousResponseID string          `json:"previous_response_id,omitempty"`
+	PromptCacheKey     string          `json:"prompt_cache_key,omitempty"`
+}
+
+// responsesItem is an input message item. Workloads carry text only: an assistant reply is
+// the text of the server's output, resent as an assistant message.
+type responsesItem struct {
+	Type    string `json:"type"` // "message"
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// responsesTool is a function tool of the Responses API: the chat tool's function, flattened.
+type responsesTool struct {
+	Type        string          `json:"type"`
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	Parameters  json.RawMessage `json:"parameters,omitempty"`
+}
+
+// responsesEvent is the part of a Responses stream event the bench reads.
+type responsesEvent struct {
+	Type     string          `json:"type"`
+	Delta    json.RawMessage `json:"delta"`
+	Message  string          `json:"message"` // "error" events
+	Code     string          `json:"code"`
+	Response *struct {
+		ID    string    `json:"id"`
+		Error *apiError `json:"error"`
+		Usage *struct {
+			InputTokens        int `json:"input_tokens"`
+			OutputTokens       int `json:"output_tokens"`
+			InputTokensDetails *struct {
+				CachedTokens int `json:"cached_tokens"`
+			} `json:"input_tokens_details"`
+		} `json:"usage"`
+	} `json:"response"`
+}
+
+// apiError is the error object of OpenAI and Anthropic error events.
+type apiError struct {
+	Type    string `json:"type"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *apiError) String() string {
+	kind := e.Code
+	if kind == "" {
+		kind = e.Type
+	}
+	if kind == "" {
+		return e.Message
+	}
+	return kind + ": " + e.Message
+}
+
+func (responsesAPI) path() string   { return "/v1/responses" }
+func (a responsesAPI) chains() bool { return a.chain }
+func (responsesAPI) final() string  { return "response.completed" }
+func (responsesAPI) tools(chat json.RawMessage) (json.RawMessage, error) {
+	return convertTools(chat, func(f *chatFunction) responsesTool {
+		return responsesTool{Type: "function", Name: f.Function.Name, Description: f.Function.Description, Parameters: f.Function.Parameters}
+	})
+}
+
+func (a responsesAPI) body(x *exchange) any {
+	instructions, lead := splitSystem(x.msgs)
+	from := lead
+	if x.previousID != "" {
+		from = max(lead, x.fresh)
+	}
+	r := &responsesRequest{Model: x.model, Instructions: instructions, Input: make([]responsesItem, 0, len(x.msgs)-from),
+		Tools: x.tools, MaxOutputTokens: x.maxTokens, IgnoreEOS: x.ignoreEOS, Stream: true, Store: a.chain,
+		PreviousResponseID: x.previousID, PromptCacheKey: x.sessionID}
+	for _, m := range x.msgs[from:] {
+		r.Input = append(r.Input, responsesItem{Type: "message", Role: responsesRole(m.Role), Content: m.Content})
+	}
+	return r
+}
+
+// responsesRole maps a chat role to a message item's: user, assistant, system and developer
+// are kept, anything else (a tool result without a call to answer) is user input.
+func responsesRole(role string) string {
+	switch role {
+	case "user", "assistant", "system", "developer":
+		return role
+	}
+	return "user"
+}
+
+func (responsesAPI) header(h http.Header, x *exchange) {
+	if x.mode == SessionHeader && x.sessionID != "" {
+		h.Set(headerSessionID, x.sessionID)
+	}
+}
+
+func (responsesAPI) event(data []byte, st *stream) error {
+	var ev responsesEvent
+	if err := json.Unmarshal(data, &ev); err != nil {
+		return err
+	}
+	switch ev.Type {
+	case "response.output_text.delta":
+		text := unquote(ev.Delta)
+		st.content = st.content || text != ""
+		st.reply.WriteString(text)
+	case "response.reasoning_text.delta", "response.reasoning_summary_text.delta",
+		"response.function_call_arguments.delta", "response.refusal.delta":
+		st.content = st.content || unquote(ev.Delta) != ""
+	case "response.completed", "response.incomplete":
+		// incomplete is a complete stream too: the answer stopped at max_output_tokens.
+		st.done = true
+	case "response.failed":
+		if ev.Response != nil && ev.Response.Error != nil {
+			return errors.New("response.failed: " + ev.Response.Error.String())
+		}
+		return errors.New("response.failed")
+	case "error":
+		return fmt.Errorf("error event: %s", (&apiError{Code: ev.Code, Message: ev.Message}).String())
+	}
+	if r := ev.Response; r != nil {
+		if r.ID != "" {
+			st.responseID = r.ID
+		}
+		if u := r.Usage; u != nil {
+			st.prompt, st.output = u.InputTokens, u.OutputTokens
+			if u.InputTokensDetails != nil {
+				st.cached = u.InputTokensDetails.CachedTokens
+			}
+		}
+	}
+	return nil
+}
