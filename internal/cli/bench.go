@@ -26,6 +26,7 @@ type benchFlags struct {
 	input       string
 	mooncake    bench.MooncakeConfig
 	sessionMode string
+	api         string
 
 	targets         []string
 	policies        []string
@@ -59,10 +60,16 @@ entry of --policies, with the workers' caches emptied between runs. A --policies
 a session id mode: cache_aware:none runs cache_aware without session ids.
 
 Workloads: agent (generated multi-turn agent sessions), mooncake (a Mooncake JSONL trace given
-with --input) and conversations (vLLM multi-turn benchmark JSON given with --input).`,
+with --input) and conversations (vLLM multi-turn benchmark JSON given with --input).
+
+--api chooses how each turn is sent: chat (/v1/chat/completions), responses (/v1/responses,
+the whole conversation every turn), responses-chain (/v1/responses with previous_response_id and
+only the turn's new input; the report adds the 404 "response not found" count and the share of
+later turns on the previous turn's worker) or messages (Anthropic's /v1/messages).`,
 		Example: `  cacheroute bench --policies round_robin,consistent_hash,cache_aware:none,cache_aware
   cacheroute bench --target router=http://127.0.0.1:30000 --worker-metrics http://127.0.0.1:8000,http://127.0.0.1:8001
   cacheroute bench --workload mooncake --input conversation_trace.jsonl --limit 2000 --block-scale 0.0625 --speedup 0 --policies cache_aware
+  cacheroute bench --api responses-chain --policies round_robin,cache_aware
   cacheroute bench --target two-replicas=http://127.0.0.1:30000,http://127.0.0.1:30001 --out-json run.json`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
@@ -104,7 +111,8 @@ with --input) and conversations (vLLM multi-turn benchmark JSON given with --inp
 	fs.Float64Var(&f.mooncake.Speedup, "speedup", f.mooncake.Speedup, "mooncake: divide timestamps by this; 0 replays closed-loop")
 	fs.IntVar(&f.mooncake.Limit, "limit", 0, "mooncake, conversations: at most this many requests (conversations: conversations); 0 for all")
 	fs.IntVar(&f.mooncake.Offset, "offset", 0, "mooncake: skip this many requests first")
-	fs.StringVar(&f.sessionMode, "session-id", bench.SessionHeader, "send the session id as header (x-session-id), body (session_params.session_id) or none")
+	fs.StringVar(&f.sessionMode, "session-id", bench.SessionHeader, "send the session id as header (x-session-id), body (session_params.session_id) or none; see docs/benchmarks.md for --api responses and messages")
+	fs.StringVar(&f.api, "api", bench.APIChat, "send each turn as chat, responses, responses-chain or messages")
 
 	fs.StringArrayVar(&f.targets, "target", nil, "NAME=URL[,URL...]: an endpoint to bench; several URLs are used round-robin (repeatable)")
 	fs.StringSliceVar(&f.policies, "policies", nil, "start simulated workers and one in-process router per entry: POLICY or POLICY:header|body|none")
@@ -132,9 +140,12 @@ with --input) and conversations (vLLM multi-turn benchmark JSON given with --inp
 // options turns the flags into bench options.
 func (f *benchFlags) options(simCfg sim.Config) (bench.Options, error) {
 	o := bench.Options{Workers: f.workers, Sim: simCfg, SessionMode: f.sessionMode, WorkerMetrics: f.workerMetrics,
-		TargetTimeScale: f.targetTimeScale, Model: f.model, Concurrency: f.concurrency, Timeout: f.timeout}
+		TargetTimeScale: f.targetTimeScale, API: f.api, Model: f.model, Concurrency: f.concurrency, Timeout: f.timeout}
 	if !slices.Contains(bench.SessionModes, f.sessionMode) {
 		return o, fmt.Errorf("--session-id %q: want one of %s", f.sessionMode, strings.Join(bench.SessionModes, ", "))
+	}
+	if !slices.Contains(bench.APIs, f.api) {
+		return o, fmt.Errorf("--api %q: want one of %s", f.api, strings.Join(bench.APIs, ", "))
 	}
 	if f.outChart != "" && strings.ToLower(filepath.Ext(f.outChart)) != ".svg" {
 		return o, fmt.Errorf("--out-chart %s: only .svg charts are written", f.outChart)
