@@ -166,7 +166,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 func (s *Server) prepareByPolicy(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	req, err := ex.route.read(requestHeaders{&ctx.Request.Header}, ctx.PostBody())
 	if err != nil {
-		s.finish(ex, s.fail(ctx, ex, fasthttp.StatusBadRequest, "invalid_request_error", "invalid_request", err.Error()))
+		s.finish(ex, s.fail(ctx, ex, fasthttp.StatusBadRequest, "invalid_request_error", "invalid_json", err.Error()))
 		return false
 	}
 	candidates, served, known := s.pool.Candidates(req.Model)

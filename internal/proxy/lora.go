@@ -43,7 +43,7 @@ func (s *Server) lora(w http.ResponseWriter, r *http.Request) {
 		LoraName string `json:"lora_name"`
 	}
 	if err := json.Unmarshal(body, &req); err != nil || req.LoraName == "" {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", `expected a JSON body with "lora_name" (and "lora_path" to load)`)
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", `expected a JSON body with "lora_name" (and "lora_path" to load)`)
 		return
 	}
 	candidates, _, known := s.pool.Candidates(req.Model)
