@@ -57,7 +57,12 @@ func NewConsistentHash() *ConsistentHash { return &ConsistentHash{} }
 
 func (*ConsistentHash) Name() string { return "consistent_hash" }
 
+// Select places the hash key on the ring. A request with no key at all (the load-only routes,
+// whose readers derive none) has nothing to keep together: it goes to the least-loaded candidate.
 func (p *ConsistentHash) Select(in Input) Decision {
+	if in.Request.HashKey == "" {
+		return Decision{Worker: LeastLoaded(in.Candidates), Label: "consistent_hash"}
+	}
 	r := p.ringFor(in.All)
 	key := Hash64(in.Request.HashKey)
 	start, _ := slices.BinarySearchFunc(r.points, key, func(pt ringPoint, k uint64) int {
@@ -111,7 +116,12 @@ type Rendezvous struct{ Stateless }
 
 func (Rendezvous) Name() string { return "rendezvous_hash" }
 
+// Select picks the highest score for the hash key; a request with no key at all goes to the
+// least-loaded candidate, as for the ring.
 func (Rendezvous) Select(in Input) Decision {
+	if in.Request.HashKey == "" {
+		return Decision{Worker: LeastLoaded(in.Candidates), Label: "rendezvous_hash"}
+	}
 	return Decision{Worker: RendezvousPick(in.Request.HashKey, in.Candidates), Label: "rendezvous_hash"}
 }
 

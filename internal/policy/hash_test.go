@@ -325,6 +325,22 @@ func TestHashPoliciesUseTheHashKey(t *testing.T) {
 	}
 }
 
+func TestHashPoliciesPlaceRequestsWithoutAKeyByLoad(t *testing.T) {
+	p := newFleet(t, 4, 1)
+	ws := p.All()
+	for _, w := range ws[1:] {
+		w.Reserve() // every worker but the first is busy
+	}
+	for _, name := range []string{"consistent_hash", "rendezvous_hash"} {
+		pol, _ := registry.New(name, registry.Options{})
+		for range 10 {
+			if w := pol.Select(input(p, "")).Worker; w != ws[0] {
+				t.Fatalf("%s: a request without a key went to %s, not to the only idle worker", name, w.Name())
+			}
+		}
+	}
+}
+
 func TestConsistentHashHasEnoughVirtualNodes(t *testing.T) {
 	if policy.VirtualNodes < 160 {
 		t.Errorf("VirtualNodes = %d, want at least 160 per worker", policy.VirtualNodes)
