@@ -91,6 +91,15 @@ func TestUnknownResponseIDIsPlacedByTheRestOfTheChain(t *testing.T) {
 	}
 }
 
+func TestStoredResponsesAreNotCountedAsAModelsSessions(t *testing.T) {
+	_, ws := fleet(t, 1)
+	p := newPolicy(defaultOptions())
+	p.ResponseStored(context.Background(), "resp_1", ws[0])
+	if n, ok := p.Sessions()[responseNamespace]; ok {
+		t.Fatalf("stored responses reported as %d sessions of model %q", n, responseNamespace)
+	}
+}
+
 func TestDeletedResponseIsForgotten(t *testing.T) {
 	_, ws := fleet(t, 1)
 	p := newPolicy(defaultOptions())

@@ -45,12 +45,15 @@ func (p *Policy) TreeBytes() int { return p.tree.Bytes() }
 func (p *Policy) TreeChars() int { return p.tree.Chars() }
 
 // Sessions reports the session count of each model, or nil when the store cannot count (a
-// shared store).
+// shared store). The stored responses' entries, which share the store, are not sessions of any
+// model and are left out.
 func (p *Policy) Sessions() map[string]int {
 	if p.memory == nil {
 		return nil
 	}
-	return p.memory.Counts()
+	counts := p.memory.Counts()
+	delete(counts, responseNamespace)
+	return counts
 }
 
 // countSessionEviction feeds the memory store's evictions to the reporter.
