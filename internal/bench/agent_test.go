@@ -64,7 +64,7 @@ func TestAgentTurnsExtendThePreviousTurnAndItsReply(t *testing.T) {
 		var conv conversation
 		var prev []Message
 		for i := range s.Turns {
-			msgs := conv.next(&s.Turns[i])
+			msgs := messages(conv.next(&s.Turns[i]))
 			if i > 0 {
 				want := append(append([]Message(nil), prev...), Message{Role: "assistant", Content: fmt.Sprintf("reply %s %d", s.ID, i-1)})
 				if len(msgs) != len(want)+len(s.Turns[i].Append) || !reflect.DeepEqual(msgs[:len(want)], want) {
@@ -75,7 +75,7 @@ func TestAgentTurnsExtendThePreviousTurnAndItsReply(t *testing.T) {
 				}
 			}
 			prev = msgs
-			conv.reply(fmt.Sprintf("reply %s %d", s.ID, i))
+			conv.reply(fmt.Sprintf("reply %s %d", s.ID, i), nil)
 		}
 	}
 }

@@ -56,7 +56,7 @@ type api interface {
 type exchange struct {
 	model string
 	// msgs is the request's whole conversation; msgs[fresh:] are this turn's own messages.
-	msgs      []Message
+	msgs      []turnMessage
 	fresh     int
 	tools     json.RawMessage // in the API's shape
 	maxTokens int
@@ -77,6 +77,11 @@ type stream struct {
 	// cached / prompt is the same hit rate whichever API served the request.
 	prompt, cached, output int
 	responseID             string
+	calls                  []ToolCall // the reply's tool calls, in order
+	// toolBlock maps an Anthropic content block's index to its call in calls; toolStart holds
+	// each call's input as its content_block_start gave it.
+	toolBlock map[int]int
+	toolStart []string
 	// in and cacheWrite are Anthropic's input_tokens and cache_creation_input_tokens, kept
 	// because its events give the parts of the prompt one by one.
 	in, cacheWrite int
@@ -84,7 +89,7 @@ type stream struct {
 
 // splitSystem returns the text of the conversation's leading system messages, joined by blank
 // lines, and the number of them.
-func splitSystem(msgs []Message) (string, int) {
+func splitSystem(msgs []turnMessage) (string, int) {
 	n := 0
 	for n < len(msgs) && msgs[n].Role == "system" {
 		n++

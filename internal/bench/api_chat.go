@@ -54,7 +54,7 @@ func (chatAPI) chains() bool                                        { return fal
 func (chatAPI) final() string                                       { return "[DONE]" }
 
 func (chatAPI) body(x *exchange) any {
-	r := &chatRequest{Model: x.model, Messages: x.msgs, Tools: x.tools, MaxTokens: x.maxTokens,
+	r := &chatRequest{Model: x.model, Messages: messages(x.msgs), Tools: x.tools, MaxTokens: x.maxTokens,
 		IgnoreEOS: x.ignoreEOS, Stream: true}
 	r.StreamOptions.IncludeUsage = true
 	if x.mode == SessionBody && x.sessionID != "" {

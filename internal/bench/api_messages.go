@@ -8,8 +8,10 @@ import (
 
 // messagesAPI sends POST /v1/messages, Anthropic's Messages API, with the whole conversation
 // every turn. The leading system messages become "system"; the others become user and
-// assistant messages, consecutive messages of one role merged into one message of text blocks
-// (a single message keeps string content). Tools become {name, description, input_schema}.
+// assistant messages, consecutive messages of one role merged into one message of blocks (a
+// message of one text keeps string content). A reply that called a tool is resent with its
+// tool_use blocks, and the tool result that follows as a tool_result block. Tools become
+// {name, description, input_schema}.
 //
 // With session ids (header or body mode) "metadata": {"user_id": ...} is the session id; header
 // mode adds the x-claude-code-session-id header, the header Claude Code sends.
@@ -37,15 +39,28 @@ type messagesMetadata struct {
 	UserID string `json:"user_id"`
 }
 
-// anthropicMessage has string content, or text blocks when several messages were merged.
+// anthropicMessage has string content, or blocks when it holds more than one text.
 type anthropicMessage struct {
 	Role    string `json:"role"`
-	Content any    `json:"content"` // string or []anthropicText
+	Content any    `json:"content"` // string or []any of the block types below
 }
 
 type anthropicText struct {
 	Type string `json:"type"` // "text"
 	Text string `json:"text"`
+}
+
+type anthropicToolUse struct {
+	Type  string          `json:"type"` // "tool_use"
+	ID    string          `json:"id"`
+	Name  string          `json:"name"`
+	Input json.RawMessage `json:"input"`
+}
+
+type anthropicToolResult struct {
+	Type      string `json:"type"` // "tool_result"
+	ToolUseID string `json:"tool_use_id"`
+	Content   string `json:"content"`
 }
 
 type anthropicTool struct {
@@ -70,6 +85,13 @@ type messagesEvent struct {
 		ID    string          `json:"id"`
 		Usage *anthropicUsage `json:"usage"`
 	} `json:"message"`
+	Index        int `json:"index"`
+	ContentBlock *struct {
+		Type  string          `json:"type"`
+		ID    string          `json:"id"`
+		Name  string          `json:"name"`
+		Input json.RawMessage `json:"input"`
+	} `json:"content_block"`
 	Delta *struct {
 		Type        string `json:"type"`
 		Text        string `json:"text"`
@@ -100,24 +122,48 @@ func (messagesAPI) body(x *exchange) any {
 	if x.sessionID != "" {
 		r.Metadata = &messagesMetadata{UserID: x.sessionID}
 	}
+	blocks := make([][]any, 0, len(x.msgs)-lead)
 	for _, m := range x.msgs[lead:] {
-		role := "user"
-		if m.Role == "assistant" {
+		role, add := "user", []any{anthropicText{"text", m.Content}}
+		switch {
+		case m.Role == "assistant":
 			role = "assistant"
+			if len(m.calls) > 0 {
+				add = add[:0]
+				if m.Content != "" {
+					add = append(add, anthropicText{"text", m.Content})
+				}
+				for _, c := range m.calls {
+					add = append(add, anthropicToolUse{"tool_use", c.ID, c.Name, toolInput(c.Arguments)})
+				}
+			}
+		case m.callID != "":
+			add = []any{anthropicToolResult{"tool_result", m.callID, m.Content}}
 		}
-		n := len(r.Messages)
-		if n == 0 || r.Messages[n-1].Role != role {
-			r.Messages = append(r.Messages, anthropicMessage{Role: role, Content: m.Content})
+		if n := len(r.Messages); n > 0 && r.Messages[n-1].Role == role {
+			blocks[n-1] = append(blocks[n-1], add...)
 			continue
 		}
-		last := &r.Messages[n-1]
-		blocks, ok := last.Content.([]anthropicText)
-		if !ok {
-			blocks = []anthropicText{{Type: "text", Text: last.Content.(string)}}
+		r.Messages = append(r.Messages, anthropicMessage{Role: role})
+		blocks = append(blocks, add)
+	}
+	for i, b := range blocks {
+		if t, ok := b[0].(anthropicText); ok && len(b) == 1 {
+			r.Messages[i].Content = t.Text
+		} else {
+			r.Messages[i].Content = b
 		}
-		last.Content = append(blocks, anthropicText{Type: "text", Text: m.Content})
 	}
 	return r
+}
+
+// toolInput is a call's arguments as a tool_use input: the JSON as the server sent it, or an
+// empty object when there was none.
+func toolInput(args string) json.RawMessage {
+	if args == "" {
+		return json.RawMessage("{}")
+	}
+	return json.RawMessage(args)
 }
 
 func (messagesAPI) header(h http.Header, x *exchange) {
@@ -138,15 +184,34 @@ func (messagesAPI) event(data []byte, st *stream) error {
 			st.responseID = ev.Message.ID
 			st.anthropicUsage(ev.Message.Usage)
 		}
+	case "content_block_start":
+		if b := ev.ContentBlock; b != nil && b.Type == "tool_use" {
+			// The input comes in input_json_delta pieces; the start's own (empty) input
+			// stands only when none comes.
+			if st.toolBlock == nil {
+				st.toolBlock = map[int]int{}
+			}
+			st.toolBlock[ev.Index] = len(st.calls)
+			st.calls = append(st.calls, ToolCall{ID: b.ID, Name: b.Name})
+			st.toolStart = append(st.toolStart, string(b.Input))
+		}
 	case "content_block_delta":
 		if d := ev.Delta; d != nil {
 			st.content = st.content || d.Text != "" || d.Thinking != "" || d.PartialJSON != ""
 			st.reply.WriteString(d.Text)
+			if i, ok := st.toolBlock[ev.Index]; ok && d.Type == "input_json_delta" {
+				st.calls[i].Arguments += d.PartialJSON
+			}
 		}
 	case "message_delta":
 		st.anthropicUsage(ev.Usage)
 	case "message_stop":
 		st.done = true
+		for i := range st.calls {
+			if st.calls[i].Arguments == "" {
+				st.calls[i].Arguments = st.toolStart[i]
+			}
+		}
 	case "error":
 		if ev.Error != nil {
 			return errors.New("error event: " + ev.Error.String())

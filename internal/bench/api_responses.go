@@ -8,7 +8,9 @@ import (
 )
 
 // responsesAPI sends POST /v1/responses. The conversation's leading system messages become
-// "instructions", the others input message items; tools become flat function tools.
+// "instructions", the others input message items; tools become flat function tools. A reply
+// that called a tool is resent as its function_call items, and the tool result that follows as
+// a function_call_output item.
 //
 // Without chain, every turn resends the whole conversation with "store": false, as a stateless
 // client does. With chain, every turn after the first sends only its own input items and
@@ -25,7 +27,7 @@ type responsesAPI struct{ chain bool }
 type responsesRequest struct {
 	Model              string          `json:"model"`
 	Instructions       string          `json:"instructions,omitempty"`
-	Input              []responsesItem `json:"input"`
+	Input              []any           `json:"input"` // responsesMessage, responsesCall, responsesCallOutput
 	Tools              json.RawMessage `json:"tools,omitempty"`
 	MaxOutputTokens    int             `json:"max_output_tokens"`
 	IgnoreEOS          bool            `json:"ignore_eos,omitempty"`
@@ -35,12 +37,27 @@ type responsesRequest struct {
 	PromptCacheKey     string          `json:"prompt_cache_key,omitempty"`
 }
 
-// responsesItem is an input message item. Workloads carry text only: an assistant reply is
-// the text of the server's output, resent as an assistant message.
-type responsesItem struct {
+// responsesMessage is an input message item; an assistant reply is resent as the text of the
+// server's output.
+type responsesMessage struct {
 	Type    string `json:"type"` // "message"
 	Role    string `json:"role"`
 	Content string `json:"content"`
+}
+
+// responsesCall is a function_call item: a tool call of the server's output, resent as it came.
+type responsesCall struct {
+	Type      string `json:"type"` // "function_call"
+	CallID    string `json:"call_id"`
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+}
+
+// responsesCallOutput is a function_call_output item: the result of the call named call_id.
+type responsesCallOutput struct {
+	Type   string `json:"type"` // "function_call_output"
+	CallID string `json:"call_id"`
+	Output string `json:"output"`
 }
 
 // responsesTool is a function tool of the Responses API: the chat tool's function, flattened.
@@ -53,10 +70,16 @@ type responsesTool struct {
 
 // responsesEvent is the part of a Responses stream event the bench reads.
 type responsesEvent struct {
-	Type     string          `json:"type"`
-	Delta    json.RawMessage `json:"delta"`
-	Message  string          `json:"message"` // "error" events
-	Code     string          `json:"code"`
+	Type  string          `json:"type"`
+	Delta json.RawMessage `json:"delta"`
+	Item  *struct {
+		Type      string `json:"type"`
+		CallID    string `json:"call_id"`
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	} `json:"item"` // response.output_item.done
+	Message  string `json:"message"` // "error" events
+	Code     string `json:"code"`
 	Response *struct {
 		ID    string    `json:"id"`
 		Error *apiError `json:"error"`
@@ -103,17 +126,30 @@ func (a responsesAPI) body(x *exchange) any {
 	if x.previousID != "" {
 		from = max(lead, x.fresh)
 	}
-	r := &responsesRequest{Model: x.model, Instructions: instructions, Input: make([]responsesItem, 0, len(x.msgs)-from),
+	r := &responsesRequest{Model: x.model, Instructions: instructions, Input: make([]any, 0, len(x.msgs)-from),
 		Tools: x.tools, MaxOutputTokens: x.maxTokens, IgnoreEOS: x.ignoreEOS, Stream: true, Store: a.chain,
 		PreviousResponseID: x.previousID, PromptCacheKey: x.sessionID}
 	for _, m := range x.msgs[from:] {
-		r.Input = append(r.Input, responsesItem{Type: "message", Role: responsesRole(m.Role), Content: m.Content})
+		switch {
+		case m.Role == "assistant" && len(m.calls) > 0:
+			if m.Content != "" {
+				r.Input = append(r.Input, responsesMessage{"message", "assistant", m.Content})
+			}
+			for _, c := range m.calls {
+				r.Input = append(r.Input, responsesCall{"function_call", c.ID, c.Name, c.Arguments})
+			}
+		case m.callID != "":
+			r.Input = append(r.Input, responsesCallOutput{"function_call_output", m.callID, m.Content})
+		default:
+			r.Input = append(r.Input, responsesMessage{"message", responsesRole(m.Role), m.Content})
+		}
 	}
 	return r
 }
 
 // responsesRole maps a chat role to a message item's: user, assistant, system and developer
-// are kept, anything else (a tool result without a call to answer) is user input.
+// are kept, anything else (a tool result that answers no call of the conversation) is user
+// input.
 func responsesRole(role string) string {
 	switch role {
 	case "user", "assistant", "system", "developer":
@@ -141,6 +177,10 @@ func (responsesAPI) event(data []byte, st *stream) error {
 	case "response.reasoning_text.delta", "response.reasoning_summary_text.delta",
 		"response.function_call_arguments.delta", "response.refusal.delta":
 		st.content = st.content || unquote(ev.Delta) != ""
+	case "response.output_item.done":
+		if it := ev.Item; it != nil && it.Type == "function_call" {
+			st.calls = append(st.calls, ToolCall{ID: it.CallID, Name: it.Name, Arguments: it.Arguments})
+		}
 	case "response.completed", "response.incomplete":
 		// incomplete is a complete stream too: the answer stopped at max_output_tokens.
 		st.done = true

@@ -14,20 +14,29 @@ const testTools = `[{"type":"function","function":{"name":"read_file","descripti
 
 // agentTurn is the third turn of an agent session: the system prompt, the task, the server's
 // first reply, a tool result, the second reply and the new tool result (this turn's own).
-func agentTurn() []Message {
-	return []Message{
-		{"system", "You are a coding agent."},
-		{"user", "Task 1: fix the build."},
-		{"assistant", "I will read the file."},
-		{"user", "Result of read_file (turn 1): ..."},
-		{"assistant", "Now the tests."},
-		{"user", "Result of run_tests (turn 2): ok"},
+func agentTurn() []turnMessage {
+	return plain(
+		Message{"system", "You are a coding agent."},
+		Message{"user", "Task 1: fix the build."},
+		Message{"assistant", "I will read the file."},
+		Message{"user", "Result of read_file (turn 1): ..."},
+		Message{"assistant", "Now the tests."},
+		Message{"user", "Result of run_tests (turn 2): ok"},
+	)
+}
+
+// plain is msgs as a conversation without tool calls.
+func plain(msgs ...Message) []turnMessage {
+	out := make([]turnMessage, len(msgs))
+	for i, m := range msgs {
+		out[i] = turnMessage{Message: m}
 	}
+	return out
 }
 
 // encode builds the exchange of msgs (the last message this turn's own) through name's API,
 // with its tools converted, and returns the body as generic JSON and the request's headers.
-func encode(t *testing.T, name string, msgs []Message, sessionID, mode, previousID string) (map[string]any, http.Header) {
+func encode(t *testing.T, name string, msgs []turnMessage, sessionID, mode, previousID string) (map[string]any, http.Header) {
 	t.Helper()
 	a, err := apiFor(name)
 	if err != nil {
@@ -182,7 +191,7 @@ func TestMessagesTurnHasSystemApartAndAnthropicTools(t *testing.T) {
 // Anthropic's user and assistant turns alternate: messages of one role in a row (a Mooncake
 // replay's blocks, a conversation's tool output) become one message of text blocks.
 func TestMessagesMergesConsecutiveMessagesOfOneRoleIntoBlocks(t *testing.T) {
-	msgs := []Message{{"user", "block 1"}, {"user", "block 2"}, {"tool", "output"}, {"assistant", "ok"}, {"user", "next"}}
+	msgs := plain(Message{"user", "block 1"}, Message{"user", "block 2"}, Message{"tool", "output"}, Message{"assistant", "ok"}, Message{"user", "next"})
 	body, _ := encode(t, APIMessages, msgs, "", SessionNone, "")
 	wantField(t, body, "messages", jsonOf(t, `[
 		{"role":"user","content":[{"type":"text","text":"block 1"},{"type":"text","text":"block 2"},{"type":"text","text":"output"}]},
@@ -374,5 +383,138 @@ func TestReadEventsFramesServerSentEvents(t *testing.T) {
 	})
 	if err != nil || len(got) != 1 || got[0] != big {
 		t.Fatalf("big event: %d events, %v", len(got), err)
+	}
+}
+
+// A server that answers with a tool call gets the call's result in the next turn: the turn's
+// first user message (workloads write tool results as user messages) answers the first call,
+// and every other call gets an empty result.
+func TestAToolCallReplyIsAnsweredByTheNextTurnsFirstUserMessage(t *testing.T) {
+	var conv conversation
+	conv.next(&Turn{Append: []Message{{"system", "s"}, {"user", "task"}}})
+	conv.reply("", []ToolCall{{ID: "call_1", Name: "read_file", Arguments: `{"path":"a"}`}, {ID: "call_2", Name: "grep"}})
+	msgs := conv.next(&Turn{Append: []Message{{"user", "Result of read_file"}, {"user", "and more"}}})
+	if len(msgs) != 6 {
+		t.Fatalf("%d messages: %+v", len(msgs), msgs)
+	}
+	if m := msgs[3]; m.Role != "tool" || m.callID != "call_1" || m.Content != "Result of read_file" {
+		t.Fatalf("first result %+v", m)
+	}
+	if m := msgs[4]; m.Role != "tool" || m.callID != "call_2" || m.Content != "" {
+		t.Fatalf("second result %+v", m)
+	}
+	if m := msgs[5]; m.Role != "user" || m.callID != "" || m.Content != "and more" {
+		t.Fatalf("after the results %+v", m)
+	}
+	// A text reply leaves the next turn's user message a user message.
+	conv.reply("text", nil)
+	msgs = conv.next(&Turn{Append: []Message{{"user", "next"}}})
+	if m := msgs[len(msgs)-1]; m.Role != "user" || m.callID != "" {
+		t.Fatalf("after a text reply %+v", m)
+	}
+}
+
+// toolTurn is a conversation whose first reply called read_file and whose third turn follows a
+// text answer to the call's result.
+func toolTurn() []turnMessage {
+	msgs := plain(Message{"system", "sys"}, Message{"user", "task"})
+	msgs = append(msgs, turnMessage{Message: Message{Role: "assistant"}, calls: []ToolCall{{ID: "call_9", Name: "read_file", Arguments: `{"path":"x"}`}}})
+	msgs = append(msgs, turnMessage{Message: Message{Role: "tool", Content: "file body"}, callID: "call_9"})
+	return append(msgs, plain(Message{"assistant", "read it"}, Message{"user", "now fix it"})...)
+}
+
+func TestResponsesResendsToolCallsAndTheirOutputsAsItems(t *testing.T) {
+	body, _ := encode(t, APIResponses, toolTurn(), "", SessionNone, "")
+	wantField(t, body, "input", jsonOf(t, `[
+		{"type":"message","role":"user","content":"task"},
+		{"type":"function_call","call_id":"call_9","name":"read_file","arguments":"{\"path\":\"x\"}"},
+		{"type":"function_call_output","call_id":"call_9","output":"file body"},
+		{"type":"message","role":"assistant","content":"read it"},
+		{"type":"message","role":"user","content":"now fix it"}]`))
+
+	// Chained, the turn after a call sends its output alone: the call is in the stored response.
+	msgs := toolTurn()[:4]
+	x := exchange{model: "m", msgs: msgs, fresh: 3, previousID: "resp_1", maxTokens: 8}
+	b, _ := json.Marshal(responsesAPI{chain: true}.body(&x))
+	var got map[string]any
+	_ = json.Unmarshal(b, &got)
+	wantField(t, got, "input", jsonOf(t, `[{"type":"function_call_output","call_id":"call_9","output":"file body"}]`))
+}
+
+func TestMessagesResendsToolUseAndToolResultBlocks(t *testing.T) {
+	msgs := toolTurn()
+	msgs[2].Content = "Reading."
+	msgs = append(msgs[:4:4], append(plain(Message{"user", "also this"}), msgs[4:]...)...)
+	body, _ := encode(t, APIMessages, msgs, "", SessionNone, "")
+	wantField(t, body, "messages", jsonOf(t, `[
+		{"role":"user","content":"task"},
+		{"role":"assistant","content":[{"type":"text","text":"Reading."},{"type":"tool_use","id":"call_9","name":"read_file","input":{"path":"x"}}]},
+		{"role":"user","content":[{"type":"tool_result","tool_use_id":"call_9","content":"file body"},{"type":"text","text":"also this"}]},
+		{"role":"assistant","content":"read it"},
+		{"role":"user","content":"now fix it"}]`))
+}
+
+func TestResponsesStreamKeepsTheFunctionCall(t *testing.T) {
+	st, err := parse(t, APIResponses, `event: response.created
+data: {"type":"response.created","response":{"id":"resp_3","usage":null}}
+
+event: response.output_item.added
+data: {"type":"response.output_item.added","output_index":0,"item":{"type":"function_call","id":"fc_1","call_id":"call_3","name":"grep","arguments":"","status":"in_progress"}}
+
+event: response.function_call_arguments.delta
+data: {"type":"response.function_call_arguments.delta","item_id":"fc_1","output_index":0,"delta":"{\"path\":"}
+
+event: response.function_call_arguments.done
+data: {"type":"response.function_call_arguments.done","item_id":"fc_1","output_index":0,"arguments":"{\"path\":\"y\"}"}
+
+event: response.output_item.done
+data: {"type":"response.output_item.done","output_index":0,"item":{"type":"function_call","id":"fc_1","call_id":"call_3","name":"grep","arguments":"{\"path\":\"y\"}","status":"completed"}}
+
+event: response.completed
+data: {"type":"response.completed","response":{"id":"resp_3","usage":{"input_tokens":50,"input_tokens_details":{"cached_tokens":16},"output_tokens":6}}}
+
+`)
+	if err != nil || !st.done || !st.content || st.reply.String() != "" || st.prompt != 50 || st.cached != 16 {
+		t.Fatalf("err %v, %+v", err, st)
+	}
+	if !reflect.DeepEqual(st.calls, []ToolCall{{ID: "call_3", Name: "grep", Arguments: `{"path":"y"}`}}) {
+		t.Fatalf("calls %+v", st.calls)
+	}
+}
+
+func TestMessagesStreamAssemblesToolUseInput(t *testing.T) {
+	st, err := parse(t, APIMessages, `data: {"type":"message_start","message":{"id":"msg_2","usage":{"input_tokens":4,"cache_read_input_tokens":32,"cache_creation_input_tokens":0,"output_tokens":1}}}
+
+data: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}
+
+data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Let me look."}}
+
+data: {"type":"content_block_stop","index":0}
+
+data: {"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"read_file","input":{}}}
+
+data: {"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":""}}
+
+data: {"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"path\": "}}
+
+data: {"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"\"a.go\"}"}}
+
+data: {"type":"content_block_stop","index":1}
+
+data: {"type":"content_block_start","index":2,"content_block":{"type":"tool_use","id":"toolu_2","name":"list_dir","input":{}}}
+
+data: {"type":"content_block_stop","index":2}
+
+data: {"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":20}}
+
+data: {"type":"message_stop"}
+
+`)
+	if err != nil || !st.done || st.reply.String() != "Let me look." || st.prompt != 36 || st.cached != 32 || st.output != 20 {
+		t.Fatalf("err %v, %+v", err, st)
+	}
+	want := []ToolCall{{ID: "toolu_1", Name: "read_file", Arguments: `{"path": "a.go"}`}, {ID: "toolu_2", Name: "list_dir", Arguments: `{}`}}
+	if !reflect.DeepEqual(st.calls, want) {
+		t.Fatalf("calls %+v", st.calls)
 	}
 }

@@ -48,6 +48,7 @@ type Record struct {
 	Chained       bool   // the request continued a stored response (previous_response_id)
 	Err           string // empty on success
 	reply         string
+	calls         []ToolCall
 	responseID    string
 }
 
@@ -134,7 +135,7 @@ func send(ctx context.Context, client *http.Client, base string, a api, x *excha
 	case rec.TTFT == 0:
 		rec.TTFT = rec.E2E // an empty reply: the first token is the end
 	}
-	rec.reply, rec.responseID = st.reply.String(), st.responseID
+	rec.reply, rec.calls, rec.responseID = st.reply.String(), st.calls, st.responseID
 }
 
 // readEvents reads a server-sent event stream and calls fn with the data of each event (its

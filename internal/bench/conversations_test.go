@@ -32,9 +32,9 @@ func TestConversationsReplaysUserTurns(t *testing.T) {
 	// Replayed, the second request carries the server's answer, not the recorded one.
 	var conv conversation
 	conv.next(&turns[0])
-	conv.reply("server answer")
+	conv.reply("server answer", nil)
 	msgs := conv.next(&turns[1])
-	if msgs[2] != (Message{"assistant", "server answer"}) || len(msgs) != 4 {
+	if msgs[2].Message != (Message{"assistant", "server answer"}) || len(msgs) != 4 {
 		t.Fatalf("second request %+v", msgs)
 	}
 }

@@ -133,9 +133,9 @@ func run(ctx context.Context, w *Workload, t *Target, o RunOptions) runResult {
 				}
 			}
 			if rec.Err == "" {
-				conv.reply(rec.reply)
+				conv.reply(rec.reply, rec.calls)
 			}
-			rec.reply, rec.responseID = "", ""
+			rec.reply, rec.responseID, rec.calls = "", "", nil
 			mu.Lock()
 			records = append(records, rec)
 			mu.Unlock()

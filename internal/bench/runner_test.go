@@ -149,13 +149,21 @@ type responsesServer struct {
 	mu     sync.Mutex
 	n      int
 	stored map[string]bool
-	bodies []responsesRequest
+	bodies []seenResponses
+}
+
+// seenResponses is a Responses body as a test server reads it.
+type seenResponses struct {
+	responsesRequest
+	Input []struct {
+		Type, Role, Content string
+	} `json:"input"`
 }
 
 func newResponsesServer(t *testing.T, name string) *responsesServer {
 	s := &responsesServer{name: name, stored: map[string]bool{}}
 	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var req responsesRequest
+		var req seenResponses
 		if r.URL.Path != "/v1/responses" || json.NewDecoder(r.Body).Decode(&req) != nil {
 			http.Error(w, "bad request", 400)
 			return
@@ -243,7 +251,7 @@ func TestResponsesChainCountsResponseNotFoundOnAnotherWorker(t *testing.T) {
 	if rep.Requests != 3 || rep.Errors != 0 || b.bodies[len(b.bodies)-1].PreviousResponseID != "" || b.bodies[len(b.bodies)-1].Store {
 		t.Fatalf("full resend over the pair: %+v", rep)
 	}
-	if got := a.bodies[len(a.bodies)-1].Input; len(got) != 5 || got[1] != (responsesItem{"message", "assistant", "from A"}) || got[3].Content != "from B" {
+	if got := a.bodies[len(a.bodies)-1].Input; len(got) != 5 || got[1].Role != "assistant" || got[1].Content != "from A" || got[3].Content != "from B" {
 		t.Fatalf("turn 3 input %+v", got)
 	}
 	if rep := summarize(tgt, runResult{records: []Record{{Err: "HTTP 404: no route", Status: 404}}}, 1); rep.ResponseNotFound != 0 {
