@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 
@@ -12,16 +13,35 @@ import (
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
-// admin guards an admin endpoint: when an admin key is configured, the request must carry it as a
-// bearer token (compared in constant time).
+// admin guards an admin endpoint. When an admin key is configured, the request must carry it as
+// a bearer token (compared in constant time). Without one, the admin plane is closed to every
+// caller but a local one (see isLocal): an open port must never let a client add a worker that
+// would then receive other clients' prompts and the router's worker key.
 func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if s.opts.AdminAPIKey != "" && !s.isAdmin(r) {
+		switch {
+		case s.opts.AdminAPIKey != "" && !s.isAdmin(r):
 			writeError(w, http.StatusUnauthorized, "authentication_error", "invalid_admin_api_key", "admin endpoints require a valid admin API key")
+			return
+		case s.opts.AdminAPIKey == "" && !isLocal(r):
+			writeError(w, http.StatusForbidden, "permission_error", "admin_loopback_only",
+				"without --admin-api-key the admin endpoints answer only callers on this host's loopback")
 			return
 		}
 		h(w, r)
 	}
+}
+
+// isLocal reports whether r comes straight from this host's loopback: its peer address is a
+// loopback one and it carries no X-Forwarded-For or Forwarded header, which a reverse proxy on
+// this host would add for a remote client.
+func isLocal(r *http.Request) bool {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback() && r.Header.Get(HeaderForwardedFor) == "" && r.Header.Get("Forwarded") == ""
 }
 
 // isAdmin reports whether r carries the admin key as a bearer token. The scheme name is matched

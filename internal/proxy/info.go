@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"net"
 	"net/http"
 	"time"
 
@@ -81,17 +80,12 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 }
 
 // mayShowTopology reports whether r may see worker URLs: it carries the admin key, or no admin
-// key is configured and r comes from loopback.
+// key is configured and r is local (see isLocal).
 func (s *Server) mayShowTopology(r *http.Request) bool {
 	if s.opts.AdminAPIKey != "" {
 		return s.isAdmin(r)
 	}
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return false
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
+	return isLocal(r)
 }
 
 // liveness is always 200: the process is up and serving HTTP.
