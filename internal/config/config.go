@@ -85,6 +85,7 @@ type Config struct {
 
 // Secrets read from the environment when their flag is not given, so they stay out of process lists.
 const (
+	APIKeyEnv      = "CACHEROUTE_API_KEY"
 	AdminAPIKeyEnv = "CACHEROUTE_ADMIN_API_KEY"
 	RedisURLEnv    = "CACHEROUTE_REDIS_URL"
 )
@@ -162,7 +163,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.BoolVar(&c.DisableCircuitBreaker, "disable-circuit-breaker", c.DisableCircuitBreaker, "never open circuit breakers")
 	fs.StringVar(&c.PrometheusHost, "prometheus-host", c.PrometheusHost, "listen address of the separate metrics listener")
 	fs.IntVar(&c.PrometheusPort, "prometheus-port", c.PrometheusPort, "port of the separate metrics listener (0 disables it; /metrics is also on the main port)")
-	fs.StringVar(&c.APIKey, "api-key", c.APIKey, "sent to workers as 'Authorization: Bearer' when the client sent none")
+	fs.StringVar(&c.APIKey, "api-key", c.APIKey, "sent to workers as 'Authorization: Bearer' when the client sent none (env "+APIKeyEnv+")")
 	fs.StringVar(&c.AdminAPIKey, "admin-api-key", c.AdminAPIKey, "when set, admin endpoints require 'Authorization: Bearer <key>' (env "+AdminAPIKeyEnv+")")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
@@ -224,6 +225,9 @@ func Load(fs *pflag.FlagSet, flagged *Config, configFile string) (Config, error)
 	}
 	if !firstByteGiven && c.RequestTimeoutSecs > 0 && c.FirstByteTimeoutSecs > c.RequestTimeoutSecs {
 		c.FirstByteTimeoutSecs = 0
+	}
+	if c.APIKey == "" {
+		c.APIKey = os.Getenv(APIKeyEnv)
 	}
 	if c.AdminAPIKey == "" {
 		c.AdminAPIKey = os.Getenv(AdminAPIKeyEnv)

@@ -55,6 +55,7 @@ func writeYAML(t *testing.T, text string) string {
 }
 
 func TestDefaultsMatchTheDocumentedTable(t *testing.T) {
+	t.Setenv(config.APIKeyEnv, "")
 	t.Setenv(config.AdminAPIKeyEnv, "")
 	t.Setenv(config.RedisURLEnv, "")
 	want := config.Config{
@@ -411,6 +412,16 @@ func TestConfigFileErrors(t *testing.T) {
 			t.Errorf("empty file gave %+v", c)
 		}
 	})
+}
+
+func TestWorkerAPIKeyFromEnvironmentKeepsItOutOfTheProcessList(t *testing.T) {
+	t.Setenv(config.APIKeyEnv, "env-worker-key")
+	if c := mustLoad(t); c.APIKey != "env-worker-key" {
+		t.Errorf("APIKey = %q, want the env value", c.APIKey)
+	}
+	if c := mustLoad(t, "--api-key", "flag-key"); c.APIKey != "flag-key" {
+		t.Errorf("APIKey = %q, want the flag value over the env", c.APIKey)
+	}
 }
 
 func TestAdminAPIKeyFromEnvironment(t *testing.T) {
