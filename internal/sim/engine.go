@@ -72,6 +72,9 @@ type Stats struct {
 	CachedBlocks, PinnedBlocks, CapacityBlocks int
 	// Evictions counts cached blocks evicted to make room.
 	Evictions int64
+	// StoredResponses is the number of Responses API responses held for
+	// previous_response_id, GET and input_items.
+	StoredResponses int
 }
 
 // job is one prompt to generate for.
@@ -82,6 +85,13 @@ type job struct {
 	maxTokens int
 	ignoreEOS bool
 	fault     string // "" or the failure mode drawn for this request
+	// script, when set, is the whole output, token by token, in place of
+	// drawn words: a tool call, rendered as the template renders it. It is
+	// never cut short; the request finishes with "stop".
+	script []string
+	// cached is set to the prompt's cache hit in tokens once the prompt is
+	// admitted, before the first token is emitted.
+	cached int
 }
 
 // engine state shared by every request of a worker, guarded by mu.
@@ -108,8 +118,12 @@ func (w *Worker) generate(ctx context.Context, j *job, emit func(tok string) err
 	hp := hashPool.Get().(*[]uint64)
 	defer hashPool.Put(hp)
 	hashes := kvcache.BlockHashes((*hp)[:0], j.seq.Text, j.seq.Ends, cfg.BlockSize)
-	gen := newTextGen(cfg.Seed, kvcache.HashBytes(j.seq.Text), !j.chat)
-	n, finish := gen.length(j.maxTokens, j.ignoreEOS)
+	var gen *textGen
+	n, finish := len(j.script), "stop"
+	if j.script == nil {
+		gen = newTextGen(cfg.Seed, kvcache.HashBytes(j.seq.Text), !j.chat)
+		n, finish = gen.length(j.maxTokens, j.ignoreEOS)
+	}
 
 	w.count(func(s *Stats) { s.Requests++ })
 	arrival := w.clock.Now()
@@ -128,6 +142,7 @@ func (w *Worker) generate(ctx context.Context, j *job, emit func(tok string) err
 	w.eng.mu.Lock()
 	hit, pin := w.eng.cache.Acquire(hashes, maxHit)
 	res.CachedTokens = hit * cfg.BlockSize
+	j.cached = res.CachedTokens
 	s := &w.eng.stats
 	s.PromptTokens += int64(res.PromptTokens)
 	s.CachedTokens += int64(res.CachedTokens)
@@ -179,7 +194,12 @@ func (w *Worker) generate(ctx context.Context, j *job, emit func(tok string) err
 				return w.finish(res, err, i)
 			}
 		}
-		tok := gen.next()
+		var tok string
+		if gen != nil {
+			tok = gen.next()
+		} else {
+			tok = j.script[i]
+		}
 		j.seq.AppendToken(tok)
 		if err := emit(tok); err != nil {
 			return w.finish(res, err, i+1)

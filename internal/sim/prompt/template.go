@@ -20,6 +20,9 @@ package prompt
 // AssistantEnd closes every message, including a generated assistant reply.
 const AssistantEnd = "<|end|>\n"
 
+// ToolCallMarker opens each tool call of an assistant message.
+const ToolCallMarker = "<|tool_call|>"
+
 // Message is one chat message, already reduced to text.
 type Message struct {
 	Role      string
@@ -53,10 +56,7 @@ func RenderChat(seq *Sequence, tools []byte, msgs []Message, generate bool) {
 		seq.Text = append(seq.Text, "|>\n"...)
 		seq.Text = append(seq.Text, m.Content...)
 		for _, tc := range m.ToolCalls {
-			seq.Text = append(seq.Text, "<|tool_call|>"...)
-			seq.Text = append(seq.Text, tc.Name...)
-			seq.Text = append(seq.Text, ' ')
-			seq.Text = append(seq.Text, tc.Arguments...)
+			seq.Text = AppendToolCall(seq.Text, tc)
 		}
 		seq.Text = append(seq.Text, AssistantEnd...)
 	}
@@ -64,4 +64,15 @@ func RenderChat(seq *Sequence, tools []byte, msgs []Message, generate bool) {
 		seq.Text = append(seq.Text, "<|assistant|>\n"...)
 	}
 	seq.Ends = appendEnds(seq.Ends, seq.Text, start)
+}
+
+// AppendToolCall appends the rendering of one tool call to dst: the marker,
+// the function name, a space and the arguments string. A reply that calls a
+// tool is generated as exactly these tokens, so it is cached as what the next
+// turn renders for it.
+func AppendToolCall(dst []byte, tc ToolCall) []byte {
+	dst = append(dst, ToolCallMarker...)
+	dst = append(dst, tc.Name...)
+	dst = append(dst, ' ')
+	return append(dst, tc.Arguments...)
 }
