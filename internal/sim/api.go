@@ -313,6 +313,14 @@ type completionChoice struct {
 	StopReason   any    `json:"stop_reason"`
 }
 
+// errorInfo is the inner object of OpenAI's nested error shape.
+type errorInfo struct {
+	Message string `json:"message"`
+	Type    string `json:"type"`
+	Param   any    `json:"param"`
+	Code    int    `json:"code"`
+}
+
 type errorBody struct {
 	Object  string `json:"object"`
 	Message string `json:"message"`

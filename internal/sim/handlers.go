@@ -74,7 +74,7 @@ func (w *Worker) handleChat(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fault := w.drawFault()
-	if w.injectFault(rw, fault) {
+	if w.injectFault(rw, fault, w.fail500) {
 		return
 	}
 	jobs := []*job{{model: model, seq: seq, chat: true, maxTokens: maxTokens, ignoreEOS: req.IgnoreEOS, fault: fault}}
@@ -122,7 +122,7 @@ func (w *Worker) handleCompletion(rw http.ResponseWriter, r *http.Request) {
 		jobs[i] = &job{model: model, seq: seq, maxTokens: n, ignoreEOS: req.IgnoreEOS}
 	}
 	fault := w.drawFault()
-	if w.injectFault(rw, fault) {
+	if w.injectFault(rw, fault, w.fail500) {
 		return
 	}
 	for _, j := range jobs {

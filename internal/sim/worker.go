@@ -34,6 +34,7 @@ type Worker struct {
 	metrics *workerMetrics
 	mux     *http.ServeMux
 	models  map[string]bool
+	stored  *responseStore
 
 	name     atomic.Pointer[string]
 	onResult atomic.Pointer[func(Result)]
@@ -57,6 +58,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 		sched:    newScheduler(cfg.MaxNumSeqs),
 		eng:      engine{cache: kvcache.New(cfg.KVCacheBlocks)},
 		models:   make(map[string]bool, len(cfg.Models)),
+		stored:   newResponseStore(maxStoredResponses, maxStoredBytes),
 		faultRNG: rand.New(rand.NewPCG(uint64(cfg.Seed), 0x5eed)),
 		done:     make(chan struct{}),
 	}
@@ -72,6 +74,13 @@ func NewWorker(cfg Config) (*Worker, error) {
 	mux.HandleFunc("POST /v1/chat/completions", w.handleChat)
 	mux.HandleFunc("POST /v1/completions", w.handleCompletion)
 	mux.HandleFunc("POST /v1/embeddings", w.handleEmbeddings)
+	mux.HandleFunc("POST /v1/responses", w.handleResponses)
+	mux.HandleFunc("GET /v1/responses/{id}", w.handleGetResponse)
+	mux.HandleFunc("DELETE /v1/responses/{id}", w.handleDeleteResponse)
+	mux.HandleFunc("POST /v1/responses/{id}/cancel", w.handleCancelResponse)
+	mux.HandleFunc("GET /v1/responses/{id}/input_items", w.handleResponseInputItems)
+	mux.HandleFunc("POST /v1/messages", w.handleMessages)
+	mux.HandleFunc("POST /v1/messages/count_tokens", w.handleCountTokens)
 	mux.HandleFunc("GET /v1/models", w.handleModels)
 	mux.HandleFunc("GET /health", func(http.ResponseWriter, *http.Request) {})
 	mux.HandleFunc("POST /reset_prefix_cache", func(http.ResponseWriter, *http.Request) { w.ResetPrefixCache() })
@@ -131,6 +140,7 @@ func (w *Worker) Stats() Stats {
 	s.Evictions = w.eng.cache.Evictions()
 	w.eng.mu.Unlock()
 	s.Running, s.Waiting = w.sched.load()
+	s.StoredResponses = w.stored.len()
 	return s
 }
 
@@ -201,6 +211,36 @@ func (w *Worker) writeError(rw http.ResponseWriter, code int, msg string) {
 	writeJSON(rw, code, errorBody{Object: "error", Message: msg, Type: typ, Param: nil, Code: code})
 }
 
+// writeOpenAIError writes an error in OpenAI's nested shape, the one vLLM's
+// Responses API answers with:
+//
+//	{"error":{"message":"...","type":"invalid_request_error","param":null,"code":404}}
+func (w *Worker) writeOpenAIError(rw http.ResponseWriter, code int, typ, msg string) {
+	if code < 500 {
+		w.count(func(s *Stats) { s.Rejected++ })
+	}
+	writeJSON(rw, code, struct {
+		Error errorInfo `json:"error"`
+	}{errorInfo{Message: msg, Type: typ, Param: nil, Code: code}})
+}
+
+// writeAnthropicError writes an error in the Anthropic Messages API's shape:
+//
+//	{"type":"error","error":{"type":"invalid_request_error","message":"..."}}
+func (w *Worker) writeAnthropicError(rw http.ResponseWriter, code int, typ, msg string) {
+	if code < 500 {
+		w.count(func(s *Stats) { s.Rejected++ })
+	}
+	type detail struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	}
+	writeJSON(rw, code, struct {
+		Type  string `json:"type"`
+		Error detail `json:"error"`
+	}{"error", detail{typ, msg}})
+}
+
 // writeClientError reports err as 400 when it is a badRequest, else 500.
 func (w *Worker) writeClientError(rw http.ResponseWriter, err error) {
 	var bad *badRequest
@@ -221,6 +261,11 @@ func writeJSON(rw http.ResponseWriter, code int, v any) {
 		http.Error(rw, err.Error(), http.StatusInternalServerError)
 		return
 	}
+	writeRawJSON(rw, code, b)
+}
+
+// writeRawJSON writes b, a JSON document, as the response body.
+func writeRawJSON(rw http.ResponseWriter, code int, b []byte) {
 	rw.Header().Set("Content-Type", "application/json")
 	rw.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	rw.WriteHeader(code)
@@ -228,12 +273,13 @@ func writeJSON(rw http.ResponseWriter, code int, v any) {
 }
 
 // injectFault carries out a fault that ends a request before it runs and
-// reports whether it did. FailStall and FailSlow act inside generate.
-func (w *Worker) injectFault(rw http.ResponseWriter, fault string) bool {
+// reports whether it did; fail500 writes a 500 answer in the route's error
+// shape. FailStall and FailSlow act inside generate.
+func (w *Worker) injectFault(rw http.ResponseWriter, fault string, fail500 func(rw http.ResponseWriter, msg string)) bool {
 	switch fault {
 	case FailHTTP500:
 		w.count(func(s *Stats) { s.Failed++ })
-		w.writeError(rw, http.StatusInternalServerError, "simulated failure")
+		fail500(rw, "simulated failure")
 		return true
 	case FailReset:
 		w.count(func(s *Stats) { s.Failed++ })
@@ -249,6 +295,12 @@ func (w *Worker) injectFault(rw http.ResponseWriter, fault string) bool {
 		return true
 	}
 	return false
+}
+
+// fail500 writes a 500 in vLLM's error shape, for the chat and completion
+// routes.
+func (w *Worker) fail500(rw http.ResponseWriter, msg string) {
+	w.writeError(rw, http.StatusInternalServerError, msg)
 }
 
 // unixNow is the "created" field of responses.

@@ -1,0 +1,511 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+
+	"github.com/cacheroute/cacheroute/internal/sim/prompt"
+)
+
+// The Anthropic Messages API (POST /v1/messages and /v1/messages/count_tokens),
+// answered in Anthropic's shapes, errors included.
+//
+// A request renders through the chat template exactly as the equivalent chat
+// request would: system (a string or text blocks, concatenated) as the first
+// system message, then the messages:
+//
+//	user text and image blocks     a user message (text concatenated, an
+//	                               image as <|image|> and its URL, or a data
+//	                               URL for base64 data)
+//	user tool_result blocks        a tool message each, in block order
+//	assistant text blocks          the assistant message's content
+//	assistant tool_use blocks      its tool calls: name and compact input
+//	thinking and other blocks      not rendered
+//
+// Tools ({name, description, input_schema}) render as the chat tools
+// [{type:function, function:{name, description, parameters}}]; server tools
+// (those with a type other than "custom") are ignored.
+//
+// Usage maps the simulator's prompt and cached tokens onto Anthropic's
+// fields, whose input_tokens excludes cache reads: input_tokens is the
+// uncached prompt tokens, cache_read_input_tokens the cached ones (their sum
+// is the prompt), cache_creation_input_tokens is always 0.
+
+type messagesRequest struct {
+	Model      string              `json:"model"`
+	MaxTokens  *int                `json:"max_tokens"`
+	System     json.RawMessage     `json:"system"`
+	Messages   *[]anthropicMessage `json:"messages"`
+	Tools      json.RawMessage     `json:"tools"`
+	ToolChoice json.RawMessage     `json:"tool_choice"`
+	Stream     bool                `json:"stream"`
+	Metadata   json.RawMessage     `json:"metadata"`
+	// IgnoreEOS is vLLM's sampling extension, honoured as on chat: the
+	// output is exactly max_tokens long.
+	IgnoreEOS bool `json:"ignore_eos"`
+}
+
+type anthropicMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+type anthropicBlock struct {
+	Type    string          `json:"type"`
+	Text    string          `json:"text"`
+	Name    string          `json:"name"`
+	Input   json.RawMessage `json:"input"`
+	Content json.RawMessage `json:"content"` // of a tool_result
+	Source  *struct {
+		Type      string `json:"type"`
+		MediaType string `json:"media_type"`
+		Data      string `json:"data"`
+		URL       string `json:"url"`
+	} `json:"source"`
+}
+
+type anthropicTool struct {
+	Type        string          `json:"type"`
+	Name        string          `json:"name"`
+	Description string          `json:"description"`
+	InputSchema json.RawMessage `json:"input_schema"`
+}
+
+type anthropicUsage struct {
+	InputTokens              int `json:"input_tokens"`
+	CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
+	CacheReadInputTokens     int `json:"cache_read_input_tokens"`
+	OutputTokens             int `json:"output_tokens"`
+}
+
+type messagesResponse struct {
+	ID           string         `json:"id"`
+	Type         string         `json:"type"` // "message"
+	Role         string         `json:"role"`
+	Model        string         `json:"model"`
+	Content      []any          `json:"content"` // anthropicText, anthropicToolUse
+	StopReason   *string        `json:"stop_reason"`
+	StopSequence *string        `json:"stop_sequence"`
+	Usage        anthropicUsage `json:"usage"`
+}
+
+type anthropicText struct {
+	Type string `json:"type"` // "text"
+	Text string `json:"text"`
+}
+
+type anthropicToolUse struct {
+	Type  string          `json:"type"` // "tool_use"
+	ID    string          `json:"id"`
+	Name  string          `json:"name"`
+	Input json.RawMessage `json:"input"`
+}
+
+// conversation returns the chat messages the request renders as.
+func (r *messagesRequest) conversation() ([]prompt.Message, error) {
+	if r.Messages == nil {
+		return nil, badf("messages: Field required")
+	}
+	in := *r.Messages
+	if len(in) == 0 {
+		return nil, badf("messages: at least one message is required")
+	}
+	msgs := make([]prompt.Message, 0, len(in)+1)
+	system, err := blocksText(r.System)
+	if err != nil {
+		return nil, badf("system: %v", err)
+	}
+	if system != "" {
+		msgs = append(msgs, prompt.Message{Role: "system", Content: system})
+	}
+	for i := range in {
+		m := &in[i]
+		if m.Role != "user" && m.Role != "assistant" {
+			return nil, badf("messages.%d.role: Input should be 'user' or 'assistant'", i)
+		}
+		raw := bytes.TrimSpace(m.Content)
+		if len(raw) == 0 || raw[0] != '[' {
+			text, err := contentText(raw)
+			if err != nil {
+				return nil, badf("messages.%d.content: %v", i, err)
+			}
+			msgs = append(msgs, prompt.Message{Role: m.Role, Content: text})
+			continue
+		}
+		var blocks []anthropicBlock
+		if err := json.Unmarshal(raw, &blocks); err != nil {
+			return nil, badf("messages.%d.content: expected a string or a list of content blocks", i)
+		}
+		if m.Role == "assistant" {
+			msgs = append(msgs, assistantBlocks(blocks))
+			continue
+		}
+		before := len(msgs)
+		user := -1 // the user message this message's text goes into
+		for k := range blocks {
+			b := &blocks[k]
+			switch b.Type {
+			case "tool_result":
+				text, err := blocksText(b.Content)
+				if err != nil {
+					return nil, badf("messages.%d.content.%d.content: %v", i, k, err)
+				}
+				msgs = append(msgs, prompt.Message{Role: "tool", Content: text})
+				user = -1
+			case "text", "image":
+				if user < 0 {
+					msgs = append(msgs, prompt.Message{Role: "user"})
+					user = len(msgs) - 1
+				}
+				msgs[user].Content += blockText(b)
+			}
+		}
+		if len(msgs) == before {
+			msgs = append(msgs, prompt.Message{Role: "user"})
+		}
+	}
+	return msgs, nil
+}
+
+// assistantBlocks reduces an assistant message's blocks to one message.
+func assistantBlocks(blocks []anthropicBlock) prompt.Message {
+	m := prompt.Message{Role: "assistant"}
+	var text strings.Builder
+	for k := range blocks {
+		b := &blocks[k]
+		switch b.Type {
+		case "text":
+			text.WriteString(b.Text)
+		case "tool_use":
+			args := "{}"
+			if in := bytes.TrimSpace(b.Input); len(in) > 0 && string(in) != "null" {
+				var c bytes.Buffer
+				if json.Compact(&c, in) == nil {
+					args = c.String()
+				}
+			}
+			m.ToolCalls = append(m.ToolCalls, prompt.ToolCall{Name: b.Name, Arguments: args})
+		}
+	}
+	m.Content = text.String()
+	return m
+}
+
+// blockText renders a text or image block.
+func blockText(b *anthropicBlock) string {
+	if b.Type == "text" {
+		return b.Text
+	}
+	if b.Source == nil {
+		return "<|image|>"
+	}
+	if b.Source.Type == "base64" {
+		return "<|image|>data:" + b.Source.MediaType + ";base64," + b.Source.Data
+	}
+	return "<|image|>" + b.Source.URL
+}
+
+// blocksText reduces a system prompt or a tool result (absent, a string
+// or a list of blocks) to text: text blocks concatenated, images rendered,
+// other blocks skipped.
+func blocksText(raw json.RawMessage) (string, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || raw[0] != '[' {
+		return contentText(raw)
+	}
+	var blocks []anthropicBlock
+	if err := json.Unmarshal(raw, &blocks); err != nil {
+		return "", errors.New("expected a string or a list of content blocks")
+	}
+	var b strings.Builder
+	for k := range blocks {
+		if t := blocks[k].Type; t == "text" || t == "image" {
+			b.WriteString(blockText(&blocks[k]))
+		}
+	}
+	return b.String(), nil
+}
+
+// anthropicTools reads the tools field: the chat-shaped JSON the template
+// renders and the function specs for the tool-call rule.
+func anthropicTools(raw json.RawMessage) ([]byte, []toolSpec, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil, nil
+	}
+	var tools []anthropicTool
+	if err := json.Unmarshal(raw, &tools); err != nil {
+		return nil, nil, badf("tools: expected a list of tools")
+	}
+	var chat []chatTool
+	var specs []toolSpec
+	for i, t := range tools {
+		if t.Type != "" && t.Type != "custom" {
+			continue
+		}
+		if t.Name == "" {
+			return nil, nil, badf("tools.%d.name: Field required", i)
+		}
+		var ct chatTool
+		ct.Type = "function"
+		ct.Function.Name, ct.Function.Description = t.Name, t.Description
+		if p := bytes.TrimSpace(t.InputSchema); len(p) > 0 && string(p) != "null" {
+			ct.Function.Parameters = p
+		}
+		chat = append(chat, ct)
+		specs = append(specs, toolSpec{Name: t.Name, Parameters: ct.Function.Parameters})
+	}
+	return renderTools(chat), specs, nil
+}
+
+// anthropicToolChoice reads tool_choice: {"type":"auto"|"any"|"tool"|"none"}.
+func anthropicToolChoice(raw json.RawMessage) (toolChoice, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return toolChoice{}, nil
+	}
+	var c struct {
+		Type string `json:"type"`
+		Name string `json:"name"`
+	}
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return toolChoice{}, badf("tool_choice: expected an object")
+	}
+	switch c.Type {
+	case "auto", "any":
+		return toolChoice{}, nil
+	case "none":
+		return toolChoice{none: true}, nil
+	case "tool":
+		if c.Name == "" {
+			return toolChoice{}, badf("tool_choice.name: Field required")
+		}
+		return toolChoice{name: c.Name}, nil
+	}
+	return toolChoice{}, badf("tool_choice.type: Input should be 'auto', 'any', 'tool' or 'none'")
+}
+
+// writeMessagesError writes err as a 400 in Anthropic's shape when it is a
+// badRequest, else as a 500.
+func (w *Worker) writeMessagesError(rw http.ResponseWriter, err error) {
+	var bad *badRequest
+	if errors.As(err, &bad) {
+		w.writeAnthropicError(rw, http.StatusBadRequest, "invalid_request_error", bad.msg)
+		return
+	}
+	w.writeAnthropicError(rw, http.StatusInternalServerError, "api_error", err.Error())
+}
+
+// readMessages decodes a Messages API body and renders its prompt into seq.
+// On failure it has answered the client and returns ok false.
+func (w *Worker) readMessages(rw http.ResponseWriter, r *http.Request, req *messagesRequest, seq *prompt.Sequence) (model string, msgs []prompt.Message, specs []toolSpec, choice toolChoice, ok bool) {
+	body, err := readBody(rw, r)
+	if err == nil {
+		err = decodeJSON(body, req)
+	}
+	if err != nil {
+		w.writeMessagesError(rw, err)
+		return
+	}
+	model, ok = w.resolveModel(req.Model)
+	if !ok {
+		w.writeAnthropicError(rw, http.StatusNotFound, "not_found_error", "model: "+req.Model)
+		return
+	}
+	ok = false
+	if msgs, err = req.conversation(); err != nil {
+		w.writeMessagesError(rw, err)
+		return
+	}
+	tools, specs, err := anthropicTools(req.Tools)
+	if err != nil {
+		w.writeMessagesError(rw, err)
+		return
+	}
+	if choice, err = anthropicToolChoice(req.ToolChoice); err != nil {
+		w.writeMessagesError(rw, err)
+		return
+	}
+	prompt.RenderChat(seq, tools, msgs, true)
+	return model, msgs, specs, choice, true
+}
+
+func (w *Worker) handleCountTokens(rw http.ResponseWriter, r *http.Request) {
+	var req messagesRequest
+	seq := seqPool.Get().(*prompt.Sequence)
+	seq.Reset()
+	defer seqPool.Put(seq)
+	if _, _, _, _, ok := w.readMessages(rw, r, &req, seq); !ok {
+		return
+	}
+	writeJSON(rw, http.StatusOK, struct {
+		InputTokens int `json:"input_tokens"`
+	}{seq.Len()})
+}
+
+func (w *Worker) handleMessages(rw http.ResponseWriter, r *http.Request) {
+	var req messagesRequest
+	seq := seqPool.Get().(*prompt.Sequence)
+	seq.Reset()
+	defer seqPool.Put(seq)
+	model, msgs, specs, choice, ok := w.readMessages(rw, r, &req, seq)
+	if !ok {
+		return
+	}
+	if req.MaxTokens == nil {
+		w.writeMessagesError(rw, badf("max_tokens: Field required"))
+		return
+	}
+	maxTokens := *req.MaxTokens
+	if maxTokens < 1 {
+		w.writeMessagesError(rw, badf("max_tokens: Input should be greater than or equal to 1"))
+		return
+	}
+	if limit := w.cfg.MaxModelLen; seq.Len() >= limit {
+		w.writeMessagesError(rw, badf("prompt is too long: %d tokens > %d maximum", seq.Len(), limit-1))
+		return
+	}
+	maxTokens = min(maxTokens, w.cfg.MaxModelLen-seq.Len())
+	plan := w.planToolCall(seq, msgs, specs, choice, maxTokens)
+	fault := w.drawFault()
+	if w.injectFault(rw, fault, func(rw http.ResponseWriter, msg string) {
+		w.writeAnthropicError(rw, http.StatusInternalServerError, "api_error", msg)
+	}) {
+		return
+	}
+	j := &job{model: model, seq: seq, chat: true, maxTokens: maxTokens, ignoreEOS: req.IgnoreEOS, fault: fault}
+	if plan != nil {
+		j.script = plan.script
+	}
+	resp := &messagesResponse{ID: newID("msg_"), Type: "message", Role: "assistant", Model: model, Content: []any{}}
+	toolUseID := newID("toolu_")
+	if req.Stream {
+		w.streamMessage(rw, r, j, plan, resp, toolUseID)
+		return
+	}
+	var text strings.Builder
+	res := w.generate(r.Context(), j, func(tok string) error {
+		text.WriteString(tok)
+		return nil
+	})
+	if res.Err != nil {
+		if r.Context().Err() == nil {
+			w.writeAnthropicError(rw, http.StatusInternalServerError, "api_error", "request did not finish: "+res.Err.Error())
+		}
+		return
+	}
+	completeMessage(resp, res, plan, toolUseID, text.String())
+	b, err := marshalNoEscape(resp)
+	if err != nil {
+		w.writeMessagesError(rw, err)
+		return
+	}
+	writeRawJSON(rw, http.StatusOK, b)
+}
+
+// stopReason is Anthropic's name for how the reply ended.
+func stopReason(res Result, plan *plannedCall) string {
+	switch {
+	case plan != nil:
+		return "tool_use"
+	case res.FinishReason == "length":
+		return "max_tokens"
+	default:
+		return "end_turn"
+	}
+}
+
+func messagesUsage(res Result) anthropicUsage {
+	return anthropicUsage{InputTokens: res.PromptTokens - res.CachedTokens, CacheReadInputTokens: res.CachedTokens,
+		OutputTokens: res.CompletionTokens}
+}
+
+// completeMessage fills in the finished message.
+func completeMessage(resp *messagesResponse, res Result, plan *plannedCall, toolUseID, text string) {
+	if plan != nil {
+		resp.Content = []any{anthropicToolUse{Type: "tool_use", ID: toolUseID, Name: plan.call.Name, Input: json.RawMessage(plan.call.Arguments)}}
+	} else {
+		resp.Content = []any{anthropicText{Type: "text", Text: text}}
+	}
+	reason := stopReason(res, plan)
+	resp.StopReason = &reason
+	resp.Usage = messagesUsage(res)
+}
+
+// streamMessage generates the reply and streams it as Messages API events.
+// message_start goes out with the first token, when the prompt's cache hit
+// is known; when the client leaves or the request stalls, the stream ends as
+// it is.
+func (w *Worker) streamMessage(rw http.ResponseWriter, r *http.Request, j *job, plan *plannedCall, resp *messagesResponse, toolUseID string) {
+	paced := w.cfg.TimeScale > 0 && w.cfg.InterTokenLatency > 0
+	es := newEventStream(rw, paced || j.fault == FailStall)
+	es.start()
+	type indexed struct {
+		Index int `json:"index"`
+	}
+	first := true
+	at := 0                     // bytes of the script sent so far
+	promptTokens := j.seq.Len() // generate appends the reply to j.seq
+	res := w.generate(r.Context(), j, func(tok string) error {
+		if first {
+			first = false
+			start := *resp
+			start.Usage = anthropicUsage{InputTokens: promptTokens - j.cached, CacheReadInputTokens: j.cached, OutputTokens: 1}
+			var block any = anthropicText{Type: "text", Text: ""}
+			if plan != nil {
+				block = anthropicToolUse{Type: "tool_use", ID: toolUseID, Name: plan.call.Name, Input: json.RawMessage("{}")}
+			}
+			if err := es.send("message_start", nil, struct {
+				Message *messagesResponse `json:"message"`
+			}{&start}, false); err != nil {
+				return err
+			}
+			if err := es.send("content_block_start", []byte(`"index":0`), struct {
+				ContentBlock any `json:"content_block"`
+			}{block}, false); err != nil {
+				return err
+			}
+			if err := es.send("ping", nil, nil, false); err != nil {
+				return err
+			}
+		}
+		type delta struct {
+			Type        string `json:"type"`
+			Text        string `json:"text,omitempty"`
+			PartialJSON string `json:"partial_json,omitempty"`
+		}
+		d := delta{Type: "text_delta", Text: tok}
+		if plan != nil {
+			part := plan.argsPart(tok, at)
+			at += len(tok)
+			if part == "" {
+				return nil
+			}
+			d = delta{Type: "input_json_delta", PartialJSON: part}
+		}
+		return es.send("content_block_delta", []byte(`"index":0`), struct {
+			Delta delta `json:"delta"`
+		}{d}, es.flushEach)
+	})
+	if res.Err != nil {
+		return
+	}
+	if es.send("content_block_stop", nil, indexed{0}, false) != nil {
+		return
+	}
+	reason := stopReason(res, plan)
+	type stop struct {
+		StopReason   string  `json:"stop_reason"`
+		StopSequence *string `json:"stop_sequence"`
+	}
+	if es.send("message_delta", nil, struct {
+		Delta stop           `json:"delta"`
+		Usage anthropicUsage `json:"usage"`
+	}{stop{StopReason: reason}, messagesUsage(res)}, false) != nil {
+		return
+	}
+	es.send("message_stop", nil, nil, true)
+}

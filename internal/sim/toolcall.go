@@ -1,0 +1,179 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/json"
+	"math/rand/v2"
+	"slices"
+
+	"github.com/cacheroute/cacheroute/internal/sim/kvcache"
+	"github.com/cacheroute/cacheroute/internal/sim/prompt"
+)
+
+// The tool-call rule of the Responses and Messages APIs. It is deterministic
+// so that an SDK's tool loop runs the same way every time, and it always
+// ends:
+//
+//   - a reply calls a tool when the request offers at least one function
+//     tool, its tool choice does not forbid calls ("none"), and the last
+//     message of the conversation is a user's message, not a tool's result;
+//     otherwise the reply is text. So each user message gets exactly one
+//     call, and the turn that brings that call's result gets a text answer;
+//   - the call names the tool the tool choice names, if it names one; else
+//     tool k mod len(tools), where k is the number of tool calls already in
+//     the conversation, so a long conversation cycles through its tools;
+//   - the arguments are a compact JSON object with the tool's required
+//     parameters in sorted order: an enum's first value, else by type a
+//     word drawn from the seed and the prompt for a string, 1 for a number
+//     or integer, true for a boolean, [] for an array, {} for an object,
+//     null for anything else;
+//   - the reply is generated as the tokens the chat template renders for
+//     that call (<|tool_call|>name {args}), so it is cached as exactly what
+//     the next turn renders for the assistant's call. When those tokens do
+//     not fit in the request's max tokens, the reply is text instead.
+//
+// The chat API does not apply this rule: its replies are always text.
+
+// toolSpec is one function a request offers.
+type toolSpec struct {
+	Name       string
+	Parameters json.RawMessage
+}
+
+// toolChoice is a request's tool choice, reduced to what the rule reads.
+type toolChoice struct {
+	none bool   // calls are forbidden
+	name string // the tool to call, or "" for the rule's pick
+}
+
+// plannedCall is a reply that calls a tool.
+type plannedCall struct {
+	call   prompt.ToolCall
+	script []string // the reply's tokens
+	// argsAt is the byte offset of the arguments in the concatenated
+	// script, so a stream can send the arguments alone.
+	argsAt int
+}
+
+// planToolCall applies the rule to a rendered turn; nil means a text reply.
+func (w *Worker) planToolCall(seq *prompt.Sequence, msgs []prompt.Message, tools []toolSpec, choice toolChoice, maxTokens int) *plannedCall {
+	if len(tools) == 0 || choice.none || len(msgs) == 0 || msgs[len(msgs)-1].Role != "user" {
+		return nil
+	}
+	tool := -1
+	if choice.name != "" {
+		tool = slices.IndexFunc(tools, func(t toolSpec) bool { return t.Name == choice.name })
+	}
+	if tool < 0 {
+		calls := 0
+		for i := range msgs {
+			calls += len(msgs[i].ToolCalls)
+		}
+		tool = calls % len(tools)
+	}
+	rng := rand.New(rand.NewPCG(uint64(w.cfg.Seed), kvcache.HashBytes(seq.Text)^0x7001ca11))
+	tc := prompt.ToolCall{Name: tools[tool].Name, Arguments: toolArguments(tools[tool].Parameters, rng)}
+	text := string(prompt.AppendToolCall(nil, tc))
+	script := prompt.Tokenize(text)
+	if len(script) > maxTokens {
+		return nil
+	}
+	return &plannedCall{call: tc, script: script, argsAt: len(text) - len(tc.Arguments)}
+}
+
+// argsPart returns the part of tok, which starts at byte offset at of the
+// script, that lies within the arguments.
+func (p *plannedCall) argsPart(tok string, at int) string {
+	if skip := p.argsAt - at; skip > 0 {
+		if skip >= len(tok) {
+			return ""
+		}
+		return tok[skip:]
+	}
+	return tok
+}
+
+// toolArguments builds the arguments of a call from the tool's JSON schema.
+func toolArguments(params json.RawMessage, rng *rand.Rand) string {
+	type property struct {
+		Type json.RawMessage   `json:"type"`
+		Enum []json.RawMessage `json:"enum"`
+	}
+	var schema struct {
+		Properties map[string]property `json:"properties"`
+		Required   []string            `json:"required"`
+	}
+	_ = json.Unmarshal(params, &schema) // a schema the rule cannot read gives {}
+	names := slices.Clone(schema.Required)
+	slices.Sort(names)
+	names = slices.Compact(names)
+	b := []byte{'{'}
+	for i, name := range names {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendJSONString(b, name)
+		b = append(b, ':')
+		b = appendArgumentValue(b, schema.Properties[name].Type, schema.Properties[name].Enum, rng)
+	}
+	return string(append(b, '}'))
+}
+
+func appendArgumentValue(b []byte, typ json.RawMessage, enum []json.RawMessage, rng *rand.Rand) []byte {
+	if len(enum) > 0 {
+		var c bytes.Buffer
+		if json.Compact(&c, enum[0]) == nil {
+			return append(b, c.Bytes()...)
+		}
+	}
+	// "type" is a name or a list of names; the first that is not "null" wins.
+	var names []string
+	var one string
+	if json.Unmarshal(typ, &one) == nil {
+		names = []string{one}
+	} else {
+		_ = json.Unmarshal(typ, &names)
+	}
+	for _, t := range names {
+		switch t {
+		case "string":
+			return appendJSONString(b, vocabulary[rng.IntN(len(vocabulary))])
+		case "integer", "number":
+			return append(b, '1')
+		case "boolean":
+			return append(b, "true"...)
+		case "array":
+			return append(b, "[]"...)
+		case "object":
+			return append(b, "{}"...)
+		}
+	}
+	return append(b, "null"...)
+}
+
+// chatTool is a tool as the chat API spells it; the Responses and Messages
+// APIs' tools render through the template in this shape, so that a
+// conversation renders the same whichever of the three APIs carries it.
+type chatTool struct {
+	Type     string `json:"type"`
+	Function struct {
+		Name        string          `json:"name"`
+		Description string          `json:"description,omitempty"`
+		Parameters  json.RawMessage `json:"parameters,omitempty"`
+	} `json:"function"`
+}
+
+// renderTools returns tools as the compact chat-shaped JSON the template
+// renders, or nil for none.
+func renderTools(tools []chatTool) []byte {
+	if len(tools) == 0 {
+		return nil
+	}
+	// Without HTML escaping, so that "<" in a description renders as the
+	// chat API renders the same tools: as sent, compacted.
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(tools) // the parameters are valid JSON, decoded already
+	return bytes.TrimSuffix(b.Bytes(), []byte{'\n'})
+}
