@@ -64,7 +64,11 @@ func TestAgentTurnsExtendThePreviousTurnAndItsReply(t *testing.T) {
 		var conv conversation
 		var prev []Message
 		for i := range s.Turns {
-			msgs := messages(conv.next(&s.Turns[i]))
+			next, fresh := conv.next(&s.Turns[i])
+			msgs := messages(next)
+			if fresh != len(msgs)-len(s.Turns[i].Append) {
+				t.Fatalf("%s turn %d: own messages from %d of %d", s.ID, i, fresh, len(msgs))
+			}
 			if i > 0 {
 				want := append(append([]Message(nil), prev...), Message{Role: "assistant", Content: fmt.Sprintf("reply %s %d", s.ID, i-1)})
 				if len(msgs) != len(want)+len(s.Turns[i].Append) || !reflect.DeepEqual(msgs[:len(want)], want) {

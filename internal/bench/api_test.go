@@ -393,8 +393,8 @@ func TestAToolCallReplyIsAnsweredByTheNextTurnsFirstUserMessage(t *testing.T) {
 	var conv conversation
 	conv.next(&Turn{Append: []Message{{"system", "s"}, {"user", "task"}}})
 	conv.reply("", []ToolCall{{ID: "call_1", Name: "read_file", Arguments: `{"path":"a"}`}, {ID: "call_2", Name: "grep"}})
-	msgs := conv.next(&Turn{Append: []Message{{"user", "Result of read_file"}, {"user", "and more"}}})
-	if len(msgs) != 6 {
+	msgs, fresh := conv.next(&Turn{Append: []Message{{"user", "Result of read_file"}, {"user", "and more"}}})
+	if len(msgs) != 6 || fresh != 3 {
 		t.Fatalf("%d messages: %+v", len(msgs), msgs)
 	}
 	if m := msgs[3]; m.Role != "tool" || m.callID != "call_1" || m.Content != "Result of read_file" {
@@ -408,7 +408,7 @@ func TestAToolCallReplyIsAnsweredByTheNextTurnsFirstUserMessage(t *testing.T) {
 	}
 	// A text reply leaves the next turn's user message a user message.
 	conv.reply("text", nil)
-	msgs = conv.next(&Turn{Append: []Message{{"user", "next"}}})
+	msgs, _ = conv.next(&Turn{Append: []Message{{"user", "next"}}})
 	if m := msgs[len(msgs)-1]; m.Role != "user" || m.callID != "" {
 		t.Fatalf("after a text reply %+v", m)
 	}

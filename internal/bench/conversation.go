@@ -24,17 +24,19 @@ type ToolCall struct {
 	Arguments string // JSON text, verbatim
 }
 
-// next returns the messages of turn t's request and records them as the conversation so far.
-// The returned slice is the caller's to read; the conversation keeps its own copy.
+// next returns the messages of turn t's request, and the index where the turn's own begin, and
+// records them as the conversation so far. The returned slice is the caller's to read; the
+// conversation keeps its own copy.
 //
 // When the previous reply called tools, the turn's first user message is the tools' result:
 // it becomes a "tool" message answering the first call, followed by an empty result for each
 // other call, since an API that lets a reply call tools wants every call answered. Workloads
 // write tool results as user messages, which is what they are to a chat server.
-func (c *conversation) next(t *Turn) []turnMessage {
+func (c *conversation) next(t *Turn) ([]turnMessage, int) {
 	if t.Fresh {
 		c.msgs = c.msgs[:0]
 	}
+	fresh := len(c.msgs)
 	var calls []ToolCall
 	if n := len(c.msgs); n > 0 && c.msgs[n-1].Role == "assistant" {
 		calls = c.msgs[n-1].calls
@@ -50,7 +52,7 @@ func (c *conversation) next(t *Turn) []turnMessage {
 		}
 		c.msgs = append(c.msgs, turnMessage{Message: m})
 	}
-	return append([]turnMessage(nil), c.msgs...)
+	return append([]turnMessage(nil), c.msgs...), fresh
 }
 
 // reply appends the server's answer to the conversation: its text and its tool calls.

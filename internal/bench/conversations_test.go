@@ -33,7 +33,7 @@ func TestConversationsReplaysUserTurns(t *testing.T) {
 	var conv conversation
 	conv.next(&turns[0])
 	conv.reply("server answer", nil)
-	msgs := conv.next(&turns[1])
+	msgs, _ := conv.next(&turns[1])
 	if msgs[2].Message != (Message{"assistant", "server answer"}) || len(msgs) != 4 {
 		t.Fatalf("second request %+v", msgs)
 	}

@@ -108,8 +108,8 @@ func run(ctx context.Context, w *Workload, t *Target, o RunOptions) runResult {
 					return
 				}
 			}
-			msgs := conv.next(turn)
-			x := exchange{model: o.Model, msgs: msgs, fresh: len(msgs) - len(turn.Append), tools: tools,
+			msgs, fresh := conv.next(turn)
+			x := exchange{model: o.Model, msgs: msgs, fresh: fresh, tools: tools,
 				maxTokens: turn.MaxTokens, ignoreEOS: turn.IgnoreEOS, sessionID: sid, mode: t.SessionMode}
 			if a.chains() && !turn.Fresh {
 				x.previousID = previousID
