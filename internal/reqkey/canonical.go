@@ -19,9 +19,12 @@ import (
 // canonicalizer writes values in canonical form. Its scratch space is kept between values.
 type canonicalizer struct {
 	v     valid
-	start int      // where the value being written starts: members hold offsets from it
-	recs  []member // every object member in the value, in document order
-	open  []uint32 // while collecting: for each container entered, its last member so far
+	start int // where the value being written starts: members hold offsets from it
+	// hint says to leave out the value's own cache_control member, when it is an object: a
+	// caching hint that Messages clients move from block to block turn by turn (see hintKey).
+	hint bool
+	recs []member // every object member in the value, in document order
+	open []uint32 // while collecting: for each container entered, its last member so far
 }
 
 // member is an object member of the value being written: where its key is, and which member of
@@ -37,6 +40,10 @@ var compactLimit = math.MaxUint32
 
 const inArray = math.MaxUint32 // an open entry for an array, which has no members
 
+// hintKey is the member a block, an item or a tool is written without: the marker of where a
+// prompt cache breakpoint is, which says nothing of the prompt.
+const hintKey = "cache_control"
+
 // write writes the canonical form of the value at i; null (the value's absence) writes nothing.
 func (c *canonicalizer) write(w *keyWriter, i int) {
 	if c.v[i] == 'n' {
@@ -44,7 +51,7 @@ func (c *canonicalizer) write(w *keyWriter, i int) {
 	}
 	if len(c.v)-i > compactLimit {
 		end := c.v.skip(i)
-		w.write(canonicalJSON(c.v[i:end]))
+		w.write(canonicalJSON(c.v[i:end], c.hint))
 		return
 	}
 	c.start = i
@@ -145,11 +152,14 @@ func (c *canonicalizer) object(w *keyWriter, i int) int {
 	})
 	w.byte('{')
 	end, n := 0, 0
+	hint := c.hint && i == c.start
 	for m := c.sort(uint32(k) + 1); m != 0; m = c.recs[m-1].next {
 		key, val := c.v.member(c.start + int(c.recs[m-1].key))
 		var valEnd int
 		if next := c.recs[m-1].next; next != 0 && c.compare(m, next) == 0 {
 			valEnd = c.v.skip(val) // a later member has the same key: this one is dropped
+		} else if hint && key.is(hintKey) {
+			valEnd = c.v.skip(val)
 		} else {
 			if n > 0 {
 				w.byte(',')
@@ -370,11 +380,14 @@ func exactInt(n []byte) bool {
 }
 
 // canonicalJSON is the canonical form of the raw JSON value by way of encoding/json, for values
-// too long for the positions a member holds.
-func canonicalJSON(raw []byte) []byte {
+// too long for the positions a member holds; with hint, without its cache_control member.
+func canonicalJSON(raw []byte, hint bool) []byte {
 	var v any
 	if json.Unmarshal(raw, &v) != nil || v == nil {
 		return nil
+	}
+	if m, ok := v.(map[string]any); ok && hint {
+		delete(m, hintKey)
 	}
 	var sb bytes.Buffer
 	enc := json.NewEncoder(&sb)

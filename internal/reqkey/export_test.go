@@ -18,7 +18,8 @@ func HistoryKeyBothWays(raw []byte) (k KeyPasses, ok bool) {
 	}
 	k.OnePass, _ = writeHistoryKey(b.tools, b.messages, math.MaxInt)
 	k.TwoPass, _ = writeHistoryKey(b.tools, b.messages, -1)
-	h := newHistoryWriter(b.tools, b.messages)
+	h := newHistoryWriter(valid(b.messages.data), max(b.messages.members, b.tools.bound().members))
+	h.inOrder = b.messages.inOrder
 	members := cap(h.c.recs)
 	h.write(b.tools, b.messages)
 	k.Written, k.Bound = h.w.n, b.messages.size+b.tools.bound().size

@@ -38,33 +38,45 @@ func writeHistoryKey(tools, messages *arrays, limit int) (key string, onePass bo
 	if messages == nil {
 		return "", false
 	}
-	h := newHistoryWriter(tools, messages)
-	size := messages.size + tools.bound().size
+	h := newHistoryWriter(valid(messages.data), max(messages.members, tools.bound().members))
+	h.inOrder = messages.inOrder
+	bound := keyBound{size: messages.size + tools.bound().size, named: tools.bound().named}
+	return h.writeKey(bound, limit, func() { h.write(tools, messages) })
+}
+
+// newHistoryWriter returns a writer of a history key read from the body v, whose canonical values
+// have at most members object members. It counts the key until given a buffer.
+func newHistoryWriter(v valid, members int) historyWriter {
+	h := historyWriter{v: v}
+	h.c.v = v
+	if members > 0 {
+		h.c.recs = make([]member, 0, members)
+	}
+	return h
+}
+
+// writeKey writes a key whose size and named tools are at most bound's, by calling write once
+// or twice: in one pass into a buffer of the bound's size when that is within limit; otherwise a
+// first pass counts the key's bytes and the second writes it into a buffer of exactly that size.
+// write writes the whole key into h.w, or counts it when h.w has no buffer. A key without text is
+// empty.
+func (h *historyWriter) writeKey(bound keyBound, limit int, write func()) (key string, onePass bool) {
+	size := bound.size
 	if onePass = size <= limit; onePass {
-		h.named = tools.bound().named
+		h.named = bound.named
 	} else {
-		h.write(tools, messages)
+		write()
 		if !h.w.text {
 			return "", false
 		}
 		size = h.w.n
 	}
 	h.w = writerOf(size)
-	h.write(tools, messages)
+	write()
 	if !h.w.text {
 		return "", onePass
 	}
 	return h.w.string(), onePass
-}
-
-// newHistoryWriter returns a writer of the history key of messages and tools, which counts it.
-func newHistoryWriter(tools, messages *arrays) historyWriter {
-	h := historyWriter{v: valid(messages.data), inOrder: messages.inOrder}
-	h.c.v = h.v
-	if n := max(messages.members, tools.bound().members); n > 0 {
-		h.c.recs = make([]member, 0, n)
-	}
-	return h
 }
 
 // bound is the key bound of the elements of a, or none when a is absent.
@@ -75,7 +87,8 @@ func (a *arrays) bound() keyBound {
 	return a.keyBound
 }
 
-// historyWriter writes the history key of one chat body, or counts its bytes.
+// historyWriter writes the history key of one chat, Responses or Messages body, or counts its
+// bytes.
 type historyWriter struct {
 	v valid
 	w keyWriter
@@ -354,10 +367,13 @@ func (h *historyWriter) content(w *keyWriter, pos int) int {
 	return h.v.skip(pos)
 }
 
-func textPart(w *keyWriter, j jstr) {
+func textPart(w *keyWriter, j jstr) { tagged(w, 'c', j) }
+
+// tagged writes the text j behind tag and its length prefix, when it is not empty.
+func tagged(w *keyWriter, tag byte, j jstr) {
 	if j.len() > 0 {
 		w.text = true
-		w.byte('c')
+		w.byte(tag)
 		w.lp(j)
 	}
 }
@@ -481,9 +497,9 @@ func (h *historyWriter) setString(dst *int, val int) {
 	}
 }
 
-// jstr is the string at pos, or the empty string when pos is 0.
+// jstr is the string at pos, or the empty string when pos is 0 or holds another value.
 func (h *historyWriter) jstr(pos int) jstr {
-	if pos == 0 {
+	if pos == 0 || h.v[pos] != '"' {
 		return jstr{plain: true}
 	}
 	j, _ := h.v.str(pos)

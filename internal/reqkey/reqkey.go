@@ -5,7 +5,6 @@
 package reqkey
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
@@ -71,13 +70,6 @@ func Parse(h Header, raw []byte) (*Request, error) {
 	if h == nil {
 		h = http.Header(nil)
 	}
-	trimmed := bytes.TrimLeft(raw, " \t\r\n")
-	if len(trimmed) == 0 {
-		return nil, &Error{"request body is empty; expected a JSON object"}
-	}
-	if trimmed[0] != '{' {
-		return nil, &Error{"request body must be a JSON object"}
-	}
 	var b body
 	if err := parseBody(raw, &b); err != nil {
 		return nil, err
@@ -89,15 +81,16 @@ func Parse(h Header, raw []byte) (*Request, error) {
 		r.Text = routingText(&b, onePassLimit(raw))
 	}
 	paramsID, sessionID, userID, user := id(b.paramsID), id(b.sessionID), id(b.userID), id(b.user)
-	r.SessionKey = sessionKey(h, paramsID, sessionID, userID, user)
-	r.HashKey = hashKey(h, paramsID, sessionID, userID, user, r.Text)
+	r.SessionKey = sessionKey(h, paramsID, []id{sessionID}, []id{userID, user})
+	r.HashKey = hashKey(h, []id{paramsID, user, sessionID, userID}, r.Text)
 	return r, nil
 }
 
-// sessionKey applies the session precedence: body session_params.session_id, the session headers,
-// body session_id, then the user-scoped x-user-id header, body user_id and user.
-func sessionKey(h Header, paramsID, sessionID, userID, user id) string {
-	if v := blankless(string(paramsID)); v != "" {
+// sessionKey applies the session precedence: first (the body's session_params.session_id), the
+// session headers, the body's other session-scoped ids in order, then the user-scoped x-user-id
+// header and the body's user-scoped ids in order.
+func sessionKey(h Header, first id, sessions, users []id) string {
+	if v := blankless(string(first)); v != "" {
 		return namespaced("session:", v)
 	}
 	for _, name := range SessionHeaders {
@@ -105,24 +98,30 @@ func sessionKey(h Header, paramsID, sessionID, userID, user id) string {
 			return namespaced("session:", v)
 		}
 	}
-	if v := blankless(string(sessionID)); v != "" {
-		return namespaced("session:", v)
+	for _, v := range sessions {
+		if v := blankless(string(v)); v != "" {
+			return namespaced("session:", v)
+		}
 	}
-	for _, v := range []string{h.Get(UserHeader), string(userID), string(user)} {
-		if v = blankless(v); v != "" {
+	if v := blankless(h.Get(UserHeader)); v != "" {
+		return namespaced("user:", v)
+	}
+	for _, v := range users {
+		if v := blankless(string(v)); v != "" {
 			return namespaced("user:", v)
 		}
 	}
 	return ""
 }
 
-func hashKey(h Header, paramsID, sessionID, userID, user id, text string) string {
+// hashKey is the first id in HashKeyHeaders, then the first of the body's ids, else text.
+func hashKey(h Header, ids []id, text string) string {
 	for _, name := range HashKeyHeaders {
 		if v := blankless(h.Get(name)); v != "" {
 			return v
 		}
 	}
-	for _, v := range []id{paramsID, user, sessionID, userID} {
+	for _, v := range ids {
 		if s := blankless(string(v)); s != "" {
 			return s
 		}

@@ -1,6 +1,7 @@
 package reqkey
 
 import (
+	"bytes"
 	"fmt"
 	"strings"
 )
@@ -83,10 +84,22 @@ func lpSize(n int) int {
 }
 
 // parseBody reads the JSON object in data into b.
-func parseBody(data []byte, b *body) *Error {
+func parseBody(data []byte, b *body) *Error { return parseObject(data, b.member) }
+
+// parseObject reads the request body data, which must be a JSON object, calling member with each
+// of its members' keys and the scanner at the value. A body that is empty, not an object or
+// malformed is an *Error, as is the first field member finds of the wrong type.
+func parseObject(data []byte, member func(*scanner, []byte)) *Error {
+	trimmed := bytes.TrimLeft(data, " \t\r\n")
+	if len(trimmed) == 0 {
+		return &Error{"request body is empty; expected a JSON object"}
+	}
+	if trimmed[0] != '{' {
+		return &Error{"request body must be a JSON object"}
+	}
 	s := scanner{data: data}
 	s.ws()
-	s.object(b.member)
+	s.object(member)
 	if s.err == nil {
 		s.ws()
 		if s.pos < len(s.data) {
@@ -103,32 +116,9 @@ func parseBody(data []byte, b *body) *Error {
 func (b *body) member(s *scanner, key []byte) {
 	switch string(key) {
 	case "model":
-		s.in("model")
-		switch s.peek() {
-		case '"':
-			b.model = s.stringValue()
-		case 'n':
-			s.null()
-			b.model = nil
-		default:
-			s.mismatch()
-		}
-		s.out()
+		s.nullableString("model", &b.model)
 	case "stream":
-		s.in("stream")
-		switch s.peek() {
-		case 't':
-			b.stream = s.literal("true")
-		case 'f':
-			s.literal("false")
-			b.stream = false
-		case 'n':
-			s.null()
-			b.stream = false
-		default:
-			s.mismatch()
-		}
-		s.out()
+		b.stream = s.boolean("stream", false)
 	case "messages":
 		b.messages = s.arrayField("messages", b.messages, checkMessage)
 	case "tools":
@@ -140,18 +130,7 @@ func (b *body) member(s *scanner, key []byte) {
 	case "input_ids":
 		b.inputIDs = s.prompt("input_ids")
 	case "session_params":
-		b.paramsID = nil
-		if s.peek() != '{' {
-			s.skip(false)
-			return
-		}
-		s.object(func(s *scanner, key []byte) {
-			if string(key) == "session_id" {
-				s.id(&b.paramsID)
-			} else {
-				s.skip(false)
-			}
-		})
+		s.idIn("session_id", &b.paramsID)
 	case "session_id":
 		s.id(&b.sessionID)
 	case "user_id":
@@ -161,6 +140,58 @@ func (b *body) member(s *scanner, key []byte) {
 	default:
 		s.skip(false)
 	}
+}
+
+// nullableString reads a string field that null clears into *dst; another type is a type error.
+func (s *scanner) nullableString(name string, dst *[]byte) {
+	s.in(name)
+	switch s.peek() {
+	case '"':
+		*dst = s.stringValue()
+	case 'n':
+		s.null()
+		*dst = nil
+	default:
+		s.mismatch()
+	}
+	s.out()
+}
+
+// boolean reads a bool field and returns its value, or null's for null. Another type is a type
+// error.
+func (s *scanner) boolean(name string, null bool) bool {
+	s.in(name)
+	v := null
+	switch s.peek() {
+	case 't':
+		v = s.literal("true")
+	case 'f':
+		s.literal("false")
+		v = false
+	case 'n':
+		s.null()
+	default:
+		s.mismatch()
+	}
+	s.out()
+	return v
+}
+
+// idIn reads an object that holds an id under the key name (session_params, metadata): each such
+// object replaces the id of the one before, and any other value leaves none.
+func (s *scanner) idIn(name string, dst *[]byte) {
+	*dst = nil
+	if s.peek() != '{' {
+		s.skip(false)
+		return
+	}
+	s.object(func(s *scanner, key []byte) {
+		if string(key) == name {
+			s.id(dst)
+		} else {
+			s.skip(false)
+		}
+	})
 }
 
 // arrayField reads an array of objects given for the field a, whose elements check reads, and
