@@ -1,21 +1,448 @@
 package reqkey
 
-// ParseResponses reads a Responses API body (POST /v1/responses).
-//
-// Placeholder until the Responses schema reader lands: it reads the body as a chat body.
-func ParseResponses(h Header, raw []byte) (*Request, error) { return Parse(h, raw) }
+import (
+	"net/http"
+	"slices"
+	"strings"
+	"unicode/utf8"
+)
 
-// ParseMessages reads an Anthropic Messages API body (POST /v1/messages).
+// agents.go reads the bodies of the agent protocols, the OpenAI Responses API (responses.go) and
+// the Anthropic Messages API (messages.go), into the same Request as chat bodies, with the same
+// lexer, and writes their history keys with the same one-pass writer (history.go): the bound of
+// the key is found while the body is checked, and the key is written from positions in the body.
+// This file holds what the two share: their tools, how the members of an item, a part or a block
+// are found, and the load-only reader.
 //
-// Placeholder until the Messages schema reader lands: it reads the body as a chat body.
-func ParseMessages(h Header, raw []byte) (*Request, error) { return Parse(h, raw) }
+// Both protocols' bodies are read as the servers that define them read JSON: a repeated key's
+// last value is the field's value, at every level, replacing the earlier one whole, and null is
+// the field's absence. (Chat bodies keep encoding/json's rules instead, see schema.go.) Every
+// value is still checked, so a field of the wrong type is an error even where a later value
+// replaces it. Ids (user, prompt_cache_key, metadata.user_id, ...) are read as chat reads them.
+//
+// The fields that shape a conversation are typed, and a value of another type is an *Error that
+// names the field: the arrays, their elements, and an item's or a message's role and type. What
+// a content part or a block holds is free-form, as chat's content is: a member of another type
+// than the one the key writes adds nothing to it. Items, tools, parts and blocks may be written
+// as canonical JSON (canonical.go), so their numbers must fit a float64, as in chat's free-form
+// values.
+
+// ParseResponses reads a Responses API body (POST /v1/responses): model, stream, store,
+// previous_response_id, the session and hash keys, and the history key of its tools,
+// instructions and input (see writeResponses). The body carries a conversation (Chat) when it
+// has an input.
+func ParseResponses(h Header, raw []byte) (*Request, error) {
+	if h == nil {
+		h = http.Header(nil)
+	}
+	var b responsesBody
+	if err := parseObject(raw, b.member); err != nil {
+		return nil, err
+	}
+	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.input.pos != 0,
+		PreviousResponseID: string(b.previousID), NoStore: b.noStore}
+	if r.Chat {
+		r.Text, _ = b.key(raw, onePassLimit(raw))
+	}
+	conversation, cacheKey, user := id(b.conversation), id(b.cacheKey), id(b.user)
+	r.SessionKey = sessionKey(h, id(b.paramsID), []id{conversation, cacheKey}, []id{user})
+	r.HashKey = hashKey(h, []id{conversation, cacheKey, user}, r.Text)
+	return r, nil
+}
+
+// ParseMessages reads an Anthropic Messages API body (POST /v1/messages): model, stream, the
+// session and hash keys, and the history key of its tools, system and messages (see
+// writeMessages). The body carries a conversation (Chat) when it has messages.
+//
+// metadata.user_id is session-scoped: Anthropic's clients put a session's id in it (Claude
+// Code's is made of the user's, the account's and the session's).
+func ParseMessages(h Header, raw []byte) (*Request, error) {
+	if h == nil {
+		h = http.Header(nil)
+	}
+	var b messagesBody
+	if err := parseObject(raw, b.member); err != nil {
+		return nil, err
+	}
+	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.messages.pos != 0}
+	if r.Chat {
+		r.Text, _ = b.key(raw, onePassLimit(raw))
+	}
+	userID := id(b.userID)
+	r.SessionKey = sessionKey(h, "", []id{userID}, nil)
+	r.HashKey = hashKey(h, []id{userID}, r.Text)
+	return r, nil
+}
 
 // ParseModel reads only what load-only routes need of a JSON body: that it is a JSON object, its
 // model and stream. It derives no session, hash or history key, so nothing is learned from it.
-func ParseModel(h Header, raw []byte) (*Request, error) {
-	r, err := Parse(h, raw)
+// The values of the other members are checked to be well-formed JSON, and nothing else.
+func ParseModel(_ Header, raw []byte) (*Request, error) {
+	var model []byte
+	var stream bool
+	err := parseObject(raw, func(s *scanner, key []byte) {
+		switch string(key) {
+		case "model":
+			s.nullableString("model", &model)
+		case "stream":
+			stream = s.boolean("stream", false)
+		default:
+			s.skip(false)
+		}
+	})
 	if err != nil {
 		return nil, err
 	}
-	return &Request{Model: r.Model, Stream: r.Stream}, nil
+	return &Request{Model: string(model), Stream: stream}, nil
+}
+
+// field is a top-level field the history key is written from: where its value is (0 when absent
+// or null: no value starts a body), and the bound of the key it makes.
+type field struct {
+	pos int
+	keyBound
+}
+
+// historyField reads the value of a field the history key is written from, whose first byte
+// must be one of types (a string's quote, an array's bracket), with read. It returns the field:
+// this value replaces an earlier one, and null clears it.
+func (s *scanner) historyField(name, types string, read func(*scanner)) field {
+	s.in(name)
+	defer s.out()
+	switch c := s.peek(); {
+	case c == 'n':
+		s.null()
+		return field{}
+	case strings.IndexByte(types, c) < 0:
+		s.mismatch()
+		return field{}
+	}
+	f := field{pos: s.pos}
+	s.hist = keyBound{}
+	read(s)
+	f.keyBound = s.hist
+	return f
+}
+
+// kind is what an item, a content part or a block is, by its type: what the key writes of it.
+type kind uint8
+
+const (
+	kindWhole     kind = iota // anything else: written whole, as canonical JSON
+	kindNone                  // an image or a document: nothing
+	kindMessage               // a message: its role and content
+	kindText                  // a text part or block: its text
+	kindRefusal               // a refusal part: its refusal
+	kindCall                  // a function call or tool use
+	kindOutput                // a function call's output or a tool result
+	kindReasoning             // a reasoning item: its summary, content and encrypted content
+	kindThinking              // a thinking block: its thinking
+	kindRedacted              // a redacted thinking block: its data
+)
+
+// maxKindLen is the longest type name that names a kind, "function_call_output", rounded up.
+const maxKindLen = 24
+
+// typeName reads the string at s.pos and returns its value when it is at most len(buf) bytes
+// long, else as written: a value that long names no kind.
+func (s *scanner) typeName(buf []byte) []byte {
+	raw, escaped, high := s.str()
+	return jstr{raw: raw, plain: !escaped && (!high || utf8.Valid(raw))}.name(buf)
+}
+
+// kindField reads a field typed as a string that says what its object is, and returns its value
+// as typeName does: empty for null, which makes it absent. Another type is a type error.
+func (s *scanner) kindField(name string, buf []byte) []byte {
+	var v []byte
+	s.in(name)
+	switch s.peek() {
+	case '"':
+		v = s.typeName(buf)
+	case 'n':
+		s.null()
+	default:
+		s.mismatch()
+	}
+	s.out()
+	return v
+}
+
+// textSize reads a free-form value the key writes behind a tag and a length prefix when it is a
+// non-empty string, and returns the most bytes that takes.
+func (s *scanner) textSize() int {
+	if s.peek() != '"' {
+		s.skip(true)
+		return 0
+	}
+	grow := s.grow
+	raw, _, _ := s.str()
+	if len(raw) == 0 {
+		return 0
+	}
+	return 1 + lpSize(len(raw)+s.grow-grow)
+}
+
+// stringSize reads a free-form value the key writes behind a length prefix when it is a string,
+// and returns the most bytes that takes beyond the "0:" of an empty one.
+func (s *scanner) stringSize() int {
+	if s.peek() != '"' {
+		s.skip(true)
+		return 0
+	}
+	grow := s.grow
+	raw, _, _ := s.str()
+	return lpSize(len(raw) + s.grow - grow)
+}
+
+// typedStringSize reads a field typed as a string (see stringField) that the key writes behind a
+// length prefix, and returns the most bytes that takes beyond the "0:" of an empty one.
+func (s *scanner) typedStringSize(name string) int {
+	if _, n, ok := s.stringField(name); ok {
+		return lpSize(n)
+	}
+	return 0
+}
+
+// canonicalSize reads a free-form value the key writes in canonical form behind a length prefix
+// (or, a string of arguments, as the string it is), and returns the most bytes that takes: none
+// for null.
+func (s *scanner) canonicalSize() int {
+	start, grow, floats, keys := s.pos, s.grow, s.floats, s.keys
+	s.skip(true)
+	if string(s.data[start:s.pos]) == "null" {
+		return 0
+	}
+	return s.canonicalBound(start, grow, floats, keys)
+}
+
+// canonicalBound is the most bytes the canonical form of the value read from start takes behind
+// its length prefix, grow, floats and keys being the scanner's counts when it was at start. The
+// canonicalizer's records must hold as many members as the value has.
+func (s *scanner) canonicalBound(start, grow, floats, keys int) int {
+	s.hist.members = max(s.hist.members, s.keys-keys)
+	return lpSize(s.pos - start + s.grow - grow + maxFloatLen*(s.floats-floats))
+}
+
+// fields are where the members of an item, a part, a block, a message or a tool that the key
+// reads are: the last value of each key, 0 when absent or null.
+type fields struct {
+	typ, role, content, text, refusal, id, callID, name, description, args, output, summary,
+	encrypted, isError, thinking, data, function int
+}
+
+// readFields reads the object at pos into f, with slot saying which field a key is (nil for
+// none), and returns the position after it.
+func (h *historyWriter) readFields(pos int, f *fields, slot func(*fields, []byte) *int) int {
+	return h.object(pos, func(key []byte, val int) int {
+		if p := slot(f, key); p != nil {
+			*p = val
+			if h.v[val] == 'n' {
+				*p = 0
+			}
+		}
+		return h.v.skip(val)
+	})
+}
+
+// kindName returns the value of the string at pos when it may name a kind (see typeName), and
+// the empty string when pos is 0 or not a string.
+func (h *historyWriter) kindName(pos int, buf []byte) []byte {
+	return h.jstr(pos).name(buf)
+}
+
+// text writes the string at pos behind tag and its length prefix when it is not empty; a value
+// of another type writes nothing.
+func (h *historyWriter) text(tag byte, pos int) {
+	tagged(&h.w, tag, h.jstr(pos))
+}
+
+// lpWhole writes the canonical JSON of the object at pos, an item, a block or a tool, without its
+// cache_control member, behind its length prefix.
+func (h *historyWriter) lpWhole(pos int) {
+	h.c.hint = true
+	h.lpCanonical(pos)
+	h.c.hint = false
+}
+
+// toolSchema is how a protocol shapes its tools. A tool whose type is absent or function is
+// written as chat writes a tool: "T" lp(name) lp(description) lp(schema as canonical JSON). A
+// tool of any other type (web_search, mcp, a server tool) is written whole, as "W" lp(canonical
+// JSON). Both are sorted by name, as chat's are, the name of a tool of another type being its
+// "name" member; tools without a name come first, in order.
+type toolSchema struct {
+	function string // the type of the tools written by name
+	schema   string // the member that holds such a tool's schema
+	// nested says that a function tool may be given in chat's shape: its name, description and
+	// schema are then those of its "function" object.
+	nested bool
+}
+
+var (
+	responsesTools = toolSchema{function: "function", schema: "parameters", nested: true}
+	messagesTools  = toolSchema{function: "custom", schema: "input_schema"}
+)
+
+func checkResponsesTools(s *scanner) { s.array(func(s *scanner) { s.tool(&responsesTools) }) }
+func checkMessagesTools(s *scanner)  { s.array(func(s *scanner) { s.tool(&messagesTools) }) }
+
+// tool reads one element of tools, of the protocol whose tools ts describes.
+func (s *scanner) tool(ts *toolSchema) {
+	switch s.peek() {
+	case 'n':
+		s.null()
+		return
+	case '{':
+	default:
+		s.mismatch()
+		return
+	}
+	start, grow, floats, keys := s.pos, s.grow, s.floats, s.keys
+	size := len("T0:0:0:") // a tool written by name, with no name, description or schema
+	function, named := true, false
+	var buf [maxKindLen]byte
+	// fn reads a member of a function tool, given flat or in a "function" object.
+	fn := func(s *scanner, key []byte) bool {
+		switch string(key) {
+		case "name":
+			if raw, n, ok := s.stringField("name"); ok {
+				size += lpSize(n)
+				named = named || len(raw) > 0
+			}
+		case "description":
+			size += s.typedStringSize("description")
+		case ts.schema:
+			s.in(ts.schema)
+			size += s.canonicalSize()
+			s.out()
+		default:
+			return false
+		}
+		return true
+	}
+	s.object(func(s *scanner, key []byte) {
+		switch {
+		case fn(s, key):
+		case string(key) == "type":
+			typ := s.kindField("type", buf[:])
+			function = len(typ) == 0 || string(typ) == ts.function
+		case string(key) == "function" && ts.nested:
+			s.in("function")
+			s.structValue(func(s *scanner, key []byte) {
+				if !fn(s, key) {
+					s.skip(true)
+				}
+			})
+			s.out()
+		default:
+			s.skip(true)
+		}
+	})
+	if function {
+		s.hist.size += size
+	} else {
+		s.hist.size += len("W") + s.canonicalBound(start, grow, floats, keys)
+	}
+	if named {
+		s.hist.named++
+	}
+}
+
+// agentTool is one element of tools as far as the key reads it: whether it is written by name,
+// where the name it is sorted by is, and for one written by name where its name, description
+// and schema are (0 when absent).
+type agentTool struct {
+	function                  bool
+	sortName                  int
+	name, description, schema int
+}
+
+// namedTool is a tool with a name, to be sorted: where its name and the tool are.
+type namedTool struct{ name, pos int }
+
+// agentTools writes the tools of the array at pos, sorted by name, keeping tools of the same name
+// in order. Tools without a name come first, so they are written as they are read; only where
+// the others and their names are is remembered, and they are read again to be written.
+func (h *historyWriter) agentTools(pos int, ts *toolSchema) {
+	var named []namedTool
+	if !h.w.counting() {
+		named = make([]namedTool, 0, h.named)
+	}
+	h.named = 0
+	h.elements(pos, func(e int) int {
+		t, end := h.readAgentTool(e, ts)
+		switch {
+		case h.jstr(t.sortName).len() == 0:
+			h.writeAgentTool(e, &t)
+		case h.w.counting():
+			h.named++
+			h.writeAgentTool(e, &t)
+		default:
+			named = append(named, namedTool{name: t.sortName, pos: e})
+		}
+		return end
+	})
+	slices.SortStableFunc(named, func(a, b namedTool) int {
+		return compareJstr(h.jstr(a.name), h.jstr(b.name))
+	})
+	for _, n := range named {
+		t, _ := h.readAgentTool(n.pos, ts)
+		h.writeAgentTool(n.pos, &t)
+	}
+}
+
+// readAgentTool reads the tool at pos and returns it and the position after it.
+func (h *historyWriter) readAgentTool(pos int, ts *toolSchema) (agentTool, int) {
+	slot := func(f *fields, key []byte) *int {
+		switch string(key) {
+		case "type":
+			return &f.typ
+		case "name":
+			return &f.name
+		case "description":
+			return &f.description
+		case ts.schema:
+			return &f.args
+		case "function":
+			if ts.nested {
+				return &f.function
+			}
+		}
+		return nil
+	}
+	var f fields
+	end := h.readFields(pos, &f, slot)
+	var buf [maxKindLen]byte
+	typ := h.kindName(f.typ, buf[:])
+	t := agentTool{function: len(typ) == 0 || string(typ) == ts.function, sortName: f.name,
+		name: f.name, description: f.description, schema: f.args}
+	if t.function && f.function != 0 {
+		var g fields
+		h.readFields(f.function, &g, slot)
+		t.sortName, t.name, t.description, t.schema = g.name, g.name, g.description, g.args
+	}
+	return t, end
+}
+
+func (h *historyWriter) writeAgentTool(pos int, t *agentTool) {
+	h.w.text = true
+	if t.function {
+		h.writeTool(&tool{name: t.name, description: t.description, params: t.schema})
+		return
+	}
+	h.w.byte('W')
+	h.lpWhole(pos)
+}
+
+// elements calls each with the position of every object in the array at pos, which returns the
+// position after it; other elements are passed over.
+func (h *historyWriter) elements(pos int, each func(int) int) {
+	for e, more := h.v.first(pos); more; {
+		var end int
+		if h.v[e] == '{' {
+			end = each(e)
+		} else {
+			end = h.v.skip(e)
+		}
+		e, more = h.v.next(end)
+	}
 }

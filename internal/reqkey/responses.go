@@ -1,0 +1,318 @@
+package reqkey
+
+// responses.go reads an OpenAI Responses API body (see agents.go for the rules both agent
+// protocols share) and writes its history key.
+
+// responsesBody holds the top-level fields of a Responses body that routing reads. Byte slices
+// may point into the request body.
+type responsesBody struct {
+	model, previousID   []byte
+	stream, noStore     bool
+	tools, instructions field
+	input               field // a string or an array of items
+	// paramsID is session_params.session_id; conversation is the conversation's id, given as a
+	// string or as the "id" of an object.
+	paramsID, conversation, cacheKey, user []byte
+}
+
+// member reads one top-level member whose key has been read.
+func (b *responsesBody) member(s *scanner, key []byte) {
+	switch string(key) {
+	case "model":
+		s.nullableString("model", &b.model)
+	case "stream":
+		b.stream = s.boolean("stream", false)
+	case "store":
+		b.noStore = !s.boolean("store", true)
+	case "previous_response_id":
+		s.nullableString("previous_response_id", &b.previousID)
+	case "tools":
+		b.tools = s.historyField("tools", "[", checkResponsesTools)
+	case "instructions":
+		b.instructions = s.historyField("instructions", `"`, checkInstructions)
+	case "input":
+		b.input = s.historyField("input", `"[`, checkInput)
+	case "conversation":
+		if s.peek() == '{' {
+			s.idIn("id", &b.conversation)
+		} else {
+			s.id(&b.conversation)
+		}
+	case "prompt_cache_key":
+		s.id(&b.cacheKey)
+	case "user":
+		s.id(&b.user)
+	case "session_params":
+		s.idIn("session_id", &b.paramsID)
+	default:
+		s.skip(false)
+	}
+}
+
+func checkInstructions(s *scanner) {
+	s.hist.size += len("s.") + s.textSize()
+}
+
+func checkInput(s *scanner) {
+	if s.peek() == '"' {
+		s.hist.size += len("u.") + s.textSize() // one user message
+		return
+	}
+	s.array(checkItem)
+}
+
+// checkItem reads one element of input: an item, whose type says what the key writes of it (see
+// itemKind). The bound of each kind is summed over the members it reads, repeated or not, and
+// the item's bound is that of its kind, known once it is read whole.
+func checkItem(s *scanner) {
+	switch s.peek() {
+	case 'n':
+		s.null()
+		return
+	case '{':
+	default:
+		s.mismatch()
+		return
+	}
+	start, grow, floats, keys := s.pos, s.grow, s.floats, s.keys
+	var buf [maxKindLen]byte
+	var typ []byte
+	roles := len("r0:") // the role written when none is given
+	var content, callID, name, args, output, summary, encrypted int
+	s.object(func(s *scanner, key []byte) {
+		switch string(key) {
+		case "type":
+			typ = s.kindField("type", buf[:])
+		case "role":
+			if raw, n, ok := s.stringField("role"); ok {
+				roles += roleSize(raw, n)
+			}
+		case "call_id":
+			callID += s.typedStringSize("call_id")
+		case "name":
+			name += s.typedStringSize("name")
+		case "arguments":
+			s.in("arguments")
+			args += s.canonicalSize()
+			s.out()
+		case "content":
+			content += s.partsSize("content")
+		case "output":
+			output += s.partsSize("output")
+		case "summary":
+			summary += s.partsSize("summary")
+		case "encrypted_content":
+			s.in("encrypted_content")
+			encrypted += s.textSize()
+			s.out()
+		default:
+			s.skip(true)
+		}
+	})
+	switch itemKind(typ) {
+	case kindMessage:
+		s.hist.size += roles + content + len(".")
+	case kindCall:
+		s.hist.size += len("f0:0:0:.") + callID + name + args
+	case kindOutput:
+		s.hist.size += len("o0:.") + callID + output
+	case kindReasoning:
+		s.hist.size += len("z.") + summary + content + encrypted
+	default:
+		s.hist.size += len("J.") + s.canonicalBound(start, grow, floats, keys)
+	}
+}
+
+// partsSize reads a free-form value of text parts (content, output, summary) and returns the most
+// bytes the key takes of it: of a string, or of the text and refusal of each part of an array.
+func (s *scanner) partsSize(name string) int {
+	s.in(name)
+	size := 0
+	switch s.peek() {
+	case '"':
+		size = s.textSize()
+	case '[':
+		s.array(func(s *scanner) {
+			if s.peek() != '{' {
+				s.skip(true)
+				return
+			}
+			s.object(func(s *scanner, key []byte) {
+				switch string(key) {
+				case "text", "refusal":
+					size += s.textSize()
+				default:
+					s.skip(true)
+				}
+			})
+		})
+	default:
+		s.skip(true)
+	}
+	s.out()
+	return size
+}
+
+// itemKind is the kind of an input item of the type typ: a message when it has none.
+func itemKind(typ []byte) kind {
+	switch string(typ) {
+	case "", "message":
+		return kindMessage
+	case "function_call":
+		return kindCall
+	case "function_call_output":
+		return kindOutput
+	case "reasoning":
+		return kindReasoning
+	}
+	return kindWhole
+}
+
+// partKind is the kind of a content part of the type typ: text when it has none, as in chat.
+func partKind(typ []byte) kind {
+	switch string(typ) {
+	case "", "text", "input_text", "output_text", "summary_text", "reasoning_text":
+		return kindText
+	case "refusal":
+		return kindRefusal
+	}
+	return kindNone
+}
+
+// key writes the history key of the body raw; see writeResponses.
+func (b *responsesBody) key(raw []byte, limit int) (key string, onePass bool) {
+	h := newHistoryWriter(valid(raw), max(b.tools.members, b.input.members))
+	bound := keyBound{size: b.tools.size + b.instructions.size + b.input.size, named: b.tools.named}
+	return h.writeKey(bound, limit, func() { h.writeResponses(b) })
+}
+
+// writeResponses writes the history key of a Responses body, in chat's framing (see historyKey)
+// extended to the input's items, so that the key of a conversation is a byte prefix of the key of
+// any continuation of it: the same tools and instructions, items appended to its input. Tools
+// come first (see toolSchema), then the instructions written as a system message, then each item
+// in order; each item, like each of chat's messages, ends with ".".
+//
+//	key      = {tool} ["s" ["c" lp(instructions)] "."] (user | {item})
+//	user     = "u" ["c" lp(input)] "."                           an input string: one user message
+//	item     = role {"c" lp(text) | "x" lp(refusal)} "."         a message (type absent or message)
+//	         | "f" lp(call_id) lp(name) lp(arguments) "."        a function_call
+//	         | "o" lp(call_id) {"c" lp(text)} "."                a function_call_output
+//	         | "z" {"y" lp(summary)} {"k" lp(text)} ["e" lp(encrypted_content)] "."   a reasoning item
+//	         | "J" lp(item as canonical JSON) "."                an item of any other type
+//	role     = "s" | "d" | "u" | "a" | "t" | "r" lp(other role)  as chat's
+//
+// A content (or output, or summary) is a string, one text part, or an array of parts: a part
+// whose type is absent, text, input_text, output_text, summary_text or reasoning_text writes its
+// text, a refusal its refusal, any other (input_image, input_file, ...) nothing, as chat's images
+// write nothing. Arguments are written as chat writes a tool call's. A reasoning item's
+// encrypted_content is written too: it is what the server decrypts into the prompt, and clients
+// resend it unchanged, so it keeps the prefix property; the summary alone is not the prompt.
+// An item's id and status are not written: they are no part of the prompt.
+func (h *historyWriter) writeResponses(b *responsesBody) {
+	if b.tools.pos != 0 {
+		h.agentTools(b.tools.pos, &responsesTools)
+	}
+	if b.instructions.pos != 0 {
+		h.w.byte('s')
+		h.text('c', b.instructions.pos)
+		h.w.byte('.')
+	}
+	if h.v[b.input.pos] == '"' {
+		h.w.byte('u')
+		h.text('c', b.input.pos)
+		h.w.byte('.')
+		return
+	}
+	h.elements(b.input.pos, h.item)
+}
+
+// item writes the input item at pos and returns the position after it.
+func (h *historyWriter) item(pos int) int {
+	var f fields
+	end := h.readFields(pos, &f, itemSlot)
+	var buf [maxKindLen]byte
+	switch itemKind(h.kindName(f.typ, buf[:])) {
+	case kindMessage:
+		h.role(h.jstr(f.role))
+		h.parts('c', f.content)
+	case kindCall:
+		h.w.text = true
+		h.w.byte('f')
+		h.lpString(f.callID)
+		h.lpString(f.name)
+		h.lpArguments(f.args)
+	case kindOutput:
+		h.w.byte('o')
+		h.lpString(f.callID)
+		h.parts('c', f.output)
+	case kindReasoning:
+		h.w.byte('z')
+		h.parts('y', f.summary)
+		h.parts('k', f.content)
+		h.text('e', f.encrypted)
+	default:
+		h.w.text = true
+		h.w.byte('J')
+		h.lpWhole(pos)
+	}
+	h.w.byte('.')
+	return end
+}
+
+func itemSlot(f *fields, key []byte) *int {
+	switch string(key) {
+	case "type":
+		return &f.typ
+	case "role":
+		return &f.role
+	case "content":
+		return &f.content
+	case "call_id":
+		return &f.callID
+	case "name":
+		return &f.name
+	case "arguments":
+		return &f.args
+	case "output":
+		return &f.output
+	case "summary":
+		return &f.summary
+	case "encrypted_content":
+		return &f.encrypted
+	}
+	return nil
+}
+
+// parts writes the text parts of the value at pos (0: none) behind tag: a string, or the parts
+// of an array (see writeResponses).
+func (h *historyWriter) parts(tag byte, pos int) {
+	switch h.v[pos] {
+	case '"':
+		h.text(tag, pos)
+	case '[':
+		h.elements(pos, func(e int) int {
+			var f fields
+			end := h.readFields(e, &f, partSlot)
+			var buf [maxKindLen]byte
+			switch partKind(h.kindName(f.typ, buf[:])) {
+			case kindText:
+				h.text(tag, f.text)
+			case kindRefusal:
+				h.text('x', f.refusal)
+			}
+			return end
+		})
+	}
+}
+
+func partSlot(f *fields, key []byte) *int {
+	switch string(key) {
+	case "type":
+		return &f.typ
+	case "text":
+		return &f.text
+	case "refusal":
+		return &f.refusal
+	}
+	return nil
+}
