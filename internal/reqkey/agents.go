@@ -140,9 +140,6 @@ const (
 	kindRedacted              // a redacted thinking block: its data
 )
 
-// maxKindLen is the longest type name that names a kind, "function_call_output", rounded up.
-const maxKindLen = 24
-
 // typeName reads the string at s.pos and returns its value when it is at most len(buf) bytes
 // long, else as written: a value that long names no kind.
 func (s *scanner) typeName(buf []byte) []byte {
@@ -299,7 +296,7 @@ func (s *scanner) tool(ts *toolSchema) {
 	start, grow, floats, keys := s.pos, s.grow, s.floats, s.keys
 	size := len("T0:0:0:") // a tool written by name, with no name, description or schema
 	function, named := true, false
-	var buf [maxKindLen]byte
+	var buf [nameLen]byte
 	// fn reads a member of a function tool, given flat or in a "function" object.
 	fn := func(s *scanner, key []byte) bool {
 		switch string(key) {
@@ -411,7 +408,7 @@ func (h *historyWriter) readAgentTool(pos int, ts *toolSchema) (agentTool, int) 
 	}
 	var f fields
 	end := h.readFields(pos, &f, slot)
-	var buf [maxKindLen]byte
+	var buf [nameLen]byte
 	typ := h.kindName(f.typ, buf[:])
 	t := agentTool{function: len(typ) == 0 || string(typ) == ts.function, sortName: f.name,
 		name: f.name, description: f.description, schema: f.args}

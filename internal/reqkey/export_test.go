@@ -7,6 +7,7 @@ type KeyPasses struct {
 	OnePass, TwoPass string // the key written in one pass, into a buffer of its bound, and in two
 	Written, Bound   int    // the bytes the writer writes (text or not), and their bound
 	MembersOutgrown  bool   // a canonical value has more members than recs was sized for
+	NamedOutgrown    bool   // more tools have a name than the bound allows for
 }
 
 // HistoryKeyBothWays writes the history key of the chat body raw in one pass and in two. ok is
@@ -69,4 +70,68 @@ func RendersRoutingTextInOnePass(raw []byte) bool {
 		}
 	}
 	return false
+}
+
+// agentBody is a parsed Responses or Messages body, as far as the key reads it.
+type agentBody struct {
+	key     func(limit int) (string, bool)
+	write   func(h *historyWriter)
+	bound   keyBound
+	members int
+}
+
+// parseAgent parses raw as a body of protocol ("responses" or "messages"); ok is false when it
+// does not parse or carries no conversation.
+func parseAgent(protocol string, raw []byte) (a agentBody, ok bool) {
+	switch protocol {
+	case "responses":
+		var b responsesBody
+		if parseObject(raw, b.member) != nil || b.input.pos == 0 {
+			return a, false
+		}
+		return agentBody{
+			key:     func(limit int) (string, bool) { return b.key(raw, limit) },
+			write:   func(h *historyWriter) { h.writeResponses(&b) },
+			bound:   keyBound{size: b.tools.size + b.instructions.size + b.input.size, named: b.tools.named},
+			members: max(b.tools.members, b.input.members),
+		}, true
+	case "messages":
+		var b messagesBody
+		if parseObject(raw, b.member) != nil || b.messages.pos == 0 {
+			return a, false
+		}
+		return agentBody{
+			key:     func(limit int) (string, bool) { return b.key(raw, limit) },
+			write:   func(h *historyWriter) { h.writeMessages(&b) },
+			bound:   keyBound{size: b.tools.size + b.system.size + b.messages.size, named: b.tools.named},
+			members: max(b.tools.members, b.system.members, b.messages.members),
+		}, true
+	}
+	panic("unknown protocol " + protocol)
+}
+
+// AgentKeyBothWays is HistoryKeyBothWays for a body of protocol, "responses" or "messages".
+func AgentKeyBothWays(protocol string, raw []byte) (k KeyPasses, ok bool) {
+	a, ok := parseAgent(protocol, raw)
+	if !ok {
+		return k, false
+	}
+	k.OnePass, _ = a.key(math.MaxInt)
+	k.TwoPass, _ = a.key(-1)
+	h := newHistoryWriter(valid(raw), a.members)
+	a.write(&h)
+	k.Written, k.Bound = h.w.n, a.bound.size
+	k.MembersOutgrown = cap(h.c.recs) != a.members
+	k.NamedOutgrown = h.named > a.bound.named
+	return k, true
+}
+
+// WritesAgentKeyInOnePass reports whether the parser of protocol writes the history key of raw in
+// one pass, and returns the key.
+func WritesAgentKeyInOnePass(protocol string, raw []byte) (key string, onePass bool) {
+	a, ok := parseAgent(protocol, raw)
+	if !ok {
+		return "", false
+	}
+	return a.key(onePassLimit(raw))
 }

@@ -106,7 +106,7 @@ type historyWriter struct {
 	// The tool_calls arrays of the message being read: the first given since the field was last
 	// cleared is in its element callsElem (an index in elems), at callsPos; callsN were given.
 	callsElem, callsPos, callsN int
-	keyBuf                      [16]byte
+	keyBuf                      [nameLen]byte
 }
 
 func (h *historyWriter) write(tools, messages *arrays) {

@@ -19,16 +19,20 @@ import (
 // maxDepth is the deepest nesting of arrays and objects accepted, encoding/json's limit.
 const maxDepth = 10000
 
+// nameLen is the size of the buffers an escaped key or type name is decoded into to be matched:
+// the longest name any reader matches ("previous_response_id", "function_call_output") fits.
+const nameLen = 24
+
 // scanner is the reading position in one JSON document and what went wrong so far.
 type scanner struct {
 	data    []byte
 	pos     int
 	depth   int
-	err     *Error   // the document is malformed: scanning stops
-	typeErr *Error   // the first field of the wrong type: scanning goes on
-	path    []string // the names of the typed fields being read, for type errors
-	stack   []byte   // closing bytes of the containers skip is inside
-	keyBuf  [16]byte // the value of the last key read, when it has an escape
+	err     *Error        // the document is malformed: scanning stops
+	typeErr *Error        // the first field of the wrong type: scanning goes on
+	path    []string      // the names of the typed fields being read, for type errors
+	stack   []byte        // closing bytes of the containers skip is inside
+	keyBuf  [nameLen]byte // the value of the last key read, when it has an escape
 
 	// For the schema reader to bound the size of the history key (see keyBound): grow is the
 	// bytes the strings read so far may add to their length when decoded or written in canonical

@@ -90,7 +90,7 @@ func (s *scanner) blockSize() int {
 		return 0
 	}
 	start, grow, floats, keys := s.pos, s.grow, s.floats, s.keys
-	var buf [maxKindLen]byte
+	var buf [nameLen]byte
 	var typ []byte
 	var text, id, callID, name, input, content, thinking, data int
 	s.object(func(s *scanner, key []byte) {
@@ -227,7 +227,7 @@ func (h *historyWriter) blocks(pos int) {
 func (h *historyWriter) block(pos int) int {
 	var f fields
 	end := h.readFields(pos, &f, blockSlot)
-	var buf [maxKindLen]byte
+	var buf [nameLen]byte
 	switch blockKind(h.kindName(f.typ, buf[:])) {
 	case kindText:
 		h.text('c', f.text)

@@ -75,7 +75,7 @@ func checkItem(s *scanner) {
 		return
 	}
 	start, grow, floats, keys := s.pos, s.grow, s.floats, s.keys
-	var buf [maxKindLen]byte
+	var buf [nameLen]byte
 	var typ []byte
 	roles := len("r0:") // the role written when none is given
 	var content, callID, name, args, output, summary, encrypted int
@@ -230,7 +230,7 @@ func (h *historyWriter) writeResponses(b *responsesBody) {
 func (h *historyWriter) item(pos int) int {
 	var f fields
 	end := h.readFields(pos, &f, itemSlot)
-	var buf [maxKindLen]byte
+	var buf [nameLen]byte
 	switch itemKind(h.kindName(f.typ, buf[:])) {
 	case kindMessage:
 		h.role(h.jstr(f.role))
@@ -293,7 +293,7 @@ func (h *historyWriter) parts(tag byte, pos int) {
 		h.elements(pos, func(e int) int {
 			var f fields
 			end := h.readFields(e, &f, partSlot)
-			var buf [maxKindLen]byte
+			var buf [nameLen]byte
 			switch partKind(h.kindName(f.typ, buf[:])) {
 			case kindText:
 				h.text(tag, f.text)
