@@ -10,3 +10,6 @@ func (c *Controller) TenantsWaiting() int {
 	}
 	return n
 }
+
+// Buckets returns the number of tenants the limiter keeps buckets for.
+func (m *MemoryLimiter) Buckets() int { return len(m.tenants) }
