@@ -38,8 +38,19 @@ func (s *Set) Lookup(presentedKey string) (Client, bool) {
 	if s == nil || presentedKey == "" {
 		return Client{}, false
 	}
-	c, ok := s.byDigest[sha256.Sum256([]byte(presentedKey))]
+	c, ok := s.byDigest[digestOfString(presentedKey)]
 	return c, ok
+}
+
+// digestOfString returns the SHA-256 digest of key without allocating for keys of up to 512
+// bytes (which covers the keys of common providers, 200 bytes at most): the conversion of a
+// longer string to []byte would otherwise allocate on every lookup.
+func digestOfString(key string) [sha256.Size]byte {
+	var buf [512]byte
+	if len(key) <= len(buf) {
+		return sha256.Sum256(append(buf[:0], key...))
+	}
+	return sha256.Sum256([]byte(key))
 }
 
 // Len returns the number of keys in the set.

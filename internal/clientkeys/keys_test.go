@@ -280,3 +280,56 @@ func TestGrowWiping_ZeroesTheOutgrownBuffer(t *testing.T) {
 		t.Errorf("the outgrown buffer still holds %q", old)
 	}
 }
+
+func TestLookup_LongKeysAndNoAllocations(t *testing.T) {
+	long := strings.Repeat("k", 600) // past the stack buffer of digestOfString
+	edge := strings.Repeat("e", 512)
+	s := mustParse(t, long+" tenant=long\n"+edge+" tenant=edge\nshort\n")
+	for key, tenant := range map[string]string{long: "long", edge: "edge", "short": DefaultTenant} {
+		if c, ok := s.Lookup(key); !ok || c.Tenant != tenant {
+			t.Errorf("Lookup(%d-byte key) = %+v, %v; want tenant %q", len(key), c, ok, tenant)
+		}
+	}
+	if _, ok := s.Lookup(long[:599]); ok {
+		t.Error("a prefix of a long key was accepted")
+	}
+	presented := "sk-a-typical-key-of-about-one-hundred-bytes-" + strings.Repeat("x", 56)
+	if n := testing.AllocsPerRun(100, func() { s.Lookup(presented) }); n != 0 {
+		t.Errorf("Lookup of a %d-byte key allocates %.0f times, want 0", len(presented), n)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add("sk-1 tenant=a priority=high\n# c\n\nsha256:" + digestOf("sk-2") + " tenant=b\n")
+	f.Add("sk-1\r\nsk-1\r\n")
+	f.Add("\uFEFFk tenant=a tenant=b")
+	f.Add("tenant=x\n")
+	f.Add("k #c tenant=\n")
+	f.Fuzz(func(t *testing.T, text string) {
+		lines := strings.Count(text, "\n") + 1
+		s, err := Parse("f", []byte(text))
+		if err != nil {
+			var pe *ParseError
+			if !errors.As(err, &pe) || pe.Line < 1 || pe.Line > lines {
+				t.Fatalf("error %v is not a ParseError on one of the %d lines", err, lines)
+			}
+			return
+		}
+		if s.Len() > lines {
+			t.Fatalf("%d keys from %d lines", s.Len(), lines)
+		}
+		for _, name := range append(s.Tenants(), s.Priorities()...) {
+			if !validName([]byte(name)) {
+				t.Fatalf("tenant or priority %q is not a valid label value", name)
+			}
+		}
+		for line := range strings.SplitSeq(strings.TrimPrefix(text, "\uFEFF"), "\n") {
+			fields := strings.FieldsFunc(line, isBlank)
+			if len(fields) > 0 && fields[0][0] != '#' && !strings.HasPrefix(fields[0], digestPrefix) {
+				if _, ok := s.Lookup(fields[0]); !ok {
+					t.Fatalf("the key of line %q is not accepted", line)
+				}
+			}
+		}
+	})
+}

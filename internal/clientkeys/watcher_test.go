@@ -15,7 +15,7 @@ import (
 )
 
 // writeFile replaces path by renaming a new file over it, as a careful operator would.
-func writeFile(t *testing.T, path, text string) {
+func writeFile(t testing.TB, path, text string) {
 	t.Helper()
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, []byte(text), 0o600); err != nil {
