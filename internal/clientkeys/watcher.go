@@ -17,14 +17,13 @@ const DefaultPollInterval = 5 * time.Second
 type WatcherOptions struct {
 	// Interval is how often Run looks at the file; DefaultPollInterval when zero or negative.
 	Interval time.Duration
-	// Logger receives one record per reload: Info when it succeeded, Error when it failed.
-	// The records carry the path, key and tenant counts and the error, never key material.
-	// Nil means slog.Default().
+	// Logger receives one record per reload attempt, Info when it succeeded and Error when
+	// it failed, and one Error when polling finds the file gone. The records carry the path,
+	// the key and tenant counts and the error, never key material. Nil means slog.Default().
 	Logger *slog.Logger
-	// OnReload, when set, is called after every reload attempt and when polling finds the
-	// file gone, under the Watcher's lock (so calls never overlap): with the new set and nil,
-	// or with the set still in use and the error. It suits counting reloads and refreshing metrics; it must not call the
-	// Watcher's Reload.
+	// OnReload, when set, is told the same events, under the Watcher's lock (so calls never
+	// overlap): the new set and nil, or the set still in use and the error. It suits counting
+	// reloads and refreshing metrics; it must not call the Watcher's Reload.
 	OnReload func(current *Set, err error)
 }
 
