@@ -25,6 +25,10 @@ type WatcherOptions struct {
 	// overlap): the new set and nil, or the set still in use and the error. It suits counting
 	// reloads and refreshing metrics; it must not call the Watcher's Reload.
 	OnReload func(current *Set, err error)
+	// Check, when set, vets every loaded set before it is put in use, by NewWatcher and by
+	// every reload: an error fails the load as a malformed file would. The router can refuse
+	// priority levels that admission does not know, for example. It must not call the Watcher.
+	Check func(*Set) error
 }
 
 // Watcher keeps the Set loaded from one keys file current. Its methods are safe for
@@ -49,11 +53,12 @@ func NewWatcher(path string, opts WatcherOptions) (*Watcher, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	s, fi, err := load(path)
+	w := &Watcher{path: path, opts: opts}
+	s, fi, err := w.load()
 	if err != nil {
 		return nil, err
 	}
-	w := &Watcher{path: path, opts: opts, tried: fi, seen: fi}
+	w.tried, w.seen = fi, fi
 	w.current.Store(s)
 	return w, nil
 }
@@ -115,7 +120,7 @@ func (w *Watcher) poll() {
 // file as the caller saw it, remembered as tried should the load not get as far as its own
 // stat. w.mu must be held.
 func (w *Watcher) reloadLocked(statted os.FileInfo) error {
-	s, fi, err := load(w.path)
+	s, fi, err := w.load()
 	if fi == nil {
 		fi = statted
 	}
@@ -127,6 +132,17 @@ func (w *Watcher) reloadLocked(statted os.FileInfo) error {
 	w.current.Store(s)
 	w.report(nil)
 	return nil
+}
+
+// load loads the file and applies Options.Check.
+func (w *Watcher) load() (*Set, os.FileInfo, error) {
+	s, fi, err := load(w.path)
+	if err == nil && w.opts.Check != nil {
+		if err = w.opts.Check(s); err != nil {
+			s = nil
+		}
+	}
+	return s, fi, err
 }
 
 // report logs the outcome of a reload attempt and passes it to OnReload.

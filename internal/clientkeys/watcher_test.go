@@ -297,3 +297,36 @@ func TestWatcher_ConcurrentLookupsDuringReloads(t *testing.T) {
 		t.Errorf("%d lookups during reloads got a wrong answer", n)
 	}
 }
+
+func TestWatcher_CheckRejectsASetLikeAMalformedFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys")
+	writeFile(t, path, "sk-old priority=high\n")
+	known := map[string]bool{"high": true, "low": true}
+	errUnknown := errors.New("unknown priority level")
+	check := func(s *Set) error {
+		for _, p := range s.Priorities() {
+			if !known[p] {
+				return errUnknown
+			}
+		}
+		return nil
+	}
+	rec := &reloads{}
+	w, err := NewWatcher(path, WatcherOptions{Check: check, OnReload: rec.record, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, path, "sk-new priority=urgent\n")
+	if err := w.Reload(); !errors.Is(err, errUnknown) {
+		t.Fatalf("Reload = %v, want the Check error", err)
+	}
+	if _, ok := w.Lookup("sk-old"); !ok {
+		t.Error("a set refused by Check replaced the old one")
+	}
+	if errs := rec.all(); len(errs) != 1 || !errors.Is(errs[0], errUnknown) {
+		t.Errorf("OnReload saw %v, want the Check error", errs)
+	}
+	if _, err := NewWatcher(path, WatcherOptions{Check: check}); !errors.Is(err, errUnknown) {
+		t.Errorf("NewWatcher = %v, want the Check error", err)
+	}
+}
