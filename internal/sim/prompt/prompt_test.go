@@ -124,3 +124,28 @@ func TestRenderIDs(t *testing.T) {
 		t.Fatalf("got %d tokens %q", s.Len(), s.Text)
 	}
 }
+
+// TestAppendToolCall_ReplyIsPrefixOfNextTurn checks the property a tool
+// call generated as the tokens of its rendering relies on: turn 1's prompt
+// followed by those tokens and AssistantEnd is, token for token, the start
+// of turn 2, which sends the call back and its result.
+func TestAppendToolCall_ReplyIsPrefixOfNextTurn(t *testing.T) {
+	tools := []byte(`[{"type":"function","function":{"name":"read"}}]`)
+	var turn1 Sequence
+	RenderChat(&turn1, tools, conversation(), true)
+	call := ToolCall{Name: "read", Arguments: `{"path":"main.go","n":1}`}
+	for _, tok := range Tokenize(string(AppendToolCall(nil, call))) {
+		turn1.AppendToken(tok)
+	}
+	turn1.AppendText(AssistantEnd)
+
+	msgs2 := append(conversation(), Message{Role: "assistant", ToolCalls: []ToolCall{call}}, Message{Role: "tool", Content: "package main"})
+	var turn2 Sequence
+	RenderChat(&turn2, tools, msgs2, true)
+	if !strings.HasPrefix(string(turn2.Text), string(turn1.Text)) {
+		t.Fatalf("turn 2 text does not start with turn 1 + call:\n%q\n%q", turn2.Text, turn1.Text)
+	}
+	if !reflect.DeepEqual(turn2.Ends[:turn1.Len()], turn1.Ends) {
+		t.Fatal("turn 2 tokens differ from turn 1 + call within the shared prefix")
+	}
+}

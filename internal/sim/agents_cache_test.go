@@ -1,0 +1,246 @@
+package sim
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"testing"
+)
+
+// turnUsage is what one turn cost and said, in any of the APIs.
+type turnUsage struct {
+	prompt, cached int
+	reply          string
+}
+
+// agentStep is one turn of a conversation: a user message and, after it, a
+// tool call the assistant made with its result (when name is set).
+type agentStep struct {
+	user                 string
+	call, args, toolText string
+}
+
+func agentConversation() (system string, steps []agentStep) {
+	return "You are a careful coding agent. " + words("sys", 300), []agentStep{
+		{user: words("u1", 500)},
+		{user: "Which function starts the server?"},
+		{user: "Read main.go and tell me.", call: "get_weather", args: `{"city":"Paris","unit":"celsius"}`, toolText: "package main\n" + words("code", 400)},
+		{user: "Now change the default port."},
+	}
+}
+
+// Each runner sends the conversation through one API on a fresh worker, with
+// tools offered and tool calls off (tool_choice none), and reports each turn.
+
+func runChat(t *testing.T, system string, steps []agentStep) []turnUsage {
+	w := newWorker(t, testConfig())
+	msgs := []any{map[string]any{"role": "system", "content": system}}
+	var out []turnUsage
+	for _, s := range steps {
+		msgs = append(msgs, map[string]any{"role": "user", "content": s.user})
+		if s.call != "" {
+			msgs = append(msgs,
+				map[string]any{"role": "assistant", "content": nil, "tool_calls": []any{map[string]any{"id": "c1", "type": "function",
+					"function": map[string]any{"name": s.call, "arguments": s.args}}}},
+				map[string]any{"role": "tool", "tool_call_id": "c1", "content": s.toolText})
+		}
+		rec := do(t, w, "POST", "/v1/chat/completions", jsonBody(t, map[string]any{"messages": msgs, "tools": []any{chatWeatherTool()}, "max_tokens": 20, "ignore_eos": true}))
+		var r chatReply
+		if err := json.Unmarshal(rec.Body.Bytes(), &r); err != nil || rec.Code != 200 {
+			t.Fatalf("chat: %d %s", rec.Code, rec.Body)
+		}
+		reply := r.Choices[0].Message.Content
+		out = append(out, turnUsage{r.Usage.PromptTokens, r.Usage.PromptTokensDetails.CachedTokens, reply})
+		msgs = append(msgs, map[string]any{"role": "assistant", "content": reply})
+	}
+	return out
+}
+
+func stepItems(s agentStep) []any {
+	items := []any{map[string]any{"type": "message", "role": "user", "content": []any{map[string]any{"type": "input_text", "text": s.user}}}}
+	if s.call != "" {
+		items = append(items,
+			map[string]any{"type": "function_call", "call_id": "c1", "name": s.call, "arguments": s.args},
+			map[string]any{"type": "function_call_output", "call_id": "c1", "output": s.toolText})
+	}
+	return items
+}
+
+func runResponses(t *testing.T, system string, steps []agentStep, chain bool) []turnUsage {
+	w := newWorker(t, testConfig())
+	var input []any
+	prev := ""
+	var out []turnUsage
+	for _, s := range steps {
+		body := map[string]any{"instructions": system, "tools": []any{responsesWeatherTool()}, "tool_choice": "none", "max_output_tokens": 20, "ignore_eos": true}
+		if chain {
+			body["input"] = stepItems(s)
+			if prev != "" {
+				body["previous_response_id"] = prev
+			}
+		} else {
+			input = append(input, stepItems(s)...)
+			body["input"] = input
+			body["store"] = false
+		}
+		r := createResponse(t, w, body)
+		out = append(out, turnUsage{r.Usage.InputTokens, r.Usage.InputTokensDetails.CachedTokens, r.text()})
+		prev = r.ID
+		input = append(input, map[string]any{"role": "assistant", "content": r.text()})
+	}
+	return out
+}
+
+func runMessages(t *testing.T, system string, steps []agentStep) []turnUsage {
+	w := newWorker(t, testConfig())
+	var msgs []any
+	var out []turnUsage
+	for _, s := range steps {
+		msgs = append(msgs, map[string]any{"role": "user", "content": s.user})
+		if s.call != "" {
+			msgs = append(msgs,
+				map[string]any{"role": "assistant", "content": []any{map[string]any{"type": "tool_use", "id": "toolu_1", "name": s.call, "input": json.RawMessage(s.args)}}},
+				map[string]any{"role": "user", "content": []any{map[string]any{"type": "tool_result", "tool_use_id": "toolu_1", "content": s.toolText}}})
+		}
+		r := createMessage(t, w, map[string]any{"system": system, "tools": []any{messagesWeatherTool()}, "tool_choice": map[string]any{"type": "none"},
+			"max_tokens": 20, "ignore_eos": true, "messages": msgs})
+		out = append(out, turnUsage{r.prompt(), r.Usage.CacheReadInputTokens, r.text()})
+		msgs = append(msgs, map[string]any{"role": "assistant", "content": []any{map[string]any{"type": "text", "text": r.text()}}})
+	}
+	return out
+}
+
+func TestSameConversationSameCacheAcrossChatResponsesAndMessages(t *testing.T) {
+	system, steps := agentConversation()
+	want := runChat(t, system, steps)
+	for i := 1; i < len(want); i++ {
+		if want[i].cached <= want[i-1].prompt {
+			t.Fatalf("chat turn %d cached %d, not beyond the previous prompt %d: the conversation does not exercise the cache", i, want[i].cached, want[i-1].prompt)
+		}
+	}
+	for _, api := range []struct {
+		name string
+		run  func() []turnUsage
+	}{
+		{"responses, full resend", func() []turnUsage { return runResponses(t, system, steps, false) }},
+		{"responses, previous_response_id", func() []turnUsage { return runResponses(t, system, steps, true) }},
+		{"messages", func() []turnUsage { return runMessages(t, system, steps) }},
+	} {
+		got := api.run()
+		for i := range want {
+			if got[i] != want[i] {
+				t.Errorf("%s, turn %d: prompt %d cached %d reply %q; chat: prompt %d cached %d reply %q",
+					api.name, i, got[i].prompt, got[i].cached, got[i].reply, want[i].prompt, want[i].cached, want[i].reply)
+			}
+		}
+	}
+}
+
+// TestSimToolCallsCacheAlikeInResponsesAndMessages runs a tool loop whose
+// calls the simulator makes: the Responses API (full resend and chained) and
+// the Messages API see the same prompts, hits and calls at every request.
+func TestSimToolCallsCacheAlikeInResponsesAndMessages(t *testing.T) {
+	const system = "You are an agent."
+	tasks := []string{words("task0", 300), "now the second task", "and the third"}
+	type reqUsage struct {
+		prompt, cached int
+		call           string // name and arguments of the call, or ""
+	}
+
+	messages := func() []reqUsage {
+		w := newWorker(t, testConfig())
+		var msgs []any
+		var out []reqUsage
+		for _, task := range tasks {
+			msgs = append(msgs, map[string]any{"role": "user", "content": task})
+			for round := 0; ; round++ {
+				if round == 4 {
+					t.Fatalf("messages: the tool loop does not end: %+v", out)
+				}
+				r := createMessage(t, w, map[string]any{"system": system, "tools": []any{messagesWeatherTool()}, "max_tokens": 48, "messages": msgs})
+				u := reqUsage{prompt: r.prompt(), cached: r.Usage.CacheReadInputTokens}
+				if r.StopReason != "tool_use" {
+					out = append(out, u)
+					msgs = append(msgs, map[string]any{"role": "assistant", "content": r.text()})
+					break
+				}
+				c := r.Content[0]
+				u.call = c.Name + string(c.Input)
+				out = append(out, u)
+				msgs = append(msgs,
+					map[string]any{"role": "assistant", "content": []any{map[string]any{"type": "tool_use", "id": c.ID, "name": c.Name, "input": c.Input}}},
+					map[string]any{"role": "user", "content": []any{map[string]any{"type": "tool_result", "tool_use_id": c.ID, "content": "result"}}})
+			}
+		}
+		return out
+	}
+
+	responses := func(chain bool) []reqUsage {
+		w := newWorker(t, testConfig())
+		var input, turn []any
+		prev := ""
+		var out []reqUsage
+		for _, task := range tasks {
+			turn = append(turn, map[string]any{"role": "user", "content": task})
+			for round := 0; ; round++ {
+				if round == 4 {
+					t.Fatalf("responses: the tool loop does not end: %+v", out)
+				}
+				body := map[string]any{"instructions": system, "tools": []any{responsesWeatherTool()}, "max_output_tokens": 48}
+				if chain {
+					body["input"] = turn
+					if prev != "" {
+						body["previous_response_id"] = prev
+					}
+				} else {
+					input = append(input, turn...)
+					body["input"] = input
+					body["store"] = false
+				}
+				turn = nil
+				r := createResponse(t, w, body)
+				prev = r.ID
+				u := reqUsage{prompt: r.Usage.InputTokens, cached: r.Usage.InputTokensDetails.CachedTokens}
+				o := r.Output[0]
+				if o.Type != "function_call" {
+					out = append(out, u)
+					input = append(input, map[string]any{"role": "assistant", "content": r.text()})
+					break
+				}
+				u.call = o.Name + o.Arguments
+				out = append(out, u)
+				input = append(input, map[string]any{"type": "function_call", "call_id": o.CallID, "name": o.Name, "arguments": o.Arguments})
+				turn = append(turn, map[string]any{"type": "function_call_output", "call_id": o.CallID, "output": "result"})
+			}
+		}
+		return out
+	}
+
+	want := messages()
+	if len(want) != 6 {
+		t.Fatalf("%d requests, want a call and an answer for each of 3 tasks: %+v", len(want), want)
+	}
+	for i := 1; i < len(want); i++ {
+		if want[i].cached <= want[i-1].prompt {
+			t.Fatalf("request %d cached %d, not beyond the previous prompt %d: the previous reply was not cached", i, want[i].cached, want[i-1].prompt)
+		}
+	}
+	for _, chain := range []bool{false, true} {
+		got := responses(chain)
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("responses (chained %v):\n%+v\nmessages:\n%+v", chain, got, want)
+		}
+	}
+}
+
+// The Responses and Messages routes answer only their methods.
+func TestAgentRoutesMethods(t *testing.T) {
+	w := newWorker(t, testConfig())
+	for _, req := range []struct{ method, path string }{
+		{"GET", "/v1/messages"}, {"GET", "/v1/responses"}, {"PUT", "/v1/responses/resp_1"}, {"GET", "/v1/responses/resp_1/cancel"},
+	} {
+		if rec := do(t, w, req.method, req.path, ""); rec.Code != http.StatusMethodNotAllowed {
+			t.Errorf("%s %s: %d, want 405", req.method, req.path, rec.Code)
+		}
+	}
+}
