@@ -61,6 +61,12 @@ type Config struct {
 
 	APIKey      string `yaml:"api_key"`
 	AdminAPIKey string `yaml:"admin_api_key"`
+	// ClientAPIKeysFile, when set, closes the routed endpoints and /v1/models to callers without
+	// one of its keys (see internal/clientkeys for the format).
+	ClientAPIKeysFile string `yaml:"client_api_keys_file"`
+	// ForwardClientAuth sends the client's own Authorization / x-api-key to the worker even when
+	// client keys are checked (by default the worker then gets --api-key only).
+	ForwardClientAuth bool `yaml:"forward_client_auth"`
 
 	LogLevel  string `yaml:"log_level"`
 	LogFormat string `yaml:"log_format"`
@@ -165,6 +171,8 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.IntVar(&c.PrometheusPort, "prometheus-port", c.PrometheusPort, "port of the separate metrics listener (0 disables it; /metrics is also on the main port)")
 	fs.StringVar(&c.APIKey, "api-key", c.APIKey, "sent to workers as 'Authorization: Bearer' when the client sent none (env "+APIKeyEnv+")")
 	fs.StringVar(&c.AdminAPIKey, "admin-api-key", c.AdminAPIKey, "when set, admin endpoints require 'Authorization: Bearer <key>' (env "+AdminAPIKeyEnv+")")
+	fs.StringVar(&c.ClientAPIKeysFile, "client-api-keys-file", c.ClientAPIKeysFile, "file of client API keys (one per line, optional tenant= and priority=); when set, routed endpoints require one (reloaded on change and SIGHUP)")
+	fs.BoolVar(&c.ForwardClientAuth, "forward-client-auth", c.ForwardClientAuth, "with --client-api-keys-file, still send the client's Authorization / x-api-key to workers")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
 	fs.Float64Var(&c.ShutdownGraceSecs, "shutdown-grace-secs", c.ShutdownGraceSecs, "on SIGTERM/SIGINT, seconds to let in-flight requests finish")

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/cacheroute/cacheroute/internal/clientkeys"
 	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -27,6 +28,19 @@ func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
 			writeError(w, http.StatusForbidden, "permission_error", "admin_loopback_only",
 				"without --admin-api-key the admin endpoints answer only callers on this host's loopback")
 			return
+		}
+		h(w, r)
+	}
+}
+
+// clientAuth guards a non-routed client endpoint (/v1/models) with the client keys, when set.
+func (s *Server) clientAuth(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.opts.ClientKeys != nil {
+			if _, ok := s.opts.ClientKeys.Lookup(clientkeys.FromHeaders(r.Header.Get)); !ok {
+				writeError(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", "a valid API key is required")
+				return
+			}
 		}
 		h(w, r)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/cacheroute/cacheroute/internal/clientkeys"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/reqkey"
@@ -31,6 +32,7 @@ type exchange struct {
 	// responseID is the stored response a byResponseID path names; label and searching say how
 	// its worker is found: the known holder, or every healthy worker in turn.
 	responseID string
+	caller     clientkeys.Client // who sent it, when client keys are checked
 	method     string
 	label      string
 	searching  bool
@@ -88,6 +90,16 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 	ex.rid = requestID(ctx.Request.Header.Peek(HeaderRequestID))
 	ctx.Response.Header.Set(HeaderRequestID, ex.rid)
 
+	if s.opts.ClientKeys != nil {
+		key := clientkeys.FromHeaders(func(name string) string { return string(ctx.Request.Header.Peek(name)) })
+		client, ok := s.opts.ClientKeys.Lookup(key)
+		if !ok {
+			s.finish(ex, s.fail(ctx, ex, fasthttp.StatusUnauthorized, "invalid_request_error", "invalid_api_key",
+				"a valid API key is required: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'"))
+			return
+		}
+		ex.caller = client
+	}
 	var ok bool
 	if rt.place == byResponseID {
 		ok = s.prepareByResponseID(ctx, ex)
@@ -348,6 +360,10 @@ func (s *Server) discard(resp *fasthttp.Response, c *upConn) {
 func (s *Server) buildRequest(ctx *fasthttp.RequestCtx, out *fasthttp.Request, w *workers.Worker, rid string) {
 	in := &ctx.Request
 	copyRequestHeaders(&out.Header, &in.Header)
+	if s.opts.ClientKeys != nil && !s.opts.ForwardClientAuth {
+		out.Header.Del("Authorization") // the client's key is the router's business, not the worker's
+		out.Header.Del("X-Api-Key")
+	}
 	out.Header.SetMethodBytes(in.Header.Method())
 	out.SetRequestURI(w.URL() + string(in.RequestURI()))
 	out.SetBodyRaw(in.Body())

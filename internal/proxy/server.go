@@ -16,6 +16,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
+	"github.com/cacheroute/cacheroute/internal/clientkeys"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/workers"
@@ -30,6 +31,11 @@ type Options struct {
 	MaxBackoff     time.Duration
 	APIKey         string // sent upstream when the client sent no Authorization
 	AdminAPIKey    string // required by admin endpoints when set
+	// ClientKeys, when set, is asked for every routed request's and /v1/models' key: a caller
+	// without a valid one gets 401. Unless ForwardClientAuth, the client's key is then not sent
+	// to workers (they get APIKey).
+	ClientKeys        ClientKeys
+	ForwardClientAuth bool
 
 	ClientHeaderTimeout time.Duration // a new connection's first request line and any request's headers
 	ClientBodyTimeout   time.Duration // a request's whole body, once its headers arrived
@@ -40,6 +46,11 @@ type Options struct {
 	// SessionStore, when set, reports the shared session store's state for /health; with detail
 	// false it leaves out what could reveal the store's address (its last error).
 	SessionStore func(ctx context.Context, detail bool) any
+}
+
+// ClientKeys tells a client by the API key it presents.
+type ClientKeys interface {
+	Lookup(presentedKey string) (clientkeys.Client, bool)
 }
 
 // Fleet changes the set of workers; the router implements it so that adding a worker also probes
@@ -98,7 +109,7 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 		s.mux.HandleFunc(method+" "+path, h)
 		allow[path] = append(allow[path], method)
 	}
-	handle("GET", "/v1/models", s.models)
+	handle("GET", "/v1/models", s.clientAuth(s.models))
 	handle("GET", "/health", s.health)
 	handle("GET", "/liveness", s.liveness)
 	handle("GET", "/readiness", s.readiness)

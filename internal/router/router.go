@@ -9,10 +9,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
+	"github.com/cacheroute/cacheroute/internal/clientkeys"
 	"github.com/cacheroute/cacheroute/internal/config"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
@@ -33,8 +37,9 @@ type Router struct {
 	policy    policy.Policy
 	metrics   *metrics.Metrics
 	proxy     *proxy.Server
-	transport *http.Transport // health probes
-	store     *sharedStore    // nil unless --session-store redis
+	transport *http.Transport     // health probes
+	store     *sharedStore        // nil unless --session-store redis
+	keys      *clientkeys.Watcher // nil unless --client-api-keys-file
 }
 
 // New builds a router from a validated configuration. Workers are registered by Start.
@@ -69,6 +74,14 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		SuccessThreshold: cfg.HealthSuccessThreshold,
 		APIKey:           cfg.APIKey,
 	}, &http.Client{Transport: transport}, log)
+	var keys proxy.ClientKeys
+	if cfg.ClientAPIKeysFile != "" {
+		w, err := clientkeys.NewWatcher(cfg.ClientAPIKeysFile, clientkeys.WatcherOptions{Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("--client-api-keys-file: %w", err)
+		}
+		r.keys, keys = w, w
+	}
 	var storeHealth func(context.Context, bool) any
 	if store != nil {
 		storeHealth = func(ctx context.Context, detail bool) any {
@@ -87,6 +100,8 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		MaxBackoff:          cfg.RetryMaxBackoff(),
 		APIKey:              cfg.APIKey,
 		AdminAPIKey:         cfg.AdminAPIKey,
+		ClientKeys:          keys,
+		ForwardClientAuth:   cfg.ForwardClientAuth,
 		ClientHeaderTimeout: cfg.ClientHeaderTimeout(),
 		ClientBodyTimeout:   cfg.ClientBodyTimeout(),
 		KeepaliveTimeout:    cfg.KeepaliveTimeout(),
@@ -225,6 +240,15 @@ func (r *Router) RemoveWorker(raw string) error {
 // CheckWorker probes one registered worker URL now: health and model list.
 func (r *Router) CheckWorker(ctx context.Context, url string) { r.checker.Check(ctx, url) }
 
+// ReloadClientKeys reads the client keys file again now (SIGHUP); a file that does not load
+// leaves the keys in use unchanged.
+func (r *Router) ReloadClientKeys() error {
+	if r.keys == nil {
+		return nil
+	}
+	return r.keys.Reload()
+}
+
 // CheckHealth runs one round of health checks now (the background loop does so every interval).
 func (r *Router) CheckHealth(ctx context.Context) { r.checker.CheckAll(ctx) }
 
@@ -249,6 +273,9 @@ func (r *Router) Start(ctx context.Context) {
 		r.log.Info("session store", "backend", st.Backend, "reachable", st.Reachable)
 	}
 	go r.checker.Run(ctx)
+	if r.keys != nil {
+		go func() { _ = r.keys.Run(ctx) }()
+	}
 	if sweeper, ok := r.policy.(interface{ Run(context.Context) }); ok {
 		go sweeper.Run(ctx)
 	}
@@ -302,6 +329,23 @@ func (r *Router) Serve(ctx context.Context, ln, metricsLn net.Listener) error {
 	return firstErr
 }
 
+// reloadOnHangup reloads the client keys file on every SIGHUP until ctx ends.
+func (r *Router) reloadOnHangup(ctx context.Context) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			if err := r.ReloadClientKeys(); err == nil && r.keys != nil {
+				r.log.Info("client keys reloaded", "keys", r.keys.Current().Len())
+			}
+		}
+	}
+}
+
 // maxMetricsConns caps the metrics listener's open connections; a scraper needs a handful.
 const maxMetricsConns = 64
 
@@ -324,5 +368,6 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 	log.Info("cacheroute listening", "addr", ln.Addr().String(), "policy", cfg.Policy, "workers", len(cfg.WorkerURLs))
 	r.Start(ctx)
+	go r.reloadOnHangup(ctx)
 	return r.Serve(ctx, ln, metricsLn)
 }

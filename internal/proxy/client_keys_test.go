@@ -1,0 +1,98 @@
+package proxy
+
+import (
+	"net/http"
+	"sync"
+	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/clientkeys"
+)
+
+// Client API keys: the routed endpoints and /v1/models closed to callers without one.
+
+func keySet(t *testing.T, file string) *clientkeys.Set {
+	t.Helper()
+	set, err := clientkeys.Parse("keys", []byte(file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return set
+}
+
+// authWorker records the Authorization and x-api-key headers it receives.
+type authWorker struct {
+	*testWorker
+	mu       sync.Mutex
+	auth, xk []string
+}
+
+func newAuthWorker(t *testing.T) *authWorker {
+	aw := &authWorker{}
+	aw.testWorker = newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+		aw.mu.Lock()
+		aw.auth, aw.xk = append(aw.auth, r.Header.Get("Authorization")), append(aw.xk, r.Header.Get("X-Api-Key"))
+		aw.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"object":"list","data":[]}`))
+	})
+	return aw
+}
+
+func keyedProxy(t *testing.T, forward bool) (*testProxy, *authWorker) {
+	w := newAuthWorker(t)
+	opts := testOptions()
+	opts.ClientKeys = keySet(t, "sk-alice tenant=alice\nsk-bob tenant=bob priority=batch\n")
+	opts.ForwardClientAuth = forward
+	opts.APIKey = "worker-key"
+	return newTestProxy(t, setup{urls: []string{w.URL}, opts: &opts}), w
+}
+
+func TestRequestWithoutAValidClientKeyIsRefusedInItsRoutesShape(t *testing.T) {
+	tp, w := keyedProxy(t, false)
+	for _, auth := range [][]string{nil, {"Authorization", "Bearer sk-mallory"}, {"x-api-key", "sk-mallory"}, {"Authorization", "Basic sk-alice"}} {
+		status, _, body := tp.post(t, chatPath, chatBody, auth...)
+		if status != http.StatusUnauthorized || errorCode(t, body) != "invalid_api_key" {
+			t.Errorf("chat with %v: %d %s, want 401 invalid_api_key", auth, status, body)
+		}
+		status, _, body = tp.post(t, "/v1/messages", `{"model":"m","max_tokens":1,"messages":[]}`, auth...)
+		if status != http.StatusUnauthorized || anthropicErrorType(t, body) != "authentication_error" {
+			t.Errorf("messages with %v: %d %s, want 401 authentication_error", auth, status, body)
+		}
+	}
+	if status, _, _ := tp.do(t, http.MethodGet, "/v1/models"); status != http.StatusUnauthorized {
+		t.Errorf("/v1/models without a key: %d, want 401", status)
+	}
+	if n := w.hits.Load(); n != 0 {
+		t.Fatalf("the worker got %d requests from callers without a valid key", n)
+	}
+}
+
+func TestClientKeyIsReplacedByTheWorkerKeyUpstream(t *testing.T) {
+	tp, w := keyedProxy(t, false)
+	if status, _, body := tp.post(t, chatPath, chatBody, "Authorization", "bearer sk-alice"); status != http.StatusOK {
+		t.Fatalf("valid key: %d %s", status, body)
+	}
+	if status, _, body := tp.post(t, "/v1/messages", `{"model":"m","max_tokens":1,"messages":[]}`, "x-api-key", "sk-bob"); status != http.StatusOK {
+		t.Fatalf("valid x-api-key: %d %s", status, body)
+	}
+	if status, _, _ := tp.do(t, http.MethodGet, "/v1/models", "Authorization", "Bearer sk-bob"); status != http.StatusOK {
+		t.Fatalf("/v1/models with a key: %d", status)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i := range w.auth {
+		if w.auth[i] != "Bearer worker-key" || w.xk[i] != "" {
+			t.Errorf("request %d reached the worker with Authorization %q, x-api-key %q: the client's key must not leave the router", i, w.auth[i], w.xk[i])
+		}
+	}
+}
+
+func TestForwardClientAuthSendsTheClientsKeyUpstream(t *testing.T) {
+	tp, w := keyedProxy(t, true)
+	tp.post(t, chatPath, chatBody, "Authorization", "Bearer sk-alice")
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.auth) != 1 || w.auth[0] != "Bearer sk-alice" {
+		t.Fatalf("worker got %q, want the client's key", w.auth)
+	}
+}

@@ -1,0 +1,57 @@
+package router
+
+import (
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestClientKeysFileClosesTheRouteAndReloadRotatesKeys(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(path, []byte("sk-old tenant=team-a\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig()
+	cfg.ClientAPIKeysFile = path
+	tr := startRouter(t, cfg, newFakeWorker(t))
+	const chat = `{"messages":[{"role":"user","content":"hi"}]}`
+	status := func(key string) int {
+		resp := tr.post(t, "/v1/chat/completions", chat, "Authorization", "Bearer "+key)
+		readAll(t, resp)
+		return resp.StatusCode
+	}
+	if got := status("sk-old"); got != http.StatusOK {
+		t.Fatalf("listed key: %d, want 200", got)
+	}
+	if got := status("sk-new"); got != http.StatusUnauthorized {
+		t.Fatalf("unlisted key: %d, want 401", got)
+	}
+	if err := os.WriteFile(path, []byte("sk-new tenant=team-a\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.ReloadClientKeys(); err != nil {
+		t.Fatal(err)
+	}
+	if status("sk-new") != http.StatusOK || status("sk-old") != http.StatusUnauthorized {
+		t.Fatal("after the reload the new key is not accepted or the old one still is")
+	}
+	if err := os.WriteFile(path, []byte("this line is not a key file entry tenant=\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.ReloadClientKeys(); err == nil || strings.Contains(err.Error(), "sk-") {
+		t.Fatalf("a bad file reloaded without error, or its error shows key material: %v", err)
+	}
+	if status("sk-new") != http.StatusOK {
+		t.Fatal("a failed reload dropped the keys in use")
+	}
+}
+
+func TestUnreadableClientKeysFileStopsTheStart(t *testing.T) {
+	cfg := testConfig()
+	cfg.ClientAPIKeysFile = filepath.Join(t.TempDir(), "missing")
+	if _, err := New(cfg, nil); err == nil {
+		t.Fatal("a router started with a client keys file that does not exist")
+	}
+}
