@@ -1,0 +1,243 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
+)
+
+// The shapes of a Responses agent session.
+type responsesMode struct {
+	// chained: every turn after the first sends only its new items, with previous_response_id
+	// naming the last answer (stored, the default). Otherwise every turn sends the whole input
+	// with the session in prompt_cache_key, and store false.
+	chained bool
+	stream  bool
+}
+
+// responsesSession is one agent's conversation over the Responses API.
+type responsesSession struct {
+	id       string
+	prevID   string                                  // the last answer's id (chained)
+	history  []responses.ResponseInputItemUnionParam // every item so far (whole input)
+	next     []responses.ResponseInputItemUnionParam // this turn's new items
+	turns    []sdkTurn
+	calls    int
+	notFound []string // the 404 answers, one per session at most: a chain cannot go on after one
+}
+
+// runResponsesSessions runs sdkSessions agent sessions of up to sdkTurns turns through rig with
+// the OpenAI SDK's Responses API. Each session offers the tools; a function call is answered with
+// its output, a text answer with the next instruction. A 404 ends its session and is recorded;
+// any other failure ends the test.
+func runResponsesSessions(t *testing.T, rig *sdkRig, mode responsesMode) []*responsesSession {
+	t.Helper()
+	client := rig.openAI()
+	var tools []responses.ToolUnionParam
+	for i, tl := range sdkTools {
+		tools = append(tools, responses.ToolUnionParam{OfFunction: &responses.FunctionToolParam{
+			Name: tl.name, Description: openai.String(tl.description), Parameters: sdkSchema(i), Strict: openai.Bool(false),
+		}})
+	}
+	sessions := make([]*responsesSession, sdkSessions)
+	for s := range sessions {
+		sessions[s] = &responsesSession{id: fmt.Sprintf("responses-agent-%d", s),
+			next: []responses.ResponseInputItemUnionParam{responses.ResponseInputItemParamOfMessage(sdkTask(s), responses.EasyInputMessageRoleUser)}}
+	}
+	for turn := 1; turn <= sdkTurns; turn++ {
+		for s, ss := range sessions {
+			if len(ss.notFound) > 0 {
+				continue
+			}
+			what := fmt.Sprintf("%s turn %d", ss.id, turn)
+			params := responses.ResponseNewParams{
+				Model: sdkModel, Instructions: openai.String(sdkSystem), Tools: tools,
+				MaxOutputTokens: openai.Int(sdkMaxTokens),
+			}
+			if mode.chained {
+				params.Input.OfInputItemList = ss.next
+				if ss.prevID != "" {
+					params.PreviousResponseID = openai.String(ss.prevID)
+				}
+			} else {
+				ss.history = append(ss.history, ss.next...)
+				params.Input.OfInputItemList = ss.history
+				params.PromptCacheKey = openai.String(ss.id)
+				params.Store = openai.Bool(false)
+			}
+			var raw *http.Response
+			var resp *responses.Response
+			var err error
+			if mode.stream {
+				resp, err = streamResponse(t, client, what, params, &raw)
+			} else {
+				resp, err = client.Responses.New(t.Context(), params, option.WithResponseInto(&raw))
+			}
+			var apiErr *openai.Error
+			if errors.As(err, &apiErr) && apiErr.StatusCode == http.StatusNotFound {
+				ss.notFound = append(ss.notFound, fmt.Sprintf("%s: %s", what, apiErr.Message))
+				continue
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			tn := rig.routed(t, what, raw)
+			tn.prompt, tn.cached = resp.Usage.InputTokens, resp.Usage.InputTokensDetails.CachedTokens
+			ss.turns = append(ss.turns, tn)
+			if resp.ID == "" || resp.Status != responses.ResponseStatusCompleted || len(resp.Output) != 1 || tn.prompt == 0 {
+				t.Fatalf("%s: response %q status %q with %d output items and %d input tokens", what, resp.ID, resp.Status, len(resp.Output), tn.prompt)
+			}
+			if mode.chained && resp.PreviousResponseID != ss.prevID {
+				t.Fatalf("%s: the response continues %q, the request named %q", what, resp.PreviousResponseID, ss.prevID)
+			}
+			ss.prevID = resp.ID
+			ss.next = nil
+			for _, item := range resp.Output {
+				switch item.Type {
+				case "function_call":
+					fc := item.AsFunctionCall()
+					if bad := checkToolCall(fc.Name, fc.Arguments); bad != "" || fc.CallID == "" {
+						t.Fatalf("%s: %s (call id %q)", what, bad, fc.CallID)
+					}
+					ss.calls++
+					if !mode.chained {
+						p := fc.ToParam()
+						ss.history = append(ss.history, responses.ResponseInputItemUnionParam{OfFunctionCall: &p})
+					}
+					out := responses.ResponseInputItemParamOfFunctionCallOutput(sdkToolResult(s, turn, fc.Name))
+					out.OfFunctionCallOutput.CallID = openai.String(fc.CallID)
+					ss.next = append(ss.next, out)
+				case "message":
+					m := item.AsMessage()
+					if len(m.Content) == 0 || m.Content[0].Type != "output_text" {
+						t.Fatalf("%s: message item without output text: %s", what, item.RawJSON())
+					}
+					if !mode.chained {
+						p := m.ToParam()
+						ss.history = append(ss.history, responses.ResponseInputItemUnionParam{OfOutputMessage: &p})
+					}
+					ss.next = append(ss.next, responses.ResponseInputItemParamOfMessage(sdkFollowUp(s, turn), responses.EasyInputMessageRoleUser))
+				default:
+					t.Fatalf("%s: output item of type %q", what, item.Type)
+				}
+			}
+		}
+	}
+	return sessions
+}
+
+// streamResponse sends params as a streaming request, checks the events as the SDK decoded them
+// (one numbered sequence; created, then the item's deltas, then completed; the deltas add up to
+// the completed response's output) and returns the response of the response.completed event.
+func streamResponse(t *testing.T, client openai.Client, what string, params responses.ResponseNewParams, raw **http.Response) (*responses.Response, error) {
+	t.Helper()
+	stream := client.Responses.NewStreaming(t.Context(), params, option.WithResponseInto(raw))
+	defer stream.Close()
+	var (
+		created   string
+		completed *responses.Response
+		seq       int64
+		events    int
+		deltas    = map[string]*strings.Builder{} // item id → its text or arguments deltas
+	)
+	add := func(item, delta string) {
+		if deltas[item] == nil {
+			deltas[item] = &strings.Builder{}
+		}
+		deltas[item].WriteString(delta)
+	}
+	for stream.Next() {
+		ev := stream.Current()
+		if events > 0 && ev.SequenceNumber != seq+1 {
+			t.Fatalf("%s: event %d (%s) has sequence number %d after %d", what, events, ev.Type, ev.SequenceNumber, seq)
+		}
+		seq = ev.SequenceNumber
+		events++
+		if completed != nil {
+			t.Fatalf("%s: event %s after response.completed", what, ev.Type)
+		}
+		switch ev.Type {
+		case "response.created":
+			created = ev.AsResponseCreated().Response.ID
+		case "response.output_text.delta":
+			add(ev.ItemID, ev.AsResponseOutputTextDelta().Delta)
+		case "response.function_call_arguments.delta":
+			add(ev.ItemID, ev.AsResponseFunctionCallArgumentsDelta().Delta)
+		case "response.completed":
+			r := ev.AsResponseCompleted().Response
+			completed = &r
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return nil, err
+	}
+	if created == "" || completed == nil || completed.ID != created {
+		t.Fatalf("%s: %d events; response.created named %q, response.completed %v", what, events, created, completed != nil)
+	}
+	for _, item := range completed.Output {
+		var want string
+		switch item.Type {
+		case "function_call":
+			want = item.AsFunctionCall().Arguments
+		case "message":
+			for _, c := range item.AsMessage().Content {
+				want += c.Text
+			}
+		}
+		got := ""
+		if d := deltas[item.ID]; d != nil {
+			got = d.String()
+		}
+		if got != want || got == "" {
+			t.Fatalf("%s: the deltas of %s item %s add up to %q; the completed response says %q", what, item.Type, item.ID, got, want)
+		}
+	}
+	return completed, nil
+}
+
+// An agent on the OpenAI SDK's Responses API that chains its turns by previous_response_id and
+// sends only each turn's new items, as the OpenAI Agents SDK does by default: every turn after
+// the first goes to the worker that stored the response it continues, so none is answered 404,
+// and that worker's prefix cache holds more of each turn than of the one before.
+func TestSDKResponsesPreviousResponseIDChainStaysOnItsWorker(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(map[bool]string{false: "json", true: "stream"}[stream], func(t *testing.T) {
+			rig := startSDKRig(t, "cache_aware")
+			sessions := runResponsesSessions(t, rig, responsesMode{chained: true, stream: stream})
+			for _, ss := range sessions {
+				if len(ss.notFound) > 0 {
+					t.Errorf("%s: answered 404: %v", ss.id, ss.notFound)
+					continue
+				}
+				if ss.calls < 3 {
+					t.Errorf("%s: the worker called a tool in %d of %d turns, want at least 3", ss.id, ss.calls, sdkTurns)
+				}
+				rig.checkSessionKeptItsCache(t, ss.id, ss.turns, "response_id_match")
+			}
+		})
+	}
+}
+
+// The control of the chained test: a round_robin router does not follow response ids, so a
+// previous_response_id chain reaches a worker that never stored the response it continues, and
+// the SDK returns that worker's 404 as an *openai.Error. This is what the chained test would
+// see if cache_aware stopped following the ids.
+func TestSDKResponsesChainThroughRoundRobinIsAnsweredNotFound(t *testing.T) {
+	rig := startSDKRig(t, "round_robin")
+	sessions := runResponsesSessions(t, rig, responsesMode{chained: true})
+	for _, ss := range sessions {
+		if len(ss.notFound) == 0 {
+			t.Errorf("%s: %d turns and no 404: %v", ss.id, len(ss.turns), ss.turns)
+			continue
+		}
+		if len(ss.turns) == 0 || !strings.Contains(strings.ToLower(ss.notFound[0]), "not found") {
+			t.Errorf("%s: after %d turns, %v", ss.id, len(ss.turns), ss.notFound)
+		}
+	}
+}
