@@ -224,6 +224,29 @@ func TestSDKResponsesPreviousResponseIDChainStaysOnItsWorker(t *testing.T) {
 	}
 }
 
+// An agent on the OpenAI SDK's Responses API that resends its whole input every turn with its
+// conversation id in prompt_cache_key and store false, as Codex does: every turn of a session is
+// served by one worker, by session match after the first, whose prefix cache holds more of each
+// turn than of the one before.
+func TestSDKResponsesFullInputWithPromptCacheKeyStaysOnItsWorker(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(map[bool]string{false: "json", true: "stream"}[stream], func(t *testing.T) {
+			rig := startSDKRig(t, "cache_aware")
+			sessions := runResponsesSessions(t, rig, responsesMode{stream: stream})
+			for _, ss := range sessions {
+				if len(ss.notFound) > 0 {
+					t.Errorf("%s: answered 404: %v", ss.id, ss.notFound)
+					continue
+				}
+				if ss.calls < 3 {
+					t.Errorf("%s: the worker called a tool in %d of %d turns, want at least 3", ss.id, ss.calls, sdkTurns)
+				}
+				rig.checkSessionKeptItsCache(t, ss.id, ss.turns, "session_id_match")
+			}
+		})
+	}
+}
+
 // The control of the chained test: a round_robin router does not follow response ids, so a
 // previous_response_id chain reaches a worker that never stored the response it continues, and
 // the SDK returns that worker's 404 as an *openai.Error. This is what the chained test would
