@@ -1,7 +1,11 @@
 // Package sim is a simulated vLLM worker: an http.Handler that serves the
-// OpenAI-compatible endpoints vLLM serves, with a real prefix-cache model, a
-// latency model, a FIFO scheduler and vLLM's Prometheus metric names, so the
-// router can be tested, demonstrated and benchmarked without GPUs.
+// OpenAI-compatible endpoints vLLM serves (chat, completions, the Responses
+// API with its stored responses) and the Anthropic Messages API, with a real
+// prefix-cache model, a latency model, a FIFO scheduler and vLLM's
+// Prometheus metric names, so the router can be tested, demonstrated and
+// benchmarked without GPUs. Every API renders a conversation through the one
+// chat template, so the same conversation hits the cache the same way
+// whichever API carries it.
 //
 // The pieces:
 //   - package prompt cuts text into pseudo-tokens and renders chat
