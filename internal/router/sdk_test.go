@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	anthropicoption "github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
@@ -262,5 +264,104 @@ func TestSDKResponsesChainThroughRoundRobinIsAnsweredNotFound(t *testing.T) {
 		if len(ss.turns) == 0 || !strings.Contains(strings.ToLower(ss.notFound[0]), "not found") {
 			t.Errorf("%s: after %d turns, %v", ss.id, len(ss.turns), ss.notFound)
 		}
+	}
+}
+
+// A Claude Code-like agent on the Anthropic SDK's Messages API, streaming, with a tool loop:
+// tool_use blocks are answered with tool_result blocks, and every turn resends the whole
+// conversation. The session is metadata.user_id for two sessions and the
+// x-claude-code-session-id header for the third. Every turn of a session is served by one worker,
+// whose prefix cache (cache_read_input_tokens) holds more of each turn than of the one before.
+func TestSDKMessagesStreamToolLoopStaysOnItsWorkersCache(t *testing.T) {
+	rig := startSDKRig(t, "cache_aware")
+	client := rig.anthropic()
+	var tools []anthropic.ToolUnionParam
+	for _, tl := range sdkTools {
+		tools = append(tools, anthropic.ToolUnionParam{OfTool: &anthropic.ToolParam{
+			Name: tl.name, Description: anthropic.String(tl.description),
+			InputSchema: anthropic.ToolInputSchemaParam{Properties: tl.properties, Required: tl.required},
+		}})
+	}
+	type session struct {
+		id       string
+		byHeader bool // x-claude-code-session-id, else metadata.user_id
+		msgs     []anthropic.MessageParam
+		turns    []sdkTurn
+		toolUses int
+	}
+	sessions := make([]*session, sdkSessions)
+	for s := range sessions {
+		sessions[s] = &session{id: fmt.Sprintf("claude-session-%d", s), byHeader: s == sdkSessions-1,
+			msgs: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock(sdkTask(s)))}}
+	}
+	for turn := 1; turn <= sdkTurns; turn++ {
+		for s, ss := range sessions {
+			what := fmt.Sprintf("%s turn %d", ss.id, turn)
+			params := anthropic.MessageNewParams{
+				Model: sdkModel, MaxTokens: sdkMaxTokens, Messages: ss.msgs, Tools: tools,
+				System: []anthropic.TextBlockParam{{Text: sdkSystem}},
+			}
+			var raw *http.Response
+			opts := []anthropicoption.RequestOption{anthropicoption.WithResponseInto(&raw)}
+			if ss.byHeader {
+				opts = append(opts, anthropicoption.WithHeader("x-claude-code-session-id", ss.id))
+			} else {
+				params.Metadata.UserID = anthropic.String(ss.id)
+			}
+			stream := client.Messages.NewStreaming(t.Context(), params, opts...)
+			var msg anthropic.Message
+			events := 0
+			for stream.Next() {
+				events++
+				if err := msg.Accumulate(stream.Current()); err != nil {
+					t.Fatalf("%s: event %d (%s): %v", what, events, stream.Current().Type, err)
+				}
+			}
+			if err := stream.Err(); err != nil {
+				t.Fatalf("%s: stream: %v", what, err)
+			}
+			_ = stream.Close()
+			tn := rig.routed(t, what, raw)
+			tn.prompt = msg.Usage.InputTokens + msg.Usage.CacheReadInputTokens + msg.Usage.CacheCreationInputTokens
+			tn.cached = msg.Usage.CacheReadInputTokens
+			ss.turns = append(ss.turns, tn)
+			if msg.ID == "" || msg.Role != "assistant" || len(msg.Content) == 0 || msg.Usage.OutputTokens == 0 || tn.prompt == 0 {
+				t.Fatalf("%s: %d events accumulated to message %q, role %q, %d blocks, usage %s",
+					what, events, msg.ID, msg.Role, len(msg.Content), msg.Usage.RawJSON())
+			}
+			var results []anthropic.ContentBlockParamUnion
+			for _, block := range msg.Content {
+				switch block.Type {
+				case "tool_use":
+					use := block.AsToolUse()
+					if bad := checkToolCall(use.Name, string(use.Input)); bad != "" || use.ID == "" {
+						t.Fatalf("%s: %s (tool_use id %q)", what, bad, use.ID)
+					}
+					results = append(results, anthropic.NewToolResultBlock(use.ID, sdkToolResult(s, turn, use.Name), false))
+				case "text":
+				default:
+					t.Fatalf("%s: content block of type %q", what, block.Type)
+				}
+			}
+			wantStop := anthropic.StopReasonEndTurn
+			if len(results) > 0 {
+				wantStop = anthropic.StopReasonToolUse
+				ss.toolUses++
+			}
+			if msg.StopReason != wantStop && !(len(results) == 0 && msg.StopReason == anthropic.StopReasonMaxTokens) {
+				t.Fatalf("%s: stop_reason %q with %d tool_use blocks", what, msg.StopReason, len(results))
+			}
+			ss.msgs = append(ss.msgs, msg.ToParam())
+			if len(results) == 0 {
+				results = append(results, anthropic.NewTextBlock(sdkFollowUp(s, turn)))
+			}
+			ss.msgs = append(ss.msgs, anthropic.NewUserMessage(results...))
+		}
+	}
+	for _, ss := range sessions {
+		if ss.toolUses < 3 {
+			t.Errorf("%s: the worker used a tool in %d of %d turns, want at least 3", ss.id, ss.toolUses, sdkTurns)
+		}
+		rig.checkSessionKeptItsCache(t, ss.id, ss.turns, "session_id_match")
 	}
 }
