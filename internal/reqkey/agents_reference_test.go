@@ -403,7 +403,7 @@ func refResponsesKey(tools, instructions, input json.RawMessage) string {
 		switch it.str("type") {
 		case "", "message":
 			k.role(it.str("role"))
-			k.parts('c', it["content"])
+			k.parts('c', 'x', it["content"])
 		case "function_call":
 			k.text = true
 			k.sb.WriteByte('f')
@@ -413,11 +413,11 @@ func refResponsesKey(tools, instructions, input json.RawMessage) string {
 		case "function_call_output":
 			k.sb.WriteByte('o')
 			k.lp(it.str("call_id"))
-			k.parts('c', it["output"])
+			k.parts('c', 'x', it["output"])
 		case "reasoning":
 			k.sb.WriteByte('z')
-			k.parts('y', it["summary"])
-			k.parts('k', it["content"])
+			k.parts('y', 0, it["summary"])
+			k.parts('k', 0, it["content"])
 			k.tagged('e', it.str("encrypted_content"))
 		default:
 			k.text = true
@@ -429,8 +429,9 @@ func refResponsesKey(tools, instructions, input json.RawMessage) string {
 	return k.String()
 }
 
-// parts writes a content, an output or a summary behind tag: a string, or its text parts.
-func (k *refKey) parts(tag byte, raw json.RawMessage) {
+// parts writes a content, an output or a summary behind tag: a string, or its text parts, and
+// its refusal parts behind refusal unless it is 0.
+func (k *refKey) parts(tag, refusal byte, raw json.RawMessage) {
 	switch v := refDecode(raw).(type) {
 	case string:
 		k.tagged(tag, v)
@@ -442,12 +443,13 @@ func (k *refKey) parts(tag byte, raw json.RawMessage) {
 			}
 			typ, _ := m["type"].(string)
 			text, _ := m["text"].(string)
-			refusal, _ := m["refusal"].(string)
 			switch typ {
 			case "", "text", "input_text", "output_text", "summary_text", "reasoning_text":
 				k.tagged(tag, text)
 			case "refusal":
-				k.tagged('x', refusal)
+				if s, _ := m["refusal"].(string); refusal != 0 {
+					k.tagged(refusal, s)
+				}
 			}
 		}
 	}

@@ -196,15 +196,16 @@ func (b *responsesBody) key(raw []byte, limit int) (key string, onePass bool) {
 //	user     = "u" ["c" lp(input)] "."                           an input string: one user message
 //	item     = role {"c" lp(text) | "x" lp(refusal)} "."         a message (type absent or message)
 //	         | "f" lp(call_id) lp(name) lp(arguments) "."        a function_call
-//	         | "o" lp(call_id) {"c" lp(text)} "."                a function_call_output
+//	         | "o" lp(call_id) {"c" lp(text) | "x" lp(refusal)} "."   a function_call_output
 //	         | "z" {"y" lp(summary)} {"k" lp(text)} ["e" lp(encrypted_content)] "."   a reasoning item
 //	         | "J" lp(item as canonical JSON) "."                an item of any other type
 //	role     = "s" | "d" | "u" | "a" | "t" | "r" lp(other role)  as chat's
 //
 // A content (or output, or summary) is a string, one text part, or an array of parts: a part
 // whose type is absent, text, input_text, output_text, summary_text or reasoning_text writes its
-// text, a refusal its refusal, any other (input_image, input_file, ...) nothing, as chat's images
-// write nothing. Arguments are written as chat writes a tool call's. A reasoning item's
+// text, a refusal part its refusal (but in a reasoning item, where "x" would not say whether it
+// was the summary's or the content's), any other (input_image, input_file, ...) nothing, as
+// chat's images write nothing. Arguments are written as chat writes a tool call's. A reasoning item's
 // encrypted_content is written too: it is what the server decrypts into the prompt, and clients
 // resend it unchanged, so it keeps the prefix property; the summary alone is not the prompt.
 // An item's id and status are not written: they are no part of the prompt.
@@ -234,7 +235,7 @@ func (h *historyWriter) item(pos int) int {
 	switch itemKind(h.kindName(f.typ, buf[:])) {
 	case kindMessage:
 		h.role(h.jstr(f.role))
-		h.parts('c', f.content)
+		h.parts('c', 'x', f.content)
 	case kindCall:
 		h.w.text = true
 		h.w.byte('f')
@@ -244,11 +245,11 @@ func (h *historyWriter) item(pos int) int {
 	case kindOutput:
 		h.w.byte('o')
 		h.lpString(f.callID)
-		h.parts('c', f.output)
+		h.parts('c', 'x', f.output)
 	case kindReasoning:
 		h.w.byte('z')
-		h.parts('y', f.summary)
-		h.parts('k', f.content)
+		h.parts('y', 0, f.summary)
+		h.parts('k', 0, f.content)
 		h.text('e', f.encrypted)
 	default:
 		h.w.text = true
@@ -283,9 +284,9 @@ func itemSlot(f *fields, key []byte) *int {
 	return nil
 }
 
-// parts writes the text parts of the value at pos (0: none) behind tag: a string, or the parts
-// of an array (see writeResponses).
-func (h *historyWriter) parts(tag byte, pos int) {
+// parts writes the text parts of the value at pos (0: none) behind tag, and its refusal parts
+// behind refusal unless it is 0: a string, or the parts of an array (see writeResponses).
+func (h *historyWriter) parts(tag, refusal byte, pos int) {
 	switch h.v[pos] {
 	case '"':
 		h.text(tag, pos)
@@ -298,7 +299,9 @@ func (h *historyWriter) parts(tag byte, pos int) {
 			case kindText:
 				h.text(tag, f.text)
 			case kindRefusal:
-				h.text('x', f.refusal)
+				if refusal != 0 {
+					h.text(refusal, f.refusal)
+				}
 			}
 			return end
 		})
