@@ -24,11 +24,20 @@ func newController(t *testing.T, opts admission.Options) *admission.Controller {
 
 func mustAdmit(t *testing.T, c *admission.Controller, tk admission.Ticket) *admission.Permit {
 	t.Helper()
-	p, err := c.Admit(context.Background(), tk)
+	p, err := admitBounded(t, c, tk)
 	if err != nil {
 		t.Fatalf("Admit(%+v): %v", tk, err)
 	}
 	return p
+}
+
+// admitBounded calls Admit with a context that ends after patience, so that a request which
+// should be answered at once fails the test instead of hanging it when it waits.
+func admitBounded(t *testing.T, c *admission.Controller, tk admission.Ticket) (*admission.Permit, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), patience)
+	defer cancel()
+	return c.Admit(ctx, tk)
 }
 
 // outcome is what one asynchronous Admit returned.
@@ -51,7 +60,7 @@ func admitAsync(ctx context.Context, c *admission.Controller, id string, tk admi
 func enqueue(t *testing.T, c *admission.Controller, id string, tk admission.Ticket, out chan<- outcome) {
 	t.Helper()
 	want := c.Queued() + 1
-	admitAsync(context.Background(), c, id, tk, out)
+	admitAsync(t.Context(), c, id, tk, out)
 	waitFor(t, func() bool { return c.Queued() == want }, "request "+id+" queued")
 }
 

@@ -3,6 +3,7 @@ package admission_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -27,7 +28,7 @@ func TestAdmit_FullQueueRejectsAtOnce(t *testing.T) {
 	enqueue(t, c, "queued", admission.Ticket{Tenant: "a"}, out)
 
 	// No QueueTimeout and a context that never ends: only an immediate answer returns.
-	admitAsync(context.Background(), c, "over", admission.Ticket{Tenant: "a"}, out)
+	admitAsync(t.Context(), c, "over", admission.Ticket{Tenant: "a"}, out)
 	o := receive(t, out)
 	if o.id != "over" {
 		t.Fatalf("%s returned first, want the request over the queue's size", o.id)
@@ -46,7 +47,7 @@ func TestAdmit_FullQueueRejectsAtOnce(t *testing.T) {
 func TestAdmit_NoQueueRejectsWhatCannotStart(t *testing.T) {
 	c := newController(t, admission.Options{MaxInFlight: 1})
 	hold := mustAdmit(t, c, admission.Ticket{})
-	_, err := c.Admit(t.Context(), admission.Ticket{})
+	_, err := admitBounded(t, c, admission.Ticket{})
 	if rejection(t, err).Reason != admission.QueueFull {
 		t.Fatalf("error %v, want queue_full", err)
 	}
@@ -75,34 +76,53 @@ func TestAdmit_FullQueueDisplacesTheNewestLowerPriorityRequest(t *testing.T) {
 }
 
 func TestAdmit_FullQueueDisplacesTheFloodingTenantOnly(t *testing.T) {
-	c := newController(t, admission.Options{MaxInFlight: 1, QueueSize: 3})
+	c := newController(t, admission.Options{MaxInFlight: 1, QueueSize: 4})
 	hold := mustAdmit(t, c, admission.Ticket{})
 	out := make(chan outcome, 5)
 	for _, id := range []string{"a0", "a1", "a2"} {
 		enqueue(t, c, id, admission.Ticket{Tenant: "a"}, out)
 	}
+	enqueue(t, c, "c0", admission.Ticket{Tenant: "c"}, out)
 
-	// b has none waiting, a has three: a's newest makes room.
+	// b has none waiting, a has three: a's newest makes room, not c's only request.
 	admitAsync(t.Context(), c, "b0", admission.Ticket{Tenant: "b"}, out)
 	o := receive(t, out)
 	if o.id != "a2" || rejection(t, o.err).Reason != admission.QueueFull {
 		t.Fatalf("%s returned %v, want a2 displaced", o.id, o.err)
 	}
 	// Now a has two and b one: displacing would only swap their shares, so b is refused.
-	waitFor(t, func() bool { return c.Queued() == 3 }, "b0 queued")
-	_, err := c.Admit(t.Context(), admission.Ticket{Tenant: "b"})
+	waitFor(t, func() bool { return c.Queued() == 4 }, "b0 queued")
+	_, err := admitBounded(t, c, admission.Ticket{Tenant: "b"})
 	if rejection(t, err).Reason != admission.QueueFull {
 		t.Fatalf("second b request: %v, want queue_full", err)
 	}
 	hold.Release()
-	drainOrder(t, 3, out)
+	drainOrder(t, 4, out)
+}
+
+func TestAdmit_FullQueueRefusesALowerPriorityArrival(t *testing.T) {
+	c := newController(t, admission.Options{MaxInFlight: 1, QueueSize: 2, Priorities: threeLevels})
+	hold := mustAdmit(t, c, admission.Ticket{})
+	out := make(chan outcome, 2)
+	enqueue(t, c, "i0", admission.Ticket{Tenant: "a", Priority: "interactive"}, out)
+	enqueue(t, c, "i1", admission.Ticket{Tenant: "a", Priority: "interactive"}, out)
+
+	// The batch arrival's tenant has nothing waiting, but everything waiting outranks it.
+	_, err := admitBounded(t, c, admission.Ticket{Tenant: "b", Priority: "batch"})
+	if rejection(t, err).Reason != admission.QueueFull {
+		t.Fatalf("batch arrival at a queue full of interactive requests: %v, want queue_full", err)
+	}
+	hold.Release()
+	if got := drainOrder(t, 2, out); !slices.Equal(got, []string{"i0", "i1"}) {
+		t.Fatalf("admitted %v, want both interactive requests", got)
+	}
 }
 
 func TestAdmit_WaitingPastQueueTimeoutRejects(t *testing.T) {
 	rec := newRecorder()
 	c := newController(t, admission.Options{MaxInFlight: 1, QueueSize: 1, QueueTimeout: 20 * time.Millisecond, Reporter: rec})
 	hold := mustAdmit(t, c, admission.Ticket{})
-	_, err := c.Admit(t.Context(), admission.Ticket{Tenant: "a"})
+	_, err := admitBounded(t, c, admission.Ticket{Tenant: "a"})
 	rej := rejection(t, err)
 	if rej.Reason != admission.QueueTimeout || rej.RetryAfter <= 0 {
 		t.Fatalf("rejection %+v, want queue_timeout with a Retry-After", rej)
