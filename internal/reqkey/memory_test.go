@@ -117,13 +117,19 @@ var tinyShapes = []struct {
 // parseAllocs returns the bytes Parse allocates for body, and the request it returns.
 func parseAllocs(t testing.TB, body []byte) (uint64, *reqkey.Request) {
 	t.Helper()
+	return parseAllocsWith(t, reqkey.Parse, body)
+}
+
+// parseAllocsWith returns the bytes parse allocates for body, and the request it returns.
+func parseAllocsWith(t testing.TB, parse func(reqkey.Header, []byte) (*reqkey.Request, error), body []byte) (uint64, *reqkey.Request) {
+	t.Helper()
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	r, err := reqkey.Parse(nil, body)
+	r, err := parse(nil, body)
 	runtime.ReadMemStats(&after)
 	if err != nil {
-		t.Fatalf("Parse: %v", err)
+		t.Fatalf("parse: %v", err)
 	}
 	return after.TotalAlloc - before.TotalAlloc, r
 }
@@ -139,17 +145,112 @@ func TestParseMemoryIsBoundedByBodySizeForTinyParts(t *testing.T) {
 			if shape.big {
 				size = bigBodySize
 			}
-			body := shape.body(size)
-			allocated, r := parseAllocs(t, body)
-			ratio := float64(allocated) / float64(len(body))
-			t.Logf("%d bytes allocated for a body of %d bytes (%.2fx), key %d bytes (%.2fx)",
-				allocated, len(body), ratio, len(r.Text), float64(len(r.Text))/float64(len(body)))
-			if bound := max(3*len(body), len(r.Text)+len(body)); allocated > uint64(bound) {
-				t.Errorf("Parse allocated %d bytes (%.2f times the body), want at most %d", allocated, ratio, bound)
+			checkParseMemory(t, reqkey.Parse, shape.body(size))
+		})
+	}
+}
+
+// checkParseMemory fails unless parse allocates at most three times the body, or the key and the
+// body's size once more, for a body that has a key.
+func checkParseMemory(t *testing.T, parse func(reqkey.Header, []byte) (*reqkey.Request, error), body []byte) {
+	t.Helper()
+	allocated, r := parseAllocsWith(t, parse, body)
+	ratio := float64(allocated) / float64(len(body))
+	t.Logf("%d bytes allocated for a body of %d bytes (%.2fx), key %d bytes (%.2fx)",
+		allocated, len(body), ratio, len(r.Text), float64(len(r.Text))/float64(len(body)))
+	if bound := max(3*len(body), len(r.Text)+len(body)); allocated > uint64(bound) {
+		t.Errorf("parsing allocated %d bytes (%.2f times the body), want at most %d", allocated, ratio, bound)
+	}
+	if r.Text == "" {
+		t.Errorf("no routing text for the body")
+	}
+}
+
+// agentTinyShapes are the agent protocols' bodies made of one tiny part many times over, at each
+// level of their schemas.
+var agentTinyShapes = []struct {
+	p    *protocol
+	name string
+	body func(size int) []byte
+	big  bool // checked at bigBodySize
+}{
+	{&responsesProtocol, "4-byte content parts", func(n int) []byte {
+		return repeatedBody(n, `{"input":[{"role":"user","content":[`, `{"type":"input_text","text":"abcd"}`, ",", `]}]}`)
+	}, true},
+	{&responsesProtocol, "one-letter items", func(n int) []byte {
+		return repeatedBody(n, `{"input":[`, `{"role":"user","content":"a"}`, ",", `]}`)
+	}, true},
+	{&responsesProtocol, "empty items", func(n int) []byte { return repeatedBody(n, `{"input":[{"content":"a"},`, `{}`, ",", `]}`) }, false},
+	{&responsesProtocol, "null items", func(n int) []byte { return repeatedBody(n, `{"input":[{"content":"a"},`, `null`, ",", `]}`) }, false},
+	{&responsesProtocol, "empty parts", func(n int) []byte {
+		return repeatedBody(n, `{"input":[{"content":[{"text":"a"},`, `{}`, ",", `]}]}`)
+	}, false},
+	{&responsesProtocol, "tiny function calls", func(n int) []byte {
+		return repeatedBody(n, `{"input":[`, `{"type":"function_call","call_id":"c","name":"f","arguments":"1"}`, ",", `]}`)
+	}, false},
+	{&responsesProtocol, "tiny outputs", func(n int) []byte {
+		return repeatedBody(n, `{"input":[`, `{"type":"function_call_output","output":"1"}`, ",", `]}`)
+	}, false},
+	{&responsesProtocol, "tiny reasoning", func(n int) []byte {
+		return repeatedBody(n, `{"input":[`, `{"type":"reasoning","summary":[{"text":"a"}]}`, ",", `]}`)
+	}, false},
+	{&responsesProtocol, "tiny items of another type", func(n int) []byte {
+		return repeatedBody(n, `{"input":[`, `{"type":"x"}`, ",", `]}`)
+	}, false},
+	{&responsesProtocol, "an item of tiny members", func(n int) []byte {
+		var b bytes.Buffer
+		b.WriteString(`{"input":[{"type":"x"`)
+		for i := 36*36*36*36*36 - 1; b.Len() < n; i-- {
+			b.WriteString(`,"` + strconv.FormatInt(int64(i), 36) + `":0`)
+		}
+		b.WriteString(`}]}`)
+		return b.Bytes()
+	}, false},
+	{&responsesProtocol, "empty tools", func(n int) []byte { return repeatedBody(n, `{"input":[],"tools":[`, `{}`, ",", `]}`) }, false},
+	{&responsesProtocol, "unsorted tools", func(n int) []byte {
+		return repeatedBody(n, `{"input":[],"tools":[`, `{"name":"b"},{"function":{"name":"a"}}`, ",", `]}`)
+	}, false},
+	{&responsesProtocol, "named tools of another type", func(n int) []byte {
+		return repeatedBody(n, `{"input":[],"tools":[`, `{"type":"x","name":"b"},{"type":"x","name":"a"}`, ",", `]}`)
+	}, false},
+	{&responsesProtocol, "invalid UTF-8 content", func(n int) []byte {
+		return repeatedBody(n, `{"input":[{"content":"`, "\xff", "", `"}]}`)
+	}, false},
+	{&messagesProtocol, "4-byte text blocks", func(n int) []byte {
+		return repeatedBody(n, `{"messages":[{"role":"user","content":[`, `{"type":"text","text":"abcd"}`, ",", `]}]}`)
+	}, true},
+	{&messagesProtocol, "one-letter messages", func(n int) []byte {
+		return repeatedBody(n, `{"messages":[`, `{"role":"user","content":"a"}`, ",", `]}`)
+	}, true},
+	{&messagesProtocol, "empty messages", func(n int) []byte { return repeatedBody(n, `{"messages":[{"content":"a"},`, `{}`, ",", `]}`) }, false},
+	{&messagesProtocol, "empty blocks", func(n int) []byte {
+		return repeatedBody(n, `{"messages":[{"content":[`, `{}`, ",", `]}]}`)
+	}, false},
+	{&messagesProtocol, "marked blocks", func(n int) []byte {
+		return repeatedBody(n, `{"messages":[{"content":[`, `{"type":"text","text":"a","cache_control":{"type":"ephemeral"}}`, ",", `]}]}`)
+	}, false},
+	{&messagesProtocol, "tiny tool uses", func(n int) []byte {
+		return repeatedBody(n, `{"messages":[{"content":[`, `{"type":"tool_use","id":"i","name":"f","input":{}}`, ",", `]}]}`)
+	}, false},
+	{&messagesProtocol, "nested tool results", func(n int) []byte {
+		return repeatedBody(n, `{"messages":[{"content":[`, `{"type":"tool_result","content":[{"type":"tool_result","content":"a"}]}`, ",", `]}]}`)
+	}, false},
+	{&messagesProtocol, "empty tools", func(n int) []byte { return repeatedBody(n, `{"messages":[],"tools":[`, `{}`, ",", `]}`) }, false},
+	{&messagesProtocol, "server tools", func(n int) []byte {
+		return repeatedBody(n, `{"messages":[],"tools":[`, `{"type":"x","name":"b"},{"type":"x","name":"a"}`, ",", `]}`)
+	}, false},
+}
+
+// Parsing a Responses or Messages body allocates at most three times its size too, whatever it
+// is made of.
+func TestParseAgentMemoryIsBoundedByBodySizeForTinyParts(t *testing.T) {
+	for _, shape := range agentTinyShapes {
+		t.Run(shape.p.name+"/"+shape.name, func(t *testing.T) {
+			size := bodySize
+			if shape.big {
+				size = bigBodySize
 			}
-			if r.Text == "" {
-				t.Errorf("no routing text for the body")
-			}
+			checkParseMemory(t, shape.p.parse, shape.body(size))
 		})
 	}
 }

@@ -49,13 +49,16 @@ func checkMessagesMessage(s *scanner) {
 		s.mismatch()
 		return
 	}
-	size := len("r0:.") // the role written when none is given, and the end
+	size := len(".")
+	roleless := true // the last role may be absent (or null): "r0:" is written
 	s.object(func(s *scanner, key []byte) {
 		switch string(key) {
 		case "role":
-			if raw, n, ok := s.stringField("role"); ok {
+			raw, n, ok := s.stringField("role")
+			if ok {
 				size += roleSize(raw, n)
 			}
+			roleless = !ok
 		case "content":
 			s.in("content")
 			size += s.blocksSize()
@@ -64,6 +67,9 @@ func checkMessagesMessage(s *scanner) {
 			s.skip(false)
 		}
 	})
+	if roleless {
+		size += len("r0:")
+	}
 	s.hist.size += size
 }
 

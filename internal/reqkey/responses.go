@@ -77,16 +77,18 @@ func checkItem(s *scanner) {
 	start, grow, floats, keys := s.pos, s.grow, s.floats, s.keys
 	var buf [nameLen]byte
 	var typ []byte
-	roles := len("r0:") // the role written when none is given
+	roles, roleless := 0, true // the last role may be absent (or null): "r0:" is written
 	var content, callID, name, args, output, summary, encrypted int
 	s.object(func(s *scanner, key []byte) {
 		switch string(key) {
 		case "type":
 			typ = s.kindField("type", buf[:])
 		case "role":
-			if raw, n, ok := s.stringField("role"); ok {
+			raw, n, ok := s.stringField("role")
+			if ok {
 				roles += roleSize(raw, n)
 			}
+			roleless = !ok
 		case "call_id":
 			callID += s.typedStringSize("call_id")
 		case "name":
@@ -111,6 +113,9 @@ func checkItem(s *scanner) {
 	})
 	switch itemKind(typ) {
 	case kindMessage:
+		if roleless {
+			roles += len("r0:")
+		}
 		s.hist.size += roles + content + len(".")
 	case kindCall:
 		s.hist.size += len("f0:0:0:.") + callID + name + args
