@@ -75,6 +75,9 @@ func newHTTPClient(conns int, timeout time.Duration) *http.Client {
 // maxErrorBody bounds how much of an error answer is kept.
 const maxErrorBody = 512
 
+// maxTrailer bounds what is read of a stream after its final event.
+const maxTrailer = 64 << 10
+
 // send posts one turn to base in a's shape, reads the stream and fills rec with what came
 // back. TTFT is measured at the first event with content (text, reasoning or a tool call), not
 // at the headers, since a router or server may answer the headers before the first token.
@@ -123,6 +126,11 @@ func send(ctx context.Context, client *http.Client, base string, a api, x *excha
 		return st.done, nil
 	})
 	rec.E2E = time.Since(start)
+	if err == nil && st.done {
+		// Read the stream to its end, as SDKs do: a client that hangs up after the final event
+		// looks to the router like one that left before the answer was complete.
+		_, err = io.Copy(io.Discard, io.LimitReader(resp.Body, maxTrailer))
+	}
 	rec.PromptTokens, rec.CachedTokens, rec.OutputTokens = st.prompt, st.cached, st.output
 	switch {
 	case err != nil:

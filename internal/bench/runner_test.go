@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -282,5 +283,44 @@ func TestStreamWithoutItsFinalEventFails(t *testing.T) {
 	res := run(t.Context(), &w, &Target{Name: "t", URLs: []string{srv.URL}}, RunOptions{API: APIMessages, Model: "m", Concurrency: 1})
 	if len(res.records) != 1 || res.records[0].Err != "stream ended without message_stop" {
 		t.Fatalf("records %+v", res.records)
+	}
+}
+
+// The bench reads each stream to its end after the final event, as SDKs do: a client that
+// hangs up at the final event looks, to a router, like one that left before the answer was
+// complete, and its connection cannot be reused.
+func TestStreamsAreReadToTheirEnd(t *testing.T) {
+	var mu sync.Mutex
+	conns, finished := 0, 0
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "data: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"usage\":{\"input_tokens\":3}}}\n\n"+
+			"data: {\"type\":\"message_stop\"}\n\n")
+		w.(http.Flusher).Flush()
+		time.Sleep(20 * time.Millisecond) // the client has the final event and could hang up
+		if _, err := io.WriteString(w, ": the end\n\n"); err == nil {
+			w.(http.Flusher).Flush()
+			mu.Lock()
+			finished++
+			mu.Unlock()
+		}
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			mu.Lock()
+			conns++
+			mu.Unlock()
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	w := threeTurns()
+	res := run(t.Context(), &w, &Target{Name: "t", URLs: []string{srv.URL}}, RunOptions{API: APIMessages, Model: "m", Concurrency: 1})
+	if len(res.records) != 3 || res.records[2].Err != "" {
+		t.Fatalf("records %+v", res.records)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if conns != 1 || finished != 3 {
+		t.Fatalf("%d connections for 3 turns, %d streams written to their end", conns, finished)
 	}
 }
