@@ -61,3 +61,75 @@ func TestInProcessBenchCacheAwareBeatsRoundRobin(t *testing.T) {
 	}
 	t.Logf("round_robin %.3f, cache_aware %.3f", rr.HitRate, ca.HitRate)
 }
+
+// chainBench runs an agent workload with --api responses-chain through one in-process router
+// per policy over 4 simulated workers, one session at a time.
+func chainBench(t *testing.T, api string, policies ...string) *Report {
+	t.Helper()
+	w, err := Agent(AgentConfig{Sessions: 8, Turns: 4, SharedPrefixTokens: 64, ToolSets: 1, TaskTokens: 100,
+		ToolResult: Dist{Kind: "fixed", A: 50}, OutputTokens: 8, Seed: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	simCfg := sim.DefaultConfig()
+	simCfg.TimeScale = 0.01
+	ps, err := ParsePolicies(policies, SessionHeader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Run(t.Context(), Options{Workload: w, Policies: ps, Workers: 4, Sim: simCfg, API: api,
+		Concurrency: 1, Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+// A chained Responses session works only on the worker that stored its previous response.
+// round_robin sends each session's second turn to the next worker, which answers 404.
+func TestResponsesChainThroughRoundRobinFindsNoResponse(t *testing.T) {
+	rep := chainBench(t, APIResponsesChain, "round_robin")
+	rr := rep.Targets[0]
+	if rr.ResponseNotFound == 0 {
+		t.Fatalf("round_robin: no response-not-found failure; %d requests, %d errors %v", rr.Requests, rr.Errors, rr.ErrorSamples)
+	}
+	if rr.SameWorker == nil || *rr.SameWorker == 1 {
+		t.Fatalf("round_robin: later turns all on the previous turn's worker (%v)", rr.SameWorker)
+	}
+	t.Logf("round_robin: %d not found, %d skipped, errors %v", rr.ResponseNotFound, rr.Skipped, rr.ErrorSamples)
+}
+
+// cache_aware follows previous_response_id to the worker that stored the response: no turn
+// fails and every later turn stays on its session's worker.
+func TestResponsesChainThroughCacheAwareFollowsTheResponseID(t *testing.T) {
+	rep := chainBench(t, APIResponsesChain, "cache_aware")
+	ca := rep.Targets[0]
+	if ca.Errors != 0 || ca.Skipped != 0 || ca.ResponseNotFound != 0 || ca.Requests != 32 {
+		t.Fatalf("cache_aware: %d requests, %d errors (%d not found) %v, %d skipped", ca.Requests, ca.Errors, ca.ResponseNotFound, ca.ErrorSamples, ca.Skipped)
+	}
+	if ca.SameWorker == nil || *ca.SameWorker != 1 {
+		t.Fatalf("cache_aware: same worker share %v, want 100%%", ca.SameWorker)
+	}
+	if got := ca.Decisions["response_id_match"]; got != 8*3 {
+		t.Fatalf("cache_aware: decisions %v, want response_id_match for all 24 later turns", ca.Decisions)
+	}
+	if ca.HitRate < 0.5 {
+		t.Fatalf("cache_aware: hit rate %.3f", ca.HitRate)
+	}
+}
+
+// Every API the bench speaks is served by the simulated workers through the router, with the
+// session kept on one worker and its history found in that worker's cache.
+func TestEveryAPIKeepsItsSessionOnOneWorkerThroughCacheAware(t *testing.T) {
+	for _, api := range []string{APIChat, APIResponses, APIMessages} {
+		rep := chainBench(t, api, "cache_aware")
+		ca := rep.Targets[0]
+		if ca.Errors != 0 || ca.Requests != 32 || ca.SameWorker == nil || *ca.SameWorker != 1 {
+			t.Fatalf("%s: %d requests, %d errors %v, same worker %v", api, ca.Requests, ca.Errors, ca.ErrorSamples, ca.SameWorker)
+		}
+		if ca.WorkerHitRate == nil || ca.HitRate < 0.5 || *ca.WorkerHitRate-ca.HitRate > 0.01 || ca.HitRate-*ca.WorkerHitRate > 0.01 {
+			t.Fatalf("%s: hit rate %.3f, worker counters %v", api, ca.HitRate, ca.WorkerHitRate)
+		}
+		t.Logf("%s: hit rate %.3f, decisions %v", api, ca.HitRate, ca.Decisions)
+	}
+}
