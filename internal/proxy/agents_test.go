@@ -26,7 +26,8 @@ import (
 // does: a previous_response_id or an id path it did not store gets 404.
 type responsesWorker struct {
 	*testWorker
-	name string
+	linger chan struct{} // when set, a stream stays open after its last event until it is closed
+	name   string
 	mu   sync.Mutex
 	ids  map[string]bool
 	n    int
@@ -98,6 +99,13 @@ func (rw *responsesWorker) serve(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":%q,\"status\":\"in_progress\"}}\n\n", id)
 	w.(http.Flusher).Flush()
 	fmt.Fprintf(w, "event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":1,\"response\":{\"id\":%q,\"status\":\"completed\"}}\n\n", id)
+	if rw.linger != nil {
+		w.(http.Flusher).Flush()
+		select {
+		case <-rw.linger:
+		case <-r.Context().Done():
+		}
+	}
 }
 
 // responseID is the id of the response in a non-streamed answer or a stream.
@@ -499,5 +507,39 @@ func TestLoraAdapterFailingOnOneWorkerIsReportedAsSuch(t *testing.T) {
 	}
 	if status, _, _ := tp.post(t, "/v1/load_lora_adapter", `{"lora_path":"/x"}`); status != http.StatusBadRequest {
 		t.Fatalf("no lora_name: %d, want 400", status)
+	}
+}
+
+func TestTurnSentAsSoonAsTheStreamCompletedFindsItsResponse(t *testing.T) {
+	var ws []*responsesWorker
+	var urls []string
+	linger := make(chan struct{})
+	defer close(linger)
+	for i := range 4 {
+		w := newResponsesWorker(t, fmt.Sprint("w", i))
+		w.linger = linger
+		ws, urls = append(ws, w), append(urls, w.URL)
+	}
+	tp := newTestProxy(t, setup{urls: urls, policy: cacheAwarePolicy()})
+	resp, err := tp.Client.Post(tp.URL+"/v1/responses", "application/json", strings.NewReader(`{"model":"m","input":"hi","stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	// Read up to the completed event only: the stream itself stays open, as a client that acts
+	// on response.completed does not wait for its end.
+	var events bytes.Buffer
+	buf := make([]byte, 512)
+	for !strings.Contains(events.String(), "response.completed") {
+		n, err := resp.Body.Read(buf)
+		events.Write(buf[:n])
+		if err != nil {
+			t.Fatalf("stream ended before response.completed: %v (%q)", err, events.String())
+		}
+	}
+	id := responseID(t, events.String())
+	status, h, body := tp.post(t, "/v1/responses", fmt.Sprintf(`{"model":"m","input":"next","previous_response_id":%q}`, id))
+	if status != http.StatusOK || h.Get(HeaderDecision) != cacheaware.LabelResponseMatch || h.Get(HeaderWorker) != resp.Header.Get(HeaderWorker) {
+		t.Fatalf("next turn: %d %s on %s, want response_id_match on %s: %s", status, h.Get(HeaderDecision), h.Get(HeaderWorker), resp.Header.Get(HeaderWorker), body)
 	}
 }

@@ -87,6 +87,8 @@ type relayBody struct {
 	status int
 	size   int64      // the answer's Content-Length, or -1 (chunked), or -2 (until the connection closes)
 	sniff  *idSniffer // looks for the id of the response the worker stored; nil when none is wanted
+	// learned: the policy was told where the stored response lives, as soon as its id passed.
+	learned bool
 
 	relayed   int64
 	firstByte time.Time
@@ -104,8 +106,11 @@ func (r *relayBody) Read(p []byte) (int, error) {
 		r.firstByte = time.Now()
 	}
 	r.relayed += int64(n)
-	if r.sniff != nil {
-		r.sniff.feed(p[:n])
+	if r.sniff != nil && !r.learned {
+		if r.sniff.feed(p[:n]); r.sniff.id != "" {
+			r.learned = true
+			r.s.tracker.ResponseStored(r.ex.in.Context, r.sniff.id, r.dec.Worker)
+		}
 	}
 	switch {
 	case err == io.EOF:
@@ -189,7 +194,8 @@ func (s *Server) learn(ex *exchange, r *relayBody) {
 	ctx := ex.in.Context
 	switch {
 	case r.sniff != nil:
-		if id := r.sniff.result(); id != "" {
+		if id := r.sniff.result(); id != "" && !r.learned {
+			r.learned = true
 			s.tracker.ResponseStored(ctx, id, r.dec.Worker)
 		}
 	case ex.responseID == "":

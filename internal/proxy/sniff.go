@@ -21,20 +21,31 @@ type idSniffer struct {
 
 func newIDSniffer(stream bool) *idSniffer { return &idSniffer{stream: stream} }
 
-// feed looks at the next bytes of the answer.
+// feed looks at the next bytes of the answer. The id is known as soon as the bytes holding it
+// have passed (a stream's first event; the head of a JSON answer, whose "id" comes first), so
+// that it is remembered before the client can have the whole answer and send its next turn.
 func (s *idSniffer) feed(p []byte) {
 	if s.done {
 		return
 	}
 	keep := min(len(p), maxSniff-len(s.buf))
 	s.buf = append(s.buf, p[:keep]...)
-	if s.stream {
+	switch {
+	case s.stream:
 		s.events()
+	case len(s.buf) <= maxEarlyJSON:
+		if id := jsonID(s.buf); id != "" {
+			s.id, s.done = id, true
+		}
 	}
 	if len(s.buf) >= maxSniff {
 		s.done = true
 	}
 }
+
+// maxEarlyJSON bounds the head of a JSON answer read for its id as it arrives; past it, the id is
+// read once the answer has ended.
+const maxEarlyJSON = 4 << 10
 
 // events reads the complete events in the buffer, dropping each once read.
 func (s *idSniffer) events() {
@@ -74,10 +85,15 @@ func eventResponseID(event []byte) string {
 
 // result is the id found; a JSON answer is read once it has ended (or its first maxSniff bytes).
 func (s *idSniffer) result() string {
-	if s.stream || s.id != "" {
-		return s.id
+	if s.id == "" && !s.stream {
+		s.id = jsonID(s.buf)
 	}
-	dec := json.NewDecoder(bytes.NewReader(s.buf))
+	return s.id
+}
+
+// jsonID is the top-level "id" of the JSON object that data is (or begins), or "".
+func jsonID(data []byte) string {
+	dec := json.NewDecoder(bytes.NewReader(data))
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
 		return ""
 	}
@@ -91,7 +107,6 @@ func (s *idSniffer) result() string {
 			if dec.Decode(&id) != nil {
 				return ""
 			}
-			s.id = id
 			return id
 		}
 		var skip json.RawMessage
