@@ -75,6 +75,66 @@ func agentChatBody(size int) []byte {
 	}
 }
 
+// chatAs renders the chat body chat, whose messages have string content, as a body of the
+// Responses API and as one of the Messages API, as their clients send the same conversation: the
+// system prompt as instructions or system, flat function tools or input_schema tools, user turns
+// as they are, assistant turns as the output items or content blocks the server returned. The
+// Messages body carries Claude Code's cache_control markers, on the system, the last tool and the
+// newest message.
+func chatAs(chat []byte) (responses, messages []byte) {
+	var c struct {
+		Model    string `json:"model"`
+		Stream   bool   `json:"stream"`
+		Messages []struct {
+			Role    string `json:"role"`
+			Content string `json:"content"`
+		} `json:"messages"`
+		Tools []struct {
+			Function struct {
+				Name        string `json:"name"`
+				Description string `json:"description"`
+				Parameters  any    `json:"parameters"`
+			} `json:"function"`
+		} `json:"tools"`
+	}
+	if err := json.Unmarshal(chat, &c); err != nil {
+		panic(err)
+	}
+	marker := map[string]any{"type": "ephemeral"}
+	var rTools, mTools, input, msgs []any
+	for i, t := range c.Tools {
+		f := t.Function
+		rTools = append(rTools, map[string]any{"type": "function", "name": f.Name, "description": f.Description, "parameters": f.Parameters, "strict": false})
+		mt := map[string]any{"name": f.Name, "description": f.Description, "input_schema": f.Parameters}
+		if i == len(c.Tools)-1 {
+			mt["cache_control"] = marker
+		}
+		mTools = append(mTools, mt)
+	}
+	var system string
+	for i, m := range c.Messages {
+		switch m.Role {
+		case "system":
+			system = m.Content
+			continue
+		case "assistant":
+			input = append(input, map[string]any{"type": "message", "id": fmt.Sprintf("msg_%04d", i), "status": "completed", "role": "assistant",
+				"content": []any{map[string]any{"type": "output_text", "text": m.Content, "annotations": []any{}}}})
+		default:
+			input = append(input, map[string]any{"role": m.Role, "content": m.Content})
+		}
+		block := map[string]any{"type": "text", "text": m.Content}
+		if i == len(c.Messages)-1 {
+			block["cache_control"] = marker
+		}
+		msgs = append(msgs, map[string]any{"role": m.Role, "content": []any{block}})
+	}
+	responses, _ = json.Marshal(map[string]any{"model": c.Model, "stream": c.Stream, "instructions": system, "tools": rTools, "input": input, "store": false})
+	messages, _ = json.Marshal(map[string]any{"model": c.Model, "stream": c.Stream, "max_tokens": 8192, "tools": mTools, "messages": msgs,
+		"system": []any{map[string]any{"type": "text", "text": system, "cache_control": marker}}})
+	return responses, messages
+}
+
 // repeatedBody returns prefix, then unit repeated with sep between the copies, then suffix: a
 // body of at least size bytes made of one small part many times over.
 func repeatedBody(size int, prefix, unit, sep, suffix string) []byte {
@@ -111,6 +171,53 @@ func BenchmarkParse(b *testing.B) {
 		body := agentChatBody(s.size)
 		b.Run(s.name, func(b *testing.B) {
 			benchParse(b, h, body)
+		})
+	}
+}
+
+// BenchmarkParseResponses is the whole key derivation of the conversation of BenchmarkParse sent
+// as a Responses API body (see chatAs).
+func BenchmarkParseResponses(b *testing.B) {
+	benchmarkParseAgent(b, reqkey.ParseResponses, func(chat []byte) []byte { r, _ := chatAs(chat); return r })
+}
+
+// BenchmarkParseMessages is the whole key derivation of the conversation of BenchmarkParse sent as
+// a Messages API body (see chatAs).
+func BenchmarkParseMessages(b *testing.B) {
+	benchmarkParseAgent(b, reqkey.ParseMessages, func(chat []byte) []byte { _, m := chatAs(chat); return m })
+}
+
+func benchmarkParseAgent(b *testing.B, parse func(reqkey.Header, []byte) (*reqkey.Request, error), as func([]byte) []byte) {
+	h := http.Header{}
+	h.Set("x-session-id", "bench-session")
+	for _, s := range benchSizes {
+		body := as(agentChatBody(s.size))
+		b.Run(s.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				r, err := parse(h, body)
+				if err != nil || r.Text == "" {
+					b.Fatalf("parse: %v", err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkParseModel is the load-only reader of the agent chat body: only model and stream are
+// read, the rest is only checked to be JSON.
+func BenchmarkParseModel(b *testing.B) {
+	for _, s := range benchSizes {
+		body := agentChatBody(s.size)
+		b.Run(s.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if r, err := reqkey.ParseModel(nil, body); err != nil || r.Model == "" {
+					b.Fatalf("ParseModel: %v", err)
+				}
+			}
 		})
 	}
 }
@@ -177,6 +284,17 @@ func TestAgentChatBodySizes(t *testing.T) {
 		r, err := reqkey.Parse(nil, body)
 		if err != nil || !r.Chat || r.Text == "" {
 			t.Errorf("%s body: %v %+v", s.name, err, r)
+		}
+		// The same conversation in the agent protocols' shapes has the same key.
+		responses, messages := chatAs(body)
+		for name, rendered := range map[string][]byte{"responses": responses, "messages": messages} {
+			parse := reqkey.ParseResponses
+			if name == "messages" {
+				parse = reqkey.ParseMessages
+			}
+			if a, err := parse(nil, rendered); err != nil || a.Text != r.Text {
+				t.Errorf("%s body as %s: %v, key %.60q, chat's %.60q", s.name, name, err, a.Text, r.Text)
+			}
 		}
 	}
 }
