@@ -42,6 +42,16 @@ type Config struct {
 	KeepaliveTimeoutSecs    float64 `yaml:"keepalive_timeout_secs"`
 	MaxClientConnections    int     `yaml:"max_client_connections"`
 
+	// Admission control (internal/admission): off while both limits and both rates are 0.
+	MaxConcurrentRequests int      `yaml:"max_concurrent_requests"`
+	MaxInflightPerWorker  int      `yaml:"max_inflight_per_worker"`
+	QueueSize             int      `yaml:"queue_size"`
+	QueueTimeoutSecs      float64  `yaml:"queue_timeout_secs"`
+	PriorityLevels        []string `yaml:"priority_levels"` // highest first
+	PriorityHeader        bool     `yaml:"priority_header"` // accept x-priority from clients
+	TenantRPM             int      `yaml:"tenant_requests_per_minute"`
+	TenantTPM             int      `yaml:"tenant_tokens_per_minute"`
+
 	HealthCheckIntervalSecs float64 `yaml:"health_check_interval_secs"`
 	HealthCheckTimeoutSecs  float64 `yaml:"health_check_timeout_secs"`
 	HealthCheckEndpoint     string  `yaml:"health_check_endpoint"`
@@ -96,6 +106,14 @@ const (
 	RedisURLEnv    = "CACHEROUTE_REDIS_URL"
 )
 
+// Admission reports whether any admission control is configured.
+func (c Config) Admission() bool {
+	return c.MaxConcurrentRequests > 0 || c.MaxInflightPerWorker > 0 || c.TenantRPM > 0 || c.TenantTPM > 0
+}
+
+// QueueTimeout is --queue-timeout-secs.
+func (c Config) QueueTimeout() time.Duration { return secs(c.QueueTimeoutSecs) }
+
 // SessionStores lists the accepted --session-store values.
 var SessionStores = []string{"memory", "redis"}
 
@@ -113,6 +131,9 @@ func Default() Config {
 		ClientBodyTimeoutSecs:   60,
 		KeepaliveTimeoutSecs:    75,
 		MaxClientConnections:    10000,
+		QueueSize:               1024,
+		QueueTimeoutSecs:        30,
+		PriorityLevels:          []string{"default"},
 		HealthCheckIntervalSecs: 10,
 		HealthCheckTimeoutSecs:  5,
 		HealthCheckEndpoint:     "/health",
@@ -156,6 +177,14 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.Float64Var(&c.ClientBodyTimeoutSecs, "client-body-timeout-secs", c.ClientBodyTimeoutSecs, "seconds a client has to send the whole request body once its headers arrived")
 	fs.Float64Var(&c.KeepaliveTimeoutSecs, "keepalive-timeout-secs", c.KeepaliveTimeoutSecs, "seconds an idle keep-alive client connection is kept open")
 	fs.IntVar(&c.MaxClientConnections, "max-client-connections", c.MaxClientConnections, "open client connections on the traffic listener; above it new connections get 503 and are closed")
+	fs.IntVar(&c.MaxConcurrentRequests, "max-concurrent-requests", c.MaxConcurrentRequests, "routed requests in flight at once, router-wide; more wait in the queue (0: unlimited)")
+	fs.IntVar(&c.MaxInflightPerWorker, "max-inflight-per-worker", c.MaxInflightPerWorker, "requests in flight per worker; a request waits in the queue while every worker of its model is at it (0: unlimited)")
+	fs.IntVar(&c.QueueSize, "queue-size", c.QueueSize, "requests waiting for admission, all priorities together; above it 429 (0: none wait)")
+	fs.Float64Var(&c.QueueTimeoutSecs, "queue-timeout-secs", c.QueueTimeoutSecs, "longest wait in the admission queue before 429")
+	fs.StringSliceVar(&c.PriorityLevels, "priority-levels", c.PriorityLevels, "admission priority levels, highest first; a client key's priority= or x-priority names one")
+	fs.BoolVar(&c.PriorityHeader, "priority-header", c.PriorityHeader, "let clients choose their priority level with the x-priority header (a client key's own priority wins)")
+	fs.IntVar(&c.TenantRPM, "tenant-requests-per-minute", c.TenantRPM, "requests per minute per tenant (client keys' tenant=, else one tenant for all); 0: unlimited")
+	fs.IntVar(&c.TenantTPM, "tenant-tokens-per-minute", c.TenantTPM, "prompt and max output tokens per minute per tenant, estimated from the body; 0: unlimited")
 	fs.Float64Var(&c.HealthCheckIntervalSecs, "health-check-interval-secs", c.HealthCheckIntervalSecs, "seconds between active health checks of each worker")
 	fs.Float64Var(&c.HealthCheckTimeoutSecs, "health-check-timeout-secs", c.HealthCheckTimeoutSecs, "timeout of one health check in seconds")
 	fs.StringVar(&c.HealthCheckEndpoint, "health-check-endpoint", c.HealthCheckEndpoint, "path probed on each worker by health checks")
@@ -308,6 +337,7 @@ func (c Config) Validate() error {
 		"eviction-interval-secs":     c.EvictionIntervalSecs,
 		"balance-rel-threshold":      c.BalanceRelThreshold,
 		"session-ttl":                c.SessionTTL.Seconds(),
+		"queue-timeout-secs":         c.QueueTimeoutSecs,
 	}
 	checkEach(bad, positive, func(v float64) bool { return v > 0 }, "must be positive")
 	atLeastOne := map[string]int{
@@ -320,16 +350,24 @@ func (c Config) Validate() error {
 	}
 	checkEach(bad, atLeastOne, func(v int) bool { return v >= 1 }, "must be at least 1")
 	nonNegative := map[string]int{
-		"retry-max-retries":        c.RetryMaxRetries,
-		"retry-initial-backoff-ms": c.RetryInitialBackoffMs,
-		"retry-max-backoff-ms":     c.RetryMaxBackoffMs,
-		"balance-abs-threshold":    c.BalanceAbsThreshold,
+		"retry-max-retries":          c.RetryMaxRetries,
+		"retry-initial-backoff-ms":   c.RetryInitialBackoffMs,
+		"retry-max-backoff-ms":       c.RetryMaxBackoffMs,
+		"balance-abs-threshold":      c.BalanceAbsThreshold,
+		"max-concurrent-requests":    c.MaxConcurrentRequests,
+		"max-inflight-per-worker":    c.MaxInflightPerWorker,
+		"queue-size":                 c.QueueSize,
+		"tenant-requests-per-minute": c.TenantRPM,
+		"tenant-tokens-per-minute":   c.TenantTPM,
 	}
 	checkEach(bad, nonNegative, func(v int) bool { return v >= 0 }, "must not be negative")
 	if !(c.FirstByteTimeoutSecs >= 0) {
 		bad("first-byte-timeout-secs", "must not be negative (0 disables it), got %v", c.FirstByteTimeoutSecs)
 	} else if c.RequestTimeoutSecs > 0 && c.FirstByteTimeoutSecs > c.RequestTimeoutSecs {
 		bad("first-byte-timeout-secs", "%v exceeds --request-timeout-secs %v, which bounds the whole request", c.FirstByteTimeoutSecs, c.RequestTimeoutSecs)
+	}
+	if len(c.PriorityLevels) == 0 {
+		bad("priority-levels", "needs at least one level")
 	}
 	if c.MaxPayloadSize < 1 {
 		bad("max-payload-size", "must be at least 1 byte, got %d", c.MaxPayloadSize)

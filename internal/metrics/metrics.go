@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/cacheroute/cacheroute/internal/admission"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -38,6 +39,10 @@ type Metrics struct {
 	SessionStoreRequests *prometheus.CounterVec   // op, result
 	SessionStoreLatency  *prometheus.HistogramVec // op
 	SessionStoreErrors   *prometheus.CounterVec   // op
+
+	AdmissionQueue      *prometheus.GaugeVec     // priority
+	AdmissionWait       *prometheus.HistogramVec // priority
+	AdmissionRejections *prometheus.CounterVec   // reason
 
 	policyState policyStateCollector
 }
@@ -96,16 +101,34 @@ func New(pool *workers.Pool) *Metrics {
 			Help: "Duration of the calls made to the shared session store, failed ones included.", Buckets: storeLatencyBuckets}, []string{"op"}),
 		SessionStoreErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "session_store_errors_total",
 			Help: "Failed or timed-out calls to the shared session store, by op; the local session map answered them."}, []string{"op"}),
+		AdmissionQueue: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "admission_queue_length",
+			Help: "Requests waiting for admission, by priority level."}, []string{"priority"}),
+		AdmissionWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: "admission_wait_seconds",
+			Help: "Time admitted requests waited in the admission queue (0 when they started at once).", Buckets: latencyBuckets}, []string{"priority"}),
+		AdmissionRejections: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "admission_rejections_total",
+			Help: "Requests refused by admission control, by reason: rate_limit, queue_full, queue_timeout, client_gone."}, []string{"reason"}),
 	}
 	m.Registry.MustRegister(
 		m.Requests, m.RequestDuration, m.TimeToFirstByte, m.Processed, m.PolicyDecisions, m.Retries,
 		m.UpstreamErrors, m.CacheAwareDecisions, m.PrefixMatchRatio, m.Evictions,
 		m.SessionStoreRequests, m.SessionStoreLatency, m.SessionStoreErrors,
+		m.AdmissionQueue, m.AdmissionWait, m.AdmissionRejections,
 		poolCollector{pool}, &m.policyState,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	return m
+}
+
+// QueueLength, Waited and Rejected make Metrics the admission controller's reporter.
+func (m *Metrics) QueueLength(priority string, n int) {
+	m.AdmissionQueue.WithLabelValues(priority).Set(float64(n))
+}
+func (m *Metrics) Waited(priority string, d time.Duration) {
+	m.AdmissionWait.WithLabelValues(priority).Observe(d.Seconds())
+}
+func (m *Metrics) Rejected(_ string, reason admission.Reason) {
+	m.AdmissionRejections.WithLabelValues(reason.String()).Inc()
 }
 
 // Handler serves the registry in the Prometheus text format.

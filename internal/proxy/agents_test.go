@@ -28,9 +28,9 @@ type responsesWorker struct {
 	*testWorker
 	linger chan struct{} // when set, a stream stays open after its last event until it is closed
 	name   string
-	mu   sync.Mutex
-	ids  map[string]bool
-	n    int
+	mu     sync.Mutex
+	ids    map[string]bool
+	n      int
 }
 
 func newResponsesWorker(t *testing.T, name string) *responsesWorker {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/cacheroute/cacheroute/internal/admission"
 	"github.com/cacheroute/cacheroute/internal/clientkeys"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
@@ -41,7 +42,10 @@ type exchange struct {
 	conn   atomic.Pointer[upConn] // the worker connection in use, for the watch to close
 	gone   atomic.Bool            // the watch saw the client leave
 	done   atomic.Bool            // the exchange ended: the watch must not re-arm
-	watch  atomic.Pointer[time.Timer]
+	// cancelWait ends the request's wait for admission; the watch calls it when the client left.
+	cancelWait atomic.Pointer[context.CancelFunc]
+	permit     *admission.Permit // the request's place under the concurrency limits, if any
+	watch      atomic.Pointer[time.Timer]
 }
 
 // clientWatchInterval is how often a running exchange checks whether its client went away. A
@@ -69,6 +73,9 @@ func (ex *exchange) check() {
 		return
 	}
 	ex.gone.Store(true)
+	if cancel := ex.cancelWait.Load(); cancel != nil {
+		(*cancel)()
+	}
 	if c := ex.conn.Load(); c != nil {
 		_ = c.conn.Close()
 	}
@@ -110,6 +117,10 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 		return
 	}
 	ex.startWatch()
+	if s.opts.Admission != nil && len(ex.in.Candidates) > 0 && !s.admit(ctx, ex) {
+		ex.stopWatch()
+		return
+	}
 
 	backoff := s.opts.InitialBackoff
 	var last failure
@@ -407,6 +418,7 @@ func (s *Server) finish(ex *exchange, status int) {
 	if status != statusClientGone {
 		firstByte = time.Now() // the router's own answer is the first byte
 	}
+	ex.release()
 	ex.route.count(ex.start, metrics.StatusClass(status), firstByte)
 }
 

@@ -174,6 +174,7 @@ func (r *relayBody) end(writeErr error) {
 			fasthttp.ReleaseResponse(r.resp)
 		}
 		r.at.Close(outcome)
+		ex.release()
 		s.observe(ex, r.dec, outcome)
 		if outcome == workers.Succeeded && r.status/100 == 2 {
 			s.learn(ex, r)

@@ -36,6 +36,8 @@ type Options struct {
 	// to workers (they get APIKey).
 	ClientKeys        ClientKeys
 	ForwardClientAuth bool
+	// Admission, when set, applies rate limits and admission control to routed requests.
+	Admission *Admission
 
 	ClientHeaderTimeout time.Duration // a new connection's first request line and any request's headers
 	ClientBodyTimeout   time.Duration // a request's whole body, once its headers arrived

@@ -35,6 +35,10 @@ type Request struct {
 	// NoStore is set when a Responses request asks its response not to be stored ("store":
 	// false), so there is no response id worth remembering.
 	NoStore bool
+	// MaxTokens is the most output tokens the request asks for (max_tokens,
+	// max_completion_tokens or max_output_tokens), or 0 when it names none; rate limits count
+	// it.
+	MaxTokens int
 }
 
 // MaxIDLen is the longest session id kept verbatim; longer ids are stored as a hash.

@@ -40,6 +40,7 @@ type Router struct {
 	transport *http.Transport     // health probes
 	store     *sharedStore        // nil unless --session-store redis
 	keys      *clientkeys.Watcher // nil unless --client-api-keys-file
+	admission *proxy.Admission    // nil unless admission control is configured
 }
 
 // New builds a router from a validated configuration. Workers are registered by Start.
@@ -74,13 +75,21 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		SuccessThreshold: cfg.HealthSuccessThreshold,
 		APIKey:           cfg.APIKey,
 	}, &http.Client{Transport: transport}, log)
+	if r.admission, err = r.newAdmission(cfg); err != nil {
+		return nil, err
+	}
 	var keys proxy.ClientKeys
 	if cfg.ClientAPIKeysFile != "" {
-		w, err := clientkeys.NewWatcher(cfg.ClientAPIKeysFile, clientkeys.WatcherOptions{Logger: log})
+		opts := clientkeys.WatcherOptions{Logger: log, OnReload: r.keysReloaded}
+		if r.admission != nil && r.admission.Controller != nil {
+			opts.Check = checkPriorities(cfg.PriorityLevels)
+		}
+		w, err := clientkeys.NewWatcher(cfg.ClientAPIKeysFile, opts)
 		if err != nil {
 			return nil, fmt.Errorf("--client-api-keys-file: %w", err)
 		}
 		r.keys, keys = w, w
+		r.keysReloaded(w.Current(), nil)
 	}
 	var storeHealth func(context.Context, bool) any
 	if store != nil {
@@ -102,6 +111,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		AdminAPIKey:         cfg.AdminAPIKey,
 		ClientKeys:          keys,
 		ForwardClientAuth:   cfg.ForwardClientAuth,
+		Admission:           r.admission,
 		ClientHeaderTimeout: cfg.ClientHeaderTimeout(),
 		ClientBodyTimeout:   cfg.ClientBodyTimeout(),
 		KeepaliveTimeout:    cfg.KeepaliveTimeout(),
@@ -276,6 +286,7 @@ func (r *Router) Start(ctx context.Context) {
 	if r.keys != nil {
 		go func() { _ = r.keys.Run(ctx) }()
 	}
+	go r.wakeAdmission(ctx)
 	if sweeper, ok := r.policy.(interface{ Run(context.Context) }); ok {
 		go sweeper.Run(ctx)
 	}

@@ -1,0 +1,118 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/cacheroute/cacheroute/internal/admission"
+	"github.com/cacheroute/cacheroute/internal/clientkeys"
+)
+
+// Admission is what the proxy asks before a routed request may go to a worker: its tenant's rate
+// limits, then a place under the concurrency limits, waiting in the priority queue if need be.
+// Both parts are optional.
+type Admission struct {
+	Limiter    admission.Limiter     // per-tenant rates; nil: none
+	Controller *admission.Controller // concurrency limits and the queue; nil: none
+	// PriorityHeader lets a client name its level in x-priority when its key names none.
+	PriorityHeader bool
+}
+
+// Header names of admission.
+const (
+	HeaderPriority = "x-priority" // the client's priority level, when --priority-header allows it
+)
+
+// approxBytesPerToken turns a body's size into the prompt estimate of the token rate limit.
+const approxBytesPerToken = 4
+
+// admit applies the rate limits and admission control to a request whose worker candidates are
+// known. It reports false when the request was answered (429, or 400 for an unknown priority)
+// or its client left while it waited; otherwise the request holds ex.permit, if any, until it
+// ends.
+func (s *Server) admit(ctx *fasthttp.RequestCtx, ex *exchange) bool {
+	a := s.opts.Admission
+	tenant := ex.caller.Tenant
+	if tenant == "" {
+		tenant = clientkeys.DefaultTenant
+	}
+	if a.Limiter != nil {
+		tokens := len(ctx.PostBody())/approxBytesPerToken + ex.in.Request.MaxTokens
+		d := a.Limiter.Check(ex.in.Context, tenant, tokens)
+		rateLimitHeaders(&ctx.Response.Header, "requests", d.Requests)
+		rateLimitHeaders(&ctx.Response.Header, "tokens", d.Tokens)
+		if !d.Allowed {
+			msg := "rate limit reached for tenant " + tenant + "; try again later"
+			if d.TooLarge {
+				msg = "the request's estimated tokens exceed the tenant's tokens per minute"
+			} else {
+				ctx.Response.Header.Set(HeaderRetryAfter, retryAfter(d.RetryAfter))
+			}
+			s.metrics.AdmissionRejections.WithLabelValues("rate_limit").Inc()
+			s.finish(ex, s.fail(ctx, ex, fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", msg))
+			return false
+		}
+	}
+	if a.Controller == nil {
+		return true
+	}
+	priority := ex.caller.Priority
+	if priority == "" && a.PriorityHeader {
+		priority = string(ctx.Request.Header.Peek(HeaderPriority))
+	}
+	// The wait ends early when the client leaves: the client watch cancels it.
+	wait, stop := context.WithDeadline(ex.in.Context, ex.deadline)
+	defer stop()
+	ex.cancelWait.Store(&stop)
+	defer ex.cancelWait.Store(nil)
+	if ex.gone.Load() {
+		stop()
+	}
+	permit, err := a.Controller.Admit(wait, admission.Ticket{Tenant: tenant, Priority: priority, Model: ex.in.Model})
+	var rej *admission.Rejection
+	switch {
+	case err == nil:
+		ex.permit = permit
+		return true
+	case errors.Is(err, admission.ErrUnknownPriority):
+		s.finish(ex, s.fail(ctx, ex, fasthttp.StatusBadRequest, "invalid_request_error", "unknown_priority",
+			"unknown priority level "+strconv.Quote(truncate(priority, 64))))
+	case errors.As(err, &rej) && rej.Reason == admission.ClientGone:
+		s.finish(ex, statusClientGone)
+	case errors.As(err, &rej):
+		ctx.Response.Header.Set(HeaderRetryAfter, retryAfter(rej.RetryAfter))
+		s.finish(ex, s.fail(ctx, ex, fasthttp.StatusTooManyRequests, "rate_limit_error", string(rej.Reason),
+			"the router is at capacity ("+string(rej.Reason)+"); try again later"))
+	default:
+		s.finish(ex, s.fail(ctx, ex, fasthttp.StatusServiceUnavailable, "server_error", "admission_failed", err.Error()))
+	}
+	return false
+}
+
+// release gives back the request's place under the concurrency limits, once its worker attempt
+// is closed; it may be called on every path that ends the request.
+func (ex *exchange) release() {
+	if ex.permit != nil {
+		ex.permit.Release()
+	}
+}
+
+// rateLimitHeaders sets the x-ratelimit-limit-, -remaining- and -reset- headers of one
+// dimension ("requests" or "tokens"), when it is limited.
+func rateLimitHeaders(h *fasthttp.ResponseHeader, dim string, q admission.Quota) {
+	if q.Limit == 0 {
+		return
+	}
+	h.Set("x-ratelimit-limit-"+dim, strconv.Itoa(q.Limit))
+	h.Set("x-ratelimit-remaining-"+dim, strconv.Itoa(q.Remaining))
+	h.Set("x-ratelimit-reset-"+dim, q.Reset.Round(time.Millisecond).String())
+}
+
+// retryAfter is a Retry-After value in whole seconds, at least 1.
+func retryAfter(d time.Duration) string {
+	return strconv.Itoa(max(1, int((d+time.Second-1)/time.Second)))
+}
