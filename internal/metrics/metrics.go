@@ -120,16 +120,21 @@ func New(pool *workers.Pool) *Metrics {
 	return m
 }
 
-// QueueLength, Waited and Rejected make Metrics the admission controller's reporter.
-func (m *Metrics) QueueLength(priority string, n int) {
-	m.AdmissionQueue.WithLabelValues(priority).Set(float64(n))
+// AdmissionReporter is the admission controller's reporter: queue lengths and waits. Refusals
+// are counted by the proxy in AdmissionRejections, since it sees every one, rate limits included.
+func (m *Metrics) AdmissionReporter() admission.Reporter { return admissionReporter{m} }
+
+type admissionReporter struct{ m *Metrics }
+
+func (a admissionReporter) QueueLength(priority string, n int) {
+	a.m.AdmissionQueue.WithLabelValues(priority).Set(float64(n))
 }
-func (m *Metrics) Waited(priority string, d time.Duration) {
-	m.AdmissionWait.WithLabelValues(priority).Observe(d.Seconds())
+
+func (a admissionReporter) Waited(priority string, d time.Duration) {
+	a.m.AdmissionWait.WithLabelValues(priority).Observe(d.Seconds())
 }
-func (m *Metrics) Rejected(_ string, reason admission.Reason) {
-	m.AdmissionRejections.WithLabelValues(reason.String()).Inc()
-}
+
+func (admissionReporter) Rejected(string, admission.Reason) {}
 
 // Handler serves the registry in the Prometheus text format.
 func (m *Metrics) Handler() http.Handler {

@@ -27,6 +27,9 @@ const (
 	HeaderPriority = "x-priority" // the client's priority level, when --priority-header allows it
 )
 
+// rejectedByRate is the admission_rejections_total reason of a request over its tenant's rates.
+const rejectedByRate = "rate_limit"
+
 // approxBytesPerToken turns a body's size into the prompt estimate of the token rate limit.
 const approxBytesPerToken = 4
 
@@ -52,7 +55,7 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 			} else {
 				ctx.Response.Header.Set(HeaderRetryAfter, retryAfter(d.RetryAfter))
 			}
-			s.metrics.AdmissionRejections.WithLabelValues("rate_limit").Inc()
+			s.metrics.AdmissionRejections.WithLabelValues(rejectedByRate).Inc()
 			s.finish(ex, s.fail(ctx, ex, fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", msg))
 			return false
 		}
@@ -74,6 +77,9 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	}
 	permit, err := a.Controller.Admit(wait, admission.Ticket{Tenant: tenant, Priority: priority, Model: ex.in.Model})
 	var rej *admission.Rejection
+	if errors.As(err, &rej) {
+		s.metrics.AdmissionRejections.WithLabelValues(rej.Reason.String()).Inc()
+	}
 	switch {
 	case err == nil:
 		ex.permit = permit

@@ -27,7 +27,7 @@ func (r *Router) newAdmission(cfg config.Config) (*proxy.Admission, error) {
 			QueueSize:    cfg.QueueSize,
 			QueueTimeout: cfg.QueueTimeout(),
 			Priorities:   cfg.PriorityLevels,
-			Reporter:     r.metrics,
+			Reporter:     r.metrics.AdmissionReporter(),
 		}
 		if slices.Contains(cfg.PriorityLevels, "default") {
 			opts.DefaultPriority = "default"

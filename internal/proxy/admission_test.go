@@ -1,0 +1,206 @@
+package proxy
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/cacheroute/cacheroute/internal/admission"
+)
+
+// Admission control on the routed path: the queue in front of the concurrency limits, priority,
+// rate limits, and the answers to what cannot be admitted.
+
+// gateWorker holds every request until the test lets it go, and records how many it held at
+// once and the order of the requests' "input" markers.
+type gateWorker struct {
+	*testWorker
+	gate     chan struct{}
+	inFlight atomic.Int64
+	peak     atomic.Int64
+	mu       sync.Mutex
+	order    []string
+}
+
+func newGateWorker(t *testing.T) *gateWorker {
+	g := &gateWorker{gate: make(chan struct{})}
+	g.testWorker = newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		n := g.inFlight.Add(1)
+		defer g.inFlight.Add(-1)
+		for p := g.peak.Load(); n > p && !g.peak.CompareAndSwap(p, n); p = g.peak.Load() {
+		}
+		g.mu.Lock()
+		g.order = append(g.order, marker(string(body)))
+		g.mu.Unlock()
+		select {
+		case <-g.gate:
+		case <-r.Context().Done():
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"ok":true}`))
+	})
+	return g
+}
+
+// marker is the "input" of a body such as {"input":"x"}.
+func marker(body string) string {
+	_, rest, _ := strings.Cut(body, `"input":"`)
+	m, _, _ := strings.Cut(rest, `"`)
+	return m
+}
+
+func admittingProxy(t *testing.T, w *gateWorker, opts admission.Options, limiter admission.Limiter, priorityHeader bool) *testProxy {
+	t.Helper()
+	c, err := admission.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	po := testOptions()
+	po.Admission = &Admission{Controller: c, Limiter: limiter, PriorityHeader: priorityHeader}
+	if opts.MaxInFlight == 0 && opts.Ready == nil {
+		po.Admission.Controller = nil
+	}
+	return newTestProxy(t, setup{urls: []string{w.URL}, opts: &po})
+}
+
+func embed(input string) string { return fmt.Sprintf(`{"model":"m","input":%q}`, input) }
+
+// background sends a request that will wait at the gate, and returns its status when done.
+func background(t *testing.T, tp *testProxy, body string, header ...string) <-chan int {
+	done := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, tp.URL+"/v1/embeddings", strings.NewReader(body))
+		for i := 0; i+1 < len(header); i += 2 {
+			req.Header.Set(header[i], header[i+1])
+		}
+		resp, err := tp.Client.Do(req)
+		if err != nil {
+			done <- 0
+			return
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	return done
+}
+
+func TestRequestsBeyondTheConcurrencyLimitWaitTheirTurn(t *testing.T) {
+	w := newGateWorker(t)
+	tp := admittingProxy(t, w, admission.Options{MaxInFlight: 1, QueueSize: 8}, nil, false)
+	var dones []<-chan int
+	for i := range 4 {
+		dones = append(dones, background(t, tp, embed(fmt.Sprint(i))))
+	}
+	eventually(t, 5*time.Second, "one request at the worker and three queued", func() bool {
+		return w.inFlight.Load() == 1 && tp.Server.opts.Admission.Controller.Queued() == 3
+	})
+	close(w.gate)
+	for _, d := range dones {
+		if status := <-d; status != http.StatusOK {
+			t.Fatalf("a queued request ended %d, want 200", status)
+		}
+	}
+	if p := w.peak.Load(); p != 1 {
+		t.Fatalf("the worker held %d requests at once, want the limit of 1", p)
+	}
+	if c := tp.Server.opts.Admission.Controller; c.InFlight() != 0 || c.Queued() != 0 {
+		t.Fatalf("in flight %d, queued %d after every request ended; want 0 and 0", c.InFlight(), c.Queued())
+	}
+}
+
+func TestFullQueueIsRefusedAtOnceWith429InTheRoutesShape(t *testing.T) {
+	w := newGateWorker(t)
+	defer close(w.gate)
+	tp := admittingProxy(t, w, admission.Options{MaxInFlight: 1}, nil, false)
+	first := background(t, tp, embed("first"))
+	eventually(t, 5*time.Second, "the first request at the worker", func() bool { return w.inFlight.Load() == 1 })
+	status, h, body := tp.post(t, "/v1/embeddings", embed("second"))
+	if status != http.StatusTooManyRequests || errorCode(t, body) != "queue_full" || h.Get(HeaderRetryAfter) == "" {
+		t.Fatalf("%d %s (Retry-After %q), want 429 queue_full with Retry-After", status, body, h.Get(HeaderRetryAfter))
+	}
+	status, _, body = tp.post(t, "/v1/messages", `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`)
+	if status != http.StatusTooManyRequests || anthropicErrorType(t, body) != "rate_limit_error" {
+		t.Fatalf("messages: %d %s, want 429 rate_limit_error", status, body)
+	}
+	if n := tp.Metrics.AdmissionRejections.WithLabelValues("queue_full"); testutil.ToFloat64(n) != 2 {
+		t.Fatalf("admission_rejections_total{queue_full} = %v, want 2", testutil.ToFloat64(n))
+	}
+	w.gate <- struct{}{}
+	if s := <-first; s != http.StatusOK {
+		t.Fatalf("the admitted request ended %d", s)
+	}
+}
+
+func TestHigherPriorityLeavesTheQueueFirst(t *testing.T) {
+	w := newGateWorker(t)
+	tp := admittingProxy(t, w, admission.Options{MaxInFlight: 1, QueueSize: 8, Priorities: []string{"interactive", "batch"}}, nil, true)
+	first := background(t, tp, embed("first"), HeaderPriority, "batch")
+	eventually(t, 5*time.Second, "the first request at the worker", func() bool { return w.inFlight.Load() == 1 })
+	batch := background(t, tp, embed("batch"), HeaderPriority, "batch")
+	eventually(t, 5*time.Second, "the batch request queued", func() bool { return tp.Server.opts.Admission.Controller.Queued() == 1 })
+	interactive := background(t, tp, embed("interactive"), HeaderPriority, "interactive")
+	eventually(t, 5*time.Second, "both queued", func() bool { return tp.Server.opts.Admission.Controller.Queued() == 2 })
+	close(w.gate)
+	for _, d := range []<-chan int{first, batch, interactive} {
+		<-d
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if strings.Join(w.order, ",") != "first,interactive,batch" {
+		t.Fatalf("the worker served %v, want the interactive request before the batch one queued earlier", w.order)
+	}
+	if status, _, body := tp.post(t, "/v1/embeddings", embed("x"), HeaderPriority, "urgent"); status != http.StatusBadRequest || errorCode(t, body) != "unknown_priority" {
+		t.Fatalf("unknown priority: %d %s, want 400 unknown_priority", status, body)
+	}
+}
+
+func TestQueuedRequestWhoseClientLeftGivesUpItsPlace(t *testing.T) {
+	w := newGateWorker(t)
+	defer close(w.gate)
+	tp := admittingProxy(t, w, admission.Options{MaxInFlight: 1, QueueSize: 8}, nil, false)
+	background(t, tp, embed("first"))
+	eventually(t, 5*time.Second, "the first request at the worker", func() bool { return w.inFlight.Load() == 1 })
+	c := tp.dial(t)
+	if _, err := c.Write([]byte(rawRequest("POST", "/v1/embeddings", embed("leaves")))); err != nil {
+		t.Fatal(err)
+	}
+	ctrl := tp.Server.opts.Admission.Controller
+	eventually(t, 5*time.Second, "the second request queued", func() bool { return ctrl.Queued() == 1 })
+	c.Close()
+	eventually(t, 5*time.Second, "the queue emptied after its client left", func() bool { return ctrl.Queued() == 0 })
+	eventually(t, 5*time.Second, "the client_gone rejection counted", func() bool {
+		return testutil.ToFloat64(tp.Metrics.AdmissionRejections.WithLabelValues("client_gone")) == 1
+	})
+}
+
+func TestTenantOverItsRequestRateGets429WithRateLimitHeaders(t *testing.T) {
+	w := newGateWorker(t)
+	close(w.gate)
+	limiter, err := admission.NewMemoryLimiter(map[string]admission.Rate{"default": {RequestsPerMinute: 2}}, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp := admittingProxy(t, w, admission.Options{}, limiter, false)
+	for i := range 2 {
+		status, h, _ := tp.post(t, "/v1/embeddings", embed("x"))
+		if status != http.StatusOK || h.Get("x-ratelimit-limit-requests") != "2" || h.Get("x-ratelimit-remaining-requests") != fmt.Sprint(1-i) {
+			t.Fatalf("request %d: %d, limit %q remaining %q", i, status, h.Get("x-ratelimit-limit-requests"), h.Get("x-ratelimit-remaining-requests"))
+		}
+	}
+	status, h, body := tp.post(t, "/v1/embeddings", embed("x"))
+	if status != http.StatusTooManyRequests || errorCode(t, body) != "rate_limit_exceeded" || h.Get(HeaderRetryAfter) == "" || h.Get("x-ratelimit-remaining-requests") != "0" {
+		t.Fatalf("third request: %d %s, headers %v", status, body, h)
+	}
+	if w.hits.Load() != 2 {
+		t.Fatalf("the worker got %d requests, want the 2 allowed", w.hits.Load())
+	}
+}
