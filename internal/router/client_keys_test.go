@@ -55,3 +55,39 @@ func TestUnreadableClientKeysFileStopsTheStart(t *testing.T) {
 		t.Fatal("a router started with a client keys file that does not exist")
 	}
 }
+
+func TestTenantRateLimitsApplyToEachKeysTenant(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(path, []byte("sk-a tenant=a\nsk-b tenant=b\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig()
+	cfg.ClientAPIKeysFile = path
+	cfg.TenantRPM = 1
+	tr := startRouter(t, cfg, newFakeWorker(t))
+	status := func(key string) int {
+		resp := tr.post(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, "Authorization", "Bearer "+key)
+		readAll(t, resp)
+		return resp.StatusCode
+	}
+	if status("sk-a") != http.StatusOK || status("sk-a") != http.StatusTooManyRequests {
+		t.Fatal("tenant a: want its one request a minute, then 429")
+	}
+	if status("sk-b") != http.StatusOK {
+		t.Fatal("tenant b was limited by tenant a's use")
+	}
+}
+
+func TestKeysFileNamingAnUnknownPriorityDoesNotLoad(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(path, []byte("sk-a tenant=a priority=urgent\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig()
+	cfg.ClientAPIKeysFile = path
+	cfg.MaxConcurrentRequests = 4
+	cfg.PriorityLevels = []string{"interactive", "default", "batch"}
+	if _, err := New(cfg, nil); err == nil || !strings.Contains(err.Error(), "urgent") {
+		t.Fatalf("got %v, want the unknown level named", err)
+	}
+}
