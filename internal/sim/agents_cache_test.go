@@ -136,10 +136,11 @@ func TestSameConversationSameCacheAcrossChatResponsesAndMessages(t *testing.T) {
 	}
 }
 
-// TestSimToolCallsCacheAlikeInResponsesAndMessages runs a tool loop whose
-// calls the simulator makes: the Responses API (full resend and chained) and
-// the Messages API see the same prompts, hits and calls at every request.
-func TestSimToolCallsCacheAlikeInResponsesAndMessages(t *testing.T) {
+// TestSimToolCallsCacheAlikeInChatResponsesAndMessages runs a tool loop
+// whose calls the simulator makes: the chat API (with tool_choice auto), the
+// Responses API (full resend and chained) and the Messages API see the same
+// prompts, hits and calls at every request.
+func TestSimToolCallsCacheAlikeInChatResponsesAndMessages(t *testing.T) {
 	const system = "You are an agent."
 	tasks := []string{words("task0", 300), "now the second task", "and the third"}
 	type reqUsage struct {
@@ -170,6 +171,37 @@ func TestSimToolCallsCacheAlikeInResponsesAndMessages(t *testing.T) {
 				msgs = append(msgs,
 					map[string]any{"role": "assistant", "content": []any{map[string]any{"type": "tool_use", "id": c.ID, "name": c.Name, "input": c.Input}}},
 					map[string]any{"role": "user", "content": []any{map[string]any{"type": "tool_result", "tool_use_id": c.ID, "content": "result"}}})
+			}
+		}
+		return out
+	}
+
+	chat := func() []reqUsage {
+		w := newWorker(t, testConfig())
+		msgs := []any{map[string]any{"role": "system", "content": system}}
+		var out []reqUsage
+		for _, task := range tasks {
+			msgs = append(msgs, map[string]any{"role": "user", "content": task})
+			for round := 0; ; round++ {
+				if round == 4 {
+					t.Fatalf("chat: the tool loop does not end: %+v", out)
+				}
+				rec := do(t, w, "POST", "/v1/chat/completions", jsonBody(t, map[string]any{"messages": msgs,
+					"tools": []any{chatWeatherTool()}, "tool_choice": "auto", "max_tokens": 48}))
+				var r chatToolReply
+				if err := json.Unmarshal(rec.Body.Bytes(), &r); err != nil || rec.Code != 200 || len(r.Choices) != 1 {
+					t.Fatalf("chat: %d %s", rec.Code, rec.Body)
+				}
+				u := reqUsage{prompt: r.Usage.PromptTokens, cached: r.Usage.PromptTokensDetails.CachedTokens}
+				if r.Choices[0].FinishReason != "tool_calls" {
+					out = append(out, u)
+					msgs = append(msgs, map[string]any{"role": "assistant", "content": r.text(t)})
+					break
+				}
+				c := r.call(t)
+				u.call = c.Function.Name + c.Function.Arguments
+				out = append(out, u)
+				msgs = append(msgs, chatAssistantCall(c), chatToolResult(c, "result"))
 			}
 		}
 		return out
@@ -230,6 +262,9 @@ func TestSimToolCallsCacheAlikeInResponsesAndMessages(t *testing.T) {
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("responses (chained %v):\n%+v\nmessages:\n%+v", chain, got, want)
 		}
+	}
+	if got := chat(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("chat:\n%+v\nmessages:\n%+v", got, want)
 	}
 }
 

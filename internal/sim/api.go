@@ -22,6 +22,7 @@ type chatRequest struct {
 	Model               string          `json:"model"`
 	Messages            *[]chatMessage  `json:"messages"`
 	Tools               json.RawMessage `json:"tools"`
+	ToolChoice          json.RawMessage `json:"tool_choice"`
 	MaxTokens           *int            `json:"max_tokens"`
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	IgnoreEOS           bool            `json:"ignore_eos"`
@@ -187,6 +188,63 @@ func toolsJSON(raw json.RawMessage) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
+// chatToolSpecs reads the function tools of a chat request's tools array
+// ([{type:function, function:{name, parameters}}]) for the tool-call rule;
+// tools of other types are skipped.
+func chatToolSpecs(raw json.RawMessage) ([]toolSpec, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var tools []chatTool
+	if err := json.Unmarshal(raw, &tools); err != nil {
+		return nil, badf("tools: expected a list of tools")
+	}
+	var specs []toolSpec
+	for i, t := range tools {
+		if t.Type != "function" {
+			continue
+		}
+		if t.Function.Name == "" {
+			return nil, badf("tools[%d].function.name: field required", i)
+		}
+		specs = append(specs, toolSpec{Name: t.Function.Name, Parameters: t.Function.Parameters})
+	}
+	return specs, nil
+}
+
+// chatToolChoice reads a chat request's tool_choice: "auto", "none",
+// "required", or an object naming a function
+// ({"type":"function","function":{"name":...}}); another object, such as
+// allowed_tools, leaves the pick to the rule. explicit reports whether the
+// request set one at all (absent and null do not): only then does the
+// tool-call rule apply to chat.
+func chatToolChoice(raw json.RawMessage) (choice toolChoice, explicit bool, err error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return toolChoice{}, false, nil
+	}
+	var mode string
+	if json.Unmarshal(raw, &mode) == nil {
+		switch mode {
+		case "auto", "required":
+			return toolChoice{}, true, nil
+		case "none":
+			return toolChoice{none: true}, true, nil
+		}
+		return toolChoice{}, false, badf("tool_choice: expected auto, none, required or an object, got %q", mode)
+	}
+	var named struct {
+		Function struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	}
+	if err := json.Unmarshal(raw, &named); err != nil {
+		return toolChoice{}, false, badf("tool_choice: expected auto, none, required or an object")
+	}
+	return toolChoice{name: named.Function.Name}, true, nil
+}
+
 // completionPrompt is one prompt of a completion request: text, or token ids.
 type completionPrompt struct {
 	text  string
@@ -287,13 +345,24 @@ type chatResponse struct {
 type chatChoice struct {
 	Index   int `json:"index"`
 	Message struct {
-		Role      string `json:"role"`
-		Content   string `json:"content"`
-		ToolCalls []any  `json:"tool_calls"`
+		Role string `json:"role"`
+		// Content is null when the reply calls a tool.
+		Content   *string        `json:"content"`
+		ToolCalls []chatToolCall `json:"tool_calls"`
 	} `json:"message"`
 	Logprobs     any    `json:"logprobs"`
 	FinishReason string `json:"finish_reason"`
 	StopReason   any    `json:"stop_reason"`
+}
+
+// chatToolCall is a tool call of a chat reply, in OpenAI's shape.
+type chatToolCall struct {
+	ID       string `json:"id"`
+	Type     string `json:"type"` // "function"
+	Function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
 }
 
 type completionResponse struct {

@@ -14,6 +14,8 @@ func FuzzChatRequest(f *testing.F) {
 		`{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]}]}`,
 		`{"messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}],"tools":[{"type":"function"}]}`,
 		`{"messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"properties":{"a":{"type":["null","string"]}},"required":["a"]}}}],"tool_choice":"auto","max_tokens":64,"stream":true}`,
+		`{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}}`,
 		`{"messages":[`, `[]`, `null`, `{"messages":[{"role":"user","content":5}]}`, "{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}",
 	} {
 		f.Add(seed)

@@ -54,6 +54,17 @@ func (w *Worker) handleChat(rw http.ResponseWriter, r *http.Request) {
 		w.writeClientError(rw, err)
 		return
 	}
+	// The tool-call rule applies only when the request sets tool_choice:
+	// clients that offer tools without it get text, as they always have.
+	choice, explicit, err := chatToolChoice(req.ToolChoice)
+	var specs []toolSpec
+	if err == nil && explicit {
+		specs, err = chatToolSpecs(req.Tools)
+	}
+	if err != nil {
+		w.writeClientError(rw, err)
+		return
+	}
 	maxTokens := w.cfg.DefaultMaxTokens
 	if req.MaxCompletionTokens != nil {
 		maxTokens = *req.MaxCompletionTokens
@@ -73,12 +84,19 @@ func (w *Worker) handleChat(rw http.ResponseWriter, r *http.Request) {
 		w.writeClientError(rw, err)
 		return
 	}
+	var plan *plannedCall
+	if explicit {
+		plan = w.planToolCall(seq, msgs, specs, choice, maxTokens)
+	}
 	fault := w.drawFault()
 	if w.injectFault(rw, fault, w.fail500) {
 		return
 	}
-	jobs := []*job{{model: model, seq: seq, chat: true, maxTokens: maxTokens, ignoreEOS: req.IgnoreEOS, fault: fault}}
-	w.serveJobs(rw, r, kindChat, model, jobs, req.Stream, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
+	j := &job{model: model, seq: seq, chat: true, maxTokens: maxTokens, ignoreEOS: req.IgnoreEOS, fault: fault}
+	if plan != nil {
+		j.script = plan.script
+	}
+	w.serveJobs(rw, r, kindChat, model, []*job{j}, plan, req.Stream, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
 }
 
 func (w *Worker) handleCompletion(rw http.ResponseWriter, r *http.Request) {
@@ -128,12 +146,15 @@ func (w *Worker) handleCompletion(rw http.ResponseWriter, r *http.Request) {
 	for _, j := range jobs {
 		j.fault = fault
 	}
-	w.serveJobs(rw, r, kindCompletion, model, jobs, req.Stream, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
+	w.serveJobs(rw, r, kindCompletion, model, jobs, nil, req.Stream, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
 }
 
 // serveJobs generates every job in turn (choice i answers job i) and writes
-// the response, streamed or whole.
-func (w *Worker) serveJobs(rw http.ResponseWriter, r *http.Request, kind apiKind, model string, jobs []*job, stream, includeUsage bool) {
+// the response, streamed or whole. plan, when set, is the tool call that the
+// one job of a chat request makes: its choice carries the call in tool_calls
+// and finishes with "tool_calls", or with "stop" when the tool choice named
+// the tool, as vLLM and OpenAI answer.
+func (w *Worker) serveJobs(rw http.ResponseWriter, r *http.Request, kind apiKind, model string, jobs []*job, plan *plannedCall, stream, includeUsage bool) {
 	ctx := r.Context()
 	id := newID("cmpl-")
 	if kind == kindChat {
@@ -141,6 +162,20 @@ func (w *Worker) serveJobs(rw http.ResponseWriter, r *http.Request, kind apiKind
 	}
 	created := unixNow()
 	var u usage
+	var callID string
+	if plan != nil {
+		callID = newID("call_")
+	}
+	finishReason := func(res Result) string {
+		switch {
+		case plan == nil:
+			return res.FinishReason
+		case plan.named:
+			return "stop"
+		default:
+			return "tool_calls"
+		}
+	}
 
 	if stream {
 		// Flush every token when tokens are paced, or when the stream is about
@@ -152,18 +187,32 @@ func (w *Worker) serveJobs(rw http.ResponseWriter, r *http.Request, kind apiKind
 		sw.start()
 		for i, j := range jobs {
 			first := true
+			at := 0 // bytes of a tool call's script sent so far
 			res := w.generate(ctx, j, func(tok string) error {
 				if first && kind == kindChat {
 					sw.role(i)
+					if plan != nil {
+						if err := sw.toolCallStart(i, callID, plan.call.Name); err != nil {
+							return err
+						}
+					}
 				}
 				first = false
-				return sw.token(i, tok)
+				if plan == nil {
+					return sw.token(i, tok)
+				}
+				part := plan.argsPart(tok, at)
+				at += len(tok)
+				if part == "" {
+					return nil // the marker and the name, sent in the first chunk
+				}
+				return sw.toolCallArguments(i, part)
 			})
 			if res.Err != nil {
 				return // the client left or the request stalled: end the stream as is
 			}
 			u.add(res)
-			sw.finish(i, res.FinishReason)
+			sw.finish(i, finishReason(res))
 		}
 		if includeUsage {
 			sw.usage(&u)
@@ -194,9 +243,16 @@ func (w *Worker) serveJobs(rw http.ResponseWriter, r *http.Request, kind apiKind
 			c := &resp.Choices[i]
 			c.Index = i
 			c.Message.Role = "assistant"
-			c.Message.Content = texts[i].String()
-			c.Message.ToolCalls = []any{}
-			c.FinishReason = results[i].FinishReason
+			c.Message.ToolCalls = []chatToolCall{}
+			if plan != nil {
+				tc := chatToolCall{ID: callID, Type: "function"}
+				tc.Function.Name, tc.Function.Arguments = plan.call.Name, plan.call.Arguments
+				c.Message.ToolCalls = append(c.Message.ToolCalls, tc)
+			} else {
+				text := texts[i].String()
+				c.Message.Content = &text
+			}
+			c.FinishReason = finishReason(results[i])
 		}
 		writeJSON(rw, http.StatusOK, resp)
 		return
@@ -290,6 +346,27 @@ func (s *streamWriter) token(i int, tok string) error {
 		s.buf = appendJSONString(s.buf, tok)
 		s.buf = append(s.buf, `,"logprobs":null,"finish_reason":null,"stop_reason":null}]}`+"\n\n"...)
 	}
+	return s.write(s.flushEach)
+}
+
+// toolCallStart writes the first chunk of a chat choice's tool call: its
+// index, id, type and function name, with empty arguments.
+func (s *streamWriter) toolCallStart(i int, id, name string) error {
+	s.begin(i)
+	s.buf = append(s.buf, `"delta":{"tool_calls":[{"index":0,"id":`...)
+	s.buf = appendJSONString(s.buf, id)
+	s.buf = append(s.buf, `,"type":"function","function":{"name":`...)
+	s.buf = appendJSONString(s.buf, name)
+	s.buf = append(s.buf, `,"arguments":""}}]},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
+	return s.write(s.flushEach)
+}
+
+// toolCallArguments writes one piece of a chat choice's tool call arguments.
+func (s *streamWriter) toolCallArguments(i int, part string) error {
+	s.begin(i)
+	s.buf = append(s.buf, `"delta":{"tool_calls":[{"index":0,"function":{"arguments":`...)
+	s.buf = appendJSONString(s.buf, part)
+	s.buf = append(s.buf, `}}]},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
 	return s.write(s.flushEach)
 }
 

@@ -10,9 +10,9 @@ import (
 	"github.com/cacheroute/cacheroute/internal/sim/prompt"
 )
 
-// The tool-call rule of the Responses and Messages APIs. It is deterministic
-// so that an SDK's tool loop runs the same way every time, and it always
-// ends:
+// The tool-call rule of the Responses and Messages APIs, and of the chat API
+// when the request sets tool_choice. It is deterministic so that an SDK's
+// tool loop runs the same way every time, and it always ends:
 //
 //   - a reply calls a tool when the request offers at least one function
 //     tool, its tool choice does not forbid calls ("none"), and the last
@@ -32,7 +32,14 @@ import (
 //     the next turn renders for the assistant's call. When those tokens do
 //     not fit in the request's max tokens, the reply is text instead.
 //
-// The chat API does not apply this rule: its replies are always text.
+// The chat API applies the rule only to a request that sets tool_choice
+// (any value but null; "none" still means text). A chat request that offers
+// tools without it gets text, as it always has: workloads such as the
+// bench's chat agent send tools every turn and expect text replies. A chat
+// call is answered in tool_calls with content null, streamed as tool_calls
+// deltas (id, type and name first, then the arguments token by token), and
+// finishes as vLLM's and OpenAI's do: "tool_calls", or "stop" when the tool
+// choice named the tool.
 
 // toolSpec is one function a request offers.
 type toolSpec struct {
@@ -53,6 +60,8 @@ type plannedCall struct {
 	// argsAt is the byte offset of the arguments in the concatenated
 	// script, so a stream can send the arguments alone.
 	argsAt int
+	// named reports that the tool choice named the tool called.
+	named bool
 }
 
 // planToolCall applies the rule to a rendered turn; nil means a text reply.
@@ -64,7 +73,8 @@ func (w *Worker) planToolCall(seq *prompt.Sequence, msgs []prompt.Message, tools
 	if choice.name != "" {
 		tool = slices.IndexFunc(tools, func(t toolSpec) bool { return t.Name == choice.name })
 	}
-	if tool < 0 {
+	named := tool >= 0
+	if !named {
 		calls := 0
 		for i := range msgs {
 			calls += len(msgs[i].ToolCalls)
@@ -78,7 +88,7 @@ func (w *Worker) planToolCall(seq *prompt.Sequence, msgs []prompt.Message, tools
 	if len(script) > maxTokens {
 		return nil
 	}
-	return &plannedCall{call: tc, script: script, argsAt: len(text) - len(tc.Arguments)}
+	return &plannedCall{call: tc, script: script, argsAt: len(text) - len(tc.Arguments), named: named}
 }
 
 // argsPart returns the part of tok, which starts at byte offset at of the
