@@ -18,13 +18,9 @@ import (
 // An agent on the OpenAI SDK's chat completions, streaming, with a tool loop: each session's id
 // travels in the x-session-id header; every turn resends the whole conversation, tool calls and
 // tool results included. Every turn of a session is served by one worker, whose prefix cache
-// holds more of each turn than of the one before.
-//
-// Skipped until the simulator's chat API answers with tool calls: its tool-call rule
-// (internal/sim/toolcall.go) serves only the Responses and Messages APIs, so every chat reply is
-// text and the tool loop never starts. Everything else this test asserts holds today.
+// holds more of each turn than of the one before. The requests set tool_choice "auto": the
+// simulator's chat API calls tools only when tool_choice is set.
 func TestSDKChatStreamToolLoopStaysOnItsWorkersCache(t *testing.T) {
-	t.Skip("the simulator's chat completions never answer with tool calls (internal/sim/toolcall.go)")
 	rig := startSDKRig(t, "cache_aware")
 	client := rig.openAI()
 	var tools []openai.ChatCompletionToolUnionParam
@@ -50,6 +46,7 @@ func TestSDKChatStreamToolLoopStaysOnItsWorkersCache(t *testing.T) {
 			var raw *http.Response
 			stream := client.Chat.Completions.NewStreaming(t.Context(), openai.ChatCompletionNewParams{
 				Model: sdkModel, Messages: ss.msgs, Tools: tools, MaxTokens: openai.Int(sdkMaxTokens),
+				ToolChoice:    openai.ChatCompletionToolChoiceOptionUnionParam{OfAuto: openai.String("auto")},
 				StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)},
 			}, option.WithHeader("x-session-id", ss.id), option.WithResponseInto(&raw))
 			var acc openai.ChatCompletionAccumulator
