@@ -78,6 +78,15 @@ type Config struct {
 	// client keys are checked (by default the worker then gets --api-key only).
 	ForwardClientAuth bool `yaml:"forward_client_auth"`
 
+	// TLS. With both files set the traffic and metrics listeners serve TLS (the files are
+	// re-read when they change). The worker files shape the connections to https:// workers:
+	// the CAs trusted instead of the system roots, and a client certificate for mTLS.
+	TLSCertFile          string `yaml:"tls_cert_file"`
+	TLSKeyFile           string `yaml:"tls_key_file"`
+	WorkerCAFile         string `yaml:"worker_ca_file"`
+	WorkerClientCertFile string `yaml:"worker_client_cert_file"`
+	WorkerClientKeyFile  string `yaml:"worker_client_key_file"`
+
 	LogLevel  string `yaml:"log_level"`
 	LogFormat string `yaml:"log_format"`
 
@@ -97,6 +106,8 @@ type Config struct {
 	RedisURL       string        `yaml:"redis_url"`
 	RedisKeyPrefix string        `yaml:"redis_key_prefix"`
 	RedisTimeout   time.Duration `yaml:"redis_timeout"`
+	// RedisCAFile, with a rediss:// URL, holds the CAs trusted for Redis instead of the system roots.
+	RedisCAFile string `yaml:"redis_ca_file"`
 }
 
 // Secrets read from the environment when their flag is not given, so they stay out of process lists.
@@ -202,6 +213,11 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.StringVar(&c.AdminAPIKey, "admin-api-key", c.AdminAPIKey, "when set, admin endpoints require 'Authorization: Bearer <key>' (env "+AdminAPIKeyEnv+")")
 	fs.StringVar(&c.ClientAPIKeysFile, "client-api-keys-file", c.ClientAPIKeysFile, "file of client API keys (one per line, optional tenant= and priority=); when set, routed endpoints require one (reloaded on change and SIGHUP)")
 	fs.BoolVar(&c.ForwardClientAuth, "forward-client-auth", c.ForwardClientAuth, "with --client-api-keys-file, still send the client's Authorization / x-api-key to workers")
+	fs.StringVar(&c.TLSCertFile, "tls-cert-file", c.TLSCertFile, "PEM certificate (chain) of the traffic and metrics listeners; with --tls-key-file they serve TLS 1.2 or later (re-read when the files change and on SIGHUP)")
+	fs.StringVar(&c.TLSKeyFile, "tls-key-file", c.TLSKeyFile, "PEM private key of --tls-cert-file")
+	fs.StringVar(&c.WorkerCAFile, "worker-ca-file", c.WorkerCAFile, "PEM bundle of the CAs trusted for https:// workers, instead of the system roots")
+	fs.StringVar(&c.WorkerClientCertFile, "worker-client-cert-file", c.WorkerClientCertFile, "PEM client certificate presented to https:// workers that ask for one (mTLS); needs --worker-client-key-file")
+	fs.StringVar(&c.WorkerClientKeyFile, "worker-client-key-file", c.WorkerClientKeyFile, "PEM private key of --worker-client-cert-file")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
 	fs.Float64Var(&c.ShutdownGraceSecs, "shutdown-grace-secs", c.ShutdownGraceSecs, "on SIGTERM/SIGINT, seconds to let in-flight requests finish")
@@ -216,6 +232,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.StringVar(&c.RedisURL, "redis-url", c.RedisURL, "redis:// or rediss:// URL of the shared session store (env "+RedisURLEnv+")")
 	fs.StringVar(&c.RedisKeyPrefix, "redis-key-prefix", c.RedisKeyPrefix, "prefix of the session store's Redis keys")
 	fs.DurationVar(&c.RedisTimeout, "redis-timeout", c.RedisTimeout, "longest a request waits on the session store before routing without it")
+	fs.StringVar(&c.RedisCAFile, "redis-ca-file", c.RedisCAFile, "PEM bundle of the CAs trusted for a rediss:// --redis-url, instead of the system roots")
 }
 
 // Load resolves the final configuration from parsed flags: defaults, then the YAML file named by
@@ -388,6 +405,12 @@ func (c Config) Validate() error {
 			bad("redis-url", "want redis://[user:password@]host:port[/db] or rediss://...")
 		}
 	}
+	if c.SessionStore == "redis" && c.RedisCAFile != "" {
+		if u, err := url.Parse(c.RedisURL); err == nil && u.Scheme == "redis" {
+			bad("redis-ca-file", "needs a rediss:// --redis-url (TLS); the URL given is plain redis://")
+		}
+	}
+	validateTLSFiles(bad, c)
 	if c.RedisTimeout <= 0 {
 		bad("redis-timeout", "must be positive, got %v", c.RedisTimeout)
 	}
@@ -404,6 +427,38 @@ func (c Config) Validate() error {
 		bad("log-format", "unknown format %q (want text or json)", c.LogFormat)
 	}
 	return errors.Join(errs...)
+}
+
+// validateTLSFiles checks that the certificate and key flags come in pairs and that every file
+// named can be read, so a typo fails at startup rather than at the first TLS connection. Their
+// contents are parsed by the router, which reports a bad PEM under the same flag names.
+func validateTLSFiles(bad func(flag, format string, args ...any), c Config) {
+	pairs := []struct{ cert, key, certFlag, keyFlag string }{
+		{c.TLSCertFile, c.TLSKeyFile, "tls-cert-file", "tls-key-file"},
+		{c.WorkerClientCertFile, c.WorkerClientKeyFile, "worker-client-cert-file", "worker-client-key-file"},
+	}
+	for _, p := range pairs {
+		switch {
+		case p.cert != "" && p.key == "":
+			bad(p.keyFlag, "required with --%s", p.certFlag)
+		case p.cert == "" && p.key != "":
+			bad(p.certFlag, "required with --%s", p.keyFlag)
+		}
+	}
+	files := []struct{ flag, path string }{
+		{"tls-cert-file", c.TLSCertFile}, {"tls-key-file", c.TLSKeyFile},
+		{"worker-ca-file", c.WorkerCAFile},
+		{"worker-client-cert-file", c.WorkerClientCertFile}, {"worker-client-key-file", c.WorkerClientKeyFile},
+		{"redis-ca-file", c.RedisCAFile},
+	}
+	for _, f := range files {
+		if f.path == "" {
+			continue
+		}
+		if _, err := os.ReadFile(f.path); err != nil {
+			bad(f.flag, "cannot read the file: %v", err)
+		}
+	}
 }
 
 // checkEach reports, in flag-name order, every value that breaks the rule ok describes.

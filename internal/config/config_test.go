@@ -703,3 +703,103 @@ func TestDurations(t *testing.T) {
 		}
 	}
 }
+
+// writeFile writes a small file under dir and returns its path.
+func writeFile(t *testing.T, dir, name, text string) string {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestTLSCertificateAndKeyFlagsComeInPairs(t *testing.T) {
+	dir := t.TempDir()
+	pem := writeFile(t, dir, "a.pem", "x")
+	tests := []struct {
+		name   string
+		mutate func(c *config.Config)
+		flag   string
+	}{
+		{"listener cert without key", func(c *config.Config) { c.TLSCertFile = pem }, "--tls-key-file: required with --tls-cert-file"},
+		{"listener key without cert", func(c *config.Config) { c.TLSKeyFile = pem }, "--tls-cert-file: required with --tls-key-file"},
+		{"worker client cert without key", func(c *config.Config) { c.WorkerClientCertFile = pem }, "--worker-client-key-file: required with --worker-client-cert-file"},
+		{"worker client key without cert", func(c *config.Config) { c.WorkerClientKeyFile = pem }, "--worker-client-cert-file: required with --worker-client-key-file"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := config.Default()
+			tt.mutate(&c)
+			err := c.Validate()
+			if err == nil || !strings.Contains(err.Error(), tt.flag) {
+				t.Fatalf("Validate = %v, want an error with %q", err, tt.flag)
+			}
+		})
+	}
+}
+
+func TestTLSFilesThatCannotBeReadAreRejectedAtStartup(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "absent.pem")
+	for _, flag := range []string{"tls-cert-file", "tls-key-file", "worker-ca-file", "worker-client-cert-file", "worker-client-key-file"} {
+		t.Run(flag, func(t *testing.T) {
+			args := []string{"--" + flag, missing}
+			// The other half of a pair exists, so the only problem is the unreadable file.
+			switch flag {
+			case "tls-cert-file":
+				args = append(args, "--tls-key-file", writeFile(t, dir, "k.pem", "x"))
+			case "tls-key-file":
+				args = append(args, "--tls-cert-file", writeFile(t, dir, "c.pem", "x"))
+			case "worker-client-cert-file":
+				args = append(args, "--worker-client-key-file", writeFile(t, dir, "k.pem", "x"))
+			case "worker-client-key-file":
+				args = append(args, "--worker-client-cert-file", writeFile(t, dir, "c.pem", "x"))
+			}
+			_, _, err := load(t, args...)
+			if err == nil {
+				t.Fatal("Load accepted a file that does not exist")
+			}
+			if msg := err.Error(); !strings.Contains(msg, "--"+flag+": cannot read the file") || !strings.Contains(msg, missing) {
+				t.Errorf("error %q does not name --%s and the file", msg, flag)
+			}
+		})
+	}
+	t.Run("a directory", func(t *testing.T) {
+		c := config.Default()
+		c.WorkerCAFile = dir
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--worker-ca-file: cannot read the file") {
+			t.Fatalf("Validate = %v, want --worker-ca-file unreadable", err)
+		}
+	})
+}
+
+func TestTLSFilesLoadFromFlagsAndFromTheConfigFile(t *testing.T) {
+	dir := t.TempDir()
+	cert, key := writeFile(t, dir, "c.pem", "x"), writeFile(t, dir, "k.pem", "x")
+	ca := writeFile(t, dir, "ca.pem", "x")
+	c := mustLoad(t, "--tls-cert-file", cert, "--tls-key-file", key, "--worker-ca-file", ca,
+		"--worker-client-cert-file", cert, "--worker-client-key-file", key)
+	if c.TLSCertFile != cert || c.TLSKeyFile != key || c.WorkerCAFile != ca || c.WorkerClientCertFile != cert || c.WorkerClientKeyFile != key {
+		t.Errorf("flags not loaded: %+v", c)
+	}
+	file := writeFile(t, dir, "router.yaml", "tls_cert_file: "+cert+"\ntls_key_file: "+key+
+		"\nsession_store: redis\nredis_url: rediss://127.0.0.1:6380\nredis_ca_file: "+ca+"\n")
+	c = mustLoad(t, "--config", file)
+	if c.TLSCertFile != cert || c.TLSKeyFile != key || c.RedisCAFile != ca {
+		t.Errorf("file keys not loaded: %+v", c)
+	}
+}
+
+func TestRedisCAFileNeedsATLSRedisURL(t *testing.T) {
+	ca := writeFile(t, t.TempDir(), "ca.pem", "x")
+	c := config.Default()
+	c.SessionStore, c.RedisURL, c.RedisCAFile = "redis", "redis://127.0.0.1:6379", ca
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--redis-ca-file: needs a rediss://") {
+		t.Fatalf("Validate = %v, want --redis-ca-file to ask for rediss://", err)
+	}
+	c.RedisURL = "rediss://127.0.0.1:6380"
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Validate with rediss://: %v", err)
+	}
+}
