@@ -111,10 +111,12 @@ func (s *Server) sendLora(ctx context.Context, url string, body []byte) loraResu
 }
 
 // newLoraClient is the HTTP client of the adapter requests: workers are dialed directly (no
-// proxy from the environment); each request is bounded by the request timeout.
-func newLoraClient(dialTimeout time.Duration) *http.Client {
+// proxy from the environment), https:// ones with the routed requests' TLS configuration; each
+// request is bounded by the request timeout.
+func newLoraClient(opts UpstreamOptions) *http.Client {
 	return &http.Client{Transport: &http.Transport{
-		DialContext:     (&net.Dialer{Timeout: dialTimeout}).DialContext,
+		DialContext:     (&net.Dialer{Timeout: opts.DialTimeout}).DialContext,
+		TLSClientConfig: opts.TLS.Clone(),
 		IdleConnTimeout: 30 * time.Second,
 	}}
 }

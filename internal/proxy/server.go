@@ -98,7 +98,7 @@ func (rt *route) count(start time.Time, class string, firstByte time.Time) {
 func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metrics.Metrics, log *slog.Logger) *Server {
 	s := &Server{opts: opts, pool: pool, fleet: fleet, policy: p, metrics: m, log: log,
 		upstreams: newUpstreams(opts.Upstream), routes: newRoutes(m), mux: http.NewServeMux(),
-		loraClient: newLoraClient(opts.Upstream.DialTimeout)}
+		loraClient: newLoraClient(opts.Upstream)}
 	s.tracker, _ = p.(policy.ResponseTracker)
 	if l, ok := p.(policy.Labeled); ok {
 		s.labeled = true

@@ -21,6 +21,20 @@ type UpstreamOptions struct {
 	FirstByteTimeout time.Duration // 0: no first-byte deadline
 	MaxIdlePerWorker int           // idle keep-alive connections kept per worker URL
 	IdleConnTimeout  time.Duration // an idle connection older than this is closed, not reused
+	// TLS is the client configuration for https:// workers: trusted CAs, client certificate.
+	// Each worker's connections use a copy with ServerName set to the worker's host. Nil: the
+	// system roots, no client certificate, TLS 1.2 or later.
+	TLS *tls.Config
+}
+
+// workerTLS returns the TLS configuration for connections to host.
+func (o UpstreamOptions) workerTLS(host string) *tls.Config {
+	c := o.TLS.Clone() // nil stays nil
+	if c == nil {
+		c = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	c.ServerName = host
+	return c
 }
 
 // upstreams keeps one pool of keep-alive connections per worker URL. The proxy holds the
@@ -59,7 +73,7 @@ func (u *upstreams) pool(baseURL string) (*connPool, error) {
 	port := "80"
 	if parsed.Scheme == "https" {
 		port = "443"
-		p.tls = &tls.Config{MinVersion: tls.VersionTLS12, ServerName: parsed.Hostname()}
+		p.tls = u.opts.workerTLS(parsed.Hostname())
 	}
 	if parsed.Port() == "" {
 		p.addr = net.JoinHostPort(parsed.Hostname(), port)
