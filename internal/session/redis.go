@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -36,6 +37,9 @@ type RedisOptions struct {
 	// Timeout bounds every operation end to end: waiting for a pooled connection, dialing,
 	// writing the command and reading the answer. Default 50ms.
 	Timeout time.Duration
+	// RootCAs, with a rediss:// URL, are the CAs trusted for the server's certificate instead
+	// of the system roots. Setting it with a plain redis:// URL is an error.
+	RootCAs *x509.CertPool
 }
 
 // ApplyDefaults fills zero or negative fields with their defaults.
@@ -88,6 +92,12 @@ func NewRedis(opts RedisOptions) (*Redis, error) {
 	uo, err := ParseRedisURL(opts.URL)
 	if err != nil {
 		return nil, err
+	}
+	if opts.RootCAs != nil {
+		if uo.TLSConfig == nil {
+			return nil, errors.New("redis url: trusted CAs are given for a redis:// URL, which does not use TLS; use rediss://")
+		}
+		uo.TLSConfig.RootCAs = opts.RootCAs
 	}
 	boundTimeouts(uo, opts.Timeout)
 	quietClientLogs()

@@ -1,7 +1,21 @@
 package session_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -337,5 +351,178 @@ func TestNewRedis_DoesNotConnect(t *testing.T) {
 	defer r.Close()
 	if _, _, err := r.Get(context.Background(), redisModel, "session:a"); err == nil {
 		t.Fatal("Get against a closed port succeeded")
+	}
+}
+
+// testCA signs certificates for the TLS tests: an ECDSA P-256 authority made for one test.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  []byte
+}
+
+func newTestCA(t *testing.T) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "session test CA"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+}
+
+func (ca *testCA) pool() *x509.CertPool {
+	p := x509.NewCertPool()
+	p.AddCert(ca.cert)
+	return p
+}
+
+// serverFiles writes a server certificate for 127.0.0.1 and its key to dir.
+func (ca *testCA) serverFiles(t *testing.T, dir string) (certFile, keyFile string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2),
+		Subject:      pkix.Name{CommonName: "127.0.0.1"},
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, "server.pem"), filepath.Join(dir, "server-key.pem")
+	for path, block := range map[string]*pem.Block{certFile: {Type: "CERTIFICATE", Bytes: der}, keyFile: {Type: "PRIVATE KEY", Bytes: keyDER}} {
+		if err := os.WriteFile(path, pem.EncodeToMemory(block), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return certFile, keyFile
+}
+
+// startTLSRedis runs a redis-server that speaks TLS only, on a free loopback port, with a
+// certificate for 127.0.0.1 signed by ca, and returns its rediss:// URL once it answers.
+func startTLSRedis(t *testing.T, ca *testCA) string {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("redis-server not found in PATH, and CI is set: %v", err)
+		}
+		t.Skip("redis-server not installed; skipped outside CI")
+	}
+	dir := t.TempDir()
+	certFile, keyFile := ca.serverFiles(t, dir)
+	caFile := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(caFile, ca.pem, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	var out bytes.Buffer
+	cmd := exec.Command(bin, "--port", "0", "--tls-port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--tls-cert-file", certFile, "--tls-key-file", keyFile, "--tls-ca-cert-file", caFile,
+		"--tls-auth-clients", "no", "--save", "", "--appendonly", "no", "--dir", dir, "--daemonize", "no")
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	url := "rediss://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	c := redis.NewClient(&redis.Options{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), MaxRetries: -1,
+		DialTimeout: time.Second, ReadTimeout: time.Second,
+		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: ca.pool(), ServerName: "127.0.0.1"}})
+	defer c.Close()
+	for range 200 { // up to about 10 s
+		select {
+		case <-exited:
+			if strings.Contains(out.String(), "TLS") && strings.Contains(out.String(), "not") {
+				t.Skipf("redis-server without TLS support: %s", out.String())
+			}
+			t.Fatalf("redis-server exited: %s", out.String())
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return url
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("redis-server with TLS did not answer PING within 10s")
+	return ""
+}
+
+func TestRedis_RedissTrustsTheGivenCA(t *testing.T) {
+	ca := newTestCA(t)
+	url := startTLSRedis(t, ca)
+	r, err := session.NewRedis(session.RedisOptions{URL: url, Timeout: 2 * time.Second, RootCAs: ca.pool()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	mustSet(t, r, redisModel, "session:a", tenantA)
+	mustGet(t, r, redisModel, "session:a", tenantA)
+}
+
+// Without the CA (the system roots) or with another CA, the server's certificate is not trusted
+// and no call succeeds: the TLS connection is verified, not merely encrypted.
+func TestRedis_RedissRefusesAServerItsCAsDoNotVouchFor(t *testing.T) {
+	url := startTLSRedis(t, newTestCA(t))
+	for name, roots := range map[string]*x509.CertPool{"system roots": nil, "another CA": newTestCA(t).pool()} {
+		t.Run(name, func(t *testing.T) {
+			r, err := session.NewRedis(session.RedisOptions{URL: url, Timeout: 2 * time.Second, RootCAs: roots})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			err = r.Ping(context.Background())
+			if err == nil {
+				t.Fatal("Ping succeeded against a server whose certificate no trusted CA signed")
+			}
+			if !strings.Contains(err.Error(), "certificate") {
+				t.Errorf("Ping error %q is not about the certificate", err)
+			}
+		})
+	}
+}
+
+func TestNewRedis_CAsWithAPlainURLAreAnError(t *testing.T) {
+	_, err := session.NewRedis(session.RedisOptions{URL: "redis://127.0.0.1:6379", RootCAs: newTestCA(t).pool()})
+	if err == nil || !strings.Contains(err.Error(), "rediss://") {
+		t.Fatalf("NewRedis = %v, want an error asking for rediss://", err)
 	}
 }
