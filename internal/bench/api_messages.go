@@ -186,8 +186,10 @@ func (messagesAPI) event(data []byte, st *stream) error {
 		}
 	case "content_block_start":
 		if b := ev.ContentBlock; b != nil && b.Type == "tool_use" {
-			// The input comes in input_json_delta pieces; the start's own (empty) input
-			// stands only when none comes.
+			// The block names the tool: the reply's first token, as a chat stream's first
+			// tool_calls delta is. The input comes in input_json_delta pieces; the start's own
+			// (empty) input stands only when none comes.
+			st.content = true
 			if st.toolBlock == nil {
 				st.toolBlock = map[int]int{}
 			}

@@ -77,7 +77,7 @@ type responsesEvent struct {
 		CallID    string `json:"call_id"`
 		Name      string `json:"name"`
 		Arguments string `json:"arguments"`
-	} `json:"item"` // response.output_item.done
+	} `json:"item"` // response.output_item.added and .done
 	Message  string `json:"message"` // "error" events
 	Code     string `json:"code"`
 	Response *struct {
@@ -177,6 +177,10 @@ func (responsesAPI) event(data []byte, st *stream) error {
 	case "response.reasoning_text.delta", "response.reasoning_summary_text.delta",
 		"response.function_call_arguments.delta", "response.refusal.delta":
 		st.content = st.content || unquote(ev.Delta) != ""
+	case "response.output_item.added":
+		// A function call's item names the function: its first token, as a chat stream's first
+		// tool_calls delta is.
+		st.content = st.content || ev.Item != nil && ev.Item.Type == "function_call"
 	case "response.output_item.done":
 		if it := ev.Item; it != nil && it.Type == "function_call" {
 			st.calls = append(st.calls, ToolCall{ID: it.CallID, Name: it.Name, Arguments: it.Arguments})

@@ -518,3 +518,24 @@ data: {"type":"message_stop"}
 		t.Fatalf("calls %+v", st.calls)
 	}
 }
+
+// A tool call's first token is its name: the event that opens a function_call item or a
+// tool_use block carries content, as a chat stream's first tool_calls delta does.
+func TestAToolCallsNameIsItsFirstContent(t *testing.T) {
+	st, _ := parse(t, APIResponses, `data: {"type":"response.output_item.added","output_index":0,"item":{"type":"function_call","call_id":"c","name":"grep","arguments":""}}`+"\n\n")
+	if !st.content {
+		t.Error("responses: the function_call item did not count as content")
+	}
+	st, _ = parse(t, APIResponses, `data: {"type":"response.output_item.added","output_index":0,"item":{"type":"message","role":"assistant","content":[]}}`+"\n\n")
+	if st.content {
+		t.Error("responses: an empty message item counted as content")
+	}
+	st, _ = parse(t, APIMessages, `data: {"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"t","name":"grep","input":{}}}`+"\n\n")
+	if !st.content {
+		t.Error("messages: the tool_use block did not count as content")
+	}
+	st, _ = parse(t, APIMessages, `data: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`+"\n\n")
+	if st.content {
+		t.Error("messages: an empty text block counted as content")
+	}
+}
