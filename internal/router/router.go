@@ -4,6 +4,7 @@ package router
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -30,17 +31,19 @@ import (
 
 // Router is one running router instance.
 type Router struct {
-	cfg       config.Config
-	log       *slog.Logger
-	pool      *workers.Pool
-	checker   *workers.Checker
-	policy    policy.Policy
-	metrics   *metrics.Metrics
-	proxy     *proxy.Server
-	transport *http.Transport     // health probes
-	store     *sharedStore        // nil unless --session-store redis
-	keys      *clientkeys.Watcher // nil unless --client-api-keys-file
-	admission *proxy.Admission    // nil unless admission control is configured
+	cfg        config.Config
+	log        *slog.Logger
+	pool       *workers.Pool
+	checker    *workers.Checker
+	policy     policy.Policy
+	metrics    *metrics.Metrics
+	proxy      *proxy.Server
+	transport  *http.Transport     // health probes
+	store      *sharedStore        // nil unless --session-store redis
+	keys       *clientkeys.Watcher // nil unless --client-api-keys-file
+	admission  *proxy.Admission    // nil unless admission control is configured
+	certs      *certReloader       // the listeners' certificate; nil unless --tls-cert-file
+	workerCert *certReloader       // nil unless --worker-client-cert-file
 }
 
 // New builds a router from a validated configuration. Workers are registered by Start.
@@ -61,7 +64,17 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
 	}
-	r := &Router{cfg: cfg, log: log, pool: pool, transport: transport, metrics: metrics.New(pool)}
+	workerTLS, workerCert, err := newWorkerTLS(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	transport.TLSClientConfig = workerTLS
+	r := &Router{cfg: cfg, log: log, pool: pool, transport: transport, metrics: metrics.New(pool), workerCert: workerCert}
+	if cfg.TLSCertFile != "" {
+		if r.certs, err = newCertReloader(cfg.TLSCertFile, cfg.TLSKeyFile, "TLS certificate", log); err != nil {
+			return nil, fmt.Errorf("--tls-cert-file, --tls-key-file: %w", err)
+		}
+	}
 	p, store, err := newPolicy(cfg, r.metrics, log)
 	if err != nil {
 		return nil, err
@@ -121,6 +134,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 			FirstByteTimeout: cfg.FirstByteTimeout(),
 			MaxIdlePerWorker: maxIdlePerWorker,
 			IdleConnTimeout:  upstreamIdleTimeout,
+			TLS:              workerTLS,
 		},
 		SessionStore: storeHealth,
 	}, pool, r, p, r.metrics, log)
@@ -181,12 +195,20 @@ type sharedStore struct {
 // a router whose Redis is down at startup routes with the fallback and starts using Redis as
 // soon as it answers.
 func newSharedStore(cfg config.Config, m *metrics.Metrics, log *slog.Logger) (*sharedStore, error) {
-	rs, err := session.NewRedis(session.RedisOptions{
+	opts := session.RedisOptions{
 		URL:       cfg.RedisURL,
 		KeyPrefix: cfg.RedisKeyPrefix,
 		TTL:       cfg.SessionTTL,
 		Timeout:   cfg.RedisTimeout,
-	})
+	}
+	if cfg.RedisCAFile != "" {
+		cas, err := loadCAs(cfg.RedisCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("--redis-ca-file: %w", err)
+		}
+		opts.RootCAs = cas
+	}
+	rs, err := session.NewRedis(opts)
 	if err != nil {
 		return nil, fmt.Errorf("--redis-url: %w", err)
 	}
@@ -294,10 +316,18 @@ func (r *Router) Start(ctx context.Context) {
 
 // Serve answers on ln (and on metricsLn, if not nil) until ctx ends, then stops accepting, lets
 // in-flight requests finish for the shutdown grace period, and returns nil on a clean drain.
+// With a certificate (--tls-cert-file) both speak TLS only.
 func (r *Router) Serve(ctx context.Context, ln, metricsLn net.Listener) error {
 	srv := r.proxy.HTTPServer()
 	errc := make(chan error, 2)
-	go func() { errc <- srv.Serve(retryAccept(ln, r.log)) }()
+	traffic := retryAccept(ln, r.log)
+	if r.certs != nil {
+		// Over the accept retries; the connection cap (fasthttp's Concurrency) closes a TLS
+		// connection over it without a handshake. The handshake must end within the client
+		// header timeout of the accept.
+		traffic = tlsListener(traffic, r.certs.serverConfig(), r.cfg.ClientHeaderTimeout())
+	}
+	go func() { errc <- srv.Serve(traffic) }()
 	var msrv *http.Server
 	if metricsLn != nil {
 		// The metrics listener has limits of its own, so that a flood of connections to the
@@ -305,7 +335,13 @@ func (r *Router) Serve(ctx context.Context, ln, metricsLn net.Listener) error {
 		msrv = &http.Server{Handler: r.MetricsHandler(), ReadHeaderTimeout: 10 * time.Second,
 			ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 75 * time.Second,
 			ErrorLog: slog.NewLogLogger(r.log.Handler(), slog.LevelDebug)}
-		go func() { errc <- msrv.Serve(capListener(retryAccept(metricsLn, r.log), maxMetricsConns)) }()
+		mln := capListener(retryAccept(metricsLn, r.log), maxMetricsConns)
+		if r.certs != nil {
+			// net/http does the handshake itself, bounded by ReadHeaderTimeout. The cap stays
+			// under TLS, so refusing a connection over it costs no handshake.
+			mln = tls.NewListener(mln, r.certs.serverConfig())
+		}
+		go func() { errc <- msrv.Serve(mln) }()
 	}
 	stopAll := func() {
 		_ = srv.Shutdown()
@@ -340,7 +376,8 @@ func (r *Router) Serve(ctx context.Context, ln, metricsLn net.Listener) error {
 	return firstErr
 }
 
-// reloadOnHangup reloads the client keys file on every SIGHUP until ctx ends.
+// reloadOnHangup reloads the client keys file and the TLS certificates on every SIGHUP until ctx
+// ends.
 func (r *Router) reloadOnHangup(ctx context.Context) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -353,6 +390,7 @@ func (r *Router) reloadOnHangup(ctx context.Context) {
 			if err := r.ReloadClientKeys(); err == nil && r.keys != nil {
 				r.log.Info("client keys reloaded", "keys", r.keys.Current().Len())
 			}
+			_ = r.ReloadCertificates() // each certificate logs its own outcome
 		}
 	}
 }
@@ -377,7 +415,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			return err
 		}
 	}
-	log.Info("cacheroute listening", "addr", ln.Addr().String(), "policy", cfg.Policy, "workers", len(cfg.WorkerURLs))
+	log.Info("cacheroute listening", "addr", ln.Addr().String(), "tls", cfg.TLSCertFile != "", "policy", cfg.Policy, "workers", len(cfg.WorkerURLs))
 	r.Start(ctx)
 	go r.reloadOnHangup(ctx)
 	return r.Serve(ctx, ln, metricsLn)
