@@ -31,12 +31,15 @@ type Options struct {
 	Priorities []string
 	// DefaultPriority is the level of a Ticket with no Priority; empty means the lowest level.
 	DefaultPriority string
-	// Ready, when set, reports whether some worker that can serve model is below the
-	// per-worker in-flight limit. A request starts only when it is true; otherwise it waits in
-	// its place and is offered again on every Permit.Release and Wake. It is called with the
-	// Controller's lock held: it must be quick, must not block and must not call the
-	// Controller. Within one pass over the queue a model found not ready is not asked again.
-	Ready func(model string) bool
+	// Ready, when set, reports whether one more request for model may start, given admitted,
+	// the requests for model admitted and not yet released: the proxy compares it with the room
+	// its workers have (the per-worker limit times the workers serving model). Counting admitted
+	// requests rather than reading worker loads keeps the bound exact: a request admitted a
+	// moment ago has not reached its worker yet. A request starts only when Ready is true;
+	// otherwise it waits in its place and is offered again on every Permit.Release and Wake. It
+	// is called with the Controller's lock held: it must be quick, must not block and must not
+	// call the Controller.
+	Ready func(model string, admitted int) bool
 	// RetryAfter is the hint carried by QueueFull and QueueTimeout rejections, for the
 	// Retry-After header; 0 means one second.
 	RetryAfter time.Duration
@@ -120,6 +123,9 @@ type Controller struct {
 	levels []level // highest priority first
 	queued int     // waiters, all levels
 	flight int     // admitted, not yet released
+	// byModel counts the admitted requests of each model, for Ready; a model leaves it with its
+	// last request, so it holds only models with requests in flight.
+	byModel map[string]int
 }
 
 // New validates opts and returns a Controller.
@@ -187,11 +193,11 @@ func (c *Controller) Admit(ctx context.Context, t Ticket) (*Permit, error) {
 	}
 
 	c.mu.Lock()
-	if c.queued == 0 && c.room() && (c.opts.Ready == nil || c.opts.Ready(t.Model)) {
-		c.flight++
+	if c.queued == 0 && c.room() && c.ready(t.Model) {
+		c.take(t.Model)
 		c.mu.Unlock()
 		c.rep.Waited(lv.name, 0)
-		return &Permit{c: c}, nil
+		return &Permit{c: c, model: t.Model}, nil
 	}
 	if c.queued >= c.opts.QueueSize {
 		v := c.victim(li, t.Tenant)
@@ -234,7 +240,7 @@ func (c *Controller) Admit(ctx context.Context, t Ticket) (*Permit, error) {
 
 	switch state {
 	case admitted:
-		p := &Permit{c: c, waited: time.Since(start)}
+		p := &Permit{c: c, model: t.Model, waited: time.Since(start)}
 		if reason == ClientGone { // admitted as the client left: give the slot back
 			p.Release()
 			return nil, c.reject(lv.name, ClientGone, ctx.Err())
@@ -276,6 +282,7 @@ func (c *Controller) Queued() int {
 // Permit is one admitted request's place under the limits.
 type Permit struct {
 	c        *Controller
+	model    string
 	waited   time.Duration
 	released atomic.Bool
 }
@@ -290,12 +297,29 @@ func (p *Permit) Release() {
 	c := p.c
 	c.mu.Lock()
 	c.flight--
+	if c.byModel[p.model]--; c.byModel[p.model] <= 0 {
+		delete(c.byModel, p.model)
+	}
 	c.dispatch()
 	c.mu.Unlock()
 }
 
 // Waited returns how long the request waited in the queue (0 when it started at once).
 func (p *Permit) Waited() time.Duration { return p.waited }
+
+// ready reports whether Options.Ready lets one more request for model start.
+func (c *Controller) ready(model string) bool {
+	return c.opts.Ready == nil || c.opts.Ready(model, c.byModel[model])
+}
+
+// take counts one more admitted request for model.
+func (c *Controller) take(model string) {
+	c.flight++
+	if c.byModel == nil {
+		c.byModel = map[string]int{}
+	}
+	c.byModel[model]++
+}
 
 // room reports whether the router-wide limit lets one more request start.
 func (c *Controller) room() bool {
@@ -315,7 +339,7 @@ func (c *Controller) dispatch() {
 		if slices.Contains(notReady, model) {
 			return false
 		}
-		if c.opts.Ready(model) {
+		if c.ready(model) {
 			return true
 		}
 		notReady = append(notReady, model)
@@ -332,7 +356,7 @@ func (c *Controller) dispatch() {
 			return
 		}
 		c.dequeue(w, admitted)
-		c.flight++
+		c.take(w.model)
 	}
 }
 

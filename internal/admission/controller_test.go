@@ -129,7 +129,7 @@ func (r *readiness) set(model string, ok bool) {
 	r.mu.Unlock()
 }
 
-func (r *readiness) Ready(model string) bool {
+func (r *readiness) Ready(model string, _ int) bool {
 	r.asked.Add(1)
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -180,6 +180,35 @@ func TestAdmit_ReadyIsAskedOncePerBusyModelPerPass(t *testing.T) {
 	c.Wake()
 	for range 50 {
 		receive(t, out).permit.Release()
+	}
+}
+
+func TestAdmit_ReadyCountsRequestsAdmittedButNotYetAtTheirWorker(t *testing.T) {
+	// Room for two requests of the model, whatever the workers' loads say: the requests
+	// admitted in one pass over the queue have not reached a worker yet.
+	c := newController(t, admission.Options{QueueSize: 10,
+		Ready: func(_ string, admitted int) bool { return admitted < 2 }})
+	first, second := mustAdmit(t, c, admission.Ticket{Model: "m"}), mustAdmit(t, c, admission.Ticket{Model: "m"})
+	out := make(chan outcome, 10)
+	for i := range 5 {
+		enqueue(t, c, fmt.Sprint(i), admission.Ticket{Model: "m"}, out)
+	}
+	if c.InFlight() != 2 || c.Queued() != 5 {
+		t.Fatalf("in flight %d, queued %d; want 2 and 5", c.InFlight(), c.Queued())
+	}
+	first.Release()
+	third := receive(t, out).permit
+	c.Wake()
+	if c.InFlight() != 2 || c.Queued() != 4 {
+		t.Fatalf("after one release: in flight %d, queued %d; want exactly one more admitted (2 and 4)", c.InFlight(), c.Queued())
+	}
+	second.Release()
+	third.Release()
+	for range 4 {
+		receive(t, out).permit.Release()
+	}
+	if c.InFlight() != 0 || c.Queued() != 0 {
+		t.Fatalf("in flight %d, queued %d; want 0", c.InFlight(), c.Queued())
 	}
 }
 

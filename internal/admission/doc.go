@@ -50,16 +50,17 @@
 // # The per-worker limit
 //
 // Admission happens before the worker is chosen, so it cannot reserve a slot on a particular
-// worker. Instead the proxy sets Options.Ready to report whether some worker that can serve the
-// model is below its in-flight limit (it knows the loads); a request then starts only when
-// Ready says so, and otherwise keeps its place in the queue. Ready is asked again whenever a
-// Permit is released (release it after closing the worker attempt, so that the freed room is
-// seen) and on Wake, which the proxy calls when a worker gains room in another way (a worker
-// joined or became healthy, a retried attempt closed). Requests for a model whose workers are
-// full do not hold up requests for other models. Ready reads loads that only grow when the
-// proxy takes a worker, after Admit returned, so requests admitted together can overshoot a
-// worker's limit by their number; the exact bound, if one is wanted, belongs to the worker's
-// acquisition. Without Ready only MaxInFlight applies.
+// worker. Instead the Controller counts the requests it admitted for each model and not yet
+// released, and the proxy sets Options.Ready to compare that count with the room of the
+// model's workers (the per-worker limit times the available workers serving it): a request
+// starts only when Ready says so, and otherwise keeps its place in the queue. Counting admitted
+// requests, not reading worker loads, keeps the bound exact: a request admitted a moment ago has
+// not reached its worker yet, so loads would let a whole queue through at once. Ready is asked
+// again whenever a Permit is released and on Wake, which the proxy calls when a worker gains
+// room in another way (a worker joined or became healthy). Requests for a model whose workers
+// are full do not hold up requests for other models. The bound is on the model's requests
+// together; how they spread over its workers is the policy's placement. Without Ready only
+// MaxInFlight applies.
 //
 // # Wiring
 //

@@ -32,8 +32,8 @@ func (r *Router) newAdmission(cfg config.Config) (*proxy.Admission, error) {
 		if slices.Contains(cfg.PriorityLevels, "default") {
 			opts.DefaultPriority = "default"
 		}
-		if limit := int64(cfg.MaxInflightPerWorker); limit > 0 {
-			opts.Ready = func(model string) bool { return hasRoom(r.pool, model, limit) }
+		if limit := cfg.MaxInflightPerWorker; limit > 0 {
+			opts.Ready = func(model string, admitted int) bool { return admitted < limit*servingWorkers(r.pool, model) }
 		}
 		c, err := admission.New(opts)
 		if err != nil {
@@ -51,15 +51,16 @@ func (r *Router) newAdmission(cfg config.Config) (*proxy.Admission, error) {
 	return a, nil
 }
 
-// hasRoom reports whether some available worker serving model has fewer than limit requests in
-// flight.
-func hasRoom(pool *workers.Pool, model string, limit int64) bool {
+// servingWorkers counts the available worker tenants serving model: with the per-worker limit,
+// they bound the requests of the model admitted at once.
+func servingWorkers(pool *workers.Pool, model string) int {
+	n := 0
 	for _, w := range pool.All() {
-		if w.Available() && w.Serves(model) && w.Load() < limit {
-			return true
+		if w.Available() && w.Serves(model) {
+			n++
 		}
 	}
-	return false
+	return n
 }
 
 // tenantLimits gives every tenant the same rates. Its buckets are rebuilt (full) when the client
