@@ -74,6 +74,9 @@ type Config struct {
 	// ClientAPIKeysFile, when set, closes the routed endpoints and /v1/models to callers without
 	// one of its keys (see internal/clientkeys for the format).
 	ClientAPIKeysFile string `yaml:"client_api_keys_file"`
+	// WorkerURLAllow limits the addresses the router connects to as workers (CIDR prefixes or
+	// addresses); empty: anywhere.
+	WorkerURLAllow []string `yaml:"worker_url_allow"`
 	// ForwardClientAuth sends the client's own Authorization / x-api-key to the worker even when
 	// client keys are checked (by default the worker then gets --api-key only).
 	ForwardClientAuth bool `yaml:"forward_client_auth"`
@@ -211,6 +214,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.IntVar(&c.PrometheusPort, "prometheus-port", c.PrometheusPort, "port of the separate metrics listener (0 disables it; /metrics is also on the main port)")
 	fs.StringVar(&c.APIKey, "api-key", c.APIKey, "sent to workers as 'Authorization: Bearer' when the client sent none (env "+APIKeyEnv+")")
 	fs.StringVar(&c.AdminAPIKey, "admin-api-key", c.AdminAPIKey, "when set, admin endpoints require 'Authorization: Bearer <key>' (env "+AdminAPIKeyEnv+")")
+	fs.StringSliceVar(&c.WorkerURLAllow, "worker-url-allow", c.WorkerURLAllow, "CIDR prefixes or addresses the router may connect to as workers, checked on every dial after name resolution (empty: anywhere)")
 	fs.StringVar(&c.ClientAPIKeysFile, "client-api-keys-file", c.ClientAPIKeysFile, "file of client API keys (one per line, optional tenant= and priority=); when set, routed endpoints require one (reloaded on change and SIGHUP)")
 	fs.BoolVar(&c.ForwardClientAuth, "forward-client-auth", c.ForwardClientAuth, "with --client-api-keys-file, still send the client's Authorization / x-api-key to workers")
 	fs.StringVar(&c.TLSCertFile, "tls-cert-file", c.TLSCertFile, "PEM certificate (chain) of the traffic and metrics listeners; with --tls-key-file they serve TLS 1.2 or later (re-read when the files change and on SIGHUP)")
@@ -328,6 +332,9 @@ func (c Config) Validate() error {
 	var errs []error
 	bad := func(flag, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("--%s: %s", flag, fmt.Sprintf(format, args...)))
+	}
+	if _, err := tenant.ParseAllowed(c.WorkerURLAllow); err != nil {
+		bad("worker-url-allow", "%v", err)
 	}
 	if c.Port < 0 || c.Port > 65535 {
 		bad("port", "%d is not a port number", c.Port)

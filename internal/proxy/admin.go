@@ -114,6 +114,10 @@ func (s *Server) addWorker(w http.ResponseWriter, r *http.Request, url string) {
 			writeError(w, http.StatusConflict, "invalid_request_error", "worker_exists", "worker "+tenant.Redact(url)+" is already registered")
 			return
 		}
+		if errors.Is(err, tenant.ErrNotAllowed) {
+			writeError(w, http.StatusForbidden, "permission_error", "worker_not_allowed", err.Error())
+			return
+		}
 		writeError(w, http.StatusInternalServerError, "server_error", "add_worker_failed", err.Error())
 		return
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -115,7 +114,7 @@ func (s *Server) sendLora(ctx context.Context, url string, body []byte) loraResu
 // request is bounded by the request timeout.
 func newLoraClient(opts UpstreamOptions) *http.Client {
 	return &http.Client{Transport: &http.Transport{
-		DialContext:     (&net.Dialer{Timeout: opts.DialTimeout}).DialContext,
+		DialContext:     opts.dialer().DialContext,
 		TLSClientConfig: opts.TLS.Clone(),
 		IdleConnTimeout: 30 * time.Second,
 	}}

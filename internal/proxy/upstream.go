@@ -13,6 +13,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/cacheroute/cacheroute/internal/metrics"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 )
 
 // UpstreamOptions shape the connections to workers.
@@ -25,6 +26,13 @@ type UpstreamOptions struct {
 	// Each worker's connections use a copy with ServerName set to the worker's host. Nil: the
 	// system roots, no client certificate, TLS 1.2 or later.
 	TLS *tls.Config
+	// Allowed limits the addresses dialled (--worker-url-allow); the zero value allows any.
+	Allowed tenant.Allowed
+}
+
+// dialer is the dialer of worker connections: bounded in time, refused outside Allowed.
+func (o UpstreamOptions) dialer() *net.Dialer {
+	return &net.Dialer{Timeout: o.DialTimeout, KeepAlive: 30 * time.Second, Control: o.Allowed.Control}
 }
 
 // workerTLS returns the TLS configuration for connections to host.
@@ -153,7 +161,7 @@ func (p *connPool) get() (*upConn, error) {
 		c.reused = true
 		return c, nil
 	}
-	raw, err := net.DialTimeout("tcp", p.addr, p.opts.DialTimeout)
+	raw, err := p.opts.dialer().Dial("tcp", p.addr)
 	if err != nil {
 		return nil, &dialError{err}
 	}

@@ -91,3 +91,31 @@ func TestKeysFileNamingAnUnknownPriorityDoesNotLoad(t *testing.T) {
 		t.Fatalf("got %v, want the unknown level named", err)
 	}
 }
+
+func TestWorkerURLAllowKeepsTheRouterFromConnectingElsewhere(t *testing.T) {
+	outside := newFakeWorker(t) // on 127.0.0.1, outside the allowed prefix
+	cfg := testConfig()
+	cfg.WorkerURLAllow = []string{"10.0.0.0/8"}
+	tr := startRouter(t, cfg)
+	// An address outside the list is refused when it is added.
+	resp := tr.post(t, "/workers", `{"url":"`+outside.URL()+`"}`)
+	if body := readAll(t, resp); resp.StatusCode != http.StatusForbidden || !strings.Contains(body, "worker_not_allowed") {
+		t.Fatalf("adding %s: %d %s, want 403 worker_not_allowed", outside.URL(), resp.StatusCode, body)
+	}
+	// A name that resolves outside it is registered, but never connected to.
+	byName := strings.Replace(outside.URL(), "127.0.0.1", "localhost", 1)
+	if err := tr.AddWorker(t.Context(), byName); err != nil {
+		t.Fatal(err)
+	}
+	resp = tr.post(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`)
+	readAll(t, resp)
+	if resp.StatusCode < 500 {
+		t.Fatalf("a request was answered %d through a worker outside the list", resp.StatusCode)
+	}
+	if n := outside.hits.Load(); n != 0 {
+		t.Fatalf("the worker outside the list got %d routed requests", n)
+	}
+	if ws := tr.Pool().Get(byName); len(ws) != 1 || ws[0].Healthy() {
+		t.Fatal("the worker outside the list passed a health probe: the router connected to it")
+	}
+}

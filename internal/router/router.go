@@ -44,6 +44,7 @@ type Router struct {
 	admission  *proxy.Admission    // nil unless admission control is configured
 	certs      *certReloader       // the listeners' certificate; nil unless --tls-cert-file
 	workerCert *certReloader       // nil unless --worker-client-cert-file
+	allowed    tenant.Allowed      // where workers may be (--worker-url-allow)
 }
 
 // New builds a router from a validated configuration. Workers are registered by Start.
@@ -57,9 +58,13 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		CBTimeout:             cfg.CBTimeout(),
 		DisableCircuitBreaker: cfg.DisableCircuitBreaker,
 	})
+	allowed, err := tenant.ParseAllowed(cfg.WorkerURLAllow)
+	if err != nil {
+		return nil, err
+	}
 	transport := &http.Transport{
 		Proxy:               nil, // workers are reached directly, never through an environment proxy
-		DialContext:         (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:         (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second, Control: allowed.Control}).DialContext,
 		MaxIdleConnsPerHost: 4,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
@@ -69,7 +74,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		return nil, err
 	}
 	transport.TLSClientConfig = workerTLS
-	r := &Router{cfg: cfg, log: log, pool: pool, transport: transport, metrics: metrics.New(pool), workerCert: workerCert}
+	r := &Router{cfg: cfg, log: log, pool: pool, transport: transport, metrics: metrics.New(pool), workerCert: workerCert, allowed: allowed}
 	if cfg.TLSCertFile != "" {
 		if r.certs, err = newCertReloader(cfg.TLSCertFile, cfg.TLSKeyFile, "TLS certificate", log); err != nil {
 			return nil, fmt.Errorf("--tls-cert-file, --tls-key-file: %w", err)
@@ -135,6 +140,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 			MaxIdlePerWorker: maxIdlePerWorker,
 			IdleConnTimeout:  upstreamIdleTimeout,
 			TLS:              workerTLS,
+			Allowed:          allowed,
 		},
 		SessionStore: storeHealth,
 	}, pool, r, p, r.metrics, log)
@@ -238,6 +244,9 @@ func (r *Router) AddWorker(ctx context.Context, raw string) error {
 	if err != nil {
 		return err
 	}
+	if err := r.allowed.CheckURL(url); err != nil {
+		return err
+	}
 	if _, err := r.pool.Add(url); err != nil {
 		return err
 	}
@@ -290,6 +299,9 @@ func (r *Router) Start(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, raw := range r.cfg.WorkerURLs {
 		url, err := tenant.NormalizeURL(raw)
+		if err == nil {
+			err = r.allowed.CheckURL(url)
+		}
 		if err == nil {
 			_, err = r.pool.Add(url)
 		}
