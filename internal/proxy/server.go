@@ -38,6 +38,8 @@ type Options struct {
 	ForwardClientAuth bool
 	// Admission, when set, applies rate limits and admission control to routed requests.
 	Admission *Admission
+	// CORSOrigins are the web origins whose pages may call the router ("*": any); none: no CORS.
+	CORSOrigins []string
 
 	ClientHeaderTimeout time.Duration // a new connection's first request line and any request's headers
 	ClientBodyTimeout   time.Duration // a request's whole body, once its headers arrived
@@ -132,6 +134,15 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 
 // serve is the fasthttp handler of every endpoint.
 func (s *Server) serve(ctx *fasthttp.RequestCtx) {
+	if s.preflight(ctx) {
+		return
+	}
+	s.answer(ctx)
+	s.cors(ctx)
+}
+
+// answer answers one request: forwarded when its path is routed, else by the net/http handlers.
+func (s *Server) answer(ctx *fasthttp.RequestCtx) {
 	if rt, id := lookup(s.routes, string(ctx.Path())); rt != nil {
 		if method := string(ctx.Method()); !rt.allows(method) {
 			allow := strings.Join(rt.methods, ", ")

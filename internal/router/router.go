@@ -130,6 +130,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		ClientKeys:          keys,
 		ForwardClientAuth:   cfg.ForwardClientAuth,
 		Admission:           r.admission,
+		CORSOrigins:         cfg.CORSAllowedOrigins,
 		ClientHeaderTimeout: cfg.ClientHeaderTimeout(),
 		ClientBodyTimeout:   cfg.ClientBodyTimeout(),
 		KeepaliveTimeout:    cfg.KeepaliveTimeout(),
