@@ -21,6 +21,11 @@ type Options struct {
 	// MaxInFlight bounds the requests admitted and not yet released, router-wide; 0 means
 	// unlimited.
 	MaxInFlight int
+	// Reserve is how many of the MaxInFlight places only the highest priority level may take:
+	// the others start only while more than Reserve places are free. A request of the highest
+	// level then rarely waits for a running one to end, however many lower ones are queued.
+	// It must be less than MaxInFlight; 0 reserves nothing.
+	Reserve int
 	// QueueSize bounds the requests waiting, all levels together; 0 means no queue: a request
 	// that cannot start at once is rejected with QueueFull.
 	QueueSize int
@@ -130,8 +135,11 @@ type Controller struct {
 
 // New validates opts and returns a Controller.
 func New(opts Options) (*Controller, error) {
-	if opts.MaxInFlight < 0 || opts.QueueSize < 0 || opts.QueueTimeout < 0 || opts.RetryAfter < 0 {
+	if opts.MaxInFlight < 0 || opts.QueueSize < 0 || opts.QueueTimeout < 0 || opts.RetryAfter < 0 || opts.Reserve < 0 {
 		return nil, errors.New("admission: limits, queue size and durations must not be negative")
+	}
+	if opts.Reserve > 0 && opts.Reserve >= opts.MaxInFlight {
+		return nil, errors.New("admission: the reserve must be less than MaxInFlight")
 	}
 	names := opts.Priorities
 	if len(names) == 0 {
@@ -193,7 +201,7 @@ func (c *Controller) Admit(ctx context.Context, t Ticket) (*Permit, error) {
 	}
 
 	c.mu.Lock()
-	if c.queued == 0 && c.room() && c.ready(t.Model) {
+	if c.queued == 0 && c.room(li) && c.ready(t.Model) {
 		c.take(t.Model)
 		c.mu.Unlock()
 		c.rep.Waited(lv.name, 0)
@@ -321,14 +329,22 @@ func (c *Controller) take(model string) {
 	c.byModel[model]++
 }
 
-// room reports whether the router-wide limit lets one more request start.
-func (c *Controller) room() bool {
-	return c.opts.MaxInFlight == 0 || c.flight < c.opts.MaxInFlight
+// room reports whether the router-wide limit lets one more request of level li start: the
+// highest level may take every place, the others all but the reserve.
+func (c *Controller) room(li int) bool {
+	if c.opts.MaxInFlight == 0 {
+		return true
+	}
+	limit := c.opts.MaxInFlight
+	if li > 0 {
+		limit -= c.opts.Reserve
+	}
+	return c.flight < limit
 }
 
 // dispatch admits waiters, in queue order, while the limits allow.
 func (c *Controller) dispatch() {
-	if c.queued == 0 || !c.room() {
+	if c.queued == 0 || !c.room(0) {
 		return
 	}
 	var notReady []string // models Ready refused in this pass
@@ -345,9 +361,12 @@ func (c *Controller) dispatch() {
 		notReady = append(notReady, model)
 		return false
 	}
-	for c.queued > 0 && c.room() {
+	for c.queued > 0 && c.room(0) {
 		var w *waiter
 		for i := range c.levels {
+			if !c.room(i) {
+				break // the levels below have no more room than this one
+			}
 			if w = c.levels[i].pick(ok); w != nil {
 				break
 			}

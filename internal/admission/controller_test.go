@@ -269,3 +269,29 @@ func TestAdmit_StressKeepsTheLimitAndLeavesNothingBehind(t *testing.T) {
 	}
 	t.Logf("admitted %d, refused %d, peak %d", admitted.Load(), refused.Load(), peak.Load())
 }
+
+func TestReserveKeepsPlacesForTheHighestPriority(t *testing.T) {
+	c := newController(t, admission.Options{MaxInFlight: 3, Reserve: 1, QueueSize: 10, Priorities: threeLevels})
+	low := threeLevels[len(threeLevels)-1]
+	a, b := mustAdmit(t, c, admission.Ticket{Priority: low}), mustAdmit(t, c, admission.Ticket{Priority: low})
+	out := make(chan outcome, 4)
+	enqueue(t, c, "third-low", admission.Ticket{Priority: low}, out)
+	// The last place is the top level's: it starts at once while a lower request waits.
+	top := mustAdmit(t, c, admission.Ticket{Priority: threeLevels[0]})
+	if c.InFlight() != 3 || c.Queued() != 1 {
+		t.Fatalf("in flight %d, queued %d; want 3 and the low request waiting", c.InFlight(), c.Queued())
+	}
+	top.Release()
+	if c.Queued() != 1 {
+		t.Fatal("a lower request took the reserved place")
+	}
+	a.Release()
+	receive(t, out).permit.Release()
+	b.Release()
+	if c.InFlight() != 0 || c.Queued() != 0 {
+		t.Fatalf("in flight %d, queued %d; want 0", c.InFlight(), c.Queued())
+	}
+	if _, err := admission.New(admission.Options{MaxInFlight: 2, Reserve: 2}); err == nil {
+		t.Fatal("a reserve of every place was accepted")
+	}
+}

@@ -47,8 +47,9 @@ type Config struct {
 	MaxInflightPerWorker  int      `yaml:"max_inflight_per_worker"`
 	QueueSize             int      `yaml:"queue_size"`
 	QueueTimeoutSecs      float64  `yaml:"queue_timeout_secs"`
-	PriorityLevels        []string `yaml:"priority_levels"` // highest first
-	PriorityHeader        bool     `yaml:"priority_header"` // accept x-priority from clients
+	PriorityLevels        []string `yaml:"priority_levels"`  // highest first
+	PriorityHeader        bool     `yaml:"priority_header"`  // accept x-priority from clients
+	PriorityReserve       int      `yaml:"priority_reserve"` // places of max_concurrent_requests only the top level takes
 	TenantRPM             int      `yaml:"tenant_requests_per_minute"`
 	TenantTPM             int      `yaml:"tenant_tokens_per_minute"`
 
@@ -198,6 +199,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.IntVar(&c.QueueSize, "queue-size", c.QueueSize, "requests waiting for admission, all priorities together; above it 429 (0: none wait)")
 	fs.Float64Var(&c.QueueTimeoutSecs, "queue-timeout-secs", c.QueueTimeoutSecs, "longest wait in the admission queue before 429")
 	fs.StringSliceVar(&c.PriorityLevels, "priority-levels", c.PriorityLevels, "admission priority levels, highest first; a client key's priority= or x-priority names one")
+	fs.IntVar(&c.PriorityReserve, "priority-reserve", c.PriorityReserve, "places of --max-concurrent-requests that only the highest priority level may take, so it rarely waits behind lower ones")
 	fs.BoolVar(&c.PriorityHeader, "priority-header", c.PriorityHeader, "let clients choose their priority level with the x-priority header (a client key's own priority wins)")
 	fs.IntVar(&c.TenantRPM, "tenant-requests-per-minute", c.TenantRPM, "requests per minute per tenant (client keys' tenant=, else one tenant for all); 0: unlimited")
 	fs.IntVar(&c.TenantTPM, "tenant-tokens-per-minute", c.TenantTPM, "prompt and max output tokens per minute per tenant, estimated from the body; 0: unlimited")
@@ -395,6 +397,9 @@ func (c Config) Validate() error {
 	}
 	if len(c.PriorityLevels) == 0 {
 		bad("priority-levels", "needs at least one level")
+	}
+	if c.PriorityReserve < 0 || (c.PriorityReserve > 0 && c.PriorityReserve >= c.MaxConcurrentRequests) {
+		bad("priority-reserve", "must be at least 0 and less than --max-concurrent-requests, got %d", c.PriorityReserve)
 	}
 	if c.MaxPayloadSize < 1 {
 		bad("max-payload-size", "must be at least 1 byte, got %d", c.MaxPayloadSize)

@@ -24,6 +24,7 @@ func (r *Router) newAdmission(cfg config.Config) (*proxy.Admission, error) {
 	if cfg.MaxConcurrentRequests > 0 || cfg.MaxInflightPerWorker > 0 {
 		opts := admission.Options{
 			MaxInFlight:  cfg.MaxConcurrentRequests,
+			Reserve:      cfg.PriorityReserve,
 			QueueSize:    cfg.QueueSize,
 			QueueTimeout: cfg.QueueTimeout(),
 			Priorities:   cfg.PriorityLevels,
