@@ -464,6 +464,14 @@ func admissionWait(b *testing.B, r *Router, priority string) (count uint64, sum 
 // admission_wait_seconds is per priority, hence here per tenant; its buckets are too coarse for a
 // p99, so its mean over the contended run is reported beside the client's figures.
 func BenchmarkFairness(b *testing.B) {
+	// Without a reserve the interactive tenant waits, at the head of the queue, for the next
+	// request to end; with --priority-reserve 2 it finds a place kept for it.
+	for _, reserve := range []int{0, 2} {
+		b.Run(fmt.Sprintf("priority_reserve=%d", reserve), func(b *testing.B) { benchFairness(b, reserve) })
+	}
+}
+
+func benchFairness(b *testing.B, reserve int) {
 	const (
 		aloneFor     = 10 * time.Second
 		contendedFor = 15 * time.Second
@@ -480,6 +488,7 @@ func BenchmarkFairness(b *testing.B) {
 		cfg.MaxConcurrentRequests = olWorkers * olSeqs
 		cfg.QueueSize = 64
 		cfg.QueueTimeoutSecs = 2
+		cfg.PriorityReserve = reserve
 		rig := startOLRig(b, cfg)
 
 		inter := olStream{rate: 0.1 * olCapacity, key: "sk-inter", seed: 3}
