@@ -40,6 +40,7 @@ type Metrics struct {
 	SessionStoreLatency  *prometheus.HistogramVec // op
 	SessionStoreErrors   *prometheus.CounterVec   // op
 
+	TenantRequests      *prometheus.CounterVec   // tenant
 	AdmissionQueue      *prometheus.GaugeVec     // priority
 	AdmissionWait       *prometheus.HistogramVec // priority
 	AdmissionRejections *prometheus.CounterVec   // reason
@@ -101,6 +102,8 @@ func New(pool *workers.Pool) *Metrics {
 			Help: "Duration of the calls made to the shared session store, failed ones included.", Buckets: storeLatencyBuckets}, []string{"op"}),
 		SessionStoreErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "session_store_errors_total",
 			Help: "Failed or timed-out calls to the shared session store, by op; the local session map answered them."}, []string{"op"}),
+		TenantRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "tenant_requests_total",
+			Help: "Routed requests with a valid client key, by the key's tenant (the tenants of the client keys file)."}, []string{"tenant"}),
 		AdmissionQueue: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "admission_queue_length",
 			Help: "Requests waiting for admission, by priority level."}, []string{"priority"}),
 		AdmissionWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: "admission_wait_seconds",
@@ -112,7 +115,7 @@ func New(pool *workers.Pool) *Metrics {
 		m.Requests, m.RequestDuration, m.TimeToFirstByte, m.Processed, m.PolicyDecisions, m.Retries,
 		m.UpstreamErrors, m.CacheAwareDecisions, m.PrefixMatchRatio, m.Evictions,
 		m.SessionStoreRequests, m.SessionStoreLatency, m.SessionStoreErrors,
-		m.AdmissionQueue, m.AdmissionWait, m.AdmissionRejections,
+		m.TenantRequests, m.AdmissionQueue, m.AdmissionWait, m.AdmissionRejections,
 		poolCollector{pool}, &m.policyState,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/cacheroute/cacheroute/internal/clientkeys"
 )
 
@@ -77,6 +79,9 @@ func TestClientKeyIsReplacedByTheWorkerKeyUpstream(t *testing.T) {
 	}
 	if status, _, _ := tp.do(t, http.MethodGet, "/v1/models", "Authorization", "Bearer sk-bob"); status != http.StatusOK {
 		t.Fatalf("/v1/models with a key: %d", status)
+	}
+	if a, b := testutil.ToFloat64(tp.Metrics.TenantRequests.WithLabelValues("alice")), testutil.ToFloat64(tp.Metrics.TenantRequests.WithLabelValues("bob")); a != 1 || b != 1 {
+		t.Errorf("tenant_requests_total alice %v bob %v, want 1 and 1", a, b)
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()

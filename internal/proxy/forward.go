@@ -106,6 +106,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 			return
 		}
 		ex.caller = client
+		s.metrics.TenantRequests.WithLabelValues(client.Tenant).Inc()
 	}
 	var ok bool
 	if rt.place == byResponseID {
