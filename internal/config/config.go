@@ -78,6 +78,8 @@ type Config struct {
 	// WorkerURLAllow limits the addresses the router connects to as workers (CIDR prefixes or
 	// addresses); empty: anywhere.
 	WorkerURLAllow []string `yaml:"worker_url_allow"`
+	// AdminWorkerURLCredentials lets the admin API add worker URLs carrying user:password@.
+	AdminWorkerURLCredentials bool `yaml:"admin_worker_url_credentials"`
 	// CORSAllowedOrigins are the web origins whose pages may call the router ("*": any).
 	CORSAllowedOrigins []string `yaml:"cors_allowed_origins"`
 	// ForwardClientAuth sends the client's own Authorization / x-api-key to the worker even when
@@ -219,6 +221,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.StringVar(&c.APIKey, "api-key", c.APIKey, "sent to workers as 'Authorization: Bearer' when the client sent none (env "+APIKeyEnv+")")
 	fs.StringVar(&c.AdminAPIKey, "admin-api-key", c.AdminAPIKey, "when set, admin endpoints require 'Authorization: Bearer <key>' (env "+AdminAPIKeyEnv+")")
 	fs.StringSliceVar(&c.CORSAllowedOrigins, "cors-allowed-origins", c.CORSAllowedOrigins, "web origins (scheme://host[:port], or *) whose pages may call the router from a browser; none: no CORS headers")
+	fs.BoolVar(&c.AdminWorkerURLCredentials, "admin-worker-url-credentials", c.AdminWorkerURLCredentials, "let the admin API add worker URLs with user:password@ (those of --worker-urls and the config file always may)")
 	fs.StringSliceVar(&c.WorkerURLAllow, "worker-url-allow", c.WorkerURLAllow, "CIDR prefixes or addresses the router may connect to as workers, checked on every dial after name resolution (empty: anywhere)")
 	fs.StringVar(&c.ClientAPIKeysFile, "client-api-keys-file", c.ClientAPIKeysFile, "file of client API keys (one per line, optional tenant= and priority=); when set, routed endpoints require one (reloaded on change and SIGHUP)")
 	fs.BoolVar(&c.ForwardClientAuth, "forward-client-auth", c.ForwardClientAuth, "with --client-api-keys-file, still send the client's Authorization / x-api-key to workers")

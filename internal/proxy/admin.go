@@ -109,6 +109,11 @@ func (s *Server) addWorker(w http.ResponseWriter, r *http.Request, url string) {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_worker_url", err.Error())
 		return
 	}
+	if tenant.Redact(url) != url && !s.opts.AdminURLCredentials {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_worker_url",
+			"a worker URL added through the admin API may not carry user:password@ (see --admin-worker-url-credentials)")
+		return
+	}
 	if err := s.fleet.AddWorker(r.Context(), url); err != nil {
 		if errors.Is(err, workers.ErrExists) {
 			writeError(w, http.StatusConflict, "invalid_request_error", "worker_exists", "worker "+tenant.Redact(url)+" is already registered")

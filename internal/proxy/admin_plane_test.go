@@ -72,3 +72,18 @@ func TestAdminPlaneWithAKeyServesARemoteCallerThatSendsIt(t *testing.T) {
 		t.Fatalf("%d %s, want 200", rec.Code, rec.Body.String())
 	}
 }
+
+func TestAdminAPIRefusesWorkerURLsWithCredentialsUnlessAllowed(t *testing.T) {
+	fleet := &probeRecorder{}
+	tp := newTestProxy(t, setup{urls: []string{okWorker(t, "w").URL}, fleet: fleet})
+	status, _, body := tp.post(t, "/workers", `{"url":"http://user:secret@10.0.0.9:8000"}`)
+	if status != http.StatusBadRequest || errorCode(t, body) != "invalid_worker_url" || strings.Contains(body, "secret") {
+		t.Fatalf("%d %s, want 400 invalid_worker_url without the password", status, body)
+	}
+	opts := testOptions()
+	opts.AdminURLCredentials = true
+	tp = newTestProxy(t, setup{urls: []string{okWorker(t, "w").URL}, fleet: fleet, opts: &opts})
+	if status, _, body := tp.post(t, "/workers", `{"url":"http://user:secret@10.0.0.9:8000"}`); status != http.StatusOK {
+		t.Fatalf("allowed: %d %s", status, body)
+	}
+}

@@ -31,6 +31,8 @@ type Options struct {
 	MaxBackoff     time.Duration
 	APIKey         string // sent upstream when the client sent no Authorization
 	AdminAPIKey    string // required by admin endpoints when set
+	// AdminURLCredentials lets the admin API add worker URLs with user:password@.
+	AdminURLCredentials bool
 	// ClientKeys, when set, is asked for every routed request's and /v1/models' key: a caller
 	// without a valid one gets 401. Unless ForwardClientAuth, the client's key is then not sent
 	// to workers (they get APIKey).

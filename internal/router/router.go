@@ -131,6 +131,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		ForwardClientAuth:   cfg.ForwardClientAuth,
 		Admission:           r.admission,
 		CORSOrigins:         cfg.CORSAllowedOrigins,
+		AdminURLCredentials: cfg.AdminWorkerURLCredentials,
 		ClientHeaderTimeout: cfg.ClientHeaderTimeout(),
 		ClientBodyTimeout:   cfg.ClientBodyTimeout(),
 		KeepaliveTimeout:    cfg.KeepaliveTimeout(),
