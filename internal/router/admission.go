@@ -11,6 +11,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/clientkeys"
 	"github.com/cacheroute/cacheroute/internal/config"
 	"github.com/cacheroute/cacheroute/internal/proxy"
+	"github.com/cacheroute/cacheroute/internal/session"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -44,6 +45,14 @@ func (r *Router) newAdmission(cfg config.Config) (*proxy.Admission, error) {
 	}
 	if cfg.TenantRPM > 0 || cfg.TenantTPM > 0 {
 		rl := &tenantLimits{rate: admission.Rate{RequestsPerMinute: cfg.TenantRPM, TokensPerMinute: cfg.TenantTPM}}
+		if r.store != nil { // --session-store redis: the replicas share the buckets
+			rl.shared = r.store.redis
+			rl.sharedOpts = session.RedisLimiterOptions{
+				Observe: r.metrics.ObserveSessionStore,
+				OnError: r.metrics.SessionStoreError,
+				Log:     r.log,
+			}
+		}
 		if err := rl.rebuild([]string{clientkeys.DefaultTenant}); err != nil {
 			return nil, err
 		}
@@ -64,12 +73,19 @@ func servingWorkers(pool *workers.Pool, model string) int {
 	return n
 }
 
-// tenantLimits gives every tenant the same rates. Its buckets are rebuilt (full) when the client
-// keys are reloaded, so that tenants added to the keys file are limited too.
+// tenantLimits gives every tenant the same rates. It is rebuilt for the tenants of the client
+// keys when they are reloaded, so that tenants added to the keys file are limited too. With a
+// shared store the buckets are in Redis, where a rebuild leaves them as they are; the buckets of
+// this process, the whole limit while Redis fails, are rebuilt full.
 type tenantLimits struct {
-	rate    admission.Rate
-	current atomic.Pointer[admission.MemoryLimiter]
+	rate       admission.Rate
+	shared     *session.Redis // nil: the buckets are this process's own
+	sharedOpts session.RedisLimiterOptions
+	current    atomic.Pointer[limiter]
 }
+
+// limiter lets an atomic.Pointer hold either kind of admission.Limiter.
+type limiter struct{ admission.Limiter }
 
 func (t *tenantLimits) rebuild(tenants []string) error {
 	rates := make(map[string]admission.Rate, len(tenants)+1)
@@ -77,11 +93,21 @@ func (t *tenantLimits) rebuild(tenants []string) error {
 	for _, name := range tenants {
 		rates[name] = t.rate
 	}
-	l, err := admission.NewMemoryLimiter(rates, time.Now)
+	local, err := admission.NewMemoryLimiter(rates, time.Now)
 	if err != nil {
 		return err
 	}
-	t.current.Store(l)
+	if t.shared == nil {
+		t.current.Store(&limiter{local})
+		return nil
+	}
+	opts := t.sharedOpts
+	opts.Rates, opts.Fallback = rates, local
+	l, err := session.NewRedisLimiter(t.shared, opts)
+	if err != nil {
+		return err
+	}
+	t.current.Store(&limiter{l})
 	return nil
 }
 
