@@ -537,7 +537,7 @@ func TestValidateAccepts(t *testing.T) {
 	}{
 		{"every policy", nil},
 		{"http and https urls with paths", func(c *config.Config) {
-			c.WorkerURLs = []string{"http://127.0.0.1:8000", "https://gpu.internal", "http://[::1]:8000/v1", "http://a:1/"}
+			c.WorkerURLs = []string{"http://127.0.0.1:8000", "https://gpu.internal", "http://[::1]:8000/vllm", "http://a:1/"}
 		}},
 		{"no workers yet", func(c *config.Config) { c.WorkerURLs = nil }},
 		{"zero retries and thresholds at their floor", func(c *config.Config) {
@@ -801,5 +801,27 @@ func TestRedisCAFileNeedsATLSRedisURL(t *testing.T) {
 	c.RedisURL = "rediss://127.0.0.1:6380"
 	if err := c.Validate(); err != nil {
 		t.Fatalf("Validate with rediss://: %v", err)
+	}
+}
+
+// A worker given as its OpenAI base URL (".../v1") stops the start, from the command line and from
+// the config file alike, with a message under --worker-urls that says what to give instead.
+func TestWorkerURLEndingInV1StopsTheStartWithTheURLToGive(t *testing.T) {
+	file := writeYAML(t, "worker_urls: [\"http://10.0.0.1:8000/v1\"]\n")
+	for name, args := range map[string][]string{
+		"flag":        {"--worker-urls", "http://127.0.0.1:8000", "http://10.0.0.1:8000/v1/"},
+		"config file": {"--config", file},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, _, err := load(t, args...)
+			if err == nil {
+				t.Fatal("accepted a worker URL ending in /v1")
+			}
+			for _, want := range []string{"--worker-urls:", "ends in /v1", `"http://10.0.0.1:8000"`} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not contain %q", err, want)
+				}
+			}
+		})
 	}
 }

@@ -52,6 +52,12 @@ func isRank(s string) bool {
 // be an absolute http or https URL with a host and no query or fragment. The result is the
 // worker's identity everywhere (pool, prefix tree, session map), so "http://h:8000/" and
 // "http://h:8000" are one worker.
+//
+// A URL whose path ends in /v1 (the OpenAI base URL a client is configured with) is refused with
+// a message naming the URL to give instead: the router appends /v1/chat/completions, /health and
+// the other paths itself, so such a worker would be probed at /v1/health and never come up. It is
+// refused rather than silently trimmed so that the configured URL stays the worker's name in
+// every header, metric label and log line, and so that a warning cannot scroll by unseen.
 func NormalizeURL(raw string) (string, error) {
 	s := strings.TrimRight(strings.TrimSpace(raw), "/")
 	u, err := url.Parse(s)
@@ -60,6 +66,11 @@ func NormalizeURL(raw string) (string, error) {
 	}
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" {
 		return "", fmt.Errorf("malformed worker URL %q: want http(s)://host[:port][/path]", Redact(raw))
+	}
+	if u.Path != "" && len(s) > 3 && strings.EqualFold(s[len(s)-3:], "/v1") { // no query or fragment: the path ends s
+		base := s[:len(s)-3]
+		return "", fmt.Errorf("worker URL %q ends in /v1: give the server's base URL %q instead (the router adds /v1/chat/completions and the other API paths itself)",
+			Redact(s), Redact(base))
 	}
 	return s, nil
 }

@@ -117,3 +117,35 @@ func TestNormalizeURLTrimsAndRejects(t *testing.T) {
 		}
 	}
 }
+
+// The OpenAI base URL of a worker (".../v1") is what users copy from their client configuration;
+// the router would probe it at /v1/health and route to /v1/v1/..., so it is refused with the URL
+// to give instead, on every path a worker URL enters (flags, config file, admin API).
+func TestNormalizeURLRefusesTheOpenAIBaseURLAndNamesTheFix(t *testing.T) {
+	for _, tc := range []struct{ in, fix string }{
+		{"http://h:8000/v1", `"http://h:8000"`},
+		{"http://h:8000/v1/", `"http://h:8000"`},
+		{" https://gpu-3.internal/V1 ", `"https://gpu-3.internal"`},
+		{"http://[::1]:8000/vllm/v1", `"http://[::1]:8000/vllm"`},
+		{"http://user:secret@h:8000/v1", `"http://h:8000"`},
+	} {
+		_, err := NormalizeURL(tc.in)
+		if err == nil {
+			t.Errorf("NormalizeURL(%q) accepted a URL ending in /v1", tc.in)
+			continue
+		}
+		msg := err.Error()
+		if !strings.Contains(msg, "ends in /v1") || !strings.Contains(msg, tc.fix) {
+			t.Errorf("NormalizeURL(%q) error %q does not say to drop /v1 and give %s", tc.in, msg, tc.fix)
+		}
+		if strings.Contains(msg, "secret") {
+			t.Errorf("NormalizeURL(%q) error reveals the password: %v", tc.in, msg)
+		}
+	}
+	// A path or host that merely contains v1 is a worker like any other.
+	for _, ok := range []string{"http://v1:8000", "http://h/v1x", "http://h/apiv1", "http://h/v1/x", "http://h/v10"} {
+		if _, err := NormalizeURL(ok); err != nil {
+			t.Errorf("NormalizeURL(%q): %v", ok, err)
+		}
+	}
+}
