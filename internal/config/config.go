@@ -32,6 +32,15 @@ type Config struct {
 	Policy     string   `yaml:"policy"`
 	DPSize     int      `yaml:"intra_node_data_parallel_size"`
 
+	// Worker discovery (internal/discovery); workers it finds join those of WorkerURLs.
+	ServiceDiscovery          bool     `yaml:"service_discovery"`
+	Selector                  []string `yaml:"selector"` // key=value terms, all must match
+	ServiceDiscoveryPort      int      `yaml:"service_discovery_port"`
+	ServiceDiscoveryNamespace string   `yaml:"service_discovery_namespace"` // empty: the router's own
+	Kubeconfig                string   `yaml:"kubeconfig"`                  // empty: in-cluster
+	DNSDiscovery              string   `yaml:"dns_discovery"`               // NAME:PORT
+	DNSRefreshSecs            float64  `yaml:"dns_refresh_secs"`
+
 	RequestTimeoutSecs   float64 `yaml:"request_timeout_secs"`
 	FirstByteTimeoutSecs float64 `yaml:"first_byte_timeout_secs"`
 	MaxPayloadSize       int64   `yaml:"max_payload_size"`
@@ -143,6 +152,8 @@ func Default() Config {
 		Port:                    30000,
 		Policy:                  "cache_aware",
 		DPSize:                  1,
+		ServiceDiscoveryPort:    8000,
+		DNSRefreshSecs:          5,
 		RequestTimeoutSecs:      1800,
 		FirstByteTimeoutSecs:    60,
 		MaxPayloadSize:          33554432,
@@ -189,6 +200,13 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.Var(&urlList{list: &c.WorkerURLs}, "worker-urls", "worker base URLs: space-separated after the flag, comma-separated, or the flag repeated")
 	fs.StringVar(&c.Policy, "policy", c.Policy, "routing policy: "+strings.Join(registry.Names(), ", "))
 	fs.IntVar(&c.DPSize, "intra-node-data-parallel-size", c.DPSize, "data-parallel ranks per worker URL; each becomes a tenant URL@rank routed with header X-data-parallel-rank")
+	fs.BoolVar(&c.ServiceDiscovery, "service-discovery", c.ServiceDiscovery, "find workers among the Kubernetes pods that match --selector: a Ready pod joins, a NotReady or terminating one is drained, a deleted one leaves")
+	fs.StringSliceVar(&c.Selector, "selector", c.Selector, "label selector of the worker pods, key=value terms (space-separated after the flag, comma-separated, or the flag repeated); all must match")
+	fs.IntVar(&c.ServiceDiscoveryPort, "service-discovery-port", c.ServiceDiscoveryPort, "port of the discovered pods' HTTP server")
+	fs.StringVar(&c.ServiceDiscoveryNamespace, "service-discovery-namespace", c.ServiceDiscoveryNamespace, "namespace watched for worker pods (default: the router's own, from its service account, else default)")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig file for --service-discovery (default: the in-cluster service account)")
+	fs.StringVar(&c.DNSDiscovery, "dns-discovery", c.DNSDiscovery, "NAME:PORT: every A/AAAA address of NAME (e.g. a headless Service) is a worker on PORT")
+	fs.Float64Var(&c.DNSRefreshSecs, "dns-refresh-secs", c.DNSRefreshSecs, "seconds between lookups of --dns-discovery")
 	fs.Float64Var(&c.RequestTimeoutSecs, "request-timeout-secs", c.RequestTimeoutSecs, "upstream request timeout in seconds")
 	fs.Float64Var(&c.FirstByteTimeoutSecs, "first-byte-timeout-secs", c.FirstByteTimeoutSecs, "seconds one attempt waits for the worker's response headers before it counts as failed and is retried on another worker (0 disables; at most --request-timeout-secs)")
 	fs.Int64Var(&c.MaxPayloadSize, "max-payload-size", c.MaxPayloadSize, "largest accepted request body in bytes; larger bodies get 413")
@@ -352,6 +370,7 @@ func (c Config) Validate() error {
 			bad("worker-urls", "%v", err)
 		}
 	}
+	validateDiscovery(bad, c)
 	if _, ok := registry.Lookup(c.Policy); !ok {
 		bad("policy", "unknown policy %q (want one of %s)", c.Policy, strings.Join(registry.Names(), ", "))
 	}

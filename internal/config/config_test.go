@@ -63,6 +63,8 @@ func TestDefaultsMatchTheDocumentedTable(t *testing.T) {
 		Port:                    30000,
 		Policy:                  "cache_aware",
 		DPSize:                  1,
+		ServiceDiscoveryPort:    8000,
+		DNSRefreshSecs:          5,
 		RequestTimeoutSecs:      1800,
 		FirstByteTimeoutSecs:    60,
 		MaxPayloadSize:          33554432,
@@ -131,6 +133,7 @@ func TestDefaultsAsFlagDefaults(t *testing.T) {
 		"cache-threshold": "0.3", "balance-abs-threshold": "64", "balance-rel-threshold": "1.5",
 		"max-tree-size": "67108864", "eviction-interval-secs": "120", "session-ttl": "1h0m0s",
 		"max-sessions": "1048576", "worker-urls": "", "api-key": "", "admin-api-key": "",
+		"service-discovery": "false", "service-discovery-port": "8000", "dns-refresh-secs": "5",
 	}
 	for name, def := range want {
 		f := fs.Lookup(name)
