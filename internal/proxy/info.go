@@ -16,6 +16,13 @@ type WorkerInfo struct {
 	Healthy bool     `json:"healthy"`
 	Load    int64    `json:"load"`
 	Breaker string   `json:"circuit_breaker"`
+	// The last failed health probe, once one has failed: why (the status it answered, a refused
+	// connection, a timeout, ...), when, and how many probes in a row have failed since the last
+	// pass (0: the worker passes again). Shown with the worker list only, to the callers that may
+	// see worker URLs.
+	LastProbeError     string     `json:"last_probe_error,omitempty"`
+	LastProbeErrorTime *time.Time `json:"last_probe_error_time,omitempty"`
+	ProbeFailures      *int       `json:"consecutive_probe_failures,omitempty"`
 }
 
 func describeWorker(w *workers.Worker) WorkerInfo {
@@ -23,6 +30,10 @@ func describeWorker(w *workers.Worker) WorkerInfo {
 	if w.Rank() >= 0 {
 		rank := w.Rank()
 		info.DPRank = &rank
+	}
+	if st, ok := w.Probe(); ok {
+		at, failures := st.LastErrorTime.UTC(), st.Failures
+		info.LastProbeError, info.LastProbeErrorTime, info.ProbeFailures = st.LastError, &at, &failures
 	}
 	return info
 }

@@ -3,12 +3,16 @@ package workers
 import (
 	"context"
 	"encoding/json"
-	"github.com/cacheroute/cacheroute/internal/tenant"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"sync"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
 )
 
 // HealthOptions configure the active health checker.
@@ -26,24 +30,51 @@ type HealthOptions struct {
 // A worker's first probe after registration decides its state at once; after that the
 // thresholds apply, so one lost probe does not drop a worker and one lucky probe does not
 // bring back a failing one.
+//
+// A failed probe's reason (the status it answered, a refused connection, a timeout, ...) is kept
+// on the worker (Worker.Probe) and logged: at once when a worker's probes start failing, then at
+// most once per failureLogEvery while they keep failing, and once when they pass again. A worker
+// that never comes up therefore says why, without a line per probe.
 type Checker struct {
 	pool   *Pool
 	opts   HealthOptions
 	client *http.Client
 	log    *slog.Logger
+	now    func() time.Time // time.Now; tests move it
 
 	mu     sync.Mutex
 	counts map[string]*probeCounts // by worker URL
 }
 
+// failureLogEvery is the least time between two log lines about one worker whose probes keep
+// failing.
+const failureLogEvery = time.Minute
+
 type probeCounts struct {
 	probed              bool
 	successes, failures int
+	failingSince        time.Time // first failure of the current run; zero while passing
+	lastLogged          time.Time // last line logged about this run of failures
+}
+
+// ProbeStatus is what the health checker last learned about a worker beyond its verdict.
+type ProbeStatus struct {
+	LastError     string    // why the last failed probe failed
+	LastErrorTime time.Time // when it failed
+	Failures      int       // consecutive failed probes; 0 once one passes
+}
+
+// Probe reports the worker's last failed health probe; ok is false while none has failed.
+func (w *Worker) Probe() (status ProbeStatus, ok bool) {
+	if p := w.probe.Load(); p != nil {
+		return *p, true
+	}
+	return ProbeStatus{}, false
 }
 
 // NewChecker returns a checker for pool; call Run to start it.
 func NewChecker(pool *Pool, opts HealthOptions, client *http.Client, log *slog.Logger) *Checker {
-	return &Checker{pool: pool, opts: opts, client: client, log: log, counts: map[string]*probeCounts{}}
+	return &Checker{pool: pool, opts: opts, client: client, log: log, now: time.Now, counts: map[string]*probeCounts{}}
 }
 
 // Run probes all workers every interval until ctx ends.
@@ -72,7 +103,8 @@ func (c *Checker) CheckAll(ctx context.Context) {
 
 // Check probes one worker URL now and applies the verdict to all its tenants.
 func (c *Checker) Check(ctx context.Context, url string) {
-	ok := c.probe(ctx, url)
+	probeErr := c.probe(ctx, url)
+	ok := probeErr == nil
 	var models []string
 	if ok {
 		models = c.fetchModels(ctx, url)
@@ -81,6 +113,7 @@ func (c *Checker) Check(ctx context.Context, url string) {
 	if len(tenants) == 0 {
 		return // removed meanwhile
 	}
+	now := c.now()
 	c.mu.Lock()
 	pc := c.counts[url]
 	if pc == nil {
@@ -88,31 +121,65 @@ func (c *Checker) Check(ctx context.Context, url string) {
 		c.counts[url] = pc
 	}
 	was := tenants[0].Healthy()
-	now := was
+	healthy := was
+	var logLine func()
 	if ok {
+		if pc.failures > 0 {
+			failures, since := pc.failures, pc.failingSince
+			logLine = func() {
+				c.log.Info("worker health check passed", "worker", tenant.Redact(url),
+					"after_failures", failures, "failing_for", now.Sub(since).Round(time.Second))
+			}
+		}
 		pc.successes++
 		pc.failures = 0
+		pc.failingSince, pc.lastLogged = time.Time{}, time.Time{}
 		if !pc.probed || pc.successes >= c.opts.SuccessThreshold {
-			now = true
+			healthy = true
 		}
 	} else {
 		pc.failures++
 		pc.successes = 0
 		if !pc.probed || pc.failures >= c.opts.FailureThreshold {
-			now = false
+			healthy = false
+		}
+		failures, since := pc.failures, pc.failingSince
+		switch {
+		case failures == 1:
+			pc.failingSince, pc.lastLogged = now, now
+			logLine = func() {
+				c.log.Warn("worker health check failed", "worker", tenant.Redact(url), "reason", probeErr.Error(), "healthy", healthy)
+			}
+		case now.Sub(pc.lastLogged) >= failureLogEvery:
+			pc.lastLogged = now
+			logLine = func() {
+				c.log.Warn("worker health check still failing", "worker", tenant.Redact(url), "reason", probeErr.Error(),
+					"failures", failures, "failing_for", now.Sub(since).Round(time.Second), "healthy", healthy)
+			}
 		}
 	}
 	pc.probed = true
+	failures := pc.failures
 	c.mu.Unlock()
 
 	for _, w := range tenants {
-		w.SetHealthy(now)
+		w.SetHealthy(healthy)
 		if models != nil {
 			w.models.Store(&models)
 		}
+		if !ok {
+			w.probe.Store(&ProbeStatus{LastError: probeErr.Error(), LastErrorTime: now, Failures: failures})
+		} else if p := w.probe.Load(); p != nil && p.Failures != 0 {
+			kept := *p
+			kept.Failures = 0
+			w.probe.Store(&kept)
+		}
 	}
-	if was != now {
-		c.log.Info("worker health changed", "worker", tenant.Redact(url), "healthy", now)
+	if logLine != nil {
+		logLine()
+	}
+	if was != healthy {
+		c.log.Info("worker health changed", "worker", tenant.Redact(url), "healthy", healthy)
 	}
 }
 
@@ -130,14 +197,46 @@ func (c *Checker) forgetRemoved() {
 	c.mu.Unlock()
 }
 
-func (c *Checker) probe(ctx context.Context, url string) bool {
+// probe asks the health endpoint of the worker at url and returns nil when it answered 2xx, else
+// why not, in words that name the cause: the status, a refused connection, a timeout, a name
+// that does not resolve. The reason never carries the worker's credentials.
+func (c *Checker) probe(ctx context.Context, url string) error {
 	resp, err := c.get(ctx, url+c.opts.Endpoint, false)
 	if err != nil {
-		return false
+		return probeError(c.opts.Endpoint, c.opts.Timeout, err)
 	}
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
-	return resp.StatusCode >= 200 && resp.StatusCode < 300
+	if resp.StatusCode < 200 || resp.StatusCode >= 300 {
+		return fmt.Errorf("GET %s answered %s", c.opts.Endpoint, statusText(resp.StatusCode))
+	}
+	return nil
+}
+
+// probeError turns the error of a health request into its reason, without the request URL (the
+// worker is named beside it, without its credentials).
+func probeError(endpoint string, timeout time.Duration, err error) error {
+	if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
+		return fmt.Errorf("GET %s: no answer within %s (--health-check-timeout-secs)", endpoint, timeout)
+	}
+	var uerr *url.Error
+	if errors.As(err, &uerr) {
+		err = uerr.Err
+	}
+	return fmt.Errorf("GET %s: %v", endpoint, err)
+}
+
+func isTimeout(err error) bool {
+	var t interface{ Timeout() bool }
+	return errors.As(err, &t) && t.Timeout()
+}
+
+// statusText is "404 Not Found", or the bare code when it has no standard name.
+func statusText(code int) string {
+	if text := http.StatusText(code); text != "" {
+		return fmt.Sprintf("%d %s", code, text)
+	}
+	return fmt.Sprint(code)
 }
 
 // fetchModels reads the ids of GET /v1/models; nil when the worker does not say.

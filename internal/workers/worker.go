@@ -21,6 +21,7 @@ type Worker struct {
 	load    atomic.Int64
 	healthy atomic.Bool
 	models  atomic.Pointer[[]string]
+	probe   atomic.Pointer[ProbeStatus] // nil until a health probe fails (see Probe)
 	breaker *Breaker
 }
 
