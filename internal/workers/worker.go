@@ -20,6 +20,7 @@ type Worker struct {
 
 	load    atomic.Int64
 	healthy atomic.Bool
+	drain   atomic.Bool // set by discovery: no new requests, those in flight finish
 	models  atomic.Pointer[[]string]
 	probe   atomic.Pointer[ProbeStatus] // nil until a health probe fails (see Probe)
 	breaker *Breaker
@@ -70,8 +71,17 @@ func (w *Worker) Serves(model string) bool {
 	return len(models) == 0 || slices.Contains(models, model)
 }
 
-// Available reports whether the worker may receive a new request: healthy and breaker not open.
-func (w *Worker) Available() bool { return w.Healthy() && w.breaker.Allows() }
+// Draining reports whether the worker is being drained: it takes no new request while the
+// requests it has in flight finish (discovery sets it for a pod that is not Ready or is
+// terminating). Health checks go on as usual.
+func (w *Worker) Draining() bool { return w.drain.Load() }
+
+// SetDraining starts or ends draining.
+func (w *Worker) SetDraining(draining bool) { w.drain.Store(draining) }
+
+// Available reports whether the worker may receive a new request: healthy, not draining, and
+// breaker not open.
+func (w *Worker) Available() bool { return w.Healthy() && !w.Draining() && w.breaker.Allows() }
 
 // Reserve counts one more request in flight on w and returns the lease that gives it back. The
 // proxy takes load through Pool.Acquire, together with the breaker's permission; Reserve alone is
