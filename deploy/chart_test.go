@@ -576,7 +576,7 @@ func routerConfig(t *testing.T, r *rendered, dep *appsv1.Deployment) config.Conf
 	if err != nil {
 		t.Fatalf("the router refuses the rendered router.yaml: %v\n%s", err, data)
 	}
-	if len(cfg.WorkerURLs) == 0 && !cfg.Discovery() && !cfg.AllowEmpty {
+	if len(cfg.WorkerURLs) == 0 && !cfg.Discovery() {
 		t.Errorf("the router would start without a way to find workers:\n%s", data)
 	}
 	if cfg.Host != "0.0.0.0" || cfg.PrometheusHost != "0.0.0.0" {
