@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -19,17 +20,58 @@ import (
 
 // Main runs the command line and returns the process exit code.
 func Main(args []string) int {
-	root := newRootCommand()
-	var names []string
-	for _, c := range root.Commands() {
-		names = append(names, c.Name())
-	}
-	root.SetArgs(config.ExpandSpaceSeparated(args, "worker-urls", names...))
-	if err := root.Execute(); err != nil {
+	if err := execute(context.Background(), args, os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "cacheroute:", err)
 		return 1
 	}
 	return 0
+}
+
+// spaceSeparatedFlags take their values as separate arguments after the flag, as the vLLM
+// router's do (`--worker-urls a b`), besides the comma-separated and repeated forms.
+var spaceSeparatedFlags = []string{"worker-urls", "selector"}
+
+// execute runs the command line args with ctx, writing to stdout and stderr.
+func execute(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	root := newRootCommand()
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	var names []string
+	for _, c := range root.Commands() {
+		names = append(names, c.Name())
+	}
+	if err := checkEqualsForm(args, names); err != nil {
+		return err
+	}
+	for _, flag := range spaceSeparatedFlags {
+		args = config.ExpandSpaceSeparated(args, flag, names...)
+	}
+	root.SetArgs(args)
+	return root.ExecuteContext(ctx)
+}
+
+// checkEqualsForm refuses `--worker-urls=a b`: with "=" the flag has its one value, and b would be
+// taken for a subcommand ("unknown command"), which says nothing of the mistake.
+func checkEqualsForm(args, subcommands []string) error {
+	for i, a := range args {
+		if a == "--" {
+			return nil
+		}
+		for _, flag := range spaceSeparatedFlags {
+			value, ok := strings.CutPrefix(a, "--"+flag+"=")
+			if !ok || i+1 >= len(args) {
+				continue
+			}
+			next := args[i+1]
+			if strings.HasPrefix(next, "-") || slices.Contains(subcommands, next) {
+				continue
+			}
+			return fmt.Errorf("--%s=%s %s: with '=' the flag takes a single value, so %q is not one of them; "+
+				"give the values space-separated after the flag (--%s %s %s) or comma-separated (--%s=%s,%s)",
+				flag, value, next, next, flag, value, next, flag, value, next)
+		}
+	}
+	return nil
 }
 
 func newRootCommand() *cobra.Command {
@@ -45,16 +87,21 @@ without letting any worker drown.
 Run without a subcommand it is the router. Every flag can also be set in a YAML file given with
 --config, using the flag name in snake_case as the key; flags on the command line win.`,
 		Example: `  cacheroute --worker-urls http://127.0.0.1:8000 http://127.0.0.1:8001
-  cacheroute --config router.yaml --port 8080`,
-		Args:          cobra.NoArgs,
+  cacheroute --config router.yaml --port 8080
+  cacheroute --allow-empty        # workers added later: POST /workers {"url": "http://..."}`,
+		Args:          noArguments,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       version(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			final, err := config.Load(cmd.Flags(), &cfg, configFile)
 			if err != nil {
 				return err
 			}
-			log := newLogger(os.Stderr, final.LogLevel, final.LogFormat)
+			if err := final.RequireWorkerSource(); err != nil {
+				return err
+			}
+			log := newLogger(cmd.ErrOrStderr(), final.LogLevel, final.LogFormat)
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			return router.Run(ctx, final, log)
@@ -64,12 +111,30 @@ Run without a subcommand it is the router. Every flag can also be set in a YAML 
 	config.BindFlags(cmd.Flags(), &cfg)
 	cmd.Flags().StringVar(&configFile, "config", "", "YAML file with the same keys as the flags (snake_case); flags override it")
 	cmd.Flags().SortFlags = false
+	cmd.SetVersionTemplate("{{.Version}}\n")
 	cmd.AddCommand(
 		newSimCommand(),
 		newBenchCommand(),
 		newDemoCommand(),
+		newVersionCommand(),
 	)
 	return cmd
+}
+
+// noArguments refuses positional arguments with a message that names the subcommands, where
+// cobra would say `unknown command "x"` for a stray value.
+func noArguments(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	var names []string
+	for _, c := range cmd.Commands() {
+		if c.IsAvailableCommand() {
+			names = append(names, c.Name())
+		}
+	}
+	return fmt.Errorf("unexpected argument %q: the router takes flags only (see --help), and the subcommands are %s",
+		args[0], strings.Join(names, ", "))
 }
 
 // newLogger returns a log/slog logger at level in text or json format.

@@ -1,8 +1,21 @@
 package cli
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"runtime/debug"
 	"slices"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // The command tree is built in one place, newRootCommand; a subcommand missing from it, or one
@@ -13,7 +26,222 @@ func TestRootHasExactlyTheSubcommands(t *testing.T) {
 		got = append(got, c.Name())
 	}
 	slices.Sort(got)
-	if want := []string{"bench", "demo", "sim"}; !slices.Equal(got, want) {
+	if want := []string{"bench", "demo", "sim", "version"}; !slices.Equal(got, want) {
 		t.Errorf("subcommands %q, want %q", got, want)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the router's log writes and the test's reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// run executes the command line in-process and returns its error and output.
+func run(ctx context.Context, args ...string) (stdout, stderr string, err error) {
+	var out, errOut syncBuffer
+	err = execute(ctx, args, &out, &errOut)
+	return out.String(), errOut.String(), err
+}
+
+// takenPort holds a loopback port for the rest of the test and returns it.
+func takenPort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+}
+
+func TestVersionFlagAndVersionCommandPrintTheBuildInfo(t *testing.T) {
+	flag, _, err := run(context.Background(), "--version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd, _, err := run(context.Background(), "version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if flag != cmd {
+		t.Errorf("--version printed %q, version printed %q", flag, cmd)
+	}
+	if !strings.HasPrefix(flag, "cacheroute ") || !strings.Contains(flag, runtime.Version()) {
+		t.Errorf("version output %q, want the module version and %s", flag, runtime.Version())
+	}
+}
+
+func TestVersionShowsModuleVersionRevisionTimeAndGoVersion(t *testing.T) {
+	info := &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Path: "github.com/cacheroute/cacheroute", Version: "v0.4.0"},
+		Settings: []debug.BuildSetting{
+			{Key: "vcs.revision", Value: "0217f5d1c2e4b6a8d0f1e3c5a7b9d1f3e5a7c9b1"},
+			{Key: "vcs.time", Value: "2026-12-01T05:34:14Z"},
+			{Key: "vcs.modified", Value: "true"},
+		}}
+	want := "cacheroute v0.4.0\nrevision 0217f5d1c2e4b6a8d0f1e3c5a7b9d1f3e5a7c9b1 (2026-12-01T05:34:14Z, modified)\ngo1.26.8 " + runtime.GOOS + "/" + runtime.GOARCH
+	if got := formatVersion(info); got != want {
+		t.Errorf("formatVersion =\n%s\nwant\n%s", got, want)
+	}
+	// A build without VCS stamps (go run, go test) has no revision line.
+	info.Settings = nil
+	if got := formatVersion(info); strings.Contains(got, "revision") {
+		t.Errorf("formatVersion without VCS settings = %q", got)
+	}
+	if got := formatVersion(nil); !strings.Contains(got, "cacheroute unknown") || !strings.Contains(got, runtime.Version()) {
+		t.Errorf("formatVersion(nil) = %q", got)
+	}
+}
+
+func TestWorkerURLsWithEqualsThenASpaceExplainsBothForms(t *testing.T) {
+	_, _, err := run(context.Background(), "--worker-urls=http://a:8000", "http://b:8000", "--port", "0")
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	msg := err.Error()
+	for _, want := range []string{"--worker-urls http://a:8000 http://b:8000", "--worker-urls=http://a:8000,http://b:8000"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error %q does not show %q", msg, want)
+		}
+	}
+	if strings.Contains(msg, "unknown command") {
+		t.Errorf("error %q speaks of a command", msg)
+	}
+	// The forms that work are left alone, and so is a subcommand after the flag.
+	for _, args := range [][]string{
+		{"--worker-urls=http://a:8000,http://b:8000", "--port", "1"},
+		{"--worker-urls", "http://a:8000", "http://b:8000"},
+		{"--worker-urls=http://a:8000", "bench"},
+		{"--", "--worker-urls=http://a:8000", "x"},
+	} {
+		if err := checkEqualsForm(args, []string{"bench", "sim"}); err != nil {
+			t.Errorf("checkEqualsForm(%q): %v", args, err)
+		}
+	}
+}
+
+func TestAStrayArgumentIsNamedWithTheSubcommands(t *testing.T) {
+	_, _, err := run(context.Background(), "--allow-empty", "serve")
+	if err == nil || !strings.Contains(err.Error(), `unexpected argument "serve"`) || !strings.Contains(err.Error(), "version") {
+		t.Fatalf("error %v, want the argument and the subcommands named", err)
+	}
+}
+
+func TestStartingWithNoWorkerAndNoDiscoveryIsAnError(t *testing.T) {
+	_, _, err := run(context.Background(), "--port", "0", "--prometheus-port", "0")
+	if err == nil || !strings.Contains(err.Error(), "no workers") || !strings.Contains(err.Error(), "--allow-empty") {
+		t.Fatalf("error %v, want one that names --worker-urls and --allow-empty", err)
+	}
+}
+
+// With --allow-empty the router starts empty and takes its workers through the admin API.
+func TestAllowEmptyStartsARouterThatTakesWorkersThroughTheAdminAPI(t *testing.T) {
+	worker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/models" {
+			_, _ = w.Write([]byte(`{"object":"list","data":[{"id":"m"}]}`))
+		}
+	}))
+	t.Cleanup(worker.Close)
+	port := func() string { // a free port for the router, released for it to take
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	var logs syncBuffer
+	go func() {
+		done <- execute(ctx, []string{"--allow-empty", "--port", port, "--prometheus-port", "0", "--shutdown-grace-secs", "1"}, &logs, &logs)
+	}()
+	base := "http://127.0.0.1:" + port
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get(base + "/liveness")
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the router stopped: %v\n%s", err, logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("the router did not answer: %v\n%s", err, logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	resp, err := http.Post(base+"/workers", "application/json", strings.NewReader(fmt.Sprintf(`{"url":%q}`, worker.URL)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("POST /workers: %d", resp.StatusCode)
+	}
+	resp, err = http.Get(base + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var health struct {
+		Counts map[string]int `json:"worker_counts"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&health)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || health.Counts["healthy"] != 1 {
+		t.Errorf("/health %d %v after adding a worker, want 200 with 1 healthy", resp.StatusCode, health.Counts)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the router did not stop")
+	}
+}
+
+// A port already taken is reported under the flag that chose it, the metrics listener's with the
+// way to turn it off: a second router on one host meets the default --prometheus-port without
+// having chosen it.
+func TestBindErrorsNameTheFlagOfTheListener(t *testing.T) {
+	taken := takenPort(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"traffic port", []string{"--port", taken, "--prometheus-port", "0"}, "address already in use (--port)"},
+		{"metrics port", []string{"--port", "0", "--prometheus-port", taken},
+			"address already in use (--prometheus-port; 0 disables the metrics listener)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := run(context.Background(), append([]string{"--allow-empty", "--log-level", "error"}, tc.args...)...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "127.0.0.1:"+taken) {
+				t.Fatalf("error %v, want the address and %q", err, tc.want)
+			}
+		})
+	}
+	// An address this host does not have is the host flag's (and the port's) business.
+	_, _, err := run(context.Background(), "--allow-empty", "--host", "192.0.2.1", "--port", "0", "--prometheus-port", "0")
+	if err == nil || !strings.Contains(err.Error(), "(--host, --port)") {
+		t.Fatalf("error %v, want --host named", err)
 	}
 }

@@ -40,6 +40,9 @@ type Config struct {
 	Kubeconfig                string   `yaml:"kubeconfig"`                  // empty: in-cluster
 	DNSDiscovery              string   `yaml:"dns_discovery"`               // NAME:PORT
 	DNSRefreshSecs            float64  `yaml:"dns_refresh_secs"`
+	// AllowEmpty lets the router start with no worker and no discovery, to be given its workers
+	// through the admin API.
+	AllowEmpty bool `yaml:"allow_empty"`
 
 	RequestTimeoutSecs   float64 `yaml:"request_timeout_secs"`
 	FirstByteTimeoutSecs float64 `yaml:"first_byte_timeout_secs"`
@@ -207,6 +210,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig file for --service-discovery (default: the in-cluster service account)")
 	fs.StringVar(&c.DNSDiscovery, "dns-discovery", c.DNSDiscovery, "NAME:PORT: every A/AAAA address of NAME (e.g. a headless Service) is a worker on PORT")
 	fs.Float64Var(&c.DNSRefreshSecs, "dns-refresh-secs", c.DNSRefreshSecs, "seconds between lookups of --dns-discovery")
+	fs.BoolVar(&c.AllowEmpty, "allow-empty", c.AllowEmpty, "start with no worker and no discovery; workers are then added through the admin API (POST /workers)")
 	fs.Float64Var(&c.RequestTimeoutSecs, "request-timeout-secs", c.RequestTimeoutSecs, "upstream request timeout in seconds")
 	fs.Float64Var(&c.FirstByteTimeoutSecs, "first-byte-timeout-secs", c.FirstByteTimeoutSecs, "seconds one attempt waits for the worker's response headers before it counts as failed and is retried on another worker (0 disables; at most --request-timeout-secs)")
 	fs.Int64Var(&c.MaxPayloadSize, "max-payload-size", c.MaxPayloadSize, "largest accepted request body in bytes; larger bodies get 413")
@@ -320,6 +324,19 @@ func Load(fs *pflag.FlagSet, flagged *Config, configFile string) (Config, error)
 		c.RedisURL = os.Getenv(RedisURLEnv)
 	}
 	return c, c.Validate()
+}
+
+// RequireWorkerSource is the startup check that the router has a way to get workers: a static
+// --worker-urls list, a discovery (Discovery), or --allow-empty for a fleet built through the admin
+// API. Without any, every request would be answered 503 by a router that started as if all was
+// well. It is apart from Validate because routers built in-process (tests, the bench) start empty
+// and add their workers themselves.
+func (c Config) RequireWorkerSource() error {
+	if len(c.WorkerURLs) > 0 || c.Discovery() || c.AllowEmpty {
+		return nil
+	}
+	return errors.New("no workers: give their URLs with --worker-urls (or find them with --service-discovery or --dns-discovery), " +
+		"or pass --allow-empty to start without any and add them through the admin API (POST /workers)")
 }
 
 // fileSets reports whether the YAML file has key at its top level.

@@ -828,3 +828,32 @@ func TestWorkerURLEndingInV1StopsTheStartWithTheURLToGive(t *testing.T) {
 		})
 	}
 }
+
+// A router with no worker, no discovery and no --allow-empty would answer 503 to everything
+// after a normal-looking start: the check says what to give instead.
+func TestNoWorkerSourceIsAnErrorUnlessAllowEmpty(t *testing.T) {
+	err := mustLoad(t).RequireWorkerSource()
+	if err == nil {
+		t.Fatal("no workers and no discovery accepted")
+	}
+	for _, want := range []string{"--worker-urls", "--service-discovery", "--dns-discovery", "--allow-empty", "admin API"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %s", err, want)
+		}
+	}
+	for name, c := range map[string]config.Config{
+		"static workers":                 mustLoad(t, "--worker-urls", "http://127.0.0.1:8000"),
+		"allow empty":                    mustLoad(t, "--allow-empty"),
+		"allow empty in the config file": mustLoad(t, "--config", writeYAML(t, "allow_empty: true\n")),
+		"dns discovery":                  mustLoad(t, "--dns-discovery", "vllm.default.svc:8000"),
+	} {
+		if err := c.RequireWorkerSource(); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	c := config.Default()
+	c.ServiceDiscovery, c.Selector = true, []string{"app=vllm"}
+	if err := c.RequireWorkerSource(); err != nil {
+		t.Errorf("service discovery: %v", err)
+	}
+}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/clientkeys"
 	"github.com/cacheroute/cacheroute/internal/config"
+	"github.com/cacheroute/cacheroute/internal/discovery"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
@@ -45,6 +46,7 @@ type Router struct {
 	certs      *certReloader       // the listeners' certificate; nil unless --tls-cert-file
 	workerCert *certReloader       // nil unless --worker-client-cert-file
 	allowed    tenant.Allowed      // where workers may be (--worker-url-allow)
+	sources    []discovery.Source  // --service-discovery, --dns-discovery; run by Start
 }
 
 // New builds a router from a validated configuration. Workers are registered by Start.
@@ -85,6 +87,9 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		return nil, err
 	}
 	r.policy, r.store = p, store
+	if r.sources, err = newSources(cfg, log, processEnv); err != nil {
+		return nil, err
+	}
 	r.checker = workers.NewChecker(pool, workers.HealthOptions{
 		Endpoint:         cfg.HealthCheckEndpoint,
 		Interval:         cfg.HealthCheckInterval(),
@@ -296,7 +301,7 @@ func (r *Router) ReloadClientKeys() error {
 func (r *Router) CheckHealth(ctx context.Context) { r.checker.CheckAll(ctx) }
 
 // Start registers the configured workers in the order given, probes them concurrently, and
-// starts the background loops, which stop when ctx ends.
+// starts the background loops, discovery among them, which stop when ctx ends.
 func (r *Router) Start(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, raw := range r.cfg.WorkerURLs {
@@ -314,6 +319,7 @@ func (r *Router) Start(ctx context.Context) {
 		wg.Go(func() { r.checker.Check(ctx, url) })
 	}
 	wg.Wait()
+	r.startDiscovery(ctx, r.sources...)
 	if r.store != nil {
 		st := r.store.Status(ctx) // one bounded ping; Redis being down does not stop the start
 		r.log.Info("session store", "backend", st.Backend, "reachable", st.Reachable)
@@ -420,17 +426,28 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port)))
 	if err != nil {
-		return err
+		return listenError(err, "--port", "--host", "")
 	}
 	var metricsLn net.Listener
 	if cfg.PrometheusPort != 0 {
 		if metricsLn, err = net.Listen("tcp", net.JoinHostPort(cfg.PrometheusHost, strconv.Itoa(cfg.PrometheusPort))); err != nil {
 			ln.Close()
-			return err
+			return listenError(err, "--prometheus-port", "--prometheus-host", "; 0 disables the metrics listener")
 		}
 	}
 	log.Info("cacheroute listening", "addr", ln.Addr().String(), "tls", cfg.TLSCertFile != "", "policy", cfg.Policy, "workers", len(cfg.WorkerURLs))
 	r.Start(ctx)
 	go r.reloadOnHangup(ctx)
 	return r.Serve(ctx, ln, metricsLn)
+}
+
+// listenError names the flags behind a listener that could not be opened, so that a user who never
+// chose the address (a second router on one host meets the default --prometheus-port) knows which
+// flag to change: the port flag when the port is taken or refused, both otherwise.
+func listenError(err error, portFlag, hostFlag, note string) error {
+	flags := hostFlag + ", " + portFlag
+	if errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EACCES) {
+		flags = portFlag
+	}
+	return fmt.Errorf("%w (%s%s)", err, flags, note)
 }
