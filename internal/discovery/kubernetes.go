@@ -86,7 +86,9 @@ func (k *Kubernetes) Run(ctx context.Context, update func([]Endpoint)) error {
 		}
 	}
 	store, informer := cache.NewInformerWithOptions(cache.InformerOptions{
-		ListerWatcher: &cache.ListWatch{
+		// Wrapped so the reflector knows whether the client can stream the initial list
+		// (WatchList); clients that cannot, such as the fake one of tests, are listed instead.
+		ListerWatcher: cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
 			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 				narrow(&o)
 				return pods.List(ctx, o)
@@ -95,7 +97,7 @@ func (k *Kubernetes) Run(ctx context.Context, update func([]Endpoint)) error {
 				narrow(&o)
 				return pods.Watch(ctx, o)
 			},
-		},
+		}, k.opts.Client),
 		ObjectType: &corev1.Pod{},
 		Handler: cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(any) { poke() },
