@@ -110,6 +110,8 @@ Run without a subcommand it is the router. Every flag can also be set in a YAML 
 	cmd.SetContext(context.Background())
 	config.BindFlags(cmd.Flags(), &cfg)
 	cmd.Flags().StringVar(&configFile, "config", "", "YAML file with the same keys as the flags (snake_case); flags override it")
+	// -V as the vLLM router spells it; cobra prints Version when the flag is set.
+	cmd.Flags().BoolP("version", "V", false, "print the version (module, source revision, Go) and exit")
 	cmd.Flags().SortFlags = false
 	cmd.SetVersionTemplate("{{.Version}}\n")
 	cmd.AddCommand(

@@ -76,8 +76,12 @@ func TestVersionFlagAndVersionCommandPrintTheBuildInfo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if flag != cmd {
-		t.Errorf("--version printed %q, version printed %q", flag, cmd)
+	short, _, err := run(context.Background(), "-V") // the vLLM router's spelling
+	if err != nil {
+		t.Fatal(err)
+	}
+	if flag != cmd || short != cmd {
+		t.Errorf("--version printed %q, -V %q, version %q", flag, short, cmd)
 	}
 	if !strings.HasPrefix(flag, "cacheroute ") || !strings.Contains(flag, runtime.Version()) {
 		t.Errorf("version output %q, want the module version and %s", flag, runtime.Version())
