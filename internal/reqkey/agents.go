@@ -220,37 +220,43 @@ func (s *scanner) canonicalBound(start, grow, floats, keys int) int {
 	return lpSize(s.pos - start + s.grow - grow + maxFloatLen*(s.floats-floats))
 }
 
-// fields are where the members of an item, a part, a block, a message or a tool that the key
-// reads are: the last value of each key, 0 when absent or null.
-type fields struct {
-	typ, role, content, text, refusal, id, callID, name, description, args, output, summary,
-	encrypted, isError, thinking, data, function int
-}
-
-// readFields reads the object at pos into f, with slot saying which field a key is (nil for
-// none), and returns the position after it.
-func (h *historyWriter) readFields(pos int, f *fields, slot func(*fields, []byte) *int) int {
-	return h.object(pos, func(key []byte, val int) int {
-		if p := slot(f, key); p != nil {
-			*p = val
-			if h.v[val] == 'n' {
-				*p = 0
-			}
-		}
+// str reads the value at val into *dst when it is a string, else the empty string (null, or
+// another type in a free-form value), and returns the position after it. The string is read once:
+// it is written from *dst, without being looked for again.
+func (h *historyWriter) str(val int, dst *jstr) int {
+	if h.v[val] != '"' {
+		*dst = jstr{plain: true}
 		return h.v.skip(val)
-	})
+	}
+	var end int
+	*dst, end = h.v.str(val)
+	return end
 }
 
-// kindName returns the value of the string at pos when it may name a kind (see typeName), and
-// the empty string when pos is 0 or not a string.
-func (h *historyWriter) kindName(pos int, buf []byte) []byte {
-	return h.jstr(pos).name(buf)
+// at reads where the value at val is into *dst, 0 for null, and returns the position after it.
+func (h *historyWriter) at(val int, dst *int) int {
+	*dst = val
+	if h.v[val] == 'n' {
+		*dst = 0
+	}
+	return h.v.skip(val)
 }
 
-// text writes the string at pos behind tag and its length prefix when it is not empty; a value
-// of another type writes nothing.
-func (h *historyWriter) text(tag byte, pos int) {
-	tagged(&h.w, tag, h.jstr(pos))
+// textValue is a free-form value that holds text (a content, an output): where it is (0 when
+// absent or null), and the string it is, when it is one, read once.
+type textValue struct {
+	pos int
+	s   jstr
+}
+
+// textValue reads the value at val into *dst and returns the position after it.
+func (h *historyWriter) textValue(val int, dst *textValue) int {
+	if h.v[val] == '"' {
+		dst.pos = val
+		return h.str(val, &dst.s)
+	}
+	dst.s = jstr{}
+	return h.at(val, &dst.pos)
 }
 
 // lpWhole writes the canonical JSON of the object at pos, an item, a block or a tool, without its
@@ -345,12 +351,13 @@ func (s *scanner) tool(ts *toolSchema) {
 }
 
 // agentTool is one element of tools as far as the key reads it: whether it is written by name,
-// where the name it is sorted by is, and for one written by name where its name, description
-// and schema are (0 when absent).
+// where the name it is sorted by is (0 when absent), and for one written by name its name and
+// description and where its schema is.
 type agentTool struct {
-	function                  bool
-	sortName                  int
-	name, description, schema int
+	function          bool
+	sortName          int
+	name, description jstr
+	schema            int
 }
 
 // namedTool is a tool with a name, to be sorted: where its name and the tool are.
@@ -389,51 +396,69 @@ func (h *historyWriter) agentTools(pos int, ts *toolSchema) {
 
 // readAgentTool reads the tool at pos and returns it and the position after it.
 func (h *historyWriter) readAgentTool(pos int, ts *toolSchema) (agentTool, int) {
-	slot := func(f *fields, key []byte) *int {
+	var t agentTool
+	var typ jstr
+	function := 0
+	// fn reads a member of a function tool, given flat or in a "function" object.
+	fn := func(key []byte, val int) (int, bool) {
 		switch string(key) {
-		case "type":
-			return &f.typ
 		case "name":
-			return &f.name
-		case "description":
-			return &f.description
-		case ts.schema:
-			return &f.args
-		case "function":
-			if ts.nested {
-				return &f.function
+			t.sortName = val
+			if h.v[val] != '"' {
+				t.sortName = 0
 			}
+			return h.str(val, &t.name), true
+		case "description":
+			return h.str(val, &t.description), true
+		case ts.schema:
+			return h.at(val, &t.schema), true
 		}
-		return nil
+		return 0, false
 	}
-	var f fields
-	end := h.readFields(pos, &f, slot)
+	end := h.object(pos, func(key []byte, val int) int {
+		if end, ok := fn(key, val); ok {
+			return end
+		}
+		switch {
+		case string(key) == "type":
+			return h.str(val, &typ)
+		case string(key) == "function" && ts.nested:
+			return h.at(val, &function)
+		}
+		return h.v.skip(val)
+	})
 	var buf [nameLen]byte
-	typ := h.kindName(f.typ, buf[:])
-	t := agentTool{function: len(typ) == 0 || string(typ) == ts.function, sortName: f.name,
-		name: f.name, description: f.description, schema: f.args}
-	if t.function && f.function != 0 {
-		var g fields
-		h.readFields(f.function, &g, slot)
-		t.sortName, t.name, t.description, t.schema = g.name, g.name, g.description, g.args
+	t.function = typ.len() == 0 || string(typ.name(buf[:])) == ts.function
+	if t.function && function != 0 {
+		t = agentTool{function: true}
+		h.object(function, func(key []byte, val int) int {
+			if end, ok := fn(key, val); ok {
+				return end
+			}
+			return h.v.skip(val)
+		})
 	}
 	return t, end
 }
 
 func (h *historyWriter) writeAgentTool(pos int, t *agentTool) {
 	h.w.text = true
-	if t.function {
-		h.writeTool(&tool{name: t.name, description: t.description, params: t.schema})
+	if !t.function {
+		h.w.byte('W')
+		h.lpWhole(pos)
 		return
 	}
-	h.w.byte('W')
-	h.lpWhole(pos)
+	h.w.byte('T')
+	h.w.lp(t.name)
+	h.w.lp(t.description)
+	h.lpCanonical(t.schema)
 }
 
 // elements calls each with the position of every object in the array at pos, which returns the
-// position after it; other elements are passed over.
-func (h *historyWriter) elements(pos int, each func(int) int) {
-	for e, more := h.v.first(pos); more; {
+// position after it; other elements are passed over. It returns the position after the array.
+func (h *historyWriter) elements(pos int, each func(int) int) int {
+	e, more := h.v.first(pos)
+	for more {
 		var end int
 		if h.v[e] == '{' {
 			end = each(e)
@@ -441,5 +466,26 @@ func (h *historyWriter) elements(pos int, each func(int) int) {
 			end = h.v.skip(e)
 		}
 		e, more = h.v.next(end)
+	}
+	return e
+}
+
+// streaming is a content array written as it is read, as part of an object whose members are
+// still being read: a later member may change what comes before it in the key, or replace it.
+// The writer then takes back what it wrote, and writes the object once it is read whole, reading
+// the content again. Clients send what comes first in the key first, so that is rare, and the
+// content, most of a conversation's text, is read once.
+type streaming struct {
+	at mark
+	on bool
+}
+
+func (st *streaming) start(w *keyWriter) { st.at, st.on = w.mark(), true }
+
+// undo takes back what was written since start.
+func (st *streaming) undo(w *keyWriter) {
+	if st.on {
+		w.reset(st.at)
+		st.on = false
 	}
 }

@@ -47,7 +47,7 @@ func TestMessagesKeyFraming(t *testing.T) {
 			{"role":"assistant","content":[{"type":"thinking","thinking":"hmm","signature":"sig"},{"type":"redacted_thinking","data":"enc"},{"type":"text","text":"ok"},{"type":"tool_use","id":"t1","name":"run","input":{"cmd":"ls"}}]},
 			{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","is_error":true,"content":[{"type":"text","text":"x"},{"type":"image","source":{}}]},{"type":"document","source":{}},{"type":"search_result","title":"T"}]}]}`
 	want := `T3:run6:Run it13:{"a":2,"b":1}` + `W63:{"max_uses":5,"name":"web_search","type":"web_search_20250305"}` + `sc8:be brief.` + `uc2:hi.` +
-		`ak3:hmme3:encc2:okf2:t13:run12:{"cmd":"ls"}.` + `uo2:t1!c1:x;J36:{"title":"T","type":"search_result"}.`
+		`ak3:hmme3:encc2:okf2:t13:run12:{"cmd":"ls"}.` + `uo2:t1c1:x!J36:{"title":"T","type":"search_result"}.`
 	if got := keyAs(t, &messagesProtocol, body); got != want {
 		t.Errorf("key\n%s\nwant\n%s", got, want)
 	}
@@ -380,5 +380,48 @@ func TestAgentKeyPasses(t *testing.T) {
 			t.Errorf("%s %.40q: key %.40q, the reader's %.40q", tt.p.name, tt.body, key, r.Text)
 		}
 		checkAgentBothWays(t, tt.p, []byte(tt.body))
+	}
+}
+
+// A content array is written as it is read when what comes before it in the key is known (see
+// streaming); a later member that changes that takes it back, and the object is written again once
+// read whole. The key is then as if nothing had been streamed, and the writer never outgrew the
+// buffer of the key's bound, though the streamed content was written before the item turned out to
+// be of another kind.
+func TestAgentKeyOfContentTakenBack(t *testing.T) {
+	long := strings.Repeat("x", 1000)
+	parts := `[{"type":"input_text","text":"` + long + `"}]`
+	blocks := `[{"type":"text","text":"` + long + `"}]`
+	tests := []struct {
+		p          *protocol
+		name       string
+		body, same string
+	}{
+		{&responsesProtocol, "a later type", `{"input":[{"type":"message","role":"user","content":` + parts + `,"type":"function_call"}]}`,
+			`{"input":[{"type":"function_call"}]}`},
+		{&responsesProtocol, "a later role", `{"input":[{"type":"message","role":"user","content":` + parts + `,"role":"assistant"}]}`,
+			`{"input":[{"role":"assistant","content":"` + long + `"}]}`},
+		{&responsesProtocol, "a later content", `{"input":[{"type":"message","role":"user","content":` + parts + `,"content":"y"}]}`,
+			`{"input":[{"role":"user","content":"y"}]}`},
+		{&responsesProtocol, "an output, then a later type", `{"input":[{"type":"function_call_output","call_id":"c","output":` + parts + `,"type":"x"}]}`,
+			`{"input":[{"type":"x","call_id":"c","output":` + parts + `}]}`},
+		{&responsesProtocol, "an output, then a later call_id", `{"input":[{"type":"function_call_output","call_id":"c","output":` + parts + `,"call_id":"d"}]}`,
+			`{"input":[{"type":"function_call_output","call_id":"d","output":"` + long + `"}]}`},
+		{&messagesProtocol, "a later role", `{"messages":[{"role":"user","content":` + blocks + `,"role":"assistant"}]}`,
+			`{"messages":[{"role":"assistant","content":"` + long + `"}]}`},
+		{&messagesProtocol, "a later content", `{"messages":[{"role":"user","content":` + blocks + `,"content":[]}]}`,
+			`{"messages":[{"role":"user"}]}`},
+		{&messagesProtocol, "a tool result, then a later type", `{"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":` + blocks + `,"type":"x"}]}]}`,
+			`{"messages":[{"role":"user","content":[{"type":"x","tool_use_id":"t","content":` + blocks + `}]}]}`},
+		{&messagesProtocol, "a tool result, then a later tool_use_id", `{"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":` + blocks + `,"tool_use_id":"u","is_error":true}]}]}`,
+			`{"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"u","is_error":true,"content":"` + long + `"}]}]}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.p.name+"/"+tt.name, func(t *testing.T) {
+			if got, want := keyAs(t, tt.p, tt.body), keyAs(t, tt.p, tt.same); got != want {
+				t.Errorf("key %.80q\nwant %.80q", got, want)
+			}
+			checkAgentBothWays(t, tt.p, []byte(tt.body))
+		})
 	}
 }

@@ -363,8 +363,9 @@ func TestAgentKeyPrefixProperty(t *testing.T) {
 	for i, p := range agentProtocols {
 		t.Run(p.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(21, uint64(i)))
+			cases := scaled(3000)
 			nonEmpty := 0
-			for n := range 3000 {
+			for n := range cases {
 				c := randAgentConv(r, p)
 				var prev string
 				for turn := range 1 + r.IntN(6) {
@@ -385,7 +386,7 @@ func TestAgentKeyPrefixProperty(t *testing.T) {
 					prev = k
 				}
 			}
-			if nonEmpty < 3000 {
+			if nonEmpty < cases {
 				t.Fatalf("only %d turns with a key: the generator is too narrow", nonEmpty)
 			}
 		})
@@ -513,10 +514,15 @@ func decodeResponses(key string) (string, bool) {
 func decodeMessages(key string) (string, bool) {
 	k := keyReader{s: key}
 	meaning := k.tools()
-	var blocks func(end byte) []string
-	blocks = func(end byte) []string {
+	// blocks reads blocks up to one of the ends, and returns them and the end.
+	var blocks func(ends string) ([]string, byte)
+	blocks = func(ends string) ([]string, byte) {
 		var bs []string
-		for k.more() && !k.take(end) {
+		for k.more() {
+			if c := k.peek(); strings.IndexByte(ends, c) >= 0 {
+				k.i++
+				return bs, c
+			}
 			switch {
 			case k.take('c'):
 				bs = append(bs, normOf("c", k.lp()))
@@ -524,8 +530,8 @@ func decodeMessages(key string) (string, bool) {
 				bs = append(bs, normOf("f", k.lp(), k.lp(), k.lp()))
 			case k.take('o'):
 				id := k.lp()
-				isError := k.take('!')
-				bs = append(bs, normOf("o", id, isError, blocks(';')))
+				inner, end := blocks(";!")
+				bs = append(bs, normOf("o", id, end == '!', inner))
 			case k.take('k'):
 				bs = append(bs, normOf("k", k.lp()))
 			case k.take('e'):
@@ -536,12 +542,14 @@ func decodeMessages(key string) (string, bool) {
 				k.bad = true
 			}
 		}
-		return bs
+		k.bad = true // no end
+		return bs, 0
 	}
 	for k.more() {
 		role, ok := k.role()
 		k.bad = k.bad || !ok
-		meaning += "|" + normOf(role, blocks('.'))
+		bs, _ := blocks(".")
+		meaning += "|" + normOf(role, bs)
 	}
 	return meaning, !k.bad
 }
@@ -558,7 +566,7 @@ func TestAgentKeyReadsBackIntoItsMeaning(t *testing.T) {
 		}
 		t.Run(p.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(22, uint64(i)))
-			const cases = 20000
+			cases := scaled(20000)
 			seen := make(map[string]string, cases)
 			for range cases {
 				c := randAgentConv(r, p)
@@ -593,8 +601,9 @@ func TestAgentKeyBreaksWithEarlierChanges(t *testing.T) {
 	for i, p := range agentProtocols {
 		t.Run(p.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(23, uint64(i)))
+			cases := scaled(3000)
 			changed := 0
-			for range 3000 {
+			for range cases {
 				c := randAgentConv(r, p)
 				for range 1 + r.IntN(4) {
 					c.items = append(c.items, c.randItem(r))
@@ -616,7 +625,7 @@ func TestAgentKeyBreaksWithEarlierChanges(t *testing.T) {
 				}
 				changed++
 			}
-			if changed < 1000 {
+			if changed < cases/3 {
 				t.Fatalf("only %d conversations changed: the generator is too narrow", changed)
 			}
 		})

@@ -575,11 +575,12 @@ func (k *refKey) block(m map[string]any) {
 	case "tool_result":
 		k.sb.WriteByte('o')
 		k.lp(str("tool_use_id"))
+		k.blocks(m["content"])
 		if m["is_error"] == true {
 			k.sb.WriteByte('!')
+		} else {
+			k.sb.WriteByte(';')
 		}
-		k.blocks(m["content"])
-		k.sb.WriteByte(';')
 	case "thinking":
 		k.tagged('k', str("thinking"))
 	case "redacted_thinking":

@@ -8,6 +8,9 @@ type KeyPasses struct {
 	Written, Bound   int    // the bytes the writer writes (text or not), and their bound
 	MembersOutgrown  bool   // a canonical value has more members than recs was sized for
 	NamedOutgrown    bool   // more tools have a name than the bound allows for
+	// BufferOutgrown says that writing into a buffer of the bound's size outgrew it at some
+	// point, though the key may fit in the end.
+	BufferOutgrown bool
 }
 
 // HistoryKeyBothWays writes the history key of the chat body raw in one pass and in two. ok is
@@ -123,6 +126,11 @@ func AgentKeyBothWays(protocol string, raw []byte) (k KeyPasses, ok bool) {
 	k.Written, k.Bound = h.w.n, a.bound.size
 	k.MembersOutgrown = cap(h.c.recs) != a.members
 	k.NamedOutgrown = h.named > a.bound.named
+	h = newHistoryWriter(valid(raw), a.members)
+	h.named = a.bound.named
+	h.w = writerOf(a.bound.size)
+	a.write(&h)
+	k.BufferOutgrown = cap(h.w.buf) != a.bound.size
 	return k, true
 }
 

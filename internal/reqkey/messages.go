@@ -99,6 +99,8 @@ func (s *scanner) blockSize() int {
 	var buf [nameLen]byte
 	var typ []byte
 	var text, id, callID, name, input, content, thinking, data int
+	hasID := false
+	streamed := 0 // what a tool result's content written as it is read may take (see block)
 	s.object(func(s *scanner, key []byte) {
 		switch string(key) {
 		case "type":
@@ -113,13 +115,19 @@ func (s *scanner) blockSize() int {
 		case "id":
 			id += s.stringSize()
 		case "tool_use_id":
+			hasID = s.peek() == '"'
 			callID += s.stringSize()
 		case "name":
 			name += s.stringSize()
 		case "input":
 			input += s.canonicalSize()
 		case "content":
-			content += s.blocksSize()
+			array := s.peek() == '['
+			size := s.blocksSize()
+			content += size
+			if array && hasID && blockKind(typ) == kindOutput {
+				streamed = max(streamed, len("o0:")+callID+size)
+			}
 		case "thinking":
 			thinking += s.textSize()
 		case "data":
@@ -128,21 +136,24 @@ func (s *scanner) blockSize() int {
 			s.skip(true)
 		}
 	})
+	var size int
 	switch blockKind(typ) {
 	case kindText:
-		return text
+		size = text
 	case kindNone:
-		return 0
 	case kindCall:
-		return len("f0:0:0:") + id + name + input
+		size = len("f0:0:0:") + id + name + input
 	case kindOutput:
-		return len("o0:!;") + callID + content
+		return len("o0:;") + callID + content
 	case kindThinking:
-		return thinking
+		size = thinking
 	case kindRedacted:
-		return data
+		size = data
+	default:
+		size = len("J") + s.canonicalBound(start, grow, floats, keys)
 	}
-	return len("J") + s.canonicalBound(start, grow, floats, keys)
+	// A later type took back what a tool result's content wrote, but it was written first.
+	return size + streamed
 }
 
 // blockKind is the kind of a content block of the type typ.
@@ -182,7 +193,7 @@ func (b *messagesBody) key(raw []byte, limit int) (key string, onePass bool) {
 //	message = role {block} "."                                 role as chat's
 //	block   = "c" lp(text)                                     text (a string content is one)
 //	        | "f" lp(id) lp(name) lp(input as canonical JSON)  tool_use
-//	        | "o" lp(tool_use_id) ["!"] {block} ";"            tool_result ("!": is_error)
+//	        | "o" lp(tool_use_id) {block} (";" | "!")          tool_result ("!" ends an error's)
 //	        | "k" lp(thinking)                                 thinking
 //	        | "e" lp(data)                                     redacted_thinking
 //	        | "J" lp(block as canonical JSON)                  a block of any other type
@@ -196,95 +207,134 @@ func (h *historyWriter) writeMessages(b *messagesBody) {
 	}
 	if b.system.pos != 0 {
 		h.w.byte('s')
-		h.blocks(b.system.pos)
+		h.blocks(textValue{pos: b.system.pos, s: h.jstr(b.system.pos)})
 		h.w.byte('.')
 	}
-	h.elements(b.messages.pos, func(pos int) int {
-		var f fields
-		end := h.readFields(pos, &f, messageSlot)
-		h.role(h.jstr(f.role))
-		h.blocks(f.content)
-		h.w.byte('.')
-		return end
+	h.elements(b.messages.pos, h.message)
+}
+
+// message writes the message at pos and returns the position after it. A content array after a
+// role is written as it is read (see streaming).
+func (h *historyWriter) message(pos int) int {
+	var role jstr
+	var content textValue
+	var st streaming
+	hasRole := false
+	end := h.object(pos, func(key []byte, val int) int {
+		switch string(key) {
+		case "role":
+			st.undo(&h.w)
+			hasRole = h.v[val] == '"'
+			return h.str(val, &role)
+		case "content":
+			st.undo(&h.w)
+			if hasRole && h.v[val] == '[' {
+				st.start(&h.w)
+				h.role(role)
+				content = textValue{pos: val}
+				return h.elements(val, h.block)
+			}
+			return h.textValue(val, &content)
+		}
+		return h.v.skip(val)
 	})
-}
-
-func messageSlot(f *fields, key []byte) *int {
-	switch string(key) {
-	case "role":
-		return &f.role
-	case "content":
-		return &f.content
+	if !st.on {
+		h.role(role)
+		h.blocks(content)
 	}
-	return nil
+	h.w.byte('.')
+	return end
 }
 
-// blocks writes the content at pos (0: none): a string, or the blocks of an array.
-func (h *historyWriter) blocks(pos int) {
-	switch h.v[pos] {
+// blocks writes the content t: a string, or the blocks of an array.
+func (h *historyWriter) blocks(t textValue) {
+	switch h.v[t.pos] {
 	case '"':
-		h.text('c', pos)
+		textPart(&h.w, t.s)
 	case '[':
-		h.elements(pos, h.block)
+		h.elements(t.pos, h.block)
 	}
 }
 
-// block writes the content block at pos and returns the position after it.
+// block is a content block as far as the key reads it: its strings, and where its other values
+// are (0 when absent).
+type block struct {
+	typ, text, id, callID, name, thinking, data jstr
+	content                                     textValue
+	input, isError                              int
+}
+
+// block writes the content block at pos and returns the position after it. A tool result's
+// content array after its type and tool_use_id is written as it is read (see streaming).
 func (h *historyWriter) block(pos int) int {
-	var f fields
-	end := h.readFields(pos, &f, blockSlot)
+	var b block
+	var st streaming
 	var buf [nameLen]byte
-	switch blockKind(h.kindName(f.typ, buf[:])) {
+	hasID := false
+	end := h.object(pos, func(key []byte, val int) int {
+		switch string(key) {
+		case "type":
+			st.undo(&h.w)
+			return h.str(val, &b.typ)
+		case "text":
+			return h.str(val, &b.text)
+		case "id":
+			return h.str(val, &b.id)
+		case "tool_use_id":
+			st.undo(&h.w)
+			hasID = h.v[val] == '"'
+			return h.str(val, &b.callID)
+		case "content":
+			st.undo(&h.w)
+			if hasID && h.v[val] == '[' && blockKind(b.typ.name(buf[:])) == kindOutput {
+				st.start(&h.w)
+				h.w.byte('o')
+				h.w.lp(b.callID)
+				b.content = textValue{pos: val}
+				return h.elements(val, h.block)
+			}
+			return h.textValue(val, &b.content)
+		case "name":
+			return h.str(val, &b.name)
+		case "thinking":
+			return h.str(val, &b.thinking)
+		case "data":
+			return h.str(val, &b.data)
+		case "input":
+			return h.at(val, &b.input)
+		case "is_error":
+			return h.at(val, &b.isError)
+		}
+		return h.v.skip(val)
+	})
+	switch blockKind(b.typ.name(buf[:])) {
 	case kindText:
-		h.text('c', f.text)
+		textPart(&h.w, b.text)
 	case kindCall:
 		h.w.text = true
 		h.w.byte('f')
-		h.lpString(f.id)
-		h.lpString(f.name)
-		h.lpCanonical(f.args)
+		h.w.lp(b.id)
+		h.w.lp(b.name)
+		h.lpCanonical(b.input)
 	case kindOutput:
-		h.w.byte('o')
-		h.lpString(f.callID)
-		if f.isError != 0 && h.v[f.isError] == 't' {
-			h.w.byte('!')
+		if !st.on {
+			h.w.byte('o')
+			h.w.lp(b.callID)
+			h.blocks(b.content)
 		}
-		h.blocks(f.content)
-		h.w.byte(';')
+		if b.isError != 0 && h.v[b.isError] == 't' {
+			h.w.byte('!') // the end of an error's result
+		} else {
+			h.w.byte(';')
+		}
 	case kindThinking:
-		h.text('k', f.thinking)
+		tagged(&h.w, 'k', b.thinking)
 	case kindRedacted:
-		h.text('e', f.data)
+		tagged(&h.w, 'e', b.data)
 	case kindWhole:
 		h.w.text = true
 		h.w.byte('J')
 		h.lpWhole(pos)
 	}
 	return end
-}
-
-func blockSlot(f *fields, key []byte) *int {
-	switch string(key) {
-	case "type":
-		return &f.typ
-	case "text":
-		return &f.text
-	case "id":
-		return &f.id
-	case "tool_use_id":
-		return &f.callID
-	case "name":
-		return &f.name
-	case "input":
-		return &f.args
-	case "content":
-		return &f.content
-	case "is_error":
-		return &f.isError
-	case "thinking":
-		return &f.thinking
-	case "data":
-		return &f.data
-	}
-	return nil
 }

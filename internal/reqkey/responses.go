@@ -79,6 +79,10 @@ func checkItem(s *scanner) {
 	var typ []byte
 	roles, roleless := 0, true // the last role may be absent (or null): "r0:" is written
 	var content, callID, name, args, output, summary, encrypted int
+	hasID := false
+	// What a message's content or an output written as it is read may take (see item): a later
+	// type may make the item of another kind, but they were written first.
+	var streamedContent, streamedOutput int
 	s.object(func(s *scanner, key []byte) {
 		switch string(key) {
 		case "type":
@@ -90,6 +94,7 @@ func checkItem(s *scanner) {
 			}
 			roleless = !ok
 		case "call_id":
+			hasID = s.peek() == '"'
 			callID += s.typedStringSize("call_id")
 		case "name":
 			name += s.typedStringSize("name")
@@ -98,9 +103,19 @@ func checkItem(s *scanner) {
 			args += s.canonicalSize()
 			s.out()
 		case "content":
-			content += s.partsSize("content")
+			array := s.peek() == '['
+			size := s.partsSize("content")
+			content += size
+			if array && !roleless && len(typ) > 0 && itemKind(typ) == kindMessage {
+				streamedContent = max(streamedContent, roles+size)
+			}
 		case "output":
-			output += s.partsSize("output")
+			array := s.peek() == '['
+			size := s.partsSize("output")
+			output += size
+			if array && hasID && len(typ) > 0 && itemKind(typ) == kindOutput {
+				streamedOutput = max(streamedOutput, len("o0:")+callID+size)
+			}
 		case "summary":
 			summary += s.partsSize("summary")
 		case "encrypted_content":
@@ -111,20 +126,24 @@ func checkItem(s *scanner) {
 			s.skip(true)
 		}
 	})
-	switch itemKind(typ) {
+	switch k := itemKind(typ); k {
 	case kindMessage:
 		if roleless {
 			roles += len("r0:")
 		}
-		s.hist.size += roles + content + len(".")
-	case kindCall:
-		s.hist.size += len("f0:0:0:.") + callID + name + args
+		s.hist.size += roles + content + len(".") + streamedOutput
 	case kindOutput:
-		s.hist.size += len("o0:.") + callID + output
-	case kindReasoning:
-		s.hist.size += len("z.") + summary + content + encrypted
+		s.hist.size += len("o0:.") + callID + output + streamedContent
 	default:
-		s.hist.size += len("J.") + s.canonicalBound(start, grow, floats, keys)
+		s.hist.size += streamedContent + streamedOutput
+		switch k {
+		case kindCall:
+			s.hist.size += len("f0:0:0:.") + callID + name + args
+		case kindReasoning:
+			s.hist.size += len("z.") + summary + content + encrypted
+		default:
+			s.hist.size += len("J.") + s.canonicalBound(start, grow, floats, keys)
+		}
 	}
 }
 
@@ -220,42 +239,105 @@ func (h *historyWriter) writeResponses(b *responsesBody) {
 	}
 	if b.instructions.pos != 0 {
 		h.w.byte('s')
-		h.text('c', b.instructions.pos)
+		textPart(&h.w, h.jstr(b.instructions.pos))
 		h.w.byte('.')
 	}
 	if h.v[b.input.pos] == '"' {
 		h.w.byte('u')
-		h.text('c', b.input.pos)
+		textPart(&h.w, h.jstr(b.input.pos))
 		h.w.byte('.')
 		return
 	}
 	h.elements(b.input.pos, h.item)
 }
 
-// item writes the input item at pos and returns the position after it.
+// item is an input item as far as the key reads it: its strings, and where its other values are
+// (0 when absent).
+type item struct {
+	typ, role, callID, name, encrypted jstr
+	content, output, summary           textValue
+	args                               int
+}
+
+// item writes the input item at pos and returns the position after it. A message's content
+// array after its type and role, and an output array after its type and call_id, are written as
+// they are read (see streaming).
 func (h *historyWriter) item(pos int) int {
-	var f fields
-	end := h.readFields(pos, &f, itemSlot)
+	var it item
+	var st streaming
 	var buf [nameLen]byte
-	switch itemKind(h.kindName(f.typ, buf[:])) {
+	hasRole, hasID := false, false
+	// streams reports whether the array at val, the value of a member that the item's kind k
+	// writes after what was read so far, can be written as it is read.
+	streams := func(val int, k kind, ready bool) bool {
+		return ready && h.v[val] == '[' && it.typ.len() > 0 && itemKind(it.typ.name(buf[:])) == k
+	}
+	end := h.object(pos, func(key []byte, val int) int {
+		switch string(key) {
+		case "type":
+			st.undo(&h.w)
+			return h.str(val, &it.typ)
+		case "role":
+			st.undo(&h.w)
+			hasRole = h.v[val] == '"'
+			return h.str(val, &it.role)
+		case "call_id":
+			st.undo(&h.w)
+			hasID = h.v[val] == '"'
+			return h.str(val, &it.callID)
+		case "content":
+			st.undo(&h.w)
+			if streams(val, kindMessage, hasRole) {
+				st.start(&h.w)
+				h.role(it.role)
+				it.content = textValue{pos: val}
+				return h.partsOf('c', 'x', val)
+			}
+			return h.textValue(val, &it.content)
+		case "output":
+			st.undo(&h.w)
+			if streams(val, kindOutput, hasID) {
+				st.start(&h.w)
+				h.w.byte('o')
+				h.w.lp(it.callID)
+				it.output = textValue{pos: val}
+				return h.partsOf('c', 'x', val)
+			}
+			return h.textValue(val, &it.output)
+		case "name":
+			return h.str(val, &it.name)
+		case "encrypted_content":
+			return h.str(val, &it.encrypted)
+		case "arguments":
+			return h.at(val, &it.args)
+		case "summary":
+			return h.textValue(val, &it.summary)
+		}
+		return h.v.skip(val)
+	})
+	switch itemKind(it.typ.name(buf[:])) {
 	case kindMessage:
-		h.role(h.jstr(f.role))
-		h.parts('c', 'x', f.content)
+		if !st.on {
+			h.role(it.role)
+			h.parts('c', 'x', it.content)
+		}
 	case kindCall:
 		h.w.text = true
 		h.w.byte('f')
-		h.lpString(f.callID)
-		h.lpString(f.name)
-		h.lpArguments(f.args)
+		h.w.lp(it.callID)
+		h.w.lp(it.name)
+		h.lpArguments(it.args)
 	case kindOutput:
-		h.w.byte('o')
-		h.lpString(f.callID)
-		h.parts('c', 'x', f.output)
+		if !st.on {
+			h.w.byte('o')
+			h.w.lp(it.callID)
+			h.parts('c', 'x', it.output)
+		}
 	case kindReasoning:
 		h.w.byte('z')
-		h.parts('y', 0, f.summary)
-		h.parts('k', 0, f.content)
-		h.text('e', f.encrypted)
+		h.parts('y', 0, it.summary)
+		h.parts('k', 0, it.content)
+		tagged(&h.w, 'e', it.encrypted)
 	default:
 		h.w.text = true
 		h.w.byte('J')
@@ -265,62 +347,41 @@ func (h *historyWriter) item(pos int) int {
 	return end
 }
 
-func itemSlot(f *fields, key []byte) *int {
-	switch string(key) {
-	case "type":
-		return &f.typ
-	case "role":
-		return &f.role
-	case "content":
-		return &f.content
-	case "call_id":
-		return &f.callID
-	case "name":
-		return &f.name
-	case "arguments":
-		return &f.args
-	case "output":
-		return &f.output
-	case "summary":
-		return &f.summary
-	case "encrypted_content":
-		return &f.encrypted
-	}
-	return nil
-}
-
-// parts writes the text parts of the value at pos (0: none) behind tag, and its refusal parts
-// behind refusal unless it is 0: a string, or the parts of an array (see writeResponses).
-func (h *historyWriter) parts(tag, refusal byte, pos int) {
-	switch h.v[pos] {
+// parts writes the text parts of t behind tag, and its refusal parts behind refusal unless it is
+// 0: a string, or the parts of an array (see writeResponses).
+func (h *historyWriter) parts(tag, refusal byte, t textValue) {
+	switch h.v[t.pos] {
 	case '"':
-		h.text(tag, pos)
+		tagged(&h.w, tag, t.s)
 	case '[':
-		h.elements(pos, func(e int) int {
-			var f fields
-			end := h.readFields(e, &f, partSlot)
-			var buf [nameLen]byte
-			switch partKind(h.kindName(f.typ, buf[:])) {
-			case kindText:
-				h.text(tag, f.text)
-			case kindRefusal:
-				if refusal != 0 {
-					h.text(refusal, f.refusal)
-				}
-			}
-			return end
-		})
+		h.partsOf(tag, refusal, t.pos)
 	}
 }
 
-func partSlot(f *fields, key []byte) *int {
-	switch string(key) {
-	case "type":
-		return &f.typ
-	case "text":
-		return &f.text
-	case "refusal":
-		return &f.refusal
-	}
-	return nil
+// partsOf writes the parts of the array at pos as parts does, and returns the position after it.
+func (h *historyWriter) partsOf(tag, refusal byte, pos int) int {
+	return h.elements(pos, func(e int) int {
+		var typ, text, refused jstr
+		end := h.object(e, func(key []byte, val int) int {
+			switch string(key) {
+			case "type":
+				return h.str(val, &typ)
+			case "text":
+				return h.str(val, &text)
+			case "refusal":
+				return h.str(val, &refused)
+			}
+			return h.v.skip(val)
+		})
+		var buf [nameLen]byte
+		switch partKind(typ.name(buf[:])) {
+		case kindText:
+			tagged(&h.w, tag, text)
+		case kindRefusal:
+			if refusal != 0 {
+				tagged(&h.w, refusal, refused)
+			}
+		}
+		return end
+	})
 }

@@ -24,6 +24,19 @@ type keyWriter struct {
 	text bool // some text was written: a key without is empty
 }
 
+// mark is where a writer is, to go back to with reset.
+type mark struct {
+	len, n int
+	text   bool
+}
+
+func (w *keyWriter) mark() mark { return mark{len: len(w.buf), n: w.n, text: w.text} }
+
+// reset forgets what was written since m.
+func (w *keyWriter) reset(m mark) {
+	w.buf, w.n, w.text = w.buf[:m.len], m.n, m.text
+}
+
 // writerOf returns a writer into a buffer of size bytes, which the key must not outgrow.
 func writerOf(size int) keyWriter { return keyWriter{buf: make([]byte, 0, size)} }
 
