@@ -76,11 +76,11 @@ func agentChatBody(size int) []byte {
 }
 
 // chatAs renders the chat body chat, whose messages have string content, as a body of the
-// Responses API and as one of the Messages API, as their clients send the same conversation: the
-// system prompt as instructions or system, flat function tools or input_schema tools, user turns
-// as they are, assistant turns as the output items or content blocks the server returned. The
-// Messages body carries Claude Code's cache_control markers, on the system, the last tool and the
-// newest message.
+// Responses API and as one of the Messages API, as their clients send the same conversation,
+// members in their order: the system prompt as instructions or system, flat function tools or
+// input_schema tools, user turns as they are, assistant turns as the output items or content
+// blocks the server returned. The Messages body carries Claude Code's cache_control markers, on
+// the system, the last tool and the newest message.
 func chatAs(chat []byte) (responses, messages []byte) {
 	var c struct {
 		Model    string `json:"model"`
@@ -100,38 +100,95 @@ func chatAs(chat []byte) (responses, messages []byte) {
 	if err := json.Unmarshal(chat, &c); err != nil {
 		panic(err)
 	}
-	marker := map[string]any{"type": "ephemeral"}
-	var rTools, mTools, input, msgs []any
+	type cacheControl struct {
+		Type string `json:"type"`
+	}
+	marker := &cacheControl{"ephemeral"}
+	type functionTool struct {
+		Type        string `json:"type"`
+		Name        string `json:"name"`
+		Description string `json:"description"`
+		Parameters  any    `json:"parameters"`
+		Strict      bool   `json:"strict"`
+	}
+	type tool struct {
+		Name         string        `json:"name"`
+		Description  string        `json:"description"`
+		InputSchema  any           `json:"input_schema"`
+		CacheControl *cacheControl `json:"cache_control,omitempty"`
+	}
+	type message struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
+	type outputText struct {
+		Type        string `json:"type"`
+		Text        string `json:"text"`
+		Annotations []any  `json:"annotations"`
+	}
+	type outputMessage struct {
+		Type    string       `json:"type"`
+		ID      string       `json:"id"`
+		Status  string       `json:"status"`
+		Role    string       `json:"role"`
+		Content []outputText `json:"content"`
+	}
+	type textBlock struct {
+		Type         string        `json:"type"`
+		Text         string        `json:"text"`
+		CacheControl *cacheControl `json:"cache_control,omitempty"`
+	}
+	type blocksMessage struct {
+		Role    string      `json:"role"`
+		Content []textBlock `json:"content"`
+	}
+	var rTools []functionTool
+	var mTools []tool
 	for i, t := range c.Tools {
 		f := t.Function
-		rTools = append(rTools, map[string]any{"type": "function", "name": f.Name, "description": f.Description, "parameters": f.Parameters, "strict": false})
-		mt := map[string]any{"name": f.Name, "description": f.Description, "input_schema": f.Parameters}
+		rTools = append(rTools, functionTool{"function", f.Name, f.Description, f.Parameters, false})
+		mt := tool{Name: f.Name, Description: f.Description, InputSchema: f.Parameters}
 		if i == len(c.Tools)-1 {
-			mt["cache_control"] = marker
+			mt.CacheControl = marker
 		}
 		mTools = append(mTools, mt)
 	}
 	var system string
+	var input []any
+	var msgs []blocksMessage
 	for i, m := range c.Messages {
 		switch m.Role {
 		case "system":
 			system = m.Content
 			continue
 		case "assistant":
-			input = append(input, map[string]any{"type": "message", "id": fmt.Sprintf("msg_%04d", i), "status": "completed", "role": "assistant",
-				"content": []any{map[string]any{"type": "output_text", "text": m.Content, "annotations": []any{}}}})
+			input = append(input, outputMessage{"message", fmt.Sprintf("msg_%04d", i), "completed", m.Role,
+				[]outputText{{"output_text", m.Content, []any{}}}})
 		default:
-			input = append(input, map[string]any{"role": m.Role, "content": m.Content})
+			input = append(input, message{m.Role, m.Content})
 		}
-		block := map[string]any{"type": "text", "text": m.Content}
+		block := textBlock{Type: "text", Text: m.Content}
 		if i == len(c.Messages)-1 {
-			block["cache_control"] = marker
+			block.CacheControl = marker
 		}
-		msgs = append(msgs, map[string]any{"role": m.Role, "content": []any{block}})
+		msgs = append(msgs, blocksMessage{m.Role, []textBlock{block}})
 	}
-	responses, _ = json.Marshal(map[string]any{"model": c.Model, "stream": c.Stream, "instructions": system, "tools": rTools, "input": input, "store": false})
-	messages, _ = json.Marshal(map[string]any{"model": c.Model, "stream": c.Stream, "max_tokens": 8192, "tools": mTools, "messages": msgs,
-		"system": []any{map[string]any{"type": "text", "text": system, "cache_control": marker}}})
+	responses, _ = json.Marshal(struct {
+		Model        string         `json:"model"`
+		Instructions string         `json:"instructions"`
+		Tools        []functionTool `json:"tools"`
+		Input        []any          `json:"input"`
+		Store        bool           `json:"store"`
+		Stream       bool           `json:"stream"`
+	}{c.Model, system, rTools, input, false, c.Stream})
+	messages, _ = json.Marshal(struct {
+		Model     string          `json:"model"`
+		MaxTokens int             `json:"max_tokens"`
+		System    []textBlock     `json:"system"`
+		Tools     []tool          `json:"tools"`
+		Messages  []blocksMessage `json:"messages"`
+		Stream    bool            `json:"stream"`
+	}{c.Model, 8192, []textBlock{{"text", system, marker}}, mTools, msgs, c.Stream})
 	return responses, messages
 }
 
