@@ -2,6 +2,7 @@ package cacheaware
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -17,6 +18,20 @@ import (
 // a shared system prompt, the session's own task, then one assistant reply and one user message
 // per turn, as an agent loop resends its conversation.
 func growingChats(size, sessions, turns int) [][]byte {
+	return growingConversations(size, sessions, turns).chat
+}
+
+// conversationBodies are the same requests in each protocol's shape.
+type conversationBodies struct {
+	chat, responses, messages [][]byte
+}
+
+// growingConversations returns the requests of growingChats in the shape of each protocol, as its
+// clients send them, members in their order: chat messages; a Responses body with the system
+// prompt as instructions and assistant replies as the output items the server returned; a
+// Messages body with content blocks, the system prompt marked with cache_control and the newest
+// message marked too, as Claude Code marks them.
+func growingConversations(size, sessions, turns int) conversationBodies {
 	rng := rand.New(rand.NewPCG(7, 7))
 	words := strings.Fields("the router keeps each conversation on the worker that holds its prefix cache so the next turn prefills only the new tail while the balance gate keeps any worker from drowning")
 	text := func(n int) string {
@@ -33,18 +48,74 @@ func growingChats(size, sessions, turns int) [][]byte {
 		Role    string `json:"role"`
 		Content string `json:"content"`
 	}
+	type cacheControl struct {
+		Type string `json:"type"`
+	}
+	type textBlock struct {
+		Type         string        `json:"type"`
+		Text         string        `json:"text"`
+		CacheControl *cacheControl `json:"cache_control,omitempty"`
+	}
+	type blocksMessage struct {
+		Role    string      `json:"role"`
+		Content []textBlock `json:"content"`
+	}
+	type outputText struct {
+		Type        string `json:"type"`
+		Text        string `json:"text"`
+		Annotations []any  `json:"annotations"`
+	}
+	type outputMessage struct {
+		Type    string       `json:"type"`
+		ID      string       `json:"id"`
+		Status  string       `json:"status"`
+		Role    string       `json:"role"`
+		Content []outputText `json:"content"`
+	}
 	histories := make([][]msg, sessions)
 	for s := range histories {
 		histories[s] = []msg{{"system", system}, {"user", text(size*3/4 - size/8)}}
 	}
-	var out [][]byte
+	marker := &cacheControl{"ephemeral"}
+	var out conversationBodies
 	for t := range turns {
 		for s := range histories {
 			if t > 0 {
 				histories[s] = append(histories[s], msg{"assistant", text(step)}, msg{"user", text(step)})
 			}
 			body, _ := json.Marshal(map[string]any{"model": "m", "messages": histories[s], "stream": true})
-			out = append(out, body)
+			out.chat = append(out.chat, body)
+
+			var input []any
+			var messages []blocksMessage
+			for i, m := range histories[s][1:] {
+				if m.Role == "assistant" {
+					input = append(input, outputMessage{"message", fmt.Sprintf("msg_%d_%d", s, i), "completed", m.Role,
+						[]outputText{{"output_text", m.Content, []any{}}}})
+				} else {
+					input = append(input, m)
+				}
+				block := textBlock{Type: "text", Text: m.Content}
+				if i == len(histories[s])-2 {
+					block.CacheControl = marker
+				}
+				messages = append(messages, blocksMessage{m.Role, []textBlock{block}})
+			}
+			body, _ = json.Marshal(struct {
+				Model        string `json:"model"`
+				Instructions string `json:"instructions"`
+				Input        []any  `json:"input"`
+				Stream       bool   `json:"stream"`
+			}{"m", system, input, true})
+			out.responses = append(out.responses, body)
+			body, _ = json.Marshal(struct {
+				Model     string          `json:"model"`
+				MaxTokens int             `json:"max_tokens"`
+				System    []textBlock     `json:"system"`
+				Messages  []blocksMessage `json:"messages"`
+				Stream    bool            `json:"stream"`
+			}{"m", 8192, []textBlock{{"text", system, marker}}, messages, true})
+			out.messages = append(out.messages, body)
 		}
 	}
 	return out
@@ -68,10 +139,26 @@ var benchSizes = []struct {
 // parse the body and derive the keys, look the session up, match and insert in the prefix tree,
 // over 8 workers. Each session's history grows turn by turn.
 func BenchmarkDecision(b *testing.B) {
+	benchmarkDecision(b, reqkey.Parse, func(c conversationBodies) [][]byte { return c.chat })
+}
+
+// BenchmarkDecisionResponses is BenchmarkDecision of the same conversations sent to the Responses
+// API.
+func BenchmarkDecisionResponses(b *testing.B) {
+	benchmarkDecision(b, reqkey.ParseResponses, func(c conversationBodies) [][]byte { return c.responses })
+}
+
+// BenchmarkDecisionMessages is BenchmarkDecision of the same conversations sent to the Messages
+// API.
+func BenchmarkDecisionMessages(b *testing.B) {
+	benchmarkDecision(b, reqkey.ParseMessages, func(c conversationBodies) [][]byte { return c.messages })
+}
+
+func benchmarkDecision(b *testing.B, parse func(reqkey.Header, []byte) (*reqkey.Request, error), shape func(conversationBodies) [][]byte) {
 	for _, sz := range benchSizes {
 		b.Run(sz.name, func(b *testing.B) {
 			pool, _ := fleet(b, 8)
-			bodies := growingChats(sz.size, 8, 8)
+			bodies := shape(growingConversations(sz.size, 8, 8))
 			headers := make([]http.Header, 8)
 			for s := range headers {
 				headers[s] = http.Header{"X-Session-Id": {fmt.Sprintf("session-%d", s)}}
@@ -87,7 +174,7 @@ func BenchmarkDecision(b *testing.B) {
 					b.StartTimer()
 				}
 				body := bodies[i%len(bodies)]
-				r, err := reqkey.Parse(headers[i%8], body)
+				r, err := parse(headers[i%8], body)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -103,6 +190,23 @@ func BenchmarkDecision(b *testing.B) {
 				i++
 			}
 		})
+	}
+}
+
+// The three shapes of a conversation have one history key, so the decision benchmarks of the
+// three protocols match and insert the same keys.
+func TestGrowingConversationsHaveOneKeyInEveryShape(t *testing.T) {
+	c := growingConversations(4<<10, 2, 3)
+	for i := range c.chat {
+		chat, err1 := reqkey.Parse(nil, c.chat[i])
+		responses, err2 := reqkey.ParseResponses(nil, c.responses[i])
+		messages, err3 := reqkey.ParseMessages(nil, c.messages[i])
+		if err := errors.Join(err1, err2, err3); err != nil {
+			t.Fatal(err)
+		}
+		if chat.Text == "" || responses.Text != chat.Text || messages.Text != chat.Text {
+			t.Fatalf("request %d: keys differ:\n%.80q\n%.80q\n%.80q", i, chat.Text, responses.Text, messages.Text)
+		}
 	}
 }
 
