@@ -12,7 +12,7 @@ import (
 // lexer, and writes their history keys with the same one-pass writer (history.go): the bound of
 // the key is found while the body is checked, and the key is written from positions in the body.
 // This file holds what the two share: their tools, how the members of an item, a part or a block
-// are found, and the load-only reader.
+// are read, how a content is written as it is read (streaming), and the load-only reader.
 //
 // Both protocols' bodies are read as the servers that define them read JSON: a repeated key's
 // last value is the field's value, at every level, replacing the earlier one whole, and null is
@@ -267,11 +267,12 @@ func (h *historyWriter) lpWhole(pos int) {
 	h.c.hint = false
 }
 
-// toolSchema is how a protocol shapes its tools. A tool whose type is absent or function is
-// written as chat writes a tool: "T" lp(name) lp(description) lp(schema as canonical JSON). A
-// tool of any other type (web_search, mcp, a server tool) is written whole, as "W" lp(canonical
-// JSON). Both are sorted by name, as chat's are, the name of a tool of another type being its
-// "name" member; tools without a name come first, in order.
+// toolSchema is how a protocol shapes its tools. A tool whose type is absent or the protocol's
+// function type (function, custom) is written as chat writes a tool: "T" lp(name)
+// lp(description) lp(schema as canonical JSON). A tool of any other type (web_search, mcp, a
+// server tool) is written whole, as "W" lp(canonical JSON without cache_control). Both are sorted
+// by name, as chat's are, the name of a tool of another type being its "name" member; tools
+// without a name come first, in order.
 type toolSchema struct {
 	function string // the type of the tools written by name
 	schema   string // the member that holds such a tool's schema

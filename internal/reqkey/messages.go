@@ -152,7 +152,8 @@ func (s *scanner) blockSize() int {
 	default:
 		size = len("J") + s.canonicalBound(start, grow, floats, keys)
 	}
-	// A later type took back what a tool result's content wrote, but it was written first.
+	// A tool result's content written as it was read (see block) is taken back when a later type
+	// makes the block of another kind, but it was written first: the bound allows for it.
 	return size + streamed
 }
 
