@@ -351,107 +351,108 @@ func (s *scanner) tool(ts *toolSchema) {
 	}
 }
 
-// agentTool is one element of tools as far as the key reads it: whether it is written by name,
-// where the name it is sorted by is (0 when absent), and for one written by name its name and
-// description and where its schema is.
+// agentTool is one element of tools as far as the key reads it: where its name is (0 when
+// absent), and where the tool is when it is written whole, or else (whole 0) where its
+// description and schema are.
 type agentTool struct {
-	function          bool
-	sortName          int
-	name, description jstr
-	schema            int
+	name, description, schema, whole int
 }
-
-// namedTool is a tool with a name, to be sorted: where its name and the tool are.
-type namedTool struct{ name, pos int }
 
 // agentTools writes the tools of the array at pos, sorted by name, keeping tools of the same name
 // in order. Tools without a name come first, so they are written as they are read; only where
-// the others and their names are is remembered, and they are read again to be written.
+// the others' fields are is remembered, to be sorted.
 func (h *historyWriter) agentTools(pos int, ts *toolSchema) {
-	var named []namedTool
+	var named []agentTool
 	if !h.w.counting() {
-		named = make([]namedTool, 0, h.named)
+		named = make([]agentTool, 0, h.named)
 	}
 	h.named = 0
 	h.elements(pos, func(e int) int {
 		t, end := h.readAgentTool(e, ts)
 		switch {
-		case h.jstr(t.sortName).len() == 0:
-			h.writeAgentTool(e, &t)
+		case h.jstr(t.name).len() == 0:
+			h.writeAgentTool(&t)
 		case h.w.counting():
 			h.named++
-			h.writeAgentTool(e, &t)
+			h.writeAgentTool(&t)
 		default:
-			named = append(named, namedTool{name: t.sortName, pos: e})
+			named = append(named, t)
 		}
 		return end
 	})
-	slices.SortStableFunc(named, func(a, b namedTool) int {
+	slices.SortStableFunc(named, func(a, b agentTool) int {
 		return compareJstr(h.jstr(a.name), h.jstr(b.name))
 	})
-	for _, n := range named {
-		t, _ := h.readAgentTool(n.pos, ts)
-		h.writeAgentTool(n.pos, &t)
+	for i := range named {
+		h.writeAgentTool(&named[i])
 	}
 }
 
-// readAgentTool reads the tool at pos and returns it and the position after it.
+// readAgentTool reads the tool at pos and returns it and the position after it. A function
+// object (chat's shape) is read where it is.
 func (h *historyWriter) readAgentTool(pos int, ts *toolSchema) (agentTool, int) {
-	var t agentTool
+	var flat, nested agentTool
 	var typ jstr
-	function := 0
-	// fn reads a member of a function tool, given flat or in a "function" object.
-	fn := func(key []byte, val int) (int, bool) {
-		switch string(key) {
-		case "name":
-			t.sortName = val
-			if h.v[val] != '"' {
-				t.sortName = 0
-			}
-			return h.str(val, &t.name), true
-		case "description":
-			return h.str(val, &t.description), true
-		case ts.schema:
-			return h.at(val, &t.schema), true
-		}
-		return 0, false
-	}
+	inFunction := false
 	end := h.object(pos, func(key []byte, val int) int {
-		if end, ok := fn(key, val); ok {
+		if end, ok := h.toolField(&flat, ts, key, val); ok {
 			return end
 		}
 		switch {
 		case string(key) == "type":
 			return h.str(val, &typ)
 		case string(key) == "function" && ts.nested:
-			return h.at(val, &function)
+			nested, inFunction = agentTool{}, h.v[val] == '{'
+			return h.object(val, func(key []byte, val int) int {
+				if end, ok := h.toolField(&nested, ts, key, val); ok {
+					return end
+				}
+				return h.v.skip(val)
+			})
 		}
 		return h.v.skip(val)
 	})
 	var buf [nameLen]byte
-	t.function = typ.len() == 0 || string(typ.name(buf[:])) == ts.function
-	if t.function && function != 0 {
-		t = agentTool{function: true}
-		h.object(function, func(key []byte, val int) int {
-			if end, ok := fn(key, val); ok {
-				return end
-			}
-			return h.v.skip(val)
-		})
+	switch {
+	case typ.len() != 0 && string(typ.name(buf[:])) != ts.function:
+		return agentTool{name: flat.name, whole: pos}, end
+	case inFunction:
+		return nested, end
 	}
-	return t, end
+	return flat, end
 }
 
-func (h *historyWriter) writeAgentTool(pos int, t *agentTool) {
+// toolField reads the member key of a function tool into t, if it is one of its fields, and
+// returns the position after it and true.
+func (h *historyWriter) toolField(t *agentTool, ts *toolSchema, key []byte, val int) (int, bool) {
+	var dst *int
+	switch string(key) {
+	case "name":
+		dst = &t.name
+	case "description":
+		dst = &t.description
+	case ts.schema:
+		dst = &t.schema
+	default:
+		return 0, false
+	}
+	end := h.at(val, dst)
+	if dst != &t.schema && h.v[val] != '"' {
+		*dst = 0
+	}
+	return end, true
+}
+
+func (h *historyWriter) writeAgentTool(t *agentTool) {
 	h.w.text = true
-	if !t.function {
+	if t.whole != 0 {
 		h.w.byte('W')
-		h.lpWhole(pos)
+		h.lpWhole(t.whole)
 		return
 	}
 	h.w.byte('T')
-	h.w.lp(t.name)
-	h.w.lp(t.description)
+	h.w.lp(h.jstr(t.name))
+	h.w.lp(h.jstr(t.description))
 	h.lpCanonical(t.schema)
 }
 

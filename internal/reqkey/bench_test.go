@@ -262,6 +262,24 @@ func benchmarkParseAgent(b *testing.B, parse func(reqkey.Header, []byte) (*reqke
 	}
 }
 
+// BenchmarkParseAgentsPlain is the agent readers on the chat body of BenchmarkParse given to them
+// token for token, its messages as "input" or "messages" (string contents and chat-shaped tools
+// are valid in both APIs): what they cost beside Parse on the same JSON, the rest of the cost of
+// BenchmarkParseResponses and BenchmarkParseMessages being their shapes' extra JSON.
+func BenchmarkParseAgentsPlain(b *testing.B) {
+	for _, p := range []struct {
+		name  string
+		parse func(reqkey.Header, []byte) (*reqkey.Request, error)
+		field string
+	}{{"responses", reqkey.ParseResponses, `"input":`}, {"messages", reqkey.ParseMessages, `"messages":`}} {
+		b.Run(p.name, func(b *testing.B) {
+			benchmarkParseAgent(b, p.parse, func(chat []byte) []byte {
+				return bytes.Replace(chat, []byte(`"messages":`), []byte(p.field), 1)
+			})
+		})
+	}
+}
+
 // BenchmarkParseModel is the load-only reader of the agent chat body: only model and stream are
 // read, the rest is only checked to be JSON.
 func BenchmarkParseModel(b *testing.B) {
