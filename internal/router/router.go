@@ -19,6 +19,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/clientkeys"
 	"github.com/cacheroute/cacheroute/internal/config"
+	"github.com/cacheroute/cacheroute/internal/discovery"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
@@ -45,6 +46,7 @@ type Router struct {
 	certs      *certReloader       // the listeners' certificate; nil unless --tls-cert-file
 	workerCert *certReloader       // nil unless --worker-client-cert-file
 	allowed    tenant.Allowed      // where workers may be (--worker-url-allow)
+	sources    []discovery.Source  // --service-discovery, --dns-discovery; run by Start
 }
 
 // New builds a router from a validated configuration. Workers are registered by Start.
@@ -85,6 +87,9 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		return nil, err
 	}
 	r.policy, r.store = p, store
+	if r.sources, err = newSources(cfg, log, processEnv); err != nil {
+		return nil, err
+	}
 	r.checker = workers.NewChecker(pool, workers.HealthOptions{
 		Endpoint:         cfg.HealthCheckEndpoint,
 		Interval:         cfg.HealthCheckInterval(),
@@ -296,7 +301,7 @@ func (r *Router) ReloadClientKeys() error {
 func (r *Router) CheckHealth(ctx context.Context) { r.checker.CheckAll(ctx) }
 
 // Start registers the configured workers in the order given, probes them concurrently, and
-// starts the background loops, which stop when ctx ends.
+// starts the background loops, discovery among them, which stop when ctx ends.
 func (r *Router) Start(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, raw := range r.cfg.WorkerURLs {
@@ -314,6 +319,7 @@ func (r *Router) Start(ctx context.Context) {
 		wg.Go(func() { r.checker.Check(ctx, url) })
 	}
 	wg.Wait()
+	r.startDiscovery(ctx, r.sources...)
 	if r.store != nil {
 		st := r.store.Status(ctx) // one bounded ping; Redis being down does not stop the start
 		r.log.Info("session store", "backend", st.Backend, "reachable", st.Reachable)
