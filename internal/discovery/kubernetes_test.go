@@ -2,6 +2,8 @@ package discovery
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
@@ -332,4 +335,50 @@ func TestNewKubernetesRejectsWhatWouldWatchTooMuch(t *testing.T) {
 			t.Errorf("NewKubernetes(%+v) accepted", opts)
 		}
 	}
+}
+
+// A list the API server refuses (missing RBAC rights) is said through the router's logger, with
+// the reason, rather than only on klog's standard error.
+func TestKubernetesRefusedListIsLoggedThroughTheRoutersLogger(t *testing.T) {
+	client := fake.NewClientset()
+	client.PrependReactor("list", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(corev1.Resource("pods"), "", errors.New(`User "system:serviceaccount:llm:cacheroute" cannot list resource "pods"`))
+	})
+	var buf syncBuffer
+	log := slog.New(slog.NewTextHandler(&buf, nil))
+	src, err := NewKubernetes(KubernetesOptions{Client: client, Namespace: "llm", Selector: "app=vllm", Port: 8000, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := runSource(t, src)
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(buf.String(), "cannot list resource") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no log of the refused list; log: %s", buf.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !strings.Contains(buf.String(), "discovery=kubernetes") {
+		t.Fatalf("the log does not name the source: %s", buf.String())
+	}
+	if _, n := rec.last(); n != 0 {
+		t.Fatal("a set was reported though nothing could be listed")
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
