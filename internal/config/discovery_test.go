@@ -77,6 +77,7 @@ func TestSelectorForms(t *testing.T) {
 }
 
 func TestDiscoveryValidation(t *testing.T) {
+	long := "app=" + strings.Repeat("a", 64)
 	tests := []struct {
 		name    string
 		set     func(*config.Config)
@@ -89,7 +90,7 @@ func TestDiscoveryValidation(t *testing.T) {
 		{"selector bad key", func(c *config.Config) { c.ServiceDiscovery, c.Selector = true, []string{"-app=x"} }, "is not a label key"},
 		{"selector bad prefix", func(c *config.Config) { c.ServiceDiscovery, c.Selector = true, []string{"Example.com/app=x"} }, "is not a DNS subdomain"},
 		{"selector bad value", func(c *config.Config) { c.ServiceDiscovery, c.Selector = true, []string{"app=a b"} }, "is not a label value"},
-		{"selector long value", func(c *config.Config) { c.ServiceDiscovery, c.Selector = true, []string{"app=" + strings.Repeat("a", 64)} }, "is not a label value"},
+		{"selector long value", func(c *config.Config) { c.ServiceDiscovery, c.Selector = true, []string{long} }, "is not a label value"},
 		{"discovery without selector", func(c *config.Config) { c.ServiceDiscovery = true }, "--selector: required with --service-discovery"},
 		{"selector without discovery", func(c *config.Config) { c.Selector = []string{"app=vllm"} }, "--selector: has no effect without --service-discovery"},
 		{"port 0", func(c *config.Config) { c.ServiceDiscoveryPort = 0 }, "--service-discovery-port: 0 is not a port number"},
