@@ -70,6 +70,7 @@ var sourceRestartDelay = 5 * time.Second
 func (r *Router) startDiscovery(ctx context.Context, sources ...discovery.Source) *reconciler {
 	rc := &reconciler{r: r, ctx: ctx, sets: map[string][]discovery.Endpoint{}, owned: map[string]*member{}, shadowed: map[string]bool{}}
 	for _, src := range sources {
+		r.log.Info("discovery started", "source", src.Name())
 		go func() {
 			for {
 				err := src.Run(ctx, func(set []discovery.Endpoint) { rc.apply(src.Name(), set) })
