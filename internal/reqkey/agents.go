@@ -39,7 +39,7 @@ func ParseResponses(h Header, raw []byte) (*Request, error) {
 	if err := parseObject(raw, b.member); err != nil {
 		return nil, err
 	}
-	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.input.pos != 0,
+	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.input.pos != 0, MaxTokens: b.maxTokens,
 		PreviousResponseID: string(b.previousID), NoStore: b.noStore}
 	if r.Chat {
 		r.Text, _ = b.key(raw, onePassLimit(raw))
@@ -64,7 +64,7 @@ func ParseMessages(h Header, raw []byte) (*Request, error) {
 	if err := parseObject(raw, b.member); err != nil {
 		return nil, err
 	}
-	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.messages.pos != 0}
+	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.messages.pos != 0, MaxTokens: b.maxTokens}
 	if r.Chat {
 		r.Text, _ = b.key(raw, onePassLimit(raw))
 	}

@@ -281,6 +281,7 @@ func refParseResponses(h http.Header, raw []byte) (*reqkey.Request, error) {
 	var c refChecker
 	var model, previousID, conversation, cacheKey, user, paramsID string
 	var stream, noStore bool
+	var maxTokens int
 	var tools, instructions, input json.RawMessage
 	for _, m := range refMembers(raw) {
 		switch m.key {
@@ -300,6 +301,8 @@ func refParseResponses(h http.Header, raw []byte) (*reqkey.Request, error) {
 			if c.is("store", m.val, "bool", "null") {
 				noStore = string(m.val) == "false"
 			}
+		case "max_output_tokens":
+			maxTokens = refTokenCount(m.val)
 		case "tools":
 			tools = nil
 			if string(m.val) != "null" && c.is("tools", m.val, "array") {
@@ -334,7 +337,7 @@ func refParseResponses(h http.Header, raw []byte) (*reqkey.Request, error) {
 	if c.err != nil {
 		return nil, c.err
 	}
-	r := &reqkey.Request{Model: model, Stream: stream, Chat: input != nil, PreviousResponseID: previousID, NoStore: noStore}
+	r := &reqkey.Request{Model: model, Stream: stream, Chat: input != nil, PreviousResponseID: previousID, NoStore: noStore, MaxTokens: maxTokens}
 	if r.Chat {
 		r.Text = refResponsesKey(tools, instructions, input)
 	}
@@ -463,6 +466,7 @@ func refParseMessages(h http.Header, raw []byte) (*reqkey.Request, error) {
 	var c refChecker
 	var model, userID string
 	var stream bool
+	var maxTokens int
 	var tools, system, messages json.RawMessage
 	for _, m := range refMembers(raw) {
 		switch m.key {
@@ -494,12 +498,14 @@ func refParseMessages(h http.Header, raw []byte) (*reqkey.Request, error) {
 			}
 		case "metadata":
 			refIDIn(&userID, m.val, "user_id")
+		case "max_tokens":
+			maxTokens = refTokenCount(m.val)
 		}
 	}
 	if c.err != nil {
 		return nil, c.err
 	}
-	r := &reqkey.Request{Model: model, Stream: stream, Chat: messages != nil}
+	r := &reqkey.Request{Model: model, Stream: stream, Chat: messages != nil, MaxTokens: maxTokens}
 	if r.Chat {
 		r.Text = refMessagesKey(tools, system, messages)
 	}

@@ -8,6 +8,7 @@ package reqkey
 type messagesBody struct {
 	model                   []byte
 	stream                  bool
+	maxTokens               int // max_tokens, for the rate limits
 	tools, system, messages field
 	userID                  []byte // metadata.user_id
 }
@@ -19,6 +20,8 @@ func (b *messagesBody) member(s *scanner, key []byte) {
 		s.nullableString("model", &b.model)
 	case "stream":
 		b.stream = s.boolean("stream", false)
+	case "max_tokens":
+		b.maxTokens = s.tokenCount()
 	case "tools":
 		b.tools = s.historyField("tools", "[", checkMessagesTools)
 	case "system":

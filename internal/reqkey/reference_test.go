@@ -31,6 +31,8 @@ type refBody struct {
 	Text          any             `json:"text"`
 	InputIDs      any             `json:"input_ids"`
 	SessionParams json.RawMessage `json:"session_params"`
+	MaxTokens     json.RawMessage `json:"max_tokens"`
+	MaxCompletion json.RawMessage `json:"max_completion_tokens"`
 	SessionID     refId           `json:"session_id"`
 	UserID        refId           `json:"user_id"`
 	User          refId           `json:"user"`
@@ -90,7 +92,7 @@ func refParse(h http.Header, raw []byte) (*reqkey.Request, error) {
 	if err := json.Unmarshal(raw, &b); err != nil {
 		return nil, &reqkey.Error{Msg: "invalid JSON body: " + refDescribe(err)}
 	}
-	r := &reqkey.Request{Chat: b.Messages != nil}
+	r := &reqkey.Request{Chat: b.Messages != nil, MaxTokens: max(refTokenCount(b.MaxTokens), refTokenCount(b.MaxCompletion))}
 	if b.Model != nil {
 		r.Model = *b.Model
 	}
@@ -374,4 +376,26 @@ func refCanonicalJSON(v any) string {
 		return ""
 	}
 	return strings.TrimSuffix(sb.String(), "\n")
+}
+
+// refTokenCount is a token count as the rate limits read it: a JSON number, truncated and clamped
+// to [0, 1<<30]; anything else counts 0.
+func refTokenCount(raw json.RawMessage) int {
+	var v float64
+	if len(raw) == 0 || (raw[0] != '-' && (raw[0] < '0' || raw[0] > '9')) {
+		return 0
+	}
+	if err := json.Unmarshal(raw, &v); err != nil {
+		if v, err2 := strconv.ParseFloat(string(raw), 64); err2 != nil && v > 0 {
+			return 1 << 30 // beyond float64: clamped
+		}
+		return 0
+	}
+	switch {
+	case !(v > 0):
+		return 0
+	case v >= 1<<30:
+		return 1 << 30
+	}
+	return int(v)
 }

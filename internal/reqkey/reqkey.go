@@ -78,7 +78,7 @@ func Parse(h Header, raw []byte) (*Request, error) {
 	if err := parseBody(raw, &b); err != nil {
 		return nil, err
 	}
-	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.messages != nil}
+	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.messages != nil, MaxTokens: max(b.maxTokens, b.maxCompletionTokens)}
 	if r.Chat {
 		r.Text = historyKey(b.tools, b.messages, onePassLimit(raw))
 	} else {

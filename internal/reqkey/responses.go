@@ -8,6 +8,7 @@ package reqkey
 type responsesBody struct {
 	model, previousID   []byte
 	stream, noStore     bool
+	maxTokens           int // max_output_tokens, for the rate limits
 	tools, instructions field
 	input               field // a string or an array of items
 	// paramsID is session_params.session_id; conversation is the conversation's id, given as a
@@ -24,6 +25,8 @@ func (b *responsesBody) member(s *scanner, key []byte) {
 		b.stream = s.boolean("stream", false)
 	case "store":
 		b.noStore = !s.boolean("store", true)
+	case "max_output_tokens":
+		b.maxTokens = s.tokenCount()
 	case "previous_response_id":
 		s.nullableString("previous_response_id", &b.previousID)
 	case "tools":

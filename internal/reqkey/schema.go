@@ -2,7 +2,9 @@ package reqkey
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -31,6 +33,8 @@ import (
 type body struct {
 	model  []byte
 	stream bool
+	// max_tokens and max_completion_tokens, for the rate limits: the larger counts.
+	maxTokens, maxCompletionTokens int
 	// messages and tools are where the arrays given for them are; nil when absent or null. A
 	// body whose messages is nil is not a chat.
 	messages, tools *arrays
@@ -129,6 +133,10 @@ func (b *body) member(s *scanner, key []byte) {
 		b.text = s.prompt("text")
 	case "input_ids":
 		b.inputIDs = s.prompt("input_ids")
+	case "max_tokens":
+		b.maxTokens = s.tokenCount()
+	case "max_completion_tokens":
+		b.maxCompletionTokens = s.tokenCount()
 	case "session_params":
 		s.idIn("session_id", &b.paramsID)
 	case "session_id":
@@ -175,6 +183,32 @@ func (s *scanner) boolean(name string, null bool) bool {
 	}
 	s.out()
 	return v
+}
+
+// maxTokenCount bounds the token counts read (max_tokens and its kin).
+const maxTokenCount = 1 << 30
+
+// tokenCount reads a count of output tokens a request asks for (max_tokens and its kin), for the
+// rate limits' estimate only: a JSON number, truncated and clamped to [0, maxTokenCount]. Any
+// other value is passed over as 0: the worker judges the request, the router only estimates it.
+func (s *scanner) tokenCount() int {
+	if c := s.peek(); c != '-' && !isDigit(c) {
+		s.skip(false)
+		return 0
+	}
+	return clampTokens(s.number())
+}
+
+// clampTokens is the count a JSON number stands for, as tokenCount reads it.
+func clampTokens(num []byte) int {
+	v, err := strconv.ParseFloat(string(num), 64)
+	switch {
+	case err != nil && !errors.Is(err, strconv.ErrRange), !(v > 0):
+		return 0
+	case v >= maxTokenCount:
+		return maxTokenCount
+	}
+	return int(v)
 }
 
 // idIn reads an object that holds an id under the key name (session_params, metadata): each such
