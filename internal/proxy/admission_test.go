@@ -204,3 +204,20 @@ func TestTenantOverItsRequestRateGets429WithRateLimitHeaders(t *testing.T) {
 		t.Fatalf("the worker got %d requests, want the 2 allowed", w.hits.Load())
 	}
 }
+
+func TestRequestAskingMoreTokensThanATenantsMinuteIsRefusedWithoutRetryAfter(t *testing.T) {
+	w := newGateWorker(t)
+	close(w.gate)
+	limiter, err := admission.NewMemoryLimiter(map[string]admission.Rate{"default": {TokensPerMinute: 1000}}, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp := admittingProxy(t, w, admission.Options{}, limiter, false)
+	status, h, body := tp.post(t, chatPath, `{"model":"m","max_tokens":5000,"messages":[{"role":"user","content":"hi"}]}`)
+	if status != http.StatusTooManyRequests || h.Get(HeaderRetryAfter) != "" || errorCode(t, body) != "rate_limit_exceeded" {
+		t.Fatalf("%d %s (Retry-After %q), want 429 with no Retry-After: the request alone exceeds the minute", status, body, h.Get(HeaderRetryAfter))
+	}
+	if status, h, _ := tp.post(t, chatPath, `{"model":"m","max_tokens":500,"messages":[{"role":"user","content":"hi"}]}`); status != http.StatusOK || h.Get("x-ratelimit-limit-tokens") != "1000" {
+		t.Fatalf("a request within the minute: %d, limit header %q", status, h.Get("x-ratelimit-limit-tokens"))
+	}
+}
