@@ -97,16 +97,8 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 	ex.rid = requestID(ctx.Request.Header.Peek(HeaderRequestID))
 	ctx.Response.Header.Set(HeaderRequestID, ex.rid)
 
-	if s.opts.ClientKeys != nil {
-		key := clientkeys.FromHeaders(func(name string) string { return string(ctx.Request.Header.Peek(name)) })
-		client, ok := s.opts.ClientKeys.Lookup(key)
-		if !ok {
-			s.finish(ex, s.fail(ctx, ex, fasthttp.StatusUnauthorized, "invalid_request_error", "invalid_api_key",
-				"a valid API key is required: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'"))
-			return
-		}
-		ex.caller = client
-		s.metrics.TenantRequests.WithLabelValues(client.Tenant).Inc()
+	if !s.identify(ctx, ex) {
+		return
 	}
 	var ok bool
 	if rt.place == byResponseID {
@@ -183,6 +175,24 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 		}
 		backoff = min(2*backoff, s.opts.MaxBackoff)
 	}
+}
+
+// identify tells the caller by its client key, when client keys are checked; it answers 401 and
+// reports false for a caller without a valid one.
+func (s *Server) identify(ctx *fasthttp.RequestCtx, ex *exchange) bool {
+	if s.opts.ClientKeys == nil {
+		return true
+	}
+	key := clientkeys.FromHeaders(func(name string) string { return string(ctx.Request.Header.Peek(name)) })
+	client, ok := s.opts.ClientKeys.Lookup(key)
+	if !ok {
+		s.finish(ex, s.fail(ctx, ex, fasthttp.StatusUnauthorized, "invalid_request_error", "invalid_api_key",
+			"a valid API key is required: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'"))
+		return false
+	}
+	ex.caller = client
+	s.metrics.TenantRequests.WithLabelValues(client.Tenant).Inc()
+	return true
 }
 
 // prepareByPolicy reads the body by the route's protocol and finds the workers serving its
