@@ -3,6 +3,7 @@ package proxy
 import (
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -76,6 +77,19 @@ const (
 	responsesPrefix = "/v1/responses/"
 	responsePattern = responsesPrefix + "{id}"
 )
+
+// statusClasses are every status_class a routed request can end with.
+var statusClasses = []string{"1xx", "2xx", "3xx", "4xx", "5xx", metrics.StatusCut}
+
+// count records one finished request: its status class, its duration, and its time to the first
+// byte of the answer (zero firstByte: the request got none, its client having left).
+func (rt *route) count(start time.Time, class string, firstByte time.Time) {
+	rt.requests[class].Inc()
+	rt.duration.Observe(time.Since(start).Seconds())
+	if !firstByte.IsZero() {
+		rt.ttfb.Observe(firstByte.Sub(start).Seconds())
+	}
+}
 
 // RoutedPaths lists the routed endpoints' paths and patterns, in table order.
 func RoutedPaths() []string {

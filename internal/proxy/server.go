@@ -85,19 +85,6 @@ type Server struct {
 	plain      fasthttp.RequestHandler
 }
 
-// statusClasses are every status_class a routed request can end with.
-var statusClasses = []string{"1xx", "2xx", "3xx", "4xx", "5xx", metrics.StatusCut}
-
-// count records one finished request: its status class, its duration, and its time to the first
-// byte of the answer (zero firstByte: the request got none, its client having left).
-func (rt *route) count(start time.Time, class string, firstByte time.Time) {
-	rt.requests[class].Inc()
-	rt.duration.Observe(time.Since(start).Seconds())
-	if !firstByte.IsZero() {
-		rt.ttfb.Observe(firstByte.Sub(start).Seconds())
-	}
-}
-
 // New returns a server.
 func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metrics.Metrics, log *slog.Logger) *Server {
 	s := &Server{opts: opts, pool: pool, fleet: fleet, policy: p, metrics: m, log: log,
