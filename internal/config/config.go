@@ -92,6 +92,8 @@ type Config struct {
 	WorkerURLAllow []string `yaml:"worker_url_allow"`
 	// AdminWorkerURLCredentials lets the admin API add worker URLs carrying user:password@.
 	AdminWorkerURLCredentials bool `yaml:"admin_worker_url_credentials"`
+	// AccessLog is where the access log goes: a file path, "stdout", or "" for none.
+	AccessLog string `yaml:"access_log"`
 	// CORSAllowedOrigins are the web origins whose pages may call the router ("*": any).
 	CORSAllowedOrigins []string `yaml:"cors_allowed_origins"`
 	// ForwardClientAuth sends the client's own Authorization / x-api-key to the worker even when
@@ -242,6 +244,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.IntVar(&c.PrometheusPort, "prometheus-port", c.PrometheusPort, "port of the separate metrics listener (0 disables it; /metrics is also on the main port)")
 	fs.StringVar(&c.APIKey, "api-key", c.APIKey, "sent to workers as 'Authorization: Bearer' when the client sent none (env "+APIKeyEnv+")")
 	fs.StringVar(&c.AdminAPIKey, "admin-api-key", c.AdminAPIKey, "when set, admin endpoints require 'Authorization: Bearer <key>' (env "+AdminAPIKeyEnv+")")
+	fs.StringVar(&c.AccessLog, "access-log", c.AccessLog, "write one JSON line per routed request to this file (appended), or stdout; none by default")
 	fs.StringSliceVar(&c.CORSAllowedOrigins, "cors-allowed-origins", c.CORSAllowedOrigins, "web origins (scheme://host[:port], or *) whose pages may call the router from a browser; none: no CORS headers")
 	fs.BoolVar(&c.AdminWorkerURLCredentials, "admin-worker-url-credentials", c.AdminWorkerURLCredentials, "let the admin API add worker URLs with user:password@ (those of --worker-urls and the config file always may)")
 	fs.StringSliceVar(&c.WorkerURLAllow, "worker-url-allow", c.WorkerURLAllow, "CIDR prefixes or addresses the router may connect to as workers, checked on every dial after name resolution (empty: anywhere)")

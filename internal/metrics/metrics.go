@@ -40,7 +40,8 @@ type Metrics struct {
 	SessionStoreLatency  *prometheus.HistogramVec // op
 	SessionStoreErrors   *prometheus.CounterVec   // op
 
-	TenantRequests      *prometheus.CounterVec   // tenant
+	TenantRequests      *prometheus.CounterVec // tenant
+	AccessLogDropped    prometheus.Counter
 	AdmissionQueue      *prometheus.GaugeVec     // priority
 	AdmissionWait       *prometheus.HistogramVec // priority
 	AdmissionRejections *prometheus.CounterVec   // reason
@@ -104,6 +105,8 @@ func New(pool *workers.Pool) *Metrics {
 			Help: "Failed or timed-out calls to the shared session store, by op; the local session map answered them."}, []string{"op"}),
 		TenantRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "tenant_requests_total",
 			Help: "Routed requests with a valid client key, by the key's tenant (the tenants of the client keys file)."}, []string{"tenant"}),
+		AccessLogDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: "access_log_dropped_total",
+			Help: "Access log entries dropped because the log could not keep up with the traffic."}),
 		AdmissionQueue: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "admission_queue_length",
 			Help: "Requests waiting for admission, by priority level."}, []string{"priority"}),
 		AdmissionWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: "admission_wait_seconds",
@@ -115,7 +118,7 @@ func New(pool *workers.Pool) *Metrics {
 		m.Requests, m.RequestDuration, m.TimeToFirstByte, m.Processed, m.PolicyDecisions, m.Retries,
 		m.UpstreamErrors, m.CacheAwareDecisions, m.PrefixMatchRatio, m.Evictions,
 		m.SessionStoreRequests, m.SessionStoreLatency, m.SessionStoreErrors,
-		m.TenantRequests, m.AdmissionQueue, m.AdmissionWait, m.AdmissionRejections,
+		m.TenantRequests, m.AccessLogDropped, m.AdmissionQueue, m.AdmissionWait, m.AdmissionRejections,
 		poolCollector{pool}, &m.policyState,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

@@ -56,7 +56,7 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 				ctx.Response.Header.Set(HeaderRetryAfter, retryAfter(d.RetryAfter))
 			}
 			s.metrics.AdmissionRejections.WithLabelValues(rejectedByRate).Inc()
-			s.finish(ex, s.fail(ctx, ex, fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", msg))
+			s.finish(ctx, ex, s.fail(ctx, ex, fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", msg))
 			return false
 		}
 	}
@@ -85,16 +85,16 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		ex.permit = permit
 		return true
 	case errors.Is(err, admission.ErrUnknownPriority):
-		s.finish(ex, s.fail(ctx, ex, fasthttp.StatusBadRequest, "invalid_request_error", "unknown_priority",
+		s.finish(ctx, ex, s.fail(ctx, ex, fasthttp.StatusBadRequest, "invalid_request_error", "unknown_priority",
 			"unknown priority level "+strconv.Quote(truncate(priority, 64))))
 	case errors.As(err, &rej) && rej.Reason == admission.ClientGone:
-		s.finish(ex, statusClientGone)
+		s.finish(ctx, ex, statusClientGone)
 	case errors.As(err, &rej):
 		ctx.Response.Header.Set(HeaderRetryAfter, retryAfter(rej.RetryAfter))
-		s.finish(ex, s.fail(ctx, ex, fasthttp.StatusTooManyRequests, "rate_limit_error", string(rej.Reason),
+		s.finish(ctx, ex, s.fail(ctx, ex, fasthttp.StatusTooManyRequests, "rate_limit_error", string(rej.Reason),
 			"the router is at capacity ("+string(rej.Reason)+"); try again later"))
 	default:
-		s.finish(ex, s.fail(ctx, ex, fasthttp.StatusServiceUnavailable, "server_error", "admission_failed", err.Error()))
+		s.finish(ctx, ex, s.fail(ctx, ex, fasthttp.StatusServiceUnavailable, "server_error", "admission_failed", err.Error()))
 	}
 	return false
 }

@@ -34,9 +34,12 @@ type exchange struct {
 	// its worker is found: the known holder, or every healthy worker in turn.
 	responseID string
 	caller     clientkeys.Client // who sent it, when client keys are checked
-	method     string
-	label      string
-	searching  bool
+	// attempts, decision and worker describe the last attempt, for the access log.
+	attempts         int
+	decision, worker string
+	method           string
+	label            string
+	searching        bool
 
 	client net.Conn               // the client's connection
 	conn   atomic.Pointer[upConn] // the worker connection in use, for the watch to close
@@ -120,7 +123,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 	for attempt := 0; ; {
 		if len(ex.in.Candidates) == 0 {
 			ex.stopWatch()
-			s.finish(ex, s.noWorker(ctx, ex, last))
+			s.finish(ctx, ex, s.noWorker(ctx, ex, last))
 			return
 		}
 		dec := s.choose(ex)
@@ -139,6 +142,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 			s.metrics.PolicyDecisions.WithLabelValues(s.policy.Name(), dec.Worker.Name()).Inc()
 		}
 		attempt++
+		ex.attempts, ex.decision, ex.worker = attempt, dec.Label, dec.Worker.Name()
 		final := len(ex.in.Candidates) == 0 || (!ex.searching && attempt > s.opts.MaxRetries)
 
 		resp, conn, f := s.send(ctx, ex, dec.Worker, final)
@@ -154,7 +158,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 			at.Close(workers.Cancelled)
 			s.observe(ex, dec, workers.Cancelled)
 			ex.stopWatch()
-			s.finish(ex, statusClientGone)
+			s.finish(ctx, ex, statusClientGone)
 			return
 		}
 		at.Close(workers.Failed)
@@ -164,13 +168,13 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 		last = f
 		if !f.retryable || final || time.Now().After(ex.deadline) {
 			ex.stopWatch()
-			s.finish(ex, s.upstreamFailed(ctx, ex, f))
+			s.finish(ctx, ex, s.upstreamFailed(ctx, ex, f))
 			return
 		}
 		s.metrics.Retries.Inc()
 		if !sleep(ex, jitter(backoff)) {
 			ex.stopWatch()
-			s.finish(ex, statusClientGone)
+			s.finish(ctx, ex, statusClientGone)
 			return
 		}
 		backoff = min(2*backoff, s.opts.MaxBackoff)
@@ -186,7 +190,7 @@ func (s *Server) identify(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	key := clientkeys.FromHeaders(func(name string) string { return string(ctx.Request.Header.Peek(name)) })
 	client, ok := s.opts.ClientKeys.Lookup(key)
 	if !ok {
-		s.finish(ex, s.fail(ctx, ex, fasthttp.StatusUnauthorized, "invalid_request_error", "invalid_api_key",
+		s.finish(ctx, ex, s.fail(ctx, ex, fasthttp.StatusUnauthorized, "invalid_request_error", "invalid_api_key",
 			"a valid API key is required: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'"))
 		return false
 	}
@@ -200,12 +204,12 @@ func (s *Server) identify(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 func (s *Server) prepareByPolicy(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	req, err := ex.route.read(requestHeaders{&ctx.Request.Header}, ctx.PostBody())
 	if err != nil {
-		s.finish(ex, s.fail(ctx, ex, fasthttp.StatusBadRequest, "invalid_request_error", "invalid_json", err.Error()))
+		s.finish(ctx, ex, s.fail(ctx, ex, fasthttp.StatusBadRequest, "invalid_request_error", "invalid_json", err.Error()))
 		return false
 	}
 	candidates, served, known := s.pool.Candidates(req.Model)
 	if !known {
-		s.finish(ex, s.fail(ctx, ex, fasthttp.StatusNotFound, "invalid_request_error", "model_not_found",
+		s.finish(ctx, ex, s.fail(ctx, ex, fasthttp.StatusNotFound, "invalid_request_error", "model_not_found",
 			fmt.Sprintf("model %q is not served here; available models: %s", truncate(req.Model, 200), strings.Join(s.pool.Models(), ", "))))
 		return false
 	}
@@ -236,7 +240,7 @@ func (s *Server) prepareByResponseID(ctx *fasthttp.RequestCtx, ex *exchange) boo
 				}
 			}
 			if len(ex.in.Candidates) == 0 {
-				s.finish(ex, s.fail(ctx, ex, fasthttp.StatusNotFound, "invalid_request_error", "response_not_found",
+				s.finish(ctx, ex, s.fail(ctx, ex, fasthttp.StatusNotFound, "invalid_request_error", "response_not_found",
 					"Response with id '"+truncate(ex.responseID, 200)+"' not found: the worker that stored it is not available."))
 				return false
 			}
@@ -266,6 +270,7 @@ func (s *Server) observe(ex *exchange, dec policy.Decision, o workers.Outcome) {
 
 // refuse answers a request the policy would place nowhere, with the policy's label.
 func (s *Server) refuse(ctx *fasthttp.RequestCtx, ex *exchange, dec policy.Decision) {
+	ex.decision = dec.Label
 	ctx.Response.Header.Set(HeaderDecision, dec.Label)
 	if s.labeled {
 		s.metrics.CacheAwareDecisions.WithLabelValues(dec.Label).Inc()
@@ -276,7 +281,7 @@ func (s *Server) refuse(ctx *fasthttp.RequestCtx, ex *exchange, dec policy.Decis
 		typ = "server_error"
 		ctx.Response.Header.Set(HeaderRetryAfter, "1")
 	}
-	s.finish(ex, s.fail(ctx, ex, r.Status, typ, r.Code, r.Message))
+	s.finish(ctx, ex, s.fail(ctx, ex, r.Status, typ, r.Code, r.Message))
 }
 
 // errorWriteTimeout bounds the write of an answer the router makes itself.
@@ -424,13 +429,15 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, ex *exchange, status int, typ, c
 }
 
 // finish counts a request the router answered itself (it never reached a relayed answer).
-func (s *Server) finish(ex *exchange, status int) {
+func (s *Server) finish(ctx *fasthttp.RequestCtx, ex *exchange, status int) {
 	var firstByte time.Time
 	if status != statusClientGone {
 		firstByte = time.Now() // the router's own answer is the first byte
 	}
 	ex.release()
-	ex.route.count(ex.start, metrics.StatusClass(status), firstByte)
+	class := metrics.StatusClass(status)
+	ex.route.count(ex.start, class, firstByte)
+	s.logAccess(ctx, ex, status, class, firstByte, int64(len(ctx.Response.Body())), nil)
 }
 
 // sleep waits d before a retry, bounded by the request's deadline; it reports false when the

@@ -40,7 +40,10 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, ex *exchange, resp *fasthttp.Re
 		s.metrics.PrefixMatchRatio.Observe(dec.Match)
 	}
 	size := resp.Header.ContentLength() // -1 chunked, -2 until the connection closes
-	r := &relayBody{s: s, ex: ex, resp: resp, conn: conn, body: resp.BodyStream(), dec: dec, at: at, status: status, size: int64(size)}
+	r := &relayBody{s: s, ex: ex, ctx: ctx, resp: resp, conn: conn, body: resp.BodyStream(), dec: dec, at: at, status: status, size: int64(size)}
+	if s.opts.AccessLog != nil {
+		r.usage = newUsageSniffer()
+	}
 	if ex.route.storesResponses && s.tracker != nil && status/100 == 2 && !ex.in.Request.NoStore {
 		r.sniff = newIDSniffer(bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream")))
 	}
@@ -85,8 +88,10 @@ type relayBody struct {
 	dec    policy.Decision
 	at     *workers.Attempt
 	status int
-	size   int64      // the answer's Content-Length, or -1 (chunked), or -2 (until the connection closes)
-	sniff  *idSniffer // looks for the id of the response the worker stored; nil when none is wanted
+	size   int64         // the answer's Content-Length, or -1 (chunked), or -2 (until the connection closes)
+	sniff  *idSniffer    // looks for the id of the response the worker stored; nil when none is wanted
+	usage  *usageSniffer // looks for the answer's token usage, for the access log; nil when it is off
+	ctx    *fasthttp.RequestCtx
 	// learned: the policy was told where the stored response lives, as soon as its id passed.
 	learned bool
 
@@ -106,6 +111,9 @@ func (r *relayBody) Read(p []byte) (int, error) {
 		r.firstByte = time.Now()
 	}
 	r.relayed += int64(n)
+	if r.usage != nil {
+		r.usage.feed(p[:n])
+	}
 	if r.sniff != nil && !r.learned {
 		if r.sniff.feed(p[:n]); r.sniff.id != "" {
 			r.learned = true
@@ -183,6 +191,7 @@ func (r *relayBody) end(writeErr error) {
 			r.firstByte = time.Now() // an empty body: its end is its first byte
 		}
 		ex.route.count(ex.start, class, r.firstByte)
+		s.logAccess(r.ctx, ex, r.status, class, r.firstByte, r.relayed, r.usage)
 	})
 }
 

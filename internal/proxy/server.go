@@ -19,6 +19,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/clientkeys"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/telemetry"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -40,6 +41,8 @@ type Options struct {
 	ForwardClientAuth bool
 	// Admission, when set, applies rate limits and admission control to routed requests.
 	Admission *Admission
+	// AccessLog, when set, receives one entry per routed request.
+	AccessLog *telemetry.AccessLog
 	// CORSOrigins are the web origins whose pages may call the router ("*": any); none: no CORS.
 	CORSOrigins []string
 

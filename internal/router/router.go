@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -26,6 +27,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/policy/registry"
 	"github.com/cacheroute/cacheroute/internal/proxy"
 	"github.com/cacheroute/cacheroute/internal/session"
+	"github.com/cacheroute/cacheroute/internal/telemetry"
 	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -39,14 +41,16 @@ type Router struct {
 	policy     policy.Policy
 	metrics    *metrics.Metrics
 	proxy      *proxy.Server
-	transport  *http.Transport     // health probes
-	store      *sharedStore        // nil unless --session-store redis
-	keys       *clientkeys.Watcher // nil unless --client-api-keys-file
-	admission  *proxy.Admission    // nil unless admission control is configured
-	certs      *certReloader       // the listeners' certificate; nil unless --tls-cert-file
-	workerCert *certReloader       // nil unless --worker-client-cert-file
-	allowed    tenant.Allowed      // where workers may be (--worker-url-allow)
-	sources    []discovery.Source  // --service-discovery, --dns-discovery; run by Start
+	transport  *http.Transport      // health probes
+	store      *sharedStore         // nil unless --session-store redis
+	keys       *clientkeys.Watcher  // nil unless --client-api-keys-file
+	admission  *proxy.Admission     // nil unless admission control is configured
+	certs      *certReloader        // the listeners' certificate; nil unless --tls-cert-file
+	workerCert *certReloader        // nil unless --worker-client-cert-file
+	allowed    tenant.Allowed       // where workers may be (--worker-url-allow)
+	sources    []discovery.Source   // --service-discovery, --dns-discovery; run by Start
+	accessLog  *telemetry.AccessLog // nil unless --access-log
+	logFile    *os.File             // the access log's file; nil for stdout or none
 }
 
 // New builds a router from a validated configuration. Workers are registered by Start.
@@ -101,6 +105,9 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 	if r.admission, err = r.newAdmission(cfg); err != nil {
 		return nil, err
 	}
+	if err := r.openAccessLog(cfg.AccessLog); err != nil {
+		return nil, err
+	}
 	var keys proxy.ClientKeys
 	if cfg.ClientAPIKeysFile != "" {
 		opts := clientkeys.WatcherOptions{Logger: log, OnReload: r.keysReloaded}
@@ -136,6 +143,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		ForwardClientAuth:   cfg.ForwardClientAuth,
 		Admission:           r.admission,
 		CORSOrigins:         cfg.CORSAllowedOrigins,
+		AccessLog:           r.accessLog,
 		AdminURLCredentials: cfg.AdminWorkerURLCredentials,
 		ClientHeaderTimeout: cfg.ClientHeaderTimeout(),
 		ClientBodyTimeout:   cfg.ClientBodyTimeout(),
@@ -386,6 +394,7 @@ func (r *Router) Serve(ctx context.Context, ln, metricsLn net.Listener) error {
 		_ = msrv.Close()
 	}
 	r.proxy.CloseIdleConnections()
+	r.closeAccessLog()
 	r.transport.CloseIdleConnections()
 	if r.store != nil {
 		_ = r.store.redis.Close()
@@ -394,6 +403,36 @@ func (r *Router) Serve(ctx context.Context, ln, metricsLn net.Listener) error {
 		return errors.New("shutdown grace period ended with requests still in flight")
 	}
 	return firstErr
+}
+
+// openAccessLog starts the access log at dest: a file, appended to, or stdout; "" for none.
+func (r *Router) openAccessLog(dest string) error {
+	var w io.Writer
+	switch dest {
+	case "":
+		return nil
+	case "stdout":
+		w = os.Stdout
+	default:
+		f, err := os.OpenFile(dest, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
+		if err != nil {
+			return fmt.Errorf("--access-log: %w", err)
+		}
+		r.logFile, w = f, f
+	}
+	r.accessLog = telemetry.NewAccessLog(w, r.metrics.AccessLogDropped.Inc)
+	return nil
+}
+
+// closeAccessLog writes what the access log still holds, once the requests have drained.
+func (r *Router) closeAccessLog() {
+	if r.accessLog == nil {
+		return
+	}
+	r.accessLog.Close()
+	if r.logFile != nil {
+		_ = r.logFile.Close()
+	}
 }
 
 // reloadOnHangup reloads the client keys file and the TLS certificates on every SIGHUP until ctx

@@ -1,0 +1,126 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+// usageSniffer finds the token usage a worker reported in its answer, for the access log: the
+// last "usage" object of a JSON answer or a stream (chat's usage chunk, the Responses API's
+// response.completed), or, for an Anthropic stream whose last usage counts only output, the one
+// in message_start. It keeps the answer's first and last few KiB as they pass, never the whole
+// answer, and never holds the relay back.
+type usageSniffer struct {
+	head []byte // the first usageHead bytes
+	ring []byte // the last usageTail bytes, circularly from next
+	next int
+	full bool
+}
+
+const (
+	usageHead = 8 << 10
+	usageTail = 16 << 10
+)
+
+func newUsageSniffer() *usageSniffer { return &usageSniffer{ring: make([]byte, usageTail)} }
+
+// feed looks at the next bytes of the answer.
+func (u *usageSniffer) feed(p []byte) {
+	if room := usageHead - len(u.head); room > 0 {
+		u.head = append(u.head, p[:min(room, len(p))]...)
+	}
+	if len(p) >= usageTail {
+		copy(u.ring, p[len(p)-usageTail:])
+		u.next, u.full = 0, true
+		return
+	}
+	n := copy(u.ring[u.next:], p)
+	if n < len(p) {
+		copy(u.ring, p[n:])
+		u.full = true
+	}
+	u.next = (u.next + len(p)) % usageTail
+	if u.next == 0 && len(p) > 0 {
+		u.full = true
+	}
+}
+
+// tail is the last bytes of the answer, in order.
+func (u *usageSniffer) tail() []byte {
+	if !u.full {
+		return u.ring[:u.next]
+	}
+	return append(append([]byte(nil), u.ring[u.next:]...), u.ring[:u.next]...)
+}
+
+// usage is what a usage object says of the prompt, in any of the three APIs' spellings.
+type usage struct {
+	PromptTokens        *int `json:"prompt_tokens"` // chat, completions
+	PromptTokensDetails *struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+	InputTokens        *int `json:"input_tokens"` // Responses; Messages (without cache reads)
+	InputTokensDetails *struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"input_tokens_details"`
+	CacheRead     *int `json:"cache_read_input_tokens"` // Messages
+	CacheCreation *int `json:"cache_creation_input_tokens"`
+}
+
+// tokens returns the prompt and cached prompt tokens the usage reports, if it reports a prompt.
+func (u *usage) tokens() (prompt, cached int, ok bool) {
+	switch {
+	case u.PromptTokens != nil:
+		if u.PromptTokensDetails != nil {
+			cached = u.PromptTokensDetails.CachedTokens
+		}
+		return *u.PromptTokens, cached, true
+	case u.InputTokens != nil && (u.CacheRead != nil || u.CacheCreation != nil):
+		read, created := deref(u.CacheRead), deref(u.CacheCreation)
+		return *u.InputTokens + read + created, read, true
+	case u.InputTokens != nil:
+		if u.InputTokensDetails != nil {
+			cached = u.InputTokensDetails.CachedTokens
+		}
+		return *u.InputTokens, cached, true
+	}
+	return 0, 0, false
+}
+
+func deref(p *int) int {
+	if p == nil {
+		return 0
+	}
+	return *p
+}
+
+// result returns the prompt and cached tokens of the answer's usage, if it reported any.
+func (u *usageSniffer) result() (prompt, cached int, ok bool) {
+	if prompt, cached, ok = lastUsage(u.tail()); ok {
+		return prompt, cached, ok
+	}
+	return lastUsage(u.head)
+}
+
+// lastUsage reads the last "usage" object in data that reports a prompt.
+func lastUsage(data []byte) (prompt, cached int, ok bool) {
+	key := []byte(`"usage"`)
+	for end := len(data); ; {
+		i := bytes.LastIndex(data[:end], key)
+		if i < 0 {
+			return 0, 0, false
+		}
+		end = i
+		rest := bytes.TrimLeft(data[i+len(key):], " \t\r\n")
+		if len(rest) == 0 || rest[0] != ':' {
+			continue
+		}
+		var u usage
+		if json.NewDecoder(bytes.NewReader(rest[1:])).Decode(&u) != nil {
+			continue
+		}
+		if prompt, cached, ok = u.tokens(); ok {
+			return prompt, cached, ok
+		}
+	}
+}
