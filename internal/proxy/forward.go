@@ -20,6 +20,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/reqkey"
+	"github.com/cacheroute/cacheroute/internal/telemetry"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -40,6 +41,8 @@ type exchange struct {
 	method           string
 	label            string
 	searching        bool
+	match            float64                 // the last attempt's predicted prefix match
+	trace            *telemetry.RequestTrace // nil when tracing is off
 
 	client net.Conn               // the client's connection
 	conn   atomic.Pointer[upConn] // the worker connection in use, for the watch to close
@@ -99,6 +102,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 	ex.deadline = ex.start.Add(s.opts.RequestTimeout)
 	ex.rid = requestID(ctx.Request.Header.Peek(HeaderRequestID))
 	ctx.Response.Header.Set(HeaderRequestID, ex.rid)
+	ex.trace = s.opts.Tracer.Start(&ctx.Request.Header, ex.method, rt.path, ex.rid, ex.start)
 
 	if !s.identify(ctx, ex) {
 		return
@@ -142,7 +146,8 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 			s.metrics.PolicyDecisions.WithLabelValues(s.policy.Name(), dec.Worker.Name()).Inc()
 		}
 		attempt++
-		ex.attempts, ex.decision, ex.worker = attempt, dec.Label, dec.Worker.Name()
+		ex.attempts, ex.decision, ex.worker, ex.match = attempt, dec.Label, dec.Worker.Name(), dec.Match
+		ex.trace.Attempt(attempt, ex.worker, dec.Label, dec.Match)
 		final := len(ex.in.Candidates) == 0 || (!ex.searching && attempt > s.opts.MaxRetries)
 
 		resp, conn, f := s.send(ctx, ex, dec.Worker, final)
@@ -162,6 +167,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 			return
 		}
 		at.Close(workers.Failed)
+		ex.trace.AttemptFailed(f.kind, f.message)
 		s.observe(ex, dec, workers.Failed)
 		s.metrics.UpstreamErrors.WithLabelValues(f.kind).Inc()
 		s.log.Warn("upstream attempt failed", "request_id", ex.rid, "worker", dec.Worker.Name(), "attempt", attempt, "kind", f.kind)
@@ -214,6 +220,7 @@ func (s *Server) prepareByPolicy(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		return false
 	}
 	ex.in = policy.Input{Context: context.Background(), Request: req, Model: served, Candidates: candidates, All: s.pool.All()}
+	ex.trace.Request(req.Model, req.SessionKey)
 	return true
 }
 
@@ -303,6 +310,7 @@ func (s *Server) send(ctx *fasthttp.RequestCtx, ex *exchange, w *workers.Worker,
 	out := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(out)
 	s.buildRequest(ctx, out, w, ex.rid)
+	ex.trace.Inject(&out.Header)
 	for stale := 0; ; stale++ {
 		resp, c, err := s.exchangeOn(pool, out, ex)
 		if err == nil {
@@ -438,6 +446,7 @@ func (s *Server) finish(ctx *fasthttp.RequestCtx, ex *exchange, status int) {
 	class := metrics.StatusClass(status)
 	ex.route.count(ex.start, class, firstByte)
 	s.logAccess(ctx, ex, status, class, firstByte, int64(len(ctx.Response.Body())), nil)
+	ex.trace.End(telemetry.Outcome{Status: status, StatusClass: class, Attempts: ex.attempts, Decision: ex.decision, Worker: ex.worker, Match: ex.match})
 }
 
 // sleep waits d before a retry, bounded by the request's deadline; it reports false when the

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/telemetry"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -34,6 +35,7 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, ex *exchange, resp *fasthttp.Re
 	h.Set(HeaderPrefixMatch, strconv.FormatFloat(dec.Match, 'f', 4, 64))
 	status := resp.StatusCode()
 	ctx.SetStatusCode(status)
+	ex.trace.Answered(status)
 	s.metrics.Processed.WithLabelValues(worker.Name()).Inc()
 	if s.labeled && ex.route.place == byPolicy {
 		s.metrics.CacheAwareDecisions.WithLabelValues(dec.Label).Inc()
@@ -109,6 +111,7 @@ func (r *relayBody) Read(p []byte) (int, error) {
 	n, err := r.body.Read(p)
 	if n > 0 && r.firstByte.IsZero() {
 		r.firstByte = time.Now()
+		r.ex.trace.FirstByte()
 	}
 	r.relayed += int64(n)
 	if r.usage != nil {
@@ -192,6 +195,13 @@ func (r *relayBody) end(writeErr error) {
 		}
 		ex.route.count(ex.start, class, r.firstByte)
 		s.logAccess(r.ctx, ex, r.status, class, r.firstByte, r.relayed, r.usage)
+		if ex.trace != nil {
+			o := telemetry.Outcome{Status: r.status, StatusClass: class, Attempts: ex.attempts, Decision: ex.decision, Worker: ex.worker, Match: ex.match, Bytes: r.relayed}
+			if r.upErr != nil {
+				o.Err = r.upErr.Error()
+			}
+			ex.trace.End(o)
+		}
 	})
 }
 

@@ -43,6 +43,8 @@ type Options struct {
 	Admission *Admission
 	// AccessLog, when set, receives one entry per routed request.
 	AccessLog *telemetry.AccessLog
+	// Tracer, when set, records a trace of each routed request; nil: tracing is off.
+	Tracer *telemetry.Tracer
 	// CORSOrigins are the web origins whose pages may call the router ("*": any); none: no CORS.
 	CORSOrigins []string
 
