@@ -94,6 +94,13 @@ type Config struct {
 	AdminWorkerURLCredentials bool `yaml:"admin_worker_url_credentials"`
 	// AccessLog is where the access log goes: a file path, "stdout", or "" for none.
 	AccessLog string `yaml:"access_log"`
+	// OTLPTracesEndpoint turns tracing on: where spans are exported, its scheme picking the
+	// protocol (http(s):// OTLP/HTTP, grpc:// or grpcs:// OTLP/gRPC). Empty: off, unless the
+	// OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT environment variables name one.
+	OTLPTracesEndpoint string `yaml:"otlp_traces_endpoint"`
+	// TraceSampleRatio is the fraction of new traces recorded; requests that bring a trace
+	// context follow its sampled flag.
+	TraceSampleRatio float64 `yaml:"trace_sample_ratio"`
 	// CORSAllowedOrigins are the web origins whose pages may call the router ("*": any).
 	CORSAllowedOrigins []string `yaml:"cors_allowed_origins"`
 	// ForwardClientAuth sends the client's own Authorization / x-api-key to the worker even when
@@ -183,6 +190,7 @@ func Default() Config {
 		PrometheusPort:          29000,
 		LogLevel:                "info",
 		LogFormat:               "text",
+		TraceSampleRatio:        1,
 		ShutdownGraceSecs:       30,
 		CacheThreshold:          0.3,
 		BalanceAbsThreshold:     64,
@@ -245,6 +253,8 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.StringVar(&c.APIKey, "api-key", c.APIKey, "sent to workers as 'Authorization: Bearer' when the client sent none (env "+APIKeyEnv+")")
 	fs.StringVar(&c.AdminAPIKey, "admin-api-key", c.AdminAPIKey, "when set, admin endpoints require 'Authorization: Bearer <key>' (env "+AdminAPIKeyEnv+")")
 	fs.StringVar(&c.AccessLog, "access-log", c.AccessLog, "write one JSON line per routed request to this file (appended), or stdout; none by default")
+	fs.StringVar(&c.OTLPTracesEndpoint, "otlp-traces-endpoint", c.OTLPTracesEndpoint, "export OpenTelemetry traces here: http(s)://host:4318 (OTLP/HTTP, path /v1/traces by default) or grpc://host:4317 (OTLP/gRPC; grpcs:// with TLS); off by default (the OTEL_EXPORTER_OTLP_* variables also turn it on)")
+	fs.Float64Var(&c.TraceSampleRatio, "trace-sample-ratio", c.TraceSampleRatio, "fraction of new traces recorded (0..1); a request with a traceparent follows its caller's decision")
 	fs.StringSliceVar(&c.CORSAllowedOrigins, "cors-allowed-origins", c.CORSAllowedOrigins, "web origins (scheme://host[:port], or *) whose pages may call the router from a browser; none: no CORS headers")
 	fs.BoolVar(&c.AdminWorkerURLCredentials, "admin-worker-url-credentials", c.AdminWorkerURLCredentials, "let the admin API add worker URLs with user:password@ (those of --worker-urls and the config file always may)")
 	fs.StringSliceVar(&c.WorkerURLAllow, "worker-url-allow", c.WorkerURLAllow, "CIDR prefixes or addresses the router may connect to as workers, checked on every dial after name resolution (empty: anywhere)")
@@ -479,6 +489,12 @@ func (c Config) Validate() error {
 	}
 	if !slices.Contains([]string{"debug", "info", "warn", "error"}, strings.ToLower(c.LogLevel)) {
 		bad("log-level", "unknown level %q (want debug, info, warn or error)", c.LogLevel)
+	}
+	if c.TraceSampleRatio < 0 || c.TraceSampleRatio > 1 {
+		bad("trace-sample-ratio", "%v is not between 0 and 1", c.TraceSampleRatio)
+	}
+	if e := c.OTLPTracesEndpoint; e != "" && !slices.ContainsFunc([]string{"http://", "https://", "grpc://", "grpcs://"}, func(p string) bool { return strings.HasPrefix(e, p) }) {
+		bad("otlp-traces-endpoint", "%q: want http(s)://host:port[/path] or grpc(s)://host:port", e)
 	}
 	if !slices.Contains([]string{"text", "json"}, c.LogFormat) {
 		bad("log-format", "unknown format %q (want text or json)", c.LogFormat)

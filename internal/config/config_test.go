@@ -90,6 +90,7 @@ func TestDefaultsMatchTheDocumentedTable(t *testing.T) {
 		PrometheusPort:          29000,
 		LogLevel:                "info",
 		LogFormat:               "text",
+		TraceSampleRatio:        1,
 		ShutdownGraceSecs:       30,
 		CacheThreshold:          0.3,
 		BalanceAbsThreshold:     64,

@@ -45,6 +45,7 @@ type Router struct {
 	store      *sharedStore         // nil unless --session-store redis
 	keys       *clientkeys.Watcher  // nil unless --client-api-keys-file
 	admission  *proxy.Admission     // nil unless admission control is configured
+	tracer     *telemetry.Tracer    // nil unless traces are exported
 	certs      *certReloader        // the listeners' certificate; nil unless --tls-cert-file
 	workerCert *certReloader        // nil unless --worker-client-cert-file
 	allowed    tenant.Allowed       // where workers may be (--worker-url-allow)
@@ -108,6 +109,9 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 	if err := r.openAccessLog(cfg.AccessLog); err != nil {
 		return nil, err
 	}
+	if r.tracer, err = telemetry.NewTracer(context.Background(), telemetry.TraceOptions{Endpoint: cfg.OTLPTracesEndpoint, SampleRatio: cfg.TraceSampleRatio}); err != nil {
+		return nil, err
+	}
 	var keys proxy.ClientKeys
 	if cfg.ClientAPIKeysFile != "" {
 		opts := clientkeys.WatcherOptions{Logger: log, OnReload: r.keysReloaded}
@@ -144,6 +148,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		Admission:           r.admission,
 		CORSOrigins:         cfg.CORSAllowedOrigins,
 		AccessLog:           r.accessLog,
+		Tracer:              r.tracer,
 		AdminURLCredentials: cfg.AdminWorkerURLCredentials,
 		ClientHeaderTimeout: cfg.ClientHeaderTimeout(),
 		ClientBodyTimeout:   cfg.ClientBodyTimeout(),
@@ -395,6 +400,7 @@ func (r *Router) Serve(ctx context.Context, ln, metricsLn net.Listener) error {
 	}
 	r.proxy.CloseIdleConnections()
 	r.closeAccessLog()
+	r.flushTraces()
 	r.transport.CloseIdleConnections()
 	if r.store != nil {
 		_ = r.store.redis.Close()
@@ -432,6 +438,16 @@ func (r *Router) closeAccessLog() {
 	r.accessLog.Close()
 	if r.logFile != nil {
 		_ = r.logFile.Close()
+	}
+}
+
+// flushTraces exports the spans still queued, for at most a few seconds, once the requests have
+// drained.
+func (r *Router) flushTraces() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := r.tracer.Shutdown(ctx); err != nil {
+		r.log.Warn("traces not all exported at shutdown", "error", err)
 	}
 }
 
