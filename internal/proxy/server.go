@@ -57,6 +57,9 @@ type Options struct {
 	// SessionStore, when set, reports the shared session store's state for /health; with detail
 	// false it leaves out what could reveal the store's address (its last error).
 	SessionStore func(ctx context.Context, detail bool) any
+	// Dashboard, when set, answers GET /dashboard and GET /dashboard/data, under the admin
+	// endpoints' guard.
+	Dashboard http.Handler
 }
 
 // ClientKeys tells a client by the API key it presents.
@@ -121,6 +124,10 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 	handle("POST", "/workers", s.admin(s.addWorkerREST))
 	handle("GET", "/workers/{url}", s.admin(s.getWorker))
 	handle("DELETE", "/workers/{url}", s.admin(s.deleteWorker))
+	if opts.Dashboard != nil {
+		handle("GET", "/dashboard", s.admin(opts.Dashboard.ServeHTTP))
+		handle("GET", "/dashboard/data", s.admin(opts.Dashboard.ServeHTTP))
+	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { notFound(w, r, allow) })
 	s.plain = fasthttpadaptor.NewFastHTTPHandler(s.mux)
 	return s

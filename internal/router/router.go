@@ -20,6 +20,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/clientkeys"
 	"github.com/cacheroute/cacheroute/internal/config"
+	"github.com/cacheroute/cacheroute/internal/dashboard"
 	"github.com/cacheroute/cacheroute/internal/discovery"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
@@ -52,6 +53,7 @@ type Router struct {
 	sources    []discovery.Source   // --service-discovery, --dns-discovery; run by Start
 	accessLog  *telemetry.AccessLog // nil unless --access-log
 	logFile    *os.File             // the access log's file; nil for stdout or none
+	dashboard  *dashboard.Dashboard // the status page and its counters' history
 }
 
 // New builds a router from a validated configuration. Workers are registered by Start.
@@ -135,6 +137,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 			return st
 		}
 	}
+	r.dashboard = r.newDashboard(storeHealth)
 	r.proxy = proxy.New(proxy.Options{
 		MaxPayloadSize:      cfg.MaxPayloadSize,
 		RequestTimeout:      cfg.RequestTimeout(),
@@ -163,6 +166,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 			Allowed:          allowed,
 		},
 		SessionStore: storeHealth,
+		Dashboard:    r.dashboard,
 	}, pool, r, p, r.metrics, log)
 	return r, nil
 }
@@ -361,6 +365,7 @@ func (r *Router) Serve(ctx context.Context, ln, metricsLn net.Listener) error {
 		traffic = tlsListener(traffic, r.certs.serverConfig(), r.cfg.ClientHeaderTimeout())
 	}
 	go func() { errc <- srv.Serve(traffic) }()
+	go r.dashboard.Run(ctx)
 	var msrv *http.Server
 	if metricsLn != nil {
 		// The metrics listener has limits of its own, so that a flood of connections to the
@@ -505,4 +510,18 @@ func listenError(err error, portFlag, hostFlag, note string) error {
 		flags = portFlag
 	}
 	return fmt.Errorf("%w (%s%s)", err, flags, note)
+}
+
+// newDashboard builds the status page over the router's pool, metrics, policy state, session
+// store and admission queue.
+func (r *Router) newDashboard(store func(context.Context, bool) any) *dashboard.Dashboard {
+	opts := dashboard.Options{Pool: r.pool, Metrics: r.metrics, Policy: r.cfg.Policy, SessionStore: store}
+	if st, ok := r.policy.(metrics.PolicyState); ok {
+		opts.State = st
+	}
+	if r.admission != nil && r.admission.Controller != nil {
+		c := r.admission.Controller
+		opts.Queue = func() (int, int) { return c.InFlight(), c.Queued() }
+	}
+	return dashboard.New(opts)
 }
