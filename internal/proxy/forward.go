@@ -147,7 +147,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 		}
 		attempt++
 		ex.attempts, ex.decision, ex.worker, ex.match = attempt, dec.Label, dec.Worker.Name(), dec.Match
-		ex.trace.Attempt(attempt, ex.worker, dec.Label, dec.Match)
+		ex.trace.Attempt(attempt, ex.worker)
 		final := len(ex.in.Candidates) == 0 || (!ex.searching && attempt > s.opts.MaxRetries)
 
 		resp, conn, f := s.send(ctx, ex, dec.Worker, final)

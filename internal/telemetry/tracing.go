@@ -42,7 +42,7 @@ func (o TraceOptions) Enabled() bool {
 // nothing and return nil, so the request path pays one pointer test.
 type Tracer struct {
 	t        trace.Tracer
-	prop     propagation.TextMapPropagator
+	prop     propagation.TraceContext
 	shutdown func(context.Context) error
 }
 
@@ -65,7 +65,7 @@ func NewTracer(ctx context.Context, o TraceOptions) (*Tracer, error) {
 		return nil, err
 	}
 	tp := sdktrace.NewTracerProvider(
-		sdktrace.WithBatcher(exp),
+		sdktrace.WithSpanProcessor(newBatcher(exp)),
 		sdktrace.WithResource(res),
 		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(o.SampleRatio))),
 	)
@@ -78,7 +78,7 @@ func NewTracer(ctx context.Context, o TraceOptions) (*Tracer, error) {
 func NewTracerFrom(tp trace.TracerProvider) *Tracer {
 	return &Tracer{
 		t:    tp.Tracer("github.com/cacheroute/cacheroute/internal/telemetry"),
-		prop: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
+		prop: propagation.TraceContext{},
 	}
 }
 
@@ -141,6 +141,9 @@ type RequestTrace struct {
 	span    trace.Span
 	decide  trace.Span
 	attempt trace.Span
+	// attrs gathers the server span's attributes, set at once when it ends: one call into the
+	// SDK rather than one per fact.
+	attrs []attribute.KeyValue
 }
 
 // Start begins the server span of a request, continuing the trace its W3C traceparent names, if
@@ -150,13 +153,12 @@ func (t *Tracer) Start(in Headers, method, route, requestID string, start time.T
 		return nil
 	}
 	parent := t.prop.Extract(context.Background(), carrier{in})
-	ctx, span := t.t.Start(parent, method+" "+route, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(start),
-		trace.WithAttributes(
-			attribute.String("http.request.method", method),
-			attribute.String("http.route", route),
-			attribute.String("cacheroute.request_id", requestID),
-		))
-	rt := &RequestTrace{t: t, ctx: ctx, span: span}
+	ctx, span := t.t.Start(parent, method+" "+route, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(start))
+	rt := &RequestTrace{t: t, ctx: ctx, span: span, attrs: make([]attribute.KeyValue, 0, 12)}
+	rt.attrs = append(rt.attrs,
+		attribute.String("http.request.method", method),
+		attribute.String("http.route", route),
+		attribute.String("cacheroute.request_id", requestID))
 	_, rt.decide = t.t.Start(ctx, "route", trace.WithTimestamp(start))
 	return rt
 }
@@ -166,36 +168,30 @@ func (rt *RequestTrace) Request(model, sessionKey string) {
 	if rt == nil {
 		return
 	}
-	rt.span.SetAttributes(attribute.String("gen_ai.request.model", model))
+	rt.attrs = append(rt.attrs, attribute.String("gen_ai.request.model", model))
 	if h := SessionHash(sessionKey); h != "" {
-		rt.span.SetAttributes(attribute.String("cacheroute.session", h))
+		rt.attrs = append(rt.attrs, attribute.String("cacheroute.session", h))
 	}
 }
 
 // Decided ends the span of reading and placing the request at its first decision.
-func (rt *RequestTrace) Decided(label string) {
+func (rt *RequestTrace) Decided() {
 	if rt == nil || rt.decide == nil {
 		return
 	}
-	rt.decide.SetAttributes(attribute.String("cacheroute.decision", label))
 	rt.decide.End()
 	rt.decide = nil
 }
 
 // Attempt begins the client span of one upstream attempt, a sibling of any earlier attempt.
-func (rt *RequestTrace) Attempt(n int, worker, label string, match float64) {
+func (rt *RequestTrace) Attempt(n int, worker string) {
 	if rt == nil {
 		return
 	}
-	rt.Decided(label)
+	rt.Decided()
 	rt.endAttempt()
 	_, rt.attempt = rt.t.t.Start(rt.ctx, "upstream", trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(
-			attribute.Int("cacheroute.attempt", n),
-			attribute.String("cacheroute.worker", worker),
-			attribute.String("cacheroute.decision", label),
-			attribute.Float64("cacheroute.prefix_match", match),
-		))
+		trace.WithAttributes(attribute.Int("cacheroute.attempt", n), attribute.String("cacheroute.worker", worker)))
 }
 
 // Inject writes the attempt's trace context (traceparent, tracestate) into the upstream request,
@@ -261,27 +257,27 @@ func (rt *RequestTrace) End(o Outcome) {
 	if rt == nil {
 		return
 	}
-	rt.Decided(o.Decision)
+	rt.Decided()
 	cut := o.StatusClass == "cut"
 	if rt.attempt != nil {
-		rt.attempt.AddEvent("stream_end", trace.WithAttributes(attribute.Int64("cacheroute.bytes", o.Bytes), attribute.Bool("cacheroute.complete", !cut)))
+		rt.attempt.AddEvent("stream_end", trace.WithAttributes(attribute.Int64("cacheroute.bytes", o.Bytes)))
 		if cut {
 			rt.attempt.SetStatus(codes.Error, o.Err)
 		}
 		rt.endAttempt()
 	}
 	s := rt.span
-	s.SetAttributes(
-		attribute.Int("http.response.status_code", o.Status),
-		attribute.String("cacheroute.status_class", o.StatusClass),
-		attribute.Int("cacheroute.attempts", o.Attempts),
-	)
+	rt.attrs = append(rt.attrs, attribute.Int("http.response.status_code", o.Status), attribute.Int("cacheroute.attempts", o.Attempts))
+	if cut {
+		rt.attrs = append(rt.attrs, attribute.String("cacheroute.status_class", o.StatusClass))
+	}
 	if o.Decision != "" {
-		s.SetAttributes(attribute.String("cacheroute.decision", o.Decision))
+		rt.attrs = append(rt.attrs, attribute.String("cacheroute.decision", o.Decision))
 	}
 	if o.Worker != "" {
-		s.SetAttributes(attribute.String("cacheroute.worker", o.Worker), attribute.Float64("cacheroute.prefix_match", o.Match))
+		rt.attrs = append(rt.attrs, attribute.String("cacheroute.worker", o.Worker), attribute.Float64("cacheroute.prefix_match", o.Match))
 	}
+	s.SetAttributes(rt.attrs...)
 	if cut || o.Status >= 500 {
 		msg := o.Err
 		if msg == "" {
