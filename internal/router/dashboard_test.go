@@ -1,0 +1,212 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	cdplog "github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+)
+
+// The status page is opened in a real headless Chromium in front of a router and simulated
+// workers; its rendered DOM is checked, and with UPDATE_SCREENSHOT=1 its screenshot is written to
+// docs/images/dashboard.png.
+
+// browser returns the path of a Chromium-family browser. Without one the test fails in CI and is
+// skipped elsewhere.
+func browser(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "headless-shell"} {
+		if path, err := exec.LookPath(name); err == nil {
+			return path
+		}
+	}
+	const why = "no chromium on PATH: the status page test needs a real browser (apt-get install -y chromium)"
+	if os.Getenv("CI") == "true" {
+		t.Fatal(why)
+	}
+	t.Skip(why)
+	return ""
+}
+
+func TestDashboardInBrowser(t *testing.T) {
+	exe := browser(t)
+	fleet := startSimFleet(t, 4)
+	cfg := testConfig()
+	cfg.Policy = "cache_aware"
+	tr := startReplica(t, cfg, fleet)
+	tr.CheckHealth(t.Context())
+
+	// Agent traffic: a few sessions of several turns each, so the mix has more than one label.
+	convs := make([]*conversation, 6)
+	for i := range convs {
+		convs[i] = newConversation(fmt.Sprintf("dash-session-%d", i))
+	}
+	for range 4 {
+		for _, c := range convs {
+			c.turn(t, tr)
+		}
+	}
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(exe), chromedp.WindowSize(1280, 900))
+	if os.Geteuid() == 0 {
+		opts = append(opts, chromedp.NoSandbox) // Chromium refuses its sandbox as root
+	}
+	actx, cancelAlloc := chromedp.NewExecAllocator(t.Context(), opts...)
+	defer cancelAlloc()
+	ctx, cancel := chromedp.NewContext(actx)
+	defer cancel()
+	ctx, cancelTimeout := context.WithTimeout(ctx, 60*time.Second)
+	defer cancelTimeout()
+
+	var mu sync.Mutex
+	var problems []string
+	report := func(p string) {
+		mu.Lock()
+		problems = append(problems, p)
+		mu.Unlock()
+	}
+	err := chromedp.Listen(ctx, func(ev any) {
+		switch ev := ev.(type) {
+		case *runtime.EventConsoleAPICalled:
+			if ev.Type == runtime.ConsoleAPICalledTypeError || ev.Type == runtime.ConsoleAPICalledTypeAssert {
+				var args []string
+				for _, a := range ev.Args {
+					args = append(args, a.Description+string(a.Value))
+				}
+				report("console." + string(ev.Type) + ": " + strings.Join(args, " "))
+			}
+		case *runtime.EventExceptionThrown:
+			p := "exception: " + ev.ExceptionDetails.Text
+			if ex := ev.ExceptionDetails.Exception; ex != nil {
+				p += " " + ex.Description
+			}
+			report(p)
+		case *cdplog.EventEntryAdded:
+			if ev.Entry.Level == cdplog.EntryLevelError {
+				report("log: " + ev.Entry.Text + " " + ev.Entry.URL)
+			}
+		}
+	})
+	if err != nil {
+		t.Fatalf("starting %s: %v", exe, err)
+	}
+	browserProblems := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), problems...)
+	}
+
+	names := map[string]bool{}
+	for _, w := range tr.Pool().All() {
+		names[w.Name()] = false
+	}
+	err = chromedp.Do(ctx,
+		chromedp.Navigate(tr.url+"/dashboard"),
+		chromedp.WaitVisible(chromedp.CSS(`body[data-ready="1"]`)),
+		// The counters are sampled once a second: wait until the page shows the traffic.
+		chromedp.Poll[chromedp.Void](`document.querySelectorAll("#decisions td.count").length > 0 &&
+			document.querySelectorAll("#mix path").length > 0`, chromedp.WithPollingTimeout(30*time.Second)),
+	)
+	if err != nil {
+		t.Fatalf("the page did not render its data: %v (browser problems: %v)", err, browserProblems())
+	}
+	rows, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`Array.from(document.querySelectorAll("#workers tr.worker")).map(r => r.dataset.name)`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	decisions, err := chromedp.Run(ctx, chromedp.Evaluate[int](`Array.from(document.querySelectorAll("#decisions td.count")).reduce((s, td) => s + Number(td.textContent), 0)`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range rows {
+		if _, ok := names[name]; !ok {
+			t.Errorf("the page lists %q, not a worker of the pool", name)
+		}
+		names[name] = true
+	}
+	for name, listed := range names {
+		if !listed {
+			t.Errorf("worker %s is not listed", name)
+		}
+	}
+	if decisions <= 0 {
+		t.Errorf("the page counts %d decisions after %d requests", decisions, 4*len(convs))
+	}
+	text, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS("body")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(text, "dash-session-") {
+		t.Error("the page shows a session id")
+	}
+
+	if os.Getenv("UPDATE_SCREENSHOT") == "1" {
+		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join("..", "..", "docs", "images", "dashboard.png")
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p := browserProblems(); len(p) > 0 {
+		t.Errorf("the browser reported: %v", p)
+	}
+}
+
+// TestDashboardGuard: the page and its data answer only callers allowed on the admin endpoints,
+// and the data names no session.
+func TestDashboardGuard(t *testing.T) {
+	fleet := startSimFleet(t, 2)
+	cfg := testConfig()
+	cfg.Policy = "cache_aware"
+	cfg.AdminAPIKey = "dash-admin-key"
+	tr := startReplica(t, cfg, fleet)
+	tr.CheckHealth(t.Context())
+	newConversation("guard-session-1").turn(t, tr)
+
+	get := func(path, key string) (int, string) {
+		req, err := http.NewRequest(http.MethodGet, tr.url+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, readAll(t, resp)
+	}
+	for _, path := range []string{"/dashboard", "/dashboard/data"} {
+		if code, _ := get(path, ""); code != http.StatusUnauthorized {
+			t.Errorf("%s without the admin key: %d, want 401", path, code)
+		}
+		if code, _ := get(path, "wrong"); code != http.StatusUnauthorized {
+			t.Errorf("%s with a wrong key: %d, want 401", path, code)
+		}
+	}
+	if code, body := get("/dashboard", "dash-admin-key"); code != http.StatusOK || !strings.Contains(body, "<svg") {
+		t.Errorf("/dashboard with the admin key: %d", code)
+	}
+	code, body := get("/dashboard/data", "dash-admin-key")
+	if code != http.StatusOK || !strings.Contains(body, `"workers"`) || strings.Contains(body, "guard-session-1") {
+		t.Errorf("/dashboard/data with the admin key: %d %s", code, body)
+	}
+}
+
