@@ -151,6 +151,22 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 
 	if os.Getenv("UPDATE_SCREENSHOT") == "1" {
+		// A few more seconds of traffic, new sessions among it, so the charts have a shape.
+		for i := range 12 {
+			fresh := newConversation(fmt.Sprintf("dash-late-%d", i))
+			for range 1 + i%3 {
+				fresh.turn(t, tr)
+			}
+			for _, c := range convs[:1+i%len(convs)] {
+				c.turn(t, tr)
+			}
+			time.Sleep(time.Second)
+		}
+		if err := chromedp.Do(ctx, chromedp.Poll[chromedp.Void](`document.querySelectorAll("#rate-legend span").length > 0 &&
+			document.getElementById("kpis").textContent.includes("requests since start")`, chromedp.WithPollingTimeout(10*time.Second))); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(1500 * time.Millisecond) // one more poll of the page, which shows the last second
 		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 		if err != nil {
 			t.Fatal(err)
@@ -209,4 +225,3 @@ func TestDashboardGuard(t *testing.T) {
 		t.Errorf("/dashboard/data with the admin key: %d %s", code, body)
 	}
 }
-
