@@ -65,7 +65,7 @@ func NewTracer(ctx context.Context, o TraceOptions) (*Tracer, error) {
 		return nil, err
 	}
 	tp := sdktrace.NewTracerProvider(
-		sdktrace.WithSpanProcessor(newBatcher(exp)),
+		sdktrace.WithBatcher(exp),
 		sdktrace.WithResource(res),
 		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(o.SampleRatio))),
 	)
