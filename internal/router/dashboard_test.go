@@ -38,6 +38,21 @@ func browser(t *testing.T) string {
 	return ""
 }
 
+// newBrowser starts a headless browser for the test, closed at its end; every action on it must
+// end within a minute.
+func newBrowser(t *testing.T, exe string) context.Context {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(exe), chromedp.WindowSize(1280, 900))
+	if os.Geteuid() == 0 {
+		opts = append(opts, chromedp.NoSandbox) // Chromium refuses its sandbox as root
+	}
+	actx, cancelAlloc := chromedp.NewExecAllocator(t.Context(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	ctx, cancelTimeout := context.WithTimeout(ctx, 60*time.Second)
+	t.Cleanup(func() { cancelTimeout(); cancel(); cancelAlloc() })
+	return ctx
+}
+
 func TestDashboardInBrowser(t *testing.T) {
 	exe := browser(t)
 	fleet := startSimFleet(t, 4)
@@ -57,16 +72,7 @@ func TestDashboardInBrowser(t *testing.T) {
 		}
 	}
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(exe), chromedp.WindowSize(1280, 900))
-	if os.Geteuid() == 0 {
-		opts = append(opts, chromedp.NoSandbox) // Chromium refuses its sandbox as root
-	}
-	actx, cancelAlloc := chromedp.NewExecAllocator(t.Context(), opts...)
-	defer cancelAlloc()
-	ctx, cancel := chromedp.NewContext(actx)
-	defer cancel()
-	ctx, cancelTimeout := context.WithTimeout(ctx, 60*time.Second)
-	defer cancelTimeout()
+	ctx := newBrowser(t, exe)
 
 	var mu sync.Mutex
 	var problems []string
@@ -223,5 +229,33 @@ func TestDashboardGuard(t *testing.T) {
 	code, body := get("/dashboard/data", "dash-admin-key")
 	if code != http.StatusOK || !strings.Contains(body, `"workers"`) || strings.Contains(body, "guard-session-1") {
 		t.Errorf("/dashboard/data with the admin key: %d %s", code, body)
+	}
+}
+
+// TestDashboardManyWorkers: with 256 workers the page lists them all in a scrolling table that
+// keeps the page's height bounded.
+func TestDashboardManyWorkers(t *testing.T) {
+	exe := browser(t)
+	const n = 256
+	ws := make([]*fakeWorker, n)
+	for i := range ws {
+		ws[i] = newFakeWorker(t)
+	}
+	tr := startRouter(t, testConfig(), ws...)
+	ctx := newBrowser(t, exe)
+	err := chromedp.Do(ctx,
+		chromedp.Navigate(tr.url+"/dashboard"),
+		chromedp.Poll[chromedp.Void](fmt.Sprintf(`document.querySelectorAll("#workers tr.worker").length === %d`, n),
+			chromedp.WithPollingTimeout(30*time.Second)),
+	)
+	if err != nil {
+		t.Fatalf("the page did not list %d workers: %v", n, err)
+	}
+	height, err := chromedp.Run(ctx, chromedp.Evaluate[float64](`document.querySelector("#workers").parentElement.getBoundingClientRect().height`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if height > 600 {
+		t.Errorf("the worker table is %.0f px high; it should scroll within its box", height)
 	}
 }
