@@ -6,8 +6,6 @@ package cacheaware
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"log/slog"
 	"math/rand/v2"
 	"slices"
@@ -16,6 +14,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/prefixtree"
 	"github.com/cacheroute/cacheroute/internal/session"
+	"github.com/cacheroute/cacheroute/internal/telemetry"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -159,7 +158,7 @@ func (p *Policy) Select(in policy.Input) policy.Decision {
 	}
 	if p.log.Enabled(d.ctx, slog.LevelDebug) {
 		p.log.Debug("cache_aware decision", "decision", label, "worker", w.Name(), "match", match,
-			"min_load", d.minLoad, "max_load", d.maxLoad, "session", hashForLog(d.key))
+			"min_load", d.minLoad, "max_load", d.maxLoad, "session", telemetry.SessionHash(d.key))
 	}
 	return policy.Decision{Worker: w, Label: label, Match: match, Held: held, Forget: d.forget}
 }
@@ -385,13 +384,4 @@ func candidate(ws []*workers.Worker, tenant string) *workers.Worker {
 func live(all []*workers.Worker, tenant string) bool {
 	w := candidate(all, tenant)
 	return w != nil && w.Available()
-}
-
-// hashForLog identifies a session key in logs without revealing it.
-func hashForLog(key string) string {
-	if key == "" {
-		return ""
-	}
-	sum := sha256.Sum256([]byte(key))
-	return hex.EncodeToString(sum[:6])
 }
