@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -111,6 +112,16 @@ var hashPool = sync.Pool{New: func() any { s := make([]uint64, 0, 256); return &
 // latency model, calling emit with every output token as it is produced
 // (the first right after prefill). It returns what the request cost and,
 // when it did not finish, why: its context ended, emit failed, or it stalled.
+// generateText runs j to its end for a non-streamed answer and returns the text it generated.
+func (w *Worker) generateText(ctx context.Context, j *job) (string, Result) {
+	var text strings.Builder
+	res := w.generate(ctx, j, func(tok string) error {
+		text.WriteString(tok)
+		return nil
+	})
+	return text.String(), res
+}
+
 func (w *Worker) generate(ctx context.Context, j *job, emit func(tok string) error) Result {
 	cfg := &w.cfg
 	res := Result{Model: j.model, PromptTokens: j.seq.Len()}

@@ -386,18 +386,14 @@ func (w *Worker) handleMessages(rw http.ResponseWriter, r *http.Request) {
 		w.streamMessage(rw, r, j, plan, resp, toolUseID)
 		return
 	}
-	var text strings.Builder
-	res := w.generate(r.Context(), j, func(tok string) error {
-		text.WriteString(tok)
-		return nil
-	})
+	text, res := w.generateText(r.Context(), j)
 	if res.Err != nil {
 		if r.Context().Err() == nil {
 			w.writeAnthropicError(rw, http.StatusInternalServerError, "api_error", "request did not finish: "+res.Err.Error())
 		}
 		return
 	}
-	completeMessage(resp, res, plan, toolUseID, text.String())
+	completeMessage(resp, res, plan, toolUseID, text)
 	b, err := marshalNoEscape(resp)
 	if err != nil {
 		w.writeMessagesError(rw, err)

@@ -482,18 +482,14 @@ func (w *Worker) handleResponses(rw http.ResponseWriter, r *http.Request) {
 		w.streamResponse(rw, r, j, out, resp, keep)
 		return
 	}
-	var text strings.Builder
-	res := w.generate(r.Context(), j, func(tok string) error {
-		text.WriteString(tok)
-		return nil
-	})
+	text, res := w.generateText(r.Context(), j)
 	if res.Err != nil {
 		if r.Context().Err() == nil {
 			w.writeOpenAIError(rw, http.StatusInternalServerError, "InternalServerError", "request did not finish: "+res.Err.Error())
 		}
 		return
 	}
-	out.complete(resp, res, text.String())
+	out.complete(resp, res, text)
 	keep()
 	b, err := marshalNoEscape(resp)
 	if err != nil {
