@@ -9,6 +9,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/config"
 )
 
 // stubChatWorker answers /v1/models with model "m" and every other request with a fixed small
@@ -30,12 +32,26 @@ func BenchmarkProxyChat(b *testing.B) {
 	defer worker.Close()
 	cfg := testConfig()
 	cfg.WorkerURLs = []string{worker.URL}
+	benchProxyChat(b, cfg)()
+}
+
+// benchProxyChat runs the loop of BenchmarkProxyChat through a router built from cfg, and returns
+// the function that stops the router and waits for it (flushing what it still holds).
+func benchProxyChat(b *testing.B, cfg config.Config) (stop func()) {
+	b.Helper()
 	r, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		b.Fatal(err)
 	}
 	r.Start(b.Context())
-	front := serveForBench(b, r)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Serve(ctx, ln, nil) }()
+	front := "http://" + ln.Addr().String()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	body := `{"model":"m","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one word."}]}`
 	b.ReportAllocs()
@@ -50,6 +66,11 @@ func BenchmarkProxyChat(b *testing.B) {
 		if resp.StatusCode != 200 {
 			b.Fatalf("status %d", resp.StatusCode)
 		}
+	}
+	b.StopTimer()
+	return func() {
+		cancel()
+		<-done
 	}
 }
 

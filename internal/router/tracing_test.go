@@ -1,11 +1,8 @@
 package router
 
 import (
-	"context"
 	"encoding/hex"
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -139,37 +136,7 @@ func BenchmarkProxyChatTraced(b *testing.B) {
 	cfg.WorkerURLs = []string{worker.URL}
 	cfg.OTLPTracesEndpoint = receiver.URL
 	cfg.TraceSampleRatio = 1
-	r, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		b.Fatal(err)
-	}
-	r.Start(b.Context())
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Serve(ctx, ln, nil) }()
-	front := "http://" + ln.Addr().String()
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
-	body := `{"model":"m","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one word."}]}`
-	b.ReportAllocs()
-	b.ResetTimer()
-	for b.Loop() {
-		resp, err := client.Post(front+"/v1/chat/completions", "application/json", strings.NewReader(body))
-		if err != nil {
-			b.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			b.Fatalf("status %d", resp.StatusCode)
-		}
-	}
-	b.StopTimer()
-	cancel()
-	<-done
+	benchProxyChat(b, cfg)()
 	if exported.Load() == 0 {
 		b.Fatal("no span was exported")
 	}
