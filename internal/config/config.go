@@ -129,6 +129,15 @@ type Config struct {
 	EvictionIntervalSecs float64       `yaml:"eviction_interval_secs"`
 	SessionTTL           time.Duration `yaml:"session_ttl"`
 	MaxSessions          int           `yaml:"max_sessions"`
+	// HistoryMatchMode is how a prefix match below CacheThreshold is weighed: cost (against the
+	// holder's load) or threshold (ignored, the RFC's rule).
+	HistoryMatchMode string `yaml:"history_match_mode"`
+
+	// Load signal: what the policies read as a worker's load (LoadSignals), the engine metrics'
+	// scrape period, and the prompt tokens one unit of load is worth.
+	LoadSignal            string        `yaml:"load_signal"`
+	WorkerMetricsInterval time.Duration `yaml:"worker_metrics_interval"`
+	LoadUnitTokens        int           `yaml:"load_unit_tokens"`
 
 	// Shared session store.
 	SessionStore   string        `yaml:"session_store"`
@@ -153,6 +162,12 @@ func (c Config) Admission() bool {
 
 // QueueTimeout is --queue-timeout-secs.
 func (c Config) QueueTimeout() time.Duration { return secs(c.QueueTimeoutSecs) }
+
+// LoadSignals lists the accepted --load-signal values; HistoryMatchModes the --history-match-mode ones.
+var (
+	LoadSignals       = []string{"requests", "tokens", "engine"}
+	HistoryMatchModes = []string{"cost", "threshold"}
+)
 
 // SessionStores lists the accepted --session-store values.
 var SessionStores = []string{"memory", "redis"}
@@ -199,6 +214,10 @@ func Default() Config {
 		EvictionIntervalSecs:    120,
 		SessionTTL:              time.Hour,
 		MaxSessions:             1048576,
+		HistoryMatchMode:        "cost",
+		LoadSignal:              "requests",
+		WorkerMetricsInterval:   100 * time.Millisecond,
+		LoadUnitTokens:          1024,
 		SessionStore:            "memory",
 		RedisKeyPrefix:          "cacheroute",
 		RedisTimeout:            50 * time.Millisecond,
@@ -275,6 +294,10 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.Float64Var(&c.EvictionIntervalSecs, "eviction-interval-secs", c.EvictionIntervalSecs, "cache_aware: seconds between tree and session sweeps")
 	fs.DurationVar(&c.SessionTTL, "session-ttl", c.SessionTTL, "cache_aware: idle time after which a session entry expires")
 	fs.IntVar(&c.MaxSessions, "max-sessions", c.MaxSessions, "cache_aware: session entries held in this process, all models together (least recently used evicted)")
+	fs.StringVar(&c.HistoryMatchMode, "history-match-mode", c.HistoryMatchMode, "cache_aware: how a match below --cache-threshold counts: cost (the prefill it saves against the holder's load) or threshold (not at all)")
+	fs.StringVar(&c.LoadSignal, "load-signal", c.LoadSignal, "the load policies balance on: requests (this router's in flight), tokens (in flight weighted by uncached prompt tokens) or engine (the workers' own running and waiting requests from /metrics, plus this router's sent since)")
+	fs.DurationVar(&c.WorkerMetricsInterval, "worker-metrics-interval", c.WorkerMetricsInterval, "with --load-signal engine: period of each worker's /metrics scrape")
+	fs.IntVar(&c.LoadUnitTokens, "load-unit-tokens", c.LoadUnitTokens, "uncached prompt tokens worth one request in flight: a match's saving against a holder's load (cost mode), and a prefill's weight in the tokens signal")
 	fs.StringVar(&c.SessionStore, "session-store", c.SessionStore, "cache_aware session map: memory (this process) or redis (shared by every replica)")
 	fs.StringVar(&c.RedisURL, "redis-url", c.RedisURL, "redis:// or rediss:// URL of the shared session store (env "+RedisURLEnv+")")
 	fs.StringVar(&c.RedisKeyPrefix, "redis-key-prefix", c.RedisKeyPrefix, "prefix of the session store's Redis keys")
@@ -428,6 +451,7 @@ func (c Config) Validate() error {
 		"max-tree-size":            c.MaxTreeSize,
 		"max-sessions":             c.MaxSessions,
 		"max-client-connections":   c.MaxClientConnections,
+		"load-unit-tokens":         c.LoadUnitTokens,
 	}
 	checkEach(bad, atLeastOne, func(v int) bool { return v >= 1 }, "must be at least 1")
 	nonNegative := map[string]int{
@@ -461,6 +485,15 @@ func (c Config) Validate() error {
 	}
 	if c.CacheThreshold < 0 || c.CacheThreshold > 1 {
 		bad("cache-threshold", "must be within [0, 1], got %v", c.CacheThreshold)
+	}
+	if !slices.Contains(LoadSignals, c.LoadSignal) {
+		bad("load-signal", "unknown signal %q (want %s)", c.LoadSignal, strings.Join(LoadSignals, ", "))
+	}
+	if !slices.Contains(HistoryMatchModes, c.HistoryMatchMode) {
+		bad("history-match-mode", "unknown mode %q (want %s)", c.HistoryMatchMode, strings.Join(HistoryMatchModes, ", "))
+	}
+	if c.WorkerMetricsInterval < 10*time.Millisecond {
+		bad("worker-metrics-interval", "must be at least 10ms, got %v", c.WorkerMetricsInterval)
 	}
 	if !slices.Contains(SessionStores, c.SessionStore) {
 		bad("session-store", "unknown store %q (want memory or redis)", c.SessionStore)

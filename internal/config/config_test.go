@@ -99,6 +99,10 @@ func TestDefaultsMatchTheDocumentedTable(t *testing.T) {
 		EvictionIntervalSecs:    120,
 		SessionTTL:              time.Hour,
 		MaxSessions:             1048576,
+		HistoryMatchMode:        "cost",
+		LoadSignal:              "requests",
+		WorkerMetricsInterval:   100 * time.Millisecond,
+		LoadUnitTokens:          1024,
 		SessionStore:            "memory",
 		RedisKeyPrefix:          "cacheroute",
 		RedisTimeout:            50 * time.Millisecond,
@@ -135,6 +139,7 @@ func TestDefaultsAsFlagDefaults(t *testing.T) {
 		"max-tree-size": "67108864", "eviction-interval-secs": "120", "session-ttl": "1h0m0s",
 		"max-sessions": "1048576", "worker-urls": "", "api-key": "", "admin-api-key": "",
 		"service-discovery": "false", "service-discovery-port": "8000", "dns-refresh-secs": "5",
+		"history-match-mode": "cost", "load-signal": "requests", "worker-metrics-interval": "100ms", "load-unit-tokens": "1024",
 	}
 	for name, def := range want {
 		f := fs.Lookup(name)
@@ -487,6 +492,10 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{"zero balance rel threshold", func(c *config.Config) { c.BalanceRelThreshold = 0 }, "--balance-rel-threshold"},
 		{"cache threshold above 1", func(c *config.Config) { c.CacheThreshold = 1.5 }, "--cache-threshold"},
 		{"negative cache threshold", func(c *config.Config) { c.CacheThreshold = -0.1 }, "--cache-threshold"},
+		{"unknown load signal", func(c *config.Config) { c.LoadSignal = "gpu" }, "--load-signal"},
+		{"unknown history match mode", func(c *config.Config) { c.HistoryMatchMode = "prefix" }, "--history-match-mode"},
+		{"worker metrics interval too short", func(c *config.Config) { c.WorkerMetricsInterval = time.Millisecond }, "--worker-metrics-interval"},
+		{"zero load unit tokens", func(c *config.Config) { c.LoadUnitTokens = 0 }, "--load-unit-tokens"},
 		{"negative retries", func(c *config.Config) { c.RetryMaxRetries = -1 }, "--retry-max-retries"},
 		{"negative backoff", func(c *config.Config) { c.RetryInitialBackoffMs = -5 }, "--retry-initial-backoff-ms"},
 		{"negative max backoff", func(c *config.Config) { c.RetryMaxBackoffMs = -5 }, "--retry-max-backoff-ms"},

@@ -36,6 +36,14 @@ type Metrics struct {
 	PrefixMatchRatio    prometheus.Histogram
 	Evictions           *prometheus.CounterVec // kind
 
+	// Prompt tokens of the answers that reported usage, and how many of them the policy predicted
+	// and the worker reported served from its prefix cache: the prediction checked against the
+	// engine's own count.
+	PromptTokens          *prometheus.CounterVec // worker, decision
+	CachedTokensPredicted *prometheus.CounterVec // worker, decision
+	CachedTokensAchieved  *prometheus.CounterVec // worker, decision
+	CacheCorrections      *prometheus.CounterVec // worker
+
 	SessionStoreRequests *prometheus.CounterVec   // op, result
 	SessionStoreLatency  *prometheus.HistogramVec // op
 	SessionStoreErrors   *prometheus.CounterVec   // op
@@ -97,6 +105,14 @@ func New(pool *workers.Pool) *Metrics {
 			Buckets: []float64{0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1}}),
 		Evictions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "cache_aware_evictions_total",
 			Help: "cache_aware state evicted, by kind: tree, session_ttl, session_capacity, worker_removed."}, []string{"kind"}),
+		PromptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "prompt_tokens_total",
+			Help: "Prompt tokens of the answers that reported their usage, by worker tenant and decision label."}, []string{"worker", "decision"}),
+		CachedTokensPredicted: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "cached_tokens_predicted_total",
+			Help: "Prompt tokens the policy predicted the worker held in its prefix cache (predicted fraction times the reported prompt tokens), same answers."}, []string{"worker", "decision"}),
+		CachedTokensAchieved: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "cached_tokens_achieved_total",
+			Help: "Prompt tokens the worker reported served from its prefix cache (usage cached_tokens or cache_read_input_tokens), same answers."}, []string{"worker", "decision"}),
+		CacheCorrections: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "cache_aware_corrections_total",
+			Help: "Answers whose worker reported far fewer cached tokens than predicted, so the policy stopped counting on what the worker evicted."}, []string{"worker"}),
 		SessionStoreRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "session_store_requests_total",
 			Help: "Calls to the shared session store by op (get, set, delete, ping) and result (hit, miss, ok, error, skipped)."}, []string{"op", "result"}),
 		SessionStoreLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: "session_store_latency_seconds",
@@ -117,6 +133,7 @@ func New(pool *workers.Pool) *Metrics {
 	m.Registry.MustRegister(
 		m.Requests, m.RequestDuration, m.TimeToFirstByte, m.Processed, m.PolicyDecisions, m.Retries,
 		m.UpstreamErrors, m.CacheAwareDecisions, m.PrefixMatchRatio, m.Evictions,
+		m.PromptTokens, m.CachedTokensPredicted, m.CachedTokensAchieved, m.CacheCorrections,
 		m.SessionStoreRequests, m.SessionStoreLatency, m.SessionStoreErrors,
 		m.TenantRequests, m.AccessLogDropped, m.AdmissionQueue, m.AdmissionWait, m.AdmissionRejections,
 		poolCollector{pool}, &m.policyState,

@@ -40,6 +40,10 @@ type Decision struct {
 	// Held is how many bytes of the routing text the chosen worker held before this request, for
 	// a policy to undo what Commit taught if the attempt fails. 0 when the policy does not know.
 	Held int
+	// HeldAt is the policy's own clock reading of when the chosen worker was last taught the
+	// prefix it held, so that feedback can tell what the worker has evicted since; 0 when the
+	// policy does not know.
+	HeldAt uint64
 	// Forget are tenants the policy found gone or unavailable while choosing; Commit drops their
 	// state, so that Select itself changes nothing.
 	Forget []string
@@ -101,6 +105,16 @@ type ResponseTracker interface {
 	ResponseHolder(ctx context.Context, id string) (tenant string, ok bool)
 	// ResponseDeleted forgets id, once its worker deleted it.
 	ResponseDeleted(ctx context.Context, id string)
+}
+
+// CacheFeedback is implemented by policies that predict what each worker holds in its prefix
+// cache and can check the prediction: the proxy reports, for every answer whose usage it read,
+// how many of the prompt's tokens the worker served from its cache.
+type CacheFeedback interface {
+	// Served reports that the worker of d served cached of the request's prompt tokens from its
+	// cache. It returns whether the policy corrected its model of the worker (it had evicted
+	// what the policy counted on).
+	Served(in Input, d Decision, prompt, cached int) (corrected bool)
 }
 
 // LeastLoaded returns the candidate with the fewest requests in flight. Ties are broken uniformly

@@ -190,6 +190,8 @@ func newPolicy(cfg config.Config, m *metrics.Metrics, log *slog.Logger) (policy.
 			CacheThreshold:      cfg.CacheThreshold,
 			BalanceAbsThreshold: cfg.BalanceAbsThreshold,
 			BalanceRelThreshold: cfg.BalanceRelThreshold,
+			HistoryMatchMode:    cfg.HistoryMatchMode,
+			LoadUnitTokens:      cfg.LoadUnitTokens,
 			MaxTreeSize:         cfg.MaxTreeSize,
 			EvictionInterval:    cfg.EvictionInterval(),
 			SessionTTL:          cfg.SessionTTL,

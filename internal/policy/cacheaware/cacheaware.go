@@ -39,7 +39,13 @@ type Options struct {
 	CacheThreshold      float64       // matched fraction strictly above which the holder is chosen
 	BalanceAbsThreshold int           // gate: max-min load strictly above this ...
 	BalanceRelThreshold float64       // ... and max strictly above min times this
-	MaxTreeSize         int           // bytes of the one prefix tree, all models together
+	// HistoryMatchMode is how a match below CacheThreshold counts: HistoryCost weighs the
+	// prefill it saves against the holder's load; HistoryThreshold ignores it (the RFC's rule).
+	HistoryMatchMode string
+	// LoadUnitTokens are the prompt tokens one unit of load is worth, the exchange rate of the
+	// cost mode (bytes of text count as a quarter token each).
+	LoadUnitTokens int
+	MaxTreeSize    int // bytes of the one prefix tree, all models together
 	EvictionInterval    time.Duration // period of the background sweep
 	// Store is the session map; nil means an in-process memory store built from SessionTTL and
 	// MaxSessions.
