@@ -36,17 +36,17 @@ const DefaultModel = "default"
 
 // Options are the policy's knobs (see internal/config for their flags and defaults).
 type Options struct {
-	CacheThreshold      float64       // matched fraction strictly above which the holder is chosen
-	BalanceAbsThreshold int           // gate: max-min load strictly above this ...
-	BalanceRelThreshold float64       // ... and max strictly above min times this
+	CacheThreshold      float64 // matched fraction strictly above which the holder is chosen
+	BalanceAbsThreshold int     // gate: max-min load strictly above this ...
+	BalanceRelThreshold float64 // ... and max strictly above min times this
 	// HistoryMatchMode is how a match below CacheThreshold counts: HistoryCost weighs the
 	// prefill it saves against the holder's load; HistoryThreshold ignores it (the RFC's rule).
 	HistoryMatchMode string
 	// LoadUnitTokens are the prompt tokens one unit of load is worth, the exchange rate of the
 	// cost mode (bytes of text count as a quarter token each).
-	LoadUnitTokens int
-	MaxTreeSize    int // bytes of the one prefix tree, all models together
-	EvictionInterval    time.Duration // period of the background sweep
+	LoadUnitTokens   int
+	MaxTreeSize      int           // bytes of the one prefix tree, all models together
+	EvictionInterval time.Duration // period of the background sweep
 	// Store is the session map; nil means an in-process memory store built from SessionTTL and
 	// MaxSessions.
 	Store       session.Store
