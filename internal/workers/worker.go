@@ -52,6 +52,10 @@ func (w *Worker) BaseName() string { return tenant.Base(w.name) }
 // Load is the number of requests the router has in flight on this tenant.
 func (w *Worker) Load() int64 { return w.load.Load() }
 
+// InFlight is the number of requests this router has in flight on the tenant, whatever load
+// signal the policies balance on.
+func (w *Worker) InFlight() int64 { return w.load.Load() }
+
 // Healthy reports the active health checker's verdict.
 func (w *Worker) Healthy() bool { return w.healthy.Load() }
 
