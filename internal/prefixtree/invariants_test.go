@@ -66,11 +66,21 @@ func invariantError(tr *Tree) error {
 				return fmt.Errorf("node %q has no holders", c.label)
 			}
 			for _, h := range c.holders {
-				if id, ok := tr.tenantIDs[tr.tenantNames[h]]; int(h) >= len(tr.tenantNames) || !ok || id != h {
-					return fmt.Errorf("node %q is held by unknown tenant id %d", c.label, h)
+				if int(h.id) >= len(tr.tenantNames) {
+					return fmt.Errorf("node %q is held by unknown tenant id %d", c.label, h.id)
 				}
-				if !n.isRoot() && !n.holds(h) {
-					return fmt.Errorf("node %q is held by %q but its parent %q is not", c.label, tr.tenantNames[h], n.label)
+				if id, ok := tr.tenantIDs[tr.tenantNames[h.id]]; !ok || id != h.id {
+					return fmt.Errorf("node %q is held by unknown tenant id %d", c.label, h.id)
+				}
+				if n.isRoot() {
+					continue
+				}
+				i := n.holderIndex(h.id)
+				if i < 0 {
+					return fmt.Errorf("node %q is held by %q but its parent %q is not", c.label, tr.tenantNames[h.id], n.label)
+				}
+				if h.used > n.holders[i].used {
+					return fmt.Errorf("%q used node %q after its parent %q", tr.tenantNames[h.id], c.label, n.label)
 				}
 			}
 			if c.lastUsed > n.lastUsed && !n.isRoot() {

@@ -11,7 +11,16 @@ const (
 	nodeStructBytes = int(unsafe.Sizeof(node{}))
 	ptrBytes        = int(unsafe.Sizeof((*node)(nil)))
 	idBytes         = int(unsafe.Sizeof(uint32(0)))
+	holderBytes     = int(unsafe.Sizeof(holder{}))
 )
+
+// holder is one tenant holding a node, with the tree clock at the last Insert of that tenant
+// through the node: what the tenant's own cache last used, which is what a least-recently-used
+// cache evicts by.
+type holder struct {
+	id   uint32
+	used uint64
+}
 
 // node is one edge of the radix tree together with the vertex it leads to, or the root of a
 // namespace.
@@ -22,7 +31,8 @@ const (
 //   - every non-root node has a non-empty label, and edges[i] == children[i].label[0],
 //     so the children of one node start with distinct bytes;
 //   - every non-root node has at least one holder, and a node's holders are a subset of its
-//     parent's holders (a tenant that holds a key holds every prefix of it);
+//     parent's holders (a tenant that holds a key holds every prefix of it), each with a
+//     use stamp no later than its stamp on the parent;
 //   - a non-root node without children sits in the leaf heap (heapIndex >= 0); every other
 //     node has heapIndex == -1.
 type node struct {
@@ -32,8 +42,8 @@ type node struct {
 	parent   *node
 	edges    []byte
 	children []*node
-	// holders are interned tenant ids, unsorted and without duplicates.
-	holders []uint32
+	// holders are interned tenant ids with their last use, unsorted and without duplicate ids.
+	holders []holder
 	// lastUsed is the tree clock at the last Insert whose key passed through this node.
 	lastUsed  uint64
 	heapIndex int32
@@ -50,7 +60,7 @@ func (n *node) heapBytes() int {
 
 // sliceBytes is the heap held by the backing arrays of the node's slices.
 func (n *node) sliceBytes() int {
-	return allocBytes(cap(n.edges)) + allocBytes(cap(n.children)*ptrBytes) + allocBytes(cap(n.holders)*idBytes)
+	return allocBytes(cap(n.edges)) + allocBytes(cap(n.children)*ptrBytes) + allocBytes(cap(n.holders)*holderBytes)
 }
 
 // isRoot reports whether n is the root of a namespace. Only meaningful for a node in the
@@ -94,46 +104,57 @@ func (n *node) removeChild(c *node) (released int) {
 	return released
 }
 
-func (n *node) holds(id uint32) bool {
-	for _, h := range n.holders {
-		if h == id {
-			return true
+func (n *node) holds(id uint32) bool { return n.holderIndex(id) >= 0 }
+
+// holderIndex is the position of id among n's holders, or -1.
+func (n *node) holderIndex(id uint32) int {
+	for i, h := range n.holders {
+		if h.id == id {
+			return i
 		}
 	}
-	return false
+	return -1
 }
 
-// addHolder adds id to n's holders and returns how many bytes the holders slice grew by.
-func (n *node) addHolder(id uint32) (grown int) {
-	if n.holds(id) {
+// addHolder records that id used n at clock now and returns how many bytes the holders slice
+// grew by.
+func (n *node) addHolder(id uint32, now uint64) (grown int) {
+	if i := n.holderIndex(id); i >= 0 {
+		n.holders[i].used = now
 		return 0
 	}
-	before := allocBytes(cap(n.holders) * idBytes)
-	n.holders = append(n.holders, id)
-	return allocBytes(cap(n.holders)*idBytes) - before
+	before := allocBytes(cap(n.holders) * holderBytes)
+	n.holders = append(n.holders, holder{id: id, used: now})
+	return allocBytes(cap(n.holders)*holderBytes) - before
 }
 
 // dropHolders removes every id in gone from n's holders and returns how many bytes of the
-// holders slice were released: the slice keeps its array unless nobody is left.
+// holders slice were released: the slice moves to a smaller array once at most half of it is
+// used, so a hold taken and released leaves the charge as it was, and is released with the
+// last holder.
 func (n *node) dropHolders(gone []uint32) (released int) {
+	before := allocBytes(cap(n.holders) * holderBytes)
 	kept := n.holders[:0]
 	for _, h := range n.holders {
-		if !containsID(gone, h) {
+		if !containsID(gone, h.id) {
 			kept = append(kept, h)
 		}
 	}
 	clear(n.holders[len(kept):])
-	n.holders = kept
-	if len(n.holders) == 0 {
-		released = allocBytes(cap(n.holders) * idBytes)
+	switch {
+	case len(kept) == 0:
 		n.holders = nil
+	case len(kept) <= cap(kept)/2:
+		n.holders = append([]holder(nil), kept...)
+	default:
+		n.holders = kept
 	}
-	return released
+	return before - allocBytes(cap(n.holders)*holderBytes)
 }
 
 func (n *node) holdsAny(ids []uint32) bool {
 	for _, h := range n.holders {
-		if containsID(ids, h) {
+		if containsID(ids, h.id) {
 			return true
 		}
 	}

@@ -129,6 +129,12 @@ type Tree struct {
 	tenantIDs   map[string]uint32
 	tenantNames []string // indexed by id; "" for a free id
 	freeIDs     []uint32
+	// forgotten holds, by tenant id, the clock before which that tenant's holds no longer
+	// count (Forget): the tenant's cache has evicted what it last used earlier. Holds stay in
+	// the tree until eviction or a new Insert refreshes them. forgetting counts the tenants
+	// with a mark, so lookups skip the check while there are none.
+	forgotten  []uint64
+	forgetting int
 }
 
 // Match is the result of a longest-prefix lookup in one namespace. Its lengths are bytes of
@@ -176,7 +182,7 @@ func (t *Tree) Insert(ns, key, tenant string) (freed int) {
 	for len(rest) > 0 {
 		c, i := n.child(rest[0])
 		if c == nil {
-			leaf := &node{label: cloneLabel(rest), holders: []uint32{id}, lastUsed: now}
+			leaf := &node{label: cloneLabel(rest), holders: []holder{{id: id, used: now}}, lastUsed: now}
 			if !n.isRoot() && len(n.children) == 0 {
 				t.leaves.remove(n)
 			}
@@ -190,7 +196,7 @@ func (t *Tree) Insert(ns, key, tenant string) (freed int) {
 		if l < len(c.label) {
 			c = t.splitLocked(n, i, c, l)
 		}
-		t.nodeBytes += c.addHolder(id)
+		t.nodeBytes += c.addHolder(id, now)
 		c.lastUsed = now
 		if c.heapIndex >= 0 {
 			t.leaves.fix(int(c.heapIndex))
@@ -269,7 +275,7 @@ func (t *Tree) splitLocked(parent *node, i int, c *node, l int) *node {
 }
 
 // Match returns the longest prefix of key held by any tenant in namespace ns and every tenant
-// holding it.
+// holding it. Holds a tenant's cache has evicted (Forget) do not count.
 func (t *Tree) Match(ns, key string) Match {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
@@ -283,7 +289,7 @@ func (t *Tree) Match(ns, key string) Match {
 	rest := key
 	for len(rest) > 0 {
 		c, _ := n.child(rest[0])
-		if c == nil {
+		if c == nil || !t.heldLocked(c) {
 			break
 		}
 		l := commonPrefixLen(c.label, rest)
@@ -311,11 +317,31 @@ func (t *Tree) Match(ns, key string) Match {
 	return m
 }
 
-// namesLocked returns the sorted tenant names of ids.
-func (t *Tree) namesLocked(ids []uint32) []string {
-	names := make([]string, len(ids))
-	for i, id := range ids {
-		names[i] = t.tenantNames[id]
+// live reports whether h still counts: it was used since its tenant's Forget mark.
+func (t *Tree) live(h holder) bool {
+	return t.forgetting == 0 || int(h.id) >= len(t.forgotten) || h.used >= t.forgotten[h.id]
+}
+
+// heldLocked reports whether any holder of n still counts.
+func (t *Tree) heldLocked(n *node) bool {
+	if t.forgetting == 0 {
+		return true
+	}
+	for _, h := range n.holders {
+		if t.live(h) {
+			return true
+		}
+	}
+	return false
+}
+
+// namesLocked returns the sorted tenant names of the holders that still count.
+func (t *Tree) namesLocked(holders []holder) []string {
+	names := make([]string, 0, len(holders))
+	for _, h := range holders {
+		if t.live(h) {
+			names = append(names, t.tenantNames[h.id])
+		}
 	}
 	slices.Sort(names)
 	return names
@@ -323,29 +349,116 @@ func (t *Tree) namesLocked(ids []uint32) []string {
 
 // MatchTenant returns how many bytes of key tenant holds in namespace ns (0 if none).
 func (t *Tree) MatchTenant(ns, key, tenant string) int {
+	held, _ := t.MatchTenantAt(ns, key, tenant)
+	return held
+}
+
+// MatchTenantAt returns how many bytes of key tenant holds in namespace ns, and the clock of
+// tenant's last use of the deepest of them (its oldest use along the path; 0 when it holds
+// none), for Forget should the tenant turn out to have evicted them.
+func (t *Tree) MatchTenantAt(ns, key, tenant string) (held int, used uint64) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	id, ok := t.tenantIDs[tenant]
 	n := t.spaces[ns]
 	if !ok || n == nil {
-		return 0
+		return 0, 0
 	}
-	matched := 0
 	rest := key
 	for len(rest) > 0 {
 		c, _ := n.child(rest[0])
-		if c == nil || !c.holds(id) {
+		if c == nil {
 			break
 		}
+		i := c.holderIndex(id)
+		if i < 0 || !t.live(c.holders[i]) {
+			break
+		}
+		used = c.holders[i].used
 		l := commonPrefixLen(c.label, rest)
-		matched += l
+		held += l
 		if l < len(c.label) {
 			break
 		}
 		rest = rest[l:]
 		n = c
 	}
-	return matched
+	return held, used
+}
+
+// Holding is how many bytes of a key one tenant holds.
+type Holding struct {
+	Tenant string
+	Held   int
+}
+
+// Holdings appends to dst, for every tenant holding a prefix of key in namespace ns, how many
+// bytes of key it holds, in one walk of the key's path; tenants holding none are left out.
+func (t *Tree) Holdings(ns, key string, dst []Holding) []Holding {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	n := t.spaces[ns]
+	if n == nil {
+		return dst
+	}
+	// The path's nodes and the key bytes matched at the end of each.
+	type step struct {
+		n       *node
+		matched int
+	}
+	var stack [32]step
+	path := stack[:0]
+	matched := 0
+	rest := key
+	for len(rest) > 0 {
+		c, _ := n.child(rest[0])
+		if c == nil || !t.heldLocked(c) {
+			break
+		}
+		l := commonPrefixLen(c.label, rest)
+		matched += l
+		path = append(path, step{c, matched})
+		if l < len(c.label) {
+			break
+		}
+		rest = rest[l:]
+		n = c
+	}
+	// Deepest first: a tenant's first appearance is the deepest node it holds, since the
+	// holders of a node hold its parent too.
+	var small [4]uint64
+	seen := small[:]
+	if words := len(t.tenantNames)/64 + 1; words > len(small) {
+		seen = make([]uint64, words)
+	}
+	for i := len(path) - 1; i >= 0; i-- {
+		for _, h := range path[i].n.holders {
+			if bit := uint64(1) << (h.id % 64); seen[h.id/64]&bit == 0 && t.live(h) {
+				seen[h.id/64] |= bit
+				dst = append(dst, Holding{Tenant: t.tenantNames[h.id], Held: path[i].matched})
+			}
+		}
+	}
+	return dst
+}
+
+// Forget records that tenant's cache evicted what it last used at clock used or before (a
+// MatchTenantAt reading): from now on those holds do not count in any lookup, until an Insert
+// for tenant uses them again. The holds themselves stay until the tree evicts them.
+func (t *Tree) Forget(tenant string, used uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	id, ok := t.tenantIDs[tenant]
+	if !ok || used == 0 {
+		return
+	}
+	if int(id) >= len(t.forgotten) {
+		t.forgotten = append(t.forgotten, make([]uint64, int(id)+1-len(t.forgotten))...)
+	}
+	if t.forgotten[id] == 0 {
+		t.forgetting++
+	}
+	t.forgotten[id] = max(t.forgotten[id], used+1)
 }
 
 // Chars returns the number of key bytes stored in the tree, all namespaces together (the sum
@@ -370,7 +483,8 @@ func (t *Tree) Bytes() int {
 // them, at their capacity: the leaf heap and the tenant tables.
 func (t *Tree) bytesLocked() int {
 	return t.nodeBytes + t.tenantBytes + allocBytes(cap(t.leaves)*ptrBytes) +
-		allocBytes(cap(t.tenantNames)*int(unsafe.Sizeof(""))) + allocBytes(cap(t.freeIDs)*idBytes)
+		allocBytes(cap(t.tenantNames)*int(unsafe.Sizeof(""))) + allocBytes(cap(t.freeIDs)*idBytes) +
+		allocBytes(cap(t.forgotten)*int(unsafe.Sizeof(uint64(0))))
 }
 
 // Evict removes least recently used leaves, whichever namespace holds them, until the tree is
@@ -499,6 +613,10 @@ func (t *Tree) removeIDsLocked(ids []uint32) int {
 		t.tenantBytes -= tenantCost(name)
 		t.tenantNames[id] = ""
 		t.freeIDs = append(t.freeIDs, id)
+		if int(id) < len(t.forgotten) && t.forgotten[id] != 0 {
+			t.forgotten[id] = 0
+			t.forgetting--
+		}
 	}
 	return start - t.bytesLocked()
 }
