@@ -34,6 +34,26 @@ const (
 // DefaultModel keys the state of requests that name no model.
 const DefaultModel = "default"
 
+// History match modes (Options.HistoryMatchMode).
+const (
+	// HistoryCost weighs a match that is not a continuation, or that is below the threshold,
+	// by the prefill it saves against the load of its holder.
+	HistoryCost = "cost"
+	// HistoryThreshold ignores a match below the threshold (the RFC's rule).
+	HistoryThreshold = "threshold"
+)
+
+// bytesPerToken turns bytes of routing text into prompt tokens, roughly, for the cost mode; a
+// match counts there in whole blocks of blockBytes (vLLM's default KV block of 16 tokens), since
+// an engine caches nothing shorter.
+const (
+	bytesPerToken = 4
+	blockBytes    = 16 * bytesPerToken
+)
+
+// DefaultLoadUnitTokens is LoadUnitTokens when the options leave it 0.
+const DefaultLoadUnitTokens = 1024
+
 // Options are the policy's knobs (see internal/config for their flags and defaults).
 type Options struct {
 	CacheThreshold      float64 // matched fraction strictly above which the holder is chosen
@@ -77,6 +97,9 @@ type Policy struct {
 
 // New returns the policy. r may be nil (nothing reported).
 func New(opts Options, r Reporter, log *slog.Logger) *Policy {
+	if opts.LoadUnitTokens <= 0 {
+		opts.LoadUnitTokens = DefaultLoadUnitTokens
+	}
 	p := &Policy{opts: opts, reporter: r, log: log, tree: prefixtree.New(opts.MaxTreeSize)}
 	if opts.Store != nil {
 		p.store = opts.Store
@@ -154,9 +177,9 @@ func (p *Policy) Select(in policy.Input) policy.Decision {
 	d.minLoad, d.maxLoad = loadRange(in.Candidates)
 
 	w, label := p.choose(d)
-	held := 0
+	held, heldAt := 0, uint64(0)
 	if d.text != "" {
-		held = p.matchTenant(d, w.Tenant())
+		held, heldAt = p.tree.MatchTenantAt(d.model, d.text, w.Tenant())
 	}
 	match := 0.0
 	if len(d.text) > 0 {
@@ -166,7 +189,7 @@ func (p *Policy) Select(in policy.Input) policy.Decision {
 		p.log.Debug("cache_aware decision", "decision", label, "worker", w.Name(), "match", match,
 			"min_load", d.minLoad, "max_load", d.maxLoad, "session", telemetry.SessionHash(d.key))
 	}
-	return policy.Decision{Worker: w, Label: label, Match: match, Held: held, Forget: d.forget}
+	return policy.Decision{Worker: w, Label: label, Match: match, Held: held, HeldAt: heldAt, Forget: d.forget}
 }
 
 // Commit teaches the accepted choice: the session entry points at the chosen worker (a session
@@ -253,19 +276,25 @@ func (p *Policy) choose(d *decision) (*workers.Worker, string) {
 //
 // Above the threshold, a match that continues one conversation (the previous turns of this
 // conversation, or the same request again) sends the request to the least loaded of the
-// candidates holding it: anywhere else the whole history would be prefilled again. A match that
-// is only a prefix several conversations share (a common system prompt and tool schemas) is
-// worth one prefill per worker, so it does not outweigh load: the least-loaded candidate is
-// chosen, a holder of the shared prefix among equally loaded ones. Piling every new conversation
-// onto the first worker that saw its system prompt would leave the rest of the fleet idle while
-// that worker's cache thrashes.
+// candidates holding it: anywhere else the whole history would be prefilled again.
+//
+// Any other match is only worth the prefill it saves: a prefix several conversations share (a
+// common system prompt and tool schemas) is worth one prefill per worker, and a match below the
+// threshold may still be a long document. In the cost mode (the default) each candidate costs
+// its load plus the prefill it would do, in units of LoadUnitTokens (byCost), so a holder wins
+// while it is not busier than its saving is worth. In the threshold mode a match below the
+// threshold goes to the least-loaded candidate, and a shared prefix to the least-loaded
+// candidate, a holder among equally loaded ones. Either way, piling every new conversation onto
+// the first worker that saw its system prompt would leave the rest of the fleet idle while that
+// worker's cache thrashes.
 //
 // When no holder of the deciding match is a candidate, the holders that are gone or unavailable
 // are removed from the tree and the least-loaded candidate takes the request.
 func (p *Policy) byHistory(d *decision, hit, stale, low string) (*workers.Worker, string) {
 	m := p.match(d)
 	above := func(n int) bool { return float64(n)/float64(len(d.text)) > p.opts.CacheThreshold }
-	if !above(m.Matched) {
+	byCost := p.opts.HistoryMatchMode != HistoryThreshold
+	if !above(m.Matched) && !(byCost && m.Matched > 0) {
 		return p.minLoad(d), low
 	}
 	// A continuation: a whole earlier request is a prefix of this one, or the match runs well
@@ -287,6 +316,9 @@ func (p *Policy) byHistory(d *decision, hit, stale, low string) (*workers.Worker
 	if len(holders) == 0 {
 		return p.minLoad(d), stale
 	}
+	if byCost {
+		return p.byCost(d, hit, low)
+	}
 	tied := lowest(d.in.Candidates, func(w *workers.Worker) int64 { return w.Load() })
 	var tiedHolders []*workers.Worker
 	for _, w := range tied {
@@ -298,6 +330,38 @@ func (p *Policy) byHistory(d *decision, hit, stale, low string) (*workers.Worker
 		return p.leastLoaded(d, tiedHolders), hit
 	}
 	return p.leastLoaded(d, tied), low
+}
+
+// byCost chooses the candidate with the least cost: its load, in units of LoadUnitTokens, plus
+// the text it would prefill (the part it does not hold), in the same units. Among equal costs
+// the one holding more of the text wins, then as leastLoaded. The choice gets the hit label
+// when the chosen worker holds the longest match among the candidates (its cache decided),
+// else the low label (its load did).
+func (p *Policy) byCost(d *decision, hit, low string) (*workers.Worker, string) {
+	holdings := p.tree.Holdings(d.model, d.text, make([]prefixtree.Holding, 0, len(d.in.Candidates)))
+	heldBy := func(w *workers.Worker) int {
+		for _, h := range holdings {
+			if h.Tenant == w.Tenant() {
+				return h.Held / blockBytes * blockBytes
+			}
+		}
+		return 0
+	}
+	unit := int64(p.opts.LoadUnitTokens) * bytesPerToken
+	cost := func(w *workers.Worker) int64 { return w.Load()*unit + int64(len(d.text)-heldBy(w)) }
+	tied := lowest(d.in.Candidates, cost)
+	if len(tied) > 1 {
+		tied = lowest(tied, func(w *workers.Worker) int64 { return -int64(heldBy(w)) })
+	}
+	w := p.leastLoaded(d, tied)
+	longest := 0
+	for _, c := range d.in.Candidates {
+		longest = max(longest, heldBy(c))
+	}
+	if held := heldBy(w); held > 0 && held == longest {
+		return w, hit
+	}
+	return w, low
 }
 
 // candidateHolders returns the candidates among tenants, and marks the tenants that are gone or

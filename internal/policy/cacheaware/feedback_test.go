@@ -1,0 +1,76 @@
+package cacheaware
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/workers"
+)
+
+// selectCommit routes r among ws, as the proxy does, and returns the input with the decision.
+func selectCommit(t *testing.T, p *Policy, ws []*workers.Worker, body string) (policy.Input, policy.Decision) {
+	t.Helper()
+	in := chatInputAmong(t, ws, body)
+	d := p.Select(in)
+	p.Commit(in, d)
+	return in, d
+}
+
+func chatInputAmong(t *testing.T, ws []*workers.Worker, body string) policy.Input {
+	t.Helper()
+	return policy.Input{Request: req(t, body), Model: "m", Candidates: ws, All: ws}
+}
+
+func TestServed_AWorkerThatEvictedIsNoLongerCountedOnForWhatItUsedBefore(t *testing.T) {
+	_, ws := fleet(t, 2)
+	p := newPolicy(costOptions(HistoryCost))
+	older := strings.Repeat("An older manual, chapter by chapter. ", 200)
+	newer := strings.Repeat("A newer contract, clause by clause. ", 200)
+	only := ws[:1] // the first worker serves both documents
+	selectCommit(t, p, only, chat(older, []string{"first question"}, ""))
+	selectCommit(t, p, only, chat(newer, []string{"first question"}, ""))
+
+	// Before any feedback the tree sends a new conversation on the older manual to its holder.
+	probe := chatInputAmong(t, ws, chat(older, []string{"another question"}, ""))
+	if d := p.Select(probe); d.Worker != ws[0] || d.Label != LabelCacheAffinity {
+		t.Fatalf("before feedback: %s on %s, want %s on %s", d.Label, d.Worker.Tenant(), LabelCacheAffinity, ws[0].Tenant())
+	}
+
+	// A conversation on the newer contract goes to the first worker, which reports that it served
+	// none of it from cache: it evicted the contract, and with it the older manual.
+	in, d := selectCommit(t, p, ws, chat(newer, []string{"second question"}, ""))
+	if d.Worker != ws[0] || d.Held == 0 {
+		t.Fatalf("the contract's conversation went to %s holding %d bytes, want the holder", d.Worker.Tenant(), d.Held)
+	}
+	if !p.Served(in, d, 2000, 0) {
+		t.Fatal("a worker serving 0 of a predicted large prefix was not corrected")
+	}
+	if d := p.Select(probe); d.Label != LabelLowMatch {
+		t.Fatalf("after the correction a conversation on the evicted manual: %s on %s, want %s (nobody holds it)", d.Label, d.Worker.Tenant(), LabelLowMatch)
+	}
+	// The contract the worker has just prefilled again is still counted.
+	if held := heldBy(p, req(t, chat(newer, []string{"third question"}, "")), ws[0].Tenant()); held < len(newer) {
+		t.Errorf("the worker holds %d bytes of the contract it just prefilled, want at least %d", held, len(newer))
+	}
+}
+
+func TestServed_KeepsAPredictionTheWorkerMet(t *testing.T) {
+	_, ws := fleet(t, 2)
+	p := newPolicy(costOptions(HistoryCost))
+	doc := strings.Repeat("A long shared document. ", 300)
+	selectCommit(t, p, ws[:1], chat(doc, []string{"q1"}, ""))
+	in, d := selectCommit(t, p, ws, chat(doc, []string{"q2"}, ""))
+	predicted := int(d.Match * 2000)
+	for _, cached := range []int{predicted, predicted - 16, predicted/2 + 1} {
+		if p.Served(in, d, 2000, cached) {
+			t.Errorf("served %d of %d predicted cached tokens: corrected, want kept", cached, predicted)
+		}
+	}
+	if p.Served(in, policy.Decision{Worker: d.Worker, Label: d.Label}, 2000, 0) {
+		t.Error("a decision that predicted nothing was corrected")
+	}
+	if held := heldBy(p, in.Request, ws[0].Tenant()); held != len(in.Request.Text) {
+		t.Errorf("the worker holds %d bytes after met predictions, want %d", held, len(in.Request.Text))
+	}
+}
