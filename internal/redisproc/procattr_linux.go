@@ -1,8 +1,8 @@
-package redistest
+package redisproc
 
 import "syscall"
 
-// sysProcAttr kills the server if the test process dies without cleaning up.
+// sysProcAttr kills the server if the process that started it dies without cleaning up.
 func sysProcAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }
