@@ -11,7 +11,7 @@ import (
 // logAccess writes the access log entry of a request that ended (when the log is on): status
 // and class as requests_total counts them, the worker and decision of the last attempt, the
 // bytes relayed, and the prompt and cached tokens when the answer reported its usage.
-func (s *Server) logAccess(ctx *fasthttp.RequestCtx, ex *exchange, status int, class string, firstByte time.Time, out int64, u *usageSniffer) {
+func (s *Server) logAccess(ctx *fasthttp.RequestCtx, ex *exchange, status int, class string, firstByte time.Time, out int64, u usageResult) {
 	if s.opts.AccessLog == nil {
 		return
 	}
@@ -26,10 +26,8 @@ func (s *Server) logAccess(ctx *fasthttp.RequestCtx, ex *exchange, status int, c
 	if !firstByte.IsZero() {
 		e.TTFBSeconds = firstByte.Sub(ex.start).Seconds()
 	}
-	if u != nil {
-		if prompt, cached, ok := u.result(); ok {
-			e.PromptTokens, e.CachedTokens = &prompt, &cached
-		}
+	if u.ok {
+		e.PromptTokens, e.CachedTokens = &u.prompt, &u.cached
 	}
 	s.opts.AccessLog.Log(e)
 }

@@ -445,7 +445,7 @@ func (s *Server) finish(ctx *fasthttp.RequestCtx, ex *exchange, status int) {
 	ex.release()
 	class := metrics.StatusClass(status)
 	ex.route.count(ex.start, class, firstByte)
-	s.logAccess(ctx, ex, status, class, firstByte, int64(len(ctx.Response.Body())), nil)
+	s.logAccess(ctx, ex, status, class, firstByte, int64(len(ctx.Response.Body())), usageResult{})
 	ex.trace.End(telemetry.Outcome{Status: status, StatusClass: class, Attempts: ex.attempts, Decision: ex.decision, Worker: ex.worker, Match: ex.match})
 }
 

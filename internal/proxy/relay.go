@@ -43,7 +43,7 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, ex *exchange, resp *fasthttp.Re
 	}
 	size := resp.Header.ContentLength() // -1 chunked, -2 until the connection closes
 	r := &relayBody{s: s, ex: ex, ctx: ctx, resp: resp, conn: conn, body: resp.BodyStream(), dec: dec, at: at, status: status, size: int64(size)}
-	if s.opts.AccessLog != nil {
+	if s.opts.AccessLog != nil || (ex.route.place == byPolicy && status/100 == 2) {
 		r.usage = newUsageSniffer()
 	}
 	if ex.route.storesResponses && s.tracker != nil && status/100 == 2 && !ex.in.Request.NoStore {
@@ -92,7 +92,7 @@ type relayBody struct {
 	status int
 	size   int64         // the answer's Content-Length, or -1 (chunked), or -2 (until the connection closes)
 	sniff  *idSniffer    // looks for the id of the response the worker stored; nil when none is wanted
-	usage  *usageSniffer // looks for the answer's token usage, for the access log; nil when it is off
+	usage  *usageSniffer // looks for the answer's token usage (cache check, access log); nil when none is wanted
 	ctx    *fasthttp.RequestCtx
 	// learned: the policy was told where the stored response lives, as soon as its id passed.
 	learned bool
@@ -187,14 +187,21 @@ func (r *relayBody) end(writeErr error) {
 		r.at.Close(outcome)
 		ex.release()
 		s.observe(ex, r.dec, outcome)
+		var u usageResult
+		if r.usage != nil {
+			u.prompt, u.cached, u.ok = r.usage.result()
+		}
 		if outcome == workers.Succeeded && r.status/100 == 2 {
 			s.learn(ex, r)
+			s.checkCache(ex, r.dec, u)
 		}
 		if r.firstByte.IsZero() && r.complete() {
 			r.firstByte = time.Now() // an empty body: its end is its first byte
 		}
 		ex.route.count(ex.start, class, r.firstByte)
-		s.logAccess(r.ctx, ex, r.status, class, r.firstByte, r.relayed, r.usage)
+		s.logAccess(r.ctx, ex, r.status, class, r.firstByte, r.relayed, u)
+		r.usage.release()
+		r.usage = nil
 		if ex.trace != nil {
 			o := telemetry.Outcome{Status: r.status, StatusClass: class, Attempts: ex.attempts, Decision: ex.decision, Worker: ex.worker, Match: ex.match, Bytes: r.relayed}
 			if r.upErr != nil {
@@ -203,6 +210,21 @@ func (r *relayBody) end(writeErr error) {
 			ex.trace.End(o)
 		}
 	})
+}
+
+// checkCache compares the cached tokens the worker reported with what the policy predicted, in
+// the metrics and, for a policy that checks its predictions, in the policy.
+func (s *Server) checkCache(ex *exchange, dec policy.Decision, u usageResult) {
+	if !u.ok || ex.route.place != byPolicy || u.prompt <= 0 {
+		return
+	}
+	worker := dec.Worker.Name()
+	s.metrics.PromptTokens.WithLabelValues(worker, dec.Label).Add(float64(u.prompt))
+	s.metrics.CachedTokensPredicted.WithLabelValues(worker, dec.Label).Add(dec.Match * float64(u.prompt))
+	s.metrics.CachedTokensAchieved.WithLabelValues(worker, dec.Label).Add(float64(u.cached))
+	if s.feedback != nil && s.feedback.Served(ex.in, dec, u.prompt, u.cached) {
+		s.metrics.CacheCorrections.WithLabelValues(worker).Inc()
+	}
 }
 
 // learn tells the policy where a stored response lives, from an answer that succeeded: the

@@ -84,6 +84,7 @@ type Server struct {
 	policy     policy.Policy
 	labeled    bool                   // the policy's labels are counted per label
 	tracker    policy.ResponseTracker // the policy's map of stored responses; nil when it keeps none
+	feedback   policy.CacheFeedback   // the policy's check of its cache predictions; nil when it makes none
 	metrics    *metrics.Metrics
 	log        *slog.Logger
 	upstreams  *upstreams
@@ -99,6 +100,7 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 		upstreams: newUpstreams(opts.Upstream), routes: newRoutes(m), mux: http.NewServeMux(),
 		loraClient: newLoraClient(opts.Upstream)}
 	s.tracker, _ = p.(policy.ResponseTracker)
+	s.feedback, _ = p.(policy.CacheFeedback)
 	if l, ok := p.(policy.Labeled); ok {
 		s.labeled = true
 		for _, label := range l.DecisionLabels() {

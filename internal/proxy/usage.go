@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"encoding/json"
+	"sync"
 )
 
 // usageSniffer finds the token usage a worker reported in its answer, for the access log: the
@@ -22,7 +23,26 @@ const (
 	usageTail = 16 << 10
 )
 
-func newUsageSniffer() *usageSniffer { return &usageSniffer{ring: make([]byte, usageTail)} }
+// sniffers keeps the sniffers of finished answers: every routed answer has one, and its ring is
+// too large to allocate per request.
+var sniffers = sync.Pool{New: func() any { return &usageSniffer{ring: make([]byte, usageTail)} }}
+
+func newUsageSniffer() *usageSniffer { return sniffers.Get().(*usageSniffer) }
+
+// release returns u to the pool, empty; u must not be used afterwards. A nil u does nothing.
+func (u *usageSniffer) release() {
+	if u == nil {
+		return
+	}
+	u.head, u.next, u.full = u.head[:0], 0, false
+	sniffers.Put(u)
+}
+
+// usageResult is what an answer's usage said of its prompt; ok is false when it said nothing.
+type usageResult struct {
+	prompt, cached int
+	ok             bool
+}
 
 // feed looks at the next bytes of the answer.
 func (u *usageSniffer) feed(p []byte) {
