@@ -33,6 +33,9 @@ type Attempt struct {
 	worker *Worker
 	lease  Lease
 	closed atomic.Bool
+
+	pending   atomic.Int64 // prefill tokens this attempt added to the worker and still holds
+	prefilled atomic.Bool  // Prefilled or Close ran: no more pending prefill
 }
 
 // Acquire asks w's breaker for permission to send one request and, when granted, counts the
@@ -44,13 +47,15 @@ func (p *Pool) Acquire(w *Worker) *Attempt {
 		return nil
 	}
 	w.load.Add(1)
+	w.sent.Add(1)
 	return &Attempt{worker: w, lease: Lease{worker: w}}
 }
 
 // Worker is the worker the attempt was sent to.
 func (a *Attempt) Worker() *Worker { return a.worker }
 
-// Close records the outcome on the worker's breaker and gives its load back. Only the first call
+// Close records the outcome on the worker's breaker and gives its load back, pending prefill
+// tokens included (see Prefilled). Only the first call
 // counts, so every path that can end a request (answer complete, upstream error, client gone,
 // timeout) may call it. It reports whether this call was the one that closed the attempt.
 func (a *Attempt) Close(o Outcome) bool {
@@ -65,6 +70,7 @@ func (a *Attempt) Close(o Outcome) bool {
 	default:
 		a.worker.breaker.Abandon()
 	}
+	a.Prefilled()
 	a.lease.Release()
 	return true
 }

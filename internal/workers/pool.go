@@ -14,12 +14,23 @@ type Options struct {
 	CBFailureThreshold    int
 	CBTimeout             time.Duration
 	DisableCircuitBreaker bool
+
+	// LoadSignal is what Worker.Load returns: SignalRequests (the default when empty),
+	// SignalTokens or SignalEngine.
+	LoadSignal string
+	// LoadUnitTokens is the prompt tokens worth one request in flight, for the tokens signal
+	// (DefaultLoadUnitTokens when 0).
+	LoadUnitTokens int
+	// EngineMaxAge is how long scraped engine figures are routed on after their scrape began
+	// (EngineMaxAge(interval) is the rule; 1s when 0).
+	EngineMaxAge time.Duration
 }
 
 // Pool is the set of workers. Reads (every routed request) take an immutable snapshot without
 // locking; membership changes (admin API, startup) copy the list under a mutex.
 type Pool struct {
 	opts Options
+	lc   *loadConfig
 
 	mu       sync.Mutex // serialises writers
 	snapshot atomic.Pointer[[]*Worker]
@@ -36,9 +47,33 @@ func NewPool(opts Options) *Pool {
 	if opts.DPSize < 1 {
 		opts.DPSize = 1
 	}
-	p := &Pool{opts: opts}
+	lc := &loadConfig{signal: signalRequests, unitTokens: DefaultLoadUnitTokens, maxAge: opts.EngineMaxAge, ranks: opts.DPSize}
+	switch opts.LoadSignal {
+	case SignalTokens:
+		lc.signal = signalTokens
+	case SignalEngine:
+		lc.signal = signalEngine
+	}
+	if opts.LoadUnitTokens > 0 {
+		lc.unitTokens = int64(opts.LoadUnitTokens)
+	}
+	if lc.maxAge <= 0 {
+		lc.maxAge = time.Second
+	}
+	p := &Pool{opts: opts, lc: lc}
 	p.snapshot.Store(&[]*Worker{})
 	return p
+}
+
+// LoadSignal is the signal Worker.Load follows (SignalRequests, SignalTokens or SignalEngine).
+func (p *Pool) LoadSignal() string {
+	switch p.lc.signal {
+	case signalTokens:
+		return SignalTokens
+	case signalEngine:
+		return SignalEngine
+	}
+	return SignalRequests
 }
 
 // All returns every tenant, in registration order. The slice must not be modified.
@@ -58,10 +93,10 @@ func (p *Pool) Add(url string) ([]*Worker, error) {
 	breaker := NewBreaker(p.opts.CBFailureThreshold, p.opts.CBTimeout, p.opts.DisableCircuitBreaker)
 	var added []*Worker
 	if p.opts.DPSize == 1 {
-		added = []*Worker{newWorker(url, -1, breaker)}
+		added = []*Worker{newWorker(url, -1, breaker, p.lc)}
 	} else {
 		for r := range p.opts.DPSize {
-			added = append(added, newWorker(url, r, breaker))
+			added = append(added, newWorker(url, r, breaker, p.lc))
 		}
 	}
 	next := append(slices.Clip(old), added...)

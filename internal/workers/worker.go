@@ -5,6 +5,7 @@ package workers
 import (
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"github.com/cacheroute/cacheroute/internal/tenant"
 )
@@ -24,10 +25,25 @@ type Worker struct {
 	models  atomic.Pointer[[]string]
 	probe   atomic.Pointer[ProbeStatus] // nil until a health probe fails (see Probe)
 	breaker *Breaker
+	lc      *loadConfig // the pool's load signal, shared by its workers
+
+	sent          atomic.Int64                // requests ever sent (Acquire, Reserve): the engine signal's clock
+	pendingTokens atomic.Int64                // prompt tokens of attempts not yet prefilled (tokens signal)
+	engine        atomic.Pointer[engineState] // last successful scrape with load metrics; nil if none
+	lastScrape    atomic.Int64                // monoNow of the last successful scrape's start; 0 if none
+	scrapeErrors  atomic.Int64
 }
 
-func newWorker(url string, rank int, breaker *Breaker) *Worker {
-	w := &Worker{url: url, rank: rank, tenant: tenant.Name(url, rank), breaker: breaker}
+// loadConfig is the part of the pool's Options that Load reads.
+type loadConfig struct {
+	signal     signal
+	unitTokens int64
+	maxAge     time.Duration
+	ranks      int
+}
+
+func newWorker(url string, rank int, breaker *Breaker, lc *loadConfig) *Worker {
+	w := &Worker{url: url, rank: rank, tenant: tenant.Name(url, rank), breaker: breaker, lc: lc}
 	w.name = tenant.Redact(w.tenant)
 	w.models.Store(&[]string{})
 	return w
@@ -49,8 +65,25 @@ func (w *Worker) Name() string { return w.name }
 // BaseName is the worker URL as shown outside the router, without userinfo.
 func (w *Worker) BaseName() string { return tenant.Base(w.name) }
 
-// Load is the number of requests the router has in flight on this tenant.
-func (w *Worker) Load() int64 { return w.load.Load() }
+// Load is the tenant's load as the policies balance on it, by the pool's load signal
+// (Options.LoadSignal):
+//
+//   - requests: InFlight.
+//   - tokens: InFlight + PendingPrefillTokens / LoadUnitTokens (integer division).
+//   - engine: the tenant's share of the worker's running + waiting requests at its last fresh
+//     scrape, plus the requests this router sent the tenant since that scrape began; InFlight
+//     when there is no fresh scrape (see EngineMaxAge and SetEngine).
+//
+// It reads atomics only: it is called for every candidate of every request.
+func (w *Worker) Load() int64 {
+	switch w.lc.signal {
+	case signalTokens:
+		return w.tokensLoad()
+	case signalEngine:
+		return w.engineLoad()
+	}
+	return w.load.Load()
+}
 
 // InFlight is the number of requests this router has in flight on the tenant, whatever load
 // signal the policies balance on.
@@ -92,6 +125,7 @@ func (w *Worker) Available() bool { return w.Healthy() && !w.Draining() && w.bre
 // for callers that only model load (policy tests and benchmarks).
 func (w *Worker) Reserve() *Lease {
 	w.load.Add(1)
+	w.sent.Add(1)
 	return &Lease{worker: w}
 }
 
