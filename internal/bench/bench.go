@@ -9,20 +9,26 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/policy/registry"
+	"github.com/cacheroute/cacheroute/internal/redisproc"
 	"github.com/cacheroute/cacheroute/internal/sim"
 )
 
-// PolicySpec is one in-process router to compare: a policy and how requests name their session.
-// It is written POLICY or POLICY:MODE (MODE one of header, body, none), e.g. cache_aware:none
-// for cache_aware driven by the conversation history alone.
+// PolicySpec is one in-process router to compare: a policy, how requests name their session,
+// and the router flags it runs with. It is written [NAME=]POLICY[:MODE] (MODE one of header,
+// body, none), e.g. cache_aware:none for cache_aware driven by the conversation history alone,
+// or engine=cache_aware for a cache_aware router that --router-arg engine=... configures; without
+// NAME the entry is named as written.
 type PolicySpec struct {
-	Name        string // as written
+	Name        string
 	Policy      string
 	SessionMode string
+	// Args are router flags (--flag=value, or a bare boolean --flag), applied in order over the
+	// bench's configuration; see ApplyRouterArgs.
+	Args []string
 }
 
 // ParsePolicies reads a comma-separated list of PolicySpecs; entries without a mode take
-// defaultMode.
+// defaultMode. Names must be unique.
 func ParsePolicies(list []string, defaultMode string) ([]PolicySpec, error) {
 	var out []PolicySpec
 	seen := map[string]bool{}
@@ -31,7 +37,13 @@ func ParsePolicies(list []string, defaultMode string) ([]PolicySpec, error) {
 			if e = strings.TrimSpace(e); e == "" {
 				continue
 			}
-			pol, mode, hasMode := strings.Cut(e, ":")
+			name, spec, named := strings.Cut(e, "=")
+			if !named {
+				name, spec = e, e
+			} else if name = strings.TrimSpace(name); name == "" || strings.HasPrefix(name, "-") || strings.ContainsAny(name, " \t") {
+				return nil, fmt.Errorf("--policies %s: want NAME=POLICY[:MODE] with a NAME that neither starts with - nor holds spaces", e)
+			}
+			pol, mode, hasMode := strings.Cut(strings.TrimSpace(spec), ":")
 			if !hasMode {
 				mode = defaultMode
 			}
@@ -41,11 +53,11 @@ func ParsePolicies(list []string, defaultMode string) ([]PolicySpec, error) {
 			if !slices.Contains(SessionModes, mode) {
 				return nil, fmt.Errorf("--policies %s: session id mode %q is not one of %s", e, mode, strings.Join(SessionModes, ", "))
 			}
-			if seen[e] {
-				return nil, fmt.Errorf("--policies: %s given twice", e)
+			if seen[name] {
+				return nil, fmt.Errorf("--policies: entry name %s given twice", name)
 			}
-			seen[e] = true
-			out = append(out, PolicySpec{Name: e, Policy: pol, SessionMode: mode})
+			seen[name] = true
+			out = append(out, PolicySpec{Name: name, Policy: pol, SessionMode: mode})
 		}
 	}
 	return out, nil
@@ -87,9 +99,12 @@ type Options struct {
 	Params   map[string]any // recorded in the report as given
 
 	// Policies are in-process routers, each in front of the same Workers simulated workers
-	// configured by Sim; the fleet's caches are emptied between runs.
+	// configured by Sim; the fleet's caches are emptied between runs. With Replicas above 1,
+	// each entry runs that many routers sharing their session map through a redis-server the
+	// bench starts, and requests go to them round-robin.
 	Policies []PolicySpec
 	Workers  int
+	Replicas int // 0 is 1
 	Sim      sim.Config
 
 	// Targets are external endpoints, run with SessionMode. WorkerMetrics are the base URLs of
@@ -146,10 +161,20 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	return rep, nil
 }
 
-// runPolicies starts the simulated fleet and one router per policy in turn.
+// runPolicies starts the simulated fleet and, for each policy in turn, its routers.
 func runPolicies(ctx context.Context, o Options, rep *Report) error {
 	if o.Workers < 1 {
 		return fmt.Errorf("--workers must be at least 1, got %d", o.Workers)
+	}
+	replicas := max(o.Replicas, 1)
+	var store *redisproc.Server
+	if replicas > 1 {
+		s, err := redisproc.Start("")
+		if err != nil {
+			return fmt.Errorf("--replicas %d shares the session map through Redis: %w", replicas, err)
+		}
+		defer s.Close()
+		store = s
 	}
 	fleet, err := sim.StartLocal(o.Workers, o.Sim)
 	if err != nil {
@@ -164,14 +189,26 @@ func runPolicies(ctx context.Context, o Options, rep *Report) error {
 		if err := resetFleet(ctx, fleet); err != nil {
 			return err
 		}
-		lr, err := startRouter(ctx, p.Policy, fleet.URLs())
+		redisURL := ""
+		if store != nil {
+			if err := store.FlushAll(ctx); err != nil {
+				return fmt.Errorf("emptying the session store: %w", err)
+			}
+			redisURL = store.URL()
+		}
+		cfg, err := routerConfig(p, fleet.URLs(), redisURL)
 		if err != nil {
 			return err
 		}
-		t := &Target{Name: p.Name, URLs: []string{lr.url}, SessionMode: p.SessionMode, Policy: p.Policy,
-			Loads: lr.loads, Workers: o.Workers, WorkerMetrics: fleet.URLs(), TimeScale: o.Sim.TimeScale}
+		rs, err := startReplicas(ctx, cfg, p.Name, replicas)
+		if err != nil {
+			return err
+		}
+		t := &Target{Name: p.Name, URLs: rs.urls(), SessionMode: p.SessionMode, Policy: p.Policy,
+			RouterArgs: p.Args, Replicas: replicas,
+			Loads: rs.loads, Workers: o.Workers, WorkerMetrics: fleet.URLs(), TimeScale: o.Sim.TimeScale}
 		tr, err := runOne(ctx, &o, t, model)
-		lr.stop()
+		rs.stop()
 		if err != nil {
 			return err
 		}
@@ -213,8 +250,23 @@ func runTargets(ctx context.Context, o Options, rep *Report) error {
 	return nil
 }
 
-// scrapedSampleInterval is the load sampling period when loads come from worker /metrics.
-const scrapedSampleInterval = 100 * time.Millisecond
+// scrapedSampleInterval is the sampling period of loads scraped from worker /metrics behind real
+// workers (time scale 1). Behind simulated workers it is multiplied by their time scale, down to
+// minScrapedSampleInterval, so that a window of ImbalanceWindow samples covers one full-scale
+// second whatever the time scale, as an in-process router's 10 ms samples do at time scale 0.1:
+// the same router then reads the same imbalance in process and behind --target.
+const (
+	scrapedSampleInterval    = 100 * time.Millisecond
+	minScrapedSampleInterval = 10 * time.Millisecond
+)
+
+// scrapedInterval is the sampling period of scraped loads for workers at time scale scale.
+func scrapedInterval(scale float64) time.Duration {
+	if scale <= 0 {
+		scale = 1
+	}
+	return max(minScrapedSampleInterval, time.Duration(float64(scrapedSampleInterval)*scale))
+}
 
 // runOne runs the workload against t, with worker cache counters read before and after.
 func runOne(ctx context.Context, o *Options, t *Target, model string) (TargetReport, error) {
@@ -227,7 +279,7 @@ func runOne(ctx context.Context, o *Options, t *Target, model string) (TargetRep
 	}
 	interval := time.Duration(0)
 	if t.Policy == "" {
-		interval = scrapedSampleInterval
+		interval = scrapedInterval(t.TimeScale)
 	}
 	o.Progress.begin(t.Name, o.Workload.Requests())
 	res := run(ctx, &o.Workload, t, RunOptions{API: o.API, Model: model, Concurrency: o.Concurrency, Timeout: o.Timeout,

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -19,7 +20,8 @@ import (
 const (
 	headerRouterWorker   = "x-vllm-router-worker"
 	headerRouterDecision = "x-vllm-router-decision"
-	headerSimWorker      = "x-sim-worker" // the simulator's own header, for targets without a router
+	headerPrefixMatch    = "x-vllm-router-prefix-match" // the predicted cached fraction of the routing text
+	headerSimWorker      = "x-sim-worker"               // the simulator's own header, for targets without a router
 	headerSessionID      = "x-session-id"
 )
 
@@ -44,12 +46,16 @@ type Record struct {
 	OutputTokens  int
 	Worker        string // the router's x-vllm-router-worker, else the simulator's x-sim-worker
 	Decision      string // x-vllm-router-decision
-	Status        int    // the HTTP status; 0 when no answer came
-	Chained       bool   // the request continued a stored response (previous_response_id)
-	Err           string // empty on success
-	reply         string
-	calls         []ToolCall
-	responseID    string
+	// PrefixMatch is x-vllm-router-prefix-match, the fraction of the prompt the router expected
+	// its worker to hold, when HasPrefixMatch (the answer carried a valid one).
+	PrefixMatch    float64
+	HasPrefixMatch bool
+	Status         int    // the HTTP status; 0 when no answer came
+	Chained        bool   // the request continued a stored response (previous_response_id)
+	Err            string // empty on success
+	reply          string
+	calls          []ToolCall
+	responseID     string
 }
 
 // responseNotFound reports whether the request continued a stored response and the worker it
@@ -110,6 +116,7 @@ func send(ctx context.Context, client *http.Client, base string, a api, x *excha
 		rec.Worker = resp.Header.Get(headerSimWorker)
 	}
 	rec.Decision = resp.Header.Get(headerRouterDecision)
+	rec.PrefixMatch, rec.HasPrefixMatch = prefixMatch(resp.Header.Get(headerPrefixMatch))
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 		rec.Err = fmt.Sprintf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(msg)))
@@ -144,6 +151,19 @@ func send(ctx context.Context, client *http.Client, base string, a api, x *excha
 		rec.TTFT = rec.E2E // an empty reply: the first token is the end
 	}
 	rec.reply, rec.calls, rec.responseID = st.reply.String(), st.calls, st.responseID
+}
+
+// prefixMatch reads an x-vllm-router-prefix-match value, a fraction in [0, 1]; ok is false when
+// it is absent or not one.
+func prefixMatch(v string) (f float64, ok bool) {
+	if v == "" {
+		return 0, false
+	}
+	f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+	if err != nil || !(f >= 0 && f <= 1) {
+		return 0, false
+	}
+	return f, true
 }
 
 // readEvents reads a server-sent event stream and calls fn with the data of each event (its

@@ -21,18 +21,12 @@ type localRouter struct {
 	done   chan error
 }
 
-// startRouter starts a router with the given policy in front of workerURLs and returns once
-// every worker has been probed.
-func startRouter(ctx context.Context, policy string, workerURLs []string) (*localRouter, error) {
-	cfg := config.Default()
-	cfg.Policy = policy
-	cfg.WorkerURLs = workerURLs
-	cfg.PrometheusPort = 0
-	cfg.ShutdownGraceSecs = 5
-	cfg.LogLevel = "error"
+// startRouter starts a router with configuration cfg (its workers included) and returns once
+// every worker has been probed. name names the router in errors.
+func startRouter(ctx context.Context, cfg config.Config, name string) (*localRouter, error) {
 	r, err := router.New(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("router %s: %w", name, err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -45,20 +39,71 @@ func startRouter(ctx context.Context, policy string, workerURLs []string) (*loca
 	for _, w := range r.Pool().All() {
 		if !w.Healthy() {
 			lr.stop()
-			return nil, fmt.Errorf("router %s: worker %s did not answer its health check", policy, w.Tenant())
+			return nil, fmt.Errorf("router %s: worker %s did not answer its health check", name, w.Tenant())
 		}
 	}
 	return lr, nil
 }
 
-// loads returns the router's in-flight count per worker tenant.
-func (lr *localRouter) loads() []float64 {
-	ws := lr.r.Pool().All()
-	out := make([]float64, len(ws))
-	for i, w := range ws {
-		out[i] = float64(w.Load())
+// replicaSet is the routers of one --policies entry, in front of the same workers.
+type replicaSet []*localRouter
+
+// startReplicas starts n routers with configuration cfg, or none if one fails.
+func startReplicas(ctx context.Context, cfg config.Config, name string, n int) (replicaSet, error) {
+	var rs replicaSet
+	for i := range n {
+		rname := name
+		if n > 1 {
+			rname = fmt.Sprintf("%s (replica %d)", name, i+1)
+		}
+		lr, err := startRouter(ctx, cfg, rname)
+		if err != nil {
+			rs.stop()
+			return nil, err
+		}
+		rs = append(rs, lr)
+	}
+	return rs, nil
+}
+
+// urls are the replicas' base URLs, which the bench's requests take in turn.
+func (rs replicaSet) urls() []string {
+	out := make([]string, len(rs))
+	for i, lr := range rs {
+		out[i] = lr.url
 	}
 	return out
+}
+
+// loads returns the requests in flight on each worker tenant, summed over the replicas: each
+// replica counts only what it sent itself (InFlight, whatever load signal it balances on).
+// Tenants are in the first replica's order and matched by name in the others.
+func (rs replicaSet) loads() []float64 {
+	if len(rs) == 0 {
+		return nil
+	}
+	first := rs[0].r.Pool().All()
+	out := make([]float64, len(first))
+	index := make(map[string]int, len(first))
+	for i, w := range first {
+		index[w.Name()] = i
+		out[i] = float64(w.InFlight())
+	}
+	for _, lr := range rs[1:] {
+		for _, w := range lr.r.Pool().All() {
+			if i, ok := index[w.Name()]; ok {
+				out[i] += float64(w.InFlight())
+			}
+		}
+	}
+	return out
+}
+
+// stop shuts every replica down.
+func (rs replicaSet) stop() {
+	for _, lr := range rs {
+		lr.stop()
+	}
 }
 
 // stop shuts the router down and waits for it.

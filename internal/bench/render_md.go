@@ -29,6 +29,12 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 	for i := range r.Targets {
 		t := &r.Targets[i]
 		fmt.Fprintf(&b, "- `%s`: decisions %s; workers %s", t.Name, decisionList(t), shareList(t))
+		if t.Replicas > 1 {
+			fmt.Fprintf(&b, "; %d replicas sharing sessions through Redis", t.Replicas)
+		}
+		if len(t.RouterArgs) > 0 {
+			fmt.Fprintf(&b, "; router args `%s`", strings.Join(t.RouterArgs, " "))
+		}
 		if t.SameWorker != nil {
 			fmt.Fprintf(&b, "; %s of later turns on the previous turn's worker", pct(*t.SameWorker))
 		}

@@ -10,7 +10,7 @@ import (
 )
 
 // tableHeader are the columns of the comparison table (text and Markdown).
-var tableHeader = []string{"target", "hit rate", "worker hit", "TTFT p50", "TTFT p90", "TTFT p99",
+var tableHeader = []string{"target", "hit rate", "predicted", "worker hit", "TTFT p50", "TTFT p90", "TTFT p99",
 	"E2E p50", "E2E p99", "req/s", "out tok/s", "errors", "imbalance peak/mean"}
 
 // chainHeader are the columns added for --api responses-chain, where a turn that reaches
@@ -52,7 +52,7 @@ func tableRow(t *TargetReport) []string {
 	if t.Imbalance != nil {
 		imb = fmt.Sprintf("%.2f / %.2f", t.Imbalance.Peak, t.Imbalance.Mean)
 	}
-	return []string{t.Name, pct(t.HitRate), worker, millis(t.TTFT.P50), millis(t.TTFT.P90), millis(t.TTFT.P99),
+	return []string{t.Name, pct(t.HitRate), optPct(t.PredictedHitRate), worker, millis(t.TTFT.P50), millis(t.TTFT.P90), millis(t.TTFT.P99),
 		millis(t.E2E.P50), millis(t.E2E.P99), fmt.Sprintf("%.2f", t.RequestsPerSec), fmt.Sprintf("%.0f", t.OutputTokensPerSec),
 		fmt.Sprint(t.Errors + t.Skipped), imb}
 }
@@ -102,6 +102,9 @@ func WriteTable(w io.Writer, r *Report) error {
 	for i := range r.Targets {
 		t := &r.Targets[i]
 		fmt.Fprintf(w, "%s\n  decisions: %s\n  workers:   %s\n", t.Name, decisionList(t), shareList(t))
+		if l := routerLine(t); l != "" {
+			fmt.Fprintf(w, "  router:    %s\n", l)
+		}
 		if t.SameWorker != nil {
 			fmt.Fprintf(w, "  sticking:  %s of later turns on the previous turn's worker\n", pct(*t.SameWorker))
 		}
@@ -110,6 +113,19 @@ func WriteTable(w io.Writer, r *Report) error {
 		}
 	}
 	return nil
+}
+
+// routerLine describes how the bench ran an in-process target's routers: the replicas and
+// the router args; "" when there is nothing to say.
+func routerLine(t *TargetReport) string {
+	var parts []string
+	if t.Replicas > 1 {
+		parts = append(parts, fmt.Sprintf("%d replicas sharing sessions through Redis", t.Replicas))
+	}
+	if len(t.RouterArgs) > 0 {
+		parts = append(parts, strings.Join(t.RouterArgs, " "))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // decisionList is "label n (p%), ..." by count, most frequent first.

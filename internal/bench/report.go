@@ -23,10 +23,15 @@ type Report struct {
 
 // TargetReport is what one target did with the workload. Latencies are in milliseconds.
 type TargetReport struct {
-	Name        string   `json:"name"`
-	URLs        []string `json:"urls"`
-	Policy      string   `json:"policy,omitempty"`
-	SessionMode string   `json:"session_id"`
+	Name   string   `json:"name"`
+	URLs   []string `json:"urls"`
+	Policy string   `json:"policy,omitempty"`
+	// RouterArgs are the router flags the bench's own routers ran with (--router-arg), in order.
+	RouterArgs []string `json:"router_args,omitempty"`
+	// Replicas is the number of in-process routers the requests went to round-robin, sharing
+	// their session map through Redis when above 1; absent for external targets.
+	Replicas    int    `json:"replicas,omitempty"`
+	SessionMode string `json:"session_id"`
 
 	Requests int `json:"requests"` // answered successfully
 	Errors   int `json:"errors"`
@@ -37,6 +42,10 @@ type TargetReport struct {
 	OutputTokens int64 `json:"output_tokens"`
 	// HitRate is Σ cached_tokens / Σ prompt_tokens over the successful responses.
 	HitRate float64 `json:"hit_rate"`
+	// PredictedHitRate is what the router expected: Σ (x-vllm-router-prefix-match × prompt_tokens)
+	// / Σ prompt_tokens over the successful responses that carried the header; nil (n/a) when
+	// none did.
+	PredictedHitRate *float64 `json:"predicted_hit_rate"`
 	// ResponseNotFound counts the requests that continued a stored response (previous_response_id,
 	// --api responses-chain) and were answered 404: the worker they reached did not hold it. It
 	// is one of Errors.
@@ -83,13 +92,14 @@ func summarize(t *Target, res runResult, scale float64) TargetReport {
 		scale = 1
 	}
 	r := TargetReport{
-		Name: t.Name, URLs: t.URLs, Policy: t.Policy, SessionMode: t.SessionMode,
+		Name: t.Name, URLs: t.URLs, Policy: t.Policy, RouterArgs: t.RouterArgs, Replicas: t.Replicas, SessionMode: t.SessionMode,
 		Skipped: res.skipped, Decisions: map[string]int{}, WorkerShare: map[string]float64{},
 	}
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) / scale }
 	var ttft, e2e []float64
 	workers := map[string]int{}
 	seenErr := map[string]bool{}
+	var predicted, predictedOf float64
 	for i := range res.records {
 		rec := &res.records[i]
 		if rec.Decision != "" {
@@ -113,10 +123,18 @@ func summarize(t *Target, res runResult, scale float64) TargetReport {
 		r.PromptTokens += int64(rec.PromptTokens)
 		r.CachedTokens += int64(rec.CachedTokens)
 		r.OutputTokens += int64(rec.OutputTokens)
+		if rec.HasPrefixMatch {
+			predicted += rec.PrefixMatch * float64(rec.PromptTokens)
+			predictedOf += float64(rec.PromptTokens)
+		}
 		ttft = append(ttft, ms(rec.TTFT))
 		e2e = append(e2e, ms(rec.E2E))
 	}
 	r.HitRate = HitRate(r.CachedTokens, r.PromptTokens)
+	if predictedOf > 0 {
+		v := predicted / predictedOf
+		r.PredictedHitRate = &v
+	}
 	slices.Sort(ttft)
 	slices.Sort(e2e)
 	r.TTFT = Latency{P50: percentileSorted(ttft, 50), P90: percentileSorted(ttft, 90), P99: percentileSorted(ttft, 99)}

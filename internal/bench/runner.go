@@ -17,6 +17,10 @@ type Target struct {
 	SessionMode string
 	// Policy is the router policy when the bench started the router itself; empty otherwise.
 	Policy string
+	// RouterArgs are the router flags the bench's own routers ran with (--router-arg).
+	RouterArgs []string
+	// Replicas is the number of in-process routers behind URLs, 0 for an external target.
+	Replicas int
 	// Loads returns the requests in flight on each worker behind the target; nil when unknown.
 	Loads func() []float64
 	// Workers is the number of workers behind the target, when known (0 otherwise).

@@ -125,7 +125,7 @@ func TestParsePoliciesAndTargets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ps) != 3 || ps[0].SessionMode != SessionBody || ps[1] != (PolicySpec{"cache_aware:none", "cache_aware", SessionNone}) {
+	if len(ps) != 3 || ps[0].SessionMode != SessionBody || ps[1].Name != "cache_aware:none" || ps[1].Policy != "cache_aware" || ps[1].SessionMode != SessionNone {
 		t.Fatalf("%+v", ps)
 	}
 	for _, bad := range []string{"nope", "cache_aware:sometimes", "round_robin,round_robin"} {

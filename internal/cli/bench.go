@@ -30,6 +30,8 @@ type benchFlags struct {
 
 	targets         []string
 	policies        []string
+	routerArgs      []string
+	replicas        int
 	workers         int
 	workerMetrics   []string
 	targetTimeScale float64
@@ -57,7 +59,15 @@ worker's share of requests and the in-flight imbalance across workers.
 Targets are external endpoints (--target NAME=URL; several comma-separated URLs are used
 round-robin) or routers bench starts itself in front of its own simulated workers, one per
 entry of --policies, with the workers' caches emptied between runs. A --policies entry may carry
-a session id mode: cache_aware:none runs cache_aware without session ids.
+a session id mode (cache_aware:none runs cache_aware without session ids) and a name
+(engine=cache_aware). --router-arg passes router flags to every in-process router, or with
+ENTRY=--flag=value to the entry named ENTRY only (the bench owns the listen address, workers,
+policy, session store and discovery flags). --replicas N runs N routers per entry in front of the
+same workers, taking the requests round-robin and sharing their session map through a
+redis-server the bench starts on a loopback port (redis-server must be on PATH).
+
+Beside the hit rate the report gives "predicted": the share of prompt tokens the router expected
+its worker to hold (x-vllm-router-prefix-match × prompt tokens), n/a for routers without it.
 
 Workloads: agent (generated multi-turn agent sessions), mooncake (a Mooncake JSONL trace given
 with --input) and conversations (vLLM multi-turn benchmark JSON given with --input).
@@ -67,6 +77,8 @@ the whole conversation every turn), responses-chain (/v1/responses with previous
 only the turn's new input; the report adds the 404 "response not found" count and the share of
 later turns on the previous turn's worker) or messages (Anthropic's /v1/messages).`,
 		Example: `  cacheroute bench --policies round_robin,consistent_hash,cache_aware:none,cache_aware
+  cacheroute bench --policies requests=cache_aware,engine=cache_aware --router-arg engine=--load-signal=engine
+  cacheroute bench --replicas 2 --policies round_robin,cache_aware
   cacheroute bench --target router=http://127.0.0.1:30000 --worker-metrics http://127.0.0.1:8000,http://127.0.0.1:8001
   cacheroute bench --workload mooncake --input conversation_trace.jsonl --limit 2000 --block-scale 0.0625 --speedup 0 --policies cache_aware
   cacheroute bench --api responses-chain --policies round_robin,cache_aware
@@ -115,7 +127,9 @@ later turns on the previous turn's worker) or messages (Anthropic's /v1/messages
 	fs.StringVar(&f.api, "api", bench.APIChat, "send each turn as chat, responses, responses-chain or messages")
 
 	fs.StringArrayVar(&f.targets, "target", nil, "NAME=URL[,URL...]: an endpoint to bench; several URLs are used round-robin (repeatable)")
-	fs.StringSliceVar(&f.policies, "policies", nil, "start simulated workers and one in-process router per entry: POLICY or POLICY:header|body|none")
+	fs.StringSliceVar(&f.policies, "policies", nil, "start simulated workers and one in-process router per entry: [NAME=]POLICY[:header|body|none]")
+	fs.StringArrayVar(&f.routerArgs, "router-arg", nil, "--policies: a router flag for every in-process router (--load-signal=engine), or ENTRY=FLAG for the entry named ENTRY only; values as --flag=value (repeatable)")
+	fs.IntVar(&f.replicas, "replicas", 1, "--policies: routers per entry, in front of the same workers, taking requests round-robin; above 1 they share sessions through a redis-server the bench starts (needs redis-server on PATH)")
 	fs.IntVar(&f.workers, "workers", bench.DemoWorkers, "--policies: simulated workers")
 	fs.IntVar(&simCfg.KVCacheBlocks, "kv-cache-blocks", simCfg.KVCacheBlocks, "--policies: KV cache capacity per worker, in blocks")
 	fs.IntVar(&simCfg.BlockSize, "block-size", simCfg.BlockSize, "--policies: tokens per KV block")
@@ -139,7 +153,7 @@ later turns on the previous turn's worker) or messages (Anthropic's /v1/messages
 
 // options turns the flags into bench options.
 func (f *benchFlags) options(simCfg sim.Config) (bench.Options, error) {
-	o := bench.Options{Workers: f.workers, Sim: simCfg, SessionMode: f.sessionMode, WorkerMetrics: f.workerMetrics,
+	o := bench.Options{Workers: f.workers, Replicas: f.replicas, Sim: simCfg, SessionMode: f.sessionMode, WorkerMetrics: f.workerMetrics,
 		TargetTimeScale: f.targetTimeScale, API: f.api, Model: f.model, Concurrency: f.concurrency, Timeout: f.timeout}
 	if !slices.Contains(bench.SessionModes, f.sessionMode) {
 		return o, fmt.Errorf("--session-id %q: want one of %s", f.sessionMode, strings.Join(bench.SessionModes, ", "))
@@ -156,6 +170,15 @@ func (f *benchFlags) options(simCfg sim.Config) (bench.Options, error) {
 	var err error
 	if o.Policies, err = bench.ParsePolicies(f.policies, f.sessionMode); err != nil {
 		return o, err
+	}
+	if len(f.routerArgs) > 0 && len(o.Policies) == 0 {
+		return o, fmt.Errorf("--router-arg configures the in-process routers of --policies; with --target, pass flags to your own routers")
+	}
+	if err := bench.ApplyRouterArgs(o.Policies, f.routerArgs); err != nil {
+		return o, err
+	}
+	if f.replicas < 1 {
+		return o, fmt.Errorf("--replicas must be at least 1, got %d", f.replicas)
 	}
 	for _, t := range f.targets {
 		spec, err := bench.ParseTarget(t)

@@ -33,7 +33,7 @@ func TestBenchRejectsAnUnknownAPIBeforeRunning(t *testing.T) {
 func TestBenchPassesTheAPIToTheRun(t *testing.T) {
 	for _, api := range bench.APIs {
 		f := benchFlags{agent: bench.DefaultAgentConfig(), sessionMode: bench.SessionHeader, api: api,
-			policies: []string{"cache_aware"}, workers: 4, targetTimeScale: 1, concurrency: 1, toolResult: "fixed:10", workload: "agent"}
+			policies: []string{"cache_aware"}, workers: 4, replicas: 1, targetTimeScale: 1, concurrency: 1, toolResult: "fixed:10", workload: "agent"}
 		opts, err := f.options(bench.DemoSim())
 		if err != nil || opts.API != api {
 			t.Fatalf("--api %s: options.API %q, %v", api, opts.API, err)
