@@ -1,9 +1,11 @@
 package bench
 
 import (
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/cacheroute/cacheroute/internal/session/redistest"
 	"github.com/cacheroute/cacheroute/internal/sim"
 )
 
@@ -131,5 +133,108 @@ func TestEveryAPIKeepsItsSessionOnOneWorkerThroughCacheAware(t *testing.T) {
 			t.Fatalf("%s: hit rate %.3f, worker counters %v", api, ca.HitRate, ca.WorkerHitRate)
 		}
 		t.Logf("%s: hit rate %.3f, decisions %v", api, ca.HitRate, ca.Decisions)
+	}
+}
+
+// replayAgent is a short agent workload for the in-process tests below.
+func replayAgent(t *testing.T, sessions int) Workload {
+	t.Helper()
+	w, err := Agent(AgentConfig{Sessions: sessions, Turns: 4, SharedPrefixTokens: 64, ToolSets: 1, TaskTokens: 100,
+		ToolResult: Dist{Kind: "fixed", A: 50}, OutputTokens: 8, Seed: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// --router-arg reaches only the entry it names: with the balance gate at zero (any difference
+// in load trips it), cache_aware answers some requests load_balance when sessions run side by
+// side, which the same router with its default gate (64) never does. The report shows the
+// args, and cache_aware's predicted hit rate, as every answer carries its prefix match.
+func TestRouterArgTakesEffectOnTheEntryItNames(t *testing.T) {
+	ps, err := ParsePolicies([]string{"plain=cache_aware,gated=cache_aware"}, SessionHeader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"gated=--balance-abs-threshold=0", "gated=--balance-rel-threshold=1"}
+	if err := ApplyRouterArgs(ps, args); err != nil {
+		t.Fatal(err)
+	}
+	simCfg := sim.DefaultConfig()
+	simCfg.TimeScale = 0.01
+	rep, err := Run(t.Context(), Options{Workload: replayAgent(t, 8), Policies: ps, Workers: 2, Sim: simCfg,
+		Concurrency: 4, Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, gated := rep.Targets[0], rep.Targets[1]
+	for _, tr := range rep.Targets {
+		if tr.Errors != 0 || tr.Requests != 32 {
+			t.Fatalf("%s: %d requests, %d errors %v", tr.Name, tr.Requests, tr.Errors, tr.ErrorSamples)
+		}
+		if tr.PredictedHitRate == nil || *tr.PredictedHitRate <= 0 || *tr.PredictedHitRate > 1 {
+			t.Fatalf("%s: predicted hit rate %v, want in (0, 1]", tr.Name, tr.PredictedHitRate)
+		}
+	}
+	if plain.Decisions["load_balance"] != 0 || len(plain.RouterArgs) != 0 {
+		t.Fatalf("plain: decisions %v, args %q", plain.Decisions, plain.RouterArgs)
+	}
+	if gated.Decisions["load_balance"] == 0 || strings.Join(gated.RouterArgs, " ") != "--balance-abs-threshold=0 --balance-rel-threshold=1" {
+		t.Fatalf("gated: decisions %v, args %q", gated.Decisions, gated.RouterArgs)
+	}
+	var table, js strings.Builder
+	if err := WriteTable(&table, rep); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteJSON(&js, rep); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table.String(), "router:    --balance-abs-threshold=0 --balance-rel-threshold=1") || !strings.Contains(table.String(), "predicted") {
+		t.Fatalf("table:\n%s", table.String())
+	}
+	if !strings.Contains(js.String(), `"router_args": [`) || !strings.Contains(js.String(), `"predicted_hit_rate": 0.`) {
+		t.Fatalf("json:\n%s", js.String())
+	}
+	t.Logf("gated decisions %v; predicted %.3f / %.3f, hit rate %.3f / %.3f", gated.Decisions,
+		*plain.PredictedHitRate, *gated.PredictedHitRate, plain.HitRate, gated.HitRate)
+}
+
+// With --replicas 2 the bench's requests alternate between two cache_aware routers, so each
+// session's turns cross replicas; sharing the session map through the bench's redis-server,
+// both send every later turn to the worker of the session's first turn.
+func TestReplicasShareTheirSessionsThroughRedis(t *testing.T) {
+	redistest.Require(t)
+	ps, err := ParsePolicies([]string{"cache_aware"}, SessionHeader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	simCfg := sim.DefaultConfig()
+	simCfg.TimeScale = 0.01
+	rep, err := Run(t.Context(), Options{Workload: replayAgent(t, 4), Policies: ps, Workers: 4, Replicas: 2, Sim: simCfg,
+		Concurrency: 1, Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := rep.Targets[0]
+	if ca.Errors != 0 || ca.Requests != 16 || len(ca.URLs) != 2 || ca.Replicas != 2 {
+		t.Fatalf("%d requests, %d errors %v, urls %v, replicas %d", ca.Requests, ca.Errors, ca.ErrorSamples, ca.URLs, ca.Replicas)
+	}
+	if ca.SameWorker == nil || *ca.SameWorker != 1 || ca.Decisions["session_id_match"] != 12 {
+		t.Fatalf("same worker %s, decisions %v", optPct(ca.SameWorker), ca.Decisions)
+	}
+	if ca.Imbalance == nil {
+		t.Fatal("no load sampled over the replicas")
+	}
+}
+
+func TestReplicasWithoutRedisServerFailBeforeRunning(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	ps, err := ParsePolicies([]string{"cache_aware"}, SessionHeader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Run(t.Context(), Options{Workload: replayAgent(t, 1), Policies: ps, Workers: 1, Replicas: 2, Sim: sim.DefaultConfig(), Concurrency: 1})
+	if err == nil || !strings.Contains(err.Error(), "--replicas 2") || !strings.Contains(err.Error(), "redis-server not found") || len(rep.Targets) != 0 {
+		t.Fatalf("error %v", err)
 	}
 }

@@ -40,3 +40,43 @@ func TestBenchPassesTheAPIToTheRun(t *testing.T) {
 		}
 	}
 }
+
+func TestBenchRouterArgsReachTheirNamedEntries(t *testing.T) {
+	f := benchFlags{agent: bench.DefaultAgentConfig(), sessionMode: bench.SessionHeader, api: bench.APIChat, workers: 4, replicas: 2,
+		targetTimeScale: 1, concurrency: 1, toolResult: "fixed:10", workload: "agent",
+		policies:   []string{"requests=cache_aware", "engine=cache_aware:none"},
+		routerArgs: []string{"--balance-abs-threshold=8", "engine=--load-signal=engine"}}
+	opts, err := f.options(bench.DemoSim())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.Replicas != 2 || len(opts.Policies) != 2 || opts.Policies[1].Name != "engine" || opts.Policies[1].SessionMode != bench.SessionNone {
+		t.Fatalf("options %+v", opts.Policies)
+	}
+	if got := strings.Join(opts.Policies[0].Args, " "); got != "--balance-abs-threshold=8" {
+		t.Fatalf("requests: args %q", got)
+	}
+	if got := strings.Join(opts.Policies[1].Args, " "); got != "--balance-abs-threshold=8 --load-signal=engine" {
+		t.Fatalf("engine: args %q", got)
+	}
+}
+
+func TestBenchRefusesBadRouterArgsAndReplicasBeforeRunning(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--policies", "cache_aware", "--router-arg", "--port=1"}, "the bench sets --port itself"},
+		{[]string{"--policies", "a=cache_aware", "--router-arg", "b=--load-signal=engine"}, `no --policies entry named "b"`},
+		{[]string{"--policies", "a=cache_aware,a=round_robin"}, "given twice"},
+		{[]string{"--target", "x=http://127.0.0.1:1", "--router-arg", "--load-signal=engine"}, "--router-arg configures the in-process routers"},
+		{[]string{"--policies", "cache_aware", "--replicas", "0"}, "--replicas must be at least 1"},
+	} {
+		cmd := newBenchCommand()
+		cmd.SetArgs(append(c.args, "--quiet"))
+		cmd.SetOut(io.Discard)
+		if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: error %v, want %q", c.args, err, c.want)
+		}
+	}
+}
