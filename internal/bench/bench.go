@@ -205,7 +205,7 @@ func runPolicies(ctx context.Context, o Options, rep *Report) error {
 			return err
 		}
 		t := &Target{Name: p.Name, URLs: rs.urls(), SessionMode: p.SessionMode, Policy: p.Policy,
-			RouterArgs: p.Args, Replicas: replicas,
+			RouterArgs: p.Args, Replicas: replicas, SessionStore: cfg.SessionStore,
 			Loads: rs.loads, Workers: o.Workers, WorkerMetrics: fleet.URLs(), TimeScale: o.Sim.TimeScale}
 		tr, err := runOne(ctx, &o, t, model)
 		rs.stop()

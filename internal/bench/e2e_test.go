@@ -200,12 +200,17 @@ func TestRouterArgTakesEffectOnTheEntryItNames(t *testing.T) {
 }
 
 // With --replicas 2 the bench's requests alternate between two cache_aware routers, so each
-// session's turns cross replicas; sharing the session map through the bench's redis-server,
-// both send every later turn to the worker of the session's first turn.
+// session's turns cross replicas. Sharing the session map through the bench's redis-server,
+// both send every later turn to the session's worker by its id; with --session-store=memory
+// each replica knows only the sessions it placed, so every second turn reaches a replica that
+// has never seen its session.
 func TestReplicasShareTheirSessionsThroughRedis(t *testing.T) {
 	redistest.Require(t)
-	ps, err := ParsePolicies([]string{"cache_aware"}, SessionHeader)
+	ps, err := ParsePolicies([]string{"shared=cache_aware,own=cache_aware"}, SessionHeader)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ApplyRouterArgs(ps, []string{"own=--session-store=memory"}); err != nil {
 		t.Fatal(err)
 	}
 	simCfg := sim.DefaultConfig()
@@ -215,15 +220,24 @@ func TestReplicasShareTheirSessionsThroughRedis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca := rep.Targets[0]
-	if ca.Errors != 0 || ca.Requests != 16 || len(ca.URLs) != 2 || ca.Replicas != 2 {
-		t.Fatalf("%d requests, %d errors %v, urls %v, replicas %d", ca.Requests, ca.Errors, ca.ErrorSamples, ca.URLs, ca.Replicas)
+	shared, own := rep.Targets[0], rep.Targets[1]
+	for _, tr := range rep.Targets {
+		if tr.Errors != 0 || tr.Requests != 16 || len(tr.URLs) != 2 || tr.Replicas != 2 || tr.Imbalance == nil {
+			t.Fatalf("%s: %d requests, %d errors %v, urls %v, replicas %d, imbalance %v", tr.Name, tr.Requests, tr.Errors, tr.ErrorSamples, tr.URLs, tr.Replicas, tr.Imbalance)
+		}
 	}
-	if ca.SameWorker == nil || *ca.SameWorker != 1 || ca.Decisions["session_id_match"] != 12 {
-		t.Fatalf("same worker %s, decisions %v", optPct(ca.SameWorker), ca.Decisions)
+	if shared.SessionStore != "redis" || shared.SameWorker == nil || *shared.SameWorker != 1 || shared.Decisions["session_id_match"] != 12 {
+		t.Fatalf("shared: store %s, same worker %s, decisions %v", shared.SessionStore, optPct(shared.SameWorker), shared.Decisions)
 	}
-	if ca.Imbalance == nil {
-		t.Fatal("no load sampled over the replicas")
+	if own.SessionStore != "memory" || own.Decisions["session_id_match"] >= 12 {
+		t.Fatalf("own: store %s, decisions %v", own.SessionStore, own.Decisions)
+	}
+	var md strings.Builder
+	if err := WriteMarkdown(&md, rep); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(md.String(), "2 replicas sharing sessions through Redis") || !strings.Contains(md.String(), "2 replicas, each with its own session map") {
+		t.Fatalf("markdown:\n%s", md.String())
 	}
 }
 

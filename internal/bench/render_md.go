@@ -30,7 +30,7 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 		t := &r.Targets[i]
 		fmt.Fprintf(&b, "- `%s`: decisions %s; workers %s", t.Name, decisionList(t), shareList(t))
 		if t.Replicas > 1 {
-			fmt.Fprintf(&b, "; %d replicas sharing sessions through Redis", t.Replicas)
+			fmt.Fprintf(&b, "; %s", replicasText(t))
 		}
 		if len(t.RouterArgs) > 0 {
 			fmt.Fprintf(&b, "; router args `%s`", strings.Join(t.RouterArgs, " "))

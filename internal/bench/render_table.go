@@ -120,12 +120,20 @@ func WriteTable(w io.Writer, r *Report) error {
 func routerLine(t *TargetReport) string {
 	var parts []string
 	if t.Replicas > 1 {
-		parts = append(parts, fmt.Sprintf("%d replicas sharing sessions through Redis", t.Replicas))
+		parts = append(parts, replicasText(t))
 	}
 	if len(t.RouterArgs) > 0 {
 		parts = append(parts, strings.Join(t.RouterArgs, " "))
 	}
 	return strings.Join(parts, "; ")
+}
+
+// replicasText says how many replicas ran and whether they shared their sessions.
+func replicasText(t *TargetReport) string {
+	if t.SessionStore == "redis" {
+		return fmt.Sprintf("%d replicas sharing sessions through Redis", t.Replicas)
+	}
+	return fmt.Sprintf("%d replicas, each with its own session map", t.Replicas)
 }
 
 // decisionList is "label n (p%), ..." by count, most frequent first.

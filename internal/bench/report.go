@@ -28,10 +28,12 @@ type TargetReport struct {
 	Policy string   `json:"policy,omitempty"`
 	// RouterArgs are the router flags the bench's own routers ran with (--router-arg), in order.
 	RouterArgs []string `json:"router_args,omitempty"`
-	// Replicas is the number of in-process routers the requests went to round-robin, sharing
-	// their session map through Redis when above 1; absent for external targets.
-	Replicas    int    `json:"replicas,omitempty"`
-	SessionMode string `json:"session_id"`
+	// Replicas is the number of in-process routers the requests went to round-robin, and
+	// SessionStore their session store: redis when they shared their session map through the
+	// bench's redis-server, memory otherwise. Both are absent for external targets.
+	Replicas     int    `json:"replicas,omitempty"`
+	SessionStore string `json:"session_store,omitempty"`
+	SessionMode  string `json:"session_id"`
 
 	Requests int `json:"requests"` // answered successfully
 	Errors   int `json:"errors"`
@@ -92,7 +94,7 @@ func summarize(t *Target, res runResult, scale float64) TargetReport {
 		scale = 1
 	}
 	r := TargetReport{
-		Name: t.Name, URLs: t.URLs, Policy: t.Policy, RouterArgs: t.RouterArgs, Replicas: t.Replicas, SessionMode: t.SessionMode,
+		Name: t.Name, URLs: t.URLs, Policy: t.Policy, RouterArgs: t.RouterArgs, Replicas: t.Replicas, SessionStore: t.SessionStore, SessionMode: t.SessionMode,
 		Skipped: res.skipped, Decisions: map[string]int{}, WorkerShare: map[string]float64{},
 	}
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) / scale }

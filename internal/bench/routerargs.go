@@ -16,7 +16,8 @@ import (
 // benchOwnedFlags are the router flags the bench sets itself on every in-process router: where
 // it listens, its workers (the simulated fleet, never discovered), its policy (the --policies
 // entry) and its session store (memory, or the bench's redis-server with --replicas). A
-// --router-arg naming one of them is refused rather than silently overridden.
+// --router-arg naming one of them is refused rather than silently overridden, except
+// --session-store=memory: with --replicas it keeps an entry's replicas from sharing sessions.
 var benchOwnedFlags = []string{
 	"host", "port", "prometheus-port", "worker-urls", "policy", "session-store", "redis-url",
 	"service-discovery", "selector", "service-discovery-port", "service-discovery-namespace",
@@ -92,6 +93,9 @@ func routerConfig(p PolicySpec, workerURLs []string, redisURL string) (config.Co
 	}
 	var owned error
 	fs.Visit(func(f *pflag.Flag) {
+		if f.Name == "session-store" && f.Value.String() == "memory" {
+			return
+		}
 		if owned == nil && slices.Contains(benchOwnedFlags, f.Name) {
 			owned = fmt.Errorf("--policies entry %s: --router-arg --%s: the bench sets --%s itself (use --policies, --replicas and the fleet flags)", p.Name, f.Name, f.Name)
 		}
@@ -111,7 +115,7 @@ func routerConfig(p PolicySpec, workerURLs []string, redisURL string) (config.Co
 	cfg.PrometheusPort = 0
 	cfg.ServiceDiscovery, cfg.DNSDiscovery = false, ""
 	cfg.SessionStore, cfg.RedisURL = "memory", ""
-	if redisURL != "" {
+	if redisURL != "" && !fs.Changed("session-store") {
 		cfg.SessionStore, cfg.RedisURL = "redis", redisURL
 	}
 	if err := cfg.Validate(); err != nil {

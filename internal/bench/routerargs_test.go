@@ -63,6 +63,10 @@ func TestRouterArgGoesToEveryEntryOrToTheNamedOne(t *testing.T) {
 	if a.LoadSignal != "tokens" || a.BalanceAbsThreshold != 64 || a.DisableCircuitBreaker || a.SessionStore != "memory" {
 		t.Fatalf("a: %+v", a)
 	}
+	ps[0].Args = append(ps[0].Args, "--session-store=memory")
+	if a, err = routerConfig(ps[0], []string{"http://127.0.0.1:1"}, "redis://127.0.0.1:6379"); err != nil || a.SessionStore != "memory" || a.RedisURL != "" {
+		t.Fatalf("--session-store=memory with a shared store: %v, store %s %s", err, a.SessionStore, a.RedisURL)
+	}
 	if b.LoadSignal != "tokens" || b.BalanceAbsThreshold != 0 || !b.DisableCircuitBreaker ||
 		b.SessionStore != "redis" || b.RedisURL != "redis://127.0.0.1:6379" || b.Policy != "cache_aware" || b.PrometheusPort != 0 {
 		t.Fatalf("b: %+v", b)

@@ -19,8 +19,10 @@ type Target struct {
 	Policy string
 	// RouterArgs are the router flags the bench's own routers ran with (--router-arg).
 	RouterArgs []string
-	// Replicas is the number of in-process routers behind URLs, 0 for an external target.
-	Replicas int
+	// Replicas is the number of in-process routers behind URLs, 0 for an external target, and
+	// SessionStore their session store (memory, or redis when they share it).
+	Replicas     int
+	SessionStore string
 	// Loads returns the requests in flight on each worker behind the target; nil when unknown.
 	Loads func() []float64
 	// Workers is the number of workers behind the target, when known (0 otherwise).

@@ -64,7 +64,8 @@ a session id mode (cache_aware:none runs cache_aware without session ids) and a 
 ENTRY=--flag=value to the entry named ENTRY only (the bench owns the listen address, workers,
 policy, session store and discovery flags). --replicas N runs N routers per entry in front of the
 same workers, taking the requests round-robin and sharing their session map through a
-redis-server the bench starts on a loopback port (redis-server must be on PATH).
+redis-server the bench starts on a loopback port (redis-server must be on PATH); an entry given
+--router-arg ENTRY=--session-store=memory keeps a session map per replica instead.
 
 Beside the hit rate the report gives "predicted": the share of prompt tokens the router expected
 its worker to hold (x-vllm-router-prefix-match × prompt tokens), n/a for routers without it.
@@ -78,7 +79,7 @@ only the turn's new input; the report adds the 404 "response not found" count an
 later turns on the previous turn's worker) or messages (Anthropic's /v1/messages).`,
 		Example: `  cacheroute bench --policies round_robin,consistent_hash,cache_aware:none,cache_aware
   cacheroute bench --policies requests=cache_aware,engine=cache_aware --router-arg engine=--load-signal=engine
-  cacheroute bench --replicas 2 --policies round_robin,cache_aware
+  cacheroute bench --replicas 2 --policies redis=cache_aware,memory=cache_aware --router-arg memory=--session-store=memory
   cacheroute bench --target router=http://127.0.0.1:30000 --worker-metrics http://127.0.0.1:8000,http://127.0.0.1:8001
   cacheroute bench --workload mooncake --input conversation_trace.jsonl --limit 2000 --block-scale 0.0625 --speedup 0 --policies cache_aware
   cacheroute bench --api responses-chain --policies round_robin,cache_aware
