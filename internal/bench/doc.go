@@ -15,7 +15,9 @@
 //     Responses with the whole input or chained by previous_response_id, Anthropic Messages),
 //     each building a turn's request and reading its stream's events;
 //   - load sampling (sampler.go) and worker metrics scraping (promtext.go);
-//   - in-process fleets (inprocess.go): simulated workers and one router per policy;
+//   - in-process fleets (inprocess.go): simulated workers and, per --policies entry, one router
+//     or several replicas (sharing their sessions through a redis-server the bench starts),
+//     configured by the entry's router args (routerargs.go);
 //   - the report (report.go, stats.go) and its renderings: an aligned table, JSON, Markdown
 //     and an SVG chart (render_*.go); live progress on a terminal (progress.go).
 package bench
