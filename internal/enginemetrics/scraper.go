@@ -5,11 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
 	"net/url"
-	"strings"
+	"os"
 	"sync"
 	"time"
 
@@ -26,6 +24,8 @@ type Options struct {
 	Timeout time.Duration
 	// APIKey is sent as a bearer token, as the health checker sends it to workers.
 	APIKey string
+	// Dialer connects to the workers (the health checker transport's dial and TLS settings).
+	Dialer Dialer
 }
 
 // maxPageBytes bounds the page read from one worker. A filtered page is a few hundred bytes; a
@@ -35,38 +35,40 @@ const maxPageBytes = 8 << 20
 // Scraper reads every worker URL's /metrics each interval and records the figures on the URL's
 // tenants (Worker.SetEngine), or counts the failure (Worker.ScrapeFailed).
 //
-// Each worker is scraped on its own goroutine, at most one scrape per worker at a time: a slow
-// or silent worker only delays itself, and its scrape is cut off at Timeout, before the next is
-// due (a scrape still under way when its next is due skips that round). The workers are read
-// from the pool every round, so one added through the admin API or discovery is scraped from the
-// next round on, and one removed is forgotten.
+// Each worker is scraped on its own goroutine over its own kept-alive connection, at most one
+// scrape per worker at a time: a slow or silent worker only delays itself, and its scrape is cut
+// off at Timeout, before the next is due (a scrape still under way when its next is due skips
+// that round). The workers are read from the pool every round, so one added through the admin
+// API or discovery is scraped from the next round on, and one removed is forgotten.
 type Scraper struct {
-	pool   *workers.Pool
-	opts   Options
-	client *http.Client
-	log    *slog.Logger
-	query  string // "/metrics?name[]=...", built once
+	pool  *workers.Pool
+	opts  Options
+	log   *slog.Logger
+	query string // "?name[]=...", built once
 
-	mu   sync.Mutex
-	busy map[string]bool // worker URLs with a scrape under way
-	wg   sync.WaitGroup
+	mu     sync.Mutex
+	busy   map[string]bool  // worker URLs with a scrape under way
+	conns  map[string]*conn // idle kept-alive connections, by worker URL
+	rounds int
+	wg     sync.WaitGroup
 }
 
-// New returns a scraper of pool's workers that uses client (the health checker's: the workers'
-// TLS settings and address rules); call Run to start it.
-func New(pool *workers.Pool, opts Options, client *http.Client, log *slog.Logger) *Scraper {
+// New returns a scraper of pool's workers; call Run to start it.
+func New(pool *workers.Pool, opts Options, log *slog.Logger) *Scraper {
 	if opts.Timeout <= 0 {
 		opts.Timeout = opts.Interval * 9 / 10
 	}
 	q := url.Values{"name[]": Names}
-	return &Scraper{pool: pool, opts: opts, client: client, log: log, query: "/metrics?" + q.Encode(), busy: map[string]bool{}}
+	return &Scraper{pool: pool, opts: opts, log: log, query: "/metrics?" + q.Encode(),
+		busy: map[string]bool{}, conns: map[string]*conn{}}
 }
 
 // Run scrapes every worker at once and then every Interval until ctx ends; it returns once the
-// scrapes under way have stopped.
+// scrapes under way have stopped, with the connections closed.
 func (s *Scraper) Run(ctx context.Context) {
 	t := time.NewTicker(s.opts.Interval)
 	defer t.Stop()
+	defer s.Close()
 	defer s.wg.Wait()
 	for {
 		s.round(ctx)
@@ -78,9 +80,25 @@ func (s *Scraper) Run(ctx context.Context) {
 	}
 }
 
+// Close closes the idle connections to the workers.
+func (s *Scraper) Close() {
+	s.mu.Lock()
+	for u, c := range s.conns {
+		c.close()
+		delete(s.conns, u)
+	}
+	s.mu.Unlock()
+}
+
 // round starts a scrape of every worker URL that has none under way, without waiting for them.
 func (s *Scraper) round(ctx context.Context) {
-	for _, u := range s.pool.URLs() {
+	urls := s.pool.URLs()
+	s.mu.Lock()
+	if s.rounds++; s.rounds%16 == 0 && len(s.conns) > 0 {
+		s.forgetRemoved(urls)
+	}
+	s.mu.Unlock()
+	for _, u := range urls {
 		s.mu.Lock()
 		if s.busy[u] {
 			s.mu.Unlock()
@@ -94,6 +112,20 @@ func (s *Scraper) round(ctx context.Context) {
 			delete(s.busy, u)
 			s.mu.Unlock()
 		})
+	}
+}
+
+// forgetRemoved closes the connections of worker URLs no longer in the pool; s.mu is held.
+func (s *Scraper) forgetRemoved(urls []string) {
+	live := make(map[string]bool, len(urls))
+	for _, u := range urls {
+		live[u] = true
+	}
+	for u, c := range s.conns {
+		if !live[u] {
+			c.close()
+			delete(s.conns, u)
+		}
 	}
 }
 
@@ -111,11 +143,15 @@ var pages = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
 // Scrape reads one worker URL's metrics now and records the outcome on all its tenants. It
 // returns why the scrape failed, without the worker's credentials; a page without the load
-// metrics is no failure.
+// metrics is no failure, and neither is a scrape cut short because ctx ended (shutdown).
 func (s *Scraper) Scrape(ctx context.Context, workerURL string) error {
 	tenants := s.pool.Get(workerURL)
 	if len(tenants) == 0 {
 		return nil // removed meanwhile
+	}
+	deadline := time.Now().Add(s.opts.Timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
 	}
 	var one [1]workers.ScrapeMark
 	marks := one[:0]
@@ -130,8 +166,11 @@ func (s *Scraper) Scrape(ctx context.Context, workerURL string) error {
 		}
 	}()
 	buf.Reset()
-	err := s.fetch(ctx, workerURL, buf)
+	err := s.fetch(ctx, workerURL, buf, deadline)
 	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 		for _, w := range tenants {
 			w.ScrapeFailed()
 		}
@@ -147,47 +186,63 @@ func (s *Scraper) Scrape(ctx context.Context, workerURL string) error {
 	return nil
 }
 
-func (s *Scraper) fetch(ctx context.Context, workerURL string, buf *bytes.Buffer) error {
-	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, workerURL+s.query, nil)
-	if err != nil {
-		return errors.New("GET /metrics: bad worker URL")
+// fetch reads the page into buf over the worker's kept-alive connection, or a new one. A kept
+// connection that the worker had closed (no status line came back) is replaced once.
+func (s *Scraper) fetch(ctx context.Context, workerURL string, buf *bytes.Buffer, deadline time.Time) error {
+	s.mu.Lock()
+	c := s.conns[workerURL]
+	delete(s.conns, workerURL)
+	s.mu.Unlock()
+	for attempt := 0; ; attempt++ {
+		reused := c != nil
+		if c == nil {
+			t, err := newTarget(workerURL, s.query, s.opts.APIKey)
+			if err != nil {
+				return err
+			}
+			dctx, cancel := context.WithDeadline(ctx, deadline)
+			c, err = s.opts.Dialer.dial(dctx, t)
+			cancel()
+			if err != nil {
+				return fetchError(err, s.opts.Timeout)
+			}
+		}
+		buf.Reset()
+		status, keep := 0, false
+		err := c.send(deadline)
+		if err == nil {
+			status, keep, err = c.receive(buf)
+		}
+		if err != nil || !keep {
+			c.close()
+		}
+		if err != nil && reused && status == 0 && attempt == 0 && time.Now().Before(deadline) {
+			c = nil
+			continue
+		}
+		if err != nil {
+			return fetchError(err, s.opts.Timeout)
+		}
+		if keep {
+			s.mu.Lock()
+			if s.conns[workerURL] == nil {
+				s.conns[workerURL] = c
+			} else {
+				c.close()
+			}
+			s.mu.Unlock()
+		}
+		if status != 200 {
+			return fmt.Errorf("GET /metrics answered %d", status)
+		}
+		return nil
 	}
-	req.Header.Set("Accept", "text/plain;version=0.0.4")
-	if s.opts.APIKey != "" {
-		req.Header.Set("Authorization", "Bearer "+s.opts.APIKey)
-	}
-	resp, err := s.client.Do(req)
-	if err != nil {
-		return fetchError(err, s.opts.Timeout)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
-		return fmt.Errorf("GET /metrics answered %d", resp.StatusCode)
-	}
-	if ct := resp.Header.Get("Content-Type"); strings.Contains(ct, "protobuf") {
-		return fmt.Errorf("GET /metrics answered %s, not the text format", ct)
-	}
-	n, err := buf.ReadFrom(io.LimitReader(resp.Body, maxPageBytes+1))
-	if err != nil {
-		return fetchError(err, s.opts.Timeout)
-	}
-	if n > maxPageBytes {
-		return fmt.Errorf("GET /metrics: page larger than %d bytes", maxPageBytes)
-	}
-	return nil
 }
 
 // fetchError names why a scrape failed, without the request URL (which may carry credentials).
 func fetchError(err error, timeout time.Duration) error {
-	if errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
 		return fmt.Errorf("GET /metrics: no answer within %s", timeout)
-	}
-	var uerr *url.Error
-	if errors.As(err, &uerr) {
-		err = uerr.Err
 	}
 	return fmt.Errorf("GET /metrics: %v", err)
 }

@@ -69,7 +69,7 @@ func (m *metricsServer) last() *http.Request {
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 func newScraper(pool *workers.Pool, opts Options) *Scraper {
-	return New(pool, opts, &http.Client{Transport: &http.Transport{Proxy: nil}}, quiet())
+	return New(pool, opts, quiet())
 }
 
 func enginePool(t *testing.T, dp int, urls ...string) *workers.Pool {
