@@ -18,6 +18,10 @@ var (
 // registry of its own so that many workers can live in one process. Names,
 // types and labels follow vLLM: every series carries model_name (the first
 // served model) and engine="0". Durations are simulated seconds.
+//
+// The page is served by promhttp, which honours prometheus_client's name[] query parameters as
+// vLLM's own /metrics does: a scraper that names the families it wants (the router's engine load
+// signal asks for vllm:num_requests_running and a few more) gets only those.
 type workerMetrics struct {
 	reg *prometheus.Registry
 
