@@ -212,7 +212,15 @@ func StatusClass(code int) string {
 
 var (
 	workerLoadDesc = prometheus.NewDesc(namespace+"_worker_load",
-		"Requests the router has in flight on each worker tenant.", []string{"worker"}, nil)
+		"Requests the router has in flight on each worker tenant (whatever --load-signal).", []string{"worker"}, nil)
+	workerLoadSignalDesc = prometheus.NewDesc(namespace+"_worker_load_signal",
+		"The load the policies balance on for each worker tenant, by --load-signal (requests, tokens or engine).", []string{"worker"}, nil)
+	workerScrapeErrorsDesc = prometheus.NewDesc(namespace+"_worker_metrics_scrape_errors_total",
+		"Failed scrapes of each worker tenant's /metrics (--load-signal engine).", []string{"worker"}, nil)
+	workerMetricsAgeDesc = prometheus.NewDesc(namespace+"_worker_metrics_age_seconds",
+		"Seconds since the last successful scrape of the worker tenant's /metrics began; no series before the first.", []string{"worker"}, nil)
+	workerKVCacheUsageDesc = prometheus.NewDesc(namespace+"_worker_kv_cache_usage_ratio",
+		"KV cache usage of the worker (0..1) at its last scrape that reported it (vllm:kv_cache_usage_perc, sglang:token_usage).", []string{"worker"}, nil)
 	workerHealthyDesc = prometheus.NewDesc(namespace+"_worker_healthy",
 		"1 when the worker tenant passes health checks, else 0.", []string{"worker"}, nil)
 	activeWorkersDesc = prometheus.NewDesc(namespace+"_active_workers",
@@ -257,12 +265,18 @@ type poolCollector struct{ pool *workers.Pool }
 
 func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- workerLoadDesc
+	ch <- workerLoadSignalDesc
+	ch <- workerScrapeErrorsDesc
+	ch <- workerMetricsAgeDesc
+	ch <- workerKVCacheUsageDesc
 	ch <- workerHealthyDesc
 	ch <- activeWorkersDesc
 }
 
 func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 	active := 0
+	engine := c.pool.LoadSignal() == workers.SignalEngine
+	now := time.Now()
 	for _, w := range c.pool.All() {
 		healthy := 0.0
 		if w.Healthy() {
@@ -271,7 +285,17 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 		if w.Available() {
 			active++
 		}
-		ch <- prometheus.MustNewConstMetric(workerLoadDesc, prometheus.GaugeValue, float64(w.Load()), w.Name())
+		ch <- prometheus.MustNewConstMetric(workerLoadDesc, prometheus.GaugeValue, float64(w.InFlight()), w.Name())
+		ch <- prometheus.MustNewConstMetric(workerLoadSignalDesc, prometheus.GaugeValue, float64(w.Load()), w.Name())
+		if engine {
+			ch <- prometheus.MustNewConstMetric(workerScrapeErrorsDesc, prometheus.CounterValue, float64(w.ScrapeErrors()), w.Name())
+			if at, ok := w.LastScrape(); ok {
+				ch <- prometheus.MustNewConstMetric(workerMetricsAgeDesc, prometheus.GaugeValue, now.Sub(at).Seconds(), w.Name())
+			}
+			if st, _, ok := w.Engine(); ok && st.HasKVCacheUsage {
+				ch <- prometheus.MustNewConstMetric(workerKVCacheUsageDesc, prometheus.GaugeValue, st.KVCacheUsage, w.Name())
+			}
+		}
 		ch <- prometheus.MustNewConstMetric(workerHealthyDesc, prometheus.GaugeValue, healthy, w.Name())
 	}
 	ch <- prometheus.MustNewConstMetric(activeWorkersDesc, prometheus.GaugeValue, float64(active))

@@ -22,6 +22,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/config"
 	"github.com/cacheroute/cacheroute/internal/dashboard"
 	"github.com/cacheroute/cacheroute/internal/discovery"
+	"github.com/cacheroute/cacheroute/internal/enginemetrics"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
@@ -39,6 +40,7 @@ type Router struct {
 	log        *slog.Logger
 	pool       *workers.Pool
 	checker    *workers.Checker
+	scraper    *enginemetrics.Scraper // the workers' /metrics; nil unless --load-signal engine
 	policy     policy.Policy
 	metrics    *metrics.Metrics
 	proxy      *proxy.Server
@@ -66,6 +68,9 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		CBFailureThreshold:    cfg.CBFailureThreshold,
 		CBTimeout:             cfg.CBTimeout(),
 		DisableCircuitBreaker: cfg.DisableCircuitBreaker,
+		LoadSignal:            cfg.LoadSignal,
+		LoadUnitTokens:        cfg.LoadUnitTokens,
+		EngineMaxAge:          workers.EngineMaxAge(cfg.WorkerMetricsInterval),
 	})
 	allowed, err := tenant.ParseAllowed(cfg.WorkerURLAllow)
 	if err != nil {
@@ -105,6 +110,14 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		SuccessThreshold: cfg.HealthSuccessThreshold,
 		APIKey:           cfg.APIKey,
 	}, &http.Client{Transport: transport}, log)
+	if cfg.LoadSignal == workers.SignalEngine {
+		// Scrapes reach workers as health probes do: same dial rules, same TLS, same key.
+		r.scraper = enginemetrics.New(pool, enginemetrics.Options{
+			Interval: cfg.WorkerMetricsInterval,
+			APIKey:   cfg.APIKey,
+			Dialer:   enginemetrics.Dialer{DialContext: transport.DialContext, TLS: transport.TLSClientConfig},
+		}, log)
+	}
 	if r.admission, err = r.newAdmission(cfg); err != nil {
 		return nil, err
 	}
@@ -344,6 +357,9 @@ func (r *Router) Start(ctx context.Context) {
 		r.log.Info("session store", "backend", st.Backend, "reachable", st.Reachable)
 	}
 	go r.checker.Run(ctx)
+	if r.scraper != nil {
+		go r.scraper.Run(ctx) // stops, its connections closed, when ctx ends
+	}
 	if r.keys != nil {
 		go func() { _ = r.keys.Run(ctx) }()
 	}
