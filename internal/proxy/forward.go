@@ -141,6 +141,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 		if at == nil {
 			continue // the breaker refused (its half-open trial is taken): choose again without it
 		}
+		at.Prefill(prefillTokens(ctx, ex, dec))
 		if rt.place == byPolicy {
 			s.policy.Commit(ex.in, dec)
 			s.metrics.PolicyDecisions.WithLabelValues(s.policy.Name(), dec.Worker.Name()).Inc()
@@ -273,6 +274,17 @@ func (s *Server) observe(ex *exchange, dec policy.Decision, o workers.Outcome) {
 	if ex.route.place == byPolicy {
 		s.policy.Observe(ex.in, dec, o)
 	}
+}
+
+// prefillTokens estimates the prompt tokens the worker must compute for the request: its routing
+// text (or, without one, its body) less what the policy predicted the worker holds, at
+// approxBytesPerToken. The tokens load signal weighs the attempt by it until the first byte.
+func prefillTokens(ctx *fasthttp.RequestCtx, ex *exchange, dec policy.Decision) int {
+	size := len(ctx.PostBody())
+	if req := ex.in.Request; req != nil && req.Text != "" {
+		size = len(req.Text)
+	}
+	return max(size-dec.Held, 0) / approxBytesPerToken
 }
 
 // refuse answers a request the policy would place nowhere, with the policy's label.

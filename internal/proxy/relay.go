@@ -112,6 +112,7 @@ func (r *relayBody) Read(p []byte) (int, error) {
 	if n > 0 && r.firstByte.IsZero() {
 		r.firstByte = time.Now()
 		r.ex.trace.FirstByte()
+		r.at.Prefilled() // the prefill is over: the tokens signal stops weighing it
 	}
 	r.relayed += int64(n)
 	if r.usage != nil {
