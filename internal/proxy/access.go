@@ -27,7 +27,10 @@ func (s *Server) logAccess(ctx *fasthttp.RequestCtx, ex *exchange, status int, c
 		e.TTFBSeconds = firstByte.Sub(ex.start).Seconds()
 	}
 	if u.ok {
-		e.PromptTokens, e.CachedTokens = &u.prompt, &u.cached
+		e.PromptTokens = &u.prompt
+	}
+	if u.cachedKnown {
+		e.CachedTokens = &u.cached
 	}
 	s.opts.AccessLog.Log(e)
 }

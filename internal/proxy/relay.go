@@ -190,7 +190,7 @@ func (r *relayBody) end(writeErr error) {
 		s.observe(ex, r.dec, outcome)
 		var u usageResult
 		if r.usage != nil {
-			u.prompt, u.cached, u.ok = r.usage.result()
+			u = r.usage.result()
 		}
 		if outcome == workers.Succeeded && r.status/100 == 2 {
 			s.learn(ex, r)
@@ -216,8 +216,8 @@ func (r *relayBody) end(writeErr error) {
 // checkCache compares the cached tokens the worker reported with what the policy predicted, in
 // the metrics and, for a policy that checks its predictions, in the policy.
 func (s *Server) checkCache(ex *exchange, dec policy.Decision, u usageResult) {
-	if !u.ok || ex.route.place != byPolicy || u.prompt <= 0 {
-		return
+	if !u.cachedKnown || ex.route.place != byPolicy || u.prompt <= 0 {
+		return // an answer that does not say what it served from cache checks nothing
 	}
 	worker := dec.Worker.Name()
 	s.metrics.PromptTokens.WithLabelValues(worker, dec.Label).Add(float64(u.prompt))

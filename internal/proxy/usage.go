@@ -38,10 +38,11 @@ func (u *usageSniffer) release() {
 	sniffers.Put(u)
 }
 
-// usageResult is what an answer's usage said of its prompt; ok is false when it said nothing.
+// usageResult is what an answer's usage said of its prompt; ok is false when it said nothing,
+// cachedKnown when it did not say how much of the prompt came from the cache.
 type usageResult struct {
-	prompt, cached int
-	ok             bool
+	prompt, cached  int
+	ok, cachedKnown bool
 }
 
 // feed looks at the next bytes of the answer.
@@ -87,24 +88,26 @@ type usage struct {
 	CacheCreation *int `json:"cache_creation_input_tokens"`
 }
 
-// tokens returns the prompt and cached prompt tokens the usage reports, if it reports a prompt.
-func (u *usage) tokens() (prompt, cached int, ok bool) {
+// tokens returns what the usage reports of the prompt, if it reports a prompt. The cached count
+// is known only when the answer carries it: vLLM leaves prompt_tokens_details out unless it
+// runs with --enable-prompt-tokens-details, and no count is not zero cached.
+func (u *usage) tokens() (r usageResult) {
 	switch {
 	case u.PromptTokens != nil:
-		if u.PromptTokensDetails != nil {
-			cached = u.PromptTokensDetails.CachedTokens
+		r = usageResult{prompt: *u.PromptTokens, ok: true, cachedKnown: u.PromptTokensDetails != nil}
+		if r.cachedKnown {
+			r.cached = u.PromptTokensDetails.CachedTokens
 		}
-		return *u.PromptTokens, cached, true
 	case u.InputTokens != nil && (u.CacheRead != nil || u.CacheCreation != nil):
 		read, created := deref(u.CacheRead), deref(u.CacheCreation)
-		return *u.InputTokens + read + created, read, true
+		r = usageResult{prompt: *u.InputTokens + read + created, cached: read, ok: true, cachedKnown: u.CacheRead != nil}
 	case u.InputTokens != nil:
-		if u.InputTokensDetails != nil {
-			cached = u.InputTokensDetails.CachedTokens
+		r = usageResult{prompt: *u.InputTokens, ok: true, cachedKnown: u.InputTokensDetails != nil}
+		if r.cachedKnown {
+			r.cached = u.InputTokensDetails.CachedTokens
 		}
-		return *u.InputTokens, cached, true
 	}
-	return 0, 0, false
+	return r
 }
 
 func deref(p *int) int {
@@ -114,21 +117,21 @@ func deref(p *int) int {
 	return *p
 }
 
-// result returns the prompt and cached tokens of the answer's usage, if it reported any.
-func (u *usageSniffer) result() (prompt, cached int, ok bool) {
-	if prompt, cached, ok = lastUsage(u.tail()); ok {
-		return prompt, cached, ok
+// result returns what the answer's usage said of its prompt (ok is false when it reported none).
+func (u *usageSniffer) result() usageResult {
+	if r := lastUsage(u.tail()); r.ok {
+		return r
 	}
 	return lastUsage(u.head)
 }
 
 // lastUsage reads the last "usage" object in data that reports a prompt.
-func lastUsage(data []byte) (prompt, cached int, ok bool) {
+func lastUsage(data []byte) usageResult {
 	key := []byte(`"usage"`)
 	for end := len(data); ; {
 		i := bytes.LastIndex(data[:end], key)
 		if i < 0 {
-			return 0, 0, false
+			return usageResult{}
 		}
 		end = i
 		rest := bytes.TrimLeft(data[i+len(key):], " \t\r\n")
@@ -139,8 +142,8 @@ func lastUsage(data []byte) (prompt, cached int, ok bool) {
 		if json.NewDecoder(bytes.NewReader(rest[1:])).Decode(&u) != nil {
 			continue
 		}
-		if prompt, cached, ok = u.tokens(); ok {
-			return prompt, cached, ok
+		if r := u.tokens(); r.ok {
+			return r
 		}
 	}
 }

@@ -105,3 +105,31 @@ func TestAWorkerReportingItEvictedIsNoLongerCountedOn(t *testing.T) {
 		t.Fatalf("a conversation on the evicted manual after the correction: %s on %s, want low_match_min_load", d, h.Get(proxy.HeaderWorker))
 	}
 }
+
+// vLLM leaves prompt_tokens_details out of its usage unless it runs with
+// --enable-prompt-tokens-details: an answer that does not say what it served from cache must not
+// read as "nothing cached", or every prediction would be corrected away.
+func TestAnswersWithoutACachedCountCheckNothing(t *testing.T) {
+	fw := newFakeWorker(t)
+	fw.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":400,"completion_tokens":1}}`))
+	})
+	cfg := testConfig()
+	cfg.Policy = "cache_aware"
+	tr := startRouter(t, cfg, fw)
+	doc := document("handbook")
+	for _, q := range []string{"first?", "second?", "third?"} {
+		resp := tr.post(t, "/v1/chat/completions", strings.Replace(chatOn(doc, q), "sim-model", "test-model", 1))
+		if raw := readAll(t, resp); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%d %s", resp.StatusCode, raw)
+		}
+		if q != "first?" && resp.Header.Get(proxy.HeaderDecision) != "cache_affinity" {
+			t.Fatalf("%s: %s, want cache_affinity: the prediction must stand", q, resp.Header.Get(proxy.HeaderDecision))
+		}
+	}
+	m := tr.Metrics()
+	if n := testutil.CollectAndCount(m.CacheCorrections) + testutil.CollectAndCount(m.PromptTokens); n != 0 {
+		t.Fatalf("%d correction or prompt-token series from answers without a cached count, want none", n)
+	}
+}
