@@ -132,6 +132,9 @@ type Config struct {
 	// HistoryMatchMode is how a prefix match below CacheThreshold is weighed: cost (against the
 	// holder's load) or threshold (ignored, the RFC's rule).
 	HistoryMatchMode string `yaml:"history_match_mode"`
+	// DisableCacheCorrection keeps the prefix tree's predictions even when answers report far
+	// fewer cached tokens than predicted.
+	DisableCacheCorrection bool `yaml:"disable_cache_correction"`
 
 	// Load signal: what the policies read as a worker's load (LoadSignals), the engine metrics'
 	// scrape period, and the prompt tokens one unit of load is worth.
@@ -295,6 +298,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.DurationVar(&c.SessionTTL, "session-ttl", c.SessionTTL, "cache_aware: idle time after which a session entry expires")
 	fs.IntVar(&c.MaxSessions, "max-sessions", c.MaxSessions, "cache_aware: session entries held in this process, all models together (least recently used evicted)")
 	fs.StringVar(&c.HistoryMatchMode, "history-match-mode", c.HistoryMatchMode, "cache_aware: how a match below --cache-threshold counts: cost (the prefill it saves against the holder's load) or threshold (not at all)")
+	fs.BoolVar(&c.DisableCacheCorrection, "disable-cache-correction", c.DisableCacheCorrection, "cache_aware: keep predicting a worker holds what it was taught even when its answers report far fewer cached tokens (by default its older holds then stop counting)")
 	fs.StringVar(&c.LoadSignal, "load-signal", c.LoadSignal, "the load policies balance on: requests (this router's in flight), tokens (in flight weighted by uncached prompt tokens) or engine (the workers' own running and waiting requests from /metrics, plus this router's sent since)")
 	fs.DurationVar(&c.WorkerMetricsInterval, "worker-metrics-interval", c.WorkerMetricsInterval, "with --load-signal engine: period of each worker's /metrics scrape")
 	fs.IntVar(&c.LoadUnitTokens, "load-unit-tokens", c.LoadUnitTokens, "uncached prompt tokens worth one request in flight: a match's saving against a holder's load (cost mode), and a prefill's weight in the tokens signal")

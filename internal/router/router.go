@@ -204,6 +204,7 @@ func newPolicy(cfg config.Config, m *metrics.Metrics, log *slog.Logger) (policy.
 			BalanceAbsThreshold: cfg.BalanceAbsThreshold,
 			BalanceRelThreshold: cfg.BalanceRelThreshold,
 			HistoryMatchMode:    cfg.HistoryMatchMode,
+			DisableCorrection:   cfg.DisableCacheCorrection,
 			LoadUnitTokens:      cfg.LoadUnitTokens,
 			MaxTreeSize:         cfg.MaxTreeSize,
 			EvictionInterval:    cfg.EvictionInterval(),

@@ -62,6 +62,8 @@ type Options struct {
 	// HistoryMatchMode is how a match below CacheThreshold counts: HistoryCost weighs the
 	// prefill it saves against the holder's load; HistoryThreshold ignores it (the RFC's rule).
 	HistoryMatchMode string
+	// DisableCorrection keeps the tree's predictions whatever the answers report (Served).
+	DisableCorrection bool
 	// LoadUnitTokens are the prompt tokens one unit of load is worth, the exchange rate of the
 	// cost mode (bytes of text count as a quarter token each).
 	LoadUnitTokens   int

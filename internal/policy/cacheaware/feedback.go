@@ -15,7 +15,7 @@ const minShortfallTokens = 64
 // conversations after them. What this request taught at Commit stays, since the worker has just
 // prefilled it.
 func (p *Policy) Served(in policy.Input, d policy.Decision, prompt, cached int) bool {
-	if d.Worker == nil || d.Held == 0 || d.HeldAt == 0 || prompt <= 0 {
+	if p.opts.DisableCorrection || d.Worker == nil || d.Held == 0 || d.HeldAt == 0 || prompt <= 0 {
 		return false
 	}
 	predicted := int(d.Match * float64(prompt))

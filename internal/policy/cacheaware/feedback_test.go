@@ -74,3 +74,16 @@ func TestServed_KeepsAPredictionTheWorkerMet(t *testing.T) {
 		t.Errorf("the worker holds %d bytes after met predictions, want %d", held, len(in.Request.Text))
 	}
 }
+
+func TestServed_CorrectsNothingWhenCorrectionIsDisabled(t *testing.T) {
+	_, ws := fleet(t, 2)
+	opts := costOptions(HistoryCost)
+	opts.DisableCorrection = true
+	p := newPolicy(opts)
+	doc := strings.Repeat("A long shared document. ", 300)
+	selectCommit(t, p, ws[:1], chat(doc, []string{"q1"}, ""))
+	in, d := selectCommit(t, p, ws, chat(doc, []string{"q2"}, ""))
+	if d.Held == 0 || p.Served(in, d, 2000, 0) {
+		t.Fatalf("held %d; a disabled correction corrected", d.Held)
+	}
+}
