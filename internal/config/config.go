@@ -218,7 +218,7 @@ func Default() Config {
 		SessionTTL:              time.Hour,
 		MaxSessions:             1048576,
 		HistoryMatchMode:        "cost",
-		LoadSignal:              "requests",
+		LoadSignal:              "engine",
 		WorkerMetricsInterval:   100 * time.Millisecond,
 		LoadUnitTokens:          1024,
 		SessionStore:            "memory",

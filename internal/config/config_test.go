@@ -100,7 +100,7 @@ func TestDefaultsMatchTheDocumentedTable(t *testing.T) {
 		SessionTTL:              time.Hour,
 		MaxSessions:             1048576,
 		HistoryMatchMode:        "cost",
-		LoadSignal:              "requests",
+		LoadSignal:              "engine",
 		WorkerMetricsInterval:   100 * time.Millisecond,
 		LoadUnitTokens:          1024,
 		SessionStore:            "memory",
@@ -139,7 +139,7 @@ func TestDefaultsAsFlagDefaults(t *testing.T) {
 		"max-tree-size": "67108864", "eviction-interval-secs": "120", "session-ttl": "1h0m0s",
 		"max-sessions": "1048576", "worker-urls": "", "api-key": "", "admin-api-key": "",
 		"service-discovery": "false", "service-discovery-port": "8000", "dns-refresh-secs": "5",
-		"history-match-mode": "cost", "disable-cache-correction": "false", "load-signal": "requests", "worker-metrics-interval": "100ms", "load-unit-tokens": "1024",
+		"history-match-mode": "cost", "disable-cache-correction": "false", "load-signal": "engine", "worker-metrics-interval": "100ms", "load-unit-tokens": "1024",
 	}
 	for name, def := range want {
 		f := fs.Lookup(name)

@@ -134,6 +134,7 @@ func TestRequestsSignalScrapesNothing(t *testing.T) {
 		scraped.Store(r.URL.Path, true)
 	})
 	cfg := testConfig()
+	cfg.LoadSignal = "requests"
 	cfg.WorkerURLs = []string{w.URL()}
 	tr := startRouter(t, cfg)
 	ctx, cancel := context.WithCancel(t.Context())
