@@ -40,10 +40,10 @@ type Decision struct {
 	// Held is how many bytes of the routing text the chosen worker held before this request, for
 	// a policy to undo what Commit taught if the attempt fails. 0 when the policy does not know.
 	Held int
-	// HeldAt is the policy's own clock reading of when the chosen worker was last taught the
-	// prefix it held, so that feedback can tell what the worker has evicted since; 0 when the
-	// policy does not know.
-	HeldAt uint64
+	// HeldAge is how old, in the policy's own measure, the prefix the chosen worker held was
+	// (how much the policy had taught the worker since it last used it), so that feedback can
+	// tell how far back the worker's cache reaches. Meaningful only when Held > 0.
+	HeldAge uint64
 	// Forget are tenants the policy found gone or unavailable while choosing; Commit drops their
 	// state, so that Select itself changes nothing.
 	Forget []string

@@ -129,12 +129,26 @@ type Tree struct {
 	tenantIDs   map[string]uint32
 	tenantNames []string // indexed by id; "" for a free id
 	freeIDs     []uint32
-	// forgotten holds, by tenant id, the clock before which that tenant's holds no longer
-	// count (Forget): the tenant's cache has evicted what it last used earlier. Holds stay in
-	// the tree until eviction or a new Insert refreshes them. forgetting counts the tenants
-	// with a mark, so lookups skip the check while there are none.
-	forgotten  []uint64
-	forgetting int
+	// reach is, by tenant id, how much the tenant was taught and how far back its cache is
+	// known to reach (see Reach); bounded counts the tenants whose reach is known, so that
+	// lookups skip the check while there are none.
+	reach   []Reach
+	bounded int
+}
+
+// Reach models a tenant's cache the way vLLM's prefix cache evicts: a finished request's blocks
+// join the back of the free queue, tail first (freed in reverse order), and eviction takes from
+// the front. Taught counts the bytes of every key the tenant was given. A hold is stamped, at
+// each Insert through it, with Taught less the offset of its end in that key, so its age,
+// Taught − stamp, is how much was given to the tenant since plus how far down its key it sits:
+// roughly its distance from the back of the queue, the tail of a conversation ahead of its
+// head, and every older request ahead of a newer one. (Text given again counts again, where the
+// queue holds a block once; the horizon, learned in the same measure, absorbs it.)
+// Horizon, when not 0, is the age from which the tenant's holds no longer count: its cache has
+// evicted them. Evicted and Kept learn it from what the tenant reports it served.
+type Reach struct {
+	Taught  uint64
+	Horizon uint64
 }
 
 // Match is the result of a longest-prefix lookup in one namespace. Its lengths are bytes of
@@ -177,12 +191,14 @@ func (t *Tree) Insert(ns, key, tenant string) (freed int) {
 	t.clock++
 	now := t.clock
 
+	// The path's holds are stamped after the walk, with the tenant's Taught once this key
+	// counts in it.
 	n := t.spaceLocked(ns)
 	rest := key
 	for len(rest) > 0 {
 		c, i := n.child(rest[0])
 		if c == nil {
-			leaf := &node{label: cloneLabel(rest), holders: []holder{{id: id, used: now}}, lastUsed: now}
+			leaf := &node{label: cloneLabel(rest), holders: []holder{{id: id}}, lastUsed: now}
 			if !n.isRoot() && len(n.children) == 0 {
 				t.leaves.remove(n)
 			}
@@ -196,7 +212,7 @@ func (t *Tree) Insert(ns, key, tenant string) (freed int) {
 		if l < len(c.label) {
 			c = t.splitLocked(n, i, c, l)
 		}
-		t.nodeBytes += c.addHolder(id, now)
+		t.nodeBytes += c.addHolder(id, 0)
 		c.lastUsed = now
 		if c.heapIndex >= 0 {
 			t.leaves.fix(int(c.heapIndex))
@@ -205,6 +221,12 @@ func (t *Tree) Insert(ns, key, tenant string) (freed int) {
 		n = c
 	}
 	n.keyEnd = true // splits put a node boundary wherever a key ends
+	r := t.reachLocked(id)
+	r.Taught += uint64(len(key))
+	for end := uint64(len(key)); !n.isRoot(); n = n.parent {
+		n.holders[n.holderIndex(id)].used = r.Taught - min(end, r.Taught)
+		end -= uint64(len(n.label))
+	}
 
 	if t.maxBytes > 0 && t.bytesLocked() > t.maxBytes+t.maxBytes/overBudgetSlack {
 		return t.evictLocked()
@@ -275,7 +297,7 @@ func (t *Tree) splitLocked(parent *node, i int, c *node, l int) *node {
 }
 
 // Match returns the longest prefix of key held by any tenant in namespace ns and every tenant
-// holding it. Holds a tenant's cache has evicted (Forget) do not count.
+// holding it. Holds beyond their tenant's horizon (Reach) do not count.
 func (t *Tree) Match(ns, key string) Match {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
@@ -317,14 +339,26 @@ func (t *Tree) Match(ns, key string) Match {
 	return m
 }
 
-// live reports whether h still counts: it was used since its tenant's Forget mark.
+// live reports whether h still counts: its tenant's cache reaches back to it.
 func (t *Tree) live(h holder) bool {
-	return t.forgetting == 0 || int(h.id) >= len(t.forgotten) || h.used >= t.forgotten[h.id]
+	if t.bounded == 0 {
+		return true
+	}
+	r := t.reach[h.id]
+	return r.Horizon == 0 || r.Taught-h.used < r.Horizon
+}
+
+// reachLocked returns the reach of tenant id, growing the table for a new id.
+func (t *Tree) reachLocked(id uint32) *Reach {
+	if int(id) >= len(t.reach) {
+		t.reach = append(t.reach, make([]Reach, int(id)+1-len(t.reach))...)
+	}
+	return &t.reach[id]
 }
 
 // heldLocked reports whether any holder of n still counts.
 func (t *Tree) heldLocked(n *node) bool {
-	if t.forgetting == 0 {
+	if t.bounded == 0 {
 		return true
 	}
 	for _, h := range n.holders {
@@ -353,10 +387,10 @@ func (t *Tree) MatchTenant(ns, key, tenant string) int {
 	return held
 }
 
-// MatchTenantAt returns how many bytes of key tenant holds in namespace ns, and the clock of
-// tenant's last use of the deepest of them (its oldest use along the path; 0 when it holds
-// none), for Forget should the tenant turn out to have evicted them.
-func (t *Tree) MatchTenantAt(ns, key, tenant string) (held int, used uint64) {
+// MatchTenantAt returns how many bytes of key tenant holds in namespace ns, and the age of the
+// deepest of them (its oldest along the path; see Reach; 0 when it holds none), for Evicted or
+// Kept once the tenant says what it served.
+func (t *Tree) MatchTenantAt(ns, key, tenant string) (held int, age uint64) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	id, ok := t.tenantIDs[tenant]
@@ -364,6 +398,12 @@ func (t *Tree) MatchTenantAt(ns, key, tenant string) (held int, used uint64) {
 	if !ok || n == nil {
 		return 0, 0
 	}
+	var used uint64
+	defer func() {
+		if held > 0 {
+			age = t.reach[id].Taught - used
+		}
+	}()
 	rest := key
 	for len(rest) > 0 {
 		c, _ := n.child(rest[0])
@@ -442,23 +482,44 @@ func (t *Tree) Holdings(ns, key string, dst []Holding) []Holding {
 	return dst
 }
 
-// Forget records that tenant's cache evicted what it last used at clock used or before (a
-// MatchTenantAt reading): from now on those holds do not count in any lookup, until an Insert
-// for tenant uses them again. The holds themselves stay until the tree evicts them.
-func (t *Tree) Forget(tenant string, used uint64) {
+// Evicted records that tenant's cache no longer holds what it last used age ago (a
+// MatchTenantAt reading): its holds that old or older stop counting in every lookup, until an
+// Insert uses them again. The holds themselves stay until the tree evicts them.
+func (t *Tree) Evicted(tenant string, age uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	id, ok := t.tenantIDs[tenant]
-	if !ok || used == 0 {
+	if !ok {
 		return
 	}
-	if int(id) >= len(t.forgotten) {
-		t.forgotten = append(t.forgotten, make([]uint64, int(id)+1-len(t.forgotten))...)
+	r := t.reachLocked(id)
+	if r.Horizon == 0 {
+		t.bounded++
 	}
-	if t.forgotten[id] == 0 {
-		t.forgetting++
+	if r.Horizon == 0 || age < r.Horizon {
+		r.Horizon = max(1, age)
 	}
-	t.forgotten[id] = max(t.forgotten[id], used+1)
+}
+
+// Kept records that tenant's cache reaches further back than its horizon said (it served more
+// from cache than predicted): the horizon grows by a quarter.
+func (t *Tree) Kept(tenant string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if id, ok := t.tenantIDs[tenant]; ok && int(id) < len(t.reach) && t.reach[id].Horizon != 0 {
+		r := &t.reach[id]
+		r.Horizon += max(r.Horizon/4, 1)
+	}
+}
+
+// ReachOf returns what the tree knows of tenant's cache.
+func (t *Tree) ReachOf(tenant string) Reach {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if id, ok := t.tenantIDs[tenant]; ok && int(id) < len(t.reach) {
+		return t.reach[id]
+	}
+	return Reach{}
 }
 
 // Chars returns the number of key bytes stored in the tree, all namespaces together (the sum
@@ -484,7 +545,7 @@ func (t *Tree) Bytes() int {
 func (t *Tree) bytesLocked() int {
 	return t.nodeBytes + t.tenantBytes + allocBytes(cap(t.leaves)*ptrBytes) +
 		allocBytes(cap(t.tenantNames)*int(unsafe.Sizeof(""))) + allocBytes(cap(t.freeIDs)*idBytes) +
-		allocBytes(cap(t.forgotten)*int(unsafe.Sizeof(uint64(0))))
+		allocBytes(cap(t.reach)*int(unsafe.Sizeof(Reach{})))
 }
 
 // Evict removes least recently used leaves, whichever namespace holds them, until the tree is
@@ -613,9 +674,11 @@ func (t *Tree) removeIDsLocked(ids []uint32) int {
 		t.tenantBytes -= tenantCost(name)
 		t.tenantNames[id] = ""
 		t.freeIDs = append(t.freeIDs, id)
-		if int(id) < len(t.forgotten) && t.forgotten[id] != 0 {
-			t.forgotten[id] = 0
-			t.forgetting--
+		if int(id) < len(t.reach) {
+			if t.reach[id].Horizon != 0 {
+				t.bounded--
+			}
+			t.reach[id] = Reach{}
 		}
 	}
 	return start - t.bytesLocked()

@@ -179,9 +179,9 @@ func (p *Policy) Select(in policy.Input) policy.Decision {
 	d.minLoad, d.maxLoad = loadRange(in.Candidates)
 
 	w, label := p.choose(d)
-	held, heldAt := 0, uint64(0)
+	held, heldAge := 0, uint64(0)
 	if d.text != "" {
-		held, heldAt = p.tree.MatchTenantAt(d.model, d.text, w.Tenant())
+		held, heldAge = p.tree.MatchTenantAt(d.model, d.text, w.Tenant())
 	}
 	match := 0.0
 	if len(d.text) > 0 {
@@ -191,7 +191,7 @@ func (p *Policy) Select(in policy.Input) policy.Decision {
 		p.log.Debug("cache_aware decision", "decision", label, "worker", w.Name(), "match", match,
 			"min_load", d.minLoad, "max_load", d.maxLoad, "session", telemetry.SessionHash(d.key))
 	}
-	return policy.Decision{Worker: w, Label: label, Match: match, Held: held, HeldAt: heldAt, Forget: d.forget}
+	return policy.Decision{Worker: w, Label: label, Match: match, Held: held, HeldAge: heldAge, Forget: d.forget}
 }
 
 // Commit teaches the accepted choice: the session entry points at the chosen worker (a session

@@ -3,25 +3,41 @@ package cacheaware
 import "github.com/cacheroute/cacheroute/internal/policy"
 
 // A worker "evicted" what the tree counted on when it served at most half the predicted cached
-// tokens, and at least minShortfallTokens fewer: block rounding and the chat template's own
-// tokens make small differences ordinary.
+// tokens, and at least minShortfallTokens fewer; it "kept more" when it served at least
+// minShortfallTokens more. Block rounding and the chat template's own tokens make smaller
+// differences ordinary.
 const minShortfallTokens = 64
 
-// Served checks the prediction of a decision against the cached tokens the worker reported.
-// The prediction is the matched fraction of the routing text times the prompt's tokens. When the
-// worker served far fewer, its cache has evicted the prefix the tree said it held, and with it,
-// a least-recently-used cache being what it is, everything the worker last used before that
-// prefix: those holds stop counting (prefixtree.Forget), so the next decisions no longer send
-// conversations after them. What this request taught at Commit stays, since the worker has just
-// prefilled it.
+// Served checks the prediction of a decision against the cached tokens the worker reported. The
+// prediction is the matched fraction of the routing text times the prompt's tokens.
+//
+// The tree models each worker's cache as vLLM's evicts, least recently used first and a
+// request's tail before its head, its holds aging by the text taught to that worker since
+// (prefixtree.Reach). When the worker served far fewer tokens than predicted, its cache no
+// longer reaches back to the first byte it lost (estimated from the share of the prediction it
+// served): holds that old stop counting for that worker, now and as later ones age
+// (prefixtree.Evicted), so the next decisions no longer follow them. When it served notably more, its cache reaches further than
+// the tree's horizon said, which grows (prefixtree.Kept). What this request taught at Commit
+// stays counted: the worker has just prefilled it.
 func (p *Policy) Served(in policy.Input, d policy.Decision, prompt, cached int) bool {
-	if p.opts.DisableCorrection || d.Worker == nil || d.Held == 0 || d.HeldAt == 0 || prompt <= 0 {
+	if p.opts.DisableCorrection || d.Worker == nil || prompt <= 0 {
 		return false
 	}
-	predicted := int(d.Match * float64(prompt))
-	if cached*2 > predicted || predicted-cached < minShortfallTokens {
-		return false
+	predicted := 0
+	if d.Held > 0 {
+		predicted = int(d.Match * float64(prompt))
 	}
-	p.tree.Forget(d.Worker.Tenant(), d.HeldAt)
-	return true
+	switch {
+	case d.Held > 0 && cached*2 <= predicted && predicted-cached >= minShortfallTokens:
+		// The cache kept the first cached/predicted of the held bytes; the first byte it lost
+		// is as much younger than the deepest held one as it sits above it. A cache holds at
+		// least the request it has just run, so the horizon stays above this request's text.
+		lost := uint64(float64(d.Held) * (1 - float64(cached)/float64(predicted)))
+		horizon := max(d.HeldAge-min(lost, d.HeldAge), uint64(len(newDecision(in).text))+1)
+		p.tree.Evicted(d.Worker.Tenant(), horizon)
+		return true
+	case cached-predicted >= minShortfallTokens:
+		p.tree.Kept(d.Worker.Tenant())
+	}
+	return false
 }

@@ -87,3 +87,23 @@ func TestServed_CorrectsNothingWhenCorrectionIsDisabled(t *testing.T) {
 		t.Fatalf("held %d; a disabled correction corrected", d.Held)
 	}
 }
+
+func TestServed_AWorkerServingMoreThanPredictedWidensItsReach(t *testing.T) {
+	_, ws := fleet(t, 2)
+	p := newPolicy(costOptions(HistoryCost))
+	doc := strings.Repeat("A long shared document. ", 300)
+	selectCommit(t, p, ws[:1], chat(doc, []string{"q1"}, ""))
+	selectCommit(t, p, ws[:1], chat(strings.Repeat("Another text. ", 300), []string{"q"}, ""))
+	in, d := selectCommit(t, p, ws[:1], chat(doc, []string{"q2"}, ""))
+	if !p.Served(in, d, 2000, 0) {
+		t.Fatal("not corrected")
+	}
+	before := p.tree.ReachOf(ws[0].Tenant()).Horizon
+	in, d = selectCommit(t, p, ws[:1], chat(strings.Repeat("Unknown text. ", 300), []string{"q"}, ""))
+	if p.Served(in, d, 2000, 1500) {
+		t.Fatal("serving more than predicted counted as an eviction")
+	}
+	if after := p.tree.ReachOf(ws[0].Tenant()).Horizon; after <= before {
+		t.Fatalf("horizon %d after the worker served more than predicted, was %d", after, before)
+	}
+}
