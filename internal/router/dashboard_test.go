@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -15,6 +16,8 @@ import (
 	cdplog "github.com/chromedp/cdproto/log"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
+
+	"github.com/cacheroute/cacheroute/internal/dashboard"
 )
 
 // The status page is opened in a real headless Chromium in front of a router and simulated
@@ -60,6 +63,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	cfg.Policy = "cache_aware"
 	tr := startReplica(t, cfg, fleet)
 	tr.CheckHealth(t.Context())
+	tr.Start(t.Context()) // the background loops, the scrapes of the sims' /metrics among them
 
 	// Agent traffic: a few sessions of several turns each, so the mix has more than one label.
 	convs := make([]*conversation, 6)
@@ -155,6 +159,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	if strings.Contains(text, "dash-session-") {
 		t.Error("the page shows a session id")
 	}
+	checkWorkerCacheAndLoad(t, ctx, tr)
 
 	if os.Getenv("UPDATE_SCREENSHOT") == "1" {
 		// A few more seconds of traffic, new sessions among it, so the charts have a shape.
@@ -257,5 +262,89 @@ func TestDashboardManyWorkers(t *testing.T) {
 	}
 	if height > 600 {
 		t.Errorf("the worker table is %.0f px high; it should scroll within its box", height)
+	}
+}
+
+// settledData polls tr's /dashboard/data until two of its samples, a second or more apart, show
+// the same prompt tokens: the traffic's answers are then all counted.
+func settledData(t *testing.T, tr *testRouter) dashboard.Data {
+	t.Helper()
+	read := func() dashboard.Data {
+		resp, err := http.Get(tr.url + "/dashboard/data")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d dashboard.Data
+		if err := json.Unmarshal([]byte(readAll(t, resp)), &d); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	prompt := func(d dashboard.Data) (n float64) {
+		for _, w := range d.Workers {
+			n += w.Cache.PromptTokens
+		}
+		return n
+	}
+	last := func(d dashboard.Data) int64 {
+		if len(d.History) == 0 {
+			return 0
+		}
+		return d.History[len(d.History)-1].Time
+	}
+	prev := read()
+	for range 60 {
+		time.Sleep(500 * time.Millisecond)
+		cur := read()
+		if last(cur) > last(prev) {
+			if prompt(cur) > 0 && prompt(cur) == prompt(prev) {
+				return cur
+			}
+			prev = cur
+		}
+	}
+	t.Fatalf("the dashboard's prompt tokens did not settle: %v", prompt(prev))
+	return prev
+}
+
+// checkWorkerCacheAndLoad: after the traffic, a worker row shows the predicted and achieved hit
+// rates the data holds (since start and over the recent window), its load under the signal the
+// header names (engine, the default), the engine's figures from its /metrics and the scrape's age.
+func checkWorkerCacheAndLoad(t *testing.T, ctx context.Context, tr *testRouter) {
+	t.Helper()
+	data := settledData(t, tr)
+	if data.LoadSignal != "engine" {
+		t.Fatalf("load signal %q, want engine (the default)", data.LoadSignal)
+	}
+	var busiest *dashboard.Worker
+	for i, w := range data.Workers {
+		if busiest == nil || w.Cache.PromptTokens > busiest.Cache.PromptTokens {
+			busiest = &data.Workers[i]
+		}
+	}
+	c := busiest.Cache
+	if c.Predicted == nil || c.Achieved == nil || *c.Achieved == 0 {
+		t.Fatalf("worker %s after multi-turn sessions: cache %+v (achieved %v)", busiest.Name, c, c.Achieved)
+	}
+	// The row's cells against the data, within the page's rounding to a tenth of a percent.
+	want, _ := json.Marshal(map[string]any{"name": busiest.Name, "predicted": *c.Predicted * 100, "achieved": *c.Achieved * 100})
+	check := fmt.Sprintf(`(() => {
+		const want = %s;
+		const row = Array.from(document.querySelectorAll("#workers tr.worker")).find(r => r.dataset.name === want.name);
+		if (!row) return false;
+		const cell = cls => row.querySelector("td." + cls).textContent;
+		const near = (text, v) => /^[0-9.]+%%$/.test(text) && Math.abs(parseFloat(text) - v) <= 0.051;
+		return near(cell("hit-predicted"), want.predicted) && near(cell("hit-achieved"), want.achieved) &&
+			/%%$/.test(cell("hit-predicted-recent")) && /%%$/.test(cell("hit-achieved-recent")) &&
+			/^[0-9]+$/.test(cell("corrections")) && /^[0-9]+$/.test(cell("load")) && cell("in-flight") === "0" &&
+			/ \/ /.test(cell("engine")) && / ago$/.test(cell("scrape")) &&
+			document.getElementById("load-head").textContent === "load, signal engine" &&
+			document.getElementById("policy").textContent.includes("load signal engine");
+	})()`, want)
+	if err := chromedp.Do(ctx, chromedp.Poll[chromedp.Void](check, chromedp.WithPollingTimeout(30*time.Second))); err != nil {
+		row, _ := chromedp.Run(ctx, chromedp.Evaluate[string](fmt.Sprintf(
+			`(Array.from(document.querySelectorAll("#workers tr.worker")).find(r => r.dataset.name === %q) || {}).innerText`, busiest.Name)))
+		head, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector("#workers thead").innerText`))
+		t.Fatalf("the row of %s does not show its hit rates and load (want %s): %v\nheader: %s\nrow: %s", busiest.Name, want, err, head, row)
 	}
 }
