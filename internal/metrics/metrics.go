@@ -192,7 +192,10 @@ func (m *Metrics) SessionStoreError(op string) { m.SessionStoreErrors.WithLabelV
 // ForgetWorker deletes the series of a removed worker tenant, given by its shown name.
 func (m *Metrics) ForgetWorker(name string) {
 	m.Processed.DeleteLabelValues(name)
-	m.PolicyDecisions.DeletePartialMatch(prometheus.Labels{"worker": name})
+	byWorker := prometheus.Labels{"worker": name}
+	for _, vec := range []*prometheus.CounterVec{m.PolicyDecisions, m.PromptTokens, m.CachedTokensPredicted, m.CachedTokensAchieved, m.CacheCorrections} {
+		vec.DeletePartialMatch(byWorker)
+	}
 }
 
 // StatusClass maps an HTTP status to its class label ("2xx" … "5xx").

@@ -104,6 +104,14 @@ func TestAWorkerReportingItEvictedIsNoLongerCountedOn(t *testing.T) {
 	if d := h.Get(proxy.HeaderDecision); d != "low_match_min_load" {
 		t.Fatalf("a conversation on the evicted manual after the correction: %s on %s, want low_match_min_load", d, h.Get(proxy.HeaderWorker))
 	}
+
+	// A removed worker's series go with it, so a fleet that turns over keeps a bounded set.
+	if err := tr.RemoveWorker(holder); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(m.CacheCorrections.WithLabelValues(holder)) + testutil.ToFloat64(m.PromptTokens.WithLabelValues(holder, "cache_affinity")); got != 0 {
+		t.Fatalf("the removed worker's cache series still count %v", got)
+	}
 }
 
 // vLLM leaves prompt_tokens_details out of its usage unless it runs with
