@@ -295,11 +295,16 @@ func TestDashboardUsesExportedMetrics(t *testing.T) {
 	}
 
 	// What the dashboard is for: request rate and errors, decision mix, predicted prefix match,
-	// in-flight load, latency percentiles, session store health, the admission queue.
+	// in-flight load and load signal, the engine scrape, predicted and achieved cache hits, latency
+	// percentiles, session store health, the admission queue.
 	for _, name := range []string{
 		"vllm_router_requests_total", "vllm_router_upstream_errors_total", "vllm_router_processed_requests_total",
 		"vllm_router_cache_aware_decisions_total", "vllm_router_cache_aware_prefix_match_ratio",
 		"vllm_router_worker_load", "vllm_router_worker_healthy", "vllm_router_active_workers",
+		"vllm_router_worker_load_signal", "vllm_router_worker_kv_cache_usage_ratio",
+		"vllm_router_worker_metrics_age_seconds", "vllm_router_worker_metrics_scrape_errors_total",
+		"vllm_router_prompt_tokens_total", "vllm_router_cached_tokens_predicted_total",
+		"vllm_router_cached_tokens_achieved_total", "vllm_router_cache_aware_corrections_total",
 		"vllm_router_time_to_first_byte_seconds", "vllm_router_request_duration_seconds",
 		"vllm_router_session_store_requests_total", "vllm_router_session_store_errors_total",
 		"vllm_router_session_store_latency_seconds", "vllm_router_admission_queue_length",
@@ -424,7 +429,8 @@ func TestAlertRules(t *testing.T) {
 	}
 	for _, want := range []string{
 		"CacheRouteAllWorkersDown", "CacheRouteCircuitBreakerOpen", "CacheRouteSessionStoreUnreachable",
-		"CacheRouteFallbackDecisionsDominate", "CacheRouteLoadImbalance",
+		"CacheRouteFallbackDecisionsDominate", "CacheRouteLoadImbalance", "CacheRouteWorkerMetricsStale",
+		"CacheRoutePredictionDrift",
 	} {
 		if !alerts[want] {
 			t.Errorf("no alert %s", want)
