@@ -16,9 +16,9 @@ const minShortfallTokens = 64
 // (prefixtree.Reach). When the worker served far fewer tokens than predicted, its cache no
 // longer reaches back to the first byte it lost (estimated from the share of the prediction it
 // served): holds that old stop counting for that worker, now and as later ones age
-// (prefixtree.Evicted), so the next decisions no longer follow them. When it served notably more, its cache reaches further than
-// the tree's horizon said, which grows (prefixtree.Kept). What this request taught at Commit
-// stays counted: the worker has just prefilled it.
+// (prefixtree.Evicted), so the next decisions no longer follow them. When it served notably
+// more, its cache reaches further than the tree's horizon said, which grows (prefixtree.Kept).
+// What this request taught at Commit stays counted: the worker has just prefilled it.
 func (p *Policy) Served(in policy.Input, d policy.Decision, prompt, cached int) bool {
 	if p.opts.DisableCorrection || d.Worker == nil || prompt <= 0 {
 		return false
