@@ -399,11 +399,6 @@ func (t *Tree) MatchTenantAt(ns, key, tenant string) (held int, age uint64) {
 		return 0, 0
 	}
 	var used uint64
-	defer func() {
-		if held > 0 {
-			age = t.reach[id].Taught - used
-		}
-	}()
 	rest := key
 	for len(rest) > 0 {
 		c, _ := n.child(rest[0])
@@ -423,7 +418,10 @@ func (t *Tree) MatchTenantAt(ns, key, tenant string) (held int, age uint64) {
 		rest = rest[l:]
 		n = c
 	}
-	return held, used
+	if held == 0 {
+		return 0, 0
+	}
+	return held, t.reach[id].Taught - used
 }
 
 // Holding is how many bytes of a key one tenant holds.
