@@ -35,6 +35,9 @@ func TestEvicted_HidesTheTenantsHoldsThatOld(t *testing.T) {
 	if m := tr.Match(model, old); m.Matched != len(old) || !slices.Equal(m.Holders, []string{workerB}) || !slices.Equal(m.WholeHolders, []string{workerB}) {
 		t.Errorf("Match = %+v; want the old conversation held by B alone", m)
 	}
+	if _, taught := tr.Matches(model, old); taught.Matched != len(old) || !slices.Equal(taught.WholeHolders, []string{workerA, workerB}) {
+		t.Errorf("taught match = %+v; want the old conversation taught to A and B", taught)
+	}
 }
 
 // The horizon learned from one eviction keeps applying: holds age as the tenant is taught new

@@ -299,42 +299,75 @@ func (t *Tree) splitLocked(parent *node, i int, c *node, l int) *node {
 // Match returns the longest prefix of key held by any tenant in namespace ns and every tenant
 // holding it. Holds beyond their tenant's horizon (Reach) do not count.
 func (t *Tree) Match(ns, key string) Match {
+	counted, _ := t.Matches(ns, key)
+	return counted
+}
+
+// Matches returns, in one walk, the Match of key that counts and the one of everything the tree
+// was taught, horizons ignored: where a conversation was sent, even if its worker has since
+// lost part of it. The two are the same while no tenant has a horizon.
+func (t *Tree) Matches(ns, key string) (counted, taught Match) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	matched, deepest := 0, (*node)(nil)
-	whole, wholeNode := 0, (*node)(nil)
-	branch := 0
 	n := t.spaces[ns]
 	if n == nil {
-		return Match{}
+		return Match{}, Match{}
 	}
+	var cw, tw matchWalk
+	counting := true
 	rest := key
 	for len(rest) > 0 {
 		c, _ := n.child(rest[0])
-		if c == nil || !t.heldLocked(c) {
+		if c == nil {
 			break
 		}
 		l := commonPrefixLen(c.label, rest)
-		matched += l
-		deepest = c
-		if l < len(c.label) {
+		full := l == len(c.label)
+		tw.step(c, l, full)
+		if counting = counting && t.heldLocked(c); counting {
+			cw.step(c, l, full)
+		}
+		if !full {
 			break
-		}
-		if c.keyEnd {
-			whole, wholeNode = matched, c
-		}
-		if len(c.children) > 1 {
-			branch = matched
 		}
 		rest = rest[l:]
 		n = c
 	}
-	if deepest == nil {
+	counted = cw.result(t.namesLocked)
+	if t.bounded == 0 {
+		return counted, counted
+	}
+	return counted, tw.result(t.allNamesLocked)
+}
+
+// matchWalk accumulates a Match down a key's path.
+type matchWalk struct {
+	matched, whole, branch int
+	deepest, wholeNode     *node
+}
+
+// step takes node c, of which the key matched l bytes (all of its label when full).
+func (w *matchWalk) step(c *node, l int, full bool) {
+	w.matched += l
+	w.deepest = c
+	if !full {
+		return
+	}
+	if c.keyEnd {
+		w.whole, w.wholeNode = w.matched, c
+	}
+	if len(c.children) > 1 {
+		w.branch = w.matched
+	}
+}
+
+func (w *matchWalk) result(names func([]holder) []string) Match {
+	if w.deepest == nil {
 		return Match{}
 	}
-	m := Match{Matched: matched, Holders: t.namesLocked(deepest.holders), Branch: branch}
-	if wholeNode != nil {
-		m.Whole, m.WholeHolders = whole, t.namesLocked(wholeNode.holders)
+	m := Match{Matched: w.matched, Holders: names(w.deepest.holders), Branch: w.branch}
+	if w.wholeNode != nil {
+		m.Whole, m.WholeHolders = w.whole, names(w.wholeNode.holders)
 	}
 	return m
 }
@@ -367,6 +400,16 @@ func (t *Tree) heldLocked(n *node) bool {
 		}
 	}
 	return false
+}
+
+// allNamesLocked returns the sorted tenant names of all the holders, horizons ignored.
+func (t *Tree) allNamesLocked(holders []holder) []string {
+	names := make([]string, len(holders))
+	for i, h := range holders {
+		names[i] = t.tenantNames[h.id]
+	}
+	slices.Sort(names)
+	return names
 }
 
 // namesLocked returns the sorted tenant names of the holders that still count.

@@ -293,18 +293,16 @@ func (p *Policy) choose(d *decision) (*workers.Worker, string) {
 // When no holder of the deciding match is a candidate, the holders that are gone or unavailable
 // are removed from the tree and the least-loaded candidate takes the request.
 func (p *Policy) byHistory(d *decision, hit, stale, low string) (*workers.Worker, string) {
-	m := p.match(d)
+	m, taught := p.tree.Matches(d.model, d.text)
 	above := func(n int) bool { return float64(n)/float64(len(d.text)) > p.opts.CacheThreshold }
-	byCost := p.opts.HistoryMatchMode != HistoryThreshold
-	if !above(m.Matched) && !(byCost && m.Matched > 0) {
-		return p.minLoad(d), low
-	}
 	// A continuation: a whole earlier request is a prefix of this one, or the match runs well
-	// past the last point where the tree's conversations diverge.
+	// past the last point where the tree's conversations diverge. A whole earlier request is
+	// followed to wherever it was sent, even if that worker has since lost part of it (its
+	// horizon): it is this conversation's own past, and no other worker holds more of it.
 	var continued []string
 	switch {
-	case above(m.Whole):
-		continued = m.WholeHolders
+	case above(taught.Whole):
+		continued = taught.WholeHolders
 	case above(m.Matched - m.Branch):
 		continued = m.Holders
 	}
@@ -313,6 +311,10 @@ func (p *Policy) byHistory(d *decision, hit, stale, low string) (*workers.Worker
 			return p.leastLoaded(d, holders), hit
 		}
 		return p.minLoad(d), stale
+	}
+	byCost := p.opts.HistoryMatchMode != HistoryThreshold
+	if !above(m.Matched) && !(byCost && m.Matched > 0) {
+		return p.minLoad(d), low
 	}
 	holders := p.candidateHolders(d, m.Holders)
 	if len(holders) == 0 {

@@ -107,3 +107,25 @@ func TestServed_AWorkerServingMoreThanPredictedWidensItsReach(t *testing.T) {
 		t.Fatalf("horizon %d after the worker served more than predicted, was %d", after, before)
 	}
 }
+
+// A worker whose horizon no longer covers a conversation still gets that conversation's next
+// turn: a whole earlier request of it is a prefix of the turn, no worker holds more of it. A new
+// conversation on the same text is no continuation and is placed without it.
+func TestEvictedWorkerStillGetsTheNextTurnOfItsOwnConversation(t *testing.T) {
+	_, ws := fleet(t, 2)
+	p := newPolicy(costOptions(HistoryCost))
+	system := strings.Repeat("A long system prompt about the codebase. ", 100)
+	turn1 := chat(system, []string{"fix the bug"}, "")
+	selectCommit(t, p, ws[:1], turn1)
+	selectCommit(t, p, ws[:1], chat(strings.Repeat("Other work. ", 400), []string{"q"}, ""))
+	_, age := p.tree.MatchTenantAt("m", req(t, turn1).Text, ws[0].Tenant())
+	p.tree.Evicted(ws[0].Tenant(), age) // the worker lost the first conversation
+	reserve(t, ws[0], 1)                // and is busier than the other
+
+	if d := p.Select(chatInputAmong(t, ws, chat(system, []string{"fix the bug", "done", "now the tests"}, ""))); d.Worker != ws[0] || d.Label != LabelCacheAffinity {
+		t.Fatalf("turn 2 of the conversation: %s on %s, want %s on its worker %s", d.Label, d.Worker.Tenant(), LabelCacheAffinity, ws[0].Tenant())
+	}
+	if d := p.Select(chatInputAmong(t, ws, chat(system, []string{"write the docs"}, ""))); d.Worker != ws[1] {
+		t.Fatalf("a new conversation on the lost prompt: %s on %s, want the idle %s", d.Label, d.Worker.Tenant(), ws[1].Tenant())
+	}
+}
