@@ -10,6 +10,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/admission"
 	"github.com/cacheroute/cacheroute/internal/clientkeys"
+	"github.com/cacheroute/cacheroute/internal/reqkey"
 )
 
 // Admission is what the proxy asks before a routed request may go to a worker: its tenant's rate
@@ -30,9 +31,6 @@ const (
 // rejectedByRate is the admission_rejections_total reason of a request over its tenant's rates.
 const rejectedByRate = "rate_limit"
 
-// approxBytesPerToken turns a body's size into the prompt estimate of the token rate limit.
-const approxBytesPerToken = 4
-
 // admit applies the rate limits and admission control to a request whose worker candidates are
 // known. It reports false when the request was answered (429, or 400 for an unknown priority)
 // or its client left while it waited; otherwise the request holds ex.permit, if any, until it
@@ -44,7 +42,7 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		tenant = clientkeys.DefaultTenant
 	}
 	if a.Limiter != nil {
-		tokens := len(ctx.PostBody())/approxBytesPerToken + ex.in.Request.MaxTokens
+		tokens := len(ctx.PostBody())/reqkey.BytesPerToken + ex.in.Request.MaxTokens
 		d := a.Limiter.Check(ex.in.Context, tenant, tokens)
 		rateLimitHeaders(&ctx.Response.Header, "requests", d.Requests)
 		rateLimitHeaders(&ctx.Response.Header, "tokens", d.Tokens)

@@ -278,13 +278,13 @@ func (s *Server) observe(ex *exchange, dec policy.Decision, o workers.Outcome) {
 
 // prefillTokens estimates the prompt tokens the worker must compute for the request: its routing
 // text (or, without one, its body) less what the policy predicted the worker holds, at
-// approxBytesPerToken. The tokens load signal weighs the attempt by it until the first byte.
+// reqkey.BytesPerToken. The tokens load signal weighs the attempt by it until the first byte.
 func prefillTokens(ctx *fasthttp.RequestCtx, ex *exchange, dec policy.Decision) int {
 	size := len(ctx.PostBody())
 	if req := ex.in.Request; req != nil && req.Text != "" {
 		size = len(req.Text)
 	}
-	return max(size-dec.Held, 0) / approxBytesPerToken
+	return max(size-dec.Held, 0) / reqkey.BytesPerToken
 }
 
 // refuse answers a request the policy would place nowhere, with the policy's label.

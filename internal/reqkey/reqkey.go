@@ -142,3 +142,8 @@ func namespaced(kind, v string) string {
 	sum := sha256.Sum256([]byte(v))
 	return kind + "sha256:" + hex.EncodeToString(sum[:16])
 }
+
+// BytesPerToken is the rough number of bytes of request text per prompt token, for the estimates
+// made without a tokenizer: the token rate limit, the prefill an attempt weighs in the tokens
+// load signal, and what a prefix match saves in cache_aware's cost mode.
+const BytesPerToken = 4

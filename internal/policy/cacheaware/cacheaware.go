@@ -13,6 +13,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/prefixtree"
+	"github.com/cacheroute/cacheroute/internal/reqkey"
 	"github.com/cacheroute/cacheroute/internal/session"
 	"github.com/cacheroute/cacheroute/internal/telemetry"
 	"github.com/cacheroute/cacheroute/internal/workers"
@@ -47,12 +48,9 @@ const (
 // match counts there in whole blocks of blockBytes (vLLM's default KV block of 16 tokens), since
 // an engine caches nothing shorter.
 const (
-	bytesPerToken = 4
+	bytesPerToken = reqkey.BytesPerToken
 	blockBytes    = 16 * bytesPerToken
 )
-
-// DefaultLoadUnitTokens is LoadUnitTokens when the options leave it 0.
-const DefaultLoadUnitTokens = 1024
 
 // Options are the policy's knobs (see internal/config for their flags and defaults).
 type Options struct {
@@ -65,7 +63,7 @@ type Options struct {
 	// DisableCorrection keeps the tree's predictions whatever the answers report (Served).
 	DisableCorrection bool
 	// LoadUnitTokens are the prompt tokens one unit of load is worth, the exchange rate of the
-	// cost mode (bytes of text count as a quarter token each).
+	// cost mode (workers.DefaultLoadUnitTokens when 0).
 	LoadUnitTokens   int
 	MaxTreeSize      int           // bytes of the one prefix tree, all models together
 	EvictionInterval time.Duration // period of the background sweep
@@ -100,7 +98,7 @@ type Policy struct {
 // New returns the policy. r may be nil (nothing reported).
 func New(opts Options, r Reporter, log *slog.Logger) *Policy {
 	if opts.LoadUnitTokens <= 0 {
-		opts.LoadUnitTokens = DefaultLoadUnitTokens
+		opts.LoadUnitTokens = workers.DefaultLoadUnitTokens
 	}
 	p := &Policy{opts: opts, reporter: r, log: log, tree: prefixtree.New(opts.MaxTreeSize)}
 	if opts.Store != nil {
