@@ -3,6 +3,15 @@
 // commit), forwarded as the original bytes, and its answer streamed back unbuffered, with retries
 // only for what provably never started on a worker. Health, model list, metrics and admin
 // endpoints are plain net/http handlers served on the same listener.
+//
+// fasthttp reuses every buffer of a request, and of a worker's answer, once the request is over:
+// a string or slice that shares their memory is rewritten by the next request on the listener, so
+// nothing that outlives the request or goes to another goroutine may alias them. The rule is
+// "copy at the boundary": a value read from a request or an answer becomes its own string
+// (string(b), never an unsafe conversion) or its own slice (bytes.Clone) before it is kept in a
+// map, a store, a queue or a log entry, and the net/http handlers get a request built from copies
+// only (plain.go). The poison test build (go test -tags cacheroute_poison, poison.go) overwrites a
+// request's buffers as soon as its handler returns, so a value kept without a copy shows at once.
 package proxy
 
 import (
@@ -14,7 +23,6 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
-	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"github.com/cacheroute/cacheroute/internal/clientkeys"
 	"github.com/cacheroute/cacheroute/internal/metrics"
@@ -131,18 +139,25 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 		handle("GET", "/dashboard/data", s.admin(opts.Dashboard.ServeHTTP))
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { notFound(w, r, allow) })
-	s.plain = fasthttpadaptor.NewFastHTTPHandler(s.mux)
+	s.plain = servePlain(s.mux)
 	return s
 }
 
 // serve is the fasthttp handler of every endpoint.
 func (s *Server) serve(ctx *fasthttp.RequestCtx) {
+	if afterRequest != nil {
+		defer afterRequest(ctx)
+	}
 	if s.preflight(ctx) {
 		return
 	}
 	s.answer(ctx)
 	s.cors(ctx)
 }
+
+// afterRequest, when set, runs once each request's handler has returned; only the poison test
+// build sets it (poison.go).
+var afterRequest func(*fasthttp.RequestCtx)
 
 // answer answers one request: forwarded when its path is routed, else by the net/http handlers.
 func (s *Server) answer(ctx *fasthttp.RequestCtx) {
