@@ -103,6 +103,9 @@ type Config struct {
 	TraceSampleRatio float64 `yaml:"trace_sample_ratio"`
 	// CORSAllowedOrigins are the web origins whose pages may call the router ("*": any).
 	CORSAllowedOrigins []string `yaml:"cors_allowed_origins"`
+	// AdminAllowedOrigins are the web origins whose pages may send admin requests that change the
+	// router (add or remove workers, load adapters); none by default. "*" is not accepted.
+	AdminAllowedOrigins []string `yaml:"admin_allowed_origins"`
 	// ForwardClientAuth sends the client's own Authorization / x-api-key to the worker even when
 	// client keys are checked (by default the worker then gets --api-key only).
 	ForwardClientAuth bool `yaml:"forward_client_auth"`
@@ -271,13 +274,14 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.Float64Var(&c.CBTimeoutDurationSecs, "cb-timeout-duration-secs", c.CBTimeoutDurationSecs, "seconds an open breaker waits before letting one trial request through")
 	fs.BoolVar(&c.DisableCircuitBreaker, "disable-circuit-breaker", c.DisableCircuitBreaker, "never open circuit breakers")
 	fs.StringVar(&c.PrometheusHost, "prometheus-host", c.PrometheusHost, "listen address of the separate metrics listener")
-	fs.IntVar(&c.PrometheusPort, "prometheus-port", c.PrometheusPort, "port of the separate metrics listener (0 disables it; /metrics is also on the main port)")
+	fs.IntVar(&c.PrometheusPort, "prometheus-port", c.PrometheusPort, "port of the separate metrics listener (0 disables it; /metrics is also on the main port, for admins)")
 	fs.StringVar(&c.APIKey, "api-key", c.APIKey, "sent to workers as 'Authorization: Bearer' when the client sent none (env "+APIKeyEnv+")")
 	fs.StringVar(&c.AdminAPIKey, "admin-api-key", c.AdminAPIKey, "when set, admin endpoints require 'Authorization: Bearer <key>' (env "+AdminAPIKeyEnv+")")
 	fs.StringVar(&c.AccessLog, "access-log", c.AccessLog, "write one JSON line per routed request to this file (appended), or stdout; none by default")
 	fs.StringVar(&c.OTLPTracesEndpoint, "otlp-traces-endpoint", c.OTLPTracesEndpoint, "export OpenTelemetry traces here: http(s)://host:4318 (OTLP/HTTP, path /v1/traces by default) or grpc://host:4317 (OTLP/gRPC; grpcs:// with TLS); off by default (the OTEL_EXPORTER_OTLP_* variables also turn it on)")
 	fs.Float64Var(&c.TraceSampleRatio, "trace-sample-ratio", c.TraceSampleRatio, "fraction of new traces recorded (0..1); a request with a traceparent follows its caller's decision")
 	fs.StringSliceVar(&c.CORSAllowedOrigins, "cors-allowed-origins", c.CORSAllowedOrigins, "web origins (scheme://host[:port], or *) whose pages may call the router from a browser; none: no CORS headers")
+	fs.StringSliceVar(&c.AdminAllowedOrigins, "admin-allowed-origins", c.AdminAllowedOrigins, "web origins (scheme://host[:port]) whose pages may send admin requests that change the router; none: every such request that carries an Origin or Referer is refused")
 	fs.BoolVar(&c.AdminWorkerURLCredentials, "admin-worker-url-credentials", c.AdminWorkerURLCredentials, "let the admin API add worker URLs with user:password@ (those of --worker-urls and the config file always may)")
 	fs.StringSliceVar(&c.WorkerURLAllow, "worker-url-allow", c.WorkerURLAllow, "CIDR prefixes or addresses the router may connect to as workers, checked on every dial after name resolution (empty: anywhere)")
 	fs.StringVar(&c.ClientAPIKeysFile, "client-api-keys-file", c.ClientAPIKeysFile, "file of client API keys (one per line, optional tenant= and priority=); when set, routed endpoints require one (reloaded on change and SIGHUP)")
@@ -481,6 +485,11 @@ func (c Config) Validate() error {
 	if c.PriorityReserve < 0 || (c.PriorityReserve > 0 && c.PriorityReserve >= c.MaxConcurrentRequests) {
 		bad("priority-reserve", "must be at least 0 and less than --max-concurrent-requests, got %d", c.PriorityReserve)
 	}
+	for _, o := range c.AdminAllowedOrigins {
+		if !isWebOrigin(o) {
+			bad("admin-allowed-origins", "%q is not a web origin (scheme://host[:port], no path; * is not accepted)", o)
+		}
+	}
 	if c.MaxPayloadSize < 1 {
 		bad("max-payload-size", "must be at least 1 byte, got %d", c.MaxPayloadSize)
 	}
@@ -601,3 +610,11 @@ func (c Config) RetryMaxBackoff() time.Duration {
 }
 
 func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// isWebOrigin reports whether o is a web origin as browsers send it in Origin: http or https,
+// a host, an optional port, and nothing else.
+func isWebOrigin(o string) bool {
+	u, err := url.Parse(o)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" && u.User == nil &&
+		u.Path == "" && u.RawQuery == "" && u.Fragment == "" && !strings.Contains(u.Host, "*")
+}

@@ -508,6 +508,9 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{"zero health timeout", func(c *config.Config) { c.HealthCheckTimeoutSecs = 0 }, "--health-check-timeout-secs"},
 		{"zero cb timeout", func(c *config.Config) { c.CBTimeoutDurationSecs = 0 }, "--cb-timeout-duration-secs"},
 		{"zero payload", func(c *config.Config) { c.MaxPayloadSize = 0 }, "--max-payload-size"},
+		{"admin origin with a path", func(c *config.Config) { c.AdminAllowedOrigins = []string{"https://ops.example/console"} }, "--admin-allowed-origins"},
+		{"admin origin any", func(c *config.Config) { c.AdminAllowedOrigins = []string{"*"} }, "--admin-allowed-origins"},
+		{"admin origin without a scheme", func(c *config.Config) { c.AdminAllowedOrigins = []string{"ops.example"} }, "--admin-allowed-origins"},
 		{"negative grace", func(c *config.Config) { c.ShutdownGraceSecs = -1 }, "--shutdown-grace-secs"},
 		{"endpoint without slash", func(c *config.Config) { c.HealthCheckEndpoint = "health" }, "--health-check-endpoint"},
 		{"unknown log level", func(c *config.Config) { c.LogLevel = "verbose" }, "--log-level"},
@@ -564,6 +567,9 @@ func TestValidateAccepts(t *testing.T) {
 			c.RequestTimeoutSecs, c.FirstByteTimeoutSecs = 30, 30
 		}},
 		{"one client connection", func(c *config.Config) { c.MaxClientConnections = 1 }},
+		{"admin origins with and without ports", func(c *config.Config) {
+			c.AdminAllowedOrigins = []string{"https://ops.example", "http://127.0.0.1:8080"}
+		}},
 		{"sub-second client timeouts", func(c *config.Config) {
 			c.ClientHeaderTimeoutSecs, c.ClientBodyTimeoutSecs, c.KeepaliveTimeoutSecs = 0.25, 0.5, 0.1
 		}},

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"mime"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 
 	"github.com/cacheroute/cacheroute/internal/clientkeys"
@@ -16,8 +18,11 @@ import (
 
 // admin guards an admin endpoint. When an admin key is configured, the request must carry it as
 // a bearer token (compared in constant time). Without one, the admin plane is closed to every
-// caller but a local one (see isLocal): an open port must never let a client add a worker that
-// would then receive other clients' prompts and the router's worker key.
+// caller but a local one (see localCaller): an open port must never let a client add a worker that
+// would then receive other clients' prompts and the router's worker key. Either way, a request
+// that changes the fleet must not come from a web page (see fromBrowserPage) and must carry its
+// body, if any, as JSON: a browser can send a cross-site form or a text/plain POST without the
+// page's consent, but never a cross-site JSON one.
 func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		switch {
@@ -28,9 +33,93 @@ func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
 			writeError(w, http.StatusForbidden, "permission_error", "admin_loopback_only",
 				"without --admin-api-key the admin endpoints answer only callers on this host's loopback")
 			return
+		case s.opts.AdminAPIKey == "" && !s.ownHost(r.Host):
+			writeError(w, http.StatusForbidden, "permission_error", "admin_host_not_allowed",
+				"without --admin-api-key the admin endpoints answer only requests whose Host is localhost, a loopback address, --host or this machine's name")
+			return
+		}
+		if changesState(r) {
+			if origin, ok := s.fromBrowserPage(r); ok {
+				writeError(w, http.StatusForbidden, "permission_error", "admin_origin_not_allowed",
+					"admin requests from the web origin "+truncate(origin, 200)+" are refused (see --admin-allowed-origins)")
+				return
+			}
+			if !jsonOrNoBodyType(r) {
+				writeError(w, http.StatusUnsupportedMediaType, "invalid_request_error", "unsupported_media_type",
+					"an admin request's body must be sent as Content-Type: application/json")
+				return
+			}
 		}
 		h(w, r)
 	}
+}
+
+// changesState reports whether an admin request may change the router (every method but GET and
+// HEAD).
+func changesState(r *http.Request) bool {
+	return r.Method != http.MethodGet && r.Method != http.MethodHead
+}
+
+// fromBrowserPage returns the web origin of a page that sent r, from its Origin header or, without
+// one, its Referer, and reports true when that origin is not in --admin-allowed-origins. A request
+// with neither header (curl, a script, kubectl) is not from a page. Browsers send Origin with every
+// cross-origin POST and DELETE, "null" included, which is never allowed.
+func (s *Server) fromBrowserPage(r *http.Request) (string, bool) {
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		ref := r.Header.Get("Referer")
+		if ref == "" {
+			return "", false
+		}
+		u, err := url.Parse(ref)
+		if err != nil || u.Host == "" {
+			return ref, true
+		}
+		origin = u.Scheme + "://" + u.Host
+	}
+	for _, allowed := range s.opts.AdminOrigins {
+		if strings.EqualFold(allowed, origin) {
+			return origin, false
+		}
+	}
+	return origin, true
+}
+
+// jsonOrNoBodyType reports whether r's Content-Type is application/json (with any parameters) or
+// absent, as in `curl -X POST '.../add_worker?url=...'`.
+func jsonOrNoBodyType(r *http.Request) bool {
+	ct := r.Header.Get("Content-Type")
+	if ct == "" {
+		return true
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && mt == "application/json"
+}
+
+// localCaller reports whether r comes from this host and names it: from loopback without a
+// proxy's forwarding headers (isLocal), with a Host that is this host's (ownHost). The second
+// check keeps a web page whose own name was rebound to 127.0.0.1 from reading the admin answers.
+func (s *Server) localCaller(r *http.Request) bool { return isLocal(r) && s.ownHost(r.Host) }
+
+// ownHost reports whether the Host value names this host: localhost, a loopback address, or one
+// of Options.OwnHosts (--host, the machine's name), on any port.
+func (s *Server) ownHost(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.Trim(host, "[]"), ".")
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return true
+	}
+	for _, own := range s.opts.OwnHosts {
+		if own != "" && strings.EqualFold(own, host) {
+			return true
+		}
+	}
+	return false
 }
 
 // clientAuth guards a non-routed client endpoint (/v1/models) with the client keys, when set.

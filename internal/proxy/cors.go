@@ -11,7 +11,8 @@ import (
 // (--cors-allowed-origins): a preflight OPTIONS gets the methods and headers it asks for, and
 // every answer to an allowed origin names that origin and exposes the router's headers. Without
 // configured origins the router adds no CORS header, and browsers keep pages from reading its
-// answers. A worker's own CORS headers are replaced, so the client never sees two answers.
+// answers. A worker's own CORS headers are replaced, so the client never sees two answers. The
+// admin endpoints and /metrics never get CORS headers: no page is meant to drive or read them.
 
 // corsMaxAge is how long a browser may keep a preflight's answer, in seconds.
 const corsMaxAge = "600"
@@ -39,7 +40,8 @@ func (s *Server) corsOrigin(ctx *fasthttp.RequestCtx) string {
 
 // preflight answers a CORS preflight request, and reports whether it was one.
 func (s *Server) preflight(ctx *fasthttp.RequestCtx) bool {
-	if !ctx.IsOptions() || len(s.opts.CORSOrigins) == 0 || len(ctx.Request.Header.Peek("Access-Control-Request-Method")) == 0 {
+	if !ctx.IsOptions() || len(s.opts.CORSOrigins) == 0 || len(ctx.Request.Header.Peek("Access-Control-Request-Method")) == 0 ||
+		s.isAdminPath(string(ctx.Path())) {
 		return false
 	}
 	h := &ctx.Response.Header
@@ -58,7 +60,7 @@ func (s *Server) preflight(ctx *fasthttp.RequestCtx) bool {
 
 // cors sets the CORS headers of an answer whose headers are otherwise final.
 func (s *Server) cors(ctx *fasthttp.RequestCtx) {
-	if len(s.opts.CORSOrigins) == 0 {
+	if len(s.opts.CORSOrigins) == 0 || s.isAdminPath(string(ctx.Path())) {
 		return
 	}
 	h := &ctx.Response.Header

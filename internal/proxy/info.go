@@ -91,12 +91,12 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 }
 
 // mayShowTopology reports whether r may see worker URLs: it carries the admin key, or no admin
-// key is configured and r is local (see isLocal).
+// key is configured and r is a local caller (see localCaller).
 func (s *Server) mayShowTopology(r *http.Request) bool {
 	if s.opts.AdminAPIKey != "" {
 		return s.isAdmin(r)
 	}
-	return isLocal(r)
+	return s.localCaller(r)
 }
 
 // liveness is always 200: the process is up and serving HTTP.

@@ -42,6 +42,13 @@ type Options struct {
 	AdminAPIKey    string // required by admin endpoints when set
 	// AdminURLCredentials lets the admin API add worker URLs with user:password@.
 	AdminURLCredentials bool
+	// AdminOrigins are the web origins (scheme://host[:port]) whose pages may send admin requests
+	// that change the router; none by default, so a page in a browser on an admin's machine
+	// cannot (--admin-allowed-origins).
+	AdminOrigins []string
+	// OwnHosts are the names of this host, besides localhost and the loopback addresses, that an
+	// admin request's Host may carry when no admin key is set: --host and the machine's name.
+	OwnHosts []string
 	// ClientKeys, when set, is asked for every routed request's and /v1/models' key: a caller
 	// without a valid one gets 401. Unless ForwardClientAuth, the client's key is then not sent
 	// to workers (they get APIKey).
@@ -100,6 +107,18 @@ type Server struct {
 	mux        *http.ServeMux // every endpoint that is not routed
 	loraClient *http.Client
 	plain      fasthttp.RequestHandler
+	adminPaths map[string]bool // the admin endpoints' paths and patterns
+}
+
+// workerPattern is the path pattern of one worker in the admin API.
+const (
+	workersPrefix = "/workers/"
+	workerPattern = workersPrefix + "{url}"
+)
+
+// isAdminPath reports whether path is an admin endpoint's.
+func (s *Server) isAdminPath(path string) bool {
+	return s.adminPaths[path] || strings.HasPrefix(path, workersPrefix)
 }
 
 // New returns a server.
@@ -120,23 +139,30 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 		s.mux.HandleFunc(method+" "+path, h)
 		allow[path] = append(allow[path], method)
 	}
+	// The admin endpoints, and /metrics whose series name every worker, answer only an admin (see
+	// admin); web pages get no CORS headers from them, whatever --cors-allowed-origins says.
+	s.adminPaths = map[string]bool{}
+	handleAdmin := func(method, path string, h http.HandlerFunc) {
+		handle(method, path, s.admin(h))
+		s.adminPaths[path] = true
+	}
 	handle("GET", "/v1/models", s.clientAuth(s.models))
 	handle("GET", "/health", s.health)
 	handle("GET", "/liveness", s.liveness)
 	handle("GET", "/readiness", s.readiness)
-	handle("GET", "/metrics", m.Handler().ServeHTTP)
-	handle("POST", "/add_worker", s.admin(s.addWorkerQuery))
-	handle("POST", "/remove_worker", s.admin(s.removeWorkerQuery))
-	handle("POST", "/v1/load_lora_adapter", s.admin(s.lora))
-	handle("POST", "/v1/unload_lora_adapter", s.admin(s.lora))
-	handle("GET", "/list_workers", s.admin(s.listWorkers))
-	handle("GET", "/workers", s.admin(s.listWorkers))
-	handle("POST", "/workers", s.admin(s.addWorkerREST))
-	handle("GET", "/workers/{url}", s.admin(s.getWorker))
-	handle("DELETE", "/workers/{url}", s.admin(s.deleteWorker))
+	handleAdmin("GET", "/metrics", m.Handler().ServeHTTP)
+	handleAdmin("POST", "/add_worker", s.addWorkerQuery)
+	handleAdmin("POST", "/remove_worker", s.removeWorkerQuery)
+	handleAdmin("POST", "/v1/load_lora_adapter", s.lora)
+	handleAdmin("POST", "/v1/unload_lora_adapter", s.lora)
+	handleAdmin("GET", "/list_workers", s.listWorkers)
+	handleAdmin("GET", "/workers", s.listWorkers)
+	handleAdmin("POST", "/workers", s.addWorkerREST)
+	handleAdmin("GET", workerPattern, s.getWorker)
+	handleAdmin("DELETE", workerPattern, s.deleteWorker)
 	if opts.Dashboard != nil {
-		handle("GET", "/dashboard", s.admin(opts.Dashboard.ServeHTTP))
-		handle("GET", "/dashboard/data", s.admin(opts.Dashboard.ServeHTTP))
+		handleAdmin("GET", "/dashboard", opts.Dashboard.ServeHTTP)
+		handleAdmin("GET", "/dashboard/data", opts.Dashboard.ServeHTTP)
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { notFound(w, r, allow) })
 	s.plain = servePlain(s.mux)
@@ -237,8 +263,8 @@ func (s *Server) CloseIdleConnections() { s.upstreams.closeIdle() }
 // 405 with an Allow header, anything else 404, both as OpenAI error bodies.
 func notFound(w http.ResponseWriter, r *http.Request, allow map[string][]string) {
 	path := r.URL.Path
-	if strings.HasPrefix(path, "/workers/") {
-		path = "/workers/{url}"
+	if strings.HasPrefix(path, workersPrefix) {
+		path = workerPattern
 	}
 	if methods := allow[path]; len(methods) > 0 {
 		w.Header().Set("Allow", strings.Join(methods, ", "))

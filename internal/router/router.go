@@ -166,6 +166,8 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		AccessLog:           r.accessLog,
 		Tracer:              r.tracer,
 		AdminURLCredentials: cfg.AdminWorkerURLCredentials,
+		AdminOrigins:        cfg.AdminAllowedOrigins,
+		OwnHosts:            ownHosts(cfg.Host),
 		ClientHeaderTimeout: cfg.ClientHeaderTimeout(),
 		ClientBodyTimeout:   cfg.ClientBodyTimeout(),
 		KeepaliveTimeout:    cfg.KeepaliveTimeout(),
@@ -543,4 +545,17 @@ func (r *Router) newDashboard(store func(context.Context, bool) any) *dashboard.
 		opts.Queue = func() (int, int) { return c.InFlight(), c.Queued() }
 	}
 	return dashboard.New(opts)
+}
+
+// ownHosts are the names of this host that an admin request's Host may carry besides localhost and
+// the loopback addresses: the listen address, unless it is a wildcard, and the machine's name.
+func ownHosts(listen string) []string {
+	var hosts []string
+	if ip := net.ParseIP(listen); listen != "" && (ip == nil || !ip.IsUnspecified()) {
+		hosts = append(hosts, listen)
+	}
+	if name, err := os.Hostname(); err == nil && name != "" {
+		hosts = append(hosts, name)
+	}
+	return hosts
 }
