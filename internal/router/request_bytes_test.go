@@ -63,41 +63,44 @@ func noise(t *testing.T, tr *testRouter, n int, bait string) {
 }
 
 func TestWorkerAddedByQueryKeepsItsURLWhileOtherRequestsReuseTheBuffers(t *testing.T) {
-	for _, path := range []string{"/add_worker?url=", "/workers?url="} {
-		t.Run(path, func(t *testing.T) {
-			first, added, attacker := newFakeWorker(t), newFakeWorker(t), newFakeWorker(t)
-			tr := startRouter(t, testConfig(), first)
-			req, _ := http.NewRequest(http.MethodPost, tr.url+path+added.URL(), nil)
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if body := readAll(t, resp); resp.StatusCode != http.StatusOK {
-				t.Fatalf("adding %s: %d %s", added.URL(), resp.StatusCode, body)
-			}
-			noise(t, tr, 400, attacker.URL())
+	keys := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(keys, []byte("sk-client tenant=a\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, keyed := range []bool{false, true} {
+		for _, path := range []string{"/add_worker?url=", "/workers?url="} {
+			t.Run(fmt.Sprintf("%s keys=%v", path, keyed), func(t *testing.T) {
+				first, added, attacker := newFakeWorker(t), newFakeWorker(t), newFakeWorker(t)
+				cfg := testConfig()
+				var admin, client []string
+				if keyed { // the worker key, an admin key and client keys: none of them closes the hole
+					cfg.APIKey, cfg.AdminAPIKey, cfg.ClientAPIKeysFile = "K", "adm1n", keys
+					admin, client = []string{"Authorization", "Bearer adm1n"}, []string{"Authorization", "Bearer sk-client"}
+				}
+				tr := startRouter(t, cfg, first)
+				if status, body := adminCall(t, tr, http.MethodPost, path+added.URL(), "", admin...); status != http.StatusOK {
+					t.Fatalf("adding %s: %d %s", added.URL(), status, body)
+				}
+				noise(t, tr, 400, attacker.URL())
 
-			want := []string{first.URL(), added.URL()}
-			if got := tr.Pool().URLs(); !slices.Equal(got, want) {
-				t.Fatalf("the pool's URLs are %q after other requests, want %q", got, want)
-			}
-			for range 20 {
-				readAll(t, tr.post(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"confidential"}]}`))
-			}
-			if n := attacker.hits.Load(); n != 0 {
-				t.Fatalf("a URL sent only in other requests' query strings received %d routed requests", n)
-			}
-			if added.hits.Load() == 0 {
-				t.Fatal("the added worker received no routed request")
-			}
-			req, _ = http.NewRequest(http.MethodPost, tr.url+"/remove_worker?url="+added.URL(), nil)
-			if resp, err = http.DefaultClient.Do(req); err != nil {
-				t.Fatal(err)
-			}
-			if body := readAll(t, resp); resp.StatusCode != http.StatusOK {
-				t.Fatalf("removing the added worker: %d %s", resp.StatusCode, body)
-			}
-		})
+				want := []string{first.URL(), added.URL()}
+				if got := tr.Pool().URLs(); !slices.Equal(got, want) {
+					t.Fatalf("the pool's URLs are %q after other requests, want %q", got, want)
+				}
+				for range 20 {
+					readAll(t, tr.post(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"confidential"}]}`, client...))
+				}
+				if n := attacker.hits.Load(); n != 0 {
+					t.Fatalf("a URL sent only in other requests' query strings received %d routed requests", n)
+				}
+				if added.hits.Load() == 0 {
+					t.Fatal("the added worker received no routed request")
+				}
+				if status, body := adminCall(t, tr, http.MethodPost, "/remove_worker?url="+added.URL(), "", admin...); status != http.StatusOK {
+					t.Fatalf("removing the added worker: %d %s", status, body)
+				}
+			})
+		}
 	}
 }
 
