@@ -1,0 +1,130 @@
+package kvevents
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+func TestDecodeReadsBothEncodingsAlike(t *testing.T) {
+	events := []any{
+		wireStored{hashes: []any{101, 102}, parent: nil, tokens: seq(0, 32), blockSize: 16, medium: "GPU"},
+		wireStored{hashes: []any{103}, parent: 102, tokens: seq(32, 16), blockSize: 16, loraID: 7, medium: "CPU", loraName: "sql"},
+		wireRemoved{hashes: []any{101}, medium: "GPU"},
+		wireCleared{},
+	}
+	want := Batch{TS: 1733000000.25, DPRank: 2, HasDPRank: true, Events: []Event{
+		{Kind: Stored, BlockHashes: []Hash{101, 102}, TokenIDs: u32(seq(0, 32)), BlockSize: 16},
+		{Kind: Stored, BlockHashes: []Hash{103}, Parent: 102, HasParent: true, TokenIDs: u32(seq(32, 16)), BlockSize: 16, LoRA: "sql", Offloaded: true},
+		{Kind: Removed, BlockHashes: []Hash{101}},
+		{Kind: Cleared},
+	}}
+	for name, payload := range map[string][]byte{"arrays": encodeArrays(t, 2, events...), "maps": encodeMaps(t, 2, events...)} {
+		if got := decode(t, payload); !reflect.DeepEqual(got, want) {
+			t.Errorf("%s:\n got %+v\nwant %+v", name, got, want)
+		}
+	}
+}
+
+func TestDecodeFoldsByteStringHashesConsistently(t *testing.T) {
+	h1, h2 := []byte("0123456789abcdef0123456789abcdef"), []byte("fedcba9876543210fedcba9876543210")
+	b := decode(t, encodeArrays(t, nil,
+		wireStored{hashes: []any{h1}, tokens: seq(0, 4), blockSize: 4},
+		wireStored{hashes: []any{h2}, parent: h1, tokens: seq(4, 4), blockSize: 4},
+		wireRemoved{hashes: []any{h2}},
+	))
+	if b.Events[1].Parent != b.Events[0].BlockHashes[0] || b.Events[2].BlockHashes[0] != b.Events[1].BlockHashes[0] {
+		t.Fatalf("the same byte-string hash folded to different values: %+v", b.Events)
+	}
+	if b.Events[0].BlockHashes[0] == b.Events[1].BlockHashes[0] {
+		t.Fatal("two different hashes folded to one")
+	}
+	if b.HasDPRank {
+		t.Fatal("a nil data_parallel_rank read as set")
+	}
+}
+
+func TestDecodeReadsOlderEnginesShorterEvents(t *testing.T) {
+	// Engines before medium and lora_name send six and five positional fields.
+	six, _ := msgpack.Marshal([]any{1.0, []any{[]any{"BlockStored", []any{1}, nil, seq(0, 2), 2, 3, "GPU"}}})
+	five, _ := msgpack.Marshal([]any{1.0, []any{[]any{"BlockStored", []any{1}, nil, seq(0, 2), 2, nil}, []any{"BlockRemoved", []any{1}}}})
+	if e := decode(t, six).Events[0]; e.LoRA != "lora-id:3" || e.Offloaded || len(e.TokenIDs) != 2 {
+		t.Errorf("six fields: %+v", e)
+	}
+	if b := decode(t, five); len(b.Events) != 2 || b.Events[0].LoRA != "" || b.Events[1].Kind != Removed {
+		t.Errorf("five fields: %+v", b)
+	}
+}
+
+func TestDecodeSkipsEventKindsItDoesNotKnow(t *testing.T) {
+	for name, payload := range map[string][]byte{
+		"arrays": encodeArrays(t, nil, []any{"BlockPinned", []any{1, 2}, "GPU"}, wireCleared{}),
+		"maps":   encodeMaps(t, nil, map[string]any{"type": "BlockPinned", "block_hashes": []any{1}}, wireCleared{}),
+	} {
+		b := decode(t, payload)
+		if b.Unknown != 1 || len(b.Events) != 1 || b.Events[0].Kind != Cleared {
+			t.Errorf("%s: %+v", name, b)
+		}
+	}
+}
+
+func TestDecodeRefusesWhatIsNotAnEventBatch(t *testing.T) {
+	good := encodeArrays(t, 0, wireStored{hashes: []any{1, 2}, tokens: seq(0, 8), blockSize: 4})
+	huge := []byte{0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0x7f, 0xff, 0xff, 0xff} // events: an array of 2^31-1
+	cases := map[string][]byte{
+		"empty":          {},
+		"truncated":      good[:len(good)-3],
+		"trailing bytes": append(append([]byte{}, good...), 0xc0),
+		"a string":       []byte{0xa3, 'a', 'b', 'c'},
+		"a lying length": huge,
+		"token too big":  mustMarshal(t, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, []any{uint64(1) << 40}, 1, nil, nil}}}),
+		"tagless event":  mustMarshal(t, []any{1.0, []any{[]any{}}}),
+	}
+	for name, payload := range cases {
+		if _, err := NewDecoder().Decode(payload); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: err %v, want ErrMalformed", name, err)
+		}
+	}
+}
+
+func TestDecodedBatchSharesNoMemoryWithThePayload(t *testing.T) {
+	salt, _ := msgpack.Marshal([]any{"salt-1"})
+	payload := encodeMaps(t, nil, wireStored{hashes: []any{[]byte("h")}, tokens: seq(0, 2), blockSize: 2, loraName: "sql", extraKeys: []any{[]any{"salt-1"}}})
+	b := decode(t, payload)
+	for i := range payload {
+		payload[i] = 0
+	}
+	if e := b.Events[0]; e.LoRA != "sql" || string(e.ExtraKeys[0]) != string(salt) {
+		t.Fatalf("the batch changed with its payload: %+v", e)
+	}
+}
+
+func mustMarshal(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := msgpack.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func FuzzDecode(f *testing.F) {
+	f.Add(encodeArrays(f, 1, wireStored{hashes: []any{1, 2}, parent: 9, tokens: seq(0, 8), blockSize: 4, medium: "GPU"}, wireRemoved{hashes: []any{1}}, wireCleared{}))
+	f.Add(encodeMaps(f, nil, wireStored{hashes: []any{[]byte("ab")}, tokens: seq(0, 4), blockSize: 4, loraName: "x", extraKeys: []any{[]any{"x", "s"}}}))
+	f.Add([]byte{0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0x7f, 0xff, 0xff, 0xff})
+	dec := NewDecoder()
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		b, err := dec.Decode(payload)
+		if err != nil {
+			return
+		}
+		// Whatever decodes applies to an index without a panic, within its budget.
+		x := NewIndex(64 * perBlockBytes)
+		x.Apply("w", "m", b)
+		if x.Bytes() > 64*perBlockBytes || x.Bytes() < 0 {
+			t.Fatalf("index bytes %d outside [0, budget]", x.Bytes())
+		}
+	})
+}
