@@ -102,7 +102,8 @@ func TestSessionIDWithSharedPrefixDoesNotFollowShorterID(t *testing.T) {
 	// show by sending session-12 there, while exact matching sends it to the idle worker.
 	lease := first.Worker.Reserve()
 	defer lease.Release()
-	second := route(p, pool, req(t, chat("", []string{"task twelve"}, ""), "x-session-id", "session-12"))
+	// Its text shares nothing with the first's, so no history match sends it there either.
+	second := route(p, pool, req(t, chat("", []string{"another task"}, ""), "x-session-id", "session-12"))
 	if second.Label == LabelSessionMatch {
 		t.Fatalf("session-12 matched session-1's entry")
 	}
