@@ -164,8 +164,8 @@ func (s *scanner) kindField(name string, buf []byte) []byte {
 	return v
 }
 
-// textSize reads a free-form value the key writes behind a tag and a length prefix when it is a
-// non-empty string, and returns the most bytes that takes.
+// textSize reads a free-form value the key writes as a field behind a tag when it is a non-empty
+// string, and returns the most bytes that takes.
 func (s *scanner) textSize() int {
 	if s.peek() != '"' {
 		s.skip(true)
@@ -176,11 +176,11 @@ func (s *scanner) textSize() int {
 	if len(raw) == 0 {
 		return 0
 	}
-	return 1 + lpSize(len(raw)+s.grow-grow)
+	return 1 + fieldSize(len(raw)+s.grow-grow)
 }
 
-// stringSize reads a free-form value the key writes behind a length prefix when it is a string,
-// and returns the most bytes that takes beyond the "0:" of an empty one.
+// stringSize reads a free-form value the key writes as a field when it is a string, and returns
+// the most bytes that takes beyond the end of an empty field.
 func (s *scanner) stringSize() int {
 	if s.peek() != '"' {
 		s.skip(true)
@@ -188,21 +188,20 @@ func (s *scanner) stringSize() int {
 	}
 	grow := s.grow
 	raw, _, _ := s.str()
-	return lpSize(len(raw) + s.grow - grow)
+	return fieldSize(len(raw) + s.grow - grow)
 }
 
-// typedStringSize reads a field typed as a string (see stringField) that the key writes behind a
-// length prefix, and returns the most bytes that takes beyond the "0:" of an empty one.
+// typedStringSize reads a field typed as a string (see stringField) that the key writes as a
+// field, and returns the most bytes that takes beyond the end of an empty field.
 func (s *scanner) typedStringSize(name string) int {
 	if _, n, ok := s.stringField(name); ok {
-		return lpSize(n)
+		return fieldSize(n)
 	}
 	return 0
 }
 
-// canonicalSize reads a free-form value the key writes in canonical form behind a length prefix
-// (or, a string of arguments, as the string it is), and returns the most bytes that takes: none
-// for null.
+// canonicalSize reads a free-form value the key writes in canonical form as a field (or, a string
+// of arguments, as the string it is), and returns the most bytes that takes: none for null.
 func (s *scanner) canonicalSize() int {
 	start, grow, floats, keys := s.pos, s.grow, s.floats, s.keys
 	s.skip(true)
@@ -213,11 +212,11 @@ func (s *scanner) canonicalSize() int {
 }
 
 // canonicalBound is the most bytes the canonical form of the value read from start takes behind
-// its length prefix, grow, floats and keys being the scanner's counts when it was at start. The
+// as a field, grow, floats and keys being the scanner's counts when it was at start. The
 // canonicalizer's records must hold as many members as the value has.
 func (s *scanner) canonicalBound(start, grow, floats, keys int) int {
 	s.hist.members = max(s.hist.members, s.keys-keys)
-	return lpSize(s.pos - start + s.grow - grow + maxFloatLen*(s.floats-floats))
+	return fieldSize(s.pos - start + s.grow - grow + maxFloatLen*(s.floats-floats))
 }
 
 // str reads the value at val into *dst when it is a string, else the empty string (null, or
@@ -259,20 +258,20 @@ func (h *historyWriter) textValue(val int, dst *textValue) int {
 	return h.at(val, &dst.pos)
 }
 
-// lpWhole writes the canonical JSON of the object at pos, an item, a block or a tool, without its
-// cache_control member, behind its length prefix.
-func (h *historyWriter) lpWhole(pos int) {
+// fieldWhole writes the canonical JSON of the object at pos, an item, a block or a tool, without its
+// cache_control member, as a field.
+func (h *historyWriter) fieldWhole(pos int) {
 	h.c.hint = true
-	h.lpCanonical(pos)
+	h.fieldCanonical(pos)
 	h.c.hint = false
 }
 
 // toolSchema is how a protocol shapes its tools. A tool whose type is absent or the protocol's
-// function type (function, custom) is written as chat writes a tool: "T" lp(name)
-// lp(description) lp(schema as canonical JSON). A tool of any other type (web_search, mcp, a
-// server tool) is written whole, as "W" lp(canonical JSON without cache_control). Both are sorted
-// by name, as chat's are, the name of a tool of another type being its "name" member; tools
-// without a name come first, in order.
+// function type (function, custom) is written as chat writes a tool: "T" name· description·
+// schema· (the schema as canonical JSON; x· is the field x, see historyKey). A tool of any other
+// type (web_search, mcp, a server tool) is written whole, as "W" json· (its canonical JSON
+// without cache_control). Both are sorted by name, as chat's are, the name of a tool of another
+// type being its "name" member; tools without a name come first, in order.
 type toolSchema struct {
 	function string // the type of the tools written by name
 	schema   string // the member that holds such a tool's schema
@@ -301,7 +300,7 @@ func (s *scanner) tool(ts *toolSchema) {
 		return
 	}
 	start, grow, floats, keys := s.pos, s.grow, s.floats, s.keys
-	size := len("T0:0:0:") // a tool written by name, with no name, description or schema
+	size := len("T") + 3*fieldSize(0) // a tool written by name, with no name, description or schema
 	function, named := true, false
 	var buf [nameLen]byte
 	// fn reads a member of a function tool, given flat or in a "function" object.
@@ -309,7 +308,7 @@ func (s *scanner) tool(ts *toolSchema) {
 		switch string(key) {
 		case "name":
 			if raw, n, ok := s.stringField("name"); ok {
-				size += lpSize(n)
+				size += fieldSize(n)
 				named = named || len(raw) > 0
 			}
 		case "description":
@@ -447,13 +446,13 @@ func (h *historyWriter) writeAgentTool(t *agentTool) {
 	h.w.text = true
 	if t.whole != 0 {
 		h.w.byte('W')
-		h.lpWhole(t.whole)
+		h.fieldWhole(t.whole)
 		return
 	}
 	h.w.byte('T')
-	h.w.lp(h.jstr(t.name))
-	h.w.lp(h.jstr(t.description))
-	h.lpCanonical(t.schema)
+	h.w.field(h.jstr(t.name))
+	h.w.field(h.jstr(t.description))
+	h.fieldCanonical(t.schema)
 }
 
 // elements calls each with the position of every object in the array at pos, which returns the

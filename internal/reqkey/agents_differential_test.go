@@ -118,7 +118,8 @@ var agentProtocols = []*protocol{&responsesProtocol, &messagesProtocol}
 // surrogates and invalid UTF-8.
 func randomAgentDoc(r *rand.Rand, p *protocol) []byte {
 	strs := []string{`""`, `"a b"`, `"\u00e9\n"`, `"\ud83d\ude00"`, `"\ud83d"`, "\"\xff\xc3(\"", `"\"\\\/"`,
-		`"{\"b\":1,\"a\":2}"`, `" s "`, "\"\u2028\xe2\x80\xa9\"", `"cache_control"`, `"c1:x."`}
+		`"{\"b\":1,\"a\":2}"`, `" s "`, "\"\u2028\xe2\x80\xa9\"", `"cache_control"`, `"c1:x."`,
+		"\"\xffc.\"", `"\u00ff."`}
 	nums := []string{"0", "-0", "7", "-1.5e3", "0.25", "1e400", "12345678901234567890", "1e20", "5e-324"}
 	keys := []string{"x", "", "type", "text", "content", "name", "cache_control", "id", "role"}
 	var value func(depth int, key string) string

@@ -29,12 +29,12 @@ func TestResponsesKeyFraming(t *testing.T) {
 			{"type":"reasoning","id":"rs_1","summary":[{"type":"summary_text","text":"why"}],"content":[{"type":"reasoning_text","text":"how"}],"encrypted_content":"enc"},
 			{"type":"item_reference","id":"r1"},
 			{"role":"tool","content":"t"}]}`
-	want := `W21:{"type":"web_search"}` + `T3:run6:Run it13:{"a":2,"b":1}` + `sc8:be brief.` + `uc2:hi.` + `ac5:hellox2:no.` +
-		`f2:c13:run2:{}.` + `o2:c1c2:ok.` + `zy3:whyk3:howe3:enc.` + `J35:{"id":"r1","type":"item_reference"}.` + `tc1:t.`
+	want := spelled(`W{"type":"web_search"}·` + `Trun·Run it·{"a":2,"b":1}·` + `scbe brief·.` + `uchi·.` + `achello·xno·.` +
+		`fc1·run·{}·.` + `oc1·cok·.` + `zywhy·khow·eenc·.` + `J{"id":"r1","type":"item_reference"}·.` + `tct·.`)
 	if got := keyAs(t, &responsesProtocol, body); got != want {
-		t.Errorf("key\n%s\nwant\n%s", got, want)
+		t.Errorf("key\n%q\nwant\n%q", got, want)
 	}
-	if got := keyAs(t, &responsesProtocol, `{"input":"hi there"}`); got != "uc8:hi there." {
+	if got := keyAs(t, &responsesProtocol, `{"input":"hi there"}`); got != spelled("uchi there·.") {
 		t.Errorf("a string input gave %q", got)
 	}
 }
@@ -46,10 +46,10 @@ func TestMessagesKeyFraming(t *testing.T) {
 			{"role":"user","content":"hi"},
 			{"role":"assistant","content":[{"type":"thinking","thinking":"hmm","signature":"sig"},{"type":"redacted_thinking","data":"enc"},{"type":"text","text":"ok"},{"type":"tool_use","id":"t1","name":"run","input":{"cmd":"ls"}}]},
 			{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","is_error":true,"content":[{"type":"text","text":"x"},{"type":"image","source":{}}]},{"type":"document","source":{}},{"type":"search_result","title":"T"}]}]}`
-	want := `T3:run6:Run it13:{"a":2,"b":1}` + `W63:{"max_uses":5,"name":"web_search","type":"web_search_20250305"}` + `sc8:be brief.` + `uc2:hi.` +
-		`ak3:hmme3:encc2:okf2:t13:run12:{"cmd":"ls"}.` + `uo2:t1c1:x!J36:{"title":"T","type":"search_result"}.`
+	want := spelled(`Trun·Run it·{"a":2,"b":1}·` + `W{"max_uses":5,"name":"web_search","type":"web_search_20250305"}·` + `scbe brief·.` + `uchi·.` +
+		`akhmm·eenc·cok·ft1·run·{"cmd":"ls"}·.` + `uot1·cx·!J{"title":"T","type":"search_result"}·.`)
 	if got := keyAs(t, &messagesProtocol, body); got != want {
-		t.Errorf("key\n%s\nwant\n%s", got, want)
+		t.Errorf("key\n%q\nwant\n%q", got, want)
 	}
 }
 

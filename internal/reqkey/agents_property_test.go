@@ -5,7 +5,6 @@ import (
 	"maps"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 )
@@ -418,16 +417,15 @@ func (k *keyReader) take(c byte) bool {
 	return false
 }
 
-// lp reads a length-prefixed value.
-func (k *keyReader) lp() string {
-	j := strings.IndexByte(k.s[k.i:], ':')
-	n, err := strconv.Atoi(k.s[k.i : k.i+max(j, 0)])
-	if j < 0 || err != nil || k.i+j+1+n > len(k.s) {
+// field reads a field: its bytes up to the byte 0xFF that ends it.
+func (k *keyReader) field() string {
+	j := strings.IndexByte(k.s[k.i:], 0xFF)
+	if j < 0 {
 		k.bad = true
 		return ""
 	}
-	v := k.s[k.i+j+1 : k.i+j+1+n]
-	k.i += j + 1 + n
+	v := k.s[k.i : k.i+j]
+	k.i += j + 1
 	return v
 }
 
@@ -439,7 +437,7 @@ func (k *keyReader) role() (string, bool) {
 		}
 	}
 	if k.take('r') {
-		return k.lp(), true
+		return k.field(), true
 	}
 	return "", false
 }
@@ -451,10 +449,10 @@ func (k *keyReader) tools() string {
 	for k.more() {
 		switch {
 		case k.take('T'):
-			name, desc, params := k.lp(), k.lp(), k.lp()
+			name, desc, params := k.field(), k.field(), k.field()
 			tools = append(tools, normTool{name, normOf("T", name, desc, params)})
 		case k.take('W'):
-			whole := k.lp()
+			whole := k.field()
 			var t struct{ Name string }
 			_ = json.Unmarshal([]byte(whole), &t)
 			tools = append(tools, normTool{t.Name, normOf("W", whole)})
@@ -474,7 +472,7 @@ func (k *keyReader) texts(tags string) [][2]string {
 	for k.more() && strings.IndexByte(tags, k.peek()) >= 0 {
 		tag := string(k.s[k.i])
 		k.i++
-		texts = append(texts, [2]string{tag, k.lp()})
+		texts = append(texts, [2]string{tag, k.field()})
 	}
 	return texts
 }
@@ -487,18 +485,18 @@ func decodeResponses(key string) (string, bool) {
 		var item string
 		switch {
 		case k.take('f'):
-			item = normOf("f", k.lp(), k.lp(), k.lp())
+			item = normOf("f", k.field(), k.field(), k.field())
 		case k.take('o'):
-			item = normOf("o", k.lp(), k.texts("cx"))
+			item = normOf("o", k.field(), k.texts("cx"))
 		case k.take('z'):
 			sums, texts := k.texts("y"), k.texts("k")
 			enc := ""
 			if k.take('e') {
-				enc = k.lp()
+				enc = k.field()
 			}
 			item = normOf("z", sums, texts, enc)
 		case k.take('J'):
-			item = normOf("J", k.lp())
+			item = normOf("J", k.field())
 		default:
 			role, ok := k.role()
 			k.bad = k.bad || !ok
@@ -525,19 +523,19 @@ func decodeMessages(key string) (string, bool) {
 			}
 			switch {
 			case k.take('c'):
-				bs = append(bs, normOf("c", k.lp()))
+				bs = append(bs, normOf("c", k.field()))
 			case k.take('f'):
-				bs = append(bs, normOf("f", k.lp(), k.lp(), k.lp()))
+				bs = append(bs, normOf("f", k.field(), k.field(), k.field()))
 			case k.take('o'):
-				id := k.lp()
+				id := k.field()
 				inner, end := blocks(";!")
 				bs = append(bs, normOf("o", id, end == '!', inner))
 			case k.take('k'):
-				bs = append(bs, normOf("k", k.lp()))
+				bs = append(bs, normOf("k", k.field()))
 			case k.take('e'):
-				bs = append(bs, normOf("e", k.lp()))
+				bs = append(bs, normOf("e", k.field()))
 			case k.take('J'):
-				bs = append(bs, normOf("J", k.lp()))
+				bs = append(bs, normOf("J", k.field()))
 			default:
 				k.bad = true
 			}

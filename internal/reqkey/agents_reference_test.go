@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/cacheroute/cacheroute/internal/reqkey"
@@ -175,13 +174,14 @@ type refKey struct {
 	text bool
 }
 
-func (k *refKey) lp(s string) { k.sb.WriteString(strconv.Itoa(len(s)) + ":" + s) }
+// field writes s as a field: its bytes, then the byte 0xFF that no UTF-8 text holds.
+func (k *refKey) field(s string) { k.sb.WriteString(s + "\xff") }
 
 func (k *refKey) tagged(tag byte, s string) {
 	if s != "" {
 		k.text = true
 		k.sb.WriteByte(tag)
-		k.lp(s)
+		k.field(s)
 	}
 }
 
@@ -253,7 +253,7 @@ func (k *refKey) writeTools(raw json.RawMessage, ts refToolShape) {
 		t := refObjectOf(e)
 		typ := t.str("type")
 		if typ != "" && typ != ts.function {
-			tools = append(tools, refTool{name: t.str("name"), key: "W" + strconv.Itoa(len(refWhole(e))) + ":" + refWhole(e)})
+			tools = append(tools, refTool{name: t.str("name"), key: "W" + refWhole(e) + "\xff"})
 			continue
 		}
 		if fn, ok := t["function"]; ok && ts.nested {
@@ -261,9 +261,9 @@ func (k *refKey) writeTools(raw json.RawMessage, ts refToolShape) {
 		}
 		var sub refKey
 		sub.sb.WriteByte('T')
-		sub.lp(t.str("name"))
-		sub.lp(t.str("description"))
-		sub.lp(refCanonicalJSON(refDecode(t[ts.schema])))
+		sub.field(t.str("name"))
+		sub.field(t.str("description"))
+		sub.field(refCanonicalJSON(refDecode(t[ts.schema])))
 		tools = append(tools, refTool{name: t.str("name"), key: sub.sb.String()})
 	}
 	slices.SortStableFunc(tools, func(a, b refTool) int { return strings.Compare(a.name, b.name) })
@@ -410,12 +410,12 @@ func refResponsesKey(tools, instructions, input json.RawMessage) string {
 		case "function_call":
 			k.text = true
 			k.sb.WriteByte('f')
-			k.lp(it.str("call_id"))
-			k.lp(it.str("name"))
-			k.lp(refArgumentsText(refDecode(it["arguments"])))
+			k.field(it.str("call_id"))
+			k.field(it.str("name"))
+			k.field(refArgumentsText(refDecode(it["arguments"])))
 		case "function_call_output":
 			k.sb.WriteByte('o')
-			k.lp(it.str("call_id"))
+			k.field(it.str("call_id"))
 			k.parts('c', 'x', it["output"])
 		case "reasoning":
 			k.sb.WriteByte('z')
@@ -425,7 +425,7 @@ func refResponsesKey(tools, instructions, input json.RawMessage) string {
 		default:
 			k.text = true
 			k.sb.WriteByte('J')
-			k.lp(refWhole(e))
+			k.field(refWhole(e))
 		}
 		k.sb.WriteByte('.')
 	}
@@ -575,12 +575,12 @@ func (k *refKey) block(m map[string]any) {
 	case "tool_use":
 		k.text = true
 		k.sb.WriteByte('f')
-		k.lp(str("id"))
-		k.lp(str("name"))
-		k.lp(refCanonicalJSON(m["input"]))
+		k.field(str("id"))
+		k.field(str("name"))
+		k.field(refCanonicalJSON(m["input"]))
 	case "tool_result":
 		k.sb.WriteByte('o')
-		k.lp(str("tool_use_id"))
+		k.field(str("tool_use_id"))
 		k.blocks(m["content"])
 		if m["is_error"] == true {
 			k.sb.WriteByte('!')
@@ -595,7 +595,7 @@ func (k *refKey) block(m map[string]any) {
 		k.text = true
 		delete(m, "cache_control")
 		k.sb.WriteByte('J')
-		k.lp(refCanonicalJSON(m))
+		k.field(refCanonicalJSON(m))
 	}
 }
 

@@ -58,7 +58,7 @@ func TestParseResponsesFields(t *testing.T) {
 	}
 	// A continuation of a stored response still has its key: the policy decides what to do.
 	r := mustParseAs(t, &responsesProtocol, nil, `{"previous_response_id":"resp_1","input":[{"role":"user","content":"and then?"}]}`)
-	if r.Text != "uc9:and then?." {
+	if r.Text != spelled("ucand then?·.") {
 		t.Errorf("key %q beside previous_response_id", r.Text)
 	}
 }
@@ -326,10 +326,10 @@ func TestAgentHashKey(t *testing.T) {
 		{&responsesProtocol, "then conversation", nil, `{"conversation":{"id":"c"},"prompt_cache_key":"k","user":"u","input":"hi"}`, "c"},
 		{&responsesProtocol, "then prompt_cache_key", nil, `{"prompt_cache_key":"k","user":"u","input":"hi"}`, "k"},
 		{&responsesProtocol, "then user", nil, `{"user":"u","input":"hi"}`, "u"},
-		{&responsesProtocol, "then the history key", nil, `{"input":"hi"}`, "uc2:hi."},
+		{&responsesProtocol, "then the history key", nil, `{"input":"hi"}`, spelled("uchi·.")},
 		{&messagesProtocol, "header first", hdr("x-trace-id", "t"), `{"metadata":{"user_id":"m"},"messages":[]}`, "t"},
 		{&messagesProtocol, "then metadata.user_id", nil, `{"metadata":{"user_id":" m "},"messages":[]}`, "m"},
-		{&messagesProtocol, "then the history key", nil, `{"messages":[{"role":"user","content":"hi"}]}`, "uc2:hi."},
+		{&messagesProtocol, "then the history key", nil, `{"messages":[{"role":"user","content":"hi"}]}`, spelled("uchi·.")},
 	}
 	for _, tt := range tests {
 		t.Run(tt.p.name+"/"+tt.name, func(t *testing.T) {

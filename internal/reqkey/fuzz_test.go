@@ -90,6 +90,7 @@ func prefixSeeds(f *testing.F) {
 		{`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]}]}`, `[{"role":"user","content":"now text"}]`},
 		{`{"messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}]}`, `[{"role":"tool","tool_call_id":"1","name":"f","content":"r"},{"role":"user","content":""}]`},
 		{`{"messages":[{"role":"user","content":"a.m4:user0:0:c1:b"}]}`, `[{"role":"user","content":null}]`},
+		{"{\"messages\":[{\"role\":\"user\",\"content\":\"a\xff.uc\u00ffb\"}]}", "[{\"role\":\"user\",\"name\":\"\xff\",\"content\":\"\ufffd\"}]"},
 	} {
 		f.Add([]byte(s.body), []byte(s.extra))
 	}

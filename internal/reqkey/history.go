@@ -5,18 +5,26 @@ import "slices"
 // historyKey serializes a chat conversation so that a conversation's key is a byte prefix of the
 // key of any continuation of it (the same tools, messages appended). Tool schemas come first,
 // sorted by function name, so they are stable across turns; then each message in order. Every
-// free-text field is written with a length prefix ("<len>:<bytes>") behind a one-letter tag, and
-// every message ends with ".", so moving text from one field or message to another always changes
-// the key. A conversation with no text at all (only images, say) has an empty key: there is
-// nothing a worker could have cached that we could match.
+// free-text field is written as its bytes followed by the byte 0xFF (fieldEnd), behind a
+// one-letter tag, and every message ends with ".". No text holds 0xFF (see fieldEnd), so the end
+// of a field is never taken for text: moving text from one field or message to another always
+// changes the key. A conversation with no text at all (only images, say) has an empty key: there
+// is nothing a worker could have cached that we could match.
+//
+// A field's text comes right after its tag, with nothing before it that depends on the rest of
+// it, so two conversations whose messages agree up to some byte of a text have keys that agree up
+// to that byte too: a shared document at the start of a user message, a long preamble or a set of
+// few-shot examples is a shared prefix of the keys, as it is of the prompts a worker caches. (A
+// length before each text, as in "<len>:<bytes>", would part the keys at its digits.)
 //
 // The framing is kept small on purpose: the router's match ratio is matched bytes over key bytes,
 // and bulky shared framing ("role: user, name: ...") would make unrelated short chats look alike.
-// The common roles are one letter; other fields appear only when present.
+// The common roles are one letter; other fields appear only when present. Below, x· is the field
+// x: its bytes, then 0xFF.
 //
-//	tool    = "T" lp(name) lp(description) lp(parameters as canonical JSON)
-//	message = role { "n" lp(name) | "i" lp(tool_call_id) | "c" lp(text part) | "f" lp(name) lp(arguments) } "."
-//	role    = "s" | "d" | "u" | "a" | "t" | "r" lp(other role)
+//	tool    = "T" name· description· parameters·  (parameters as canonical JSON)
+//	message = role { "n" name· | "i" tool_call_id· | "c" text part· | "f" name· arguments· } "."
+//	role    = "s" | "d" | "u" | "a" | "t" | "r" other role·
 //
 // The key is written from positions in the body, in one pass over the parts it reads, into a
 // buffer the size of the bound the schema reader found for it (see keyBound): the key never
@@ -215,9 +223,9 @@ func (h *historyWriter) readTool(pos int, t *tool) int {
 
 func (h *historyWriter) writeTool(t *tool) {
 	h.w.byte('T')
-	h.lpString(t.name)
-	h.lpString(t.description)
-	h.lpCanonical(t.params)
+	h.fieldString(t.name)
+	h.fieldString(t.description)
+	h.fieldCanonical(t.params)
 }
 
 // message is one element of messages as far as the key reads it. Where its tool_calls arrays are
@@ -295,11 +303,11 @@ func (h *historyWriter) start(m *message) {
 	h.role(m.role)
 	if m.name.len() > 0 {
 		h.w.byte('n')
-		h.w.lp(m.name)
+		h.w.field(m.name)
 	}
 	if m.toolCallID.len() > 0 {
 		h.w.byte('i')
-		h.w.lp(m.toolCallID)
+		h.w.field(m.toolCallID)
 	}
 }
 
@@ -331,7 +339,7 @@ func (h *historyWriter) role(role jstr) {
 		h.w.byte('t')
 	default:
 		h.w.byte('r')
-		h.w.lp(role)
+		h.w.field(role)
 	}
 }
 
@@ -369,12 +377,12 @@ func (h *historyWriter) content(w *keyWriter, pos int) int {
 
 func textPart(w *keyWriter, j jstr) { tagged(w, 'c', j) }
 
-// tagged writes the text j behind tag and its length prefix, when it is not empty.
+// tagged writes the text j as a field behind tag, when it is not empty.
 func tagged(w *keyWriter, tag byte, j jstr) {
 	if j.len() > 0 {
 		w.text = true
 		w.byte(tag)
-		w.lp(j)
+		w.field(j)
 	}
 }
 
@@ -445,8 +453,8 @@ func (h *historyWriter) toolCalls() {
 	h.v.fold(h.inner, read, func() {
 		h.w.text = true
 		h.w.byte('f')
-		h.w.lp(name)
-		h.lpArguments(args)
+		h.w.field(name)
+		h.fieldArguments(args)
 		name, args = jstr{}, 0
 	})
 }
@@ -506,36 +514,26 @@ func (h *historyWriter) jstr(pos int) jstr {
 	return j
 }
 
-// lpString writes the string at pos (0: the empty string) behind its length prefix.
-func (h *historyWriter) lpString(pos int) {
-	h.w.lp(h.jstr(pos))
+// fieldString writes the string at pos (0: the empty string) as a field.
+func (h *historyWriter) fieldString(pos int) {
+	h.w.field(h.jstr(pos))
 }
 
-// lpArguments writes a tool call's arguments behind their length prefix: the string as sent
-// (OpenAI sends a JSON string), or the canonical JSON of an object some clients send instead.
-func (h *historyWriter) lpArguments(pos int) {
+// fieldArguments writes a tool call's arguments as a field: the string as sent (OpenAI sends a
+// JSON string), or the canonical JSON of an object some clients send instead.
+func (h *historyWriter) fieldArguments(pos int) {
 	if pos != 0 && h.v[pos] == '"' {
-		h.lpString(pos)
+		h.fieldString(pos)
 		return
 	}
-	h.lpCanonical(pos)
+	h.fieldCanonical(pos)
 }
 
-// lpCanonical writes the canonical JSON of the value at pos (nothing for 0 or null) behind its
-// length prefix, which it puts before the value once the value is written.
-func (h *historyWriter) lpCanonical(pos int) {
-	if pos == 0 {
-		h.w.writeString("0:")
-		return
+// fieldCanonical writes the canonical JSON of the value at pos (nothing for 0 or null) as a
+// field.
+func (h *historyWriter) fieldCanonical(pos int) {
+	if pos != 0 {
+		h.c.write(&h.w, pos)
 	}
-	if h.w.counting() {
-		var size keyWriter
-		h.c.write(&size, pos)
-		h.w.int(size.n)
-		h.w.n += len(":") + size.n
-		return
-	}
-	start := len(h.w.buf)
-	h.c.write(&h.w, pos)
-	h.w.prefix(start)
+	h.w.byte(fieldEnd)
 }

@@ -10,6 +10,9 @@ import (
 	"github.com/cacheroute/cacheroute/internal/reqkey"
 )
 
+// spelled is a key spelled out for a test: each "·" stands for the byte 0xFF that ends a field.
+func spelled(s string) string { return strings.ReplaceAll(s, "·", "\xff") }
+
 // historyOf returns the history key of a chat body given as its tools and messages JSON.
 func historyOf(t testing.TB, tools, messages string) string {
 	t.Helper()
@@ -30,6 +33,21 @@ func historyOf(t testing.TB, tools, messages string) string {
 
 const weatherTool = `{"type":"function","function":{"name":"get_weather","description":"Weather for a city","parameters":{"type":"object","properties":{"city":{"type":"string"},"unit":{"type":"string","enum":["c","f"]}},"required":["city"]}}}`
 const searchTool = `{"type":"function","function":{"name":"search","description":"Search the web","parameters":{"type":"object","properties":{"q":{"type":"string"}}}}}`
+
+// The key's framing, spelled out: each field is its text and the byte 0xFF behind a one-letter tag,
+// each message ends with ".".
+func TestHistoryKeyFraming(t *testing.T) {
+	tools := `[{"type":"function","function":{"name":"run","description":"Run it","parameters":{"b":1,"a":2}}},{"type":"function","function":{}}]`
+	msgs := `[{"role":"system","content":"be brief"},
+		{"role":"user","name":"ann","content":["hi",{"type":"text","text":" there"},{"type":"image_url","image_url":{"url":"u"}}]},
+		{"role":"assistant","content":null,"tool_calls":[{"id":"1","type":"function","function":{"name":"run","arguments":"{\"x\":1}"}}]},
+		{"role":"tool","tool_call_id":"1","content":"ok"},
+		{"role":"critic","content":"fine"}]`
+	want := spelled(`T···` + `Trun·Run it·{"a":2,"b":1}·` + `scbe brief·.` + `unann·chi·c there·.` + `afrun·{"x":1}·.` + `ti1·cok·.` + `rcritic·cfine·.`)
+	if got := historyOf(t, tools, msgs); got != want {
+		t.Errorf("key\n%q\nwant\n%q", got, want)
+	}
+}
 
 func TestHistoryKeyToolsSortedByName(t *testing.T) {
 	msgs := `[{"role":"user","content":"hi"}]`
@@ -181,6 +199,11 @@ func TestHistoryKeyNoCollisionByMovingText(t *testing.T) {
 		{"delimiter forgery without lengths", "", `[{"role":"user","content":"a"},{"role":"user","content":"b"}]`, "", `[{"role":"user","content":"a.m4:user0:0:cb"}]`},
 		{"compact delimiter forgery", "", `[{"role":"user","content":"a"},{"role":"user","content":"b"}]`, "", `[{"role":"user","content":"a.uc1:b"}]`},
 		{"compact delimiter forgery without lengths", "", `[{"role":"user","content":"a"},{"role":"user","content":"b"}]`, "", `[{"role":"user","content":"a.ucb"}]`},
+		// No text holds the byte that ends a field: U+00FF is two other bytes, a byte 0xFF of
+		// invalid UTF-8 is U+FFFD.
+		{"field end forgery with U+00FF", "", `[{"role":"user","content":"a"},{"role":"user","content":"b"}]`, "", `[{"role":"user","content":"a\u00ff.ucb"}]`},
+		{"field end forgery with a byte 0xFF", "", `[{"role":"user","content":"a"},{"role":"user","content":"b"}]`, "", "[{\"role\":\"user\",\"content\":\"a\xff.ucb\"}]"},
+		{"field end forgery in a name", "", `[{"role":"user","name":"a","content":"b"}]`, "", "[{\"role\":\"user\",\"name\":\"a\xffcb\"}]"},
 		{"other role vs known role", "", `[{"role":"u","content":"x"}]`, "", `[{"role":"user","content":"x"}]`},
 		{"name vs tool_call_id of one text", "", `[{"role":"tool","name":"x","content":"y"}]`, "", `[{"role":"tool","tool_call_id":"x","content":"y"}]`},
 		{"length forgery in content", "", `[{"role":"user","content":"ab"}]`, "", `[{"role":"user","content":"a"},{"role":"user","content":"","name":"b"}]`},
@@ -203,9 +226,11 @@ func TestHistoryKeyNoCollisionByMovingText(t *testing.T) {
 
 // --- random conversations for the property tests ---
 
-// pieces are short strings that look like the key's own delimiters and length prefixes, so
-// random texts keep trying to forge field boundaries.
-var pieces = []string{"a", "b", "1", "0", ":", "c", "m", "t", "f", ".", "1:", "0:", "user", "é", " ", "\n", "{}", `"`, ".m", "c1:", "m4:user0:0:", "m4:user0:0:c", "u", "s", "T", "n", "i", "r", ".u", "uc", "uc1:", "n1:", "i1:", "f1:", "T1:"}
+// pieces are short strings that look like the key's own delimiters, field ends and the length
+// prefixes of an earlier framing, so random texts keep trying to forge field boundaries: U+00FF
+// ("ÿ") and U+FFFD, which a byte 0xFF of invalid UTF-8 in a body stands for.
+var pieces = []string{"a", "b", "1", "0", ":", "c", "m", "t", "f", ".", "1:", "0:", "user", "é", " ", "\n", "{}", `"`, ".m", "c1:", "m4:user0:0:", "m4:user0:0:c", "u", "s", "T", "n", "i", "r", ".u", "uc", "uc1:", "n1:", "i1:", "f1:", "T1:",
+	"ÿ", "ÿ.", "ÿc", "\uFFFD", "\uFFFD.u"}
 
 func randText(r *rand.Rand, maxPieces int) string {
 	var sb strings.Builder

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"math/rand/v2"
-	"strconv"
 	"testing"
 )
 
@@ -98,15 +97,15 @@ func TestLexerStrMatchesEncodingJSON(t *testing.T) {
 		case len(want) > len(raw)+s.grow:
 			t.Fatalf("%q: value of %d bytes, over the bound of %d", doc, len(want), len(raw)+s.grow)
 		}
-		// The value is measured and written as it decodes, behind its length prefix.
+		// The value is measured and written as it decodes, as a field: the value and its end.
 		j := jstr{raw: raw}
-		lp := strconv.Itoa(len(want)) + ":" + want
+		field := want + "\xff"
 		var count keyWriter
-		count.lp(j)
-		w := writerOf(len(lp))
-		w.lp(j)
-		if j.len() != len(want) || count.n != len(lp) || w.string() != lp || w.n != len(lp) {
-			t.Fatalf("%q: value %q measured %d, length-prefixed %q measured %d", doc, want, j.len(), w.string(), count.n)
+		count.field(j)
+		w := writerOf(len(field))
+		w.field(j)
+		if j.len() != len(want) || count.n != len(field) || w.string() != field || w.n != len(field) {
+			t.Fatalf("%q: value %q measured %d, field %q measured %d", doc, want, j.len(), w.string(), count.n)
 		}
 	}
 }

@@ -53,7 +53,7 @@ func checkMessagesMessage(s *scanner) {
 		return
 	}
 	size := len(".")
-	roleless := true // the last role may be absent (or null): "r0:" is written
+	roleless := true // the last role may be absent (or null): "r" and an empty field are written
 	s.object(func(s *scanner, key []byte) {
 		switch string(key) {
 		case "role":
@@ -71,7 +71,7 @@ func checkMessagesMessage(s *scanner) {
 		}
 	})
 	if roleless {
-		size += len("r0:")
+		size += len("r") + fieldSize(0)
 	}
 	s.hist.size += size
 }
@@ -129,7 +129,7 @@ func (s *scanner) blockSize() int {
 			size := s.blocksSize()
 			content += size
 			if array && hasID && blockKind(typ) == kindOutput {
-				streamed = max(streamed, len("o0:")+callID+size)
+				streamed = max(streamed, len("o")+fieldSize(0)+callID+size)
 			}
 		case "thinking":
 			thinking += s.textSize()
@@ -145,9 +145,9 @@ func (s *scanner) blockSize() int {
 		size = text
 	case kindNone:
 	case kindCall:
-		size = len("f0:0:0:") + id + name + input
+		size = len("f") + 3*fieldSize(0) + id + name + input
 	case kindOutput:
-		return len("o0:;") + callID + content
+		return len("o;") + fieldSize(0) + callID + content
 	case kindThinking:
 		size = thinking
 	case kindRedacted:
@@ -195,13 +195,14 @@ func (b *messagesBody) key(raw []byte, limit int) (key string, onePass bool) {
 //
 //	key     = {tool} ["s" {block} "."] {message}
 //	message = role {block} "."                                 role as chat's
-//	block   = "c" lp(text)                                     text (a string content is one)
-//	        | "f" lp(id) lp(name) lp(input as canonical JSON)  tool_use
-//	        | "o" lp(tool_use_id) {block} (";" | "!")          tool_result ("!" ends an error's)
-//	        | "k" lp(thinking)                                 thinking
-//	        | "e" lp(data)                                     redacted_thinking
-//	        | "J" lp(block as canonical JSON)                  a block of any other type
+//	block   = "c" text·                                        text (a string content is one)
+//	        | "f" id· name· input·                             tool_use, its input as canonical JSON
+//	        | "o" tool_use_id· {block} (";" | "!")             tool_result ("!" ends an error's)
+//	        | "k" thinking·                                    thinking
+//	        | "e" data·                                        redacted_thinking
+//	        | "J" block·                                       a block of any other type, as canonical JSON
 //
+// (x· is the field x: its bytes, then 0xFF; see historyKey.)
 // Image and document blocks write nothing, as chat's images do, nor do empty texts.
 // cache_control is never written: not a tool's nor a block's. Claude Code moves its marker to the
 // newest message every turn, so a key that held it would lose the prefix property.
@@ -293,7 +294,7 @@ func (h *historyWriter) block(pos int) int {
 			if hasID && h.v[val] == '[' && blockKind(b.typ.name(buf[:])) == kindOutput {
 				st.start(&h.w)
 				h.w.byte('o')
-				h.w.lp(b.callID)
+				h.w.field(b.callID)
 				b.content = textValue{pos: val}
 				return h.elements(val, h.block)
 			}
@@ -317,13 +318,13 @@ func (h *historyWriter) block(pos int) int {
 	case kindCall:
 		h.w.text = true
 		h.w.byte('f')
-		h.w.lp(b.id)
-		h.w.lp(b.name)
-		h.lpCanonical(b.input)
+		h.w.field(b.id)
+		h.w.field(b.name)
+		h.fieldCanonical(b.input)
 	case kindOutput:
 		if !st.on {
 			h.w.byte('o')
-			h.w.lp(b.callID)
+			h.w.field(b.callID)
 			h.blocks(b.content)
 		}
 		if b.isError != 0 && h.v[b.isError] == 't' {
@@ -338,7 +339,7 @@ func (h *historyWriter) block(pos int) int {
 	case kindWhole:
 		h.w.text = true
 		h.w.byte('J')
-		h.lpWhole(pos)
+		h.fieldWhole(pos)
 	}
 	return end
 }

@@ -212,18 +212,18 @@ func refRenderPrompt(sb *strings.Builder, v any) {
 // refHistoryKey serializes a chat conversation so that a conversation's key is a byte prefix of the
 // key of any continuation of it (the same tools, messages appended). Tool schemas come first,
 // sorted by function name, so they are stable across turns; then each message in order. Every
-// free-text field is written with a length prefix ("<len>:<bytes>") behind a one-letter tag, and
-// every message ends with ".", so moving text from one field or message to another always changes
-// the key. A conversation with no text at all (only images, say) has an empty key: there is
+// free-text field is written behind a one-letter tag as its bytes followed by the byte 0xFF, which
+// no UTF-8 text holds, and every message ends with ".", so moving text from one field or message
+// to another always changes the key. A conversation with no text at all (only images, say) has an empty key: there is
 // nothing a worker could have cached that we could match.
 //
 // The framing is kept small on purpose: the router's match ratio is matched bytes over key bytes,
 // and bulky shared framing ("role: user, name: ...") would make unrelated short chats look alike.
 // The common roles are one letter; other fields appear only when present.
 //
-//	tool    = "T" lp(name) lp(description) lp(parameters as canonical JSON)
-//	message = role { "n" lp(name) | "i" lp(tool_call_id) | "c" lp(text part) | "f" lp(name) lp(arguments) } "."
-//	role    = "s" | "d" | "u" | "a" | "t" | "r" lp(other role)
+//	tool    = "T" name· description· parameters·  (parameters as canonical JSON; x· is x, then 0xFF)
+//	message = role { "n" name· | "i" tool_call_id· | "c" text part· | "f" name· arguments· } "."
+//	role    = "s" | "d" | "u" | "a" | "t" | "r" other role·
 func refHistoryKey(tools []refTool, messages []refMessage) string {
 	if !refHasText(tools, messages) {
 		return ""
@@ -238,9 +238,9 @@ func refHistoryKey(tools []refTool, messages []refMessage) string {
 		slices.SortStableFunc(sorted, func(a, b refTool) int { return strings.Compare(a.Function.Name, b.Function.Name) })
 		for _, t := range sorted {
 			buf = append(buf, 'T')
-			buf = refLp(buf, t.Function.Name)
-			buf = refLp(buf, t.Function.Description)
-			buf = refLp(buf, refCanonicalJSON(t.Function.Parameters))
+			buf = refField(buf, t.Function.Name)
+			buf = refField(buf, t.Function.Description)
+			buf = refField(buf, refCanonicalJSON(t.Function.Parameters))
 		}
 	}
 	for i := range messages {
@@ -248,17 +248,17 @@ func refHistoryKey(tools []refTool, messages []refMessage) string {
 		buf = refAppendRole(buf, m.Role)
 		if m.Name != "" {
 			buf = append(buf, 'n')
-			buf = refLp(buf, m.Name)
+			buf = refField(buf, m.Name)
 		}
 		if m.ToolCallID != "" {
 			buf = append(buf, 'i')
-			buf = refLp(buf, m.ToolCallID)
+			buf = refField(buf, m.ToolCallID)
 		}
 		buf = refAppendTextParts(buf, m.Content)
 		for _, tc := range m.ToolCalls {
 			buf = append(buf, 'f')
-			buf = refLp(buf, tc.Function.Name)
-			buf = refLp(buf, refArgumentsText(tc.Function.Arguments))
+			buf = refField(buf, tc.Function.Name)
+			buf = refField(buf, refArgumentsText(tc.Function.Arguments))
 		}
 		buf = append(buf, '.')
 	}
@@ -280,13 +280,11 @@ func refAppendRole(buf []byte, role string) []byte {
 	case "tool":
 		return append(buf, 't')
 	}
-	return refLp(append(buf, 'r'), role)
+	return refField(append(buf, 'r'), role)
 }
 
-func refLp(buf []byte, s string) []byte {
-	buf = strconv.AppendInt(buf, int64(len(s)), 10)
-	buf = append(buf, ':')
-	return append(buf, s...)
+func refField(buf []byte, s string) []byte {
+	return append(append(buf, s...), 0xFF)
 }
 
 // refAppendTextParts writes the text of a message content: a string, or the text parts of a content
@@ -296,13 +294,13 @@ func refAppendTextParts(buf []byte, content any) []byte {
 	case string:
 		if c != "" {
 			buf = append(buf, 'c')
-			buf = refLp(buf, c)
+			buf = refField(buf, c)
 		}
 	case []any:
 		for _, part := range c {
 			if text, ok := refPartText(part); ok && text != "" {
 				buf = append(buf, 'c')
-				buf = refLp(buf, text)
+				buf = refField(buf, text)
 			}
 		}
 	}

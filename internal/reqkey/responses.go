@@ -80,7 +80,7 @@ func checkItem(s *scanner) {
 	start, grow, floats, keys := s.pos, s.grow, s.floats, s.keys
 	var buf [nameLen]byte
 	var typ []byte
-	roles, roleless := 0, true // the last role may be absent (or null): "r0:" is written
+	roles, roleless := 0, true // the last role may be absent (or null): "r" and an empty field are written
 	var content, callID, name, args, output, summary, encrypted int
 	hasID := false
 	// What a message's content or an output written as it is read may take (see item): a later
@@ -117,7 +117,7 @@ func checkItem(s *scanner) {
 			size := s.partsSize("output")
 			output += size
 			if array && hasID && len(typ) > 0 && itemKind(typ) == kindOutput {
-				streamedOutput = max(streamedOutput, len("o0:")+callID+size)
+				streamedOutput = max(streamedOutput, len("o")+fieldSize(0)+callID+size)
 			}
 		case "summary":
 			summary += s.partsSize("summary")
@@ -132,16 +132,16 @@ func checkItem(s *scanner) {
 	switch k := itemKind(typ); k {
 	case kindMessage:
 		if roleless {
-			roles += len("r0:")
+			roles += len("r") + fieldSize(0)
 		}
 		s.hist.size += roles + content + len(".") + streamedOutput
 	case kindOutput:
-		s.hist.size += len("o0:.") + callID + output + streamedContent
+		s.hist.size += len("o.") + fieldSize(0) + callID + output + streamedContent
 	default:
 		s.hist.size += streamedContent + streamedOutput
 		switch k {
 		case kindCall:
-			s.hist.size += len("f0:0:0:.") + callID + name + args
+			s.hist.size += len("f.") + 3*fieldSize(0) + callID + name + args
 		case kindReasoning:
 			s.hist.size += len("z.") + summary + content + encrypted
 		default:
@@ -219,14 +219,16 @@ func (b *responsesBody) key(raw []byte, limit int) (key string, onePass bool) {
 // come first (see toolSchema), then the instructions written as a system message, then each item
 // in order; each item, like each of chat's messages, ends with ".".
 //
-//	key      = {tool} ["s" ["c" lp(instructions)] "."] (user | {item})
-//	user     = "u" ["c" lp(input)] "."                           an input string: one user message
-//	item     = role {"c" lp(text) | "x" lp(refusal)} "."         a message (type absent or message)
-//	         | "f" lp(call_id) lp(name) lp(arguments) "."        a function_call
-//	         | "o" lp(call_id) {"c" lp(text) | "x" lp(refusal)} "."   a function_call_output
-//	         | "z" {"y" lp(summary)} {"k" lp(text)} ["e" lp(encrypted_content)] "."   a reasoning item
-//	         | "J" lp(item as canonical JSON) "."                an item of any other type
-//	role     = "s" | "d" | "u" | "a" | "t" | "r" lp(other role)  as chat's
+//	key      = {tool} ["s" ["c" instructions·] "."] (user | {item})
+//	user     = "u" ["c" input·] "."                          an input string: one user message
+//	item     = role {"c" text· | "x" refusal·} "."          a message (type absent or message)
+//	         | "f" call_id· name· arguments· "."             a function_call
+//	         | "o" call_id· {"c" text· | "x" refusal·} "."   a function_call_output
+//	         | "z" {"y" summary·} {"k" text·} ["e" encrypted_content·] "."   a reasoning item
+//	         | "J" item· "."                                 an item of any other type, as canonical JSON
+//	role     = "s" | "d" | "u" | "a" | "t" | "r" other role·  as chat's
+//
+// (x· is the field x: its bytes, then 0xFF; see historyKey.)
 //
 // A content (or output, or summary) is a string, one text part, or an array of parts: a part
 // whose type is absent, text, input_text, output_text, summary_text or reasoning_text writes its
@@ -302,7 +304,7 @@ func (h *historyWriter) item(pos int) int {
 			if streams(val, kindOutput, hasID) {
 				st.start(&h.w)
 				h.w.byte('o')
-				h.w.lp(it.callID)
+				h.w.field(it.callID)
 				it.output = textValue{pos: val}
 				return h.partsOf('c', 'x', val)
 			}
@@ -327,13 +329,13 @@ func (h *historyWriter) item(pos int) int {
 	case kindCall:
 		h.w.text = true
 		h.w.byte('f')
-		h.w.lp(it.callID)
-		h.w.lp(it.name)
-		h.lpArguments(it.args)
+		h.w.field(it.callID)
+		h.w.field(it.name)
+		h.fieldArguments(it.args)
 	case kindOutput:
 		if !st.on {
 			h.w.byte('o')
-			h.w.lp(it.callID)
+			h.w.field(it.callID)
 			h.parts('c', 'x', it.output)
 		}
 	case kindReasoning:
@@ -344,7 +346,7 @@ func (h *historyWriter) item(pos int) int {
 	default:
 		h.w.text = true
 		h.w.byte('J')
-		h.lpWhole(pos)
+		h.fieldWhole(pos)
 	}
 	h.w.byte('.')
 	return end

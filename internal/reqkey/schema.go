@@ -62,8 +62,7 @@ type arrays struct {
 // they make, so that it can be written in one pass into a buffer of the right size (see
 // historyKey) rather than counted first. Each element's bound covers what the key can take of it
 // whichever element of the array field it is folded into (see valid.fold): the framing of one
-// whole element, and the length prefix and tag of each text field it holds, as many times as it
-// is given.
+// whole element, and the tag and end of each text field it holds, as many times as it is given.
 type keyBound struct {
 	size    int // the most bytes the key of the elements may take
 	named   int // the most tools with a name among them
@@ -77,15 +76,6 @@ type keyBound struct {
 // maxFloatLen is the longest canonical form of a number (see number): 17 significant digits,
 // a sign, a point and up to six zeros after it, or an exponent.
 const maxFloatLen = 25
-
-// lpSize is the size of a length-prefixed value of n bytes: "<n>:<value>".
-func lpSize(n int) int {
-	size := n + len("0:")
-	for ; n >= 10; n /= 10 {
-		size++
-	}
-	return size
-}
 
 // parseBody reads the JSON object in data into b.
 func parseBody(data []byte, b *body) *Error { return parseObject(data, b.member) }
@@ -310,7 +300,7 @@ func checkMessage(s *scanner) {
 		}
 	})
 	if roles < 0 {
-		roles = len("r0:") // no role: the empty one, unless an element read before gives one
+		roles = len("r") + fieldSize(0) // no role: the empty one, unless an element read before gives one
 	}
 	s.hist.size += roles + len(".")
 }
@@ -337,14 +327,13 @@ func roleSize(raw []byte, n int) int {
 	case "system", "developer", "user", "assistant", "tool":
 		return 1
 	}
-	return 1 + lpSize(n)
+	return 1 + fieldSize(n)
 }
 
-// taggedString reads a string field the key writes behind a tag, and a length prefix, when it is
-// not empty.
+// taggedString reads a string field the key writes as a field behind a tag, when it is not empty.
 func (s *scanner) taggedString(name string) {
 	if raw, n, ok := s.stringField(name); ok && len(raw) > 0 {
-		s.hist.size += 1 + lpSize(n)
+		s.hist.size += 1 + fieldSize(n)
 	}
 }
 
@@ -384,18 +373,18 @@ func (s *scanner) taggedText() {
 	grow := s.grow
 	raw, _, _ := s.str()
 	if len(raw) > 0 {
-		s.hist.size += 1 + lpSize(len(raw)+s.grow-grow)
+		s.hist.size += 1 + fieldSize(len(raw)+s.grow-grow)
 	}
 }
 
 // checkToolCall reads one element of tool_calls.
 func checkToolCall(s *scanner) {
-	s.hist.size += len("f0:0:") // the call, with no name and no arguments
+	s.hist.size += len("f") + 2*fieldSize(0) // the call, with no name and no arguments
 	s.function(func(s *scanner, key []byte) {
 		switch string(key) {
 		case "name":
 			if _, n, ok := s.stringField("name"); ok {
-				s.hist.size += lpSize(n)
+				s.hist.size += fieldSize(n)
 			}
 		case "arguments":
 			s.canonical("arguments") // a string, or the object some clients send
@@ -407,19 +396,19 @@ func checkToolCall(s *scanner) {
 
 // checkTool reads one element of tools.
 func checkTool(s *scanner) {
-	s.hist.size += len("T0:0:0:") // the tool, with no name, description or parameters
+	s.hist.size += len("T") + 3*fieldSize(0) // the tool, with no name, description or parameters
 	s.function(func(s *scanner, key []byte) {
 		switch string(key) {
 		case "name":
 			if raw, n, ok := s.stringField("name"); ok {
-				s.hist.size += lpSize(n)
+				s.hist.size += fieldSize(n)
 				if len(raw) > 0 {
 					s.hist.named++
 				}
 			}
 		case "description":
 			if _, n, ok := s.stringField("description"); ok {
-				s.hist.size += lpSize(n)
+				s.hist.size += fieldSize(n)
 			}
 		case "parameters":
 			s.canonical("parameters")
@@ -436,12 +425,12 @@ func (s *scanner) prompt(name string) prompt {
 	return prompt{raw: raw, size: len(raw) + s.grow - grow + maxRenderedFloatLen*(s.floats-floats)}
 }
 
-// canonical reads a free-form value the key writes in canonical form behind a length prefix (or,
-// a tool call's arguments, as the string it is).
+// canonical reads a free-form value the key writes in canonical form as a field (or, a tool
+// call's arguments, as the string it is).
 func (s *scanner) canonical(name string) {
 	grow, floats, keys := s.grow, s.floats, s.keys
 	if raw := s.freeForm(name); raw != nil {
-		s.hist.size += lpSize(len(raw) + s.grow - grow + maxFloatLen*(s.floats-floats))
+		s.hist.size += fieldSize(len(raw) + s.grow - grow + maxFloatLen*(s.floats-floats))
 		s.hist.members = max(s.hist.members, s.keys-keys)
 	}
 }

@@ -1,7 +1,6 @@
 package reqkey
 
 import (
-	"strconv"
 	"unicode/utf8"
 	"unsafe"
 )
@@ -68,33 +67,6 @@ func (w *keyWriter) writeString(s string) {
 	}
 }
 
-// prefix puts before what w wrote from start on its length: "<len>:". The buffer has room for
-// it when it has room for the key, so moving what was written makes way without growing it.
-func (w *keyWriter) prefix(start int) {
-	size := len(w.buf) - start
-	var b [21]byte
-	p := append(strconv.AppendInt(b[:0], int64(size), 10), ':')
-	w.n += len(p)
-	w.buf = append(w.buf, p...)
-	copy(w.buf[start+len(p):], w.buf[start:start+size])
-	copy(w.buf[start:], p)
-}
-
-// int writes n, at least 0, in decimal.
-func (w *keyWriter) int(n int) {
-	switch {
-	case n < 10:
-		w.byte('0' + byte(n))
-	case w.buf == nil:
-		for ; n > 0; n /= 10 {
-			w.n++
-		}
-	default:
-		var buf [20]byte
-		w.write(strconv.AppendInt(buf[:0], int64(n), 10))
-	}
-}
-
 // value writes the value of the string j.
 func (w *keyWriter) value(j jstr) {
 	switch {
@@ -120,17 +92,21 @@ func (w *keyWriter) value(j jstr) {
 	}
 }
 
-// lp writes the value of the string j behind its length prefix: "<len>:<value>". The value of a
-// string with escapes or invalid UTF-8 is written first, and its length put before it, rather
-// than measured first.
-func (w *keyWriter) lp(j jstr) {
-	if j.plain || w.buf == nil {
-		w.int(j.len())
-		w.byte(':')
-		w.value(j)
-		return
-	}
-	start := len(w.buf)
+// fieldEnd is the byte that ends every field of a key (see historyKey): 0xFF, which no UTF-8
+// text holds. Every value a key writes is valid UTF-8 (a string's value, with each byte of
+// invalid UTF-8 and each lone surrogate escape replaced by U+FFFD, or canonical JSON), so the end
+// of a field never needs escaping inside one: a field is its content followed by fieldEnd, and
+// its content is a byte prefix of what follows its tag, however it ends.
+const fieldEnd = 0xFF
+
+// emptyField is a field without content, for the bounds the schema readers sum (see keyBound).
+const emptyField = "\xff"
+
+// fieldSize is the size of a field whose content takes n bytes: the content and its end.
+func fieldSize(n int) int { return n + len(emptyField) }
+
+// field writes the value of the string j as a field: the value, then fieldEnd.
+func (w *keyWriter) field(j jstr) {
 	w.value(j)
-	w.prefix(start)
+	w.byte(fieldEnd)
 }
