@@ -1,0 +1,233 @@
+package kvevents
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+)
+
+// subscriber.go reads one worker's event stream into the index: a ZMQ SUB socket dialled to the
+// engine's PUB endpoint, each message three frames (topic, 8-byte big-endian sequence number,
+// payload). Sequence numbers tell what was missed:
+//   - the next number: applied;
+//   - the last one again: a duplicate (vLLM promises at-least-once delivery), skipped;
+//   - a jump ahead: batches were dropped. With a replay endpoint (the engine's ROUTER socket) the
+//     missing ones are asked for, from the first missing number: the engine answers each stored
+//     (sequence, payload) pair and then the end marker -1. Without one, or when the replay does
+//     not cover the gap, the worker's index is forgotten: it would credit blocks the engine may
+//     have evicted in the dropped batches.
+//   - any other number behind: the publisher restarted (its count began again); its cache did too.
+// A forgotten index fills again from the blocks stored afterwards, which is never more than the
+// engine holds; Complete says whether it has every batch since the publisher's first.
+
+// Source is one worker's event stream.
+type Source struct {
+	Worker   string // the worker's name in the index
+	Model    string // the model it serves, the root of its blocks' keys
+	Endpoint string // its PUB socket, tcp://host:port
+	Replay   string // its replay ROUTER socket, or "" when it has none
+	Topic    string // the topic prefix to subscribe to; "" for every message
+}
+
+// Stats count what a subscriber saw; they only grow.
+type Stats struct {
+	Batches, Events, DecodeErrors, Duplicates, Gaps, Replays, Resyncs, Restarts atomic.Int64
+	lastEvent                                                                    atomic.Int64 // unix nanoseconds
+}
+
+// LastEvent is when the last batch arrived; zero before the first.
+func (s *Stats) LastEvent() time.Time {
+	if n := s.lastEvent.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
+
+// Subscriber reads one Source into an Index.
+type Subscriber struct {
+	src   Source
+	index *Index
+	log   *slog.Logger
+	dec   *Decoder
+	Stats Stats
+
+	next     int64 // the sequence number expected next; -1 before the first
+	complete atomic.Bool
+}
+
+// NewSubscriber returns a subscriber of src into index; Run starts it.
+func NewSubscriber(src Source, index *Index, log *slog.Logger) *Subscriber {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Subscriber{src: src, index: index, log: log.With("worker", src.Worker), dec: NewDecoder(), next: -1}
+}
+
+// Complete reports whether the index holds every batch the publisher sent since its first: the
+// subscriber saw sequence number 0 (or replayed from it) and every later one.
+func (s *Subscriber) Complete() bool { return s.complete.Load() }
+
+// replayTimeout bounds one replay; a replay that has not ended by then counts as failed.
+const replayTimeout = 2 * time.Second
+
+// redialDelay is the wait before dialling again after the stream broke.
+const redialDelay = 500 * time.Millisecond
+
+// Run reads the stream until ctx ends; it dials again whenever the connection breaks. It returns
+// ctx's error.
+func (s *Subscriber) Run(ctx context.Context) error {
+	for {
+		err := s.stream(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		s.log.Warn("kv events: stream broke, dialling again", "endpoint", s.src.Endpoint, "error", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(redialDelay):
+		}
+	}
+}
+
+// stream reads one connection's messages until it breaks or ctx ends.
+func (s *Subscriber) stream(ctx context.Context) error {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sub := zmq4.NewSub(sctx, zmq4.WithDialerRetry(redialDelay), zmq4.WithAutomaticReconnect(true))
+	defer sub.Close()
+	if err := sub.Dial(s.src.Endpoint); err != nil {
+		return err
+	}
+	if err := sub.SetOption(zmq4.OptionSubscribe, s.src.Topic); err != nil {
+		return err
+	}
+	for {
+		msg, err := sub.Recv()
+		if err != nil {
+			return err
+		}
+		s.receive(ctx, msg.Frames)
+	}
+}
+
+// receive handles one message.
+func (s *Subscriber) receive(ctx context.Context, frames [][]byte) {
+	if len(frames) != 3 || len(frames[1]) != 8 {
+		s.Stats.DecodeErrors.Add(1)
+		return
+	}
+	seq := int64(binary.BigEndian.Uint64(frames[1]))
+	switch {
+	case s.next < 0: // the first message heard
+		s.complete.Store(seq == 0)
+		if seq > 0 && s.src.Replay != "" && s.replay(ctx, 0, seq) {
+			s.complete.Store(true)
+		}
+	case seq == s.next:
+	case seq == s.next-1:
+		s.Stats.Duplicates.Add(1)
+		return
+	case seq > s.next:
+		s.Stats.Gaps.Add(1)
+		if s.src.Replay == "" || !s.replay(ctx, s.next, seq) {
+			s.resync()
+		}
+	default: // behind: the publisher started counting again
+		s.Stats.Restarts.Add(1)
+		s.resync()
+		s.complete.Store(seq == 0)
+	}
+	s.apply(frames[2])
+	s.next = seq + 1
+}
+
+// apply decodes and applies one payload.
+func (s *Subscriber) apply(payload []byte) {
+	b, err := s.dec.Decode(payload)
+	if err != nil {
+		s.Stats.DecodeErrors.Add(1)
+		s.log.Debug("kv events: a batch that does not decode", "error", err)
+		return
+	}
+	s.index.Apply(s.src.Worker, s.src.Model, b)
+	s.Stats.Batches.Add(1)
+	s.Stats.Events.Add(int64(len(b.Events)))
+	s.Stats.lastEvent.Store(time.Now().UnixNano())
+}
+
+// resync forgets the worker's index: batches it depends on were lost.
+func (s *Subscriber) resync() {
+	s.Stats.Resyncs.Add(1)
+	s.complete.Store(false)
+	s.index.Forget(s.src.Worker)
+}
+
+var errReplayShort = errors.New("the replay ended before the gap was filled")
+
+// replay asks the replay endpoint for the batches from..upto-1 and applies them, in order. It
+// reports whether all of them arrived; on false the caller forgets the index.
+func (s *Subscriber) replay(ctx context.Context, from, upto int64) bool {
+	s.Stats.Replays.Add(1)
+	err := s.fetch(ctx, from, upto)
+	if err != nil {
+		s.log.Warn("kv events: replay failed", "endpoint", s.src.Replay, "from", from, "upto", upto, "error", err)
+		return false
+	}
+	return true
+}
+
+func (s *Subscriber) fetch(ctx context.Context, from, upto int64) error {
+	rctx, cancel := context.WithTimeout(ctx, replayTimeout)
+	defer cancel()
+	d := zmq4.NewDealer(rctx, zmq4.WithDialerTimeout(replayTimeout))
+	defer d.Close()
+	if err := d.Dial(s.src.Replay); err != nil {
+		return err
+	}
+	var start [8]byte
+	binary.BigEndian.PutUint64(start[:], uint64(from))
+	if err := d.Send(zmq4.NewMsgFrom([]byte{}, start[:])); err != nil {
+		return err
+	}
+	// The answers are applied only once the gap is filled whole, so that a replay that breaks off
+	// leaves nothing half applied; they are at most the gap's batches.
+	var payloads [][]byte
+	want := from
+	for {
+		msg, err := d.Recv()
+		if err != nil {
+			return err
+		}
+		frames := msg.Frames
+		if len(frames) == 3 && len(frames[0]) == 0 {
+			frames = frames[1:] // the empty delimiter the ROUTER sent back
+		}
+		if len(frames) != 2 || len(frames[0]) != 8 {
+			return fmt.Errorf("a replay answer of %d frames", len(msg.Frames))
+		}
+		seq := int64(binary.BigEndian.Uint64(frames[0]))
+		switch {
+		case seq == -1:
+			if want < upto {
+				return errReplayShort
+			}
+			for _, p := range payloads {
+				s.apply(p)
+			}
+			return nil
+		case seq < want || seq >= upto:
+			continue // before the gap (the engine kept more), or what the stream brings anyway
+		case seq > want:
+			return fmt.Errorf("the replay skipped from %d to %d", want, seq)
+		}
+		payloads = append(payloads, frames[1])
+		want++
+	}
+}
