@@ -38,7 +38,7 @@ type Source struct {
 // Stats count what a subscriber saw; they only grow.
 type Stats struct {
 	Batches, Events, DecodeErrors, Duplicates, Gaps, Replays, Resyncs, Restarts atomic.Int64
-	lastEvent                                                                    atomic.Int64 // unix nanoseconds
+	lastEvent                                                                   atomic.Int64 // unix nanoseconds
 }
 
 // LastEvent is when the last batch arrived; zero before the first.
