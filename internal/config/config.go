@@ -19,6 +19,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/policy/registry"
 	"github.com/cacheroute/cacheroute/internal/tenant"
 	"go.yaml.in/yaml/v3"
@@ -139,6 +140,16 @@ type Config struct {
 	// fewer cached tokens than predicted.
 	DisableCacheCorrection bool `yaml:"disable_cache_correction"`
 
+	// KV-cache events (internal/kvevents). KVEventsEndpoint, when set, subscribes to every
+	// worker's event publisher at this template (tcp://{host}:5557: {host} is the worker URL's
+	// host, the port is offset by its data-parallel rank); KVEventsReplayEndpoint is the same for
+	// the publishers' replay sockets ("" for none). KVEventsIndexSize bounds the block index of all
+	// workers together, in bytes.
+	KVEventsEndpoint       string `yaml:"kv_events_endpoint"`
+	KVEventsReplayEndpoint string `yaml:"kv_events_replay_endpoint"`
+	KVEventsTopic          string `yaml:"kv_events_topic"`
+	KVEventsIndexSize      int    `yaml:"kv_events_index_size"`
+
 	// Load signal: what the policies read as a worker's load (LoadSignals), the engine metrics'
 	// scrape period, and the prompt tokens one unit of load is worth.
 	LoadSignal            string        `yaml:"load_signal"`
@@ -217,6 +228,7 @@ func Default() Config {
 		BalanceAbsThreshold:     64,
 		BalanceRelThreshold:     1.5,
 		MaxTreeSize:             67108864,
+		KVEventsIndexSize:       67108864,
 		EvictionIntervalSecs:    120,
 		SessionTTL:              time.Hour,
 		MaxSessions:             1048576,
@@ -298,6 +310,10 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.IntVar(&c.BalanceAbsThreshold, "balance-abs-threshold", c.BalanceAbsThreshold, "cache_aware: load gate trips when max-min in-flight exceeds this ...")
 	fs.Float64Var(&c.BalanceRelThreshold, "balance-rel-threshold", c.BalanceRelThreshold, "cache_aware: ... and max exceeds min times this")
 	fs.IntVar(&c.MaxTreeSize, "max-tree-size", c.MaxTreeSize, "cache_aware: heap bytes of the prefix tree, all models together (node overhead included)")
+	fs.StringVar(&c.KVEventsEndpoint, "kv-events-endpoint", c.KVEventsEndpoint, "subscribe to every worker's KV-cache event publisher at this ZMQ endpoint template, e.g. tcp://{host}:5557 ({host}: the worker's host; the port is offset by its data-parallel rank); none: no subscription")
+	fs.StringVar(&c.KVEventsReplayEndpoint, "kv-events-replay-endpoint", c.KVEventsReplayEndpoint, "the publishers' replay (ROUTER) endpoint template, asked for batches a gap lost; none: a gap forgets that worker's index")
+	fs.StringVar(&c.KVEventsTopic, "kv-events-topic", c.KVEventsTopic, "topic prefix subscribed to on each publisher; empty: every message")
+	fs.IntVar(&c.KVEventsIndexSize, "kv-events-index-size", c.KVEventsIndexSize, "bytes of the KV-event block index, all workers together")
 	fs.Float64Var(&c.EvictionIntervalSecs, "eviction-interval-secs", c.EvictionIntervalSecs, "cache_aware: seconds between tree and session sweeps")
 	fs.DurationVar(&c.SessionTTL, "session-ttl", c.SessionTTL, "cache_aware: idle time after which a session entry expires")
 	fs.IntVar(&c.MaxSessions, "max-sessions", c.MaxSessions, "cache_aware: session entries held in this process, all models together (least recently used evicted)")
@@ -457,6 +473,7 @@ func (c Config) Validate() error {
 		"health-success-threshold": c.HealthSuccessThreshold,
 		"cb-failure-threshold":     c.CBFailureThreshold,
 		"max-tree-size":            c.MaxTreeSize,
+		"kv-events-index-size":     c.KVEventsIndexSize,
 		"max-sessions":             c.MaxSessions,
 		"max-client-connections":   c.MaxClientConnections,
 		"load-unit-tokens":         c.LoadUnitTokens,
@@ -484,6 +501,14 @@ func (c Config) Validate() error {
 	}
 	if c.PriorityReserve < 0 || (c.PriorityReserve > 0 && c.PriorityReserve >= c.MaxConcurrentRequests) {
 		bad("priority-reserve", "must be at least 0 and less than --max-concurrent-requests, got %d", c.PriorityReserve)
+	}
+	for flag, template := range map[string]string{"kv-events-endpoint": c.KVEventsEndpoint, "kv-events-replay-endpoint": c.KVEventsReplayEndpoint} {
+		if _, err := kvevents.Endpoint(template, "worker", 0); template != "" && err != nil {
+			bad(flag, "%v", err)
+		}
+	}
+	if c.KVEventsReplayEndpoint != "" && c.KVEventsEndpoint == "" {
+		bad("kv-events-replay-endpoint", "needs --kv-events-endpoint")
 	}
 	for _, o := range c.AdminAllowedOrigins {
 		if !isWebOrigin(o) {

@@ -96,6 +96,7 @@ func TestDefaultsMatchTheDocumentedTable(t *testing.T) {
 		BalanceAbsThreshold:     64,
 		BalanceRelThreshold:     1.5,
 		MaxTreeSize:             67108864,
+		KVEventsIndexSize:       67108864,
 		EvictionIntervalSecs:    120,
 		SessionTTL:              time.Hour,
 		MaxSessions:             1048576,
@@ -136,7 +137,7 @@ func TestDefaultsAsFlagDefaults(t *testing.T) {
 		"prometheus-host": "127.0.0.1", "prometheus-port": "29000",
 		"log-level": "info", "log-format": "text", "shutdown-grace-secs": "30",
 		"cache-threshold": "0.3", "balance-abs-threshold": "64", "balance-rel-threshold": "1.5",
-		"max-tree-size": "67108864", "eviction-interval-secs": "120", "session-ttl": "1h0m0s",
+		"max-tree-size": "67108864", "kv-events-index-size": "67108864", "kv-events-endpoint": "", "eviction-interval-secs": "120", "session-ttl": "1h0m0s",
 		"max-sessions": "1048576", "worker-urls": "", "api-key": "", "admin-api-key": "",
 		"service-discovery": "false", "service-discovery-port": "8000", "dns-refresh-secs": "5",
 		"history-match-mode": "cost", "disable-cache-correction": "false", "load-signal": "engine", "worker-metrics-interval": "100ms", "load-unit-tokens": "1024",
@@ -510,6 +511,10 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{"zero payload", func(c *config.Config) { c.MaxPayloadSize = 0 }, "--max-payload-size"},
 		{"admin origin with a path", func(c *config.Config) { c.AdminAllowedOrigins = []string{"https://ops.example/console"} }, "--admin-allowed-origins"},
 		{"admin origin any", func(c *config.Config) { c.AdminAllowedOrigins = []string{"*"} }, "--admin-allowed-origins"},
+		{"kv events endpoint not tcp", func(c *config.Config) { c.KVEventsEndpoint = "ipc:///tmp/kv" }, "--kv-events-endpoint"},
+		{"kv events endpoint without a port", func(c *config.Config) { c.KVEventsEndpoint = "tcp://{host}" }, "--kv-events-endpoint"},
+		{"kv events replay alone", func(c *config.Config) { c.KVEventsReplayEndpoint = "tcp://{host}:5558" }, "--kv-events-replay-endpoint"},
+		{"zero kv events index", func(c *config.Config) { c.KVEventsIndexSize = 0 }, "--kv-events-index-size"},
 		{"admin origin without a scheme", func(c *config.Config) { c.AdminAllowedOrigins = []string{"ops.example"} }, "--admin-allowed-origins"},
 		{"negative grace", func(c *config.Config) { c.ShutdownGraceSecs = -1 }, "--shutdown-grace-secs"},
 		{"endpoint without slash", func(c *config.Config) { c.HealthCheckEndpoint = "health" }, "--health-check-endpoint"},
@@ -567,6 +572,9 @@ func TestValidateAccepts(t *testing.T) {
 			c.RequestTimeoutSecs, c.FirstByteTimeoutSecs = 30, 30
 		}},
 		{"one client connection", func(c *config.Config) { c.MaxClientConnections = 1 }},
+		{"kv events endpoints", func(c *config.Config) {
+			c.KVEventsEndpoint, c.KVEventsReplayEndpoint = "tcp://{host}:5557", "tcp://{host}:5558"
+		}},
 		{"admin origins with and without ports", func(c *config.Config) {
 			c.AdminAllowedOrigins = []string{"https://ops.example", "http://127.0.0.1:8080"}
 		}},

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/cacheroute/cacheroute/internal/admission"
+	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -55,6 +56,7 @@ type Metrics struct {
 	AdmissionRejections *prometheus.CounterVec   // reason
 
 	policyState policyStateCollector
+	kvEvents    kvEventsCollector
 }
 
 // Upstream error kinds, the values of upstream_errors_total{kind}.
@@ -136,7 +138,7 @@ func New(pool *workers.Pool) *Metrics {
 		m.PromptTokens, m.CachedTokensPredicted, m.CachedTokensAchieved, m.CacheCorrections,
 		m.SessionStoreRequests, m.SessionStoreLatency, m.SessionStoreErrors,
 		m.TenantRequests, m.AccessLogDropped, m.AdmissionQueue, m.AdmissionWait, m.AdmissionRejections,
-		poolCollector{pool}, &m.policyState,
+		poolCollector{pool}, &m.policyState, &m.kvEvents,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -174,6 +176,15 @@ type PolicyState interface {
 
 // SetPolicyState names the policy whose state sizes are read at scrape time.
 func (m *Metrics) SetPolicyState(source PolicyState) { m.policyState.source.Store(&source) }
+
+// KVEvents is what the KV-cache event subscriptions report at scrape time (kvevents.Set).
+type KVEvents interface {
+	Status() []kvevents.Status
+	Index() *kvevents.Index
+}
+
+// SetKVEvents names the subscriptions whose state is read at scrape time.
+func (m *Metrics) SetKVEvents(source KVEvents) { m.kvEvents.source.Store(&source) }
 
 // Evicted counts policy state dropped, by kind (the policy's reporter interface).
 func (m *Metrics) Evicted(kind string, n int) { m.Evictions.WithLabelValues(kind).Add(float64(n)) }
@@ -302,4 +313,67 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(workerHealthyDesc, prometheus.GaugeValue, healthy, w.Name())
 	}
 	ch <- prometheus.MustNewConstMetric(activeWorkersDesc, prometheus.GaugeValue, float64(active))
+}
+
+// The KV-cache event streams, one series per subscribed worker tenant (--kv-events-endpoint).
+var (
+	kvBatchesDesc = prometheus.NewDesc(namespace+"_kv_events_batches_total",
+		"KV-cache event batches applied from each worker's stream.", []string{"worker"}, nil)
+	kvEventsDesc = prometheus.NewDesc(namespace+"_kv_events_total",
+		"KV-cache events (blocks stored, removed, all cleared) applied from each worker's stream.", []string{"worker"}, nil)
+	kvDecodeErrorsDesc = prometheus.NewDesc(namespace+"_kv_events_decode_errors_total",
+		"Messages of each worker's stream that were not an event batch.", []string{"worker"}, nil)
+	kvGapsDesc = prometheus.NewDesc(namespace+"_kv_events_gaps_total",
+		"Jumps in each worker's sequence numbers: batches the stream dropped.", []string{"worker"}, nil)
+	kvReplaysDesc = prometheus.NewDesc(namespace+"_kv_events_replays_total",
+		"Replays asked of each worker's replay endpoint.", []string{"worker"}, nil)
+	kvResyncsDesc = prometheus.NewDesc(namespace+"_kv_events_resyncs_total",
+		"Times each worker's index was forgotten: a gap not repaired, or its publisher restarted.", []string{"worker"}, nil)
+	kvBlocksDesc = prometheus.NewDesc(namespace+"_kv_events_index_blocks",
+		"Blocks the index holds for each worker.", []string{"worker"}, nil)
+	kvCompleteDesc = prometheus.NewDesc(namespace+"_kv_events_complete",
+		"1 when the index has every batch of the worker's publisher since its first, else 0.", []string{"worker"}, nil)
+	kvAgeDesc = prometheus.NewDesc(namespace+"_kv_events_last_batch_age_seconds",
+		"Seconds since the last batch of each worker's stream; no series before the first.", []string{"worker"}, nil)
+	kvIndexBytesDesc = prometheus.NewDesc(namespace+"_kv_events_index_bytes",
+		"Bytes the KV-event block index counts against --kv-events-index-size, all workers.", nil, nil)
+)
+
+// kvEventsCollector reads the subscriptions at scrape time.
+type kvEventsCollector struct{ source atomic.Pointer[KVEvents] }
+
+func (c *kvEventsCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{kvBatchesDesc, kvEventsDesc, kvDecodeErrorsDesc, kvGapsDesc, kvReplaysDesc,
+		kvResyncsDesc, kvBlocksDesc, kvCompleteDesc, kvAgeDesc, kvIndexBytesDesc} {
+		ch <- d
+	}
+}
+
+func (c *kvEventsCollector) Collect(ch chan<- prometheus.Metric) {
+	source := c.source.Load()
+	if source == nil {
+		return
+	}
+	now := time.Now()
+	for _, st := range (*source).Status() {
+		counter := func(d *prometheus.Desc, v int64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), st.Worker)
+		}
+		counter(kvBatchesDesc, st.Batches)
+		counter(kvEventsDesc, st.Events)
+		counter(kvDecodeErrorsDesc, st.DecodeErrors)
+		counter(kvGapsDesc, st.Gaps)
+		counter(kvReplaysDesc, st.Replays)
+		counter(kvResyncsDesc, st.Resyncs)
+		ch <- prometheus.MustNewConstMetric(kvBlocksDesc, prometheus.GaugeValue, float64(st.Blocks), st.Worker)
+		complete := 0.0
+		if st.Complete {
+			complete = 1
+		}
+		ch <- prometheus.MustNewConstMetric(kvCompleteDesc, prometheus.GaugeValue, complete, st.Worker)
+		if !st.LastEvent.IsZero() {
+			ch <- prometheus.MustNewConstMetric(kvAgeDesc, prometheus.GaugeValue, now.Sub(st.LastEvent).Seconds(), st.Worker)
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(kvIndexBytesDesc, prometheus.GaugeValue, float64((*source).Index().Bytes()))
 }

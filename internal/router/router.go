@@ -23,6 +23,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/dashboard"
 	"github.com/cacheroute/cacheroute/internal/discovery"
 	"github.com/cacheroute/cacheroute/internal/enginemetrics"
+	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
@@ -56,6 +57,7 @@ type Router struct {
 	accessLog  *telemetry.AccessLog // nil unless --access-log
 	logFile    *os.File             // the access log's file; nil for stdout or none
 	dashboard  *dashboard.Dashboard // the status page and its counters' history
+	kvEvents   *kvevents.Set        // the workers' KV-cache event streams; nil unless --kv-events-endpoint
 }
 
 // New builds a router from a validated configuration. Workers are registered by Start.
@@ -117,6 +119,10 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 			APIKey:   cfg.APIKey,
 			Dialer:   enginemetrics.Dialer{DialContext: transport.DialContext, TLS: transport.TLSClientConfig},
 		}, log)
+	}
+	if cfg.KVEventsEndpoint != "" {
+		r.kvEvents = kvevents.NewSet(kvevents.NewIndex(int64(cfg.KVEventsIndexSize)), log)
+		r.metrics.SetKVEvents(r.kvEvents)
 	}
 	if r.admission, err = r.newAdmission(cfg); err != nil {
 		return nil, err
@@ -365,6 +371,9 @@ func (r *Router) Start(ctx context.Context) {
 	}
 	if r.keys != nil {
 		go func() { _ = r.keys.Run(ctx) }()
+	}
+	if r.kvEvents != nil {
+		go r.syncKVEvents(ctx)
 	}
 	go r.wakeAdmission(ctx)
 	if sweeper, ok := r.policy.(interface{ Run(context.Context) }); ok {

@@ -1,0 +1,134 @@
+package kvevents
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Set runs one Subscriber per worker into one Index. Sync makes the running set the wanted one:
+// it starts a subscriber for each new worker (or one whose endpoints changed) and stops, and
+// forgets the index of, every worker no longer wanted.
+type Set struct {
+	index *Index
+	log   *slog.Logger
+
+	mu   sync.Mutex
+	subs map[string]*running
+}
+
+type running struct {
+	src    Source
+	sub    *Subscriber
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// NewSet returns an empty set feeding index.
+func NewSet(index *Index, log *slog.Logger) *Set {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Set{index: index, log: log, subs: map[string]*running{}}
+}
+
+// Index is the index the set feeds.
+func (s *Set) Index() *Index { return s.index }
+
+// Sync starts and stops subscribers so that exactly the wanted sources run; they stop when ctx
+// ends, too.
+func (s *Set) Sync(ctx context.Context, want []Source) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	wanted := make(map[string]Source, len(want))
+	for _, src := range want {
+		wanted[src.Worker] = src
+	}
+	for name, r := range s.subs {
+		if src, ok := wanted[name]; !ok || src != r.src {
+			s.stop(name, r)
+		}
+	}
+	for name, src := range wanted {
+		if _, ok := s.subs[name]; ok {
+			continue
+		}
+		sctx, cancel := context.WithCancel(ctx)
+		r := &running{src: src, sub: NewSubscriber(src, s.index, s.log), cancel: cancel, done: make(chan struct{})}
+		s.subs[name] = r
+		go func() { defer close(r.done); _ = r.sub.Run(sctx) }()
+		s.log.Info("kv events: subscribed", "worker", name, "endpoint", src.Endpoint, "replay", src.Replay != "")
+	}
+}
+
+// stop ends one subscriber and forgets its worker's blocks; s.mu is held.
+func (s *Set) stop(name string, r *running) {
+	r.cancel()
+	<-r.done
+	delete(s.subs, name)
+	s.index.Forget(name)
+}
+
+// Close stops every subscriber.
+func (s *Set) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for name, r := range s.subs {
+		s.stop(name, r)
+	}
+}
+
+// Status is one worker's stream and index, for metrics and the status page.
+type Status struct {
+	Worker                                                                      string
+	Complete                                                                    bool
+	Blocks                                                                      int
+	LastEvent                                                                   time.Time
+	Batches, Events, DecodeErrors, Duplicates, Gaps, Replays, Resyncs, Restarts int64
+}
+
+// Status reports every running subscriber, by worker name.
+func (s *Set) Status() []Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Status, 0, len(s.subs))
+	for name, r := range s.subs {
+		st := &r.sub.Stats
+		out = append(out, Status{
+			Worker: name, Complete: r.sub.Complete(), Blocks: s.index.Blocks(name), LastEvent: st.LastEvent(),
+			Batches: st.Batches.Load(), Events: st.Events.Load(), DecodeErrors: st.DecodeErrors.Load(),
+			Duplicates: st.Duplicates.Load(), Gaps: st.Gaps.Load(), Replays: st.Replays.Load(),
+			Resyncs: st.Resyncs.Load(), Restarts: st.Restarts.Load(),
+		})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Worker < out[j].Worker })
+	return out
+}
+
+// HostPlaceholder is replaced by a worker's host in an endpoint template.
+const HostPlaceholder = "{host}"
+
+// Endpoint is a worker's endpoint from template (tcp://{host}:5557): the placeholder replaced by
+// host, and the port offset by the worker's data-parallel rank, as each rank's publisher binds
+// its own port.
+func Endpoint(template, host string, rank int) (string, error) {
+	if strings.Contains(host, ":") {
+		host = "[" + host + "]"
+	}
+	u, err := url.Parse(strings.ReplaceAll(template, HostPlaceholder, host))
+	if err != nil || u.Scheme != "tcp" || u.Hostname() == "" || u.Path != "" {
+		return "", fmt.Errorf("kv events endpoint %q: want tcp://HOST:PORT (HOST may be %s)", template, HostPlaceholder)
+	}
+	port, err := strconv.Atoi(u.Port())
+	if err != nil || port < 1 || port+max(rank, 0) > 65535 {
+		return "", fmt.Errorf("kv events endpoint %q: no usable port", template)
+	}
+	return "tcp://" + net.JoinHostPort(u.Hostname(), strconv.Itoa(port+max(rank, 0))), nil
+}
