@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -37,6 +38,8 @@ type Options struct {
 	// Queue reports admitted requests in flight and requests waiting; nil without admission
 	// control.
 	Queue func() (inFlight, queued int)
+	// KVEvents reports the workers' KV-cache event streams; nil without --kv-events-endpoint.
+	KVEvents func() []kvevents.Status
 }
 
 // Dashboard serves the page and its data and keeps the counters' recent history.
@@ -187,6 +190,7 @@ type Worker struct {
 	Engine        *Engine   `json:"engine,omitempty"`
 	Scrape        *Scrape   `json:"scrape,omitempty"`
 	Cache         CacheHits `json:"cache"`
+	KVEvents      *KVEvents `json:"kv_events,omitempty"`
 	ProbeError    string    `json:"last_probe_error,omitempty"`
 	ProbeFailures int       `json:"consecutive_probe_failures,omitempty"`
 }
@@ -201,6 +205,19 @@ type Engine struct {
 	// Fresh is whether the figures are recent enough to route on; when they are not, the engine
 	// signal falls back to this router's in-flight count.
 	Fresh bool `json:"fresh"`
+}
+
+// KVEvents is the state of a worker's KV-cache event stream and of its block index.
+type KVEvents struct {
+	// Complete is whether the index has every batch since the worker's publisher's first; an
+	// incomplete one still never credits a block the engine dropped.
+	Complete bool  `json:"complete"`
+	Blocks   int   `json:"blocks"`
+	Batches  int64 `json:"batches"`
+	Gaps     int64 `json:"gaps"`
+	Resyncs  int64 `json:"resyncs"`
+	// AgeSeconds is the time since the last batch; absent before the first.
+	AgeSeconds *float64 `json:"age_seconds,omitempty"`
 }
 
 // Scrape is the state of the scrapes of a worker's /metrics.
@@ -272,6 +289,12 @@ func (d *Dashboard) Data(ctx context.Context) Data {
 	}
 
 	scraped := out.LoadSignal == workers.SignalEngine
+	streams := map[string]kvevents.Status{}
+	if d.opts.KVEvents != nil {
+		for _, st := range d.opts.KVEvents() {
+			streams[st.Worker] = st
+		}
+	}
 	for _, w := range pool.All() {
 		info := Worker{Name: w.Name(), Models: w.Models(), Healthy: w.Healthy(), Breaker: w.Breaker().State().String(),
 			Load: w.Load(), InFlight: w.InFlight()}
@@ -295,6 +318,13 @@ func (d *Dashboard) Data(ctx context.Context) Data {
 				// LastScrape carries a monotonic reading, so the age survives wall-clock steps.
 				age := max(time.Since(at), 0).Round(time.Millisecond).Seconds()
 				info.Scrape.AgeSeconds = &age
+			}
+		}
+		if st, ok := streams[w.Name()]; ok {
+			info.KVEvents = &KVEvents{Complete: st.Complete, Blocks: st.Blocks, Batches: st.Batches, Gaps: st.Gaps, Resyncs: st.Resyncs}
+			if !st.LastEvent.IsZero() {
+				age := max(time.Since(st.LastEvent), 0).Round(time.Millisecond).Seconds()
+				info.KVEvents.AgeSeconds = &age
 			}
 		}
 		now := last.tokens[w.Name()]

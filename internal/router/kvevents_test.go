@@ -2,11 +2,15 @@ package router
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/cacheroute/cacheroute/internal/kvevents/kvtest"
@@ -55,6 +59,22 @@ func TestRouterIndexesTheBlocksEachWorkerPublishesAndDropsARemovedWorker(t *test
 		t.Fatalf("index_bytes %v (present %v)", v, ok)
 	}
 
+	var page struct {
+		Workers []struct {
+			Name     string `json:"name"`
+			KVEvents *struct {
+				Blocks  int   `json:"blocks"`
+				Batches int64 `json:"batches"`
+			} `json:"kv_events"`
+		} `json:"workers"`
+	}
+	if err := json.Unmarshal([]byte(readAll(t, mustGet(t, tr.url+"/dashboard/data"))), &page); err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Workers) != 1 || page.Workers[0].KVEvents == nil || page.Workers[0].KVEvents.Blocks < 1 || page.Workers[0].KVEvents.Batches < 1 {
+		t.Fatalf("the status page's data shows no indexed block: %+v", page.Workers)
+	}
+
 	if status, body := adminCall(t, tr, http.MethodPost, "/remove_worker?url="+url.QueryEscape(w.URL()), ""); status != http.StatusOK {
 		t.Fatalf("remove_worker: %d %s", status, body)
 	}
@@ -86,5 +106,44 @@ func TestRouterDoesNotSubscribeToAWorkerOutsideTheAllowList(t *testing.T) {
 		if c.allow != nil && c.want == 1 && srcs[0].Endpoint != "tcp://127.0.0.1:5557" {
 			t.Fatalf("with an allow-list the endpoint is %q, want the checked address", srcs[0].Endpoint)
 		}
+	}
+}
+
+func TestDashboardShowsEachWorkersKVEventIndex(t *testing.T) {
+	exe := browser(t)
+	pub := kvtest.New(t, "", false)
+	w := newFakeWorker(t)
+	cfg := testConfig()
+	cfg.KVEventsEndpoint = "tcp://{host}:" + pub.Endpoint[strings.LastIndex(pub.Endpoint, ":")+1:]
+	tr := startRouter(t, cfg, w)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	tr.Start(ctx)
+	h := 0
+	waitFor(t, "a published block in the index", func() bool {
+		h++
+		pub.Send(storedBatch(t, h), false)
+		st := tr.kvEvents.Status()
+		return len(st) == 1 && st[0].Blocks >= 1
+	})
+	st := tr.kvEvents.Status()[0]
+	want := "incomplete"
+	if st.Complete {
+		want = "complete"
+	}
+	bctx := newBrowser(t, exe)
+	check := fmt.Sprintf(`(() => {
+		const row = Array.from(document.querySelectorAll("#workers tr.worker")).find(r => r.dataset.name === %q);
+		return !!row && /^[1-9][0-9]* blocks, %s$/.test(row.querySelector("td.kv-events").textContent) &&
+			document.querySelector("#workers thead").innerText.includes("KV events");
+	})()`, w.URL(), want)
+	err := chromedp.Do(bctx,
+		chromedp.Navigate(tr.url+"/dashboard"),
+		chromedp.WaitVisible(chromedp.CSS(`body[data-ready="1"]`)),
+		chromedp.Poll[chromedp.Void](check, chromedp.WithPollingTimeout(30*time.Second)),
+	)
+	if err != nil {
+		cell, _ := chromedp.Run(bctx, chromedp.Evaluate[string](`(document.querySelector("#workers td.kv-events") || {}).textContent`))
+		t.Fatalf("the worker's row does not show its indexed blocks (%s): %v; the cell reads %q", want, err, cell)
 	}
 }

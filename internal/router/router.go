@@ -553,6 +553,9 @@ func (r *Router) newDashboard(store func(context.Context, bool) any) *dashboard.
 		c := r.admission.Controller
 		opts.Queue = func() (int, int) { return c.InFlight(), c.Queued() }
 	}
+	if r.kvEvents != nil {
+		opts.KVEvents = r.kvEvents.Status
+	}
 	return dashboard.New(opts)
 }
 
