@@ -14,6 +14,20 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
+// servePlainOnLoopback serves h through servePlain on a loopback port until the test ends, and
+// returns its address.
+func servePlainOnLoopback(t *testing.T, h http.Handler) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: servePlain(h)}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	return ln.Addr().String()
+}
+
 // kept is what a plain handler kept of one request, to be compared once others have come.
 type kept struct {
 	method, path, query, host, header, body string
@@ -31,20 +45,14 @@ func TestPlainHandlersKeepNothingThatTheNextRequestRewrites(t *testing.T) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = io.WriteString(w, "kept")
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &fasthttp.Server{Handler: servePlain(h)}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Shutdown() })
+	addr := servePlainOnLoopback(t, h)
 
 	client := &http.Client{Timeout: 10 * time.Second}
 	want := make([]kept, 0, 300)
 	for i := range 300 {
 		v := fmt.Sprintf("%03d%s", i, strings.Repeat("v", i%41))
 		method := []string{http.MethodGet, http.MethodPost, http.MethodDelete}[i%3]
-		req, _ := http.NewRequest(method, "http://"+ln.Addr().String()+"/p/"+v+"?v="+v, strings.NewReader("body-"+v))
+		req, _ := http.NewRequest(method, "http://"+addr+"/p/"+v+"?v="+v, strings.NewReader("body-"+v))
 		req.Host = "host-" + v
 		req.Header.Set("X-V", "header-"+v)
 		resp, err := client.Do(req)
@@ -80,14 +88,8 @@ func TestPlainHandlersAnswersKeepStatusHeadersAndBody(t *testing.T) {
 		w.WriteHeader(http.StatusTeapot)
 		_, _ = io.WriteString(w, `{"ok":true}`)
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &fasthttp.Server{Handler: servePlain(h)}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Shutdown() })
-	resp, err := http.Get("http://" + ln.Addr().String() + "/")
+	addr := servePlainOnLoopback(t, h)
+	resp, err := http.Get("http://" + addr + "/")
 	if err != nil {
 		t.Fatal(err)
 	}

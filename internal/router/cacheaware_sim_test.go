@@ -25,17 +25,17 @@ type chatReply struct {
 	} `json:"usage"`
 }
 
-// Eight agent sessions of four turns each through a cache_aware router to three simulated workers:
-// every turn of a session lands on one worker, by session match from turn 2 on, and that worker's
-// prefix cache serves at least the previous turn's whole prompt.
-func TestCacheAwareKeepsSessionsOnTheirWorkersCache(t *testing.T) {
+// cacheAwareOverSims is a cache_aware router over n simulated workers that answer at once, all
+// stopped when the test ends.
+func cacheAwareOverSims(t *testing.T, n int) *testRouter {
+	t.Helper()
 	simCfg := sim.DefaultConfig()
 	simCfg.TimeScale = 0
-	fleet, err := sim.StartLocal(3, simCfg)
+	fleet, err := sim.StartLocal(n, simCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer fleet.Close()
+	t.Cleanup(fleet.Close)
 	cfg := testConfig()
 	cfg.Policy = "cache_aware"
 	tr := startRouter(t, cfg)
@@ -44,6 +44,14 @@ func TestCacheAwareKeepsSessionsOnTheirWorkersCache(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	return tr
+}
+
+// Eight agent sessions of four turns each through a cache_aware router to three simulated workers:
+// every turn of a session lands on one worker, by session match from turn 2 on, and that worker's
+// prefix cache serves at least the previous turn's whole prompt.
+func TestCacheAwareKeepsSessionsOnTheirWorkersCache(t *testing.T) {
+	tr := cacheAwareOverSims(t, 3)
 	system := strings.Repeat("You are a coding agent working in a large repository. ", 20)
 	type msg struct {
 		Role    string `json:"role"`
@@ -70,7 +78,7 @@ func TestCacheAwareKeepsSessionsOnTheirWorkersCache(t *testing.T) {
 				if worker != home || decision != "session_id_match" {
 					t.Fatalf("session %d turn %d: %s on %s, want session_id_match on %s", s, turn, decision, worker, home)
 				}
-				block := simCfg.BlockSize
+				block := sim.DefaultConfig().BlockSize
 				if cached := reply.Usage.PromptTokensDetails.CachedTokens; cached < prevPrompt/block*block {
 					t.Fatalf("session %d turn %d: %d cached tokens, previous prompt was %d tokens", s, turn, cached, prevPrompt)
 				}
@@ -117,21 +125,7 @@ func sharedDocument() string {
 // they share, as the workers' prefix caches do, so every chat after the first goes to the first's
 // worker with the document matched, and that worker serves the document from its cache.
 func TestCacheAwareSendsChatsSharingADocumentInOneMessageToItsHolder(t *testing.T) {
-	simCfg := sim.DefaultConfig()
-	simCfg.TimeScale = 0
-	fleet, err := sim.StartLocal(4, simCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fleet.Close()
-	cfg := testConfig()
-	cfg.Policy = "cache_aware"
-	tr := startRouter(t, cfg)
-	for _, u := range fleet.URLs() {
-		if err := tr.AddWorker(t.Context(), u); err != nil {
-			t.Fatal(err)
-		}
-	}
+	tr := cacheAwareOverSims(t, 4)
 	document := sharedDocument()
 	if words := len(strings.Fields(document)); words < 2_900 || words > 3_300 {
 		t.Fatalf("the document has %d words, want about 3,000", words)
