@@ -42,6 +42,9 @@ type Cache struct {
 	pinned int   // blocks with refs > 0
 
 	evictions int64
+
+	recording bool     // record changes (changes.go)
+	changes   []Change // recorded since the last TakeChanges
 }
 
 // New returns an empty cache of capacity blocks.
@@ -138,9 +141,12 @@ func (c *Cache) Acquire(hashes []uint64, maxHit int) (hit int, p Pin) {
 // Computed marks the blocks of p as holding their KV: the prefill that
 // allocated them has finished, so later requests hit them.
 func (c *Cache) Computed(p *Pin) {
-	for _, i := range p.blocks {
-		if c.blocks[i].state == statePending {
-			c.blocks[i].state = stateComputed
+	for k, i := range p.blocks {
+		if b := &c.blocks[i]; b.state == statePending {
+			b.state = stateComputed
+			if !b.detached {
+				c.record(Stored, b.hash, k)
+			}
 		}
 	}
 }
@@ -153,16 +159,20 @@ func (c *Cache) Computed(p *Pin) {
 func (c *Cache) Commit(p *Pin, hashes []uint64) {
 	c.Computed(p)
 	extra := make([]int32, 0, len(hashes))
-	for _, h := range hashes {
+	for k, h := range hashes {
 		i, ok := c.index[h]
 		if ok {
 			c.ref(i)
+			if c.blocks[i].state == statePending {
+				c.record(Stored, h, k)
+			}
 			c.blocks[i].state = stateComputed
 		} else {
 			i = c.alloc(h, stateComputed)
 			if i == none {
 				break
 			}
+			c.record(Stored, h, k)
 		}
 		extra = append(extra, i)
 	}
@@ -192,6 +202,7 @@ func (c *Cache) Reset() {
 		c.unlink(i)
 		c.release(i)
 	}
+	c.record(Cleared, 0, -1)
 }
 
 // ref pins block i, taking it off the LRU list if it was there.
@@ -241,6 +252,7 @@ func (c *Cache) alloc(h uint64, state uint8) int32 {
 		c.unlink(i)
 		delete(c.index, c.blocks[i].hash)
 		c.evictions++
+		c.record(Evicted, c.blocks[i].hash, -1)
 	}
 	c.blocks[i] = block{hash: h, refs: 1, prev: none, next: none, state: state}
 	c.pinned++
