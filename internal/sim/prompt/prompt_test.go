@@ -149,3 +149,30 @@ func TestAppendToolCall_ReplyIsPrefixOfNextTurn(t *testing.T) {
 		t.Fatal("turn 2 tokens differ from turn 1 + call within the shared prefix")
 	}
 }
+
+func TestTokenID_EqualTokensEqualIDsAndIDPromptsKeepTheirIDs(t *testing.T) {
+	var s Sequence
+	RenderIDs(&s, []int64{0, 7, 12345, 1<<31 - 1})
+	got := s.AppendIDs(nil, 0, s.Len())
+	if want := []uint32{0, 7, 12345, 1<<31 - 1}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("ids of a token-id prompt = %v, want %v", got, want)
+	}
+	for _, tok := range []string{"Hell", "o", " wor", "<|us", "\n", " 012", " 2147483648", " -1", " "} {
+		id := TokenID(tok)
+		if id&hashedBit == 0 {
+			t.Errorf("TokenID(%q) = %d, want a hashed id (top bit set)", tok, id)
+		}
+		if id != TokenID([]byte(tok)) {
+			t.Errorf("TokenID(%q) differs between string and bytes", tok)
+		}
+	}
+	var a, b Sequence
+	a.AppendText("Hello world, hello world")
+	b.AppendText("Hello world")
+	if ia, ib := a.AppendIDs(nil, 0, 3), b.AppendIDs(nil, 0, 3); !reflect.DeepEqual(ia, ib) {
+		t.Fatalf("the same text gave ids %v and %v", ia, ib)
+	}
+	if TokenID("Hell") == TokenID(" wor") {
+		t.Fatal("two distinct tokens share an id")
+	}
+}
