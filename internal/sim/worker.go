@@ -82,6 +82,8 @@ func NewWorker(cfg Config) (*Worker, error) {
 	mux.HandleFunc("POST /v1/messages", w.handleMessages)
 	mux.HandleFunc("POST /v1/messages/count_tokens", w.handleCountTokens)
 	mux.HandleFunc("GET /v1/models", w.handleModels)
+	mux.HandleFunc("POST /tokenize", w.handleTokenize)
+	mux.HandleFunc("POST /v1/chat/completions/render", w.handleChatRender)
 	mux.HandleFunc("GET /health", func(http.ResponseWriter, *http.Request) {})
 	mux.HandleFunc("POST /reset_prefix_cache", func(http.ResponseWriter, *http.Request) { w.ResetPrefixCache() })
 	mux.Handle("GET /metrics", promhttp.HandlerFor(w.metrics.reg, promhttp.HandlerOpts{}))
