@@ -79,6 +79,10 @@ With --workers N it starts N independent workers on ports port .. port+N-1.`,
 	f.StringVar(&cfg.FailureMode, "failure-mode", cfg.FailureMode, "how they fail: 500, reset (close the connection), stall (stop mid-stream), slow (10x latency)")
 	f.IntVar(&cfg.MaxModelLen, "max-model-len", cfg.MaxModelLen, "context length in tokens; longer prompts get 400")
 	f.Int64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the output text and the failure draws")
+	f.StringVar(&cfg.KVEvents.Endpoint, "kv-events-endpoint", "", "publish KV-cache events in vLLM's format on this ZMQ PUB endpoint: bound when it has *, ::, ipc:// or inproc:// (tcp://*:5557), dialled otherwise; worker n uses port+n")
+	f.StringVar(&cfg.KVEvents.ReplayEndpoint, "kv-events-replay-endpoint", "", "bind a ZMQ ROUTER here that replays buffered event batches (tcp://*:5558); worker n uses port+n")
+	f.StringVar(&cfg.KVEvents.Topic, "kv-events-topic", "", "topic frame of every event message (vLLM's default: empty)")
+	f.StringVar(&cfg.KVEvents.Encoding, "kv-events-encoding", "array", "event encoding: array (msgspec array_like, vLLM's default) or map (structs as maps tagged \"type\")")
 	return cmd
 }
 
@@ -92,6 +96,11 @@ func runSim(ctx context.Context, log *slog.Logger, addrs []string, cfg sim.Confi
 	for _, u := range fleet.URLs() {
 		log.Info("sim worker listening", "url", u, "models", cfg.Models, "block_size", cfg.BlockSize,
 			"kv_cache_blocks", cfg.KVCacheBlocks, "max_num_seqs", cfg.MaxNumSeqs, "time_scale", cfg.TimeScale)
+	}
+	for _, w := range fleet.Workers() {
+		if ev := w.Config().KVEvents; ev.Endpoint != "" {
+			log.Info("sim worker publishing kv events", "endpoint", ev.Endpoint, "replay", ev.ReplayEndpoint, "topic", ev.Topic, "encoding", ev.Encoding)
+		}
 	}
 	var serveErr error
 	select {

@@ -49,6 +49,8 @@ type Config struct {
 	MaxModelLen int
 	// Seed seeds the output text and the failure draws.
 	Seed int64
+	// KVEvents, when its endpoint is set, publishes the cache's KV-cache events (kvevents.go).
+	KVEvents KVEventsConfig
 
 	// Clock tells time and sleeps; nil means the wall clock. Tests pass a
 	// *ManualClock to observe queueing in simulated time.
@@ -119,6 +121,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxModelLen < 2 {
 		bad("max model len %d must be at least 2", c.MaxModelLen)
+	}
+	if err := c.KVEvents.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -152,6 +152,7 @@ func (w *Worker) generate(ctx context.Context, j *job, emit func(tok string) err
 	maxHit := (res.PromptTokens - 1) / cfg.BlockSize
 	w.eng.mu.Lock()
 	hit, pin := w.eng.cache.Acquire(hashes, maxHit)
+	w.publishChanges(j.seq, hashes)
 	res.CachedTokens = hit * cfg.BlockSize
 	j.cached = res.CachedTokens
 	s := &w.eng.stats
@@ -184,6 +185,7 @@ func (w *Worker) generate(ctx context.Context, j *job, emit func(tok string) err
 	}
 	w.eng.mu.Lock()
 	w.eng.cache.Computed(&pin)
+	w.publishChanges(j.seq, hashes)
 	w.eng.stats.TTFT += res.TTFT
 	w.eng.mu.Unlock()
 	w.metrics.ttft.Observe(res.TTFT.Seconds())
@@ -225,6 +227,7 @@ func (w *Worker) generate(ctx context.Context, j *job, emit func(tok string) err
 	*hp = hashes
 	w.eng.mu.Lock()
 	w.eng.cache.Commit(&pin, hashes)
+	w.publishChanges(j.seq, hashes)
 	w.eng.mu.Unlock()
 	committed = true
 

@@ -42,13 +42,19 @@ func Start(addrs []string, cfg Config) (*Fleet, error) {
 		return nil, err
 	}
 	f := &Fleet{errs: make(chan error, len(addrs))}
-	for _, addr := range addrs {
+	for n, addr := range addrs {
+		wcfg := cfg
+		var err error
+		if wcfg.KVEvents, err = cfg.KVEvents.Offset(n); err != nil { // worker n publishes on port+n
+			f.Close()
+			return nil, err
+		}
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			f.Close()
 			return nil, fmt.Errorf("sim: listen on %s: %w", addr, err)
 		}
-		w, err := NewWorker(cfg)
+		w, err := NewWorker(wcfg)
 		if err != nil {
 			ln.Close()
 			f.Close()

@@ -35,6 +35,7 @@ type Worker struct {
 	mux     *http.ServeMux
 	models  map[string]bool
 	stored  *responseStore
+	events  *eventPublisher // nil unless cfg.KVEvents.Endpoint is set
 
 	name     atomic.Pointer[string]
 	onResult atomic.Pointer[func(Result)]
@@ -69,6 +70,9 @@ func NewWorker(cfg Config) (*Worker, error) {
 		w.models[m] = true
 	}
 	w.metrics = newWorkerMetrics(w)
+	if err := w.startEvents(); err != nil {
+		return nil, err
+	}
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", w.handleChat)
@@ -129,6 +133,7 @@ func (w *Worker) workerName(r *http.Request) string {
 func (w *Worker) ResetPrefixCache() {
 	w.eng.mu.Lock()
 	w.eng.cache.Reset()
+	w.publishChanges(nil, nil)
 	w.eng.mu.Unlock()
 }
 
@@ -149,7 +154,10 @@ func (w *Worker) Stats() Stats {
 // Close releases requests that fault injection stalls. The worker keeps
 // serving; stopping the listener is the server's business.
 func (w *Worker) Close() {
-	w.closeOnce.Do(func() { close(w.done) })
+	w.closeOnce.Do(func() {
+		close(w.done)
+		w.stopEvents()
+	})
 }
 
 // drawFault decides whether the next generation request fails, and how.
