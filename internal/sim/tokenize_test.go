@@ -113,3 +113,34 @@ func TestChatRender_AnswersTheTokensAndMaxTokensWithoutGenerating(t *testing.T) 
 		t.Fatalf("unknown model: %d", rec.Code)
 	}
 }
+
+// FuzzTokenize feeds arbitrary bodies to /tokenize: the worker answers 200 or a 4xx, never
+// panics, and a 200 counts exactly the tokens it lists.
+func FuzzTokenize(f *testing.F) {
+	for _, seed := range []string{
+		`{"prompt":"Hello world","return_token_strs":true}`,
+		`{"messages":[{"role":"user","content":"hi"}],"add_generation_prompt":false}`,
+		`{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]}],"tools":[{"type":"function"}]}`,
+		`{"messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}]}`,
+		`{"prompt":null}`, `{"prompt":5}`, `{"messages":{}}`, `[]`, `null`, "{\"prompt\":\"\xff\xfe\"}",
+	} {
+		f.Add(seed)
+	}
+	w, err := NewWorker(testConfig())
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		rec := do(t, w, http.MethodPost, "/tokenize", body)
+		if rec.Code != 200 {
+			if rec.Code < 400 || rec.Code >= 500 {
+				t.Fatalf("status %d for %q", rec.Code, body)
+			}
+			return
+		}
+		var r tokenizeReply
+		if err := json.Unmarshal(rec.Body.Bytes(), &r); err != nil || r.Count != len(r.Tokens) {
+			t.Fatalf("%q: answer %s (%v)", body, rec.Body, err)
+		}
+	})
+}
