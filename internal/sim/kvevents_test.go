@@ -528,3 +528,40 @@ func TestKVEvents_TokenizeKeysMatchThePublishedBlocks(t *testing.T) {
 		t.Fatalf("turn 2 matches %d of %d blocks, turn 1's prompt had %d", want, len(keys2), len(keys))
 	}
 }
+
+func TestKVEvents_EachWorkerOfAFleetPublishesOnItsOwnPort(t *testing.T) {
+	// Two consecutive free ports, for workers 0 and 1.
+	var port int
+	for try := 0; ; try++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port = ln.Addr().(*net.TCPAddr).Port
+		next, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+1))
+		ln.Close()
+		if err == nil {
+			next.Close()
+			break
+		}
+		if try == 20 {
+			t.Skip("no two consecutive free ports")
+		}
+	}
+	cfg := testConfig()
+	cfg.KVEvents = KVEventsConfig{Endpoint: "tcp://127.0.0.1:" + strconv.Itoa(port), Bind: true}
+	fleet, err := StartLocal(2, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fleet.Close()
+	w1 := fleet.Workers()[1]
+	if ep := w1.Config().KVEvents.Endpoint; ep != "tcp://127.0.0.1:"+strconv.Itoa(port+1) {
+		t.Fatalf("worker 1 publishes on %s", ep)
+	}
+	h := subscribeRaw(t, w1.Config().KVEvents.Endpoint, "", false)
+	join(t, w1, h)
+	if w0 := fleet.Workers()[0].KVEventStats(); w0.Batches != 1 {
+		t.Fatalf("worker 0 numbered %d batches, want only its start: worker 1's resets are its own", w0.Batches)
+	}
+}
