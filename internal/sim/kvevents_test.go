@@ -15,6 +15,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/cacheroute/cacheroute/internal/kvevents"
+	"github.com/cacheroute/cacheroute/internal/sim/kvcache"
 )
 
 // The tests below run the worker's publisher on real ZMQ sockets on loopback and read what it
@@ -379,7 +380,7 @@ func TestKVEvents_AFullQueueDropsABatchButKeepsItsNumberForReplay(t *testing.T) 
 	// No sender runs: the queue of one fills with the first batch.
 	p := &eventPublisher{cfg: KVEventsConfig{BufferSteps: 3}, blockSize: 4, sendq: make(chan *pubBatch, 1)}
 	for range 5 {
-		p.add(kvEvent{kind: 3})
+		p.add(kvEvent{kind: kvcache.Cleared})
 		p.mu.Lock()
 		p.seal()
 		p.mu.Unlock()
