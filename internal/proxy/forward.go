@@ -310,10 +310,15 @@ const errorWriteTimeout = 10 * time.Second
 // (nginx's 499).
 const statusClientGone = 499
 
-// send forwards the request to w, again at once on another connection when a pooled one turns
-// out to have been closed by the worker. It returns the worker's answer, with its body still to be
+// send forwards the request to w, again at once on a new connection when a pooled one turns out
+// to have been closed by the worker. It returns the worker's answer, with its body still to be
 // read from conn, when it is to be relayed (anything but a retryable 5xx, or any answer on the
 // final attempt); otherwise the failure.
+//
+// The re-send dials rather than taking the next pooled connection: a worker that closes its
+// keep-alive connections after each answer, or at a short idle timeout, leaves the pool full of
+// connections that die in the same way, and a re-send that picked them could fail again and
+// again. A new connection is never stale, so there is at most one re-send.
 func (s *Server) send(ctx *fasthttp.RequestCtx, ex *exchange, w *workers.Worker, final bool) (*fasthttp.Response, *upConn, failure) {
 	pool, err := s.upstreams.pool(w.URL())
 	if err != nil {
@@ -323,8 +328,8 @@ func (s *Server) send(ctx *fasthttp.RequestCtx, ex *exchange, w *workers.Worker,
 	defer fasthttp.ReleaseRequest(out)
 	s.buildRequest(ctx, out, w, ex.rid)
 	ex.trace.Inject(&out.Header)
-	for stale := 0; ; stale++ {
-		resp, c, err := s.exchangeOn(pool, out, ex)
+	for fresh := false; ; fresh = true {
+		resp, c, err := s.exchangeOn(pool, out, ex, fresh)
 		if err == nil {
 			status := resp.StatusCode()
 			if ex.searching && status == http.StatusNotFound && !final {
@@ -338,24 +343,23 @@ func (s *Server) send(ctx *fasthttp.RequestCtx, ex *exchange, w *workers.Worker,
 			return nil, nil, failure{kind: metrics.ErrStatus, retryable: true, message: "the worker answered " + strconv.Itoa(status)}
 		}
 		f := classify(err, c, !time.Now().Before(ex.deadline))
-		if !f.stale || stale >= maxStaleRetries || ex.gone.Load() {
+		if !f.stale || fresh || ex.gone.Load() {
 			return nil, nil, f
 		}
-		s.metrics.UpstreamErrors.WithLabelValues(f.kind).Inc() // counted, then tried again on a fresh connection
+		s.metrics.UpstreamErrors.WithLabelValues(f.kind).Inc() // counted, then sent again on a new connection
 	}
 }
 
-// maxStaleRetries bounds the immediate re-sends after pooled connections the worker had closed;
-// each one drops a dead connection, and the pool checks connections before reuse, so more than one
-// is rare.
-const maxStaleRetries = 3
-
-// exchangeOn writes the request on a connection from pool and reads the answer's headers. The
-// read deadline is the first-byte one for streamed requests until the headers arrive (a worker
-// sends a non-streamed answer's headers with the finished answer, so its first byte comes after the
-// whole generation), then the request's deadline.
-func (s *Server) exchangeOn(pool *connPool, out *fasthttp.Request, ex *exchange) (*fasthttp.Response, *upConn, error) {
-	c, err := pool.get()
+// exchangeOn writes the request on a connection from pool (a new one when fresh) and reads the
+// answer's headers. The read deadline is the first-byte one for streamed requests until the
+// headers arrive (a worker sends a non-streamed answer's headers with the finished answer, so its
+// first byte comes after the whole generation), then the request's deadline.
+func (s *Server) exchangeOn(pool *connPool, out *fasthttp.Request, ex *exchange, fresh bool) (*fasthttp.Response, *upConn, error) {
+	get := pool.get
+	if fresh {
+		get = pool.dial
+	}
+	c, err := get()
 	if err != nil {
 		return nil, nil, err
 	}

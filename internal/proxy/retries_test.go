@@ -126,6 +126,79 @@ func TestRetries_WorkerClosingKeepAliveConnectionsAfterEachAnswer(t *testing.T) 
 	tp.loadReturnsToZero(t)
 }
 
+// A worker whose idle close crosses the router's next request on the wire (the request arrives
+// as the worker closes, and is never read) leaves several pooled connections dead at once, none
+// of which a check before reuse can catch: each was still open while idle. The request that
+// meets one is sent again on a freshly dialled connection, never on the next pooled one, so it
+// succeeds however many dead connections the pool still holds.
+func TestRetries_StaleConnectionIsResentOnAFreshConnectionNotAnotherPooledOne(t *testing.T) {
+	const pooled = 6
+	var arrived sync.WaitGroup
+	arrived.Add(pooled)
+	release := make(chan struct{})
+	w := newRawWorker(t, func(rw *rawWorker, c net.Conn, br *bufio.Reader) {
+		if _, _, err := rw.readRequest(br); err != nil {
+			return
+		}
+		if rw.conns.Load() <= pooled {
+			// The first requests are held until all of them are in, so that each has its own
+			// connection and all of them go back to the pool together.
+			arrived.Done()
+			select {
+			case <-release:
+			case <-time.After(10 * time.Second):
+			}
+		}
+		const body = `{"ok":true}`
+		_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		_, _ = br.Peek(1) // the next request has arrived: close without reading it
+	})
+	tp := newTestProxy(t, setup{urls: []string{w.URL}})
+
+	var wg sync.WaitGroup
+	statuses := make([]int, pooled)
+	for i := range pooled {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := tp.Client.Post(tp.URL+chatPath, "application/json", strings.NewReader(chatBody))
+			if err != nil {
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+			statuses[i] = resp.StatusCode
+		}()
+	}
+	done := make(chan struct{})
+	go func() { arrived.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first requests did not reach the worker on their own connections")
+	}
+	close(release)
+	wg.Wait()
+	for i, st := range statuses {
+		if st != http.StatusOK {
+			t.Fatalf("concurrent request %d: status %d, want 200", i, st)
+		}
+	}
+
+	// The pool now holds up to `pooled` connections that the worker will close on the next
+	// request each receives.
+	const n = 4
+	for i := range n {
+		if status, _, body := tp.post(t, chatPath, chatBody); status != http.StatusOK {
+			t.Errorf("request %d after the pool filled: %d %q, want 200", i, status, body)
+		}
+	}
+	if got := w.requests.Load(); got != pooled+n {
+		t.Errorf("worker read %d requests, want %d (each exactly once)", got, pooled+n)
+	}
+	tp.loadReturnsToZero(t)
+}
+
 // A fresh connection that the worker closes after reading the whole request may have started a
 // generation: sending it elsewhere could run it twice, so the client gets 502.
 func TestRetries_FreshConnectionClosedAfterTheRequestIsNotRetried(t *testing.T) {

@@ -133,12 +133,11 @@ type connPool struct {
 	closed bool
 }
 
-// peekAfterIdle is how long a connection must have been idle before get checks that the worker
-// has not closed it: under load connections come back within microseconds, and the check costs a
-// system call; a connection closed in that instant is caught by the stale-connection retry.
-const peekAfterIdle = time.Millisecond
-
-// get returns a pooled connection that is still open, or a new one.
+// get returns a pooled connection that is still open, or a new one. Every pooled connection is
+// checked for a close by the worker before it is reused (one non-blocking poll): a worker closes
+// idle connections on its own schedule, and one it closed shows as readable at end of file.
+// Skipping those here saves the attempt a failed write. A close that crosses the request on the
+// wire cannot be seen here; send re-sends that request on a connection from dial.
 func (p *connPool) get() (*upConn, error) {
 	now := time.Now()
 	for {
@@ -151,16 +150,18 @@ func (p *connPool) get() (*upConn, error) {
 		c := p.idle[n-1]
 		p.idle = p.idle[:n-1]
 		p.mu.Unlock()
-		// A worker closes idle connections on its own schedule; one it closed shows as readable
-		// at end of file. Skipping those here saves the attempt a failed write.
-		idle := now.Sub(c.idleSince)
-		if idle > p.opts.IdleConnTimeout || (idle > peekAfterIdle && peerClosed(c.raw)) {
+		if now.Sub(c.idleSince) > p.opts.IdleConnTimeout || peerClosed(c.raw) {
 			_ = c.conn.Close()
 			continue
 		}
 		c.reused = true
 		return c, nil
 	}
+	return p.dial()
+}
+
+// dial opens a new connection to the worker, past the pool.
+func (p *connPool) dial() (*upConn, error) {
 	raw, err := p.opts.dialer().Dial("tcp", p.addr)
 	if err != nil {
 		return nil, &dialError{err}
