@@ -27,9 +27,15 @@ type HealthOptions struct {
 
 // Checker probes every worker URL of a pool on an interval. A probe passes when the endpoint
 // answers 2xx within the timeout; each pass also refreshes the worker's models from /v1/models.
-// A worker's first probe after registration decides its state at once; after that the
-// thresholds apply, so one lost probe does not drop a worker and one lucky probe does not
-// bring back a failing one.
+// A worker's first probe after registration decides its state at once, and so does its first
+// passing probe when it has never passed one (it was still starting: there is no flapping to
+// guard against); after that the thresholds apply, so one lost probe does not drop a worker and
+// one lucky probe does not bring back a failing one.
+//
+// A worker that has never passed a probe is probed again soon rather than at the interval: after
+// startupRetryFirst, doubling after each failure up to the interval. A fleet that comes up just
+// after the router (or a worker added while it still loads) is routable as soon as it answers,
+// not an interval or two later.
 //
 // A failed probe's reason (the status it answered, a refused connection, a timeout, ...) is kept
 // on the worker (Worker.Probe) and logged: at once when a worker's probes start failing, then at
@@ -44,7 +50,13 @@ type Checker struct {
 
 	mu     sync.Mutex
 	counts map[string]*probeCounts // by worker URL
+	// wake tells Run that a worker's start-up probe schedule changed (a first probe failed).
+	wake chan struct{}
 }
+
+// startupRetryFirst is the wait before the second probe of a worker whose probes have never
+// passed; each failed probe doubles it, up to the health interval.
+const startupRetryFirst = 100 * time.Millisecond
 
 // failureLogEvery is the least time between two log lines about one worker whose probes keep
 // failing.
@@ -52,6 +64,10 @@ const failureLogEvery = time.Minute
 
 type probeCounts struct {
 	probed              bool
+	passed              bool // a probe has passed since the worker was registered
+	startupProbing      bool // a start-up probe is in flight
+	retryAt             time.Time
+	retryAfter          time.Duration // the start-up backoff: the wait after the last failure
 	successes, failures int
 	failingSince        time.Time // first failure of the current run; zero while passing
 	lastLogged          time.Time // last line logged about this run of failures
@@ -74,20 +90,71 @@ func (w *Worker) Probe() (status ProbeStatus, ok bool) {
 
 // NewChecker returns a checker for pool; call Run to start it.
 func NewChecker(pool *Pool, opts HealthOptions, client *http.Client, log *slog.Logger) *Checker {
-	return &Checker{pool: pool, opts: opts, client: client, log: log, now: time.Now, counts: map[string]*probeCounts{}}
+	return &Checker{pool: pool, opts: opts, client: client, log: log, now: time.Now, counts: map[string]*probeCounts{},
+		wake: make(chan struct{}, 1)}
 }
 
-// Run probes all workers every interval until ctx ends.
+// Run probes all workers every interval, and the workers that have never passed a probe on their
+// start-up schedule, until ctx ends.
 func (c *Checker) Run(ctx context.Context) {
 	t := time.NewTicker(c.opts.Interval)
 	defer t.Stop()
+	startup := time.NewTimer(0)
+	defer startup.Stop()
+	var probes sync.WaitGroup
+	defer probes.Wait()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 			c.CheckAll(ctx)
+		case <-startup.C:
+		case <-c.wake:
 		}
+		startup.Reset(c.startupProbes(ctx, &probes))
+	}
+}
+
+// startupProbes starts, each on its own goroutine, the due probes of the workers that have never
+// passed one, and returns the wait until the next is due (the interval when none is).
+func (c *Checker) startupProbes(ctx context.Context, probes *sync.WaitGroup) time.Duration {
+	now := c.now()
+	next := c.opts.Interval
+	var due []string
+	c.mu.Lock()
+	for _, url := range c.pool.URLs() {
+		pc := c.counts[url]
+		if pc == nil || !pc.probed || pc.passed || pc.startupProbing || pc.retryAfter >= c.opts.Interval {
+			continue // never probed (its registration probes it), up once, being probed, or left to the round
+		}
+		if wait := pc.retryAt.Sub(now); wait > 0 {
+			next = min(next, wait)
+			continue
+		}
+		pc.startupProbing = true
+		due = append(due, url)
+	}
+	c.mu.Unlock()
+	for _, url := range due {
+		probes.Go(func() {
+			c.Check(ctx, url)
+			c.mu.Lock()
+			if pc := c.counts[url]; pc != nil {
+				pc.startupProbing = false
+			}
+			c.mu.Unlock()
+			c.poke()
+		})
+	}
+	return next
+}
+
+// poke wakes Run to look at the start-up schedule again; it never blocks.
+func (c *Checker) poke() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -122,6 +189,7 @@ func (c *Checker) Check(ctx context.Context, url string) {
 	}
 	was := tenants[0].Healthy()
 	healthy := was
+	rescheduled := false // its next start-up probe is due at a new time
 	var logLine func()
 	if ok {
 		if pc.failures > 0 {
@@ -134,12 +202,18 @@ func (c *Checker) Check(ctx context.Context, url string) {
 		pc.successes++
 		pc.failures = 0
 		pc.failingSince, pc.lastLogged = time.Time{}, time.Time{}
-		if !pc.probed || pc.successes >= c.opts.SuccessThreshold {
+		if !pc.passed || pc.successes >= c.opts.SuccessThreshold {
 			healthy = true
 		}
+		pc.passed = true
 	} else {
 		pc.failures++
 		pc.successes = 0
+		if !pc.passed {
+			pc.retryAfter = min(max(2*pc.retryAfter, startupRetryFirst), c.opts.Interval)
+			pc.retryAt = now.Add(pc.retryAfter)
+			rescheduled = true
+		}
 		if !pc.probed || pc.failures >= c.opts.FailureThreshold {
 			healthy = false
 		}
@@ -161,6 +235,9 @@ func (c *Checker) Check(ctx context.Context, url string) {
 	pc.probed = true
 	failures := pc.failures
 	c.mu.Unlock()
+	if rescheduled {
+		c.poke()
+	}
 
 	for _, w := range tenants {
 		w.SetHealthy(healthy)

@@ -144,15 +144,16 @@ func TestCheckerFailureThresholdMarksUnhealthy(t *testing.T) {
 
 func TestCheckerSuccessThresholdBringsWorkerBack(t *testing.T) {
 	f := newFakeWorker(t, "/health")
-	f.status.Store(http.StatusBadGateway)
 	p := NewPool(Options{})
 	added, _ := p.Add(f.srv.URL)
 	w := added[0]
-	c := newTestChecker(p, HealthOptions{FailureThreshold: 3, SuccessThreshold: 3})
+	c := newTestChecker(p, HealthOptions{FailureThreshold: 1, SuccessThreshold: 3})
 	ctx := context.Background()
+	c.Check(ctx, f.srv.URL) // it has been up once: from now on the thresholds apply
+	f.status.Store(http.StatusBadGateway)
 	c.Check(ctx, f.srv.URL)
 	if w.Healthy() {
-		t.Fatal("healthy after a failing first probe")
+		t.Fatal("healthy after a failing probe (threshold 1)")
 	}
 	f.status.Store(http.StatusNoContent) // any 2xx passes
 	c.Check(ctx, f.srv.URL)
@@ -273,5 +274,64 @@ func TestCheckOfRemovedWorkerIsHarmless(t *testing.T) {
 	c.Check(context.Background(), f.srv.URL) // never registered
 	if len(p.All()) != 0 {
 		t.Error("Check registered a worker")
+	}
+}
+
+// A worker that has never passed a probe has no record of flapping to guard against: a worker
+// that was still starting when it was registered is healthy at its first passing probe, whatever
+// the success threshold.
+func TestCheckerWorkerThatWasNotUpYetIsHealthyAtItsFirstPass(t *testing.T) {
+	f := newFakeWorker(t, "/health", "m")
+	f.status.Store(http.StatusServiceUnavailable) // still loading
+	p := NewPool(Options{})
+	added, _ := p.Add(f.srv.URL)
+	c := newTestChecker(p, HealthOptions{SuccessThreshold: 3})
+	ctx := context.Background()
+	c.Check(ctx, f.srv.URL)
+	c.Check(ctx, f.srv.URL)
+	if added[0].Healthy() {
+		t.Fatal("healthy while its probes fail")
+	}
+	f.status.Store(http.StatusOK)
+	c.Check(ctx, f.srv.URL)
+	if !added[0].Healthy() {
+		t.Fatal("a worker that was never up is not healthy at its first passing probe")
+	}
+}
+
+// A worker that is not up yet when it is registered is probed again soon, and sooner than the
+// health interval, until its first pass: a fleet that comes up just after the router is routable
+// at once, not an interval or two later. The interval here is an hour, so only the start-up
+// probes can bring the worker in.
+func TestCheckerProbesAWorkerThatIsNotUpYetUntilItsFirstPass(t *testing.T) {
+	f := newFakeWorker(t, "/health", "m")
+	f.status.Store(http.StatusServiceUnavailable)
+	p := NewPool(Options{})
+	added, _ := p.Add(f.srv.URL)
+	c := newTestChecker(p, HealthOptions{SuccessThreshold: 2})
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); c.Run(ctx) }()
+	defer func() { cancel(); <-ran }()
+
+	c.Check(ctx, f.srv.URL) // what the router does when it registers a worker
+	waitFor(t, "a few start-up probes", func() bool { return f.probes.Load() >= 3 })
+	if added[0].Healthy() {
+		t.Fatal("healthy while its probes fail")
+	}
+	f.status.Store(http.StatusOK)
+	waitFor(t, "healthy after the worker came up", added[0].Healthy)
+}
+
+// waitFor polls cond every 10 ms until it holds, failing the test after 10 s: a bound on
+// behaviour, not a performance target.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within 10s: %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
