@@ -53,7 +53,10 @@ type Config struct {
 	ClientHeaderTimeoutSecs float64 `yaml:"client_header_timeout_secs"`
 	ClientBodyTimeoutSecs   float64 `yaml:"client_body_timeout_secs"`
 	KeepaliveTimeoutSecs    float64 `yaml:"keepalive_timeout_secs"`
-	MaxClientConnections    int     `yaml:"max_client_connections"`
+	// ClientWriteTimeoutSecs bounds how long a client may take no byte of its answer; 0 leaves
+	// only the request timeout.
+	ClientWriteTimeoutSecs float64 `yaml:"client_write_timeout_secs"`
+	MaxClientConnections   int     `yaml:"max_client_connections"`
 
 	// Admission control (internal/admission): off while both limits and both rates are 0.
 	MaxConcurrentRequests int      `yaml:"max_concurrent_requests"`
@@ -204,6 +207,7 @@ func Default() Config {
 		ClientHeaderTimeoutSecs: 10,
 		ClientBodyTimeoutSecs:   60,
 		KeepaliveTimeoutSecs:    75,
+		ClientWriteTimeoutSecs:  60,
 		MaxClientConnections:    10000,
 		QueueSize:               1024,
 		QueueTimeoutSecs:        30,
@@ -264,6 +268,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.Float64Var(&c.ClientHeaderTimeoutSecs, "client-header-timeout-secs", c.ClientHeaderTimeoutSecs, "seconds a client has to send a request's headers (and a new connection its first request line)")
 	fs.Float64Var(&c.ClientBodyTimeoutSecs, "client-body-timeout-secs", c.ClientBodyTimeoutSecs, "seconds a client has to send the whole request body once its headers arrived")
 	fs.Float64Var(&c.KeepaliveTimeoutSecs, "keepalive-timeout-secs", c.KeepaliveTimeoutSecs, "seconds an idle keep-alive client connection is kept open")
+	fs.Float64Var(&c.ClientWriteTimeoutSecs, "client-write-timeout-secs", c.ClientWriteTimeoutSecs, "seconds a client may take no byte of its answer before it is cut and the worker's request aborted (0: only --request-timeout-secs)")
 	fs.IntVar(&c.MaxClientConnections, "max-client-connections", c.MaxClientConnections, "open client connections on the traffic listener; above it new connections get 503 and are closed")
 	fs.IntVar(&c.MaxConcurrentRequests, "max-concurrent-requests", c.MaxConcurrentRequests, "routed requests in flight at once, router-wide; more wait in the queue (0: unlimited)")
 	fs.IntVar(&c.MaxInflightPerWorker, "max-inflight-per-worker", c.MaxInflightPerWorker, "requests in flight per worker; a request waits in the queue while every worker of its model is at it (0: unlimited)")
@@ -491,6 +496,9 @@ func (c Config) Validate() error {
 		"tenant-tokens-per-minute":   c.TenantTPM,
 	}
 	checkEach(bad, nonNegative, func(v int) bool { return v >= 0 }, "must not be negative")
+	if !(c.ClientWriteTimeoutSecs >= 0) {
+		bad("client-write-timeout-secs", "must not be negative (0 disables it), got %v", c.ClientWriteTimeoutSecs)
+	}
 	if !(c.FirstByteTimeoutSecs >= 0) {
 		bad("first-byte-timeout-secs", "must not be negative (0 disables it), got %v", c.FirstByteTimeoutSecs)
 	} else if c.RequestTimeoutSecs > 0 && c.FirstByteTimeoutSecs > c.RequestTimeoutSecs {
@@ -619,6 +627,7 @@ func (c Config) RequestTimeout() time.Duration      { return secs(c.RequestTimeo
 func (c Config) ClientHeaderTimeout() time.Duration { return secs(c.ClientHeaderTimeoutSecs) }
 func (c Config) ClientBodyTimeout() time.Duration   { return secs(c.ClientBodyTimeoutSecs) }
 func (c Config) KeepaliveTimeout() time.Duration    { return secs(c.KeepaliveTimeoutSecs) }
+func (c Config) ClientWriteTimeout() time.Duration  { return secs(c.ClientWriteTimeoutSecs) }
 func (c Config) HealthCheckInterval() time.Duration { return secs(c.HealthCheckIntervalSecs) }
 func (c Config) HealthCheckTimeout() time.Duration  { return secs(c.HealthCheckTimeoutSecs) }
 func (c Config) CBTimeout() time.Duration           { return secs(c.CBTimeoutDurationSecs) }

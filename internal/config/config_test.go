@@ -71,6 +71,7 @@ func TestDefaultsMatchTheDocumentedTable(t *testing.T) {
 		ClientHeaderTimeoutSecs: 10,
 		ClientBodyTimeoutSecs:   60,
 		KeepaliveTimeoutSecs:    75,
+		ClientWriteTimeoutSecs:  60,
 		MaxClientConnections:    10000,
 		QueueSize:               1024,
 		QueueTimeoutSecs:        30,
@@ -283,6 +284,7 @@ max_payload_size: 1048576
 client_header_timeout_secs: 2.5
 client_body_timeout_secs: 30
 keepalive_timeout_secs: 5
+client_write_timeout_secs: 15.5
 max_client_connections: 256
 health_check_endpoint: /ready
 health_failure_threshold: 7
@@ -308,6 +310,7 @@ cache_threshold: 0.5
 	want.ClientHeaderTimeoutSecs = 2.5
 	want.ClientBodyTimeoutSecs = 30
 	want.KeepaliveTimeoutSecs = 5
+	want.ClientWriteTimeoutSecs = 15.5
 	want.MaxClientConnections = 256
 	want.HealthCheckEndpoint = "/ready"
 	want.HealthFailureThreshold = 7
@@ -527,6 +530,8 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{"zero client header timeout", func(c *config.Config) { c.ClientHeaderTimeoutSecs = 0 }, "--client-header-timeout-secs"},
 		{"negative client body timeout", func(c *config.Config) { c.ClientBodyTimeoutSecs = -1 }, "--client-body-timeout-secs"},
 		{"zero keepalive timeout", func(c *config.Config) { c.KeepaliveTimeoutSecs = 0 }, "--keepalive-timeout-secs"},
+		{"negative client write timeout", func(c *config.Config) { c.ClientWriteTimeoutSecs = -1 }, "--client-write-timeout-secs"},
+		{"NaN client write timeout", func(c *config.Config) { c.ClientWriteTimeoutSecs = math.NaN() }, "--client-write-timeout-secs"},
 		{"zero client connections", func(c *config.Config) { c.MaxClientConnections = 0 }, "--max-client-connections"},
 		{"negative client connections", func(c *config.Config) { c.MaxClientConnections = -5 }, "--max-client-connections"},
 		{"negative first byte timeout", func(c *config.Config) { c.FirstByteTimeoutSecs = -1 }, "--first-byte-timeout-secs"},
@@ -578,6 +583,7 @@ func TestValidateAccepts(t *testing.T) {
 		{"admin origins with and without ports", func(c *config.Config) {
 			c.AdminAllowedOrigins = []string{"https://ops.example", "http://127.0.0.1:8080"}
 		}},
+		{"client write timeout disabled", func(c *config.Config) { c.ClientWriteTimeoutSecs = 0 }},
 		{"sub-second client timeouts", func(c *config.Config) {
 			c.ClientHeaderTimeoutSecs, c.ClientBodyTimeoutSecs, c.KeepaliveTimeoutSecs = 0.25, 0.5, 0.1
 		}},

@@ -62,13 +62,30 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, ex *exchange, resp *fasthttp.Re
 			ctx.Response.SetBodyStream(failingReader{r.upErr}, size)
 		}
 		r.end(nil)
+		r.extendWriteDeadline()
 		return
 	}
-	// The client must take the answer by the request's deadline too: a client that stops reading
-	// cannot hold the worker's load past it.
-	_ = ctx.SetWriteDeadline(ex.deadline)
+	// The client must take each piece of the answer within the client write timeout, and the
+	// whole of it by the request's deadline: a client that stops reading cannot hold the worker's
+	// load, nor its admission slot, past either.
+	r.extendWriteDeadline()
 	ctx.Response.ImmediateHeaderFlush = true
 	ctx.Response.SetBodyStream(r, max(size, -1)) // relayed chunked unless its length is known
+}
+
+// extendWriteDeadline gives the client the client write timeout, from now, to take what is
+// written next; never past the request's deadline. fasthttp writes each piece the relay reads
+// right after the read, so a deadline set at the end of each read bounds the time a client may
+// accept no byte, not the time the worker takes to produce the next one.
+func (r *relayBody) extendWriteDeadline() {
+	d := r.ex.deadline
+	if t := r.s.opts.ClientWriteTimeout; t > 0 {
+		if soon := time.Now().Add(t); soon.Before(d) {
+			d = soon
+		}
+	}
+	r.writeBy = d
+	_ = r.ctx.SetWriteDeadline(d)
 }
 
 // maxBufferedAnswer is the largest non-streamed answer read whole before it is sent.
@@ -99,7 +116,8 @@ type relayBody struct {
 
 	relayed   int64
 	firstByte time.Time
-	upErr     error // the worker's body broke off (not io.EOF)
+	upErr     error     // the worker's body broke off (not io.EOF)
+	writeBy   time.Time // the client write deadline last set
 	eof       bool
 	once      sync.Once
 }
@@ -124,6 +142,7 @@ func (r *relayBody) Read(p []byte) (int, error) {
 			r.s.tracker.ResponseStored(r.ex.in.Context, r.sniff.id, r.dec.Worker)
 		}
 	}
+	r.extendWriteDeadline()
 	switch {
 	case err == io.EOF:
 		r.eof = true
@@ -165,12 +184,16 @@ func (r *relayBody) end(writeErr error) {
 			s.metrics.UpstreamErrors.WithLabelValues(kind).Inc()
 			s.log.Warn("upstream answer broke off after the first byte", "request_id", ex.rid, "worker", r.dec.Worker.Name(), "kind", kind)
 		case writeErr != nil || !complete:
-			// The client went away or stopped reading past the deadline: no verdict on the worker.
+			// The client went away, or stopped reading past the client write timeout or the
+			// request's deadline and was cut: no verdict on the worker.
 			outcome = workers.Cancelled
-			if time.Now().Before(ex.deadline) {
+			// fasthttp closes the body with Close before CloseWithError, so the write's error
+			// may not be known here: a deadline that has passed tells a timed-out write.
+			if now := time.Now(); now.Before(ex.deadline) && now.Before(r.writeBy) && !isTimeout(writeErr) {
 				class = metrics.StatusClass(statusClientGone)
 			} else {
 				class = metrics.StatusCut
+				s.log.Info("client cut: it took no byte of its answer in time", "request_id", ex.rid, "worker", r.dec.Worker.Name())
 			}
 		case r.status >= 500:
 			outcome = workers.Failed

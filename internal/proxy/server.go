@@ -66,6 +66,7 @@ type Options struct {
 	ClientHeaderTimeout time.Duration // a new connection's first request line and any request's headers
 	ClientBodyTimeout   time.Duration // a request's whole body, once its headers arrived
 	KeepaliveTimeout    time.Duration // an idle keep-alive client connection
+	ClientWriteTimeout  time.Duration // a client's acceptance of each piece of its answer; 0: only RequestTimeout
 	MaxClientConns      int           // open client connections; more get 503
 	Upstream            UpstreamOptions
 

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cacheroute/cacheroute/internal/admission"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 )
 
@@ -247,5 +248,65 @@ func TestTimeouts_StreamingClientThatNeverReadsReleasesTheLoad(t *testing.T) {
 	})
 	if got := tp.requests("2xx"); got != 0 {
 		t.Errorf("requests_total{status_class=2xx} = %v: an answer the client never took is not a success", got)
+	}
+}
+
+// A client that stops reading its answer is cut once it has accepted no byte for the client
+// write timeout, long before the request timeout: its worker's request is aborted (the worker
+// connection closes), the worker's load and the client's admission slot are given back, and the
+// answer counts as cut.
+func TestTimeouts_ClientThatStopsReadingIsCutAfterClientWriteTimeout(t *testing.T) {
+	stopped := newSignal()
+	flood := newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if !strings.Contains(string(body), `"stream":true`) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"ok":true}`)
+			return
+		}
+		defer stopped.fire()
+		w.Header().Set("Content-Type", "text/event-stream")
+		chunk := []byte("data: " + strings.Repeat("x", 32<<10) + "\n\n")
+		limit := time.After(30 * time.Second)
+		for {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+				return
+			case <-limit:
+				return
+			default:
+			}
+		}
+	})
+	ctrl, err := admission.New(admission.Options{MaxInFlight: 1, QueueSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := testOptions()
+	opts.RequestTimeout = time.Minute // far beyond the bounds waited on here
+	opts.ClientWriteTimeout = time.Second
+	opts.Admission = &Admission{Controller: ctrl}
+	tp := newTestProxy(t, setup{opts: &opts, urls: []string{flood.URL}})
+	w := tp.worker(t, flood.URL)
+
+	c := tp.dial(t) // sends the request, then never reads
+	if _, err := io.WriteString(c, rawRequest(http.MethodPost, chatPath, streamBody)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the worker is streaming", func() bool { return flood.hits.Load() == 1 })
+
+	stopped.wait(t, 10*time.Second, "the worker's request is aborted")
+	eventually(t, 5*time.Second, "the worker's load is given back", func() bool { return w.Load() == 0 })
+	eventually(t, 5*time.Second, "the admission slot is given back", func() bool { return ctrl.InFlight() == 0 })
+	eventually(t, 5*time.Second, "the answer counts as cut", func() bool { return tp.requests(metrics.StatusCut) == 1 })
+	waitClosed(t, c, 10*time.Second) // what the kernel had buffered, then the close
+
+	// The slot serves the next client (a non-streamed request: a short answer).
+	if status, _, body := tp.post(t, chatPath, chatBody); status != http.StatusOK {
+		t.Errorf("next request: %d %q, want 200", status, body)
 	}
 }

@@ -177,6 +177,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		ClientHeaderTimeout: cfg.ClientHeaderTimeout(),
 		ClientBodyTimeout:   cfg.ClientBodyTimeout(),
 		KeepaliveTimeout:    cfg.KeepaliveTimeout(),
+		ClientWriteTimeout:  cfg.ClientWriteTimeout(),
 		MaxClientConns:      cfg.MaxClientConnections,
 		Upstream: proxy.UpstreamOptions{
 			DialTimeout:      dialTimeout,
