@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -278,6 +279,25 @@ func TestMessagesRouteAnswersInAnthropicsErrorShape(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(tp.Metrics.Requests.WithLabelValues("/v1/messages", "5xx")); n != 1 {
 		t.Fatalf("requests_total{5xx} = %v, want 1", n)
+	}
+}
+
+// Anthropic's "overloaded" status has no standard reason phrase; its status line says what it
+// means, as Anthropic's own does, rather than "Unknown Status Code".
+func TestMessagesRoutes529StatusLineReadsOverloaded(t *testing.T) {
+	tp := newTestProxy(t, setup{urls: []string{okWorker(t, "w").URL}})
+	tp.worker(t, tp.Pool.URLs()[0]).SetHealthy(false)
+	c := tp.dial(t)
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, rawRequest(http.MethodPost, "/v1/messages", `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`)); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "HTTP/1.1 529 Overloaded\r\n"; line != want {
+		t.Errorf("status line %q, want %q", line, want)
 	}
 }
 

@@ -70,7 +70,7 @@ func anthropicStatus(status int) (int, string) {
 	case 429:
 		return status, "rate_limit_error"
 	case 503:
-		return 529, "overloaded_error"
+		return statusOverloaded, "overloaded_error"
 	case 504:
 		return status, "timeout_error"
 	}
@@ -94,7 +94,19 @@ func writeFastError(ctx *fasthttp.RequestCtx, shape errorShape, status int, typ,
 	}
 	ctx.Response.Header.Set("Content-Type", "application/json")
 	ctx.Response.Header.Set("X-Content-Type-Options", "nosniff")
-	ctx.SetStatusCode(status)
+	setStatus(&ctx.Response.Header, status)
 	ctx.SetBody(append(body, '\n'))
 	return status
+}
+
+// statusOverloaded is the status Anthropic's API answers when it has no capacity.
+const statusOverloaded = 529
+
+// setStatus sets status with its reason phrase: fasthttp's own, and for 529, which has no
+// standard one, the phrase Anthropic's API sends ("Unknown Status Code" otherwise).
+func setStatus(h *fasthttp.ResponseHeader, status int) {
+	h.SetStatusCode(status)
+	if status == statusOverloaded {
+		h.SetStatusMessage([]byte("Overloaded"))
+	}
 }

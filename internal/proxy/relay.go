@@ -34,7 +34,7 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, ex *exchange, resp *fasthttp.Re
 	h.Set(HeaderDecision, dec.Label)
 	h.Set(HeaderPrefixMatch, strconv.FormatFloat(dec.Match, 'f', 4, 64))
 	status := resp.StatusCode()
-	ctx.SetStatusCode(status)
+	setStatus(h, status) // a worker's 529 as well
 	ex.trace.Answered(status)
 	s.metrics.Processed.WithLabelValues(worker.Name()).Inc()
 	if s.labeled && ex.route.place == byPolicy {
