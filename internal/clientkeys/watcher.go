@@ -2,6 +2,8 @@ package clientkeys
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"sync"
@@ -44,8 +46,13 @@ type Watcher struct {
 	missing bool        // the last poll could not stat the file, and said so
 }
 
+// ErrNoKey is the error of a first load that found no key in the file.
+var ErrNoKey = errors.New("clientkeys: the file holds no key: every client would be refused (401)")
+
 // NewWatcher loads the keys file at path and returns a Watcher holding it. It fails, without
-// logging, when the first load fails: the router should not start with a broken keys file.
+// logging, when the first load fails: the router should not start with a broken keys file, nor
+// with one that holds no key (ErrNoKey), which is the wrong file or one not yet written. A
+// reload may empty the file: that is how every key is revoked at once.
 func NewWatcher(path string, opts WatcherOptions) (*Watcher, error) {
 	if opts.Interval <= 0 {
 		opts.Interval = DefaultPollInterval
@@ -57,6 +64,9 @@ func NewWatcher(path string, opts WatcherOptions) (*Watcher, error) {
 	s, fi, err := w.load()
 	if err != nil {
 		return nil, err
+	}
+	if s.Len() == 0 {
+		return nil, fmt.Errorf("%w: %s", ErrNoKey, path)
 	}
 	w.tried, w.seen = fi, fi
 	w.current.Store(s)
@@ -151,6 +161,9 @@ func (w *Watcher) report(err error) {
 	if err != nil {
 		w.opts.Logger.Error("client keys: reload failed, keeping the previous keys",
 			"path", w.path, "keys", s.Len(), "err", err)
+	} else if s.Len() == 0 {
+		w.opts.Logger.Warn("client keys: loaded a file with no key: every client is refused",
+			"path", w.path, "keys", 0)
 	} else {
 		w.opts.Logger.Info("client keys: loaded",
 			"path", w.path, "keys", s.Len(), "tenants", len(s.tenants))

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -88,6 +89,41 @@ func TestNewWatcher_FailsOnABrokenFile(t *testing.T) {
 	}
 	if _, err := NewWatcher(filepath.Join(t.TempDir(), "missing"), WatcherOptions{}); err == nil {
 		t.Error("NewWatcher accepted a missing file")
+	}
+}
+
+// A keys file with no key would refuse every client: at start that is a mistake (the wrong file,
+// a file not yet written), and the router does not start with it.
+func TestNewWatcher_RefusesAFileWithNoKey(t *testing.T) {
+	for _, text := range []string{"", "# keys to come\n\n"} {
+		path := filepath.Join(t.TempDir(), "keys")
+		writeFile(t, path, text)
+		_, err := NewWatcher(path, WatcherOptions{})
+		if err == nil {
+			t.Fatalf("NewWatcher accepted a file with no key (%q)", text)
+		}
+		if !strings.Contains(err.Error(), "no key") {
+			t.Errorf("error %q does not say the file holds no key", err)
+		}
+	}
+}
+
+// Emptying the file of a running router is how every key is revoked at once: the reload is
+// applied (and logged as such), not refused as a broken file would be.
+func TestWatcher_ReloadOfAFileWithNoKeyRevokesEveryKey(t *testing.T) {
+	w, path, rec, logs := newTestWatcher(t, "sk-old tenant=a\n")
+	writeFile(t, path, "# every key revoked\n")
+	if err := w.Reload(); err != nil {
+		t.Fatalf("Reload of a file with no key: %v", err)
+	}
+	if _, ok := w.Lookup("sk-old"); ok {
+		t.Error("a revoked key is still accepted")
+	}
+	if errs := rec.all(); len(errs) != 1 || errs[0] != nil {
+		t.Errorf("OnReload saw %v, want one success", errs)
+	}
+	if !strings.Contains(logs.String(), "no key") {
+		t.Errorf("the log does not say every client is now refused: %s", logs.String())
 	}
 }
 
