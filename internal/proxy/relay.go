@@ -23,18 +23,8 @@ import (
 // fasthttp closes it when the write ends. Close is where the exchange ends: the attempt is closed
 // with its outcome, the policy observes it, and the request is counted, exactly once.
 func (s *Server) relay(ctx *fasthttp.RequestCtx, ex *exchange, resp *fasthttp.Response, conn *upConn, dec policy.Decision, at *workers.Attempt) {
-	h := &ctx.Response.Header
-	copyResponseHeaders(h, &resp.Header)
 	worker := dec.Worker
-	h.Set(HeaderWorker, worker.Name())
-	h.Set(HeaderBaseWorker, worker.BaseName())
-	if worker.Rank() >= 0 {
-		h.Set(HeaderDPRank, strconv.Itoa(worker.Rank()))
-	}
-	h.Set(HeaderDecision, dec.Label)
-	h.Set(HeaderPrefixMatch, strconv.FormatFloat(dec.Match, 'f', 4, 64))
 	status := resp.StatusCode()
-	setStatus(h, status) // a worker's 529 as well
 	ex.trace.Answered(status)
 	s.metrics.Processed.WithLabelValues(worker.Name()).Inc()
 	if s.labeled && ex.route.place == byPolicy {
@@ -57,20 +47,42 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, ex *exchange, resp *fasthttp.Re
 			r.upErr = err
 		}
 		if r.upErr != nil {
-			ctx.SetConnectionClose() // the answer is incomplete: say so by closing, as a stream would
+			// Nothing has reached the client: it gets a clear 502 rather than an empty reply.
+			// The answer was generated, so it is not retried elsewhere.
 			ctx.Response.ResetBody()
-			ctx.Response.SetBodyStream(failingReader{r.upErr}, size)
+			r.status = s.upstreamFailed(ctx, ex, failure{kind: metrics.ErrMidStream, message: "the worker's answer broke off before it was complete"})
+			r.replaced = true
+			r.relayed = int64(len(ctx.Response.Body()))
+		} else {
+			s.answerHeaders(ctx, resp, dec, status)
 		}
 		r.end(nil)
 		r.extendWriteDeadline()
 		return
 	}
+	s.answerHeaders(ctx, resp, dec, status)
 	// The client must take each piece of the answer within the client write timeout, and the
 	// whole of it by the request's deadline: a client that stops reading cannot hold the worker's
 	// load, nor its admission slot, past either.
 	r.extendWriteDeadline()
 	ctx.Response.ImmediateHeaderFlush = true
 	ctx.Response.SetBodyStream(r, max(size, -1)) // relayed chunked unless its length is known
+}
+
+// answerHeaders gives the client the worker's status and end-to-end headers, and the router's
+// headers that say who served the request and why.
+func (s *Server) answerHeaders(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, dec policy.Decision, status int) {
+	h := &ctx.Response.Header
+	copyResponseHeaders(h, &resp.Header)
+	worker := dec.Worker
+	h.Set(HeaderWorker, worker.Name())
+	h.Set(HeaderBaseWorker, worker.BaseName())
+	if worker.Rank() >= 0 {
+		h.Set(HeaderDPRank, strconv.Itoa(worker.Rank()))
+	}
+	h.Set(HeaderDecision, dec.Label)
+	h.Set(HeaderPrefixMatch, strconv.FormatFloat(dec.Match, 'f', 4, 64))
+	setStatus(h, status) // a worker's 529 as well
 }
 
 // extendWriteDeadline gives the client the client write timeout, from now, to take what is
@@ -90,12 +102,6 @@ func (r *relayBody) extendWriteDeadline() {
 
 // maxBufferedAnswer is the largest non-streamed answer read whole before it is sent.
 const maxBufferedAnswer = 1 << 20
-
-// failingReader fails the write of an answer whose body broke off, so the client connection is
-// cut rather than ended cleanly.
-type failingReader struct{ err error }
-
-func (f failingReader) Read([]byte) (int, error) { return 0, f.err }
 
 // relayBody is the client-side body stream of one relayed answer.
 type relayBody struct {
@@ -117,6 +123,7 @@ type relayBody struct {
 	relayed   int64
 	firstByte time.Time
 	upErr     error     // the worker's body broke off (not io.EOF)
+	replaced  bool      // upErr came before any byte was sent: the client got the router's 502 instead
 	writeBy   time.Time // the client write deadline last set
 	eof       bool
 	once      sync.Once
@@ -177,6 +184,9 @@ func (r *relayBody) end(writeErr error) {
 			outcome, class = workers.Cancelled, metrics.StatusClass(statusClientGone)
 		case r.upErr != nil:
 			outcome, class = workers.Failed, metrics.StatusCut
+			if r.replaced {
+				class = metrics.StatusClass(r.status)
+			}
 			kind := metrics.ErrMidStream
 			if !time.Now().Before(ex.deadline) {
 				kind = metrics.ErrTimeout

@@ -97,7 +97,6 @@ func TestTruncatedResponse_ContentLengthLongerThanTheBodyIsAnError(t *testing.T)
 		body            string
 		announced, sent int
 	}{
-		{"non-streamed, buffered", chatBody, 100, 40},
 		{"non-streamed, larger than the buffered size", chatBody, 2 << 20, 1 << 20},
 		{"streamed request", streamBody, 100, 40},
 	}
@@ -116,6 +115,50 @@ func TestTruncatedResponse_ContentLengthLongerThanTheBodyIsAnError(t *testing.T)
 			breaker := tp.worker(t, w.URL).Breaker()
 			eventually(t, 5*time.Second, "the breaker opens: the worker broke its answer off (threshold 1)", func() bool {
 				return breaker.State() == workers.BreakerOpen
+			})
+			tp.loadReturnsToZero(t)
+		})
+	}
+}
+
+// A non-streamed answer of modest size is read whole before anything is sent, so when the
+// worker breaks it off the client has received nothing yet: it gets a clear 502 in its route's
+// shape rather than an empty reply or a short body. Nothing is retried (the worker generated it);
+// the failure is the worker's.
+func TestTruncatedResponse_SmallNonStreamedAnswerCutByTheWorkerIs502(t *testing.T) {
+	for _, tc := range []struct {
+		name, path, body string
+	}{
+		{"chat completions", chatPath, chatBody},
+		{"messages", "/v1/messages", `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := shortWorker(t, 100, 40)
+			other := okWorker(t, "other")
+			tp := newTestProxy(t, setup{urls: []string{w.URL, other.URL}, pool: oneFailureBreaker})
+
+			status, h, body := tp.post(t, tc.path, tc.body)
+			if status != http.StatusBadGateway {
+				t.Fatalf("got %d %q, want 502", status, body)
+			}
+			if tc.path == chatPath {
+				if code := errorCode(t, body); code != "upstream_unavailable" {
+					t.Errorf("error code %q, want upstream_unavailable", code)
+				}
+			} else if typ := anthropicErrorType(t, body); typ != "api_error" {
+				t.Errorf("error type %q, want api_error", typ)
+			}
+			if got := h.Get(HeaderWorker); got != "" {
+				t.Errorf("%s = %q on the router's own answer", HeaderWorker, got)
+			}
+			if got := other.hits.Load(); got != 0 {
+				t.Errorf("the other worker got %d requests: a generated answer is not retried", got)
+			}
+			if got := tp.upstreamErrors(metrics.ErrMidStream); got != 1 {
+				t.Errorf("upstream_errors_total{kind=mid_stream} = %v, want 1", got)
+			}
+			eventually(t, 5*time.Second, "the breaker opens: the worker broke its answer off (threshold 1)", func() bool {
+				return tp.worker(t, w.URL).Breaker().State() == workers.BreakerOpen
 			})
 			tp.loadReturnsToZero(t)
 		})
