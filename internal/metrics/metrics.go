@@ -71,6 +71,10 @@ const (
 	ErrBadReply  = "bad_response" // the worker's response could not be parsed
 )
 
+// UpstreamErrorKinds are every value of upstream_errors_total{kind}; each has its series from
+// the start.
+var UpstreamErrorKinds = []string{ErrConnect, ErrReset, ErrFirstByte, ErrTimeout, ErrStatus, ErrSent, ErrMidStream, ErrBadReply}
+
 // StatusCut is the status_class of requests whose response was cut off after it started (the
 // worker broke off, or the request timeout passed mid-stream): neither a success nor a status.
 const StatusCut = "cut"
@@ -142,7 +146,19 @@ func New(pool *workers.Pool) *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
+	// Counters with known label values start at 0, so that rate() and alerts have a series
+	// before the first event.
+	for _, kind := range UpstreamErrorKinds {
+		m.UpstreamErrors.WithLabelValues(kind)
+	}
 	return m
+}
+
+// WorkerAdded creates the counters of a worker tenant that joined, given by its shown name, at 0
+// (ForgetWorker deletes them when it leaves); policy is the routing policy's name.
+func (m *Metrics) WorkerAdded(policy, name string) {
+	m.Processed.WithLabelValues(name)
+	m.PolicyDecisions.WithLabelValues(policy, name)
 }
 
 // AdmissionReporter is the admission controller's reporter: queue lengths and waits. Refusals

@@ -178,7 +178,7 @@ func (rc *reconciler) apply(source string, set []discovery.Endpoint) {
 func (rc *reconciler) join(url, name string) {
 	err := rc.r.allowed.CheckURL(url)
 	if err == nil {
-		_, err = rc.r.pool.Add(url)
+		_, err = rc.r.addToPool(url)
 	}
 	switch {
 	case errors.Is(err, workers.ErrExists):

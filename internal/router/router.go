@@ -296,12 +296,22 @@ func (r *Router) AddWorker(ctx context.Context, raw string) error {
 	if err := r.allowed.CheckURL(url); err != nil {
 		return err
 	}
-	if _, err := r.pool.Add(url); err != nil {
+	if _, err := r.addToPool(url); err != nil {
 		return err
 	}
 	r.checker.Check(ctx, url)
 	r.log.Info("worker added", "worker", tenant.Redact(url), "healthy", r.pool.Get(url)[0].Healthy())
 	return nil
+}
+
+// addToPool registers a worker URL and creates its tenants' counters at 0, so that per-worker
+// rates have a series before the first request.
+func (r *Router) addToPool(url string) ([]*workers.Worker, error) {
+	ws, err := r.pool.Add(url)
+	for _, w := range ws {
+		r.metrics.WorkerAdded(r.policy.Name(), w.Name())
+	}
+	return ws, err
 }
 
 // RemoveWorker unregisters every tenant of the worker URL and forgets all state that names them:
@@ -352,7 +362,7 @@ func (r *Router) Start(ctx context.Context) {
 			err = r.allowed.CheckURL(url)
 		}
 		if err == nil {
-			_, err = r.pool.Add(url)
+			_, err = r.addToPool(url)
 		}
 		if err != nil {
 			r.log.Warn("worker not added", "worker", tenant.Redact(raw), "error", err)

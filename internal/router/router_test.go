@@ -642,3 +642,16 @@ func mustGet(t *testing.T, u string) *http.Response {
 	}
 	return resp
 }
+
+// A worker that joins has its per-worker counters at 0 at once, before it serves anything.
+func TestRouter_AddedWorkerHasItsCountersBeforeItsFirstRequest(t *testing.T) {
+	w := newFakeWorker(t, "m")
+	tr := startRouter(t, testConfig(), w)
+	name := tr.Pool().Get(w.URL())[0].Name()
+	if got := testutil.CollectAndCount(tr.Metrics().Processed); got != 1 {
+		t.Fatalf("processed_requests_total has %d series, want 1", got)
+	}
+	if got := testutil.ToFloat64(tr.Metrics().PolicyDecisions.WithLabelValues("round_robin", name)); got != 0 {
+		t.Errorf("policy_decisions_total = %v, want 0", got)
+	}
+}
