@@ -47,7 +47,10 @@ type Config struct {
 
 	RequestTimeoutSecs   float64 `yaml:"request_timeout_secs"`
 	FirstByteTimeoutSecs float64 `yaml:"first_byte_timeout_secs"`
-	MaxPayloadSize       int64   `yaml:"max_payload_size"`
+	// StallTimeoutSecs: a worker with requests in flight that sends no byte for this long is
+	// asked a probe request, and out of rotation if that gets no answer as long; 0: never.
+	StallTimeoutSecs float64 `yaml:"stall_timeout_secs"`
+	MaxPayloadSize   int64   `yaml:"max_payload_size"`
 
 	// Client connections on the traffic listener.
 	ClientHeaderTimeoutSecs float64 `yaml:"client_header_timeout_secs"`
@@ -203,6 +206,7 @@ func Default() Config {
 		DNSRefreshSecs:          5,
 		RequestTimeoutSecs:      1800,
 		FirstByteTimeoutSecs:    60,
+		StallTimeoutSecs:        30,
 		MaxPayloadSize:          33554432,
 		ClientHeaderTimeoutSecs: 10,
 		ClientBodyTimeoutSecs:   60,
@@ -264,6 +268,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.BoolVar(&c.AllowEmpty, "allow-empty", c.AllowEmpty, "start with no worker and no discovery; workers are then added through the admin API (POST /workers)")
 	fs.Float64Var(&c.RequestTimeoutSecs, "request-timeout-secs", c.RequestTimeoutSecs, "upstream request timeout in seconds")
 	fs.Float64Var(&c.FirstByteTimeoutSecs, "first-byte-timeout-secs", c.FirstByteTimeoutSecs, "seconds one attempt waits for the worker's response headers before it counts as failed and is retried on another worker (0 disables; at most --request-timeout-secs)")
+	fs.Float64Var(&c.StallTimeoutSecs, "stall-timeout-secs", c.StallTimeoutSecs, "seconds a worker with requests in flight may send no byte before it is sent a probe request; one that does not answer that as long is out of rotation, and its attempts still waiting for a first byte go elsewhere (0 disables)")
 	fs.Int64Var(&c.MaxPayloadSize, "max-payload-size", c.MaxPayloadSize, "largest accepted request body in bytes; larger bodies get 413")
 	fs.Float64Var(&c.ClientHeaderTimeoutSecs, "client-header-timeout-secs", c.ClientHeaderTimeoutSecs, "seconds a client has to send a request's headers (and a new connection its first request line)")
 	fs.Float64Var(&c.ClientBodyTimeoutSecs, "client-body-timeout-secs", c.ClientBodyTimeoutSecs, "seconds a client has to send the whole request body once its headers arrived")
@@ -496,6 +501,9 @@ func (c Config) Validate() error {
 		"tenant-tokens-per-minute":   c.TenantTPM,
 	}
 	checkEach(bad, nonNegative, func(v int) bool { return v >= 0 }, "must not be negative")
+	if !(c.StallTimeoutSecs >= 0) {
+		bad("stall-timeout-secs", "must not be negative (0 disables it), got %v", c.StallTimeoutSecs)
+	}
 	if !(c.ClientWriteTimeoutSecs >= 0) {
 		bad("client-write-timeout-secs", "must not be negative (0 disables it), got %v", c.ClientWriteTimeoutSecs)
 	}
@@ -633,6 +641,9 @@ func (c Config) HealthCheckTimeout() time.Duration  { return secs(c.HealthCheckT
 func (c Config) CBTimeout() time.Duration           { return secs(c.CBTimeoutDurationSecs) }
 func (c Config) ShutdownGrace() time.Duration       { return secs(c.ShutdownGraceSecs) }
 func (c Config) EvictionInterval() time.Duration    { return secs(c.EvictionIntervalSecs) }
+
+// StallTimeout is zero when --stall-timeout-secs is 0: no stall checks.
+func (c Config) StallTimeout() time.Duration { return secs(c.StallTimeoutSecs) }
 
 // FirstByteTimeout is zero when --first-byte-timeout-secs is 0: no first-byte deadline.
 func (c Config) FirstByteTimeout() time.Duration { return secs(c.FirstByteTimeoutSecs) }

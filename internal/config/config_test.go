@@ -67,6 +67,7 @@ func TestDefaultsMatchTheDocumentedTable(t *testing.T) {
 		DNSRefreshSecs:          5,
 		RequestTimeoutSecs:      1800,
 		FirstByteTimeoutSecs:    60,
+		StallTimeoutSecs:        30,
 		MaxPayloadSize:          33554432,
 		ClientHeaderTimeoutSecs: 10,
 		ClientBodyTimeoutSecs:   60,
@@ -532,6 +533,7 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{"zero keepalive timeout", func(c *config.Config) { c.KeepaliveTimeoutSecs = 0 }, "--keepalive-timeout-secs"},
 		{"negative client write timeout", func(c *config.Config) { c.ClientWriteTimeoutSecs = -1 }, "--client-write-timeout-secs"},
 		{"NaN client write timeout", func(c *config.Config) { c.ClientWriteTimeoutSecs = math.NaN() }, "--client-write-timeout-secs"},
+		{"negative stall timeout", func(c *config.Config) { c.StallTimeoutSecs = -1 }, "--stall-timeout-secs"},
 		{"zero client connections", func(c *config.Config) { c.MaxClientConnections = 0 }, "--max-client-connections"},
 		{"negative client connections", func(c *config.Config) { c.MaxClientConnections = -5 }, "--max-client-connections"},
 		{"negative first byte timeout", func(c *config.Config) { c.FirstByteTimeoutSecs = -1 }, "--first-byte-timeout-secs"},
@@ -584,6 +586,7 @@ func TestValidateAccepts(t *testing.T) {
 			c.AdminAllowedOrigins = []string{"https://ops.example", "http://127.0.0.1:8080"}
 		}},
 		{"client write timeout disabled", func(c *config.Config) { c.ClientWriteTimeoutSecs = 0 }},
+		{"stall checks disabled", func(c *config.Config) { c.StallTimeoutSecs = 0 }},
 		{"sub-second client timeouts", func(c *config.Config) {
 			c.ClientHeaderTimeoutSecs, c.ClientBodyTimeoutSecs, c.KeepaliveTimeoutSecs = 0.25, 0.5, 0.1
 		}},

@@ -69,11 +69,12 @@ const (
 	ErrSent      = "after_send"   // the connection failed after the request was written: not retried
 	ErrMidStream = "mid_stream"   // the response broke after bytes reached the client
 	ErrBadReply  = "bad_response" // the worker's response could not be parsed
+	ErrStalled   = "stalled"      // the worker was found stalled before any byte of the answer came
 )
 
 // UpstreamErrorKinds are every value of upstream_errors_total{kind}; each has its series from
 // the start.
-var UpstreamErrorKinds = []string{ErrConnect, ErrReset, ErrFirstByte, ErrTimeout, ErrStatus, ErrSent, ErrMidStream, ErrBadReply}
+var UpstreamErrorKinds = []string{ErrConnect, ErrReset, ErrFirstByte, ErrTimeout, ErrStatus, ErrSent, ErrMidStream, ErrBadReply, ErrStalled}
 
 // StatusCut is the status_class of requests whose response was cut off after it started (the
 // worker broke off, or the request timeout passed mid-stream): neither a success nor a status.
@@ -103,7 +104,7 @@ func New(pool *workers.Pool) *Metrics {
 		Retries: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: "retries_total",
 			Help: "Requests re-sent to another worker before any byte reached the client."}),
 		UpstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "upstream_errors_total",
-			Help: "Failed upstream attempts by kind: connect, reset, first_byte, timeout, status_5xx, after_send, mid_stream, bad_response."}, []string{"kind"}),
+			Help: "Failed upstream attempts by kind: connect, reset, first_byte, timeout, status_5xx, after_send, mid_stream, bad_response, stalled."}, []string{"kind"}),
 		CacheAwareDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "cache_aware_decisions_total",
 			Help: "cache_aware decisions by label; exactly one per routed request."}, []string{"decision"}),
 		PrefixMatchRatio: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: "cache_aware_prefix_match_ratio",

@@ -15,7 +15,7 @@ func TestNew_EveryUpstreamErrorKindHasASeriesFromTheStart(t *testing.T) {
 	if got := testutil.CollectAndCount(m.UpstreamErrors); got != len(UpstreamErrorKinds) {
 		t.Errorf("upstream_errors_total has %d series at start, want %d (one per kind)", got, len(UpstreamErrorKinds))
 	}
-	for _, kind := range []string{ErrConnect, ErrReset, ErrFirstByte, ErrTimeout, ErrStatus, ErrSent, ErrMidStream, ErrBadReply} {
+	for _, kind := range []string{ErrConnect, ErrReset, ErrFirstByte, ErrTimeout, ErrStatus, ErrSent, ErrMidStream, ErrBadReply, ErrStalled} {
 		found := false
 		for _, k := range UpstreamErrorKinds {
 			found = found || k == kind

@@ -3,6 +3,7 @@ package proxy
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -329,7 +330,7 @@ func (s *Server) send(ctx *fasthttp.RequestCtx, ex *exchange, w *workers.Worker,
 	s.buildRequest(ctx, out, w, ex.rid)
 	ex.trace.Inject(&out.Header)
 	for fresh := false; ; fresh = true {
-		resp, c, err := s.exchangeOn(pool, out, ex, fresh)
+		resp, c, err := s.exchangeOn(pool, w, out, ex, fresh)
 		if err == nil {
 			status := resp.StatusCode()
 			if ex.searching && status == http.StatusNotFound && !final {
@@ -354,7 +355,7 @@ func (s *Server) send(ctx *fasthttp.RequestCtx, ex *exchange, w *workers.Worker,
 // answer's headers. The read deadline is the first-byte one for streamed requests until the
 // headers arrive (a worker sends a non-streamed answer's headers with the finished answer, so its
 // first byte comes after the whole generation), then the request's deadline.
-func (s *Server) exchangeOn(pool *connPool, out *fasthttp.Request, ex *exchange, fresh bool) (*fasthttp.Response, *upConn, error) {
+func (s *Server) exchangeOn(pool *connPool, w *workers.Worker, out *fasthttp.Request, ex *exchange, fresh bool) (*fasthttp.Response, *upConn, error) {
 	get := pool.get
 	if fresh {
 		get = pool.dial
@@ -363,6 +364,7 @@ func (s *Server) exchangeOn(pool *connPool, out *fasthttp.Request, ex *exchange,
 	if err != nil {
 		return nil, nil, err
 	}
+	c.worker = w
 	ex.conn.Store(c)
 	if ex.gone.Load() { // the watch fired before it could see this connection
 		_ = c.conn.Close()
@@ -388,6 +390,11 @@ func (s *Server) exchangeOn(pool *connPool, out *fasthttp.Request, ex *exchange,
 			readDeadline = t
 		}
 	}
+	if s.opts.Upstream.StallTimeout > 0 {
+		if err := waitFirstByte(c, w, readDeadline); err != nil {
+			return fail(err)
+		}
+	}
 	_ = c.conn.SetReadDeadline(readDeadline)
 	resp := fasthttp.AcquireResponse()
 	resp.StreamBody = true
@@ -397,6 +404,35 @@ func (s *Server) exchangeOn(pool *connPool, out *fasthttp.Request, ex *exchange,
 	}
 	_ = c.conn.SetReadDeadline(ex.deadline)
 	return resp, c, nil
+}
+
+// stallPoll is how often an attempt waiting for its answer's first byte looks whether its worker
+// was found stalled.
+const stallPoll = 250 * time.Millisecond
+
+// errStalled ends an attempt whose worker was found stalled before any byte of its answer came.
+var errStalled = errors.New("the worker was found stalled")
+
+// waitFirstByte waits until the first byte of the answer is there to read, or deadline passes,
+// or w is found stalled. It reads in stallPoll rounds: a read that times out takes no byte, and
+// the next round reads on.
+func waitFirstByte(c *upConn, w *workers.Worker, deadline time.Time) error {
+	for {
+		round := time.Now().Add(stallPoll)
+		if deadline.Before(round) {
+			round = deadline
+		}
+		_ = c.conn.SetReadDeadline(round)
+		_, err := c.br.Peek(1)
+		switch {
+		case err == nil:
+			return nil
+		case !isTimeout(err) || !time.Now().Before(deadline):
+			return err
+		case w.Stalled():
+			return errStalled
+		}
+	}
 }
 
 // discard drops an answer that will not be relayed, with its connection: reading a 5xx body to

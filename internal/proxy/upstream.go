@@ -14,6 +14,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/tenant"
+	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
 // UpstreamOptions shape the connections to workers.
@@ -22,6 +23,9 @@ type UpstreamOptions struct {
 	FirstByteTimeout time.Duration // 0: no first-byte deadline
 	MaxIdlePerWorker int           // idle keep-alive connections kept per worker URL
 	IdleConnTimeout  time.Duration // an idle connection older than this is closed, not reused
+	// StallTimeout, when set, makes an attempt waiting for its answer's first byte look every
+	// stallPoll whether its worker was found stalled (internal/workers), and give up if so.
+	StallTimeout time.Duration
 	// TLS is the client configuration for https:// workers: trusted CAs, client certificate.
 	// Each worker's connections use a copy with ServerName set to the worker's host. Nil: the
 	// system roots, no client certificate, TLS 1.2 or later.
@@ -185,7 +189,7 @@ func (p *connPool) dial() (*upConn, error) {
 // put returns a connection whose answer was read to its end.
 func (p *connPool) put(c *upConn) {
 	c.idleSince = time.Now()
-	c.read, c.wrote, c.writeFailed = 0, false, false
+	c.read, c.wrote, c.writeFailed, c.worker = 0, false, false, nil
 	p.mu.Lock()
 	if p.closed || len(p.idle) >= p.opts.MaxIdlePerWorker {
 		p.mu.Unlock()
@@ -220,6 +224,9 @@ type upConn struct {
 	br   *bufio.Reader
 	bw   *bufio.Writer
 	pool *connPool
+	// worker is the tenant of the attempt the connection carries now: each byte read from it is
+	// that worker's progress (stalled workers are found by its absence).
+	worker *workers.Worker
 
 	idleSince   time.Time
 	reused      bool  // the connection answered a request before this one
@@ -235,6 +242,9 @@ type countingReader struct{ c *upConn }
 func (r countingReader) Read(p []byte) (int, error) {
 	n, err := r.c.conn.Read(p)
 	r.c.read += int64(n)
+	if n > 0 && r.c.worker != nil {
+		r.c.worker.Progressed()
+	}
 	return n, err
 }
 
@@ -259,6 +269,9 @@ type failure struct {
 func classify(err error, c *upConn, requestTimedOut bool) failure {
 	var de *dialError
 	switch {
+	case errors.Is(err, errStalled):
+		// Nothing of the answer came, so nothing reached the client: another worker may take it.
+		return failure{kind: metrics.ErrStalled, retryable: true, message: "the worker stalled: no progress on its requests and no answer to a probe request"}
 	case errors.As(err, &de):
 		if isTimeout(de.err) {
 			return failure{kind: metrics.ErrConnect, retryable: true, message: "connecting to the worker timed out"}

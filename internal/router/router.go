@@ -111,6 +111,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		FailureThreshold: cfg.HealthFailureThreshold,
 		SuccessThreshold: cfg.HealthSuccessThreshold,
 		APIKey:           cfg.APIKey,
+		StallTimeout:     cfg.StallTimeout(),
 	}, &http.Client{Transport: transport}, log)
 	if cfg.LoadSignal == workers.SignalEngine {
 		// Scrapes reach workers as health probes do: same dial rules, same TLS, same key.
@@ -182,6 +183,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		Upstream: proxy.UpstreamOptions{
 			DialTimeout:      dialTimeout,
 			FirstByteTimeout: cfg.FirstByteTimeout(),
+			StallTimeout:     cfg.StallTimeout(),
 			MaxIdlePerWorker: maxIdlePerWorker,
 			IdleConnTimeout:  upstreamIdleTimeout,
 			TLS:              workerTLS,

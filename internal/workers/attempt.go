@@ -46,7 +46,7 @@ func (p *Pool) Acquire(w *Worker) *Attempt {
 	if !w.breaker.Acquire() {
 		return nil
 	}
-	w.load.Add(1)
+	w.busy()
 	w.sent.Add(1)
 	return &Attempt{worker: w, lease: Lease{worker: w}}
 }

@@ -22,7 +22,10 @@ type HealthOptions struct {
 	Timeout          time.Duration
 	FailureThreshold int    // consecutive failed probes that mark a healthy worker unhealthy
 	SuccessThreshold int    // consecutive passed probes that mark an unhealthy worker healthy
-	APIKey           string // sent as a bearer token when reading /v1/models
+	APIKey           string // sent as a bearer token when reading /v1/models and with probe requests
+	// StallTimeout is how long a worker with requests in flight may send no byte before it is
+	// sent a probe request, and how long that may take (stall.go); 0: no stall checks.
+	StallTimeout time.Duration
 }
 
 // Checker probes every worker URL of a pool on an interval. A probe passes when the endpoint
@@ -52,6 +55,8 @@ type Checker struct {
 	counts map[string]*probeCounts // by worker URL
 	// wake tells Run that a worker's start-up probe schedule changed (a first probe failed).
 	wake chan struct{}
+	// stallProbes are the probe requests in flight (stall.go).
+	stallProbes sync.WaitGroup
 }
 
 // startupRetryFirst is the wait before the second probe of a worker whose probes have never
@@ -66,6 +71,7 @@ type probeCounts struct {
 	probed              bool
 	passed              bool // a probe has passed since the worker was registered
 	startupProbing      bool // a start-up probe is in flight
+	stallProbing        bool // a probe request is in flight (stall.go)
 	retryAt             time.Time
 	retryAfter          time.Duration // the start-up backoff: the wait after the last failure
 	successes, failures int
@@ -94,21 +100,31 @@ func NewChecker(pool *Pool, opts HealthOptions, client *http.Client, log *slog.L
 		wake: make(chan struct{}, 1)}
 }
 
-// Run probes all workers every interval, and the workers that have never passed a probe on their
-// start-up schedule, until ctx ends.
+// Run probes all workers every interval, the workers that have never passed a probe on their
+// start-up schedule, and the workers suspect of a stall every stallCheckEvery, until ctx ends.
 func (c *Checker) Run(ctx context.Context) {
 	t := time.NewTicker(c.opts.Interval)
 	defer t.Stop()
 	startup := time.NewTimer(0)
 	defer startup.Stop()
+	var stalls <-chan time.Time
+	if c.opts.StallTimeout > 0 {
+		st := time.NewTicker(stallCheckEvery)
+		defer st.Stop()
+		stalls = st.C
+	}
 	var probes sync.WaitGroup
 	defer probes.Wait()
+	defer c.stallProbes.Wait()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 			c.CheckAll(ctx)
+		case <-stalls:
+			c.checkStalls(ctx)
+			continue
 		case <-startup.C:
 		case <-c.wake:
 		}

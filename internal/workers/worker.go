@@ -22,10 +22,14 @@ type Worker struct {
 	load    atomic.Int64
 	healthy atomic.Bool
 	drain   atomic.Bool // set by discovery: no new requests, those in flight finish
-	models  atomic.Pointer[[]string]
-	probe   atomic.Pointer[ProbeStatus] // nil until a health probe fails (see Probe)
-	breaker *Breaker
-	lc      *loadConfig // the pool's load signal, shared by its workers
+	stalled atomic.Bool // set by the checker's stall checks (stall.go)
+	// progress is the monoNow of the worker's last sign of progress: a byte of an answer, a
+	// probe request answered, or the start of an attempt when it had none in flight.
+	progress atomic.Int64
+	models   atomic.Pointer[[]string]
+	probe    atomic.Pointer[ProbeStatus] // nil until a health probe fails (see Probe)
+	breaker  *Breaker
+	lc       *loadConfig // the pool's load signal, shared by its workers
 
 	sent          atomic.Int64                // requests ever sent (Acquire, Reserve): the engine signal's clock
 	pendingTokens atomic.Int64                // prompt tokens of attempts not yet prefilled (tokens signal)
@@ -116,17 +120,27 @@ func (w *Worker) Draining() bool { return w.drain.Load() }
 // SetDraining starts or ends draining.
 func (w *Worker) SetDraining(draining bool) { w.drain.Store(draining) }
 
-// Available reports whether the worker may receive a new request: healthy, not draining, and
-// breaker not open.
-func (w *Worker) Available() bool { return w.Healthy() && !w.Draining() && w.breaker.Allows() }
+// Available reports whether the worker may receive a new request: healthy, not stalled, not
+// draining, and breaker not open.
+func (w *Worker) Available() bool {
+	return w.Healthy() && !w.Stalled() && !w.Draining() && w.breaker.Allows()
+}
 
 // Reserve counts one more request in flight on w and returns the lease that gives it back. The
 // proxy takes load through Pool.Acquire, together with the breaker's permission; Reserve alone is
 // for callers that only model load (policy tests and benchmarks).
 func (w *Worker) Reserve() *Lease {
-	w.load.Add(1)
+	w.busy()
 	w.sent.Add(1)
 	return &Lease{worker: w}
+}
+
+// busy counts one more request in flight; the start of a busy spell counts as progress, so that
+// the quiet time before it never makes a worker suspect of a stall.
+func (w *Worker) busy() {
+	if w.load.Add(1) == 1 {
+		w.progress.Store(monoNow())
+	}
 }
 
 // Lease is one reserved unit of a worker's load. Release gives it back exactly once, however many

@@ -1,0 +1,61 @@
+package proxy
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cacheroute/cacheroute/internal/metrics"
+)
+
+// An attempt still waiting for the first byte of its answer when its worker is found stalled has
+// sent nothing to its client: it is failed and retried on another worker at once, not left to
+// wait out the request timeout. The stalled worker takes no new request meanwhile. (How a worker
+// is found stalled is in internal/workers.)
+func TestStall_AttemptWaitingOnAStalledWorkerIsRetriedElsewhere(t *testing.T) {
+	hung := hangingWorker(t)
+	live := okWorker(t, "live")
+	opts := testOptions()
+	opts.RequestTimeout = time.Minute // far beyond the bounds waited on here
+	opts.Upstream.StallTimeout = time.Second
+	tp := newTestProxy(t, setup{opts: &opts, urls: []string{hung.URL, live.URL}}) // round robin: hung first
+
+	type answer struct {
+		status int
+		body   string
+	}
+	done := make(chan answer, 1)
+	go func() {
+		resp, err := tp.Client.Post(tp.URL+chatPath, "application/json", strings.NewReader(chatBody))
+		if err != nil {
+			done <- answer{body: err.Error()}
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		done <- answer{resp.StatusCode, string(b)}
+	}()
+	eventually(t, 5*time.Second, "the hung worker has the request", func() bool { return hung.requests.Load() == 1 })
+	tp.worker(t, hung.URL).SetStalled(true)
+
+	select {
+	case a := <-done:
+		if a.status != http.StatusOK || !strings.Contains(a.body, `"live"`) {
+			t.Fatalf("got %d %q, want 200 from the live worker", a.status, a.body)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request still waits on the stalled worker")
+	}
+	if got := tp.upstreamErrors(metrics.ErrStalled); got != 1 {
+		t.Errorf("upstream_errors_total{kind=stalled} = %v, want 1", got)
+	}
+	if status, _, body := tp.post(t, chatPath, chatBody); status != http.StatusOK || !strings.Contains(body, `"live"`) {
+		t.Errorf("next request: %d %q, want the live worker (the stalled one is out of rotation)", status, body)
+	}
+	if got := hung.requests.Load(); got != 1 {
+		t.Errorf("the stalled worker got %d requests, want 1", got)
+	}
+	tp.loadReturnsToZero(t)
+}

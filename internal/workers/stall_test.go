@@ -1,0 +1,132 @@
+package workers
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// hungWorker answers its health endpoint and /v1/models, and its POSTs only while answering is
+// set: otherwise it holds them until the client gives up, as a hung engine does.
+type hungWorker struct {
+	srv       *httptest.Server
+	answering atomic.Bool
+	posts     atomic.Int32
+}
+
+func newHungWorker(t *testing.T) *hungWorker {
+	t.Helper()
+	h := &hungWorker{}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {})
+	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": []map[string]string{{"id": "m"}}})
+	})
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
+		h.posts.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		if !h.answering.Load() {
+			<-r.Context().Done()
+			return
+		}
+		_, _ = io.WriteString(w, `{"choices":[{"message":{"content":"."}}]}`)
+	})
+	h.srv = httptest.NewServer(mux)
+	t.Cleanup(h.srv.Close)
+	return h
+}
+
+func newStallChecker(p *Pool, stall time.Duration) *Checker {
+	return newTestChecker(p, HealthOptions{StallTimeout: stall})
+}
+
+// A worker that has requests in flight, has sent no byte on any of them for the stall timeout,
+// and does not answer a probe request either is stalled: out of rotation, although its health
+// endpoint answers. It comes back when a probe request is answered.
+func TestStall_WorkerWithNoProgressThatDoesNotAnswerAProbeIsTakenOutUntilOneIsAnswered(t *testing.T) {
+	h := newHungWorker(t)
+	p := NewPool(Options{})
+	added, _ := p.Add(h.srv.URL)
+	w := added[0]
+	c := newStallChecker(p, 200*time.Millisecond)
+	ctx := context.Background()
+	c.Check(ctx, h.srv.URL)
+	if !w.Available() {
+		t.Fatal("the worker is not available after a passing health check")
+	}
+	at := p.Acquire(w) // a request in flight that gets nothing back
+	defer at.Close(Cancelled)
+
+	c.checkStalls(ctx) // too early: it is not suspect yet
+	if got := h.posts.Load(); got != 0 {
+		t.Fatalf("%d probe requests before the stall timeout passed", got)
+	}
+	waitFor(t, "the worker is found stalled", func() bool {
+		c.checkStalls(ctx)
+		return w.Stalled()
+	})
+	if w.Available() || !w.Healthy() {
+		t.Errorf("stalled worker: available=%v healthy=%v, want out of rotation while its health endpoint passes", w.Available(), w.Healthy())
+	}
+
+	h.answering.Store(true)
+	waitFor(t, "the worker is back once a probe request is answered", func() bool {
+		c.checkStalls(ctx)
+		return !w.Stalled()
+	})
+	if !w.Available() {
+		t.Error("the worker is not available again")
+	}
+}
+
+// A worker busy with a long generation sends nothing for a while, but answers a probe request:
+// it is making progress and is never taken out.
+func TestStall_BusyWorkerThatAnswersItsProbeIsNotStalled(t *testing.T) {
+	h := newHungWorker(t)
+	h.answering.Store(true)
+	p := NewPool(Options{})
+	added, _ := p.Add(h.srv.URL)
+	w := added[0]
+	c := newStallChecker(p, 100*time.Millisecond)
+	ctx := context.Background()
+	c.Check(ctx, h.srv.URL)
+	at := p.Acquire(w)
+	defer at.Close(Cancelled)
+	waitFor(t, "a few probe requests", func() bool {
+		c.checkStalls(ctx)
+		return h.posts.Load() >= 2
+	})
+	if w.Stalled() {
+		t.Error("a worker that answers its probe requests is stalled")
+	}
+}
+
+// A worker with nothing in flight is never suspect, however long it has been quiet; nor is one
+// whose bytes keep coming, for however long its requests run.
+func TestStall_IdleOrProgressingWorkerIsNeverProbed(t *testing.T) {
+	h := newHungWorker(t)
+	p := NewPool(Options{})
+	added, _ := p.Add(h.srv.URL)
+	w := added[0]
+	c := newStallChecker(p, 300*time.Millisecond)
+	ctx := context.Background()
+	c.Check(ctx, h.srv.URL)
+	time.Sleep(400 * time.Millisecond) // idle past the stall timeout
+	c.checkStalls(ctx)
+
+	at := p.Acquire(w)
+	defer at.Close(Cancelled)
+	for range 6 { // 600 ms in flight, a byte every 100 ms
+		time.Sleep(100 * time.Millisecond)
+		w.Progressed()
+		c.checkStalls(ctx)
+	}
+	if got := h.posts.Load(); got != 0 || w.Stalled() {
+		t.Errorf("%d probe requests, stalled=%v; want none and false", got, w.Stalled())
+	}
+}
