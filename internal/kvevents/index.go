@@ -76,6 +76,9 @@ type held struct {
 	order  []place // store order, oldest first from head; entries removed since are skipped
 	head   int
 	seq    uint64
+	// blockSize is the tokens per block of the worker's last stored blocks: the size a request's
+	// keys must be cut in to match them.
+	blockSize int
 }
 
 func newHeld() *held {
@@ -138,6 +141,9 @@ func (x *Index) store(h *held, model string, e *Event) (indexed, orphans int) {
 		parent = p.key
 	}
 	bs := e.BlockSize
+	if bs > 0 {
+		h.blockSize = bs
+	}
 	for i, hash := range e.BlockHashes {
 		if bs <= 0 || bs > len(e.TokenIDs) || i >= len(e.TokenIDs)/bs {
 			return indexed, orphans + len(e.BlockHashes) - i // no tokens to key the rest by
@@ -249,6 +255,17 @@ func (x *Index) Match(worker string, keys []uint64) Match {
 		}
 	}
 	return m
+}
+
+// BlockSize is the tokens per block of the worker's engine, from its stored blocks; 0 before the
+// first.
+func (x *Index) BlockSize(worker string) int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if h := x.workers[worker]; h != nil {
+		return h.blockSize
+	}
+	return 0
 }
 
 // Blocks is the number of blocks indexed for worker.

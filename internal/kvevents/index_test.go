@@ -38,6 +38,9 @@ func TestIndexMatchesTheStoredPrefixOfARequest(t *testing.T) {
 	if m := x.Match("w2", keys); m.Blocks != 0 {
 		t.Fatalf("w2 stored nothing: %+v", m)
 	}
+	if x.BlockSize("w1") != bs || x.BlockSize("w2") != 0 {
+		t.Fatalf("block sizes %d and %d, want %d and 0", x.BlockSize("w1"), x.BlockSize("w2"), bs)
+	}
 	if m := x.Match("w1", Keys("other-model", "", "", request, bs)); m.Blocks != 0 {
 		t.Fatalf("another model's request matched: %+v", m)
 	}
