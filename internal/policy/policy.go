@@ -27,6 +27,10 @@ type Input struct {
 	// All is every registered tenant, candidate or not, for policies whose mapping must not move
 	// when a worker is briefly unavailable (the hash ring).
 	All []*workers.Worker
+	// Tokens are the request's prompt tokens as the engines render them (their /tokenize), when
+	// the proxy asked for them: a chat request without session or response id, with the
+	// workers' KV-cache events subscribed to. nil otherwise.
+	Tokens []uint32
 }
 
 // Decision is a policy's choice and why it was made.

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/prefixtree"
 	"github.com/cacheroute/cacheroute/internal/reqkey"
@@ -30,6 +31,7 @@ const (
 	LabelCacheAffinity        = "cache_affinity"         // no session key; a worker holds enough of the text
 	LabelLowMatch             = "low_match_min_load"     // no session key; too little cached anywhere
 	LabelFirstHealthyFallback = "first_healthy_fallback" // no session key; the holder is gone: least-loaded (name kept for compatibility)
+	LabelKVEventsMatch        = "kv_events_match"        // no session key; the engines' KV-cache events show the worker holding most of the prompt for its load
 )
 
 // DefaultModel keys the state of requests that name no model.
@@ -72,6 +74,9 @@ type Options struct {
 	Store       session.Store
 	SessionTTL  time.Duration
 	MaxSessions int
+	// KVIndex, when set, is what the workers' engines report they hold (--kv-events-endpoint);
+	// requests that come with their tokens are matched against it before the prefix tree.
+	KVIndex *kvevents.Index
 }
 
 // Reporter receives the policy's state events; the router's metrics implement it. The policy
@@ -123,7 +128,7 @@ func (p *Policy) Name() string { return "cache_aware" }
 // DecisionLabels lists every label the chain gives, for the per-label decision counter.
 func (p *Policy) DecisionLabels() []string {
 	return []string{LabelResponseMatch, LabelResponseGone, LabelResponseUnavailable, LabelLoadBalance, LabelSessionMatch, LabelFullHistoryMatch, LabelStaleTenant, LabelHistoryLowMatch,
-		LabelEmptyHistory, LabelCacheAffinity, LabelLowMatch, LabelFirstHealthyFallback}
+		LabelEmptyHistory, LabelCacheAffinity, LabelLowMatch, LabelFirstHealthyFallback, LabelKVEventsMatch}
 }
 
 func (p *Policy) report(kind string, n int) {
@@ -142,6 +147,9 @@ type decision struct {
 	minLoad int64
 	maxLoad int64
 	forget  []string // tenants found gone while choosing, dropped at Commit
+	// eventsHeld is the prompt tokens the chosen worker holds by its KV-cache events, when the
+	// events chose it (LabelKVEventsMatch).
+	eventsHeld int
 }
 
 // newDecision derives the chain's keys from the input; Select and Commit derive the same ones.
@@ -182,7 +190,12 @@ func (p *Policy) Select(in policy.Input) policy.Decision {
 		held, heldAge = p.tree.MatchTenantAt(d.model, d.text, w.Tenant())
 	}
 	match := 0.0
-	if len(d.text) > 0 {
+	switch {
+	case label == LabelKVEventsMatch:
+		// The engine's own account: the share of the prompt's tokens it holds. Held stays the
+		// tree's, which is what Observe undoes.
+		match = float64(d.eventsHeld) / float64(len(in.Tokens))
+	case len(d.text) > 0:
 		match = float64(held) / float64(len(d.text))
 	}
 	if p.log.Enabled(d.ctx, slog.LevelDebug) {
@@ -264,11 +277,52 @@ func (p *Policy) choose(d *decision) (*workers.Worker, string) {
 		}
 		return p.byHistory(d, LabelFullHistoryMatch, LabelStaleTenant, LabelHistoryLowMatch)
 	}
-	// 5. No session key: the history key or routing text alone.
+	// 5. No session key: what the engines report they hold, when the request came with its
+	// tokens; else the history key or routing text alone.
+	if w, ok := p.byEvents(d); ok {
+		return w, LabelKVEventsMatch
+	}
 	if d.text == "" {
 		return p.minLoad(d), LabelLowMatch
 	}
 	return p.byHistory(d, LabelCacheAffinity, LabelFirstHealthyFallback, LabelLowMatch)
+}
+
+// byEvents weighs each candidate by the KV-cache events of its engine: its load plus the prompt
+// tokens it would still prefill, in units of LoadUnitTokens, as the cost mode weighs the tree's
+// matches. The cheapest takes the request when it holds part of the prompt; when the cheapest
+// holds none, the events decide nothing and the tree is asked. A worker whose engine publishes no
+// events holds nothing here. Only base-model requests come with tokens (the proxy asks for no
+// others), so the keys carry no adapter: an adapter's blocks never match them.
+func (p *Policy) byEvents(d *decision) (*workers.Worker, bool) {
+	tokens := d.in.Tokens
+	if p.opts.KVIndex == nil || len(tokens) == 0 {
+		return nil, false
+	}
+	keys := map[int][]uint64{} // by block size
+	unit := float64(p.opts.LoadUnitTokens)
+	var best *workers.Worker
+	bestHeld, bestCost := 0, 0.0
+	for _, w := range d.in.Candidates {
+		held := 0
+		if bs := p.opts.KVIndex.BlockSize(w.Name()); bs > 0 {
+			k, ok := keys[bs]
+			if !ok {
+				k = kvevents.Keys("", "", "", tokens, bs)
+				keys[bs] = k
+			}
+			held = p.opts.KVIndex.Match(w.Name(), k).Blocks * bs
+		}
+		cost := float64(w.Load()) + float64(len(tokens)-held)/unit
+		if best == nil || cost < bestCost || (cost == bestCost && held > bestHeld) {
+			best, bestHeld, bestCost = w, held, cost
+		}
+	}
+	if bestHeld == 0 {
+		return nil, false
+	}
+	d.eventsHeld = bestHeld
+	return best, true
 }
 
 // byHistory probes the tree with the request's text; hit, stale and low are the labels of the
