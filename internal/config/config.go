@@ -155,6 +155,9 @@ type Config struct {
 	KVEventsReplayEndpoint string `yaml:"kv_events_replay_endpoint"`
 	KVEventsTopic          string `yaml:"kv_events_topic"`
 	KVEventsIndexSize      int    `yaml:"kv_events_index_size"`
+	// TokenizeTimeoutSecs bounds the wait for an engine's /tokenize, asked for the requests
+	// cache_aware matches against the KV-cache events.
+	TokenizeTimeoutSecs float64 `yaml:"tokenize_timeout_secs"`
 
 	// Load signal: what the policies read as a worker's load (LoadSignals), the engine metrics'
 	// scrape period, and the prompt tokens one unit of load is worth.
@@ -237,6 +240,7 @@ func Default() Config {
 		BalanceRelThreshold:     1.5,
 		MaxTreeSize:             67108864,
 		KVEventsIndexSize:       67108864,
+		TokenizeTimeoutSecs:     0.1,
 		EvictionIntervalSecs:    120,
 		SessionTTL:              time.Hour,
 		MaxSessions:             1048576,
@@ -324,6 +328,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.StringVar(&c.KVEventsReplayEndpoint, "kv-events-replay-endpoint", c.KVEventsReplayEndpoint, "the publishers' replay (ROUTER) endpoint template, asked for batches a gap lost; none: a gap forgets that worker's index")
 	fs.StringVar(&c.KVEventsTopic, "kv-events-topic", c.KVEventsTopic, "topic prefix subscribed to on each publisher; empty: every message")
 	fs.IntVar(&c.KVEventsIndexSize, "kv-events-index-size", c.KVEventsIndexSize, "bytes of the KV-event block index, all workers together")
+	fs.Float64Var(&c.TokenizeTimeoutSecs, "tokenize-timeout-secs", c.TokenizeTimeoutSecs, "with --kv-events-endpoint: the longest wait for an engine's /tokenize of a request without session id; past it the prefix tree routes the request")
 	fs.Float64Var(&c.EvictionIntervalSecs, "eviction-interval-secs", c.EvictionIntervalSecs, "cache_aware: seconds between tree and session sweeps")
 	fs.DurationVar(&c.SessionTTL, "session-ttl", c.SessionTTL, "cache_aware: idle time after which a session entry expires")
 	fs.IntVar(&c.MaxSessions, "max-sessions", c.MaxSessions, "cache_aware: session entries held in this process, all models together (least recently used evicted)")
@@ -476,6 +481,7 @@ func (c Config) Validate() error {
 		"balance-rel-threshold":      c.BalanceRelThreshold,
 		"session-ttl":                c.SessionTTL.Seconds(),
 		"queue-timeout-secs":         c.QueueTimeoutSecs,
+		"tokenize-timeout-secs":      c.TokenizeTimeoutSecs,
 	}
 	checkEach(bad, positive, func(v float64) bool { return v > 0 }, "must be positive")
 	atLeastOne := map[string]int{
@@ -663,3 +669,6 @@ func isWebOrigin(o string) bool {
 	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" && u.User == nil &&
 		u.Path == "" && u.RawQuery == "" && u.Fragment == "" && !strings.Contains(u.Host, "*")
 }
+
+// TokenizeTimeout is --tokenize-timeout-secs.
+func (c Config) TokenizeTimeout() time.Duration { return secs(c.TokenizeTimeoutSecs) }

@@ -55,6 +55,10 @@ type Metrics struct {
 	AdmissionWait       *prometheus.HistogramVec // priority
 	AdmissionRejections *prometheus.CounterVec   // reason
 
+	// Calls to an engine's /tokenize for a request's prompt tokens (--kv-events-endpoint).
+	TokenizeRequests *prometheus.CounterVec // result
+	TokenizeDuration prometheus.Histogram
+
 	policyState policyStateCollector
 	kvEvents    kvEventsCollector
 }
@@ -136,6 +140,10 @@ func New(pool *workers.Pool) *Metrics {
 			Help: "Time admitted requests waited in the admission queue (0 when they started at once).", Buckets: latencyBuckets}, []string{"priority"}),
 		AdmissionRejections: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "admission_rejections_total",
 			Help: "Requests refused by admission control, by reason: rate_limit, queue_full, queue_timeout, client_gone."}, []string{"reason"}),
+		TokenizeRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "tokenize_requests_total",
+			Help: "Prompt tokens asked for routing on KV-cache events, by result: ok, cached (the same prompt was tokenized before), error, timeout (past --tokenize-timeout: the prefix tree routes)."}, []string{"result"}),
+		TokenizeDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: "tokenize_duration_seconds",
+			Help: "Duration of the calls to an engine's /tokenize, failed ones included.", Buckets: storeLatencyBuckets}),
 	}
 	m.Registry.MustRegister(
 		m.Requests, m.RequestDuration, m.TimeToFirstByte, m.Processed, m.PolicyDecisions, m.Retries,
@@ -143,6 +151,7 @@ func New(pool *workers.Pool) *Metrics {
 		m.PromptTokens, m.CachedTokensPredicted, m.CachedTokensAchieved, m.CacheCorrections,
 		m.SessionStoreRequests, m.SessionStoreLatency, m.SessionStoreErrors,
 		m.TenantRequests, m.AccessLogDropped, m.AdmissionQueue, m.AdmissionWait, m.AdmissionRejections,
+		m.TokenizeRequests, m.TokenizeDuration,
 		poolCollector{pool}, &m.policyState, &m.kvEvents,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -152,8 +161,22 @@ func New(pool *workers.Pool) *Metrics {
 	for _, kind := range UpstreamErrorKinds {
 		m.UpstreamErrors.WithLabelValues(kind)
 	}
+	for _, result := range TokenizeResults {
+		m.TokenizeRequests.WithLabelValues(result)
+	}
 	return m
 }
+
+// Results of a call for a request's prompt tokens (TokenizeRequests).
+const (
+	TokenizeOK      = "ok"
+	TokenizeCached  = "cached"
+	TokenizeError   = "error"
+	TokenizeTimeout = "timeout"
+)
+
+// TokenizeResults are every result label of TokenizeRequests.
+var TokenizeResults = []string{TokenizeOK, TokenizeCached, TokenizeError, TokenizeTimeout}
 
 // WorkerAdded creates the counters of a worker tenant that joined, given by its shown name, at 0
 // (ForgetWorker deletes them when it leaves); policy is the routing policy's name.

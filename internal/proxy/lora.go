@@ -94,7 +94,7 @@ func (s *Server) sendLora(ctx context.Context, url string, body []byte) loraResu
 	if s.opts.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+s.opts.APIKey)
 	}
-	resp, err := s.loraClient.Do(req)
+	resp, err := s.workerClient.Do(req)
 	if err != nil {
 		return loraResult{Error: "the worker could not be reached"}
 	}
@@ -109,10 +109,10 @@ func (s *Server) sendLora(ctx context.Context, url string, body []byte) loraResu
 	return res
 }
 
-// newLoraClient is the HTTP client of the adapter requests: workers are dialed directly (no
-// proxy from the environment), https:// ones with the routed requests' TLS configuration; each
-// request is bounded by the request timeout.
-func newLoraClient(opts UpstreamOptions) *http.Client {
+// newWorkerClient is the HTTP client of the router's own requests to workers (adapter loads,
+// /tokenize): workers are dialed directly (no proxy from the environment), https:// ones with the
+// routed requests' TLS configuration; each request is bounded by its caller.
+func newWorkerClient(opts UpstreamOptions) *http.Client {
 	return &http.Client{Transport: &http.Transport{
 		DialContext:     opts.dialer().DialContext,
 		TLSClientConfig: opts.TLS.Clone(),

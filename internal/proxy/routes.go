@@ -51,7 +51,7 @@ var post = []string{"POST"}
 
 // routeTable lists every routed endpoint.
 var routeTable = []route{
-	{path: "/v1/chat/completions", read: reqkey.Parse},
+	{path: chatCompletionsPath, read: reqkey.Parse},
 	{path: "/v1/completions", read: reqkey.Parse},
 	{path: "/generate", read: reqkey.Parse},
 	{path: "/v1/responses", read: reqkey.ParseResponses, storesResponses: true},
@@ -74,8 +74,9 @@ var routeTable = []route{
 }
 
 const (
-	responsesPrefix = "/v1/responses/"
-	responsePattern = responsesPrefix + "{id}"
+	chatCompletionsPath = "/v1/chat/completions"
+	responsesPrefix     = "/v1/responses/"
+	responsePattern     = responsesPrefix + "{id}"
 )
 
 // statusClasses are every status_class a routed request can end with.

@@ -76,6 +76,9 @@ type Options struct {
 	// Dashboard, when set, answers GET /dashboard and GET /dashboard/data, under the admin
 	// endpoints' guard.
 	Dashboard http.Handler
+	// Tokenize, when set, asks an engine for the prompt tokens of the requests the policy may
+	// match against the engines' KV-cache events (tokens.go).
+	Tokenize *TokenizeOptions
 }
 
 // ClientKeys tells a client by the API key it presents.
@@ -94,21 +97,22 @@ type Fleet interface {
 
 // Server routes requests over a pool of workers.
 type Server struct {
-	opts       Options
-	pool       *workers.Pool
-	fleet      Fleet
-	policy     policy.Policy
-	labeled    bool                   // the policy's labels are counted per label
-	tracker    policy.ResponseTracker // the policy's map of stored responses; nil when it keeps none
-	feedback   policy.CacheFeedback   // the policy's check of its cache predictions; nil when it makes none
-	metrics    *metrics.Metrics
-	log        *slog.Logger
-	upstreams  *upstreams
-	routes     map[string]*route
-	mux        *http.ServeMux // every endpoint that is not routed
-	loraClient *http.Client
-	plain      fasthttp.RequestHandler
-	adminPaths map[string]bool // the admin endpoints' paths and patterns
+	opts         Options
+	pool         *workers.Pool
+	fleet        Fleet
+	policy       policy.Policy
+	labeled      bool                   // the policy's labels are counted per label
+	tracker      policy.ResponseTracker // the policy's map of stored responses; nil when it keeps none
+	feedback     policy.CacheFeedback   // the policy's check of its cache predictions; nil when it makes none
+	metrics      *metrics.Metrics
+	log          *slog.Logger
+	upstreams    *upstreams
+	routes       map[string]*route
+	mux          *http.ServeMux // every endpoint that is not routed
+	workerClient *http.Client
+	tokenCache   *tokenCache // nil unless Options.Tokenize
+	plain        fasthttp.RequestHandler
+	adminPaths   map[string]bool // the admin endpoints' paths and patterns
 }
 
 // workerPattern is the path pattern of one worker in the admin API.
@@ -126,7 +130,10 @@ func (s *Server) isAdminPath(path string) bool {
 func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metrics.Metrics, log *slog.Logger) *Server {
 	s := &Server{opts: opts, pool: pool, fleet: fleet, policy: p, metrics: m, log: log,
 		upstreams: newUpstreams(opts.Upstream), routes: newRoutes(m), mux: http.NewServeMux(),
-		loraClient: newLoraClient(opts.Upstream)}
+		workerClient: newWorkerClient(opts.Upstream)}
+	if opts.Tokenize != nil {
+		s.tokenCache = &tokenCache{budget: opts.Tokenize.CacheBytes, byKey: map[string][]uint32{}}
+	}
 	s.tracker, _ = p.(policy.ResponseTracker)
 	s.feedback, _ = p.(policy.CacheFeedback)
 	if l, ok := p.(policy.Labeled); ok {

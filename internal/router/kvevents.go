@@ -20,6 +20,10 @@ import (
 // kvEventsSyncInterval is how often the subscriptions follow the fleet.
 const kvEventsSyncInterval = time.Second
 
+// tokenCacheBytes bounds the prompt tokens remembered by history key, so a repeated prompt is not
+// tokenized twice (16 MiB: some 4 million tokens).
+const tokenCacheBytes = 16 << 20
+
 // syncKVEvents keeps the subscriptions the fleet's until ctx ends, then stops them.
 func (r *Router) syncKVEvents(ctx context.Context) {
 	resolved := map[string]resolvedEndpoints{} // by worker name, for workers whose host had to be resolved

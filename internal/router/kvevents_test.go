@@ -4,9 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -145,5 +149,132 @@ func TestDashboardShowsEachWorkersKVEventIndex(t *testing.T) {
 	if err != nil {
 		cell, _ := chromedp.Run(bctx, chromedp.Evaluate[string](`(document.querySelector("#workers td.kv-events") || {}).textContent`))
 		t.Fatalf("the worker's row does not show its indexed blocks (%s): %v; the cell reads %q", want, err, cell)
+	}
+}
+
+// tokenizingWorker is a worker on the loopback address host that serves /tokenize as an engine
+// does for the chats of these tests: one token per byte of the messages' text. It counts the
+// chats it answers.
+type tokenizingWorker struct {
+	url   string
+	chats atomic.Int64
+}
+
+func newTokenizingWorker(t *testing.T, host string) *tokenizingWorker {
+	t.Helper()
+	w := &tokenizingWorker{}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(http.ResponseWriter, *http.Request) {})
+	mux.HandleFunc("GET /v1/models", func(rw http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(rw, `{"object":"list","data":[{"id":"test-model","object":"model"}]}`)
+	})
+	mux.HandleFunc("POST /tokenize", func(rw http.ResponseWriter, r *http.Request) {
+		var ask struct {
+			Messages []struct {
+				Content string `json:"content"`
+			} `json:"messages"`
+			AddGenerationPrompt bool `json:"add_generation_prompt"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&ask); err != nil || !ask.AddGenerationPrompt {
+			http.Error(rw, "bad tokenize request", http.StatusBadRequest)
+			return
+		}
+		_ = json.NewEncoder(rw).Encode(map[string]any{"tokens": promptTokensOf(ask.Messages[0].Content)})
+	})
+	mux.HandleFunc("POST /v1/chat/completions", func(rw http.ResponseWriter, _ *http.Request) {
+		w.chats.Add(1)
+		_, _ = io.WriteString(rw, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`)
+	})
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &httptest.Server{Listener: ln, Config: &http.Server{Handler: mux}}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	w.url = srv.URL
+	return w
+}
+
+func promptTokensOf(text string) []int {
+	out := make([]int, len(text))
+	for i := range text {
+		out[i] = int(text[i])
+	}
+	return out
+}
+
+// storedBlocks is a batch storing the first n 16-token blocks of tokens, hashes 1 … n.
+func storedBlocks(t *testing.T, tokens []int, n int) []byte {
+	t.Helper()
+	hashes := make([]any, n)
+	for i := range hashes {
+		hashes[i] = i + 1
+	}
+	b, err := msgpack.Marshal([]any{2.5, []any{[]any{"BlockStored", hashes, nil, tokens[:n*16], 16, nil, "GPU", nil, nil}}, nil})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// Two workers on two loopback addresses, each with its engine's event publisher on the same
+// port. The second worker's engine reports it holds a prompt this router never placed (another
+// replica did): a request for it without session id goes there, by the events, where the prefix
+// tree alone knows nothing of it.
+func TestRequestWithoutSessionFollowsTheEngineThatReportsItsPrompt(t *testing.T) {
+	port := strings.TrimPrefix(kvtest.FreeEndpoint(t), "tcp://127.0.0.1:")
+	pubA := kvtest.New(t, "tcp://127.0.0.1:"+port, false)
+	pubB := kvtest.New(t, "tcp://127.0.0.2:"+port, false)
+	a, b := newTokenizingWorker(t, "127.0.0.1"), newTokenizingWorker(t, "127.0.0.2")
+	prompt := strings.Repeat("the repository's build notes, long enough for many blocks. ", 20)
+	body := `{"model":"test-model","messages":[{"role":"user","content":"` + prompt + `"}]}`
+
+	for _, events := range []bool{false, true} {
+		cfg := testConfig()
+		cfg.Policy = "cache_aware"
+		if events {
+			cfg.KVEventsEndpoint = "tcp://{host}:" + port
+		}
+		tr := startRouter(t, cfg)
+		for _, w := range []*tokenizingWorker{a, b} {
+			if err := tr.AddWorker(t.Context(), w.url); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		tr.Start(ctx)
+		if events {
+			waitFor(t, "the second engine's blocks in the index", func() bool {
+				pubA.Send(storedBatch(t, 999), false) // the first engine holds something else
+				pubB.Send(storedBlocks(t, promptTokensOf(prompt), 40), false)
+				st := tr.kvEvents.Status()
+				return len(st) == 2 && st[0].Blocks > 0 && st[1].Blocks >= 40
+			})
+		}
+		resp := tr.post(t, "/v1/chat/completions", body)
+		readAll(t, resp)
+		worker, decision := resp.Header.Get("x-vllm-router-worker"), resp.Header.Get("x-vllm-router-decision")
+		if events && (worker != b.url || decision != "kv_events_match") {
+			t.Fatalf("with events: %s on %s, want kv_events_match on %s", decision, worker, b.url)
+		}
+		if !events && decision == "kv_events_match" {
+			t.Fatalf("without events: %s", decision)
+		}
+		if events {
+			if v, ok := metricValue(t, tr, `vllm_router_tokenize_requests_total{result="ok"}`); !ok || v != 1 {
+				t.Fatalf("tokenize ok = %v (present %v), want 1", v, ok)
+			}
+			// The same prompt again is not tokenized again; with a session id it is not asked at all.
+			readAll(t, tr.post(t, "/v1/chat/completions", body))
+			readAll(t, tr.post(t, "/v1/chat/completions", body, "x-session-id", "s-1"))
+			if v, _ := metricValue(t, tr, `vllm_router_tokenize_requests_total{result="ok"}`); v != 1 {
+				t.Fatalf("tokenize ok = %v after a repeat and a session request, want still 1", v)
+			}
+			if v, _ := metricValue(t, tr, `vllm_router_tokenize_requests_total{result="cached"}`); v != 1 {
+				t.Fatalf("tokenize cached = %v, want 1", v)
+			}
+		}
+		cancel()
 	}
 }

@@ -96,7 +96,11 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 			return nil, fmt.Errorf("--tls-cert-file, --tls-key-file: %w", err)
 		}
 	}
-	p, store, err := newPolicy(cfg, r.metrics, log)
+	var kvIndex *kvevents.Index // what the workers' engines report they hold; nil unless --kv-events-endpoint
+	if cfg.KVEventsEndpoint != "" {
+		kvIndex = kvevents.NewIndex(int64(cfg.KVEventsIndexSize))
+	}
+	p, store, err := newPolicy(cfg, r.metrics, log, kvIndex)
 	if err != nil {
 		return nil, err
 	}
@@ -121,9 +125,11 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 			Dialer:   enginemetrics.Dialer{DialContext: transport.DialContext, TLS: transport.TLSClientConfig},
 		}, log)
 	}
-	if cfg.KVEventsEndpoint != "" {
-		r.kvEvents = kvevents.NewSet(kvevents.NewIndex(int64(cfg.KVEventsIndexSize)), log)
+	var tokenize *proxy.TokenizeOptions
+	if kvIndex != nil {
+		r.kvEvents = kvevents.NewSet(kvIndex, log)
 		r.metrics.SetKVEvents(r.kvEvents)
+		tokenize = &proxy.TokenizeOptions{Timeout: cfg.TokenizeTimeout(), CacheBytes: tokenCacheBytes}
 	}
 	if r.admission, err = r.newAdmission(cfg); err != nil {
 		return nil, err
@@ -191,6 +197,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		},
 		SessionStore: storeHealth,
 		Dashboard:    r.dashboard,
+		Tokenize:     tokenize,
 	}, pool, r, p, r.metrics, log)
 	return r, nil
 }
@@ -207,7 +214,7 @@ const (
 
 // newPolicy builds the configured policy from the registry and, with --session-store redis, the
 // shared session store it uses.
-func newPolicy(cfg config.Config, m *metrics.Metrics, log *slog.Logger) (policy.Policy, *sharedStore, error) {
+func newPolicy(cfg config.Config, m *metrics.Metrics, log *slog.Logger, kvIndex *kvevents.Index) (policy.Policy, *sharedStore, error) {
 	var store *sharedStore
 	opts := registry.Options{
 		CacheAware: cacheaware.Options{
@@ -221,6 +228,7 @@ func newPolicy(cfg config.Config, m *metrics.Metrics, log *slog.Logger) (policy.
 			EvictionInterval:    cfg.EvictionInterval(),
 			SessionTTL:          cfg.SessionTTL,
 			MaxSessions:         cfg.MaxSessions,
+			KVIndex:             kvIndex,
 		},
 		Reporter: m,
 		Log:      log,

@@ -1,0 +1,159 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/cacheroute/cacheroute/internal/metrics"
+	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/workers"
+)
+
+// tokens.go asks an engine for a request's prompt tokens, as it will render them: vLLM's POST
+// /tokenize with the chat's messages and tools and add_generation_prompt, on the least loaded
+// candidate. A policy that matches requests against the engines' KV-cache events needs them.
+//
+// It costs a round trip, so it is asked only where the events can decide: a chat completion
+// without a session id or a previous response (those follow their session), for the base model a
+// worker lists first (an adapter's blocks are keyed by the adapter, which the router does not
+// tell from a base model; such requests route by the prefix tree). The wait is bounded by
+// --tokenize-timeout, after which the request routes as it would without events. Answers are
+// kept by history key, so a retried or repeated prompt is not tokenized twice.
+
+// TokenizeOptions turn the asking on.
+type TokenizeOptions struct {
+	Timeout time.Duration
+	// CacheBytes bounds the remembered answers (their keys and tokens), all together.
+	CacheBytes int
+}
+
+// maxTokenizeAnswer bounds the answer read from /tokenize.
+const maxTokenizeAnswer = 8 << 20
+
+// tokenCache remembers answers by model and history key, oldest forgotten first.
+type tokenCache struct {
+	mu     sync.Mutex
+	budget int
+	used   int
+	byKey  map[string][]uint32
+	order  []string
+}
+
+func (c *tokenCache) get(key string) ([]uint32, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ts, ok := c.byKey[key]
+	return ts, ok
+}
+
+func (c *tokenCache) put(key string, ts []uint32) {
+	size := len(key) + 4*len(ts)
+	if size > c.budget/4 {
+		return // one answer may not take over the cache
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.byKey[key]; ok {
+		return
+	}
+	for c.used+size > c.budget && len(c.order) > 0 {
+		old := c.order[0]
+		c.order = c.order[1:]
+		c.used -= len(old) + 4*len(c.byKey[old])
+		delete(c.byKey, old)
+	}
+	c.byKey[key] = ts
+	c.order = append(c.order, key)
+	c.used += size
+}
+
+// promptTokens returns the request's prompt tokens when they are worth asking for, else nil.
+func (s *Server) promptTokens(rt *route, in policy.Input, body []byte) []uint32 {
+	req := in.Request
+	if s.tokenCache == nil || rt.path != chatCompletionsPath || !req.Chat || req.SessionKey != "" || req.PreviousResponseID != "" ||
+		req.Text == "" || len(in.Candidates) == 0 {
+		return nil
+	}
+	w := in.Candidates[0]
+	for _, c := range in.Candidates[1:] {
+		if c.Load() < w.Load() {
+			w = c
+		}
+	}
+	models := w.Models()
+	if len(models) == 0 || (req.Model != "" && req.Model != models[0]) {
+		return nil
+	}
+	key := models[0] + "\x00" + req.Text
+	if ts, ok := s.tokenCache.get(key); ok {
+		s.metrics.TokenizeRequests.WithLabelValues(metrics.TokenizeCached).Inc()
+		return ts
+	}
+	start := time.Now()
+	ts, err := s.tokenize(w, models[0], body)
+	s.metrics.TokenizeDuration.Observe(time.Since(start).Seconds())
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		s.metrics.TokenizeRequests.WithLabelValues(metrics.TokenizeTimeout).Inc()
+		return nil
+	case err != nil:
+		s.metrics.TokenizeRequests.WithLabelValues(metrics.TokenizeError).Inc()
+		s.log.Debug("tokenize failed", "worker", w.Name(), "error", err)
+		return nil
+	}
+	s.metrics.TokenizeRequests.WithLabelValues(metrics.TokenizeOK).Inc()
+	s.tokenCache.put(key, ts)
+	return ts
+}
+
+// tokenize asks w's /tokenize for the tokens of the chat in body.
+func (s *Server) tokenize(w *workers.Worker, model string, body []byte) ([]uint32, error) {
+	var chat struct {
+		Messages json.RawMessage `json:"messages"`
+		Tools    json.RawMessage `json:"tools,omitempty"`
+	}
+	if err := json.Unmarshal(body, &chat); err != nil {
+		return nil, err
+	}
+	ask, err := json.Marshal(struct {
+		Model               string          `json:"model"`
+		Messages            json.RawMessage `json:"messages"`
+		Tools               json.RawMessage `json:"tools,omitempty"`
+		AddGenerationPrompt bool            `json:"add_generation_prompt"`
+	}{model, chat.Messages, chat.Tools, true})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.Tokenize.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL()+"/tokenize", bytes.NewReader(ask))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if s.opts.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+s.opts.APIKey)
+	}
+	resp, err := s.workerClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("/tokenize answered %d", resp.StatusCode)
+	}
+	var answer struct {
+		Tokens []uint32 `json:"tokens"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxTokenizeAnswer)).Decode(&answer); err != nil {
+		return nil, err
+	}
+	return answer.Tokens, nil
+}
