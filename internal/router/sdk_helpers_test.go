@@ -47,6 +47,9 @@ func startSDKRig(t *testing.T, policy string) *sdkRig {
 	t.Helper()
 	simCfg := sim.DefaultConfig()
 	simCfg.TimeScale = 0
+	// The strict tool loop (a call to each user message, text after each result), so that the
+	// SDKs' tool loops run every turn; the default rule calls about one turn in two.
+	simCfg.ToolCallRate, simCfg.ToolCallDecay, simCfg.ToolPick = 1, 0, sim.ToolPickAny
 	fleet, err := sim.StartLocal(sdkWorkers, simCfg)
 	if err != nil {
 		t.Fatal(err)

@@ -149,7 +149,7 @@ func TestSimToolCallsCacheAlikeInChatResponsesAndMessages(t *testing.T) {
 	}
 
 	messages := func() []reqUsage {
-		w := newWorker(t, testConfig())
+		w := newWorker(t, fullReplies())
 		var msgs []any
 		var out []reqUsage
 		for _, task := range tasks {
@@ -177,7 +177,7 @@ func TestSimToolCallsCacheAlikeInChatResponsesAndMessages(t *testing.T) {
 	}
 
 	chat := func() []reqUsage {
-		w := newWorker(t, testConfig())
+		w := newWorker(t, fullReplies())
 		msgs := []any{map[string]any{"role": "system", "content": system}}
 		var out []reqUsage
 		for _, task := range tasks {
@@ -208,7 +208,7 @@ func TestSimToolCallsCacheAlikeInChatResponsesAndMessages(t *testing.T) {
 	}
 
 	responses := func(chain bool) []reqUsage {
-		w := newWorker(t, testConfig())
+		w := newWorker(t, fullReplies())
 		var input, turn []any
 		prev := ""
 		var out []reqUsage

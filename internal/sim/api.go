@@ -227,8 +227,10 @@ func chatToolChoice(raw json.RawMessage) (choice toolChoice, explicit bool, err 
 	var mode string
 	if json.Unmarshal(raw, &mode) == nil {
 		switch mode {
-		case "auto", "required":
+		case "auto":
 			return toolChoice{}, true, nil
+		case "required":
+			return toolChoice{required: true}, true, nil
 		case "none":
 			return toolChoice{none: true}, true, nil
 		}

@@ -15,6 +15,13 @@ const (
 	FailSlow    = "slow"  // serve the request ten times slower
 )
 
+// Values of Config.OutputLenDist.
+const (
+	OutputLenExponential = "exponential" // 1 + an exponential draw: many short replies, a few long
+	OutputLenUniform     = "uniform"     // uniform over 1 .. 2×mean−1
+	OutputLenFixed       = "fixed"       // always the mean
+)
+
 // slowFactor multiplies prefill and inter-token time in FailSlow mode.
 const slowFactor = 10
 
@@ -40,6 +47,29 @@ type Config struct {
 	TimeScale float64
 	// DefaultMaxTokens is the output length of a request that sets none.
 	DefaultMaxTokens int
+	// OutputLenDist is how a reply's natural length (where the model would
+	// emit end-of-sequence) is drawn: OutputLenExponential, OutputLenUniform
+	// or OutputLenFixed. A reply stops there ("stop", "end_turn") when that
+	// comes before the request's max tokens, and at max tokens ("length",
+	// "max_tokens") otherwise; ignore_eos always runs to max tokens. So an
+	// agent that asks a large max_tokens (Claude Code asks 32000) gets an
+	// answer of about OutputLenMean tokens, as from a real model.
+	OutputLenDist string
+	// OutputLenMean is the mean natural reply length in tokens.
+	OutputLenMean int
+	// ToolCallRate is the chance that a reply whose tool choice leaves the
+	// model free calls a tool, when it answers the user's own message (see
+	// the tool-call rule in toolcall.go). 0 never calls unless forced.
+	ToolCallRate float64
+	// ToolCallDecay multiplies that chance once per round of tool calls since
+	// the user's last message, so a tool loop ends; 0 answers every tool
+	// result with text.
+	ToolCallDecay float64
+	// ToolPick is which offered tools a call may use: ToolPickReadOnly
+	// (tools whose names say they only read; no call when none is offered)
+	// or ToolPickAny. A harness runs the calls it gets, so the default calls
+	// nothing that could change anything.
+	ToolPick string
 	// FailureRate is the fraction of generation requests that fail.
 	FailureRate float64
 	// FailureMode is one of FailHTTP500, FailReset, FailStall, FailSlow.
@@ -69,6 +99,11 @@ func DefaultConfig() Config {
 		InterTokenLatency:   5 * time.Millisecond,
 		TimeScale:           1,
 		DefaultMaxTokens:    16,
+		OutputLenDist:       OutputLenExponential,
+		OutputLenMean:       64,
+		ToolCallRate:        0.5,
+		ToolCallDecay:       0.5,
+		ToolPick:            ToolPickReadOnly,
 		FailureRate:         0,
 		FailureMode:         FailHTTP500,
 		MaxModelLen:         131072,
@@ -110,6 +145,25 @@ func (c Config) Validate() error {
 	}
 	if c.DefaultMaxTokens < 1 {
 		bad("default max tokens %d must be at least 1", c.DefaultMaxTokens)
+	}
+	switch c.OutputLenDist {
+	case OutputLenExponential, OutputLenUniform, OutputLenFixed:
+	default:
+		bad("output length distribution %q must be one of exponential, uniform, fixed", c.OutputLenDist)
+	}
+	if c.OutputLenMean < 1 {
+		bad("output length mean %d must be at least 1", c.OutputLenMean)
+	}
+	if !(c.ToolCallRate >= 0 && c.ToolCallRate <= 1) {
+		bad("tool call rate %v must be between 0 and 1", c.ToolCallRate)
+	}
+	if !(c.ToolCallDecay >= 0 && c.ToolCallDecay <= 1) {
+		bad("tool call decay %v must be between 0 and 1", c.ToolCallDecay)
+	}
+	switch c.ToolPick {
+	case ToolPickReadOnly, ToolPickAny:
+	default:
+		bad("tool pick %q must be one of read-only, any", c.ToolPick)
 	}
 	if !(c.FailureRate >= 0 && c.FailureRate <= 1) {
 		bad("failure rate %v must be between 0 and 1", c.FailureRate)

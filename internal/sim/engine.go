@@ -133,7 +133,7 @@ func (w *Worker) generate(ctx context.Context, j *job, emit func(tok string) err
 	n, finish := len(j.script), "stop"
 	if j.script == nil {
 		gen = newTextGen(cfg.Seed, kvcache.HashBytes(j.seq.Text), !j.chat)
-		n, finish = gen.length(j.maxTokens, j.ignoreEOS)
+		n, finish = gen.length(j.maxTokens, j.ignoreEOS, cfg.OutputLenDist, cfg.OutputLenMean)
 	}
 
 	w.count(func(s *Stats) { s.Requests++ })

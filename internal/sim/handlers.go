@@ -86,7 +86,7 @@ func (w *Worker) handleChat(rw http.ResponseWriter, r *http.Request) {
 	}
 	var plan *plannedCall
 	if explicit {
-		plan = w.planToolCall(seq, msgs, specs, choice, maxTokens)
+		plan = w.planToolCall(seq, msgs, lastUserMessage(msgs), specs, choice, maxTokens)
 	}
 	fault := w.drawFault()
 	if w.injectFault(rw, fault, w.fail500) {

@@ -11,10 +11,14 @@ import (
 	"time"
 )
 
-// testConfig returns a config that never sleeps.
+// testConfig returns a config that never sleeps, with the tool-call rule
+// pinned to its strict loop (every user message gets one call to the tools
+// in turn, every tool result gets text), which the tool tests walk through.
+// The default rule's own tests start from DefaultConfig.
 func testConfig() Config {
 	cfg := DefaultConfig()
 	cfg.TimeScale = 0
+	cfg.ToolCallRate, cfg.ToolCallDecay, cfg.ToolPick = 1, 0, ToolPickAny
 	return cfg
 }
 
@@ -120,4 +124,13 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// fullReplies is testConfig with replies that run to max tokens unless a
+// tool call ends them: for tests that need a reply long enough to fill a
+// block of the cache.
+func fullReplies() Config {
+	cfg := testConfig()
+	cfg.OutputLenDist, cfg.OutputLenMean = OutputLenFixed, 1<<20
+	return cfg
 }

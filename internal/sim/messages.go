@@ -23,6 +23,8 @@ import (
 //	user tool_result blocks        a tool message each, in block order
 //	assistant text blocks          the assistant message's content
 //	assistant tool_use blocks      its tool calls: name and compact input
+//	system messages                a system message in place (text
+//	                               blocks concatenated), as vLLM takes it
 //	thinking and other blocks      not rendered
 //
 // Tools ({name, description, input_schema}) render as the chat tools
@@ -46,6 +48,13 @@ type messagesRequest struct {
 	// IgnoreEOS is vLLM's sampling extension, honoured as on chat: the
 	// output is exactly max_tokens long.
 	IgnoreEOS bool `json:"ignore_eos"`
+	// Every other field (thinking, context_management, output_config,
+	// temperature, stop_sequences, service_tier …) is accepted and ignored,
+	// as vLLM ignores what it does not model; so is the ?beta=true query.
+
+	// lastUser is set by conversation: the index of the message rendered
+	// from the user's last own message (-1: none), for the tool-call rule.
+	lastUser int
 }
 
 type anthropicMessage struct {
@@ -121,16 +130,32 @@ func (r *messagesRequest) conversation() ([]prompt.Message, error) {
 	if system != "" {
 		msgs = append(msgs, prompt.Message{Role: "system", Content: system})
 	}
+	r.lastUser = -1
 	for i := range in {
 		m := &in[i]
-		if m.Role != "user" && m.Role != "assistant" {
-			return nil, badf("messages.%d.role: Input should be 'user' or 'assistant'", i)
+		switch m.Role {
+		case "user", "assistant":
+		case "system":
+			// A system message among the messages, as vLLM accepts it
+			// (Claude Code sends its agent list so to a model it does not
+			// know): rendered in place, text blocks concatenated.
+			text, err := blocksText(m.Content)
+			if err != nil {
+				return nil, badf("messages.%d.content: %v", i, err)
+			}
+			msgs = append(msgs, prompt.Message{Role: "system", Content: text})
+			continue
+		default:
+			return nil, badf("messages.%d.role: Input should be 'user', 'assistant' or 'system'", i)
 		}
 		raw := bytes.TrimSpace(m.Content)
 		if len(raw) == 0 || raw[0] != '[' {
 			text, err := contentText(raw)
 			if err != nil {
 				return nil, badf("messages.%d.content: %v", i, err)
+			}
+			if m.Role == "user" {
+				r.lastUser = len(msgs)
 			}
 			msgs = append(msgs, prompt.Message{Role: m.Role, Content: text})
 			continue
@@ -145,6 +170,7 @@ func (r *messagesRequest) conversation() ([]prompt.Message, error) {
 		}
 		before := len(msgs)
 		user := -1 // the user message this message's text goes into
+		results := false
 		for k := range blocks {
 			b := &blocks[k]
 			switch b.Type {
@@ -154,7 +180,7 @@ func (r *messagesRequest) conversation() ([]prompt.Message, error) {
 					return nil, badf("messages.%d.content.%d.content: %v", i, k, err)
 				}
 				msgs = append(msgs, prompt.Message{Role: "tool", Content: text})
-				user = -1
+				user, results = -1, true
 			case "text", "image":
 				if user < 0 {
 					msgs = append(msgs, prompt.Message{Role: "user"})
@@ -165,6 +191,9 @@ func (r *messagesRequest) conversation() ([]prompt.Message, error) {
 		}
 		if len(msgs) == before {
 			msgs = append(msgs, prompt.Message{Role: "user"})
+		}
+		if !results {
+			r.lastUser = len(msgs) - 1
 		}
 	}
 	return msgs, nil
@@ -275,8 +304,10 @@ func anthropicToolChoice(raw json.RawMessage) (toolChoice, error) {
 		return toolChoice{}, badf("tool_choice: expected an object")
 	}
 	switch c.Type {
-	case "auto", "any":
+	case "auto":
 		return toolChoice{}, nil
+	case "any":
+		return toolChoice{required: true}, nil
 	case "none":
 		return toolChoice{none: true}, nil
 	case "tool":
@@ -369,7 +400,7 @@ func (w *Worker) handleMessages(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	maxTokens = min(maxTokens, w.cfg.MaxModelLen-seq.Len())
-	plan := w.planToolCall(seq, msgs, specs, choice, maxTokens)
+	plan := w.planToolCall(seq, msgs, req.lastUser, specs, choice, maxTokens)
 	fault := w.drawFault()
 	if w.injectFault(rw, fault, func(rw http.ResponseWriter, msg string) {
 		w.writeAnthropicError(rw, http.StatusInternalServerError, "api_error", msg)

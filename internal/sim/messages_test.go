@@ -69,7 +69,7 @@ func TestMessages_ErrorsInAnthropicShape(t *testing.T) {
 		{"malformed JSON", `{"max_tokens":`, 400, "invalid_request_error", "JSON"},
 		{"missing messages", `{"max_tokens":5}`, 400, "invalid_request_error", "messages: Field required"},
 		{"empty messages", `{"max_tokens":5,"messages":[]}`, 400, "invalid_request_error", "messages"},
-		{"bad role", `{"max_tokens":5,"messages":[{"role":"system","content":"x"}]}`, 400, "invalid_request_error", "messages.0.role"},
+		{"bad role", `{"max_tokens":5,"messages":[{"role":"tool","content":"x"}]}`, 400, "invalid_request_error", "messages.0.role"},
 		{"bad content", `{"max_tokens":5,"messages":[{"role":"user","content":7}]}`, 400, "invalid_request_error", "messages.0.content"},
 		{"max_tokens zero", `{"max_tokens":0,"messages":[{"role":"user","content":"x"}]}`, 400, "invalid_request_error", "max_tokens"},
 		{"tool without name", `{"max_tokens":5,"messages":[{"role":"user","content":"x"}],"tools":[{"input_schema":{}}]}`, 400, "invalid_request_error", "tools.0.name"},

@@ -330,8 +330,10 @@ func responsesToolChoice(raw json.RawMessage) (toolChoice, json.RawMessage, erro
 	var mode string
 	if json.Unmarshal(raw, &mode) == nil {
 		switch mode {
-		case "auto", "required":
+		case "auto":
 			return toolChoice{}, c.Bytes(), nil
+		case "required":
+			return toolChoice{required: true}, c.Bytes(), nil
 		case "none":
 			return toolChoice{none: true}, c.Bytes(), nil
 		}
@@ -439,7 +441,7 @@ func (w *Worker) handleResponses(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	maxTokens = min(maxTokens, w.cfg.MaxModelLen-seq.Len())
-	plan := w.planToolCall(seq, msgs, specs, choice, maxTokens)
+	plan := w.planToolCall(seq, msgs, lastUserMessage(msgs), specs, choice, maxTokens)
 	fault := w.drawFault()
 	if w.injectFault(rw, fault, func(rw http.ResponseWriter, msg string) {
 		w.writeOpenAIError(rw, http.StatusInternalServerError, "InternalServerError", msg)

@@ -38,13 +38,22 @@ func newTextGen(seed int64, promptHash uint64, spaceFirst bool) *textGen {
 }
 
 // length decides how many tokens to produce and why the output ends. With
-// ignoreEOS the output is exactly maxTokens long ("length"); otherwise an
-// end-of-sequence point is drawn uniformly from 1..4×maxTokens and the output
-// stops there ("stop") when it comes first, which happens about a quarter of
-// the time.
-func (g *textGen) length(maxTokens int, ignoreEOS bool) (n int, finish string) {
+// ignoreEOS the output is exactly maxTokens long ("length"); otherwise a
+// natural length is drawn from dist with the given mean (see
+// Config.OutputLenDist) and the output stops there ("stop") when it comes
+// before maxTokens.
+func (g *textGen) length(maxTokens int, ignoreEOS bool, dist string, mean int) (n int, finish string) {
 	if !ignoreEOS {
-		if eos := 1 + g.rng.IntN(4*maxTokens); eos < maxTokens {
+		var eos int
+		switch dist {
+		case OutputLenFixed:
+			eos = mean
+		case OutputLenUniform:
+			eos = 1 + g.rng.IntN(2*mean-1)
+		default: // OutputLenExponential
+			eos = 1 + int(g.rng.ExpFloat64()*float64(mean-1))
+		}
+		if eos < maxTokens {
 			return eos, "stop"
 		}
 	}

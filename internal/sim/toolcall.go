@@ -3,30 +3,46 @@ package sim
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 
 	"github.com/cacheroute/cacheroute/internal/sim/kvcache"
 	"github.com/cacheroute/cacheroute/internal/sim/prompt"
 )
 
 // The tool-call rule of the Responses and Messages APIs, and of the chat API
-// when the request sets tool_choice. It is deterministic so that an SDK's
-// tool loop runs the same way every time, and it always ends:
+// when the request sets tool_choice. It is deterministic (every draw is
+// seeded by the worker seed and the prompt), so that an SDK's tool loop runs
+// the same way every time; it lets a conversation end, and by default it
+// calls only tools that change nothing, because an agent harness really runs
+// the calls it gets:
 //
-//   - a reply calls a tool when the request offers at least one function
-//     tool, its tool choice does not forbid calls ("none"), and the last
-//     message of the conversation is a user's message, not a tool's result;
-//     otherwise the reply is text. So each user message gets exactly one
-//     call, and the turn that brings that call's result gets a text answer;
-//   - the call names the tool the tool choice names, if it names one; else
-//     tool k mod len(tools), where k is the number of tool calls already in
-//     the conversation, so a long conversation cycles through its tools;
+//   - no call when the request offers no function tool, its tool choice
+//     forbids calls ("none"), or the conversation is empty;
+//   - a tool choice that forces a call (a named tool, "required" in the
+//     OpenAI APIs, "any" in the Messages API) gets one on every reply, as
+//     vLLM's guided decoding gives it;
+//   - otherwise ("auto", or no tool choice) the reply calls a tool with the
+//     chance Config.ToolCallRate × Config.ToolCallDecay^k, where k is the
+//     number of assistant messages with tool calls since the user's last
+//     message. A user message that only carries tool results (the Messages
+//     API's tool_result blocks, with or without text beside them) is not the
+//     user's message. With the default decay of 0.5 a run of calls ends after
+//     about two rounds; with 0 a reply to a tool result is always text;
+//   - the tool called is the one the tool choice names, if it names one.
+//     Else, with Config.ToolPick ToolPickReadOnly (the default), tool
+//     k' mod n of the n offered tools that only read (readOnlyTool), where k'
+//     is the number of tool calls already in the conversation; when none is
+//     offered the reply is text, or, when the tool choice forces a call, the
+//     pick falls to all tools. With ToolPickAny it is tool k' mod n of all
+//     the tools;
 //   - the arguments are a compact JSON object with the tool's required
-//     parameters in sorted order: an enum's first value, else by type a
-//     word drawn from the seed and the prompt for a string, 1 for a number
-//     or integer, true for a boolean, [] for an array, {} for an object,
-//     null for anything else;
+//     parameters in sorted order: an enum's first value, else by type "" for
+//     a string (a path or a command that names nothing), 1 for a number or
+//     integer, true for a boolean, [] for an array, {} for an object, null
+//     for anything else;
 //   - the reply is generated as the tokens the chat template renders for
 //     that call (<|tool_call|>name {args}), so it is cached as exactly what
 //     the next turn renders for the assistant's call. When those tokens do
@@ -41,6 +57,12 @@ import (
 // finishes as vLLM's and OpenAI's do: "tool_calls", or "stop" when the tool
 // choice named the tool.
 
+// Values of Config.ToolPick.
+const (
+	ToolPickReadOnly = "read-only" // only tools that read (readOnlyTool)
+	ToolPickAny      = "any"       // every offered tool in turn
+)
+
 // toolSpec is one function a request offers.
 type toolSpec struct {
 	Name       string
@@ -49,8 +71,9 @@ type toolSpec struct {
 
 // toolChoice is a request's tool choice, reduced to what the rule reads.
 type toolChoice struct {
-	none bool   // calls are forbidden
-	name string // the tool to call, or "" for the rule's pick
+	none     bool   // calls are forbidden
+	required bool   // a call is forced, the rule picks the tool
+	name     string // the tool to call, or "" for the rule's pick
 }
 
 // plannedCall is a reply that calls a tool.
@@ -64,10 +87,56 @@ type plannedCall struct {
 	named bool
 }
 
-// planToolCall applies the rule to a rendered turn; nil means a text reply.
-func (w *Worker) planToolCall(seq *prompt.Sequence, msgs []prompt.Message, tools []toolSpec, choice toolChoice, maxTokens int) *plannedCall {
-	if len(tools) == 0 || choice.none || len(msgs) == 0 || msgs[len(msgs)-1].Role != "user" {
+// readOnlyPrefixes are the name starts of tools taken to only read: the
+// harnesses' file readers and searches (Claude Code's Read, Glob, Grep,
+// ListAgents; Codex's view_image, get_goal) and the usual get_/list_ tools.
+var readOnlyPrefixes = []string{"read", "get", "list", "view", "glob", "grep", "search", "find"}
+
+// readOnlyTool reports whether a tool's name says that it only reads:
+// "ls", or a name that starts with one of readOnlyPrefixes, in any case.
+func readOnlyTool(name string) bool {
+	name = strings.ToLower(name)
+	if name == "ls" {
+		return true
+	}
+	for _, p := range readOnlyPrefixes {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// lastUserMessage returns the index of the last message of role "user", or
+// -1: in the chat and Responses APIs a tool result is a message of its own.
+func lastUserMessage(msgs []prompt.Message) int {
+	for i := len(msgs) - 1; i >= 0; i-- {
+		if msgs[i].Role == "user" {
+			return i
+		}
+	}
+	return -1
+}
+
+// planToolCall applies the rule to a rendered turn whose user spoke last in
+// msgs[lastUser] (-1: never); nil means a text reply.
+func (w *Worker) planToolCall(seq *prompt.Sequence, msgs []prompt.Message, lastUser int, tools []toolSpec, choice toolChoice, maxTokens int) *plannedCall {
+	if len(tools) == 0 || choice.none || len(msgs) == 0 {
 		return nil
+	}
+	rng := rand.New(rand.NewPCG(uint64(w.cfg.Seed), kvcache.HashBytes(seq.Text)^0x7001ca11))
+	forced := choice.required || choice.name != ""
+	if !forced {
+		rounds := 0
+		for i := lastUser + 1; i < len(msgs); i++ {
+			if len(msgs[i].ToolCalls) > 0 {
+				rounds++
+			}
+		}
+		chance := w.cfg.ToolCallRate * math.Pow(w.cfg.ToolCallDecay, float64(rounds))
+		if rng.Float64() >= chance {
+			return nil
+		}
 	}
 	tool := -1
 	if choice.name != "" {
@@ -79,10 +148,24 @@ func (w *Worker) planToolCall(seq *prompt.Sequence, msgs []prompt.Message, tools
 		for i := range msgs {
 			calls += len(msgs[i].ToolCalls)
 		}
-		tool = calls % len(tools)
+		pool := tools
+		if w.cfg.ToolPick == ToolPickReadOnly {
+			var ro []toolSpec
+			for _, t := range tools {
+				if readOnlyTool(t.Name) {
+					ro = append(ro, t)
+				}
+			}
+			switch {
+			case len(ro) > 0:
+				pool = ro
+			case !forced:
+				return nil
+			}
+		}
+		tools, tool = pool, calls%len(pool)
 	}
-	rng := rand.New(rand.NewPCG(uint64(w.cfg.Seed), kvcache.HashBytes(seq.Text)^0x7001ca11))
-	tc := prompt.ToolCall{Name: tools[tool].Name, Arguments: toolArguments(tools[tool].Parameters, rng)}
+	tc := prompt.ToolCall{Name: tools[tool].Name, Arguments: toolArguments(tools[tool].Parameters)}
 	text := string(prompt.AppendToolCall(nil, tc))
 	script := prompt.Tokenize(text)
 	if len(script) > maxTokens {
@@ -104,7 +187,7 @@ func (p *plannedCall) argsPart(tok string, at int) string {
 }
 
 // toolArguments builds the arguments of a call from the tool's JSON schema.
-func toolArguments(params json.RawMessage, rng *rand.Rand) string {
+func toolArguments(params json.RawMessage) string {
 	type property struct {
 		Type json.RawMessage   `json:"type"`
 		Enum []json.RawMessage `json:"enum"`
@@ -124,12 +207,12 @@ func toolArguments(params json.RawMessage, rng *rand.Rand) string {
 		}
 		b = appendJSONString(b, name)
 		b = append(b, ':')
-		b = appendArgumentValue(b, schema.Properties[name].Type, schema.Properties[name].Enum, rng)
+		b = appendArgumentValue(b, schema.Properties[name].Type, schema.Properties[name].Enum)
 	}
 	return string(append(b, '}'))
 }
 
-func appendArgumentValue(b []byte, typ json.RawMessage, enum []json.RawMessage, rng *rand.Rand) []byte {
+func appendArgumentValue(b []byte, typ json.RawMessage, enum []json.RawMessage) []byte {
 	if len(enum) > 0 {
 		var c bytes.Buffer
 		if json.Compact(&c, enum[0]) == nil {
@@ -147,7 +230,7 @@ func appendArgumentValue(b []byte, typ json.RawMessage, enum []json.RawMessage, 
 	for _, t := range names {
 		switch t {
 		case "string":
-			return appendJSONString(b, vocabulary[rng.IntN(len(vocabulary))])
+			return append(b, `""`...)
 		case "integer", "number":
 			return append(b, '1')
 		case "boolean":
