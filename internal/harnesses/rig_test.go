@@ -395,25 +395,35 @@ func (rg *rig) session(t *testing.T, route string, turns []func()) []turn {
 func report(t *testing.T, name, policy string, turns []turn, simRequests []int64) float64 {
 	t.Helper()
 	perWorker := map[string]int{}
-	total := 0
+	total, prompt, cached := 0, 0, 0
 	for i, tn := range turns {
-		var workers []string
+		for _, l := range tn.lines {
+			if l.PromptTokens != nil && l.CachedTokens != nil {
+				prompt, cached = prompt+*l.PromptTokens, cached+*l.CachedTokens
+			}
+		}
+		var workers, decisions []string
 		for _, l := range tn.lines {
 			perWorker[l.Worker]++
 			workers = append(workers, l.Worker)
+			decisions = append(decisions, l.Decision)
 			total++
 		}
 		slices.Sort(workers)
-		t.Logf("%s via %s: turn %d: %d requests, workers %v, cached tokens per request %v (max %d)",
-			name, policy, i+1, len(tn.lines), slices.Compact(workers), tn.cached(), tn.maxCached())
+		t.Logf("%s via %s: turn %d: %d requests, workers %v, decisions %v, cached tokens per request %v (max %d)",
+			name, policy, i+1, len(tn.lines), slices.Compact(workers), decisions, tn.cached(), tn.maxCached())
 	}
 	top := 0
 	for _, n := range perWorker {
 		top = max(top, n)
 	}
 	share := float64(top) / float64(total)
-	t.Logf("%s via %s: %d requests in the session, %.0f%% on its busiest worker (%d workers used), sim requests per worker %v",
-		name, policy, total, 100*share, len(perWorker), simRequests)
+	hit := 0.0
+	if prompt > 0 {
+		hit = float64(cached) / float64(prompt)
+	}
+	t.Logf("%s via %s: %d requests in the session, %.0f%% on its busiest worker (%d workers used), sim requests per worker %v, %d of %d prompt tokens cached (%.0f%%)",
+		name, policy, total, 100*share, len(perWorker), simRequests, cached, prompt, 100*hit)
 	return share
 }
 
