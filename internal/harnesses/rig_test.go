@@ -10,9 +10,11 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -318,12 +320,24 @@ func newHome(t *testing.T) (home, project string) {
 }
 
 // run runs one CLI invocation in dir with env, bounded by runTimeout, and fails the test unless it
-// exits 0.
+// exits 0. Where strace is installed the run is traced, and every address the CLI or its children
+// connected or sent to must be a loopback one (watchNetwork).
 func run(t *testing.T, dir string, env []string, bin string, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), runTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, args...)
+	name, argv := bin, args
+	var trace string
+	if strace, err := exec.LookPath("strace"); err == nil && os.Getenv("CACHEROUTE_AGENT_STRACE") != "0" {
+		trace = filepath.Join(t.TempDir(), "strace.out")
+		name, argv = strace, append([]string{"-f", "-qq", "-e", "trace=connect,sendto,sendmsg,sendmmsg", "-o", trace, bin}, args...)
+	}
+	defer func() {
+		if trace != "" {
+			watchNetwork(t, trace)
+		}
+	}()
+	cmd := exec.CommandContext(ctx, name, argv...)
 	cmd.Dir, cmd.Env, cmd.Stdin = dir, env, nil
 	cmd.WaitDelay = 5 * time.Second
 	var stdout, stderr bytes.Buffer
@@ -336,6 +350,44 @@ func run(t *testing.T, dir string, env []string, bin string, args ...string) str
 		t.Fatalf("%s %q: %v\nstdout: %s\nstderr: %s", filepath.Base(bin), args, err, tail(stdout.Bytes(), 2000), tail(stderr.Bytes(), 2000))
 	}
 	return stdout.String()
+}
+
+// inetAddr finds the IPv4 and IPv6 addresses of a strace line: sin_addr=inet_addr("…") and
+// inet_pton(AF_INET6, "…", …).
+var inetAddr = regexp.MustCompile(`inet_addr\("([^"]+)"\)|inet_pton\(AF_INET6, "([^"]+)"`)
+
+// watchNetwork fails the test for every address in the strace output at path that is not on the
+// loopback (the CLIs must reach nothing but the router, DNS queries to a resolver included), and
+// when the trace holds no address at all, which would mean it traced nothing.
+func watchNetwork(t *testing.T, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Errorf("reading the trace of the CLI's network calls: %v", err)
+		return
+	}
+	loopback, others := tracedAddresses(b)
+	for _, line := range others {
+		t.Errorf("a CLI reached for an address not on the loopback: %s", line)
+	}
+	if loopback == 0 && len(others) == 0 {
+		t.Errorf("the trace of the CLI's network calls holds no address: was it traced?")
+	}
+}
+
+// tracedAddresses counts the loopback addresses of strace output and returns its lines with any
+// other address.
+func tracedAddresses(trace []byte) (loopback int, others []string) {
+	for _, line := range strings.Split(string(trace), "\n") {
+		for _, m := range inetAddr.FindAllStringSubmatch(line, -1) {
+			if ip, err := netip.ParseAddr(m[1] + m[2]); err == nil && ip.Unmap().IsLoopback() {
+				loopback++
+			} else {
+				others = append(others, line)
+			}
+		}
+	}
+	return loopback, others
 }
 
 func tail(b []byte, n int) string {
