@@ -309,6 +309,7 @@ func TestReadOnlyToolNames(t *testing.T) {
 		"Read": true, "Glob": true, "Grep": true, "LS": true, "ListAgents": true, "get_goal": true, "view_image": true,
 		"read_file": true, "Bash": false, "Write": false, "Edit": false, "Agent": false, "exec_command": false,
 		"apply_patch": false, "WebFetch": false, "update_plan": false, "lsp": false,
+		"search_replace": false, "get_and_delete": false, "list_and_run": false, "find_and_edit": false,
 	} {
 		if got := readOnlyTool(name); got != want {
 			t.Errorf("readOnlyTool(%q) = %v, want %v", name, got, want)

@@ -92,12 +92,24 @@ type plannedCall struct {
 // ListAgents; Codex's view_image, get_goal) and the usual get_/list_ tools.
 var readOnlyPrefixes = []string{"read", "get", "list", "view", "glob", "grep", "search", "find"}
 
+// actingWords, anywhere in a tool's name, say that it may change something
+// (search_replace, get_and_delete, list_and_run …): such a tool is never
+// taken to only read, whatever its name starts with.
+var actingWords = []string{"write", "edit", "replace", "delete", "remove", "create", "update", "set",
+	"exec", "run", "kill", "patch", "move", "send", "post", "put", "spawn", "install"}
+
 // readOnlyTool reports whether a tool's name says that it only reads:
-// "ls", or a name that starts with one of readOnlyPrefixes, in any case.
+// "ls", or a name that starts with one of readOnlyPrefixes and holds none of
+// actingWords, in any case.
 func readOnlyTool(name string) bool {
 	name = strings.ToLower(name)
 	if name == "ls" {
 		return true
+	}
+	for _, w := range actingWords {
+		if strings.Contains(name, w) {
+			return false
+		}
 	}
 	for _, p := range readOnlyPrefixes {
 		if strings.HasPrefix(name, p) {
