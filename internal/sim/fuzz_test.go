@@ -99,6 +99,7 @@ func FuzzMessagesRequest(f *testing.F) {
 		`{"max_tokens":40,"tools":[{"name":"f","input_schema":{"type":"object","properties":{"p":{"enum":[1]}},"required":["p"]}}],"messages":[{"role":"user","content":"x"}],"stream":true}`,
 		`{"max_tokens":2,"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"a":1}},{"type":"thinking","thinking":"x"}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"r"}]},{"type":"text","text":"go"}]}]}`,
 		`{"max_tokens":2,"messages":[{"role":"user","content":[]}],"tool_choice":{"type":"tool","name":"f"}}`,
+		`{"max_tokens":32000,"thinking":{"type":"adaptive"},"messages":[{"role":"user","content":"hi"},{"role":"system","content":[{"type":"text","text":"agents","cache_control":{"type":"ephemeral"}}]}],"tools":[{"name":"Read","input_schema":{"required":["file_path"]}},{"name":"Bash"}],"tool_choice":{"type":"any"}}`,
 		`{"messages":[{"role":"user","content":"x"}]}`, `{"max_tokens":2,"messages":[{"role":"user","content":[7]}]}`, `[]`, `null`,
 	} {
 		f.Add(seed)
