@@ -8,7 +8,7 @@
 // .bin/agent-clis at the repository root or $CACHEROUTE_AGENT_CLIS. They run in a temporary
 // HOME with telemetry, update checks and every other remote feature off, with their HTTP proxy
 // set to a loopback trap that fails the test if anything tries to leave the machine through it,
-// and, where strace is installed, traced: any connection or datagram to an address off the
-// loopback (a DNS query included) fails the test too.
+// and traced with strace (where it is installed; in CI it must be): any connection or datagram
+// to an address off the loopback (a DNS query included) fails the test too.
 // Without npm or the CLIs the tests skip, except in CI (CI=true), where they fail.
 package harnesses

@@ -328,9 +328,13 @@ func run(t *testing.T, dir string, env []string, bin string, args ...string) str
 	defer cancel()
 	name, argv := bin, args
 	var trace string
-	if strace, err := exec.LookPath("strace"); err == nil && os.Getenv("CACHEROUTE_AGENT_STRACE") != "0" {
+	strace, err := exec.LookPath("strace")
+	switch {
+	case err == nil && os.Getenv("CACHEROUTE_AGENT_STRACE") != "0":
 		trace = filepath.Join(t.TempDir(), "strace.out")
 		name, argv = strace, append([]string{"-f", "-qq", "-e", "trace=connect,sendto,sendmsg,sendmmsg", "-o", trace, bin}, args...)
+	case err != nil && os.Getenv("CI") == "true":
+		t.Fatalf("strace is needed in CI to watch the CLIs' network calls (.ci/run installs it): %v", err)
 	}
 	defer func() {
 		if trace != "" {
@@ -342,7 +346,7 @@ func run(t *testing.T, dir string, env []string, bin string, args ...string) str
 	cmd.WaitDelay = 5 * time.Second
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
+	err = cmd.Run()
 	if ctx.Err() != nil {
 		t.Fatalf("%s %q did not finish within %v\nstdout: %s\nstderr: %s", filepath.Base(bin), args, runTimeout, tail(stdout.Bytes(), 2000), tail(stderr.Bytes(), 2000))
 	}
