@@ -63,14 +63,14 @@ func TestEngineSignalSeesLoadPlacedByAnotherReplica(t *testing.T) {
 	tr.Start(ctx)
 
 	// Another replica's load: twelve long generations sent straight to the busy worker, four
-	// running and eight waiting.
+	// running and eight waiting (ignore_eos, or the sim's natural reply lengths end them early).
 	others, stopOthers := context.WithCancel(t.Context())
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer stopOthers()
 	for range 12 {
 		wg.Go(func() {
-			body := `{"model":"sim-model","messages":[{"role":"user","content":"write a long story"}],"max_tokens":4000}`
+			body := `{"model":"sim-model","messages":[{"role":"user","content":"write a long story"}],"max_tokens":4000,"ignore_eos":true}`
 			req, _ := http.NewRequestWithContext(others, http.MethodPost, busy+"/v1/chat/completions", strings.NewReader(body))
 			req.Header.Set("Content-Type", "application/json")
 			if resp, err := http.DefaultClient.Do(req); err == nil {
