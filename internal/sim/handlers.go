@@ -65,12 +65,7 @@ func (w *Worker) handleChat(rw http.ResponseWriter, r *http.Request) {
 		w.writeClientError(rw, err)
 		return
 	}
-	maxTokens := w.cfg.DefaultMaxTokens
-	if req.MaxCompletionTokens != nil {
-		maxTokens = *req.MaxCompletionTokens
-	} else if req.MaxTokens != nil {
-		maxTokens = *req.MaxTokens
-	}
+	maxTokens := w.chatMaxTokens(&req)
 	if maxTokens < 1 {
 		w.writeError(rw, http.StatusBadRequest, "max_tokens must be at least 1, got "+strconv.Itoa(maxTokens))
 		return
@@ -491,4 +486,16 @@ func (w *Worker) handleModels(rw http.ResponseWriter, _ *http.Request) {
 			Root: w.cfg.Models[0], MaxModelLen: w.cfg.MaxModelLen, Permission: []any{}})
 	}
 	writeJSON(rw, http.StatusOK, resp)
+}
+
+// chatMaxTokens is the output a chat request asks for: max_completion_tokens, else max_tokens,
+// else the worker's default.
+func (w *Worker) chatMaxTokens(req *chatRequest) int {
+	switch {
+	case req.MaxCompletionTokens != nil:
+		return *req.MaxCompletionTokens
+	case req.MaxTokens != nil:
+		return *req.MaxTokens
+	}
+	return w.cfg.DefaultMaxTokens
 }

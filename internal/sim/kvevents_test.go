@@ -15,6 +15,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/cacheroute/cacheroute/internal/kvevents"
+	"github.com/cacheroute/cacheroute/internal/kvevents/kvtest"
 	"github.com/cacheroute/cacheroute/internal/sim/kvcache"
 )
 
@@ -22,22 +23,12 @@ import (
 // sends with kvevents' decoder, its subscriber and its index: the router's own reading of vLLM's
 // wire format.
 
-func freeEndpoint(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return "tcp://127.0.0.1:" + strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-}
-
 // eventsConfig is a small, never-sleeping worker that publishes on a bound loopback endpoint
 // with a replay socket.
 func eventsConfig(t testing.TB, encoding string) Config {
 	cfg := testConfig()
 	cfg.BlockSize = 4
-	cfg.KVEvents = KVEventsConfig{Endpoint: freeEndpoint(t), Bind: true, ReplayEndpoint: freeEndpoint(t), Topic: "kv@sim", Encoding: encoding}
+	cfg.KVEvents = KVEventsConfig{Endpoint: kvtest.FreeEndpoint(t), Bind: true, ReplayEndpoint: kvtest.FreeEndpoint(t), Topic: "kv@sim", Encoding: encoding}
 	return cfg
 }
 
@@ -342,7 +333,7 @@ func TestKVEvents_ReplayAnswersFromTheNumberAsked(t *testing.T) {
 func TestKVEvents_DialsAnEndpointWithoutWildcard(t *testing.T) {
 	cfg := testConfig()
 	cfg.BlockSize = 4
-	cfg.KVEvents = KVEventsConfig{Endpoint: freeEndpoint(t)}
+	cfg.KVEvents = KVEventsConfig{Endpoint: kvtest.FreeEndpoint(t)}
 	h := subscribeRaw(t, cfg.KVEvents.Endpoint, "", true) // the subscriber binds, the worker dials
 	w := newWorker(t, cfg)
 	join(t, w, h)

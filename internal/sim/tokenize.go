@@ -99,12 +99,7 @@ func (w *Worker) handleChatRender(rw http.ResponseWriter, r *http.Request) {
 		w.writeClientError(rw, err)
 		return
 	}
-	maxTokens := w.cfg.DefaultMaxTokens
-	if req.MaxCompletionTokens != nil {
-		maxTokens = *req.MaxCompletionTokens
-	} else if req.MaxTokens != nil {
-		maxTokens = *req.MaxTokens
-	}
+	maxTokens := w.chatMaxTokens(&req)
 	maxTokens, err := w.fitContext(seq.Len(), maxTokens)
 	if err != nil {
 		w.writeClientError(rw, err)
