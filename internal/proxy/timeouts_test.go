@@ -197,6 +197,27 @@ func TestTimeouts_MaxClientConnsRefusesConnectionsAboveTheCap(t *testing.T) {
 	}
 }
 
+// floodStream answers r with 32 KiB stream events as fast as they are taken, until the write
+// fails, the request ends or limit has passed.
+func floodStream(w http.ResponseWriter, r *http.Request, limit time.Duration) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	chunk := []byte("data: " + strings.Repeat("x", 32<<10) + "\n\n")
+	stop := time.After(limit)
+	for {
+		if _, err := w.Write(chunk); err != nil {
+			return
+		}
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+			return
+		case <-stop:
+			return
+		default:
+		}
+	}
+}
+
 // A streaming client that never reads its answer cannot hold the worker's load past the request
 // timeout: the lease is given back whatever the client does, and the worker connection closes.
 func TestTimeouts_StreamingClientThatNeverReadsReleasesTheLoad(t *testing.T) {
@@ -205,22 +226,7 @@ func TestTimeouts_StreamingClientThatNeverReadsReleasesTheLoad(t *testing.T) {
 	flood := newWorker(t, func(w http.ResponseWriter, r *http.Request) {
 		defer once.Do(func() { close(stopped) })
 		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "text/event-stream")
-		chunk := []byte("data: " + strings.Repeat("x", 32<<10) + "\n\n")
-		limit := time.After(20 * time.Second)
-		for {
-			if _, err := w.Write(chunk); err != nil {
-				return
-			}
-			w.(http.Flusher).Flush()
-			select {
-			case <-r.Context().Done():
-				return
-			case <-limit:
-				return
-			default:
-			}
-		}
+		floodStream(w, r, 20*time.Second)
 	})
 	opts := testOptions()
 	opts.RequestTimeout = time.Second
@@ -265,22 +271,7 @@ func TestTimeouts_ClientThatStopsReadingIsCutAfterClientWriteTimeout(t *testing.
 			return
 		}
 		defer stopped.fire()
-		w.Header().Set("Content-Type", "text/event-stream")
-		chunk := []byte("data: " + strings.Repeat("x", 32<<10) + "\n\n")
-		limit := time.After(30 * time.Second)
-		for {
-			if _, err := w.Write(chunk); err != nil {
-				return
-			}
-			w.(http.Flusher).Flush()
-			select {
-			case <-r.Context().Done():
-				return
-			case <-limit:
-				return
-			default:
-			}
-		}
+		floodStream(w, r, 30*time.Second)
 	})
 	ctrl, err := admission.New(admission.Options{MaxInFlight: 1, QueueSize: 4})
 	if err != nil {
