@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -106,6 +109,9 @@ type Options struct {
 	Workers  int
 	Replicas int // 0 is 1
 	Sim      sim.Config
+	// KVEvents has the simulated workers publish their KV-cache events and the routers
+	// subscribe, each worker on a loopback port of its own.
+	KVEvents bool
 
 	// Targets are external endpoints, run with SessionMode. WorkerMetrics are the base URLs of
 	// the workers behind them, scraped for cache counters and in-flight loads.
@@ -176,11 +182,27 @@ func runPolicies(ctx context.Context, o Options, rep *Report) error {
 		defer s.Close()
 		store = s
 	}
-	fleet, err := sim.StartLocal(o.Workers, o.Sim)
+	simCfg := o.Sim
+	base := 0
+	if o.KVEvents {
+		var err error
+		if base, err = freePorts(o.Workers); err != nil {
+			return err
+		}
+		simCfg.KVEvents = sim.KVEventsConfig{Endpoint: "tcp://127.0.0.1:" + strconv.Itoa(base), Bind: true} // worker n: base+n
+	}
+	fleet, err := sim.StartLocal(o.Workers, simCfg)
 	if err != nil {
 		return err
 	}
 	defer fleet.Close()
+	var events map[string]string // worker URL → its event endpoint
+	if o.KVEvents {
+		events = map[string]string{}
+		for i, u := range fleet.URLs() {
+			events[u] = "tcp://127.0.0.1:" + strconv.Itoa(base+i)
+		}
+	}
 	model := o.Model
 	if model == "" {
 		model = o.Sim.Models[0]
@@ -200,6 +222,7 @@ func runPolicies(ctx context.Context, o Options, rep *Report) error {
 		if err != nil {
 			return err
 		}
+		cfg.KVEventsWorkerEndpoints = events
 		rs, err := startReplicas(ctx, cfg, p.Name, replicas)
 		if err != nil {
 			return err
@@ -297,4 +320,25 @@ func runOne(ctx context.Context, o *Options, t *Target, model string) (TargetRep
 		}
 	}
 	return tr, nil
+}
+
+// freePorts finds n consecutive loopback ports free when asked, for the simulated workers' event
+// publishers (each binds base+n); it returns the first.
+func freePorts(n int) (int, error) {
+	for range 50 {
+		base := 20000 + rand.IntN(40000-n)
+		free := true
+		for p := base; p < base+n && free; p++ {
+			ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+			if err != nil {
+				free = false
+				continue
+			}
+			ln.Close()
+		}
+		if free {
+			return base, nil
+		}
+	}
+	return 0, fmt.Errorf("no %d consecutive free loopback ports for the workers' KV-cache events", n)
 }

@@ -303,3 +303,29 @@ func TestReplicasWithoutRedisServerFailBeforeRunning(t *testing.T) {
 		t.Fatalf("error %v", err)
 	}
 }
+
+// With --kv-events the simulated workers publish their caches and the routers read them: two
+// replicas without session ids, each seeing only half of every conversation's turns, place turns
+// by what the engines report. (How often a turn's predecessor is already indexed when it arrives
+// depends on timing, which a test does not assert: the bench's figures are in docs/kv-events.md.)
+func TestKVEventsLetReplicasWithoutSessionIDsFollowTheEngines(t *testing.T) {
+	redistest.Require(t)
+	ps, err := ParsePolicies([]string{"cache_aware:none"}, SessionHeader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	simCfg := sim.DefaultConfig()
+	simCfg.TimeScale = 0.01
+	rep, err := Run(t.Context(), Options{Workload: replayAgent(t, 4), Policies: ps, Workers: 4, Replicas: 2, Sim: simCfg,
+		KVEvents: true, Concurrency: 1, Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := rep.Targets[0]
+	if tr.Errors != 0 || tr.Requests != 16 {
+		t.Fatalf("%d requests, %d errors %v", tr.Requests, tr.Errors, tr.ErrorSamples)
+	}
+	if tr.Decisions["kv_events_match"] == 0 {
+		t.Fatalf("decisions %v: no turn was placed by the engines' events", tr.Decisions)
+	}
+}

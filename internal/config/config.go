@@ -155,6 +155,9 @@ type Config struct {
 	KVEventsReplayEndpoint string `yaml:"kv_events_replay_endpoint"`
 	KVEventsTopic          string `yaml:"kv_events_topic"`
 	KVEventsIndexSize      int    `yaml:"kv_events_index_size"`
+	// KVEventsWorkerEndpoints name the event endpoint of single workers (worker URL → endpoint),
+	// in place of the template: workers on one host each publish on a port of their own.
+	KVEventsWorkerEndpoints map[string]string `yaml:"kv_events_worker_endpoints"`
 	// TokenizeTimeoutSecs bounds the wait for an engine's /tokenize, asked for the requests
 	// cache_aware matches against the KV-cache events.
 	TokenizeTimeoutSecs float64 `yaml:"tokenize_timeout_secs"`
@@ -325,6 +328,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.Float64Var(&c.BalanceRelThreshold, "balance-rel-threshold", c.BalanceRelThreshold, "cache_aware: ... and max exceeds min times this")
 	fs.IntVar(&c.MaxTreeSize, "max-tree-size", c.MaxTreeSize, "cache_aware: heap bytes of the prefix tree, all models together (node overhead included)")
 	fs.StringVar(&c.KVEventsEndpoint, "kv-events-endpoint", c.KVEventsEndpoint, "subscribe to every worker's KV-cache event publisher at this ZMQ endpoint template, e.g. tcp://{host}:5557 ({host}: the worker's host; the port is offset by its data-parallel rank); none: no subscription")
+	fs.StringToStringVar(&c.KVEventsWorkerEndpoints, "kv-events-worker-endpoints", c.KVEventsWorkerEndpoints, "per-worker KV-cache event endpoints, URL=tcp://HOST:PORT,…, in place of --kv-events-endpoint's template for those workers")
 	fs.StringVar(&c.KVEventsReplayEndpoint, "kv-events-replay-endpoint", c.KVEventsReplayEndpoint, "the publishers' replay (ROUTER) endpoint template, asked for batches a gap lost; none: a gap forgets that worker's index")
 	fs.StringVar(&c.KVEventsTopic, "kv-events-topic", c.KVEventsTopic, "topic prefix subscribed to on each publisher; empty: every message")
 	fs.IntVar(&c.KVEventsIndexSize, "kv-events-index-size", c.KVEventsIndexSize, "bytes of the KV-event block index, all workers together")
@@ -529,6 +533,13 @@ func (c Config) Validate() error {
 			bad(flag, "%v", err)
 		}
 	}
+	for worker, ep := range c.KVEventsWorkerEndpoints {
+		if _, err := tenant.NormalizeURL(worker); err != nil {
+			bad("kv-events-worker-endpoints", "%q: %v", worker, err)
+		} else if _, err := kvevents.Endpoint(ep, "worker", 0); err != nil {
+			bad("kv-events-worker-endpoints", "%v", err)
+		}
+	}
 	if c.KVEventsReplayEndpoint != "" && c.KVEventsEndpoint == "" {
 		bad("kv-events-replay-endpoint", "needs --kv-events-endpoint")
 	}
@@ -672,3 +683,6 @@ func isWebOrigin(o string) bool {
 
 // TokenizeTimeout is --tokenize-timeout-secs.
 func (c Config) TokenizeTimeout() time.Duration { return secs(c.TokenizeTimeoutSecs) }
+
+// KVEventsOn reports whether the router subscribes to the workers' KV-cache events.
+func (c Config) KVEventsOn() bool { return c.KVEventsEndpoint != "" || len(c.KVEventsWorkerEndpoints) > 0 }

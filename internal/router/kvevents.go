@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/kvevents"
@@ -59,16 +60,29 @@ func (r *Router) kvSources(ctx context.Context, resolved map[string]resolvedEndp
 		}
 		ep, ok := resolved[w.Name()]
 		if !ok {
-			host, err := r.kvEventsHost(ctx, u.Hostname())
+			// A worker's own endpoint (--kv-events-worker-endpoints) names its host; the template
+			// takes the worker URL's. Either host is dialled only once checked.
+			template, host, replay := r.cfg.KVEventsEndpoint, u.Hostname(), r.cfg.KVEventsReplayEndpoint
+			if own, ok := r.kvWorkerEndpoints[w.URL()]; ok {
+				template, replay = own, ""
+				if eu, err := url.Parse(own); err == nil && eu.Hostname() != "" {
+					host = eu.Hostname()
+					template = strings.Replace(own, eu.Host, net.JoinHostPort(kvevents.HostPlaceholder, eu.Port()), 1)
+				}
+			}
+			if template == "" {
+				continue // no template, and no endpoint of its own
+			}
+			checked, err := r.kvEventsHost(ctx, host)
 			if err != nil {
 				r.log.Warn("kv events: worker not subscribed to", "worker", w.Name(), "error", err)
 				continue
 			}
-			if ep.events, err = kvevents.Endpoint(r.cfg.KVEventsEndpoint, host, w.Rank()); err != nil {
+			if ep.events, err = kvevents.Endpoint(template, checked, w.Rank()); err != nil {
 				continue // validated at start; a worker host that makes it unusable is skipped
 			}
-			if r.cfg.KVEventsReplayEndpoint != "" {
-				ep.replay, _ = kvevents.Endpoint(r.cfg.KVEventsReplayEndpoint, host, w.Rank())
+			if replay != "" {
+				ep.replay, _ = kvevents.Endpoint(replay, checked, w.Rank())
 			}
 			resolved[w.Name()] = ep
 		}

@@ -278,3 +278,29 @@ func TestRequestWithoutSessionFollowsTheEngineThatReportsItsPrompt(t *testing.T)
 		cancel()
 	}
 }
+
+func TestWorkerEndpointsNameSingleWorkersStreamsInPlaceOfTheTemplate(t *testing.T) {
+	byName := func(w *fakeWorker) string { return strings.Replace(w.URL(), "127.0.0.1", "localhost", 1) }
+	own, other := byName(newFakeWorker(t)), byName(newFakeWorker(t))
+	for _, c := range []struct {
+		allow []string
+		want  int
+	}{{nil, 1}, {[]string{"192.0.2.0/24"}, 0}} { // 192.0.2.0/24: documentation only
+		cfg := testConfig()
+		cfg.KVEventsWorkerEndpoints = map[string]string{own + "/": "tcp://localhost:6001"}
+		cfg.WorkerURLAllow = c.allow
+		tr := startRouter(t, cfg)
+		for _, u := range []string{own, other} {
+			if err := tr.AddWorker(t.Context(), u); err != nil {
+				t.Fatal(err)
+			}
+		}
+		srcs := tr.kvSources(t.Context(), map[string]resolvedEndpoints{})
+		if len(srcs) != c.want {
+			t.Fatalf("--worker-url-allow %v: %+v, want %d subscription", c.allow, srcs, c.want)
+		}
+		if c.want == 1 && (srcs[0].Worker != own || srcs[0].Endpoint != "tcp://localhost:6001") {
+			t.Fatalf("%+v, want the worker's own endpoint, and none for the worker without one and without a template", srcs[0])
+		}
+	}
+}

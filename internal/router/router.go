@@ -58,6 +58,8 @@ type Router struct {
 	logFile    *os.File             // the access log's file; nil for stdout or none
 	dashboard  *dashboard.Dashboard // the status page and its counters' history
 	kvEvents   *kvevents.Set        // the workers' KV-cache event streams; nil unless --kv-events-endpoint
+	// kvWorkerEndpoints are --kv-events-worker-endpoints by normalised worker URL.
+	kvWorkerEndpoints map[string]string
 }
 
 // New builds a router from a validated configuration. Workers are registered by Start.
@@ -97,7 +99,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		}
 	}
 	var kvIndex *kvevents.Index // what the workers' engines report they hold; nil unless --kv-events-endpoint
-	if cfg.KVEventsEndpoint != "" {
+	if cfg.KVEventsOn() {
 		kvIndex = kvevents.NewIndex(int64(cfg.KVEventsIndexSize))
 	}
 	p, store, err := newPolicy(cfg, r.metrics, log, kvIndex)
@@ -127,6 +129,12 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 	}
 	var tokenize *proxy.TokenizeOptions
 	if kvIndex != nil {
+		r.kvWorkerEndpoints = map[string]string{}
+		for worker, ep := range cfg.KVEventsWorkerEndpoints {
+			if u, err := tenant.NormalizeURL(worker); err == nil {
+				r.kvWorkerEndpoints[u] = ep
+			}
+		}
 		r.kvEvents = kvevents.NewSet(kvIndex, log)
 		r.metrics.SetKVEvents(r.kvEvents)
 		tokenize = &proxy.TokenizeOptions{Timeout: cfg.TokenizeTimeout(), CacheBytes: tokenCacheBytes}
