@@ -685,4 +685,6 @@ func isWebOrigin(o string) bool {
 func (c Config) TokenizeTimeout() time.Duration { return secs(c.TokenizeTimeoutSecs) }
 
 // KVEventsOn reports whether the router subscribes to the workers' KV-cache events.
-func (c Config) KVEventsOn() bool { return c.KVEventsEndpoint != "" || len(c.KVEventsWorkerEndpoints) > 0 }
+func (c Config) KVEventsOn() bool {
+	return c.KVEventsEndpoint != "" || len(c.KVEventsWorkerEndpoints) > 0
+}
