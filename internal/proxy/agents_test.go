@@ -235,6 +235,46 @@ func TestResponseIDNowhereIsTheWorkers404(t *testing.T) {
 	}
 }
 
+func TestResponseIDNoWorkerHadIsAnsweredAtOnceForAWhile(t *testing.T) {
+	tp, ws, _ := responsesFleet(t, 3)
+	hits := func() int64 { return ws[0].hits.Load() + ws[1].hits.Load() + ws[2].hits.Load() }
+	if status, _, _ := tp.do(t, http.MethodGet, "/v1/responses/resp_nowhere"); status != http.StatusNotFound || hits() != 3 {
+		t.Fatalf("first GET: %d with %d worker calls, want the workers' 404 after asking all 3", status, hits())
+	}
+	for _, c := range []struct{ method, path string }{
+		{http.MethodGet, "/v1/responses/resp_nowhere"},
+		{http.MethodDelete, "/v1/responses/resp_nowhere"},
+		{http.MethodGet, "/v1/responses/resp_nowhere/input_items"},
+	} {
+		status, h, body := tp.do(t, c.method, c.path)
+		if status != http.StatusNotFound || h.Get(HeaderDecision) != labelResponseMiss || errorCode(t, body) != "response_not_found" {
+			t.Fatalf("%s %s again: %d %s %s, want 404 %s", c.method, c.path, status, h.Get(HeaderDecision), body, labelResponseMiss)
+		}
+	}
+	if hits() != 3 {
+		t.Fatalf("the repeats cost %d more worker calls, want none", hits()-3)
+	}
+	// Another id is still searched for, and a remembered miss ends: its expiry is checked by the clock it was given.
+	if _, h, _ := tp.do(t, http.MethodGet, "/v1/responses/resp_other"); h.Get(HeaderDecision) != labelResponseSearch {
+		t.Fatalf("another unknown id: %s, want a search", h.Get(HeaderDecision))
+	}
+	if !tp.Server.misses.has("resp_nowhere", time.Now()) || tp.Server.misses.has("resp_nowhere", time.Now().Add(responseMissTTL+time.Second)) {
+		t.Fatal("a miss is not remembered, or remembered past its time")
+	}
+}
+
+func TestResponseSearchWithAFailedWorkerIsNotRemembered(t *testing.T) {
+	tp, ws, _ := responsesFleet(t, 2)
+	tp.worker(t, ws[0].URL).SetHealthy(true)
+	ws[0].Close() // it cannot answer: the search does not know whether it holds the id
+	if status, _, _ := tp.do(t, http.MethodGet, "/v1/responses/resp_maybe"); status != http.StatusNotFound {
+		t.Fatalf("GET: %d, want the other worker's 404", status)
+	}
+	if tp.Server.misses.has("resp_maybe", time.Now()) {
+		t.Fatal("a search in which a worker failed was remembered as a miss")
+	}
+}
+
 func TestDeletedResponseIsForgotten(t *testing.T) {
 	tp, _, p := responsesFleet(t, 2)
 	_, _, body := tp.post(t, "/v1/responses", `{"model":"m","input":"hi"}`)

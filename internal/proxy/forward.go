@@ -42,6 +42,7 @@ type exchange struct {
 	method           string
 	label            string
 	searching        bool
+	searchFailed     bool                    // a worker asked for the response failed rather than answered 404
 	match            float64                 // the last attempt's predicted prefix match
 	trace            *telemetry.RequestTrace // nil when tracing is off
 
@@ -169,6 +170,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 			return
 		}
 		at.Close(workers.Failed)
+		ex.searchFailed = ex.searchFailed || ex.searching
 		ex.trace.AttemptFailed(f.kind, f.message)
 		s.observe(ex, dec, workers.Failed)
 		s.metrics.UpstreamErrors.WithLabelValues(f.kind).Inc()
@@ -232,6 +234,7 @@ func (s *Server) prepareByPolicy(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 const (
 	labelResponseHolder = "response_id_holder" // the worker that stored the response
 	labelResponseSearch = "response_id_search" // unknown id: every healthy worker in turn, the least loaded first
+	labelResponseMiss   = "response_id_miss"   // an id no worker had moments ago: 404 at once, no worker asked
 )
 
 // prepareByResponseID finds the worker holding the response the path names: the one the policy
@@ -256,6 +259,13 @@ func (s *Server) prepareByResponseID(ctx *fasthttp.RequestCtx, ex *exchange) boo
 			}
 			return true
 		}
+	}
+	if s.misses.has(ex.responseID, ex.start) {
+		ex.label = labelResponseMiss
+		ctx.Response.Header.Set(HeaderDecision, labelResponseMiss)
+		s.finish(ctx, ex, s.fail(ctx, ex, fasthttp.StatusNotFound, "invalid_request_error", "response_not_found",
+			"Response with id '"+truncate(ex.responseID, 200)+"' not found."))
+		return false
 	}
 	ex.label, ex.searching = labelResponseSearch, true
 	slices.SortStableFunc(ex.in.Candidates, func(a, b *workers.Worker) int { return cmp.Compare(a.Load(), b.Load()) })

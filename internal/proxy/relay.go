@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"io"
+	"net/http"
 	"strconv"
 	"sync"
 	"time"
@@ -25,6 +26,9 @@ import (
 func (s *Server) relay(ctx *fasthttp.RequestCtx, ex *exchange, resp *fasthttp.Response, conn *upConn, dec policy.Decision, at *workers.Attempt) {
 	worker := dec.Worker
 	status := resp.StatusCode()
+	if ex.searching && status == http.StatusNotFound && !ex.searchFailed {
+		s.misses.add(ex.responseID, time.Now()) // every worker was asked, and none has it
+	}
 	ex.trace.Answered(status)
 	s.metrics.Processed.WithLabelValues(worker.Name()).Inc()
 	if s.labeled && ex.route.place == byPolicy {

@@ -111,6 +111,7 @@ type Server struct {
 	mux          *http.ServeMux // every endpoint that is not routed
 	workerClient *http.Client
 	tokenCache   *tokenCache // nil unless Options.Tokenize
+	misses       *responseMisses
 	plain        fasthttp.RequestHandler
 	adminPaths   map[string]bool // the admin endpoints' paths and patterns
 }
@@ -130,7 +131,7 @@ func (s *Server) isAdminPath(path string) bool {
 func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metrics.Metrics, log *slog.Logger) *Server {
 	s := &Server{opts: opts, pool: pool, fleet: fleet, policy: p, metrics: m, log: log,
 		upstreams: newUpstreams(opts.Upstream), routes: newRoutes(m), mux: http.NewServeMux(),
-		workerClient: newWorkerClient(opts.Upstream)}
+		workerClient: newWorkerClient(opts.Upstream), misses: newResponseMisses()}
 	if opts.Tokenize != nil {
 		s.tokenCache = &tokenCache{budget: opts.Tokenize.CacheBytes, byKey: map[string][]uint32{}}
 	}
