@@ -388,12 +388,13 @@ func TestKVEvents_AFullQueueDropsABatchButKeepsItsNumberForReplay(t *testing.T) 
 	}
 }
 
-func TestKVEvents_ASkippedBatchIsRepairedByReplay(t *testing.T) {
-	cfg := eventsConfig(t, KVEncodingArray)
-	w := newWorker(t, cfg)
+// subscribeTo runs a kvevents subscriber of w's publisher into a fresh index until the test ends,
+// and waits until it hears w: each reset publishes an AllBlocksCleared, until one arrives.
+func subscribeTo(t *testing.T, w *Worker, cfg Config) (*kvevents.Subscriber, *kvevents.Index) {
+	t.Helper()
 	x := kvevents.NewIndex(1 << 20)
 	s := kvevents.NewSubscriber(kvevents.Source{Worker: "w", Model: "sim-model", Endpoint: cfg.KVEvents.Endpoint,
-		Replay: cfg.KVEvents.ReplayEndpoint, Topic: "kv@sim"}, x, nil)
+		Replay: cfg.KVEvents.ReplayEndpoint, Topic: "kv@"}, x, nil)
 	runSubscriber(t, s)
 	waitUntilEvery(t, "the subscriber to hear the worker", 20*time.Millisecond, func() bool {
 		if s.Stats.Batches.Load() > 0 {
@@ -402,6 +403,13 @@ func TestKVEvents_ASkippedBatchIsRepairedByReplay(t *testing.T) {
 		w.ResetPrefixCache()
 		return false
 	})
+	return s, x
+}
+
+func TestKVEvents_ASkippedBatchIsRepairedByReplay(t *testing.T) {
+	cfg := eventsConfig(t, KVEncodingArray)
+	w := newWorker(t, cfg)
+	s, x := subscribeTo(t, w, cfg)
 	next, _ := sealed(w)
 	skipped := next + 1
 	skip := func(seq int64) bool { return seq == skipped }
@@ -457,17 +465,7 @@ func tokenize(t *testing.T, w *Worker, msgs []msg) []uint32 {
 func TestKVEvents_TokenizeKeysMatchThePublishedBlocks(t *testing.T) {
 	cfg := eventsConfig(t, KVEncodingArray)
 	w := newWorker(t, cfg)
-	x := kvevents.NewIndex(1 << 20)
-	s := kvevents.NewSubscriber(kvevents.Source{Worker: "w", Model: "sim-model", Endpoint: cfg.KVEvents.Endpoint,
-		Replay: cfg.KVEvents.ReplayEndpoint, Topic: "kv@"}, x, nil)
-	runSubscriber(t, s)
-	waitUntilEvery(t, "the subscriber to hear the worker", 20*time.Millisecond, func() bool {
-		if s.Stats.Batches.Load() > 0 {
-			return true
-		}
-		w.ResetPrefixCache()
-		return false
-	})
+	_, x := subscribeTo(t, w, cfg)
 
 	turn1 := []msg{{"system", "You are terse."}, {"user", words("Find the bug in main.go.", 300)}}
 	tools := `[{"type":"function","function":{"name":"read","parameters":{"type":"object"}}}]`
