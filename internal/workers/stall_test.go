@@ -45,17 +45,27 @@ func newStallChecker(p *Pool, stall time.Duration) *Checker {
 	return newTestChecker(p, HealthOptions{StallTimeout: stall})
 }
 
+// stallRig registers h in a pool, with a checker of the given stall timeout that has probed it
+// once.
+func stallRig(t *testing.T, h *hungWorker, stall time.Duration) (*Pool, *Worker, *Checker) {
+	t.Helper()
+	p := NewPool(Options{})
+	added, err := p.Add(h.srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newStallChecker(p, stall)
+	c.Check(context.Background(), h.srv.URL)
+	return p, added[0], c
+}
+
 // A worker that has requests in flight, has sent no byte on any of them for the stall timeout,
 // and does not answer a probe request either is stalled: out of rotation, although its health
 // endpoint answers. It comes back when a probe request is answered.
 func TestStall_WorkerWithNoProgressThatDoesNotAnswerAProbeIsTakenOutUntilOneIsAnswered(t *testing.T) {
 	h := newHungWorker(t)
-	p := NewPool(Options{})
-	added, _ := p.Add(h.srv.URL)
-	w := added[0]
-	c := newStallChecker(p, 200*time.Millisecond)
+	p, w, c := stallRig(t, h, 200*time.Millisecond)
 	ctx := context.Background()
-	c.Check(ctx, h.srv.URL)
 	if !w.Available() {
 		t.Fatal("the worker is not available after a passing health check")
 	}
@@ -89,12 +99,8 @@ func TestStall_WorkerWithNoProgressThatDoesNotAnswerAProbeIsTakenOutUntilOneIsAn
 func TestStall_BusyWorkerThatAnswersItsProbeIsNotStalled(t *testing.T) {
 	h := newHungWorker(t)
 	h.answering.Store(true)
-	p := NewPool(Options{})
-	added, _ := p.Add(h.srv.URL)
-	w := added[0]
-	c := newStallChecker(p, 100*time.Millisecond)
+	p, w, c := stallRig(t, h, 100*time.Millisecond)
 	ctx := context.Background()
-	c.Check(ctx, h.srv.URL)
 	at := p.Acquire(w)
 	defer at.Close(Cancelled)
 	waitFor(t, "a few probe requests", func() bool {
@@ -110,12 +116,8 @@ func TestStall_BusyWorkerThatAnswersItsProbeIsNotStalled(t *testing.T) {
 // whose bytes keep coming, for however long its requests run.
 func TestStall_IdleOrProgressingWorkerIsNeverProbed(t *testing.T) {
 	h := newHungWorker(t)
-	p := NewPool(Options{})
-	added, _ := p.Add(h.srv.URL)
-	w := added[0]
-	c := newStallChecker(p, 300*time.Millisecond)
+	p, w, c := stallRig(t, h, 300*time.Millisecond)
 	ctx := context.Background()
-	c.Check(ctx, h.srv.URL)
 	time.Sleep(400 * time.Millisecond) // idle past the stall timeout
 	c.checkStalls(ctx)
 
