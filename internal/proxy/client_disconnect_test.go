@@ -189,8 +189,15 @@ func TestClientDisconnect_DuringBackoffStopsTheRetry(t *testing.T) {
 	eventually(t, 8*time.Second, "requests_total{status_class=4xx} is 1 (499, client gone)", func() bool {
 		return tp.requests("4xx") == 1
 	})
-	time.Sleep(100 * time.Millisecond) // a connection dialed before the count would be accepted by now
-	if got := next.conns.Load(); got != 0 {
+	// The worker accepts in dial order, so once it has accepted a connection dialed now, it has
+	// accepted any the router dialed before: the probe must be the only one.
+	probe, err := net.Dial("tcp", next.ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer probe.Close()
+	eventually(t, 5*time.Second, "the next worker accepted the probe", func() bool { return next.conns.Load() >= 1 })
+	if got := next.conns.Load() - 1; got != 0 {
 		t.Errorf("the next worker got %d connections (%d requests) after the client left, want none",
 			got, next.requests.Load())
 	}

@@ -77,12 +77,14 @@ func TestConnectionsOverTheCapGet503AndTheRestStillWork(t *testing.T) {
 	}
 	capped := capListener(ln, 2)
 	defer capped.Close()
+	accepted := make(chan struct{}, 3)
 	go func() {
 		for {
 			c, err := capped.Accept()
 			if err != nil {
 				return
 			}
+			accepted <- struct{}{}
 			go func() { // an echo of one line, then close
 				line, _ := bufio.NewReader(c).ReadString('\n')
 				_, _ = io.WriteString(c, line)
@@ -98,7 +100,13 @@ func TestConnectionsOverTheCapGet503AndTheRestStillWork(t *testing.T) {
 		}
 		held = append(held, c)
 	}
-	time.Sleep(50 * time.Millisecond) // let both be accepted
+	for range 2 { // both are counted before the next dial
+		select {
+		case <-accepted:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the connections within the cap were not accepted")
+		}
+	}
 	over, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
