@@ -28,6 +28,7 @@ type chatRequest struct {
 	IgnoreEOS           bool            `json:"ignore_eos"`
 	Stream              bool            `json:"stream"`
 	StreamOptions       *streamOptions  `json:"stream_options"`
+	KVTransferParams    json.RawMessage `json:"kv_transfer_params"`
 }
 
 type chatMessage struct {
@@ -50,12 +51,13 @@ type contentPart struct {
 }
 
 type completionRequest struct {
-	Model         string          `json:"model"`
-	Prompt        json.RawMessage `json:"prompt"`
-	MaxTokens     *int            `json:"max_tokens"`
-	IgnoreEOS     bool            `json:"ignore_eos"`
-	Stream        bool            `json:"stream"`
-	StreamOptions *streamOptions  `json:"stream_options"`
+	Model            string          `json:"model"`
+	Prompt           json.RawMessage `json:"prompt"`
+	MaxTokens        *int            `json:"max_tokens"`
+	IgnoreEOS        bool            `json:"ignore_eos"`
+	Stream           bool            `json:"stream"`
+	StreamOptions    *streamOptions  `json:"stream_options"`
+	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
 }
 
 type embeddingRequest struct {
@@ -332,7 +334,7 @@ func (u *usage) add(r Result) {
 	if u.PromptTokensDetails == nil {
 		u.PromptTokensDetails = &promptTokenDetails{}
 	}
-	u.PromptTokensDetails.CachedTokens += r.CachedTokens
+	u.PromptTokensDetails.CachedTokens += r.CachedTokens + r.TransferredTokens
 }
 
 type chatResponse struct {
@@ -342,6 +344,8 @@ type chatResponse struct {
 	Model   string       `json:"model"`
 	Choices []chatChoice `json:"choices"`
 	Usage   usage        `json:"usage"`
+	// KVTransferParams answers a prefill leg (pd.go).
+	KVTransferParams *kvTransferParams `json:"kv_transfer_params,omitempty"`
 }
 
 type chatChoice struct {
@@ -374,6 +378,8 @@ type completionResponse struct {
 	Model   string             `json:"model"`
 	Choices []completionChoice `json:"choices"`
 	Usage   usage              `json:"usage"`
+	// KVTransferParams answers a prefill leg (pd.go).
+	KVTransferParams *kvTransferParams `json:"kv_transfer_params,omitempty"`
 }
 
 type completionChoice struct {

@@ -82,6 +82,24 @@ type Config struct {
 	// KVEvents, when its endpoint is set, publishes the cache's KV-cache events (kvevents.go).
 	KVEvents KVEventsConfig
 
+	// MaxNumBatchedTokens is the engine step's token budget (vLLM's
+	// --max-num-batched-tokens with chunked prefill): while prompts are being
+	// computed, every decode step of the other running requests also carries
+	// up to this many of their tokens, and takes PrefillTimePerToken longer
+	// per token. It is why prefill/decode disaggregation pays. 0 keeps decode
+	// steps at InterTokenLatency whatever else runs.
+	MaxNumBatchedTokens int
+	// KVTransferTimePerToken is what a decode leg pays per prompt token it
+	// pulls from a prefill worker instead of computing it (pd.go).
+	KVTransferTimePerToken time.Duration
+	// KVTransferHold is how long a prefill leg's blocks stay pinned for the
+	// decode worker that has not pulled them yet.
+	KVTransferHold time.Duration
+	// KVLoadFailurePolicy is what a decode leg does when its prefill worker's
+	// blocks are gone: KVLoadFail answers 500 (vLLM's default), KVLoadRecompute
+	// computes the prompt itself.
+	KVLoadFailurePolicy string
+
 	// Clock tells time and sleeps; nil means the wall clock. Tests pass a
 	// *ManualClock to observe queueing in simulated time.
 	Clock Clock
@@ -108,6 +126,10 @@ func DefaultConfig() Config {
 		FailureMode:         FailHTTP500,
 		MaxModelLen:         131072,
 		Seed:                0,
+
+		KVTransferTimePerToken: 10 * time.Microsecond,
+		KVTransferHold:         30 * time.Second,
+		KVLoadFailurePolicy:    KVLoadFail,
 	}
 }
 
@@ -172,6 +194,17 @@ func (c Config) Validate() error {
 	case FailHTTP500, FailReset, FailStall, FailSlow:
 	default:
 		bad("failure mode %q must be one of 500, reset, stall, slow", c.FailureMode)
+	}
+	if c.MaxNumBatchedTokens < 0 {
+		bad("max num batched tokens %d must not be negative", c.MaxNumBatchedTokens)
+	}
+	if c.KVTransferTimePerToken < 0 || c.KVTransferHold < 0 {
+		bad("kv transfer time per token and hold must not be negative")
+	}
+	switch c.KVLoadFailurePolicy {
+	case KVLoadFail, KVLoadRecompute:
+	default:
+		bad("kv load failure policy %q must be one of fail, recompute", c.KVLoadFailurePolicy)
 	}
 	if c.MaxModelLen < 2 {
 		bad("max model len %d must be at least 2", c.MaxModelLen)

@@ -29,11 +29,19 @@ type Result struct {
 	Queued bool
 	// QueueTime is the time spent waiting for a running slot.
 	QueueTime time.Duration
-	// PrefillTime is PrefillOverhead + uncached prompt tokens × PrefillTimePerToken.
+	// PrefillTime is PrefillOverhead + uncached prompt tokens × PrefillTimePerToken; on a decode
+	// leg, PrefillOverhead + one token computed + TransferredTokens × KVTransferTimePerToken.
 	PrefillTime time.Duration
+	// TransferredTokens are the prompt tokens a decode leg pulled from its prefill worker.
+	TransferredTokens int
+	// TransferFailed says that a decode leg found its prefill worker's blocks gone and computed
+	// the prompt itself.
+	TransferFailed bool
 	// TTFT is QueueTime + PrefillTime.
 	TTFT time.Duration
-	// E2E is TTFT + (CompletionTokens-1) × InterTokenLatency.
+	// E2E is TTFT + the decode steps after the first token: (CompletionTokens-1) ×
+	// InterTokenLatency, each step longer by the prompt tokens other requests computed in it
+	// when MaxNumBatchedTokens is set.
 	E2E time.Duration
 	// Err is nil for a finished request.
 	Err error
@@ -73,6 +81,9 @@ type Stats struct {
 	CachedBlocks, PinnedBlocks, CapacityBlocks int
 	// Evictions counts cached blocks evicted to make room.
 	Evictions int64
+	// TransferredTokens are the prompt tokens decode legs pulled from prefill workers, and
+	// TransferFailures the decode legs that found their blocks gone and computed them (pd.go).
+	TransferredTokens, TransferFailures int64
 	// StoredResponses is the number of Responses API responses held for
 	// previous_response_id, GET and input_items.
 	StoredResponses int
@@ -93,6 +104,8 @@ type job struct {
 	// cached is set to the prompt's cache hit in tokens once the prompt is
 	// admitted, before the first token is emitted.
 	cached int
+	// transfer is the job's part in a prefill/decode KV transfer (pd.go).
+	transfer transfer
 }
 
 // engine state shared by every request of a worker, guarded by mu.
@@ -178,9 +191,28 @@ func (w *Worker) generate(ctx context.Context, j *job, emit func(tok string) err
 	if j.fault == FailSlow {
 		perToken, itl, overhead = perToken*slowFactor, itl*slowFactor, overhead*slowFactor
 	}
-	res.PrefillTime = overhead + time.Duration(res.PromptTokens-res.CachedTokens)*perToken
+	computed := res.PromptTokens - res.CachedTokens
+	if j.transfer.role == decodeLeg {
+		if pull(j.transfer) {
+			res.TransferredTokens = computed - 1 // vLLM computes the last prompt token itself
+		} else {
+			res.TransferFailed = true
+		}
+		w.metrics.pulled(computed, res.TransferredTokens)
+		w.count(func(s *Stats) {
+			s.TransferredTokens += int64(res.TransferredTokens)
+			if res.TransferFailed {
+				s.TransferFailures++
+			}
+		})
+		computed -= res.TransferredTokens
+	}
+	res.PrefillTime = overhead + time.Duration(computed)*perToken + time.Duration(res.TransferredTokens)*cfg.KVTransferTimePerToken
 	res.TTFT = res.QueueTime + res.PrefillTime
-	if err := w.sleep(ctx, res.PrefillTime); err != nil {
+	w.prefilling.Add(int64(computed))
+	err = w.sleep(ctx, res.PrefillTime)
+	w.prefilling.Add(-int64(computed))
+	if err != nil {
 		return w.finish(res, err, 0)
 	}
 	w.eng.mu.Lock()
@@ -194,6 +226,7 @@ func (w *Worker) generate(ctx context.Context, j *job, emit func(tok string) err
 	if j.fault == FailStall {
 		stallAt = n / 2
 	}
+	var decodeTime time.Duration
 	for i := 0; i < n; i++ {
 		if i == stallAt {
 			select {
@@ -203,7 +236,9 @@ func (w *Worker) generate(ctx context.Context, j *job, emit func(tok string) err
 			return w.finish(res, errStalled, i)
 		}
 		if i > 0 {
-			if err := w.sleep(ctx, itl); err != nil {
+			step := itl + w.prefillInStep(perToken)
+			decodeTime += step
+			if err := w.sleep(ctx, step); err != nil {
 				return w.finish(res, err, i)
 			}
 		}
@@ -231,8 +266,12 @@ func (w *Worker) generate(ctx context.Context, j *job, emit func(tok string) err
 	w.eng.mu.Unlock()
 	committed = true
 
+	if j.transfer.role == prefillLeg {
+		j.transfer.heldBlocks = w.hold(j.transfer.holdID, hashes[:min(len(hashes), res.PromptTokens/cfg.BlockSize)])
+	}
+
 	res.FinishReason = finish
-	res.E2E = res.TTFT + time.Duration(n-1)*itl
+	res.E2E = res.TTFT + decodeTime
 	w.metrics.e2e.Observe(res.E2E.Seconds())
 	w.metrics.success.WithLabelValues(finish).Inc()
 	return w.finish(res, nil, n)
@@ -259,6 +298,15 @@ func (w *Worker) finish(res Result, err error, generated int) Result {
 		(*fn)(res)
 	}
 	return res
+}
+
+// prefillInStep is how much longer a decode step takes for the prompt tokens that other requests
+// are computing in it: up to MaxNumBatchedTokens of them, at perToken each.
+func (w *Worker) prefillInStep(perToken time.Duration) time.Duration {
+	if w.cfg.MaxNumBatchedTokens == 0 {
+		return 0
+	}
+	return time.Duration(min(w.prefilling.Load(), int64(w.cfg.MaxNumBatchedTokens))) * perToken
 }
 
 // count applies f to the worker's stats under the engine lock.

@@ -65,6 +65,11 @@ func (w *Worker) handleChat(rw http.ResponseWriter, r *http.Request) {
 		w.writeClientError(rw, err)
 		return
 	}
+	xfer, err := parseTransfer(req.KVTransferParams)
+	if err != nil {
+		w.writeClientError(rw, err)
+		return
+	}
 	maxTokens := w.chatMaxTokens(&req)
 	if maxTokens < 1 {
 		w.writeError(rw, http.StatusBadRequest, "max_tokens must be at least 1, got "+strconv.Itoa(maxTokens))
@@ -87,7 +92,10 @@ func (w *Worker) handleChat(rw http.ResponseWriter, r *http.Request) {
 	if w.injectFault(rw, fault, w.fail500) {
 		return
 	}
-	j := &job{model: model, seq: seq, chat: true, maxTokens: maxTokens, ignoreEOS: req.IgnoreEOS, fault: fault}
+	if w.refuseLostTransfer(rw, xfer) {
+		return
+	}
+	j := &job{model: model, seq: seq, chat: true, maxTokens: maxTokens, ignoreEOS: req.IgnoreEOS, fault: fault, transfer: xfer}
 	if plan != nil {
 		j.script = plan.script
 	}
@@ -101,6 +109,14 @@ func (w *Worker) handleCompletion(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	prompts, err := completionPrompts(req.Prompt)
+	if err != nil {
+		w.writeClientError(rw, err)
+		return
+	}
+	xfer, err := parseTransfer(req.KVTransferParams)
+	if err == nil && xfer.role != colocated && len(prompts) != 1 {
+		err = badf("kv_transfer_params: a prefill or decode leg takes one prompt, got %d", len(prompts))
+	}
 	if err != nil {
 		w.writeClientError(rw, err)
 		return
@@ -132,10 +148,13 @@ func (w *Worker) handleCompletion(rw http.ResponseWriter, r *http.Request) {
 			w.writeClientError(rw, err)
 			return
 		}
-		jobs[i] = &job{model: model, seq: seq, maxTokens: n, ignoreEOS: req.IgnoreEOS}
+		jobs[i] = &job{model: model, seq: seq, maxTokens: n, ignoreEOS: req.IgnoreEOS, transfer: xfer}
 	}
 	fault := w.drawFault()
 	if w.injectFault(rw, fault, w.fail500) {
+		return
+	}
+	if w.refuseLostTransfer(rw, xfer) {
 		return
 	}
 	for _, j := range jobs {
@@ -231,8 +250,12 @@ func (w *Worker) serveJobs(rw http.ResponseWriter, r *http.Request, kind apiKind
 		}
 		u.add(results[i])
 	}
+	var handoff *kvTransferParams // a prefill leg's answer; streamed legs get none, as from vLLM
+	if t := jobs[0].transfer; t.role == prefillLeg {
+		handoff = w.handoffParams(r, t.holdID, t.heldBlocks)
+	}
 	if kind == kindChat {
-		resp := chatResponse{ID: id, Object: "chat.completion", Created: created, Model: model, Usage: u}
+		resp := chatResponse{ID: id, Object: "chat.completion", Created: created, Model: model, Usage: u, KVTransferParams: handoff}
 		resp.Choices = make([]chatChoice, len(jobs))
 		for i := range jobs {
 			c := &resp.Choices[i]
@@ -252,7 +275,7 @@ func (w *Worker) serveJobs(rw http.ResponseWriter, r *http.Request, kind apiKind
 		writeJSON(rw, http.StatusOK, resp)
 		return
 	}
-	resp := completionResponse{ID: id, Object: "text_completion", Created: created, Model: model, Usage: u}
+	resp := completionResponse{ID: id, Object: "text_completion", Created: created, Model: model, Usage: u, KVTransferParams: handoff}
 	resp.Choices = make([]completionChoice, len(jobs))
 	for i := range jobs {
 		resp.Choices[i] = completionChoice{Index: i, Text: texts[i].String(), FinishReason: results[i].FinishReason}

@@ -27,6 +27,8 @@ type workerMetrics struct {
 
 	prefixQueries    prometheus.Counter
 	prefixHits       prometheus.Counter
+	externalQueries  prometheus.Counter
+	externalHits     prometheus.Counter
 	promptTokens     prometheus.Counter
 	generationTokens prometheus.Counter
 	success          *prometheus.CounterVec
@@ -56,6 +58,10 @@ func newWorkerMetrics(w *Worker) *workerMetrics {
 		"Prefix cache queries, in terms of number of queried tokens.")
 	m.prefixHits = counter("vllm:prefix_cache_hits_total",
 		"Prefix cache hits, in terms of number of cached tokens.")
+	m.externalQueries = counter("vllm:external_prefix_cache_queries_total",
+		"Prompt tokens a decode leg looked for through its KV connector (those its own cache lacked).")
+	m.externalHits = counter("vllm:external_prefix_cache_hits_total",
+		"Prompt tokens a decode leg pulled from a prefill engine instead of computing them.")
 	m.promptTokens = counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.")
 	m.generationTokens = counter("vllm:generation_tokens_total", "Number of generation tokens processed.")
 	m.success = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -94,6 +100,12 @@ func newWorkerMetrics(w *Worker) *workerMetrics {
 	info.Set(1)
 	m.reg.MustRegister(info)
 	return m
+}
+
+// pulled counts a decode leg's look-up of the tokens its own cache lacked, and those it pulled.
+func (m *workerMetrics) pulled(queried, pulled int) {
+	m.externalQueries.Add(float64(queried))
+	m.externalHits.Add(float64(pulled))
 }
 
 // admitted counts a request's prompt once it is scheduled.

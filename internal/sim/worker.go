@@ -37,6 +37,13 @@ type Worker struct {
 	stored  *responseStore
 	events  *eventPublisher // nil unless cfg.KVEvents.Endpoint is set
 
+	// engineID names the worker in the kv_transfer_params of its prefill legs (pd.go).
+	engineID string
+	holds    transferHolds
+	// prefilling is the number of prompt tokens being computed now, which slow the decode
+	// steps of every other running request when MaxNumBatchedTokens is set.
+	prefilling atomic.Int64
+
 	name     atomic.Pointer[string]
 	onResult atomic.Pointer[func(Result)]
 
@@ -62,6 +69,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 		stored:   newResponseStore(maxStoredResponses, maxStoredBytes),
 		faultRNG: rand.New(rand.NewPCG(uint64(cfg.Seed), 0x5eed)),
 		done:     make(chan struct{}),
+		engineID: newID("engine-"),
 	}
 	if w.clock == nil {
 		w.clock = wallClock{}
@@ -73,6 +81,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 	if err := w.startEvents(); err != nil {
 		return nil, err
 	}
+	engines.Store(w.engineID, w)
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", w.handleChat)
@@ -151,11 +160,15 @@ func (w *Worker) Stats() Stats {
 	return s
 }
 
-// Close releases requests that fault injection stalls. The worker keeps
-// serving; stopping the listener is the server's business.
+// Close releases requests that fault injection stalls and the blocks held for
+// KV transfers, and takes the worker's engine out of reach of decode legs
+// (which then compute the prompt themselves). The worker keeps serving;
+// stopping the listener is the server's business.
 func (w *Worker) Close() {
 	w.closeOnce.Do(func() {
 		close(w.done)
+		engines.Store(w.engineID, goneEngine{})
+		w.releaseAll()
 		w.stopEvents()
 	})
 }
