@@ -71,8 +71,11 @@ type exchange struct {
 // stream is what the events of one response leave.
 type stream struct {
 	content bool // a content-bearing event (text, reasoning or a tool call) has come
-	done    bool // the API's final event has come
-	reply   strings.Builder
+	// contentEvents counts the content-bearing events, so that the client can time the gaps
+	// between them (inter-token latency).
+	contentEvents int
+	done          bool // the API's final event has come
+	reply         strings.Builder
 	// prompt counts every prompt token, cached ones included, in every API, so that
 	// cached / prompt is the same hit rate whichever API served the request.
 	prompt, cached, output int
@@ -85,6 +88,12 @@ type stream struct {
 	// in and cacheWrite are Anthropic's input_tokens and cache_creation_input_tokens, kept
 	// because its events give the parts of the prompt one by one.
 	in, cacheWrite int
+}
+
+// sawContent records a content-bearing event.
+func (st *stream) sawContent() {
+	st.content = true
+	st.contentEvents++
 }
 
 // splitSystem returns the text of the conversation's leading system messages, joined by blank

@@ -81,7 +81,7 @@ func (chatAPI) event(data []byte, st *stream) error {
 	for _, c := range ch.Choices {
 		text := c.Delta.Content + c.Text
 		if text != "" || c.Delta.ReasoningContent != "" || len(c.Delta.ToolCalls) > 0 && string(c.Delta.ToolCalls) != "null" {
-			st.content = true
+			st.sawContent()
 		}
 		st.reply.WriteString(text)
 	}

@@ -189,7 +189,7 @@ func (messagesAPI) event(data []byte, st *stream) error {
 			// The block names the tool: the reply's first token, as a chat stream's first
 			// tool_calls delta is. The input comes in input_json_delta pieces; the start's own
 			// (empty) input stands only when none comes.
-			st.content = true
+			st.sawContent()
 			if st.toolBlock == nil {
 				st.toolBlock = map[int]int{}
 			}
@@ -199,7 +199,9 @@ func (messagesAPI) event(data []byte, st *stream) error {
 		}
 	case "content_block_delta":
 		if d := ev.Delta; d != nil {
-			st.content = st.content || d.Text != "" || d.Thinking != "" || d.PartialJSON != ""
+			if d.Text != "" || d.Thinking != "" || d.PartialJSON != "" {
+				st.sawContent()
+			}
 			st.reply.WriteString(d.Text)
 			if i, ok := st.toolBlock[ev.Index]; ok && d.Type == "input_json_delta" {
 				st.calls[i].Arguments += d.PartialJSON

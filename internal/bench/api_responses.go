@@ -172,15 +172,21 @@ func (responsesAPI) event(data []byte, st *stream) error {
 	switch ev.Type {
 	case "response.output_text.delta":
 		text := unquote(ev.Delta)
-		st.content = st.content || text != ""
+		if text != "" {
+			st.sawContent()
+		}
 		st.reply.WriteString(text)
 	case "response.reasoning_text.delta", "response.reasoning_summary_text.delta",
 		"response.function_call_arguments.delta", "response.refusal.delta":
-		st.content = st.content || unquote(ev.Delta) != ""
+		if unquote(ev.Delta) != "" {
+			st.sawContent()
+		}
 	case "response.output_item.added":
 		// A function call's item names the function: its first token, as a chat stream's first
 		// tool_calls delta is.
-		st.content = st.content || ev.Item != nil && ev.Item.Type == "function_call"
+		if ev.Item != nil && ev.Item.Type == "function_call" {
+			st.sawContent()
+		}
 	case "response.output_item.done":
 		if it := ev.Item; it != nil && it.Type == "function_call" {
 			st.calls = append(st.calls, ToolCall{ID: it.CallID, Name: it.Name, Arguments: it.Arguments})

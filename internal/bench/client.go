@@ -40,12 +40,15 @@ type Record struct {
 	Session, Turn int
 	Start         time.Duration // from the start of the run, wall clock
 	TTFT          time.Duration // to the first event that carries content, wall clock
-	E2E           time.Duration // to the end of the stream, wall clock
-	PromptTokens  int           // every prompt token, cached ones included, whatever the API
-	CachedTokens  int
-	OutputTokens  int
-	Worker        string // the router's x-vllm-router-worker, else the simulator's x-sim-worker
-	Decision      string // x-vllm-router-decision
+	// Gaps are the times between consecutive content-bearing events of the stream, wall clock:
+	// the request's inter-token latencies.
+	Gaps         []time.Duration
+	E2E          time.Duration // to the end of the stream, wall clock
+	PromptTokens int           // every prompt token, cached ones included, whatever the API
+	CachedTokens int
+	OutputTokens int
+	Worker       string // the router's x-vllm-router-worker, else the simulator's x-sim-worker
+	Decision     string // x-vllm-router-decision
 	// PrefixMatch is x-vllm-router-prefix-match, the fraction of the prompt the router expected
 	// its worker to hold, when HasPrefixMatch (the answer carried a valid one).
 	PrefixMatch    float64
@@ -123,12 +126,20 @@ func send(ctx context.Context, client *http.Client, base string, a api, x *excha
 		return
 	}
 	var st stream
+	var last time.Time // of the last content-bearing event
 	err = readEvents(resp.Body, func(data []byte) (bool, error) {
+		before := st.contentEvents
 		if err := a.event(data, &st); err != nil {
 			return false, err
 		}
-		if rec.TTFT == 0 && st.content {
-			rec.TTFT = time.Since(start)
+		if st.contentEvents > before {
+			now := time.Now()
+			if last.IsZero() {
+				rec.TTFT = now.Sub(start)
+			} else {
+				rec.Gaps = append(rec.Gaps, now.Sub(last))
+			}
+			last = now
 		}
 		return st.done, nil
 	})

@@ -52,6 +52,9 @@ func TestInProcessBenchCacheAwareBeatsRoundRobin(t *testing.T) {
 		if tr.TTFT.P50 <= 0 || tr.TTFT.P99 < tr.TTFT.P50 || tr.E2E.P50 < tr.TTFT.P50 {
 			t.Fatalf("%s: ttft %+v e2e %+v", tr.Name, tr.TTFT, tr.E2E)
 		}
+		if tr.ITL.P50 <= 0 || tr.ITL.P99 < tr.ITL.P50 { // 8-token replies: 7 gaps each
+			t.Fatalf("%s: itl %+v", tr.Name, tr.ITL)
+		}
 	}
 	if rr.Decisions["round_robin"] != 30 || rr.Policy != "round_robin" {
 		t.Fatalf("round_robin decisions %v", rr.Decisions)

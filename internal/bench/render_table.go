@@ -11,7 +11,7 @@ import (
 
 // tableHeader are the columns of the comparison table (text and Markdown).
 var tableHeader = []string{"target", "hit rate", "predicted", "worker hit", "TTFT p50", "TTFT p90", "TTFT p99",
-	"E2E p50", "E2E p99", "req/s", "out tok/s", "errors", "imbalance peak/mean"}
+	"E2E p50", "E2E p99", "ITL p50", "ITL p99", "req/s", "out tok/s", "errors", "imbalance peak/mean"}
 
 // chainHeader are the columns added for --api responses-chain, where a turn that reaches
 // another worker than its session's previous turn fails.
@@ -53,7 +53,7 @@ func tableRow(t *TargetReport) []string {
 		imb = fmt.Sprintf("%.2f / %.2f", t.Imbalance.Peak, t.Imbalance.Mean)
 	}
 	return []string{t.Name, pct(t.HitRate), optPct(t.PredictedHitRate), worker, millis(t.TTFT.P50), millis(t.TTFT.P90), millis(t.TTFT.P99),
-		millis(t.E2E.P50), millis(t.E2E.P99), fmt.Sprintf("%.2f", t.RequestsPerSec), fmt.Sprintf("%.0f", t.OutputTokensPerSec),
+		millis(t.E2E.P50), millis(t.E2E.P99), millis(t.ITL.P50), millis(t.ITL.P99), fmt.Sprintf("%.2f", t.RequestsPerSec), fmt.Sprintf("%.0f", t.OutputTokensPerSec),
 		fmt.Sprint(t.Errors + t.Skipped), imb}
 }
 

@@ -63,6 +63,9 @@ type TargetReport struct {
 
 	TTFT Latency `json:"ttft_ms"`
 	E2E  Latency `json:"e2e_ms"`
+	// ITL is the inter-token latency: the gaps between consecutive content-bearing events of
+	// every successful stream, pooled.
+	ITL Latency `json:"itl_ms"`
 
 	RequestsPerSec     float64 `json:"requests_per_sec"`
 	OutputTokensPerSec float64 `json:"output_tokens_per_sec"`
@@ -98,7 +101,7 @@ func summarize(t *Target, res runResult, scale float64) TargetReport {
 		Skipped: res.skipped, Decisions: map[string]int{}, WorkerShare: map[string]float64{},
 	}
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) / scale }
-	var ttft, e2e []float64
+	var ttft, e2e, itl []float64
 	workers := map[string]int{}
 	seenErr := map[string]bool{}
 	var predicted, predictedOf float64
@@ -131,6 +134,9 @@ func summarize(t *Target, res runResult, scale float64) TargetReport {
 		}
 		ttft = append(ttft, ms(rec.TTFT))
 		e2e = append(e2e, ms(rec.E2E))
+		for _, g := range rec.Gaps {
+			itl = append(itl, ms(g))
+		}
 	}
 	r.HitRate = HitRate(r.CachedTokens, r.PromptTokens)
 	if predictedOf > 0 {
@@ -141,6 +147,8 @@ func summarize(t *Target, res runResult, scale float64) TargetReport {
 	slices.Sort(e2e)
 	r.TTFT = Latency{P50: percentileSorted(ttft, 50), P90: percentileSorted(ttft, 90), P99: percentileSorted(ttft, 99)}
 	r.E2E = Latency{P50: percentileSorted(e2e, 50), P90: percentileSorted(e2e, 90), P99: percentileSorted(e2e, 99)}
+	slices.Sort(itl)
+	r.ITL = Latency{P50: percentileSorted(itl, 50), P90: percentileSorted(itl, 90), P99: percentileSorted(itl, 99)}
 	r.WallSec = res.wall.Seconds()
 	r.DurationSec = r.WallSec / scale
 	if r.DurationSec > 0 {

@@ -18,6 +18,20 @@ func testRecords() []Record {
 	}
 }
 
+func TestReportITLPoolsTheGapsOfEverySuccessfulStream(t *testing.T) {
+	ms := time.Millisecond
+	recs := []Record{
+		{PromptTokens: 10, Gaps: []time.Duration{5 * ms, 5 * ms, 5 * ms}},
+		{PromptTokens: 10, Gaps: []time.Duration{30 * ms}},
+		{Err: "HTTP 500", Gaps: []time.Duration{900 * ms}}, // a failed request does not count
+	}
+	r := summarize(&Target{Name: "x"}, runResult{records: recs, wall: time.Second}, 0.5)
+	// Four gaps pooled, in simulated time (wall / 0.5): 10, 10, 10, 60 ms.
+	if r.ITL.P50 != 10 || r.ITL.P99 <= 10 || r.ITL.P99 > 60 {
+		t.Fatalf("ITL %+v, want p50 10 ms and p99 toward the 60 ms gap", r.ITL)
+	}
+}
+
 func TestReportHitRateIsCachedOverPromptOfTheResponses(t *testing.T) {
 	recs := testRecords()
 	r := summarize(&Target{Name: "x", SessionMode: SessionHeader}, runResult{records: recs, wall: 2 * time.Second}, 1)
