@@ -50,8 +50,8 @@ func ParsePolicies(list []string, defaultMode string) ([]PolicySpec, error) {
 			if !hasMode {
 				mode = defaultMode
 			}
-			if _, ok := registry.Lookup(pol); !ok {
-				return nil, fmt.Errorf("--policies: unknown policy %q (want one of %s)", pol, strings.Join(registry.Names(), ", "))
+			if _, ok := registry.Lookup(pol); !ok && pol != OraclePolicy {
+				return nil, fmt.Errorf("--policies: unknown policy %q (want one of %s, or %s)", pol, strings.Join(registry.Names(), ", "), OraclePolicy)
 			}
 			if !slices.Contains(SessionModes, mode) {
 				return nil, fmt.Errorf("--policies %s: session id mode %q is not one of %s", e, mode, strings.Join(SessionModes, ", "))
@@ -218,6 +218,12 @@ func runPolicies(ctx context.Context, o Options, rep *Report) error {
 			}
 			redisURL = store.URL()
 		}
+		if p.Policy == OraclePolicy {
+			if err := runOracle(ctx, &o, rep, p, fleet, model); err != nil {
+				return err
+			}
+			continue
+		}
 		cfg, err := routerConfig(p, fleet.URLs(), redisURL)
 		if err != nil {
 			return err
@@ -241,6 +247,26 @@ func runPolicies(ctx context.Context, o Options, rep *Report) error {
 		}
 	}
 	return nil
+}
+
+// runOracle runs the workload through the oracle over fleet.
+func runOracle(ctx context.Context, o *Options, rep *Report, p PolicySpec, fleet *sim.Fleet, model string) error {
+	if o.API != "" && o.API != APIChat {
+		return fmt.Errorf("--policies %s: the oracle routes chat completions only, not --api %s", p.Name, o.API)
+	}
+	or, err := startOracle(fleet)
+	if err != nil {
+		return err
+	}
+	defer or.stop()
+	t := &Target{Name: p.Name, URLs: []string{or.url}, SessionMode: p.SessionMode, Policy: p.Policy,
+		Loads: or.loads, Workers: o.Workers, WorkerMetrics: fleet.URLs(), TimeScale: o.Sim.TimeScale}
+	tr, err := runOne(ctx, o, t, model)
+	if err != nil {
+		return err
+	}
+	rep.Targets = append(rep.Targets, tr)
+	return ctx.Err()
 }
 
 // runTargets runs the workload against each external target.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 
+	"github.com/cacheroute/cacheroute/internal/sim/kvcache"
 	"github.com/cacheroute/cacheroute/internal/sim/prompt"
 )
 
@@ -115,4 +116,25 @@ func (w *Worker) handleChatRender(rw http.ResponseWriter, r *http.Request) {
 		Features       any            `json:"features"`
 		SamplingParams samplingParams `json:"sampling_params"`
 	}{newID("chatcmpl-"), model, seq.AppendIDs(make([]uint32, 0, seq.Len()), 0, seq.Len()), nil, samplingParams{maxTokens}})
+}
+
+// CachedChatPrefix returns how many of the prompt tokens of a chat completions request body this
+// worker would serve from its cache if the request came now, and how many there are: what an
+// oracle router knows and no real one does. It reads the cache without touching it.
+func (w *Worker) CachedChatPrefix(body []byte) (cached, promptTokens int, err error) {
+	var req chatRequest
+	if err := decodeJSON(body, &req); err != nil {
+		return 0, 0, err
+	}
+	var seq prompt.Sequence
+	if err := renderChatRequest(&seq, &req, true); err != nil {
+		return 0, 0, err
+	}
+	bs := w.cfg.BlockSize
+	hashes := kvcache.BlockHashes(nil, seq.Text, seq.Ends, bs)
+	maxHit := (seq.Len() - 1) / bs
+	w.eng.mu.Lock()
+	hit := min(w.eng.cache.Match(hashes), maxHit)
+	w.eng.mu.Unlock()
+	return hit * bs, seq.Len(), nil
 }
