@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/tls"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -13,18 +11,9 @@ import (
 	"net/url"
 	"strconv"
 	"time"
-)
 
-// Dialer opens connections to workers: the router passes the dial function and TLS settings of
-// the transport its health checker uses, so scrapes follow the same address rules
-// (--worker-url-allow) and trust the same CAs and client certificate as every other request to
-// a worker.
-type Dialer struct {
-	// DialContext dials TCP; nil means a net.Dialer.
-	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
-	// TLS configures https:// workers; nil means the defaults. ServerName is set per worker.
-	TLS *tls.Config
-}
+	"github.com/cacheroute/cacheroute/internal/upstream"
+)
 
 // conn is one kept-alive HTTP/1.1 connection to a worker, used by one scrape at a time. The
 // scraper speaks the little HTTP it needs itself rather than through net/http: a GET with a
@@ -37,71 +26,38 @@ type conn struct {
 	req []byte // the whole request, built once per worker
 }
 
-// target is what a scrape of one worker URL needs: where to dial and what to send.
+// target is what a scrape of one worker URL needs: where and how to dial, and what to send.
 type target struct {
-	addr       string // host:port
-	serverName string // for TLS; "" for http://
-	req        []byte
+	upstream.Target
+	req []byte
 }
 
 // newTarget builds the request for workerURL: GET <path prefix>/metrics?name[]=... with the
-// bearer key, or the URL's own user:password as basic credentials.
-func newTarget(workerURL, query, apiKey string) (target, error) {
+// worker's credential (upstream.Dialer.Authorization).
+func newTarget(d upstream.Dialer, workerURL, query string) (target, error) {
 	u, err := url.Parse(workerURL)
-	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+	if err != nil {
 		return target{}, errors.New("GET /metrics: bad worker URL")
 	}
-	t := target{addr: u.Host}
-	port := u.Port()
-	if port == "" {
-		port = "80"
-		if u.Scheme == "https" {
-			port = "443"
-		}
-		t.addr = net.JoinHostPort(u.Hostname(), port)
-	}
-	if u.Scheme == "https" {
-		t.serverName = u.Hostname()
+	ut, err := d.Target(workerURL)
+	if err != nil {
+		return target{}, errors.New("GET /metrics: bad worker URL")
 	}
 	var b bytes.Buffer
-	b.WriteString("GET " + u.EscapedPath() + query + " HTTP/1.1\r\nHost: " + u.Host + "\r\n")
+	b.WriteString("GET " + u.EscapedPath() + query + " HTTP/1.1\r\nHost: " + ut.Host + "\r\n")
 	b.WriteString("User-Agent: cacheroute\r\nAccept: text/plain;version=0.0.4\r\n")
-	switch {
-	case apiKey != "":
-		b.WriteString("Authorization: Bearer " + apiKey + "\r\n")
-	case u.User != nil:
-		pass, _ := u.User.Password()
-		b.WriteString("Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+pass)) + "\r\n")
+	if ut.Authorization != "" {
+		b.WriteString("Authorization: " + ut.Authorization + "\r\n")
 	}
 	b.WriteString("\r\n")
-	t.req = b.Bytes()
-	return t, nil
+	return target{Target: ut, req: b.Bytes()}, nil
 }
 
-func (d Dialer) dial(ctx context.Context, t target) (*conn, error) {
-	dial := d.DialContext
-	if dial == nil {
-		dial = (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext
-	}
-	c, err := dial(ctx, "tcp", t.addr)
+// dial connects to t through d: the address rules, TLS and dial timeout of every call to a worker.
+func dial(ctx context.Context, d upstream.Dialer, t target) (*conn, error) {
+	c, err := d.Dial(ctx, t.Target)
 	if err != nil {
 		return nil, err
-	}
-	if t.serverName != "" {
-		cfg := &tls.Config{}
-		if d.TLS != nil {
-			cfg = d.TLS.Clone()
-		}
-		if cfg.ServerName == "" {
-			cfg.ServerName = t.serverName
-		}
-		cfg.NextProtos = []string{"http/1.1"}
-		tc := tls.Client(c, cfg)
-		if err := tc.HandshakeContext(ctx); err != nil {
-			c.Close()
-			return nil, err
-		}
-		c = tc
 	}
 	return &conn{c: c, br: bufio.NewReaderSize(c, 4096), req: t.req}, nil
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/upstream"
 )
 
 func TestScrapeReadsAChunkedAnswer(t *testing.T) {
@@ -82,7 +84,7 @@ func TestScrapeOverTLSTrustsTheGivenCAs(t *testing.T) {
 	}
 	roots := x509.NewCertPool()
 	roots.AddCert(srv.Certificate())
-	s := New(pool, Options{Interval: time.Second, Dialer: Dialer{TLS: &tls.Config{RootCAs: roots}}}, quiet())
+	s := New(pool, Options{Interval: time.Second, Dialer: upstream.Dialer{TLS: &tls.Config{RootCAs: roots}}}, quiet())
 	defer s.Close()
 	if err := s.Scrape(t.Context(), srv.URL); err != nil {
 		t.Fatal(err)

@@ -5,6 +5,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/upstream"
 )
 
 // BenchmarkRoundTripFloor is the least a scrape can cost here: one HTTP round trip over a kept
@@ -19,11 +21,11 @@ func BenchmarkRoundTripFloor(b *testing.B) {
 	q := New(nil, Options{Interval: time.Second}, nil).query
 	var conns []*conn
 	for _, u := range urls {
-		t, err := newTarget(u, q, "")
+		t, err := newTarget(upstream.Dialer{}, u, q)
 		if err != nil {
 			b.Fatal(err)
 		}
-		c, err := Dialer{}.dial(context.Background(), t)
+		c, err := dial(context.Background(), upstream.Dialer{}, t)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/tenant"
+	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -22,10 +23,9 @@ type Options struct {
 	// Timeout bounds one scrape; 0 means nine tenths of Interval, so that a scrape has ended
 	// before the next one of the same worker is due.
 	Timeout time.Duration
-	// APIKey is sent as a bearer token, as the health checker sends it to workers.
-	APIKey string
-	// Dialer connects to the workers (the health checker transport's dial and TLS settings).
-	Dialer Dialer
+	// Dialer connects to the workers and sends each its credential, as for every other call to
+	// a worker (--worker-url-allow, TLS, --api-key or the URL's user:password@).
+	Dialer upstream.Dialer
 }
 
 // maxPageBytes bounds the page read from one worker. A filtered page is a few hundred bytes; a
@@ -196,12 +196,12 @@ func (s *Scraper) fetch(ctx context.Context, workerURL string, buf *bytes.Buffer
 	for attempt := 0; ; attempt++ {
 		reused := c != nil
 		if c == nil {
-			t, err := newTarget(workerURL, s.query, s.opts.APIKey)
+			t, err := newTarget(s.opts.Dialer, workerURL, s.query)
 			if err != nil {
 				return err
 			}
 			dctx, cancel := context.WithDeadline(ctx, deadline)
-			c, err = s.opts.Dialer.dial(dctx, t)
+			c, err = dial(dctx, s.opts.Dialer, t)
 			cancel()
 			if err != nil {
 				return fetchError(err, s.opts.Timeout)

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -98,7 +99,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestScrapeAsksOnlyForTheLoadFamilies(t *testing.T) {
 	m := newMetricsServer(t, page(t, "vllm.txt"))
 	pool := enginePool(t, 1, m.srv.URL)
-	s := newScraper(pool, Options{Interval: time.Second, APIKey: "k1"})
+	s := newScraper(pool, Options{Interval: time.Second, Dialer: upstream.Dialer{APIKey: "k1"}})
 	if err := s.Scrape(t.Context(), m.srv.URL); err != nil {
 		t.Fatal(err)
 	}

@@ -403,7 +403,7 @@ func TestClientsAnthropicKeyIsNotReplacedByTheRoutersKey(t *testing.T) {
 		_, _ = io.Copy(io.Discard, r.Body)
 	})
 	opts := testOptions()
-	opts.APIKey = "router-key"
+	opts.Upstream.APIKey = "router-key"
 	tp := newTestProxy(t, setup{urls: []string{w.URL}, opts: &opts})
 	msg := `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`
 	tp.post(t, "/v1/messages", msg, "x-api-key", "client-key")
@@ -522,7 +522,7 @@ func TestLoraAdapterIsLoadedOnEveryWorkerAndTheirModelsRefreshed(t *testing.T) {
 	a, b := lora(http.StatusOK), lora(http.StatusOK)
 	fleet := &probeRecorder{}
 	opts := testOptions()
-	opts.AdminAPIKey, opts.APIKey = "admin", "worker-key"
+	opts.AdminAPIKey, opts.Upstream.APIKey = "admin", "worker-key"
 	tp := newTestProxy(t, setup{urls: []string{a.URL, b.URL}, fleet: fleet, opts: &opts})
 	body := `{"lora_name":"sql","lora_path":"/adapters/sql"}`
 	if status, _, _ := tp.post(t, "/v1/load_lora_adapter", body); status != http.StatusUnauthorized {

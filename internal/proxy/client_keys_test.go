@@ -45,7 +45,7 @@ func keyedProxy(t *testing.T, forward bool) (*testProxy, *authWorker) {
 	opts := testOptions()
 	opts.ClientKeys = keySet(t, "sk-alice tenant=alice\nsk-bob tenant=bob priority=batch\n")
 	opts.ForwardClientAuth = forward
-	opts.APIKey = "worker-key"
+	opts.Upstream.APIKey = "worker-key"
 	return newTestProxy(t, setup{urls: []string{w.URL}, opts: &opts}), w
 }
 

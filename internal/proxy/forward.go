@@ -338,7 +338,7 @@ func (s *Server) send(ctx *fasthttp.RequestCtx, ex *exchange, w *workers.Worker,
 	}
 	out := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(out)
-	s.buildRequest(ctx, out, w, ex.rid)
+	s.buildRequest(ctx, out, w, ex.rid, pool.target.Authorization)
 	ex.trace.Inject(&out.Header)
 	for fresh := false; ; fresh = true {
 		resp, c, err := s.exchangeOn(pool, w, out, ex, fresh)
@@ -396,12 +396,12 @@ func (s *Server) exchangeOn(pool *connPool, w *workers.Worker, out *fasthttp.Req
 	}
 	c.wrote = true
 	readDeadline := ex.deadline
-	if fb := s.opts.Upstream.FirstByteTimeout; fb > 0 && ex.in.Request.Stream {
+	if fb := s.opts.Upstream.Timeouts.FirstByte; fb > 0 && ex.in.Request.Stream {
 		if t := time.Now().Add(fb); t.Before(readDeadline) {
 			readDeadline = t
 		}
 	}
-	if s.opts.Upstream.StallTimeout > 0 {
+	if s.opts.Upstream.Timeouts.Stall > 0 {
 		if err := waitFirstByte(c, w, readDeadline); err != nil {
 			return fail(err)
 		}
@@ -454,8 +454,9 @@ func (s *Server) discard(resp *fasthttp.Response, c *upConn) {
 }
 
 // buildRequest writes the upstream request: the client's method, path, query and body bytes as
-// they came, its end-to-end headers, and the router's own.
-func (s *Server) buildRequest(ctx *fasthttp.RequestCtx, out *fasthttp.Request, w *workers.Worker, rid string) {
+// they came, its end-to-end headers, and the router's own; auth is the worker's credential
+// (upstream.Dialer.Authorization), sent when the client's own is not.
+func (s *Server) buildRequest(ctx *fasthttp.RequestCtx, out *fasthttp.Request, w *workers.Worker, rid, auth string) {
 	in := &ctx.Request
 	copyRequestHeaders(&out.Header, &in.Header)
 	if s.opts.ClientKeys != nil && !s.opts.ForwardClientAuth {
@@ -469,8 +470,8 @@ func (s *Server) buildRequest(ctx *fasthttp.RequestCtx, out *fasthttp.Request, w
 	if w.Rank() >= 0 {
 		out.Header.Set(HeaderDPRankOut, strconv.Itoa(w.Rank()))
 	}
-	if s.opts.APIKey != "" && len(out.Header.Peek("Authorization")) == 0 && len(out.Header.Peek("X-Api-Key")) == 0 {
-		out.Header.Set("Authorization", "Bearer "+s.opts.APIKey)
+	if auth != "" && len(out.Header.Peek("Authorization")) == 0 && len(out.Header.Peek("X-Api-Key")) == 0 {
+		out.Header.Set("Authorization", auth)
 	}
 	addForwarded(&out.Header, ctx)
 }

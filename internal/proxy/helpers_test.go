@@ -22,6 +22,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -50,9 +51,8 @@ func testOptions() Options {
 		ClientBodyTimeout:   20 * time.Second,
 		KeepaliveTimeout:    20 * time.Second,
 		Upstream: UpstreamOptions{
-			DialTimeout:      2 * time.Second,
+			Dialer:           upstream.Dialer{Timeouts: upstream.Timeouts{Dial: 2 * time.Second, Idle: time.Minute}},
 			MaxIdlePerWorker: 8,
-			IdleConnTimeout:  time.Minute,
 		},
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"sync"
-	"time"
 
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -84,16 +83,14 @@ func (s *Server) lora(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, status, map[string]any{"results": results})
 }
 
-// sendLora posts body to one worker with the router's worker API key, never the admin's key.
+// sendLora posts body to one worker with the worker's credential (workerClient), never the
+// admin's key.
 func (s *Server) sendLora(ctx context.Context, url string, body []byte) loraResult {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return loraResult{Error: "the worker's URL is not usable"}
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if s.opts.APIKey != "" {
-		req.Header.Set("Authorization", "Bearer "+s.opts.APIKey)
-	}
 	resp, err := s.workerClient.Do(req)
 	if err != nil {
 		return loraResult{Error: "the worker could not be reached"}
@@ -107,15 +104,4 @@ func (s *Server) sendLora(ctx context.Context, url string, body []byte) loraResu
 		res.Answer, _ = json.Marshal(string(answer))
 	}
 	return res
-}
-
-// newWorkerClient is the HTTP client of the router's own requests to workers (adapter loads,
-// /tokenize): workers are dialed directly (no proxy from the environment), https:// ones with the
-// routed requests' TLS configuration; each request is bounded by its caller.
-func newWorkerClient(opts UpstreamOptions) *http.Client {
-	return &http.Client{Transport: &http.Transport{
-		DialContext:     opts.dialer().DialContext,
-		TLSClientConfig: opts.TLS.Clone(),
-		IdleConnTimeout: 30 * time.Second,
-	}}
 }

@@ -38,7 +38,6 @@ type Options struct {
 	MaxRetries     int
 	InitialBackoff time.Duration
 	MaxBackoff     time.Duration
-	APIKey         string // sent upstream when the client sent no Authorization
 	AdminAPIKey    string // required by admin endpoints when set
 	// AdminURLCredentials lets the admin API add worker URLs with user:password@.
 	AdminURLCredentials bool
@@ -51,7 +50,7 @@ type Options struct {
 	OwnHosts []string
 	// ClientKeys, when set, is asked for every routed request's and /v1/models' key: a caller
 	// without a valid one gets 401. Unless ForwardClientAuth, the client's key is then not sent
-	// to workers (they get APIKey).
+	// to workers (they get the worker's credential, Upstream.Authorization).
 	ClientKeys        ClientKeys
 	ForwardClientAuth bool
 	// Admission, when set, applies rate limits and admission control to routed requests.
@@ -131,7 +130,7 @@ func (s *Server) isAdminPath(path string) bool {
 func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metrics.Metrics, log *slog.Logger) *Server {
 	s := &Server{opts: opts, pool: pool, fleet: fleet, policy: p, metrics: m, log: log,
 		upstreams: newUpstreams(opts.Upstream), routes: newRoutes(m), mux: http.NewServeMux(),
-		workerClient: newWorkerClient(opts.Upstream), misses: newResponseMisses()}
+		workerClient: opts.Upstream.Client(), misses: newResponseMisses()}
 	if opts.Tokenize != nil {
 		s.tokenCache = &tokenCache{budget: opts.Tokenize.CacheBytes, byKey: map[string][]uint32{}}
 	}

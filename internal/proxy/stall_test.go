@@ -19,7 +19,7 @@ func TestStall_AttemptWaitingOnAStalledWorkerIsRetriedElsewhere(t *testing.T) {
 	live := okWorker(t, "live")
 	opts := testOptions()
 	opts.RequestTimeout = time.Minute // far beyond the bounds waited on here
-	opts.Upstream.StallTimeout = time.Second
+	opts.Upstream.Timeouts.Stall = time.Second
 	tp := newTestProxy(t, setup{opts: &opts, urls: []string{hung.URL, live.URL}}) // round robin: hung first
 
 	type answer struct {

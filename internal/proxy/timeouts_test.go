@@ -25,7 +25,7 @@ func TestTimeouts_FirstByteTimeoutFailsAStreamOverToTheNextWorker(t *testing.T) 
 	hang := hangingWorker(t)
 	live := sseWorker(t, "live", 3)
 	opts := testOptions()
-	opts.Upstream.FirstByteTimeout = 100 * time.Millisecond
+	opts.Upstream.Timeouts.FirstByte = 100 * time.Millisecond
 	tp := newTestProxy(t, setup{opts: &opts, urls: []string{hang.URL, live.URL}})
 
 	status, h, body := tp.post(t, chatPath, streamBody)
@@ -52,7 +52,7 @@ func TestTimeouts_RequestTimeoutIs504AndNotRetried(t *testing.T) {
 	live := okWorker(t, "live")
 	opts := testOptions()
 	opts.RequestTimeout = time.Second
-	opts.Upstream.FirstByteTimeout = 200 * time.Millisecond // shorter, and not for this request
+	opts.Upstream.Timeouts.FirstByte = 200 * time.Millisecond // shorter, and not for this request
 	tp := newTestProxy(t, setup{opts: &opts, urls: []string{hang.URL, live.URL}})
 
 	status, _, body := tp.post(t, chatPath, chatBody)

@@ -29,7 +29,6 @@ import (
 
 // TokenizeOptions turn the asking on.
 type TokenizeOptions struct {
-	Timeout time.Duration
 	// CacheBytes bounds the remembered answers (their keys and tokens), all together.
 	CacheBytes int
 }
@@ -131,16 +130,16 @@ func (s *Server) tokenize(w *workers.Worker, model string, body []byte) ([]uint3
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.opts.Tokenize.Timeout)
+	ctx, cancel := context.WithCancel(context.Background())
+	if t := s.opts.Upstream.Timeouts.Tokenize; t > 0 {
+		ctx, cancel = context.WithTimeout(ctx, t)
+	}
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL()+"/tokenize", bytes.NewReader(ask))
 	if err != nil {
 		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if s.opts.APIKey != "" {
-		req.Header.Set("Authorization", "Bearer "+s.opts.APIKey)
-	}
 	resp, err := s.workerClient.Do(req)
 	if err != nil {
 		return nil, err

@@ -2,10 +2,10 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"errors"
 	"net"
-	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,40 +13,18 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/cacheroute/cacheroute/internal/metrics"
-	"github.com/cacheroute/cacheroute/internal/tenant"
+	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
 // UpstreamOptions shape the connections to workers.
 type UpstreamOptions struct {
-	DialTimeout      time.Duration
-	FirstByteTimeout time.Duration // 0: no first-byte deadline
-	MaxIdlePerWorker int           // idle keep-alive connections kept per worker URL
-	IdleConnTimeout  time.Duration // an idle connection older than this is closed, not reused
-	// StallTimeout, when set, makes an attempt waiting for its answer's first byte look every
-	// stallPoll whether its worker was found stalled (internal/workers), and give up if so.
-	StallTimeout time.Duration
-	// TLS is the client configuration for https:// workers: trusted CAs, client certificate.
-	// Each worker's connections use a copy with ServerName set to the worker's host. Nil: the
-	// system roots, no client certificate, TLS 1.2 or later.
-	TLS *tls.Config
-	// Allowed limits the addresses dialled (--worker-url-allow); the zero value allows any.
-	Allowed tenant.Allowed
-}
-
-// dialer is the dialer of worker connections: bounded in time, refused outside Allowed.
-func (o UpstreamOptions) dialer() *net.Dialer {
-	return &net.Dialer{Timeout: o.DialTimeout, KeepAlive: 30 * time.Second, Control: o.Allowed.Control}
-}
-
-// workerTLS returns the TLS configuration for connections to host.
-func (o UpstreamOptions) workerTLS(host string) *tls.Config {
-	c := o.TLS.Clone() // nil stays nil
-	if c == nil {
-		c = &tls.Config{MinVersion: tls.VersionTLS12}
-	}
-	c.ServerName = host
-	return c
+	// Dialer connects to workers (TLS, --worker-url-allow, credentials) and carries the timeouts
+	// of every call to them; the routed path reads Dial, Idle, FirstByte and Stall (an attempt
+	// waiting for its answer's first byte looks every stallPoll whether its worker was found
+	// stalled, and gives up if so).
+	upstream.Dialer
+	MaxIdlePerWorker int // idle keep-alive connections kept per worker URL
 }
 
 // upstreams keeps one pool of keep-alive connections per worker URL. The proxy holds the
@@ -77,19 +55,11 @@ func (u *upstreams) pool(baseURL string) (*connPool, error) {
 	if p := old[baseURL]; p != nil {
 		return p, nil
 	}
-	parsed, err := url.Parse(baseURL)
+	target, err := u.opts.Target(baseURL)
 	if err != nil {
 		return nil, err
 	}
-	p := &connPool{opts: u.opts, addr: parsed.Host}
-	port := "80"
-	if parsed.Scheme == "https" {
-		port = "443"
-		p.tls = u.opts.workerTLS(parsed.Hostname())
-	}
-	if parsed.Port() == "" {
-		p.addr = net.JoinHostPort(parsed.Hostname(), port)
-	}
+	p := &connPool{opts: u.opts, target: target}
 	next := make(map[string]*connPool, len(old)+1)
 	for k, v := range old {
 		next[k] = v
@@ -130,8 +100,7 @@ func (u *upstreams) closeIdle() {
 // connection (the one least likely to have been closed by the worker) is reused first.
 type connPool struct {
 	opts   UpstreamOptions
-	addr   string
-	tls    *tls.Config // nil for http
+	target upstream.Target // where and how to connect, and the worker's credential
 	mu     sync.Mutex
 	idle   []*upConn
 	closed bool
@@ -154,7 +123,7 @@ func (p *connPool) get() (*upConn, error) {
 		c := p.idle[n-1]
 		p.idle = p.idle[:n-1]
 		p.mu.Unlock()
-		if now.Sub(c.idleSince) > p.opts.IdleConnTimeout || peerClosed(c.raw) {
+		if now.Sub(c.idleSince) > p.opts.Timeouts.Idle || peerClosed(c.raw) {
 			_ = c.conn.Close()
 			continue
 		}
@@ -166,20 +135,13 @@ func (p *connPool) get() (*upConn, error) {
 
 // dial opens a new connection to the worker, past the pool.
 func (p *connPool) dial() (*upConn, error) {
-	raw, err := p.opts.dialer().Dial("tcp", p.addr)
+	conn, err := p.opts.Dial(context.Background(), p.target)
 	if err != nil {
 		return nil, &dialError{err}
 	}
-	c := &upConn{raw: raw, conn: raw, pool: p}
-	if p.tls != nil {
-		tc := tls.Client(raw, p.tls)
-		_ = raw.SetDeadline(time.Now().Add(p.opts.DialTimeout))
-		if err := tc.Handshake(); err != nil {
-			_ = raw.Close()
-			return nil, &dialError{err}
-		}
-		_ = raw.SetDeadline(time.Time{})
-		c.conn = tc
+	c := &upConn{raw: conn, conn: conn, pool: p}
+	if tc, ok := conn.(*tls.Conn); ok {
+		c.raw = tc.NetConn()
 	}
 	c.br = bufio.NewReaderSize(countingReader{c}, 16<<10)
 	c.bw = bufio.NewWriterSize(c.conn, 16<<10)

@@ -32,6 +32,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/session"
 	"github.com/cacheroute/cacheroute/internal/telemetry"
 	"github.com/cacheroute/cacheroute/internal/tenant"
+	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -45,7 +46,7 @@ type Router struct {
 	policy     policy.Policy
 	metrics    *metrics.Metrics
 	proxy      *proxy.Server
-	transport  *http.Transport      // health probes
+	probes     *http.Client         // health probes, /v1/models and probe requests
 	store      *sharedStore         // nil unless --session-store redis
 	keys       *clientkeys.Watcher  // nil unless --client-api-keys-file
 	admission  *proxy.Admission     // nil unless admission control is configured
@@ -80,19 +81,14 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 	if err != nil {
 		return nil, err
 	}
-	transport := &http.Transport{
-		Proxy:               nil, // workers are reached directly, never through an environment proxy
-		DialContext:         (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second, Control: allowed.Control}).DialContext,
-		MaxIdleConnsPerHost: 4,
-		IdleConnTimeout:     90 * time.Second,
-		DisableCompression:  true,
-	}
 	workerTLS, workerCert, err := newWorkerTLS(cfg, log)
 	if err != nil {
 		return nil, err
 	}
-	transport.TLSClientConfig = workerTLS
-	r := &Router{cfg: cfg, log: log, pool: pool, transport: transport, metrics: metrics.New(pool), workerCert: workerCert, allowed: allowed}
+	// Every call to a worker goes through this one dialer, with these timeouts.
+	timeouts := cfg.UpstreamTimeouts()
+	dialer := upstream.Dialer{Timeouts: timeouts, TLS: workerTLS, Allowed: allowed, APIKey: cfg.APIKey}
+	r := &Router{cfg: cfg, log: log, pool: pool, probes: dialer.Client(), metrics: metrics.New(pool), workerCert: workerCert, allowed: allowed}
 	if cfg.TLSCertFile != "" {
 		if r.certs, err = newCertReloader(cfg.TLSCertFile, cfg.TLSKeyFile, "TLS certificate", log); err != nil {
 			return nil, fmt.Errorf("--tls-cert-file, --tls-key-file: %w", err)
@@ -113,18 +109,16 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 	r.checker = workers.NewChecker(pool, workers.HealthOptions{
 		Endpoint:         cfg.HealthCheckEndpoint,
 		Interval:         cfg.HealthCheckInterval(),
-		Timeout:          cfg.HealthCheckTimeout(),
+		Timeout:          timeouts.Probe,
 		FailureThreshold: cfg.HealthFailureThreshold,
 		SuccessThreshold: cfg.HealthSuccessThreshold,
-		APIKey:           cfg.APIKey,
-		StallTimeout:     cfg.StallTimeout(),
-	}, &http.Client{Transport: transport}, log)
+		StallTimeout:     timeouts.Stall,
+	}, r.probes, log)
 	if cfg.LoadSignal == workers.SignalEngine {
-		// Scrapes reach workers as health probes do: same dial rules, same TLS, same key.
 		r.scraper = enginemetrics.New(pool, enginemetrics.Options{
 			Interval: cfg.WorkerMetricsInterval,
-			APIKey:   cfg.APIKey,
-			Dialer:   enginemetrics.Dialer{DialContext: transport.DialContext, TLS: transport.TLSClientConfig},
+			Timeout:  timeouts.Scrape,
+			Dialer:   dialer,
 		}, log)
 	}
 	var tokenize *proxy.TokenizeOptions
@@ -137,7 +131,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		}
 		r.kvEvents = kvevents.NewSet(kvIndex, log)
 		r.metrics.SetKVEvents(r.kvEvents)
-		tokenize = &proxy.TokenizeOptions{Timeout: cfg.TokenizeTimeout(), CacheBytes: tokenCacheBytes}
+		tokenize = &proxy.TokenizeOptions{CacheBytes: tokenCacheBytes}
 	}
 	if r.admission, err = r.newAdmission(cfg); err != nil {
 		return nil, err
@@ -174,11 +168,10 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 	r.dashboard = r.newDashboard(storeHealth)
 	r.proxy = proxy.New(proxy.Options{
 		MaxPayloadSize:      cfg.MaxPayloadSize,
-		RequestTimeout:      cfg.RequestTimeout(),
+		RequestTimeout:      timeouts.Request,
 		MaxRetries:          cfg.RetryMaxRetries,
 		InitialBackoff:      cfg.RetryInitialBackoff(),
 		MaxBackoff:          cfg.RetryMaxBackoff(),
-		APIKey:              cfg.APIKey,
 		AdminAPIKey:         cfg.AdminAPIKey,
 		ClientKeys:          keys,
 		ForwardClientAuth:   cfg.ForwardClientAuth,
@@ -195,13 +188,8 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		ClientWriteTimeout:  cfg.ClientWriteTimeout(),
 		MaxClientConns:      cfg.MaxClientConnections,
 		Upstream: proxy.UpstreamOptions{
-			DialTimeout:      dialTimeout,
-			FirstByteTimeout: cfg.FirstByteTimeout(),
-			StallTimeout:     cfg.StallTimeout(),
+			Dialer:           dialer,
 			MaxIdlePerWorker: maxIdlePerWorker,
-			IdleConnTimeout:  upstreamIdleTimeout,
-			TLS:              workerTLS,
-			Allowed:          allowed,
 		},
 		SessionStore: storeHealth,
 		Dashboard:    r.dashboard,
@@ -210,15 +198,11 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 	return r, nil
 }
 
-// Worker connections. Each request in flight holds one connection (their number is bounded by
-// --max-client-connections); of those that come back, up to maxIdlePerWorker stay open for reuse,
-// each for at most upstreamIdleTimeout: less than the keep-alive of common servers (uvicorn's is
-// 5 s by default, but vLLM raises it), and a pooled connection is checked before reuse anyway.
-const (
-	dialTimeout         = 10 * time.Second
-	maxIdlePerWorker    = 256
-	upstreamIdleTimeout = 30 * time.Second
-)
+// maxIdlePerWorker bounds the routed path's idle connections to one worker. Each request in
+// flight holds one connection (their number is bounded by --max-client-connections); of those
+// that come back, up to maxIdlePerWorker stay open for reuse, each for at most
+// upstream.Timeouts.Idle.
+const maxIdlePerWorker = 256
 
 // newPolicy builds the configured policy from the registry and, with --session-store redis, the
 // shared session store it uses.
@@ -465,7 +449,7 @@ func (r *Router) Serve(ctx context.Context, ln, metricsLn net.Listener) error {
 	r.proxy.CloseIdleConnections()
 	r.closeAccessLog()
 	r.flushTraces()
-	r.transport.CloseIdleConnections()
+	r.probes.CloseIdleConnections()
 	if r.store != nil {
 		_ = r.store.redis.Close()
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/config"
+	"github.com/cacheroute/cacheroute/internal/upstream"
 )
 
 // TLS in the router:
@@ -22,11 +23,10 @@ import (
 //   - The traffic and metrics listeners serve TLS 1.2 or later with --tls-cert-file and
 //     --tls-key-file. The certificate is taken from a certReloader, which re-reads the files when
 //     they change, so a rotated certificate is served without a restart.
-//   - https:// workers are reached with one client configuration (workerTLS): the CAs of
-//     --worker-ca-file instead of the system roots, and the client certificate of
-//     --worker-client-cert-file / --worker-client-key-file (itself reloaded like the server's)
-//     for workers that ask for one. The routed path, the health checks and the LoRA fan-out all
-//     use it.
+//   - https:// workers are reached with one client configuration (newWorkerTLS, given to the
+//     one upstream.Dialer): the CAs of --worker-ca-file instead of the system roots, and the
+//     client certificate of --worker-client-cert-file / --worker-client-key-file (itself
+//     reloaded like the server's) for workers that ask for one.
 //   - A rediss:// session store trusts the CAs of --redis-ca-file.
 
 // certCheckInterval is how often, at most, a handshake looks at the certificate files' size and
@@ -226,29 +226,24 @@ func (c *boundTLSConn) SyscallConn() (syscall.RawConn, error) {
 	return sc.SyscallConn()
 }
 
-// newWorkerTLS is the client configuration for https:// workers, with the certificate reloader
-// of the client certificate (nil without one).
+// newWorkerTLS is the client configuration for https:// workers (upstream.NewTLS), with the
+// certificate reloader of the client certificate (nil without one).
 func newWorkerTLS(cfg config.Config, log *slog.Logger) (*tls.Config, *certReloader, error) {
-	c := &tls.Config{MinVersion: tls.VersionTLS12}
+	var roots *x509.CertPool
 	if cfg.WorkerCAFile != "" {
-		pool, err := loadCAs(cfg.WorkerCAFile)
-		if err != nil {
+		var err error
+		if roots, err = loadCAs(cfg.WorkerCAFile); err != nil {
 			return nil, nil, fmt.Errorf("--worker-ca-file: %w", err)
 		}
-		c.RootCAs = pool
 	}
 	if cfg.WorkerClientCertFile == "" {
-		return c, nil, nil
+		return upstream.NewTLS(roots, nil), nil, nil
 	}
 	rl, err := newCertReloader(cfg.WorkerClientCertFile, cfg.WorkerClientKeyFile, "worker client certificate", log)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--worker-client-cert-file, --worker-client-key-file: %w", err)
 	}
-	// Presented whatever CAs the worker says it accepts: the worker decides.
-	c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-		return rl.current(), nil
-	}
-	return c, rl, nil
+	return upstream.NewTLS(roots, rl.current), rl, nil
 }
 
 // loadCAs reads a PEM bundle of CA certificates; a file with none in it is an error.

@@ -20,9 +20,8 @@ type HealthOptions struct {
 	Endpoint         string // path probed with GET, e.g. /health
 	Interval         time.Duration
 	Timeout          time.Duration
-	FailureThreshold int    // consecutive failed probes that mark a healthy worker unhealthy
-	SuccessThreshold int    // consecutive passed probes that mark an unhealthy worker healthy
-	APIKey           string // sent as a bearer token when reading /v1/models and with probe requests
+	FailureThreshold int // consecutive failed probes that mark a healthy worker unhealthy
+	SuccessThreshold int // consecutive passed probes that mark an unhealthy worker healthy
 	// StallTimeout is how long a worker with requests in flight may send no byte before it is
 	// sent a probe request, and how long that may take (stall.go); 0: no stall checks.
 	StallTimeout time.Duration
@@ -94,7 +93,9 @@ func (w *Worker) Probe() (status ProbeStatus, ok bool) {
 	return ProbeStatus{}, false
 }
 
-// NewChecker returns a checker for pool; call Run to start it.
+// NewChecker returns a checker for pool; call Run to start it. client makes every probe, read
+// of /v1/models and probe request: the router's upstream.Dialer.Client, which dials workers as
+// every other call to them and sends each the worker's credential.
 func NewChecker(pool *Pool, opts HealthOptions, client *http.Client, log *slog.Logger) *Checker {
 	return &Checker{pool: pool, opts: opts, client: client, log: log, now: time.Now, counts: map[string]*probeCounts{},
 		wake: make(chan struct{}, 1)}
@@ -294,7 +295,7 @@ func (c *Checker) forgetRemoved() {
 // why not, in words that name the cause: the status, a refused connection, a timeout, a name
 // that does not resolve. The reason never carries the worker's credentials.
 func (c *Checker) probe(ctx context.Context, url string) error {
-	resp, err := c.get(ctx, url+c.opts.Endpoint, false)
+	resp, err := c.get(ctx, url+c.opts.Endpoint)
 	if err != nil {
 		return probeError(c.opts.Endpoint, c.opts.Timeout, err)
 	}
@@ -334,7 +335,7 @@ func statusText(code int) string {
 
 // fetchModels reads the ids of GET /v1/models; nil when the worker does not say.
 func (c *Checker) fetchModels(ctx context.Context, url string) []string {
-	resp, err := c.get(ctx, url+"/v1/models", true)
+	resp, err := c.get(ctx, url+"/v1/models")
 	if err != nil {
 		return nil
 	}
@@ -359,15 +360,12 @@ func (c *Checker) fetchModels(ctx context.Context, url string) []string {
 	return models
 }
 
-func (c *Checker) get(ctx context.Context, url string, auth bool) (*http.Response, error) {
+func (c *Checker) get(ctx context.Context, url string) (*http.Response, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		cancel()
 		return nil, err
-	}
-	if auth && c.opts.APIKey != "" {
-		req.Header.Set("Authorization", "Bearer "+c.opts.APIKey)
 	}
 	resp, err := c.client.Do(req)
 	if err != nil {

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/upstream"
 )
 
 // fakeWorker is an httptest server answering the health endpoint with a settable status and
@@ -211,7 +213,8 @@ func TestCheckerRefreshesModels(t *testing.T) {
 	f := newFakeWorker(t, "/health", "llama")
 	p := NewPool(Options{DPSize: 2})
 	_, _ = p.Add(f.srv.URL)
-	c := newTestChecker(p, HealthOptions{APIKey: "sekret"})
+	c := newTestChecker(p, HealthOptions{})
+	c.client = upstream.Dialer{APIKey: "sekret"}.Client()
 	ctx := context.Background()
 	c.Check(ctx, f.srv.URL)
 	f.setModels("llama", "llama-lora")

@@ -117,9 +117,6 @@ func (c *Checker) probeRequest(ctx context.Context, base string, models []string
 		return err
 	}
 	r.Header.Set("Content-Type", "application/json")
-	if c.opts.APIKey != "" {
-		r.Header.Set("Authorization", "Bearer "+c.opts.APIKey)
-	}
 	resp, err := c.client.Do(r)
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
