@@ -4,28 +4,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
-	"github.com/go-logr/logr"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/klog/v2"
+	"github.com/cacheroute/cacheroute/internal/kubeapi"
 )
 
 // KubernetesOptions configure the pod source.
 type KubernetesOptions struct {
-	Client    kubernetes.Interface
+	Client    *kubeapi.Client
 	Namespace string // the one namespace watched
 	Selector  string // label selector of the worker pods, e.g. "app=vllm,tier=gpu"; must not be empty
 	Port      int    // the workers' port on each pod's IP
@@ -41,21 +35,31 @@ type KubernetesOptions struct {
 // vLLM router's --selector), no Service is needed, and a pod's readiness and deletion reach the
 // router straight from the API server instead of through the EndpointSlice controller.
 type Kubernetes struct {
-	opts     KubernetesOptions
-	selector labels.Selector
+	opts KubernetesOptions
+	sel  kubeapi.Selector
+	log  *slog.Logger
 }
+
+// The pace of the list and watch. Each watch asks the API server to end it after a random time
+// between watchTimeout and twice that, so that replicas started together do not come back in
+// step; it is then resumed from the last resource version seen. A list or watch that fails is
+// tried again after a pause that doubles from retryMin up to retryMax, and starts again from
+// retryMin once a watch has delivered something or lasted a second.
+const (
+	watchTimeout = 5 * time.Minute
+	retryMin     = 200 * time.Millisecond
+	retryMax     = 30 * time.Second
+	watchUseful  = time.Second
+)
 
 // NewKubernetes checks opts and returns the source; it does not contact the API server.
 func NewKubernetes(opts KubernetesOptions) (*Kubernetes, error) {
 	if opts.Client == nil {
 		return nil, errors.New("discovery: no Kubernetes client")
 	}
-	if strings.TrimSpace(opts.Selector) == "" {
-		return nil, errors.New("discovery: an empty selector would match every pod of the namespace")
-	}
-	sel, err := labels.Parse(opts.Selector)
+	sel, err := kubeapi.ParseSelector(opts.Selector)
 	if err != nil {
-		return nil, fmt.Errorf("discovery: selector %q: %w", opts.Selector, err)
+		return nil, fmt.Errorf("discovery: %w", err)
 	}
 	if opts.Namespace == "" {
 		return nil, errors.New("discovery: no namespace")
@@ -66,86 +70,192 @@ func NewKubernetes(opts KubernetesOptions) (*Kubernetes, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Kubernetes{opts: opts, selector: sel}, nil
+	k := &Kubernetes{opts: opts, sel: sel}
+	k.log = opts.Log.With("discovery", k.Name())
+	return k, nil
 }
 
 // Name is "kubernetes".
 func (k *Kubernetes) Name() string { return "kubernetes" }
 
-// Run starts a pod informer (a list, then a watch that is resumed, or replaced by a fresh list
-// when the API server has expired it) and reports the wanted set once the first list is in, then
-// after every change. Bursts of pod events are reported as one set.
+// Run lists the pods, then watches them from the list's resource version, resuming the watch
+// from the last version seen each time it ends, and listing again when the API server answers
+// that the version is too old (410 Gone). It reports the wanted set once the first list is in,
+// then after every change; the events of a burst are reported as one set. A list or watch that
+// fails is logged and tried again with backoff, and the set stays as it was meanwhile: nothing
+// is removed for lack of news. Run returns only when ctx ends.
 func (k *Kubernetes) Run(ctx context.Context, update func([]Endpoint)) error {
-	pods := k.opts.Client.CoreV1().Pods(k.opts.Namespace)
-	narrow := func(o *metav1.ListOptions) { o.LabelSelector = k.selector.String() }
-	changed := make(chan struct{}, 1)
-	poke := func() {
-		select {
-		case changed <- struct{}{}:
-		default: // a report is already due; it will read the store as it is then
-		}
-	}
-	store, informer := cache.NewInformerWithOptions(cache.InformerOptions{
-		// Wrapped so the reflector knows whether the client can stream the initial list
-		// (WatchList); clients that cannot, such as the fake one of tests, are listed instead.
-		ListerWatcher: cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
-			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-				narrow(&o)
-				return pods.List(ctx, o)
-			},
-			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-				narrow(&o)
-				return pods.Watch(ctx, o)
-			},
-		}, k.opts.Client),
-		ObjectType: &corev1.Pod{},
-		Handler: cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(any) { poke() },
-			UpdateFunc: func(any, any) { poke() },
-			DeleteFunc: func(any) { poke() },
-		},
-		Transform: slimPod,
-	})
-	// client-go logs through klog; route what it says about this watch (a list that is
-	// forbidden, a watch that failed) to the router's logger.
-	ctx = klog.NewContext(ctx, logr.FromSlogHandler(k.opts.Log.With("discovery", k.Name()).Handler()))
-	go informer.RunWithContext(ctx)
-	select {
-	case <-informer.HasSyncedChecker().Done():
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	k.opts.Log.Info("discovery: pods listed", "namespace", k.opts.Namespace, "selector", k.selector.String())
-	var last []Endpoint
+	var (
+		pods     map[string]kubeapi.Pod // name → slim pod
+		rv       string                 // "" until listed, and after a 410
+		last     []Endpoint
+		reported bool
+		pause    = retryMin
+	)
 	report := func() {
-		set := k.endpoints(store.List())
-		if last != nil && Equal(set, last) {
+		set := k.endpoints(pods)
+		if reported && Equal(set, last) {
 			return
 		}
-		last = set
+		reported, last = true, set
 		update(set)
 	}
-	report()
-	for {
+	wait := func() error {
+		t := time.NewTimer(pause)
+		defer t.Stop()
+		pause = min(2*pause, retryMax)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-changed:
+		case <-t.C:
+			return nil
+		}
+	}
+	for {
+		if rv == "" {
+			fresh, v, err := k.list(ctx)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if err != nil {
+				k.log.Warn("discovery: pods not listed; trying again", "namespace", k.opts.Namespace, "error", err, "in", pause)
+				if err := wait(); err != nil {
+					return err
+				}
+				continue
+			}
+			if !reported {
+				k.log.Info("discovery: pods listed", "namespace", k.opts.Namespace, "selector", k.sel.String(), "pods", len(fresh))
+			} else {
+				k.log.Info("discovery: pods listed again", "namespace", k.opts.Namespace, "pods", len(fresh))
+			}
+			pods, rv = fresh, v
 			report()
+		}
+		start := time.Now()
+		next, delivered, err := k.watch(ctx, rv, pods, report)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		rv = next
+		if kubeapi.IsGone(err) {
+			k.log.Info("discovery: the watch's resource version expired; listing again", "error", err)
+			rv = ""
+		} else if err != nil {
+			k.log.Warn("discovery: pod watch failed; watching again", "error", err, "in", pause)
+		}
+		if delivered || time.Since(start) >= watchUseful {
+			pause = retryMin
+			continue
+		}
+		if err := wait(); err != nil {
+			return err
 		}
 	}
 }
 
-// endpoints turns the stored pods into the wanted set. The selector is applied here too: the
-// API server applies it to the list and watch already, and checking again costs nothing.
-func (k *Kubernetes) endpoints(objs []any) []Endpoint {
-	eps := make([]Endpoint, 0, len(objs))
-	for _, o := range objs {
-		p, ok := o.(*corev1.Pod)
-		if !ok || p.Namespace != k.opts.Namespace || !k.selector.Matches(labels.Set(p.Labels)) {
+// list reads every page of the matching pods, and the version to watch from.
+func (k *Kubernetes) list(ctx context.Context) (map[string]kubeapi.Pod, string, error) {
+	pods := map[string]kubeapi.Pod{}
+	cont := ""
+	for {
+		page, err := k.opts.Client.ListPods(ctx, k.opts.Namespace, k.sel, cont)
+		if err != nil {
+			return nil, "", err
+		}
+		for _, p := range page.Items {
+			pods[p.Metadata.Name] = slimPod(p)
+		}
+		if cont = page.Metadata.Continue; cont == "" {
+			return pods, page.Metadata.ResourceVersion, nil
+		}
+	}
+}
+
+// watch applies the events of one watch from rv to pods, calling report whenever no further
+// event is waiting, until the watch ends. It returns the last resource version seen, whether an
+// event came, and why it ended (nil for an orderly end).
+func (k *Kubernetes) watch(ctx context.Context, rv string, pods map[string]kubeapi.Pod, report func()) (string, bool, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	timeout := watchTimeout + rand.N(watchTimeout)
+	w, err := k.opts.Client.WatchPods(ctx, k.opts.Namespace, k.sel, rv, timeout)
+	if err != nil {
+		return rv, false, err
+	}
+	defer w.Close()
+	type next struct {
+		ev  kubeapi.Event
+		err error
+	}
+	events := make(chan next, 64)
+	go func() {
+		for {
+			ev, err := w.Next()
+			select {
+			case events <- next{ev, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	delivered, dirty := false, false
+	for {
+		var n next
+		select {
+		case n = <-events:
+		default:
+			if dirty {
+				report()
+				dirty = false
+			}
+			select {
+			case n = <-events:
+			case <-ctx.Done():
+				return rv, delivered, ctx.Err()
+			}
+		}
+		if n.err == nil && n.ev.Type == kubeapi.Error {
+			n.err = n.ev.Err
+		}
+		if n.err != nil {
+			if dirty {
+				report()
+			}
+			if errors.Is(n.err, io.EOF) {
+				n.err = nil
+			}
+			return rv, delivered, n.err
+		}
+		delivered = true
+		p := n.ev.Pod
+		switch n.ev.Type {
+		case kubeapi.Added, kubeapi.Modified:
+			pods[p.Metadata.Name] = slimPod(p)
+			dirty = true
+		case kubeapi.Deleted:
+			delete(pods, p.Metadata.Name)
+			dirty = true
+		}
+		if v := p.Metadata.ResourceVersion; v != "" {
+			rv = v
+		}
+	}
+}
+
+// endpoints turns the stored pods into the wanted set. The namespace and selector are checked
+// here too: the API server applies them to the list and watch already, and checking again costs
+// nothing.
+func (k *Kubernetes) endpoints(pods map[string]kubeapi.Pod) []Endpoint {
+	eps := make([]Endpoint, 0, len(pods))
+	for _, p := range pods {
+		if p.Metadata.Namespace != k.opts.Namespace || !k.sel.Matches(p.Metadata.Labels) {
 			continue
 		}
-		if e, ok := PodEndpoint(p, k.opts.Port); ok {
+		if e, ok := PodEndpoint(&p, k.opts.Port); ok {
 			eps = append(eps, e)
 		}
 	}
@@ -154,72 +264,52 @@ func (k *Kubernetes) endpoints(objs []any) []Endpoint {
 
 // PodEndpoint is the worker a pod stands for, on port: none while the pod has no IP or once it
 // has finished; draining while it is not Ready or is being deleted.
-func PodEndpoint(p *corev1.Pod, port int) (Endpoint, bool) {
-	if p.Status.PodIP == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+func PodEndpoint(p *kubeapi.Pod, port int) (Endpoint, bool) {
+	if p.Status.PodIP == "" || p.Finished() {
 		return Endpoint{}, false
-	}
-	ready := false
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			ready = c.Status == corev1.ConditionTrue
-		}
 	}
 	return Endpoint{
 		URL:   "http://" + net.JoinHostPort(p.Status.PodIP, strconv.Itoa(port)),
-		Ready: ready && p.DeletionTimestamp == nil,
-		Name:  p.Namespace + "/" + p.Name,
+		Ready: p.Ready() && p.Metadata.DeletionTimestamp == nil,
+		Name:  p.Metadata.Namespace + "/" + p.Metadata.Name,
 	}, true
 }
 
-// slimPod keeps only what PodEndpoint and the selector read, so the informer's cache holds a
-// few hundred bytes per pod rather than whole pod specs.
-func slimPod(obj any) (any, error) {
-	p, ok := obj.(*corev1.Pod)
-	if !ok {
-		return obj, nil
-	}
-	slim := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:              p.Name,
-			Namespace:         p.Namespace,
-			UID:               p.UID,
-			ResourceVersion:   p.ResourceVersion,
-			Labels:            p.Labels,
-			DeletionTimestamp: p.DeletionTimestamp,
-		},
-		Status: corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP},
-	}
+// slimPod keeps only what PodEndpoint and the selector read (the decoder has dropped the rest
+// of the pod already), so the source holds little more than a pod's labels per pod.
+func slimPod(p kubeapi.Pod) kubeapi.Pod {
+	var s kubeapi.Pod
+	s.Metadata.Name, s.Metadata.Namespace = p.Metadata.Name, p.Metadata.Namespace
+	s.Metadata.Labels, s.Metadata.DeletionTimestamp = p.Metadata.Labels, p.Metadata.DeletionTimestamp
+	s.Status.Phase, s.Status.PodIP = p.Status.Phase, p.Status.PodIP
 	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			slim.Status.Conditions = []corev1.PodCondition{{Type: c.Type, Status: c.Status}}
+		if c.Type == "Ready" {
+			s.Status.Conditions = []kubeapi.PodCondition{c}
 		}
 	}
-	return slim, nil
+	return s
 }
 
 // NewClient connects to the API server with kubeconfig, or with the pod's service account when
 // kubeconfig is empty.
-func NewClient(kubeconfig string) (kubernetes.Interface, error) {
-	var cfg *rest.Config
+func NewClient(kubeconfig string) (*kubeapi.Client, error) {
+	var cfg kubeapi.Config
 	var err error
 	if kubeconfig == "" {
-		cfg, err = rest.InClusterConfig()
-		if err != nil {
+		if cfg, err = kubeapi.InCluster(); err != nil {
 			return nil, fmt.Errorf("not running in a cluster (%w); give --kubeconfig", err)
 		}
-	} else if cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig); err != nil {
+	} else if cfg, err = kubeapi.LoadKubeconfig(kubeconfig); err != nil {
 		return nil, err
 	}
-	cfg.UserAgent = "cacheroute"
-	return kubernetes.NewForConfig(cfg)
+	return kubeapi.New(cfg)
 }
-
-// serviceAccountNamespace is where a pod's service account names the pod's namespace.
-const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 // DefaultNamespace is the namespace of the pod the router runs in, from its service account, or
 // "default" outside a pod.
-func DefaultNamespace() string { return namespaceFrom(serviceAccountNamespace) }
+func DefaultNamespace() string {
+	return namespaceFrom(filepath.Join(kubeapi.ServiceAccountDir, "namespace"))
+}
 
 func namespaceFrom(file string) string {
 	if b, err := os.ReadFile(file); err == nil {

@@ -1,112 +1,75 @@
 package discovery
 
 import (
-	"context"
-	"errors"
+	"encoding/json"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
+	"github.com/cacheroute/cacheroute/internal/kubeapi"
+	"github.com/cacheroute/cacheroute/internal/kubeapi/kubetest"
 )
 
-// pod is a running pod in ns with the given IP ("" for none yet), Ready condition and labels.
-func pod(ns, name, ip string, ready bool, labels ...string) *corev1.Pod {
-	p := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{}},
-		Status:     corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip},
-	}
-	for i := 0; i+1 < len(labels); i += 2 {
-		p.Labels[labels[i]] = labels[i+1]
-	}
-	setReady(p, ready)
-	return p
-}
+var pod = kubetest.Pod
 
-func setReady(p *corev1.Pod, ready bool) {
-	status := corev1.ConditionFalse
-	if ready {
-		status = corev1.ConditionTrue
-	}
-	p.Status.Conditions = []corev1.PodCondition{
-		{Type: corev1.PodScheduled, Status: corev1.ConditionTrue},
-		{Type: corev1.PodReady, Status: status},
-	}
-}
-
-// cluster is a fake API server with a source watching namespace "llm" for app=vllm on port 8000.
-type cluster struct {
-	client  *fake.Clientset
-	watches chan string // the label selector of every watch the source opens
-	lists   chan string // ... and of every list
-}
-
-func newCluster(t *testing.T, objs ...runtime.Object) *cluster {
+// newCluster is an in-process API server holding pods.
+func newCluster(t *testing.T, pods ...kubeapi.Pod) *kubetest.Server {
 	t.Helper()
-	c := &cluster{client: fake.NewClientset(objs...), watches: make(chan string, 16), lists: make(chan string, 16)}
-	c.client.PrependWatchReactor("pods", func(a k8stesting.Action) (bool, watch.Interface, error) {
-		c.watches <- a.(k8stesting.WatchActionImpl).WatchRestrictions.Labels.String()
-		return false, nil, nil
-	})
-	c.client.PrependReactor("list", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		c.lists <- a.(k8stesting.ListActionImpl).ListRestrictions.Labels.String()
-		return false, nil, nil
-	})
-	return c
+	s := kubetest.New(t)
+	for _, p := range pods {
+		s.Create(p)
+	}
+	return s
 }
 
-// watch starts a source on c and waits until its watch is open, so no later change is missed
-// (the fake API server does not replay changes made between a list and a watch).
-func (c *cluster) watch(t *testing.T) *recorder {
+// watchPods starts a source watching namespace "llm" for app=vllm on port 8000 through client,
+// and waits for its first set.
+func watchPods(t *testing.T, client *kubeapi.Client, log *slog.Logger) *recorder {
 	t.Helper()
-	src, err := NewKubernetes(KubernetesOptions{Client: c.client, Namespace: "llm", Selector: "app=vllm", Port: 8000})
+	src, err := NewKubernetes(KubernetesOptions{Client: client, Namespace: "llm", Selector: "app=vllm", Port: 8000, Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := runSource(t, src)
-	select {
-	case <-c.watches:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the source opened no watch")
-	}
 	rec.waitFor(t, "the first set", func([]Endpoint) bool { return true })
 	return rec
 }
 
-func (c *cluster) create(t *testing.T, p *corev1.Pod) {
+func watch(t *testing.T, s *kubetest.Server) *recorder { return watchPods(t, s.Client(t), nil) }
+
+// watchOpen waits until n watches have been opened on s.
+func watchOpen(t *testing.T, s *kubetest.Server, n int) []kubetest.Request {
 	t.Helper()
-	if _, err := c.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	return s.WaitFor(t, strconv.Itoa(n)+" watches", func(rs []kubetest.Request) bool { return kubetest.Watches(rs) >= n })
 }
 
-func (c *cluster) update(t *testing.T, p *corev1.Pod) {
-	t.Helper()
-	if _, err := c.client.CoreV1().Pods(p.Namespace).UpdateStatus(context.Background(), p, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
+func lists(rs []kubetest.Request) int {
+	n := 0
+	for _, r := range rs {
+		if !r.Watch {
+			n++
+		}
 	}
+	return n
 }
 
-func (c *cluster) delete(t *testing.T, ns, name string) {
-	t.Helper()
-	if err := c.client.CoreV1().Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
+func lastWatch(rs []kubetest.Request) kubetest.Request {
+	for i := len(rs) - 1; i >= 0; i-- {
+		if rs[i].Watch {
+			return rs[i]
+		}
 	}
+	return kubetest.Request{}
 }
 
 func TestKubernetesListsExistingPodsAtStart(t *testing.T) {
-	c := newCluster(t, pod("llm", "vllm-1", "10.0.0.2", true, "app", "vllm"), pod("llm", "vllm-0", "10.0.0.1", false, "app", "vllm"))
-	rec := c.watch(t)
+	s := newCluster(t, pod("llm", "vllm-1", "10.0.0.2", true, "app", "vllm"), pod("llm", "vllm-0", "10.0.0.1", false, "app", "vllm"))
+	rec := watch(t, s)
 	rec.waitFor(t, "both pods", is("http://10.0.0.1:8000", false, "http://10.0.0.2:8000", true))
 	set, _ := rec.last()
 	if set[0].Name != "llm/vllm-0" || set[1].Name != "llm/vllm-1" {
@@ -115,197 +78,319 @@ func TestKubernetesListsExistingPodsAtStart(t *testing.T) {
 }
 
 func TestKubernetesAddedReadyPodIsWantedReady(t *testing.T) {
-	c := newCluster(t)
-	rec := c.watch(t)
+	s := newCluster(t)
+	rec := watch(t, s)
 	if set, _ := rec.last(); len(set) != 0 {
 		t.Fatalf("empty cluster reported %v", set)
 	}
-	c.create(t, pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm"))
+	s.Create(pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm"))
 	rec.waitFor(t, "the new pod, ready", is("http://10.0.0.1:8000", true))
 }
 
 func TestKubernetesPodIsWantedOnceItHasAnIPAndReadyOnceItIsReady(t *testing.T) {
-	c := newCluster(t)
-	rec := c.watch(t)
+	s := newCluster(t)
+	rec := watch(t, s)
 	p := pod("llm", "vllm-0", "", false, "app", "vllm")
-	c.create(t, p)
+	s.Create(p)
 	p.Status.PodIP = "10.0.0.1"
-	c.update(t, p)
+	s.Update(p)
 	rec.waitFor(t, "the pod with its IP, not ready", is("http://10.0.0.1:8000", false))
-	setReady(p, true)
-	c.update(t, p)
+	kubetest.SetReady(&p, true)
+	s.Update(p)
 	rec.waitFor(t, "the pod ready", is("http://10.0.0.1:8000", true))
 }
 
 func TestKubernetesPodThatTurnsNotReadyIsReportedDraining(t *testing.T) {
 	p := pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm")
-	c := newCluster(t, p)
-	rec := c.watch(t)
+	s := newCluster(t, p)
+	rec := watch(t, s)
 	rec.waitFor(t, "the pod ready", is("http://10.0.0.1:8000", true))
-	setReady(p, false)
-	c.update(t, p)
+	kubetest.SetReady(&p, false)
+	s.Update(p)
 	rec.waitFor(t, "the pod not ready but still wanted", is("http://10.0.0.1:8000", false))
 }
 
 func TestKubernetesTerminatingPodIsReportedDrainingThoughStillReady(t *testing.T) {
 	p := pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm")
-	c := newCluster(t, p)
-	rec := c.watch(t)
+	s := newCluster(t, p)
+	rec := watch(t, s)
 	rec.waitFor(t, "the pod ready", is("http://10.0.0.1:8000", true))
-	now := metav1.Now()
-	p.DeletionTimestamp = &now
-	c.update(t, p)
+	kubetest.Terminate(&p)
+	s.Update(p)
 	rec.waitFor(t, "the terminating pod draining", is("http://10.0.0.1:8000", false))
 }
 
 func TestKubernetesDeletedPodLeaves(t *testing.T) {
-	c := newCluster(t, pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm"), pod("llm", "vllm-1", "10.0.0.2", true, "app", "vllm"))
-	rec := c.watch(t)
+	s := newCluster(t, pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm"), pod("llm", "vllm-1", "10.0.0.2", true, "app", "vllm"))
+	rec := watch(t, s)
 	rec.waitFor(t, "two pods", is("http://10.0.0.1:8000", true, "http://10.0.0.2:8000", true))
-	c.delete(t, "llm", "vllm-0")
+	s.Delete("llm", "vllm-0")
 	rec.waitFor(t, "vllm-0 gone", is("http://10.0.0.2:8000", true))
 }
 
 func TestKubernetesFinishedPodLeaves(t *testing.T) {
 	p := pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm")
-	c := newCluster(t, p)
-	rec := c.watch(t)
+	s := newCluster(t, p)
+	rec := watch(t, s)
 	rec.waitFor(t, "the pod", is("http://10.0.0.1:8000", true))
-	p.Status.Phase = corev1.PodFailed
-	c.update(t, p)
+	p.Status.Phase = "Failed"
+	s.Update(p)
 	rec.waitFor(t, "the failed pod gone", is())
 }
 
 func TestKubernetesPodWithANewIPIsANewEndpoint(t *testing.T) {
-	p := pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm")
-	c := newCluster(t, p)
-	rec := c.watch(t)
+	s := newCluster(t, pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm"))
+	rec := watch(t, s)
 	rec.waitFor(t, "the old address", is("http://10.0.0.1:8000", true))
 	// A StatefulSet pod recreated under its name comes back with another address.
-	c.delete(t, "llm", "vllm-0")
-	c.create(t, pod("llm", "vllm-0", "10.0.0.9", true, "app", "vllm"))
+	s.Delete("llm", "vllm-0")
+	s.Create(pod("llm", "vllm-0", "10.0.0.9", true, "app", "vllm"))
 	rec.waitFor(t, "only the new address", is("http://10.0.0.9:8000", true))
 }
 
 func TestKubernetesWatchesOnlyItsNamespaceAndSelector(t *testing.T) {
-	c := newCluster(t, pod("other", "vllm-x", "10.0.1.1", true, "app", "vllm"), pod("llm", "web", "10.0.0.8", true, "app", "web"))
-	rec := c.watch(t)
-	if sel := <-c.lists; sel != "app=vllm" {
-		t.Fatalf("list asked the API server for %q, want app=vllm", sel)
+	s := newCluster(t, pod("other", "vllm-x", "10.0.1.1", true, "app", "vllm"), pod("llm", "web", "10.0.0.8", true, "app", "web"))
+	rec := watch(t, s)
+	for _, r := range watchOpen(t, s, 1) {
+		if r.Selector != "app=vllm" || r.Namespace != "llm" {
+			t.Fatalf("asked the API server for %q in %q, want app=vllm in llm", r.Selector, r.Namespace)
+		}
 	}
-	c.create(t, pod("other", "vllm-y", "10.0.1.2", true, "app", "vllm"))
-	c.create(t, pod("llm", "web-2", "10.0.0.9", true, "app", "web"))
-	c.create(t, pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm", "tier", "gpu"))
+	s.Create(pod("other", "vllm-y", "10.0.1.2", true, "app", "vllm"))
+	s.Create(pod("llm", "web-2", "10.0.0.9", true, "app", "web"))
+	s.Create(pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm", "tier", "gpu"))
 	set := rec.waitFor(t, "the one matching pod", func(s []Endpoint) bool { return len(s) > 0 })
 	if !is("http://10.0.0.1:8000", true)(set) {
 		t.Fatalf("set %v, want only llm/vllm-0", set)
 	}
 	// A pod relabelled out of the selector leaves.
-	p := pod("llm", "vllm-0", "10.0.0.1", true, "app", "retired")
-	if _, err := c.client.CoreV1().Pods("llm").Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	s.Update(pod("llm", "vllm-0", "10.0.0.1", true, "app", "retired"))
 	rec.waitFor(t, "the relabelled pod gone", is())
 }
 
-// A watch the API server ends as expired (410) makes the informer list again; what changed while
-// the watch was not delivering (here: everything) shows in the next set.
-func TestKubernetesRelistAfterAnExpiredWatchCatchesUp(t *testing.T) {
-	c := newCluster(t, pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm"))
-	stale := watch.NewFake()
-	var once sync.Once
-	c.client.PrependWatchReactor("pods", func(k8stesting.Action) (bool, watch.Interface, error) {
-		handled := false
-		once.Do(func() { handled = true })
-		if handled {
-			c.watches <- "stale"
-			return true, stale, nil // the first watch: it will deliver nothing, then expire
+func TestKubernetesWatchAsksForBookmarksAndABoundedTimeout(t *testing.T) {
+	s := newCluster(t)
+	watch(t, s)
+	w := lastWatch(watchOpen(t, s, 1))
+	secs, err := strconv.Atoi(w.TimeoutSeconds)
+	if !w.Bookmarks || err != nil || secs < int(watchTimeout/time.Second) || secs >= int(2*watchTimeout/time.Second) {
+		t.Fatalf("watch asked for bookmarks=%v timeoutSeconds=%q", w.Bookmarks, w.TimeoutSeconds)
+	}
+}
+
+// A watch that the API server ends in order is resumed from the last version it delivered, not
+// by listing again, and what changed in between arrives on the new watch.
+func TestKubernetesEndedWatchResumesFromTheLastVersionSeen(t *testing.T) {
+	s := newCluster(t, pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm"))
+	rec := watch(t, s)
+	watchOpen(t, s, 1)
+	s.Create(pod("llm", "vllm-1", "10.0.0.2", true, "app", "vllm"))
+	rec.waitFor(t, "vllm-1", is("http://10.0.0.1:8000", true, "http://10.0.0.2:8000", true))
+	seen := s.Version()
+	s.EndWatches()
+	rs := watchOpen(t, s, 2)
+	if w := lastWatch(rs); w.ResourceVersion != seen {
+		t.Fatalf("watched again from %q, want %q", w.ResourceVersion, seen)
+	}
+	if n := lists(rs); n != 1 {
+		t.Fatalf("%d lists; an ended watch is resumed, not relisted", n)
+	}
+	s.Delete("llm", "vllm-0")
+	rec.waitFor(t, "a deletion on the new watch", is("http://10.0.0.2:8000", true))
+}
+
+// A bookmark moves the version a watch resumes from, so a watch that saw no pod change for
+// longer than the API server keeps history resumes rather than listing again.
+func TestKubernetesBookmarkIsWhereTheNextWatchStarts(t *testing.T) {
+	s := newCluster(t, pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm"))
+	watch(t, s)
+	watchOpen(t, s, 1)
+	s.Bookmark()
+	mark := s.Version()
+	// The bookmark has arrived once a watch resumes from it; until then, end the watch each time
+	// it has been opened again and not from there.
+	for i := 2; ; i++ {
+		s.EndWatches()
+		rs := watchOpen(t, s, i)
+		if lastWatch(rs).ResourceVersion == mark {
+			if n := lists(rs); n != 1 {
+				t.Fatalf("%d lists", n)
+			}
+			return
 		}
-		return false, nil, nil
-	})
-	rec := c.watch(t)
+		if i > 50 {
+			t.Fatalf("no watch from the bookmark's version %s: %+v", mark, rs)
+		}
+		s.Bookmark()
+		mark = s.Version()
+	}
+}
+
+// A watch the API server ends as expired (an ERROR event with code 410) makes the source list
+// again; what changed while the watch was not delivering (here: everything) shows in the next
+// set, and the new watch starts from the new list.
+func TestKubernetesRelistAfterAnExpiredWatchCatchesUp(t *testing.T) {
+	s := newCluster(t, pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm"))
+	rec := watch(t, s)
 	rec.waitFor(t, "vllm-0", is("http://10.0.0.1:8000", true))
-	// Changes the stale watch does not deliver.
-	tracker := c.client.Tracker()
-	if err := tracker.Delete(corev1.SchemeGroupVersion.WithResource("pods"), "llm", "vllm-0"); err != nil {
-		t.Fatal(err)
-	}
-	if err := tracker.Add(pod("llm", "vllm-1", "10.0.0.2", true, "app", "vllm")); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(50 * time.Millisecond)
-	if set, _ := rec.last(); !is("http://10.0.0.1:8000", true)(set) {
-		t.Fatalf("the stale watch delivered something: %v", set)
-	}
-	stale.Error(&metav1.Status{Status: metav1.StatusFailure, Code: 410, Reason: metav1.StatusReasonExpired, Message: "too old resource version"})
+	watchOpen(t, s, 1)
+	s.Hold() // the open watch goes stale: it delivers none of these
+	s.Delete("llm", "vllm-0")
+	s.Create(pod("llm", "vllm-1", "10.0.0.2", true, "app", "vllm"))
+	s.Expire()
 	rec.waitFor(t, "the relisted state", is("http://10.0.0.2:8000", true))
-	select {
-	case <-c.watches: // and it watches again
-	case <-time.After(10 * time.Second):
-		t.Fatal("no new watch after the relist")
+	rs := watchOpen(t, s, 2)
+	if n := lists(rs); n != 2 {
+		t.Fatalf("%d lists, want a second one after the expiry", n)
 	}
-	c.create(t, pod("llm", "vllm-2", "10.0.0.3", true, "app", "vllm"))
+	s.Create(pod("llm", "vllm-2", "10.0.0.3", true, "app", "vllm"))
 	rec.waitFor(t, "a pod added on the new watch", is("http://10.0.0.2:8000", true, "http://10.0.0.3:8000", true))
+}
+
+// A watch refused at once with 410 Gone (its version is older than the API server's history)
+// makes the source list again too.
+func TestKubernetesWatchAnsweredGoneListsAgain(t *testing.T) {
+	s := newCluster(t, pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm"))
+	rec := watch(t, s)
+	watchOpen(t, s, 1)
+	s.Hold()
+	s.Create(pod("llm", "vllm-1", "10.0.0.2", true, "app", "vllm"))
+	s.Compact()
+	s.EndWatches()
+	rec.waitFor(t, "the relisted state", is("http://10.0.0.1:8000", true, "http://10.0.0.2:8000", true))
+	rs := s.Requests()
+	gone := false
+	for _, r := range rs {
+		gone = gone || (r.Watch && r.Status == 410)
+	}
+	if !gone || lists(rs) != 2 {
+		t.Fatalf("want a watch answered 410 then a second list: %+v", rs)
+	}
+}
+
+// A namespace larger than a page is read page by page, and every page counts.
+func TestKubernetesListsEveryPage(t *testing.T) {
+	s := newCluster(t)
+	const n = 501
+	for i := range n {
+		s.Create(pod("llm", "vllm-"+strconv.Itoa(i), "10.0."+strconv.Itoa(i/250)+"."+strconv.Itoa(i%250+1), true, "app", "vllm"))
+	}
+	rec := watch(t, s)
+	set := rec.waitFor(t, "every pod", func(s []Endpoint) bool { return len(s) == n })
+	if len(set) != n || lists(s.Requests()) != 2 || s.Requests()[1].Continue == "" {
+		t.Fatalf("%d endpoints from %+v", len(set), s.Requests()[:2])
+	}
 }
 
 func TestKubernetesReportsOnlyChanges(t *testing.T) {
 	p := pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm")
-	c := newCluster(t, p)
-	rec := c.watch(t)
+	s := newCluster(t, p)
+	rec := watch(t, s)
 	rec.waitFor(t, "the pod", is("http://10.0.0.1:8000", true))
 	_, before := rec.last()
 	// A change the set does not show (a new label) reports nothing.
-	p.Labels["rev"] = "2"
-	c.update(t, p)
-	setReady(p, false)
-	c.update(t, p)
+	p.Metadata.Labels["rev"] = "2"
+	s.Update(p)
+	kubetest.SetReady(&p, false)
+	s.Update(p)
 	rec.waitFor(t, "not ready", is("http://10.0.0.1:8000", false))
 	if _, after := rec.last(); after != before+1 {
 		t.Fatalf("%d sets reported for one change", after-before)
 	}
 }
 
+// In a pod, the source authenticates with the service account token over TLS, and reads the
+// token file again when the kubelet replaces it: a watch refused because the old token was
+// revoked is tried again, with the new token once it is in the file.
+func TestKubernetesInClusterTokenRotationIsFollowed(t *testing.T) {
+	s := kubetest.NewTLS(t, nil)
+	s.Create(pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm"))
+	s.SetToken("token-one")
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "token"), "token-one\n")
+	writeFile(t, filepath.Join(dir, "ca.crt"), string(s.CertificatePEM()))
+	host, port, _ := strings.Cut(strings.TrimPrefix(s.URL, "https://"), ":")
+	env := map[string]string{"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port}
+	cfg, err := kubeapi.InClusterFrom(dir, func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := kubeapi.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := watchPods(t, client, nil)
+	rec.waitFor(t, "the pod", is("http://10.0.0.1:8000", true))
+	watchOpen(t, s, 1)
+
+	s.SetToken("token-two") // the old token is revoked before the file changes
+	s.EndWatches()
+	s.WaitFor(t, "a watch refused", func(rs []kubetest.Request) bool {
+		return lastWatch(rs).Status == 401 && lastWatch(rs).Authorization == "Bearer token-one"
+	})
+	writeFile(t, filepath.Join(dir, "token"), "token-two\n") // the kubelet's rotation
+	rs := watchOpen(t, s, 2)
+	if w := lastWatch(rs); w.Authorization != "Bearer token-two" {
+		t.Fatalf("the watch after the rotation carried %q", w.Authorization)
+	}
+	s.Delete("llm", "vllm-0")
+	rec.waitFor(t, "a deletion seen with the new token", is())
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestPodEndpoint(t *testing.T) {
 	v6 := pod("llm", "v6", "fd00::5", true)
-	if e, ok := PodEndpoint(v6, 8000); !ok || e.URL != "http://[fd00::5]:8000" || !e.Ready {
+	if e, ok := PodEndpoint(&v6, 8000); !ok || e.URL != "http://[fd00::5]:8000" || !e.Ready {
 		t.Fatalf("IPv6 pod: %v %v", e, ok)
 	}
 	pending := pod("llm", "p", "", true)
-	if _, ok := PodEndpoint(pending, 8000); ok {
+	if _, ok := PodEndpoint(&pending, 8000); ok {
 		t.Fatal("a pod without an IP is an endpoint")
 	}
 	done := pod("llm", "d", "10.0.0.1", false)
-	done.Status.Phase = corev1.PodSucceeded
-	if _, ok := PodEndpoint(done, 8000); ok {
+	done.Status.Phase = "Succeeded"
+	if _, ok := PodEndpoint(&done, 8000); ok {
 		t.Fatal("a finished pod is an endpoint")
 	}
 	noCond := pod("llm", "n", "10.0.0.1", true)
 	noCond.Status.Conditions = nil
-	if e, ok := PodEndpoint(noCond, 9000); !ok || e.Ready || e.URL != "http://10.0.0.1:9000" {
+	if e, ok := PodEndpoint(&noCond, 9000); !ok || e.Ready || e.URL != "http://10.0.0.1:9000" {
 		t.Fatalf("a pod with no Ready condition: %v %v", e, ok)
 	}
 }
 
+// A pod as the API server sends it, spec and all, is kept as its name, labels, IP, phase,
+// deletion mark and Ready condition.
 func TestSlimPodKeepsWhatTheSourceReads(t *testing.T) {
-	p := pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm")
-	now := metav1.Now()
-	p.DeletionTimestamp = &now
-	p.Spec.Containers = []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai", Args: []string{strings.Repeat("x", 4096)}}}
-	p.Annotations = map[string]string{"big": strings.Repeat("y", 4096)}
-	out, err := slimPod(p)
-	if err != nil {
+	wire := `{"metadata":{"name":"vllm-0","namespace":"llm","uid":"u1","resourceVersion":"7","labels":{"app":"vllm"},
+	"annotations":{"big":"` + strings.Repeat("y", 4096) + `"},"deletionTimestamp":"2026-01-02T03:04:05Z",
+	"managedFields":[{"manager":"kubelet"}]},
+	"spec":{"containers":[{"name":"vllm","image":"vllm/vllm-openai","args":["` + strings.Repeat("x", 4096) + `"]}]},
+	"status":{"phase":"Running","podIP":"10.0.0.1","conditions":[{"type":"PodScheduled","status":"True"},{"type":"Ready","status":"True","lastTransitionTime":"2026-01-02T03:04:05Z"}]}}`
+	var p kubeapi.Pod
+	if err := json.Unmarshal([]byte(wire), &p); err != nil {
 		t.Fatal(err)
 	}
-	s := out.(*corev1.Pod)
-	if len(s.Spec.Containers) != 0 || s.Annotations != nil || len(s.Status.Conditions) != 1 {
-		t.Fatalf("slim pod keeps %d containers, annotations %v, %d conditions", len(s.Spec.Containers), s.Annotations, len(s.Status.Conditions))
+	s := slimPod(p)
+	if len(s.Status.Conditions) != 1 || s.Metadata.UID != "" || s.Metadata.ResourceVersion != "" {
+		t.Fatalf("slim pod keeps %d conditions, uid %q, version %q", len(s.Status.Conditions), s.Metadata.UID, s.Metadata.ResourceVersion)
 	}
-	want, _ := PodEndpoint(p, 8000)
-	if got, _ := PodEndpoint(s, 8000); got != want || s.Labels["app"] != "vllm" {
-		t.Fatalf("slim pod's endpoint %v, want %v", got, want)
+	if b, _ := json.Marshal(s); len(b) > 300 {
+		t.Fatalf("slim pod is %d bytes: %s", len(b), b)
 	}
-	if other, _ := slimPod("not a pod"); other != "not a pod" {
-		t.Fatal("slimPod changed a non-pod")
+	want, _ := PodEndpoint(&p, 8000)
+	if got, _ := PodEndpoint(&s, 8000); got != want || want.Ready || s.Metadata.Labels["app"] != "vllm" {
+		t.Fatalf("slim pod's endpoint %v, want %v (draining)", got, want)
 	}
 }
 
@@ -323,7 +408,10 @@ func TestDefaultNamespaceIsTheServiceAccountsElseDefault(t *testing.T) {
 }
 
 func TestNewKubernetesRejectsWhatWouldWatchTooMuch(t *testing.T) {
-	client := fake.NewClientset()
+	client, err := kubeapi.New(kubeapi.Config{Server: "http://127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, opts := range []KubernetesOptions{
 		{Client: client, Namespace: "llm", Selector: "", Port: 8000},
 		{Client: client, Namespace: "llm", Selector: "app in (", Port: 8000},
@@ -338,23 +426,23 @@ func TestNewKubernetesRejectsWhatWouldWatchTooMuch(t *testing.T) {
 }
 
 // A list the API server refuses (missing RBAC rights) is said through the router's logger, with
-// the reason, rather than only on klog's standard error.
+// the reason, and tried again until it is allowed.
 func TestKubernetesRefusedListIsLoggedThroughTheRoutersLogger(t *testing.T) {
-	client := fake.NewClientset()
-	client.PrependReactor("list", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
-		return true, nil, apierrors.NewForbidden(corev1.Resource("pods"), "", errors.New(`User "system:serviceaccount:llm:cacheroute" cannot list resource "pods"`))
-	})
+	s := newCluster(t, pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm"))
+	s.RefuseLists(&kubeapi.Status{Code: 403, Reason: "Forbidden",
+		Message: `pods is forbidden: User "system:serviceaccount:llm:cacheroute" cannot list resource "pods"`})
 	var buf syncBuffer
 	log := slog.New(slog.NewTextHandler(&buf, nil))
-	src, err := NewKubernetes(KubernetesOptions{Client: client, Namespace: "llm", Selector: "app=vllm", Port: 8000, Log: log})
+	src, err := NewKubernetes(KubernetesOptions{Client: s.Client(t), Namespace: "llm", Selector: "app=vllm", Port: 8000, Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := runSource(t, src)
+	s.WaitFor(t, "two refused lists", func(rs []kubetest.Request) bool { return lists(rs) >= 2 })
 	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(buf.String(), "cannot list resource") {
+	for strings.Count(buf.String(), "cannot list resource") < 2 {
 		if time.Now().After(deadline) {
-			t.Fatalf("no log of the refused list; log: %s", buf.String())
+			t.Fatalf("no log of each refused list; log: %s", buf.String())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -364,6 +452,8 @@ func TestKubernetesRefusedListIsLoggedThroughTheRoutersLogger(t *testing.T) {
 	if _, n := rec.last(); n != 0 {
 		t.Fatal("a set was reported though nothing could be listed")
 	}
+	s.RefuseLists(nil)
+	rec.waitFor(t, "the pod once the list is allowed", is("http://10.0.0.1:8000", true))
 }
 
 type syncBuffer struct {

@@ -10,10 +10,9 @@ import (
 	"sync"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
-
 	"github.com/cacheroute/cacheroute/internal/config"
 	"github.com/cacheroute/cacheroute/internal/discovery"
+	"github.com/cacheroute/cacheroute/internal/kubeapi"
 	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -21,7 +20,7 @@ import (
 // discoveryEnv is what building the discovery sources takes from outside the process; tests
 // give a fake cluster and an in-process resolver instead.
 type discoveryEnv struct {
-	kubeClient func(kubeconfig string) (kubernetes.Interface, error)
+	kubeClient func(kubeconfig string) (*kubeapi.Client, error)
 	namespace  func() string        // the namespace watched when --service-discovery-namespace is empty
 	lookup     discovery.LookupFunc // nil: the system resolver
 }

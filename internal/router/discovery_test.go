@@ -19,15 +19,10 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
-
 	"github.com/cacheroute/cacheroute/internal/config"
 	"github.com/cacheroute/cacheroute/internal/discovery"
+	"github.com/cacheroute/cacheroute/internal/kubeapi"
+	"github.com/cacheroute/cacheroute/internal/kubeapi/kubetest"
 	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
 	"github.com/cacheroute/cacheroute/internal/proxy"
 )
@@ -120,69 +115,40 @@ func startPods(t *testing.T, base, n int) (int, []*podWorker) {
 	return 0, nil
 }
 
-// fakeCluster is a fake API server; watches ticks once per watch a source opens.
+// fakeCluster is an in-process API server holding the pods of namespace "llm" (and others).
 type fakeCluster struct {
-	client  *fake.Clientset
-	watches chan struct{}
+	*kubetest.Server
+	t *testing.T
 }
 
-func newFakeCluster() *fakeCluster {
-	c := &fakeCluster{client: fake.NewClientset(), watches: make(chan struct{}, 64)}
-	c.client.PrependWatchReactor("pods", func(k8stesting.Action) (bool, watch.Interface, error) {
-		c.watches <- struct{}{}
-		return false, nil, nil
-	})
-	return c
-}
+func newFakeCluster(t *testing.T) *fakeCluster { return &fakeCluster{Server: kubetest.New(t), t: t} }
 
 func (c *fakeCluster) env() discoveryEnv {
+	client := c.Client(c.t)
 	return discoveryEnv{
-		kubeClient: func(string) (kubernetes.Interface, error) { return c.client, nil },
+		kubeClient: func(string) (*kubeapi.Client, error) { return client, nil },
 		namespace:  func() string { return "llm" },
 	}
 }
 
-func newPod(name, ip string, ready bool, labels ...string) *corev1.Pod {
+func newPod(name, ip string, ready bool, labels ...string) *kubeapi.Pod {
 	if len(labels) == 0 {
 		labels = []string{"app", "vllm"}
 	}
-	p := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "llm", Labels: map[string]string{}},
-		Status:     corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip},
-	}
-	for i := 0; i+1 < len(labels); i += 2 {
-		p.Labels[labels[i]] = labels[i+1]
-	}
-	markReady(p, ready)
-	return p
+	p := kubetest.Pod("llm", name, ip, ready, labels...)
+	return &p
 }
 
-func markReady(p *corev1.Pod, ready bool) {
-	s := corev1.ConditionFalse
-	if ready {
-		s = corev1.ConditionTrue
-	}
-	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: s}}
-}
+func markReady(p *kubeapi.Pod, ready bool) { kubetest.SetReady(p, ready) }
 
-func (c *fakeCluster) create(t *testing.T, p *corev1.Pod) {
-	t.Helper()
-	if _, err := c.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-}
+func (c *fakeCluster) create(_ *testing.T, p *kubeapi.Pod) { c.Create(*p) }
 
-func (c *fakeCluster) updateStatus(t *testing.T, p *corev1.Pod) {
-	t.Helper()
-	if _, err := c.client.CoreV1().Pods(p.Namespace).UpdateStatus(context.Background(), p, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-}
+func (c *fakeCluster) updateStatus(_ *testing.T, p *kubeapi.Pod) { c.Update(*p) }
 
 func (c *fakeCluster) delete(t *testing.T, name string) {
 	t.Helper()
-	if err := c.client.CoreV1().Pods("llm").Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
+	if !c.Delete("llm", name) {
+		t.Fatalf("no pod %s to delete", name)
 	}
 }
 
@@ -196,25 +162,17 @@ func discoveryConfig(policy string, port int) config.Config {
 	return cfg
 }
 
-// startDiscovering serves a router built from cfg whose discovery sources come from env, and
-// waits until every source has opened its watch (when c is not nil), so no later change is
-// missed: the fake API server does not replay changes made between a list and a watch.
-func startDiscovering(t *testing.T, cfg config.Config, c *fakeCluster, env discoveryEnv) (*testRouter, *reconciler) {
+// startDiscovering serves a router built from cfg whose discovery sources come from env. The API
+// server replays to a watch what changed since the list it follows, so a change made before the
+// watch is open is not missed.
+func startDiscovering(t *testing.T, cfg config.Config, env discoveryEnv) (*testRouter, *reconciler) {
 	t.Helper()
 	tr := startRouter(t, withoutDiscovery(cfg))
 	sources, err := newSources(cfg, tr.log, env)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc := tr.startDiscovery(t.Context(), sources...)
-	if c != nil {
-		select {
-		case <-c.watches:
-		case <-time.After(10 * time.Second):
-			t.Fatal("discovery opened no watch")
-		}
-	}
-	return tr, rc
+	return tr, tr.startDiscovery(t.Context(), sources...)
 }
 
 // withoutDiscovery is cfg for New, which would build the sources for the real cluster and DNS;
@@ -256,12 +214,12 @@ func (tr *testRouter) chat(t *testing.T, session, text string) (worker, decision
 // sends requests back to back. Target: at most 1 s; asserted only against a generous bound.
 func TestReadyPodJoinsAndIsRoutedToSoon(t *testing.T) {
 	port, pods := startPods(t, 10, 6)
-	c := newFakeCluster()
+	c := newFakeCluster(t)
 	c.create(t, newPod("vllm-0", pods[0].ip, true))
 	for i, p := range pods[1:] {
 		c.create(t, newPod(fmt.Sprintf("vllm-%d", i+1), p.ip, false))
 	}
-	tr, _ := startDiscovering(t, discoveryConfig("round_robin", port), c, c.env())
+	tr, _ := startDiscovering(t, discoveryConfig("round_robin", port), c.env())
 	waitFor(t, "vllm-0 to join", func() bool { return tr.available(pods[0].url) })
 	for _, p := range pods[1:] {
 		if tr.registered(p.url) {
@@ -318,11 +276,11 @@ func TestReadyPodJoinsAndIsRoutedToSoon(t *testing.T) {
 
 func TestNotReadyPodDrainsAtOnceAndReturnsWhenReady(t *testing.T) {
 	port, pods := startPods(t, 20, 2)
-	c := newFakeCluster()
+	c := newFakeCluster(t)
 	a, b := newPod("vllm-a", pods[0].ip, true), newPod("vllm-b", pods[1].ip, true)
 	c.create(t, a)
 	c.create(t, b)
-	tr, rc := startDiscovering(t, discoveryConfig("round_robin", port), c, c.env())
+	tr, rc := startDiscovering(t, discoveryConfig("round_robin", port), c.env())
 	waitFor(t, "both pods to join", func() bool { return tr.available(pods[0].url) && tr.available(pods[1].url) })
 
 	markReady(a, false)
@@ -358,10 +316,10 @@ func TestNotReadyPodDrainsAtOnceAndReturnsWhenReady(t *testing.T) {
 // before that request ends.
 func TestTerminatingPodFinishesInFlightRequestsAndTakesNoNewOnes(t *testing.T) {
 	port, pods := startPods(t, 30, 2)
-	c := newFakeCluster()
+	c := newFakeCluster(t)
 	a := newPod("vllm-a", pods[0].ip, true)
 	c.create(t, a)
-	tr, _ := startDiscovering(t, discoveryConfig("round_robin", port), c, c.env())
+	tr, _ := startDiscovering(t, discoveryConfig("round_robin", port), c.env())
 	waitFor(t, "vllm-a to join", func() bool { return tr.available(pods[0].url) })
 
 	entered, release := pods[0].holdRequests()
@@ -388,8 +346,7 @@ func TestTerminatingPodFinishesInFlightRequestsAndTakesNoNewOnes(t *testing.T) {
 
 	c.create(t, newPod("vllm-b", pods[1].ip, true))
 	waitFor(t, "vllm-b to join", func() bool { return tr.available(pods[1].url) })
-	now := metav1.Now()
-	a.DeletionTimestamp = &now // kubectl delete: the pod terminates, still Ready for a while
+	kubetest.Terminate(a) // kubectl delete: the pod terminates, still Ready for a while
 	c.updateStatus(t, a)
 	waitFor(t, "vllm-a to drain", func() bool { return tr.Pool().Get(pods[0].url)[0].Draining() })
 	for range 8 {
@@ -420,11 +377,11 @@ func TestTerminatingPodFinishesInFlightRequestsAndTakesNoNewOnes(t *testing.T) {
 // "stale" because the tree still names it) while every session on the other 7 keeps its worker.
 func TestRemovingOneOfEightWorkersReplacesOnlyItsSessions(t *testing.T) {
 	port, pods := startPods(t, 40, 8)
-	c := newFakeCluster()
+	c := newFakeCluster(t)
 	for i, p := range pods {
 		c.create(t, newPod(fmt.Sprintf("vllm-%d", i), p.ip, true))
 	}
-	tr, _ := startDiscovering(t, discoveryConfig("cache_aware", port), c, c.env())
+	tr, _ := startDiscovering(t, discoveryConfig("cache_aware", port), c.env())
 	waitFor(t, "8 workers", func() bool {
 		for _, p := range pods {
 			if !tr.available(p.url) {
@@ -493,9 +450,9 @@ func TestRemovingOneOfEightWorkersReplacesOnlyItsSessions(t *testing.T) {
 // the new one.
 func TestPodAddressChangeIsALeaveAndAJoin(t *testing.T) {
 	port, pods := startPods(t, 50, 2)
-	c := newFakeCluster()
+	c := newFakeCluster(t)
 	c.create(t, newPod("vllm-0", pods[0].ip, true))
-	tr, _ := startDiscovering(t, discoveryConfig("round_robin", port), c, c.env())
+	tr, _ := startDiscovering(t, discoveryConfig("round_robin", port), c.env())
 	waitFor(t, "the first address", func() bool { return tr.available(pods[0].url) })
 	c.delete(t, "vllm-0")
 	c.create(t, newPod("vllm-0", pods[1].ip, true))
@@ -507,11 +464,11 @@ func TestPodAddressChangeIsALeaveAndAJoin(t *testing.T) {
 
 func TestDataParallelRanksApplyPerDiscoveredPod(t *testing.T) {
 	port, pods := startPods(t, 60, 1)
-	c := newFakeCluster()
+	c := newFakeCluster(t)
 	c.create(t, newPod("vllm-0", pods[0].ip, true))
 	cfg := discoveryConfig("round_robin", port)
 	cfg.DPSize = 2
-	tr, _ := startDiscovering(t, cfg, c, c.env())
+	tr, _ := startDiscovering(t, cfg, c.env())
 	waitFor(t, "the pod to join", func() bool { return tr.available(pods[0].url) })
 	var tenants []string
 	for _, w := range tr.Pool().Get(pods[0].url) {
@@ -530,7 +487,7 @@ func TestStaticWorkersAreNeverRemovedByDiscovery(t *testing.T) {
 	static := newFakeWorker(t)
 	host, portStr, _ := net.SplitHostPort(strings.TrimPrefix(static.URL(), "http://"))
 	port, _ := strconv.Atoi(portStr)
-	c := newFakeCluster()
+	c := newFakeCluster(t)
 	shadow := newPod("shadow", host, true) // a pod at the static worker's address
 	c.create(t, shadow)
 	c.create(t, newPod("other", "127.0.0.99", true)) // nobody listens there: joins unhealthy
@@ -541,8 +498,8 @@ func TestStaticWorkersAreNeverRemovedByDiscovery(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr.startDiscovery(t.Context(), sources...)
-	<-c.watches
+	applied := &appliedSets{Source: sources[0], changed: make(chan struct{}, 1)}
+	tr.startDiscovery(t.Context(), applied)
 	other := "http://" + net.JoinHostPort("127.0.0.99", portStr)
 	waitFor(t, "the other pod to be registered", func() bool { return tr.registered(other) })
 
@@ -554,20 +511,59 @@ func TestStaticWorkersAreNeverRemovedByDiscovery(t *testing.T) {
 		t.Fatal("discovery drained the static worker")
 	}
 	c.delete(t, "shadow")
-	time.Sleep(100 * time.Millisecond)
+	applied.waitEmpty(t) // the router has applied a set without any pod
 	if !tr.available(static.URL()) || len(tr.Pool().URLs()) != 1 {
 		t.Fatalf("after every pod left: %v, static available %v", tr.Pool().URLs(), tr.available(static.URL()))
+	}
+}
+
+// appliedSets runs a source and tells when the router has applied an empty set from it.
+type appliedSets struct {
+	discovery.Source
+	mu      sync.Mutex
+	empty   bool
+	changed chan struct{}
+}
+
+func (a *appliedSets) Run(ctx context.Context, update func([]discovery.Endpoint)) error {
+	return a.Source.Run(ctx, func(set []discovery.Endpoint) {
+		update(set) // the reconciler has applied set once this returns
+		a.mu.Lock()
+		a.empty = len(set) == 0
+		a.mu.Unlock()
+		select {
+		case a.changed <- struct{}{}:
+		default:
+		}
+	})
+}
+
+func (a *appliedSets) waitEmpty(t *testing.T) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		a.mu.Lock()
+		empty := a.empty
+		a.mu.Unlock()
+		if empty {
+			return
+		}
+		select {
+		case <-a.changed:
+		case <-deadline:
+			t.Fatal("no empty set was applied")
+		}
 	}
 }
 
 // Two routers watching the same pods end with the same workers in the same states.
 func TestRoutersWatchingTheSameClusterConverge(t *testing.T) {
 	port, pods := startPods(t, 70, 4)
-	c := newFakeCluster()
+	c := newFakeCluster(t)
 	cfg := discoveryConfig("cache_aware", port)
-	r1, _ := startDiscovering(t, cfg, c, c.env())
-	r2, _ := startDiscovering(t, cfg, c, c.env())
-	p := make([]*corev1.Pod, len(pods))
+	r1, _ := startDiscovering(t, cfg, c.env())
+	r2, _ := startDiscovering(t, cfg, c.env())
+	p := make([]*kubeapi.Pod, len(pods))
 	for i, w := range pods {
 		p[i] = newPod(fmt.Sprintf("vllm-%d", i), w.ip, i != 3)
 		c.create(t, p[i])
@@ -619,7 +615,7 @@ func TestDNSDiscoveredWorkersJoinAndLeave(t *testing.T) {
 	cfg := testConfig()
 	cfg.DNSDiscovery = "vllm.llm.svc:" + strconv.Itoa(port)
 	cfg.DNSRefreshSecs = 0.01
-	tr, _ := startDiscovering(t, cfg, nil, discoveryEnv{lookup: lookup})
+	tr, _ := startDiscovering(t, cfg, discoveryEnv{lookup: lookup})
 	waitFor(t, "both addresses to join", func() bool { return tr.available(pods[0].url) && tr.available(pods[1].url) })
 	seen := map[string]bool{}
 	for range 4 {
@@ -641,16 +637,16 @@ func TestDNSDiscoveredWorkersJoinAndLeave(t *testing.T) {
 // With the namespace flag empty the router's own namespace is watched; with it set, that one.
 func TestServiceDiscoveryWatchesTheNamespaceItIsGiven(t *testing.T) {
 	port, pods := startPods(t, 90, 2)
-	c := newFakeCluster()
+	c := newFakeCluster(t)
 	c.create(t, newPod("vllm-0", pods[0].ip, true))
 	elsewhere := newPod("vllm-x", pods[1].ip, true)
-	elsewhere.Namespace = "team-b"
+	elsewhere.Metadata.Namespace = "team-b"
 	c.create(t, elsewhere)
 
-	own, _ := startDiscovering(t, discoveryConfig("round_robin", port), c, c.env())
+	own, _ := startDiscovering(t, discoveryConfig("round_robin", port), c.env())
 	cfg := discoveryConfig("round_robin", port)
 	cfg.ServiceDiscoveryNamespace = "team-b"
-	named, _ := startDiscovering(t, cfg, c, c.env())
+	named, _ := startDiscovering(t, cfg, c.env())
 	waitFor(t, "each router's pod", func() bool { return own.available(pods[0].url) && named.available(pods[1].url) })
 	if own.registered(pods[1].url) || named.registered(pods[0].url) {
 		t.Fatalf("a router found a pod of another namespace: %v / %v", own.Pool().URLs(), named.Pool().URLs())
