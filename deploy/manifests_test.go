@@ -10,11 +10,15 @@ import (
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	kjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/kubernetes/scheme"
 )
 
 // manifest is one rendered document, decoded.
@@ -27,10 +31,23 @@ type manifest struct {
 	Object     any // a k8s.io/api type, or *serviceMonitor
 }
 
-// strict decodes YAML into the types of k8s.io/api registered in client-go's scheme, failing on
-// unknown or duplicate fields (the API server would drop the first silently, or reject the
-// manifest).
-var strict = kjson.NewSerializerWithOptions(kjson.DefaultMetaFactory, scheme.Scheme, scheme.Scheme,
+// apiScheme knows the k8s.io/api groups the chart renders; a kind of any other group fails to
+// decode, so a new one must be added here to be checked.
+var apiScheme = func() *runtime.Scheme {
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{
+		corev1.AddToScheme, appsv1.AddToScheme, rbacv1.AddToScheme, policyv1.AddToScheme, networkingv1.AddToScheme,
+	} {
+		if err := add(s); err != nil {
+			panic(err)
+		}
+	}
+	return s
+}()
+
+// strict decodes YAML into the types of k8s.io/api, failing on unknown or duplicate fields (the
+// API server would drop the first silently, or reject the manifest).
+var strict = kjson.NewSerializerWithOptions(kjson.DefaultMetaFactory, apiScheme, apiScheme,
 	kjson.SerializerOptions{Yaml: true, Strict: true})
 
 // decodeManifests splits helm template's output into documents and decodes each strictly.
