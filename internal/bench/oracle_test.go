@@ -87,6 +87,19 @@ func TestOracleRunsAsABenchPolicy(t *testing.T) {
 	}
 }
 
+func TestOracleTakesNoRouterArgs(t *testing.T) {
+	specs, err := ParsePolicies([]string{"cache_aware,best=oracle"}, SessionNone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ApplyRouterArgs(specs, []string{"--cache-threshold=0.5"}); err != nil || len(specs[1].Args) != 0 || len(specs[0].Args) != 1 {
+		t.Fatalf("an arg for every entry: %v, args %v / %v; want it on the router entry only", err, specs[0].Args, specs[1].Args)
+	}
+	if err := ApplyRouterArgs(specs, []string{"best=--cache-threshold=0.5"}); err == nil || !strings.Contains(err.Error(), "runs no router") {
+		t.Fatalf("an arg for the oracle: %v, want it refused", err)
+	}
+}
+
 func post(t *testing.T, url string, body any) *http.Response {
 	t.Helper()
 	b, _ := json.Marshal(body)

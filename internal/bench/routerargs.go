@@ -42,7 +42,11 @@ func ApplyRouterArgs(specs []PolicySpec, args []string) error {
 		}
 		found := false
 		for i := range specs {
-			if entry == "" || specs[i].Name == entry {
+			switch {
+			case specs[i].Policy == OraclePolicy && specs[i].Name == entry:
+				return fmt.Errorf("--router-arg %s: entry %s is the oracle, which runs no router", a, entry)
+			case specs[i].Policy == OraclePolicy:
+			case entry == "" || specs[i].Name == entry:
 				specs[i].Args = append(specs[i].Args, arg)
 				found = true
 			}
@@ -59,6 +63,9 @@ func ApplyRouterArgs(specs []PolicySpec, args []string) error {
 		}
 	}
 	for _, p := range specs {
+		if p.Policy == OraclePolicy {
+			continue
+		}
 		// Placeholders stand for the fleet and the redis-server, which do not exist yet.
 		if _, err := routerConfig(p, []string{"http://127.0.0.1:1"}, ""); err != nil {
 			return err
