@@ -301,3 +301,58 @@ func TestTimeouts_ClientThatStopsReadingIsCutAfterClientWriteTimeout(t *testing.
 		t.Errorf("next request: %d %q, want 200", status, body)
 	}
 }
+
+// slowHeadersWorker reads each request and starts its answer's headers, then sends no more of
+// them; the connection stays open until the router closes it (or the test ends).
+func slowHeadersWorker(t *testing.T) *rawWorker {
+	return newRawWorker(t, func(rw *rawWorker, c net.Conn, br *bufio.Reader) {
+		if _, _, err := rw.readRequest(br); err != nil {
+			return
+		}
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n")
+		_, _ = io.Copy(io.Discard, br)
+	})
+}
+
+// A worker that starts its headers but does not finish them within the first-byte timeout sent
+// the client nothing: the stream goes to the next worker, as when no byte came at all.
+func TestTimeouts_SlowHeadersFailAStreamOverToTheNextWorker(t *testing.T) {
+	slow := slowHeadersWorker(t)
+	live := sseWorker(t, "live", 3)
+	opts := testOptions()
+	opts.Upstream.FirstByteTimeout = 100 * time.Millisecond
+	tp := newTestProxy(t, setup{opts: &opts, urls: []string{slow.URL, live.URL}})
+
+	status, h, body := tp.post(t, chatPath, streamBody)
+	if status != http.StatusOK || !strings.Contains(body, `"live"`) || !strings.Contains(body, "[DONE]") {
+		t.Fatalf("got %d %q, want the live worker's whole stream", status, body)
+	}
+	if got := h.Get(HeaderWorker); got != tp.worker(t, live.URL).Name() {
+		t.Errorf("%s = %q, want the live worker", HeaderWorker, got)
+	}
+	if got := tp.upstreamErrors(metrics.ErrFirstByte); got != 1 {
+		t.Errorf("upstream_errors_total{kind=first_byte} = %v, want 1", got)
+	}
+	if got := tp.upstreamErrors(metrics.ErrBadReply); got != 0 {
+		t.Errorf("upstream_errors_total{kind=bad_response} = %v, want 0", got)
+	}
+	tp.loadReturnsToZero(t)
+}
+
+// When every worker is slow with its headers, the client gets the first-byte timeout's answer:
+// 504 upstream_timeout, after each worker was tried.
+func TestTimeouts_SlowHeadersOnEveryWorkerIs504(t *testing.T) {
+	a, b := slowHeadersWorker(t), slowHeadersWorker(t)
+	opts := testOptions()
+	opts.Upstream.FirstByteTimeout = 100 * time.Millisecond
+	tp := newTestProxy(t, setup{opts: &opts, urls: []string{a.URL, b.URL}})
+
+	status, _, body := tp.post(t, chatPath, streamBody)
+	if status != http.StatusGatewayTimeout || errorCode(t, body) != "upstream_timeout" {
+		t.Fatalf("got %d %s, want 504 upstream_timeout", status, body)
+	}
+	if a.requests.Load() != 1 || b.requests.Load() != 1 {
+		t.Errorf("the workers read %d and %d requests, want one each", a.requests.Load(), b.requests.Load())
+	}
+	tp.loadReturnsToZero(t)
+}

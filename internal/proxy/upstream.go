@@ -246,6 +246,10 @@ func classify(err error, c *upConn, requestTimedOut bool) failure {
 	case !c.wrote:
 		// The request never fully reached the worker, which cannot act on a partial JSON body.
 		return failure{kind: metrics.ErrReset, retryable: true, stale: c.reused, message: "the connection to the worker closed before the request was sent"}
+	case c.read > 0 && isTimeout(err):
+		// classify sees only failures before the answer's headers were whole: a worker that
+		// began them but did not finish within the first-byte timeout sent the client nothing.
+		return failure{kind: metrics.ErrFirstByte, retryable: true, message: "the worker did not send its response headers within the first-byte timeout"}
 	case c.read > 0:
 		return failure{kind: metrics.ErrBadReply, message: "the worker's answer could not be read"}
 	case isTimeout(err):
