@@ -61,6 +61,12 @@ type Config struct {
 	ClientWriteTimeoutSecs float64 `yaml:"client_write_timeout_secs"`
 	MaxClientConnections   int     `yaml:"max_client_connections"`
 
+	// Searches of the workers for stored responses the router does not know (id routes, and
+	// Responses turns continuing one): the workers one search asks at once, and the searches
+	// each client may start a minute (0: no bound).
+	ResponseSearchConcurrency int `yaml:"response_search_concurrency"`
+	ResponseSearchPerMinute   int `yaml:"response_search_per_minute"`
+
 	// Admission control (internal/admission): off while both limits and both rates are 0.
 	MaxConcurrentRequests int      `yaml:"max_concurrent_requests"`
 	MaxInflightPerWorker  int      `yaml:"max_inflight_per_worker"`
@@ -254,6 +260,9 @@ func Default() Config {
 		SessionStore:            "memory",
 		RedisKeyPrefix:          "cacheroute",
 		RedisTimeout:            50 * time.Millisecond,
+
+		ResponseSearchConcurrency: 4,
+		ResponseSearchPerMinute:   600,
 	}
 }
 
@@ -282,6 +291,8 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.Float64Var(&c.KeepaliveTimeoutSecs, "keepalive-timeout-secs", c.KeepaliveTimeoutSecs, "seconds an idle keep-alive client connection is kept open")
 	fs.Float64Var(&c.ClientWriteTimeoutSecs, "client-write-timeout-secs", c.ClientWriteTimeoutSecs, "seconds a client may take no byte of its answer before it is cut and the worker's request aborted (0: only --request-timeout-secs)")
 	fs.IntVar(&c.MaxClientConnections, "max-client-connections", c.MaxClientConnections, "open client connections on the traffic listener; above it new connections get 503 and are closed")
+	fs.IntVar(&c.ResponseSearchConcurrency, "response-search-concurrency", c.ResponseSearchConcurrency, "workers asked at once when looking for a stored response the router does not know (GET/DELETE /v1/responses/{id}, cancel, input_items, a previous_response_id)")
+	fs.IntVar(&c.ResponseSearchPerMinute, "response-search-per-minute", c.ResponseSearchPerMinute, "searches for unknown stored responses each client (its key's tenant, else its address) may start a minute, a minute's worth at once; past it 429 (0: no bound)")
 	fs.IntVar(&c.MaxConcurrentRequests, "max-concurrent-requests", c.MaxConcurrentRequests, "routed requests in flight at once, router-wide; more wait in the queue (0: unlimited)")
 	fs.IntVar(&c.MaxInflightPerWorker, "max-inflight-per-worker", c.MaxInflightPerWorker, "requests in flight per worker; a request waits in the queue while every worker of its model is at it (0: unlimited)")
 	fs.IntVar(&c.QueueSize, "queue-size", c.QueueSize, "requests waiting for admission, all priorities together; above it 429 (0: none wait)")
@@ -497,6 +508,8 @@ func (c Config) Validate() error {
 		"max-sessions":             c.MaxSessions,
 		"max-client-connections":   c.MaxClientConnections,
 		"load-unit-tokens":         c.LoadUnitTokens,
+
+		"response-search-concurrency": c.ResponseSearchConcurrency,
 	}
 	checkEach(bad, atLeastOne, func(v int) bool { return v >= 1 }, "must be at least 1")
 	nonNegative := map[string]int{
@@ -509,6 +522,8 @@ func (c Config) Validate() error {
 		"queue-size":                 c.QueueSize,
 		"tenant-requests-per-minute": c.TenantRPM,
 		"tenant-tokens-per-minute":   c.TenantTPM,
+
+		"response-search-per-minute": c.ResponseSearchPerMinute,
 	}
 	checkEach(bad, nonNegative, func(v int) bool { return v >= 0 }, "must not be negative")
 	if !(c.StallTimeoutSecs >= 0) {

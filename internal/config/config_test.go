@@ -110,6 +110,9 @@ func TestDefaultsMatchTheDocumentedTable(t *testing.T) {
 		SessionStore:            "memory",
 		RedisKeyPrefix:          "cacheroute",
 		RedisTimeout:            50 * time.Millisecond,
+
+		ResponseSearchConcurrency: 4,
+		ResponseSearchPerMinute:   600,
 	}
 	if got := config.Default(); !reflect.DeepEqual(got, want) {
 		t.Errorf("Default() =\n%+v\nwant\n%+v", got, want)
@@ -538,6 +541,8 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{"negative stall timeout", func(c *config.Config) { c.StallTimeoutSecs = -1 }, "--stall-timeout-secs"},
 		{"zero client connections", func(c *config.Config) { c.MaxClientConnections = 0 }, "--max-client-connections"},
 		{"negative client connections", func(c *config.Config) { c.MaxClientConnections = -5 }, "--max-client-connections"},
+		{"zero response search concurrency", func(c *config.Config) { c.ResponseSearchConcurrency = 0 }, "--response-search-concurrency"},
+		{"negative response search budget", func(c *config.Config) { c.ResponseSearchPerMinute = -1 }, "--response-search-per-minute"},
 		{"negative first byte timeout", func(c *config.Config) { c.FirstByteTimeoutSecs = -1 }, "--first-byte-timeout-secs"},
 		{"NaN first byte timeout", func(c *config.Config) { c.FirstByteTimeoutSecs = math.NaN() }, "--first-byte-timeout-secs"},
 		{"first byte timeout past the request timeout", func(c *config.Config) {

@@ -1,14 +1,12 @@
 package proxy
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -33,7 +31,7 @@ type exchange struct {
 	rid      string
 	in       policy.Input
 	// responseID is the stored response a byResponseID path names; label and searching say how
-	// its worker is found: the known holder, or every healthy worker in turn.
+	// its worker is found: the known holder, or a search of the healthy workers (search.go).
 	responseID string
 	caller     clientkeys.Client // who sent it, when client keys are checked
 	// attempts, decision and worker describe the last attempt, for the access log.
@@ -42,7 +40,7 @@ type exchange struct {
 	method           string
 	label            string
 	searching        bool
-	searchFailed     bool                    // a worker asked for the response failed rather than answered 404
+	follow           *workers.Worker         // the holder a search found of the response a turn continues; its first attempt goes there
 	match            float64                 // the last attempt's predicted prefix match
 	trace            *telemetry.RequestTrace // nil when tracing is off
 
@@ -123,6 +121,10 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 		ex.stopWatch()
 		return
 	}
+	if len(ex.in.Candidates) > 0 && !s.findResponse(ctx, ex) {
+		ex.stopWatch()
+		return
+	}
 
 	backoff := s.opts.InitialBackoff
 	var last failure
@@ -151,16 +153,12 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 		attempt++
 		ex.attempts, ex.decision, ex.worker, ex.match = attempt, dec.Label, dec.Worker.Name(), dec.Match
 		ex.trace.Attempt(attempt, ex.worker)
-		final := len(ex.in.Candidates) == 0 || (!ex.searching && attempt > s.opts.MaxRetries)
+		final := len(ex.in.Candidates) == 0 || attempt > s.opts.MaxRetries
 
 		resp, conn, f := s.send(ctx, ex, dec.Worker, final)
 		if resp != nil {
 			s.relay(ctx, ex, resp, conn, dec, at)
 			return
-		}
-		if f.notHere {
-			at.Close(workers.Succeeded) // the worker answered: it only does not hold the response
-			continue
 		}
 		if ex.gone.Load() {
 			at.Close(workers.Cancelled)
@@ -170,7 +168,6 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 			return
 		}
 		at.Close(workers.Failed)
-		ex.searchFailed = ex.searchFailed || ex.searching
 		ex.trace.AttemptFailed(f.kind, f.message)
 		s.observe(ex, dec, workers.Failed)
 		s.metrics.UpstreamErrors.WithLabelValues(f.kind).Inc()
@@ -233,12 +230,13 @@ func (s *Server) prepareByPolicy(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 // decisions, so they are given in the decision header only.
 const (
 	labelResponseHolder = "response_id_holder" // the worker that stored the response
-	labelResponseSearch = "response_id_search" // unknown id: every healthy worker in turn, the least loaded first
+	labelResponseSearch = "response_id_search" // unknown id: the workers were searched for it (search.go)
 	labelResponseMiss   = "response_id_miss"   // an id no worker had moments ago: 404 at once, no worker asked
 )
 
 // prepareByResponseID finds the worker holding the response the path names: the one the policy
-// knows stored it, else every healthy worker, asked in turn until one has it.
+// knows stored it, else the one a search of the healthy workers finds (findResponse, once the
+// request is admitted).
 func (s *Server) prepareByResponseID(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	req := &reqkey.Request{Stream: string(ctx.QueryArgs().Peek("stream")) == "true"}
 	candidates, _, _ := s.pool.Candidates("")
@@ -268,14 +266,18 @@ func (s *Server) prepareByResponseID(ctx *fasthttp.RequestCtx, ex *exchange) boo
 		return false
 	}
 	ex.label, ex.searching = labelResponseSearch, true
-	slices.SortStableFunc(ex.in.Candidates, func(a, b *workers.Worker) int { return cmp.Compare(a.Load(), b.Load()) })
 	return true
 }
 
-// choose is the worker the next attempt goes to: the policy's choice, or the next worker that may
-// hold the response a path names.
+// choose is the worker the next attempt goes to: the policy's choice, or the worker holding the
+// response a path names. A turn whose previous response a search found goes to its holder first;
+// should that attempt fail, the policy knows the holder from then on and answers for it.
 func (s *Server) choose(ex *exchange) policy.Decision {
 	if ex.route.place == byPolicy {
+		if w := ex.follow; w != nil {
+			ex.follow = nil
+			return policy.Decision{Worker: w, Label: labelResponseSearch}
+		}
 		return s.policy.Select(ex.in)
 	}
 	return policy.Decision{Worker: ex.in.Candidates[0], Label: ex.label}
@@ -344,10 +346,6 @@ func (s *Server) send(ctx *fasthttp.RequestCtx, ex *exchange, w *workers.Worker,
 		resp, c, err := s.exchangeOn(pool, w, out, ex, fresh)
 		if err == nil {
 			status := resp.StatusCode()
-			if ex.searching && status == http.StatusNotFound && !final {
-				s.discard(resp, c)
-				return nil, nil, failure{notHere: true}
-			}
 			if final || !retryableStatus(status) {
 				return resp, c, failure{}
 			}

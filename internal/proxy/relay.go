@@ -3,7 +3,6 @@ package proxy
 import (
 	"bytes"
 	"io"
-	"net/http"
 	"strconv"
 	"sync"
 	"time"
@@ -26,9 +25,6 @@ import (
 func (s *Server) relay(ctx *fasthttp.RequestCtx, ex *exchange, resp *fasthttp.Response, conn *upConn, dec policy.Decision, at *workers.Attempt) {
 	worker := dec.Worker
 	status := resp.StatusCode()
-	if ex.searching && status == http.StatusNotFound && !ex.searchFailed {
-		s.misses.add(ex.responseID, time.Now()) // every worker was asked, and none has it
-	}
 	ex.trace.Answered(status)
 	s.metrics.Processed.WithLabelValues(worker.Name()).Inc()
 	if s.labeled && ex.route.place == byPolicy {
@@ -266,7 +262,8 @@ func (s *Server) checkCache(ex *exchange, dec policy.Decision, u usageResult) {
 }
 
 // learn tells the policy where a stored response lives, from an answer that succeeded: the
-// response a POST /v1/responses stored, the one a search found, or the one a DELETE removed.
+// response a POST /v1/responses stored, or the one a DELETE removed. (The holder a search found
+// was told when it was found.)
 func (s *Server) learn(ex *exchange, r *relayBody) {
 	if s.tracker == nil {
 		return
@@ -281,7 +278,5 @@ func (s *Server) learn(ex *exchange, r *relayBody) {
 	case ex.responseID == "":
 	case ex.method == "DELETE":
 		s.tracker.ResponseDeleted(ctx, ex.responseID)
-	case ex.searching:
-		s.tracker.ResponseStored(ctx, ex.responseID, r.dec.Worker)
 	}
 }

@@ -68,6 +68,8 @@ type Options struct {
 	ClientWriteTimeout  time.Duration // a client's acceptance of each piece of its answer; 0: only RequestTimeout
 	MaxClientConns      int           // open client connections; more get 503
 	Upstream            UpstreamOptions
+	// ResponseSearch bounds the searches for stored responses the router does not know (search.go).
+	ResponseSearch SearchOptions
 
 	// SessionStore, when set, reports the shared session store's state for /health; with detail
 	// false it leaves out what could reveal the store's address (its last error).
@@ -111,6 +113,7 @@ type Server struct {
 	workerClient *http.Client
 	tokenCache   *tokenCache // nil unless Options.Tokenize
 	misses       *responseMisses
+	searches     *searchBudget
 	plain        fasthttp.RequestHandler
 	adminPaths   map[string]bool // the admin endpoints' paths and patterns
 }
@@ -130,7 +133,8 @@ func (s *Server) isAdminPath(path string) bool {
 func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metrics.Metrics, log *slog.Logger) *Server {
 	s := &Server{opts: opts, pool: pool, fleet: fleet, policy: p, metrics: m, log: log,
 		upstreams: newUpstreams(opts.Upstream), routes: newRoutes(m), mux: http.NewServeMux(),
-		workerClient: opts.Upstream.Client(), misses: newResponseMisses()}
+		workerClient: opts.Upstream.Client(), misses: newResponseMisses(),
+		searches: newSearchBudget(opts.ResponseSearch.PerMinute)}
 	if opts.Tokenize != nil {
 		s.tokenCache = &tokenCache{budget: opts.Tokenize.CacheBytes, byKey: map[string][]uint32{}}
 	}
@@ -141,7 +145,12 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 		for _, label := range l.DecisionLabels() {
 			m.CacheAwareDecisions.WithLabelValues(label)
 		}
+		if s.tracker != nil { // the labels of continuations the proxy searches for
+			m.CacheAwareDecisions.WithLabelValues(labelResponseSearch)
+			m.CacheAwareDecisions.WithLabelValues(labelResponseMiss)
+		}
 	}
+	m.AdmissionRejections.WithLabelValues(rejectedBySearchBudget)
 	allow := map[string][]string{} // path → methods, for 405 answers
 	handle := func(method, path string, h http.HandlerFunc) {
 		s.mux.HandleFunc(method+" "+path, h)

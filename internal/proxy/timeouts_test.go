@@ -320,7 +320,7 @@ func TestTimeouts_SlowHeadersFailAStreamOverToTheNextWorker(t *testing.T) {
 	slow := slowHeadersWorker(t)
 	live := sseWorker(t, "live", 3)
 	opts := testOptions()
-	opts.Upstream.FirstByteTimeout = 100 * time.Millisecond
+	opts.Upstream.Timeouts.FirstByte = 100 * time.Millisecond
 	tp := newTestProxy(t, setup{opts: &opts, urls: []string{slow.URL, live.URL}})
 
 	status, h, body := tp.post(t, chatPath, streamBody)
@@ -344,7 +344,7 @@ func TestTimeouts_SlowHeadersFailAStreamOverToTheNextWorker(t *testing.T) {
 func TestTimeouts_SlowHeadersOnEveryWorkerIs504(t *testing.T) {
 	a, b := slowHeadersWorker(t), slowHeadersWorker(t)
 	opts := testOptions()
-	opts.Upstream.FirstByteTimeout = 100 * time.Millisecond
+	opts.Upstream.Timeouts.FirstByte = 100 * time.Millisecond
 	tp := newTestProxy(t, setup{opts: &opts, urls: []string{a.URL, b.URL}})
 
 	status, _, body := tp.post(t, chatPath, streamBody)

@@ -222,9 +222,6 @@ type failure struct {
 	retryable bool   // provably nothing was generated: another worker may take it
 	stale     bool   // a pooled connection the worker had closed: the same worker may take it again at once
 	message   string // for the client; never a socket address
-	// notHere: the worker answered 404 to a request for a stored response it does not hold,
-	// while other workers may hold it.
-	notHere bool
 }
 
 // classify applies the retry rule: retry only what provably did not start generating.

@@ -187,6 +187,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		KeepaliveTimeout:    cfg.KeepaliveTimeout(),
 		ClientWriteTimeout:  cfg.ClientWriteTimeout(),
 		MaxClientConns:      cfg.MaxClientConnections,
+		ResponseSearch:      proxy.SearchOptions{Concurrency: cfg.ResponseSearchConcurrency, PerMinute: cfg.ResponseSearchPerMinute},
 		Upstream: proxy.UpstreamOptions{
 			Dialer:           dialer,
 			MaxIdlePerWorker: maxIdlePerWorker,

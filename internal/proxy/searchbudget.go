@@ -1,0 +1,63 @@
+package proxy
+
+import (
+	"sync"
+	"time"
+)
+
+// searchbudget.go bounds the searches each client may start: a search for an id the router does
+// not know may cost a lookup on every worker, so a client that asks for ids at random (a scan, a
+// client bug, a poll of an id that never existed and keeps changing) would otherwise multiply
+// its traffic by the fleet's size.
+
+// maxSearchClients bounds the clients whose budgets are kept; past it, one is dropped at random
+// to make room, and starts again with a full budget when it comes back.
+const maxSearchClients = 16384
+
+// searchBudget is a token bucket per client, each holding a minute's worth of searches and
+// refilling continuously. A bucket is kept as the instant it would be full again had it no
+// bound (a theoretical arrival time): a search is allowed when that instant is at most a
+// minute less one search ahead, and moves it one search later.
+type searchBudget struct {
+	every time.Duration // the time one search takes to refill; 0: no bound
+	burst time.Duration // how far ahead full may be: a minute less one search
+	mu    sync.Mutex
+	full  map[string]time.Time
+}
+
+// newSearchBudget bounds each client to perMinute searches a minute; 0 bounds none.
+func newSearchBudget(perMinute int) *searchBudget {
+	b := &searchBudget{full: map[string]time.Time{}}
+	if perMinute > 0 {
+		b.every = time.Minute / time.Duration(perMinute)
+		b.burst = time.Minute - b.every
+	}
+	return b
+}
+
+// allow takes one search from client's budget at now, or reports how long until one is there.
+// client must be the caller's own string.
+func (b *searchBudget) allow(client string, now time.Time) (wait time.Duration, ok bool) {
+	if b.every == 0 {
+		return 0, true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	full, known := b.full[client]
+	if !known {
+		if len(b.full) >= maxSearchClients {
+			for c := range b.full { // map order: an arbitrary client
+				delete(b.full, c)
+				break
+			}
+		}
+	}
+	if full.Before(now) {
+		full = now
+	}
+	if ahead := full.Sub(now); ahead > b.burst {
+		return ahead - b.burst, false
+	}
+	b.full[client] = full.Add(b.every)
+	return 0, true
+}
