@@ -31,12 +31,15 @@ func mix64(x uint64) uint64 {
 // every worker's share of the key space stays within a few percent of even.
 const VirtualNodes = 160
 
+// NameConsistentHash is the policy's --policy name, and the label of its decisions.
+const NameConsistentHash = "consistent_hash"
+
 // ConsistentHash maps the request's hash key onto a ring of VirtualNodes points per tenant and
 // takes the first point clockwise. Adding or removing a worker moves only the keys next to its
 // points. When the owning tenant is unavailable it walks on to the next distinct tenant on the
 // ring, so a key's fallback is as stable as its owner.
 type ConsistentHash struct {
-	Stateless
+	Base
 	mu   sync.Mutex
 	ring *ring
 }
@@ -55,13 +58,13 @@ type ringPoint struct {
 // pool's membership changes.
 func NewConsistentHash() *ConsistentHash { return &ConsistentHash{} }
 
-func (*ConsistentHash) Name() string { return "consistent_hash" }
+func (*ConsistentHash) Name() string { return NameConsistentHash }
 
 // Select places the hash key on the ring. A request with no key at all (the load-only routes,
 // whose readers derive none) has nothing to keep together: it goes to the least-loaded candidate.
 func (p *ConsistentHash) Select(in Input) Decision {
 	if in.Request.HashKey == "" {
-		return Decision{Worker: LeastLoaded(in.Candidates), Label: "consistent_hash"}
+		return in.Pick(LeastLoaded(in.Candidates), NameConsistentHash)
 	}
 	r := p.ringFor(in.All)
 	key := Hash64(in.Request.HashKey)
@@ -77,11 +80,11 @@ func (p *ConsistentHash) Select(in Input) Decision {
 	for i := range r.points {
 		w := r.points[(start+i)%len(r.points)].worker
 		if slices.Contains(in.Candidates, w) {
-			return Decision{Worker: w, Label: "consistent_hash"}
+			return in.Pick(w, NameConsistentHash)
 		}
 	}
 	// Candidates not on the ring (registered after the snapshot the caller read): any will do.
-	return Decision{Worker: in.Candidates[0], Label: "consistent_hash"}
+	return in.Pick(in.Candidates[0], NameConsistentHash)
 }
 
 func (p *ConsistentHash) ringFor(all []*workers.Worker) *ring {
@@ -109,20 +112,23 @@ func (p *ConsistentHash) ringFor(all []*workers.Worker) *ring {
 	return r
 }
 
+// NameRendezvous is the policy's --policy name, and the label of its decisions.
+const NameRendezvous = "rendezvous_hash"
+
 // Rendezvous (highest random weight) scores every candidate by the hash of (key, tenant) and takes
 // the highest. Unlike a ring it needs no state, and when a worker leaves only its own keys move,
 // each to its own second choice.
-type Rendezvous struct{ Stateless }
+type Rendezvous struct{ Base }
 
-func (Rendezvous) Name() string { return "rendezvous_hash" }
+func (Rendezvous) Name() string { return NameRendezvous }
 
 // Select picks the highest score for the hash key; a request with no key at all goes to the
 // least-loaded candidate, as for the ring.
 func (Rendezvous) Select(in Input) Decision {
 	if in.Request.HashKey == "" {
-		return Decision{Worker: LeastLoaded(in.Candidates), Label: "rendezvous_hash"}
+		return in.Pick(LeastLoaded(in.Candidates), NameRendezvous)
 	}
-	return Decision{Worker: RendezvousPick(in.Request.HashKey, in.Candidates), Label: "rendezvous_hash"}
+	return in.Pick(RendezvousPick(in.Request.HashKey, in.Candidates), NameRendezvous)
 }
 
 // RendezvousPick returns the candidate with the highest rendezvous score for key.

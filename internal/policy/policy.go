@@ -1,6 +1,47 @@
 // Package policy chooses a worker for a request. A Policy is pure logic over the request's keys and
-// the candidate workers' state; it does no I/O. This package holds the interface and the baseline
-// policies (one file each); the cache-aware policy lives in policy/cacheaware.
+// the candidate workers' state; it does no I/O. This package holds the contract every policy
+// follows, the registry that finds a policy by name, and the baseline policies (one file each);
+// the cache-aware policy lives in policy/cacheaware.
+//
+// # The contract
+//
+// The proxy drives every policy through the same hooks, in this order, and never asks a policy
+// what it can do: a hook a policy has no use for is inherited from Base and does nothing.
+//
+//   - Select(in) decides without changing any state; the proxy may call it again (without the
+//     refused worker) when the worker's breaker refuses the attempt. What the policy needs to
+//     remember about its choice goes in Decision.State, which only the policy reads.
+//   - Accepted(in, d) says the proxy accepted the decision (the breaker granted the attempt and
+//     the load is counted): affinity state (a session map, a prefix tree) is taught only here.
+//   - Done(in, d, outcome, usage) says how the attempt ended, with the prompt and cached tokens
+//     the worker reported when its answer said: the only way a policy learns from results.
+//   - WorkerAdded(url) and WorkerRemoved(url) follow the fleet; Run(ctx) runs the policy's
+//     background loop (a sweep) until ctx ends; Labels, Responses and State describe the policy
+//     to the router (decision labels to count, the map of stored responses, state sizes).
+//
+// # Writing a policy
+//
+// A policy is a type that embeds Base and implements Name and Select; registered by name with a
+// factory (internal/policy/registry), --policy finds it:
+//
+//	// LeastBusy sends each request to the candidate with the fewest requests in flight.
+//	type LeastBusy struct{ policy.Base }
+//
+//	func (LeastBusy) Name() string { return "least_busy" }
+//
+//	func (LeastBusy) Select(in policy.Input) policy.Decision {
+//		return in.Pick(policy.LeastLoaded(in.Candidates), "least_busy")
+//	}
+//
+//	func init() {
+//		registry.Register(registry.Entry{Name: "least_busy", Summary: "the least-loaded candidate",
+//			New: func(registry.Options) policy.Policy { return LeastBusy{} }})
+//	}
+//
+// A policy that learns overrides Accepted and Done, keeping what it must remember of a choice in
+// Decision.State; one with a background sweep overrides Run; one that follows stored responses
+// returns its map from Responses. The proxy and the router call every hook of every policy, so
+// a new policy needs no change outside its own file and its registration.
 package policy
 
 import (
@@ -31,6 +72,25 @@ type Input struct {
 	// the proxy asked for them: a chat request without session or response id, with the
 	// workers' KV-cache events subscribed to. nil otherwise.
 	Tokens []uint32
+	// Size is the request body's length in bytes: the prompt's size when the request has no
+	// routing text.
+	Size int
+}
+
+// PrefillTokens estimates the prompt tokens a worker that holds held bytes of the request's
+// routing text must still compute: the routing text (or, without one, the body) less what it
+// holds, at reqkey.BytesPerToken.
+func (in Input) PrefillTokens(held int) int {
+	size := in.Size
+	if req := in.Request; req != nil && req.Text != "" {
+		size = len(req.Text)
+	}
+	return max(size-held, 0) / reqkey.BytesPerToken
+}
+
+// Pick is the decision for w with label, for a policy that predicts nothing about w's cache.
+func (in Input) Pick(w *workers.Worker, label string) Decision {
+	return Decision{Worker: w, Label: label, Prefill: in.PrefillTokens(0)}
 }
 
 // Decision is a policy's choice and why it was made.
@@ -38,23 +98,23 @@ type Decision struct {
 	Worker *workers.Worker
 	// Label names the reason, echoed in x-vllm-router-decision; baseline policies use their name.
 	Label string
-	// Match is the predicted fraction of the request's routing text the chosen worker holds in
-	// cache, or 0 when the policy does not know.
+	// Match is the predicted fraction of the request's prompt the chosen worker holds in cache,
+	// or 0 when the policy does not know.
 	Match float64
-	// Held is how many bytes of the routing text the chosen worker held before this request, for
-	// a policy to undo what Commit taught if the attempt fails. 0 when the policy does not know.
-	Held int
-	// HeldAge is how old, in the policy's own measure, the prefix the chosen worker held was
-	// (how much the policy had taught the worker since it last used it), so that feedback can
-	// tell how far back the worker's cache reaches. Meaningful only when Held > 0.
-	HeldAge uint64
-	// Forget are tenants the policy found gone or unavailable while choosing; Commit drops their
-	// state, so that Select itself changes nothing.
-	Forget []string
+	// Prefill is the prompt tokens the chosen worker is expected to compute (Input.PrefillTokens):
+	// the tokens load signal weighs the attempt by it until the answer's first byte.
+	Prefill int
+	// State is the policy's own record of the choice, handed back to it in Accepted and Done;
+	// nothing else reads it.
+	State any
 	// Refusal, when set, says that no worker may take the request (Worker is then nil): the
-	// proxy answers it in the route's error shape, and nothing is committed.
+	// proxy answers it in the route's error shape, and nothing is accepted.
 	Refusal *Refusal
 }
+
+// PredictedCached is the prompt tokens the decision predicts the worker serves from its cache,
+// of a prompt of prompt tokens.
+func (d Decision) PredictedCached(prompt int) float64 { return d.Match * float64(prompt) }
 
 // Refusal is a policy's answer that the request cannot be served anywhere: a turn that continues
 // a stored response whose worker is gone must not reach a worker that cannot know it.
@@ -64,45 +124,62 @@ type Refusal struct {
 	Message string // safe to show the client
 }
 
-// Policy chooses a worker in three steps, so that nothing is learned from a choice the proxy
-// could not carry out:
-//
-//   - Select decides, without changing any state; the proxy may call it again (without the
-//     refused worker) when the worker's breaker refuses the attempt.
-//   - Commit records a decision once the proxy accepted it: the breaker granted the attempt and
-//     the load is counted. Affinity state (a session map, a prefix tree) is taught only here.
-//   - Observe tells how the attempt ended, so a policy can unlearn a worker that failed.
+// Usage is what a worker's answer said about the prompt: its tokens, and how many of them the
+// worker served from its prefix cache. Known is false when the answer did not say (a failure,
+// an answer without usage), and then the counts are 0.
+type Usage struct {
+	Known          bool
+	Prompt, Cached int
+}
+
+// Policy is the contract every policy follows; see the package doc for the order of the hooks.
 type Policy interface {
+	// Name is the policy's --policy name, as registered.
 	Name() string
+	// Labels lists every decision label the policy gives beyond its name; the router counts
+	// decisions per label in cache_aware_decisions_total. The set is fixed, so metric series
+	// stay bounded. nil: the policy labels its decisions with its name only.
+	Labels() []string
+	// Select chooses a worker among in.Candidates, changing no state.
 	Select(in Input) Decision
-	Commit(in Input, d Decision)
-	Observe(in Input, d Decision, o workers.Outcome)
-}
-
-// Stateless gives the policies that learn nothing their Commit and Observe.
-type Stateless struct{}
-
-func (Stateless) Commit(Input, Decision)                   {}
-func (Stateless) Observe(Input, Decision, workers.Outcome) {}
-
-// Labeled is implemented by policies whose decisions carry labels beyond the policy's name; the
-// router counts those per label in cache_aware_decisions_total. The set is fixed, so metric
-// series stay bounded.
-type Labeled interface {
-	DecisionLabels() []string
-}
-
-// WorkerRemovalListener is implemented by policies that keep per-worker state; the router calls
-// it when a worker URL (all its ranks) leaves the pool.
-type WorkerRemovalListener interface {
+	// Accepted records a decision the proxy carried out.
+	Accepted(in Input, d Decision)
+	// Done tells how the attempt of an accepted decision ended, with what the answer reported.
+	// It returns whether the policy corrected its model of the worker from u (the worker had
+	// evicted what the policy counted on).
+	Done(in Input, d Decision, o workers.Outcome, u Usage) (corrected bool)
+	// WorkerAdded and WorkerRemoved follow the fleet by worker URL (all its ranks), in the
+	// normalised form the pool uses (tenant.NormalizeURL).
+	WorkerAdded(url string)
 	WorkerRemoved(url string)
+	// Run runs the policy's background work until ctx ends; it returns at once when there is
+	// none.
+	Run(ctx context.Context)
+	// Responses is the policy's map of stored responses, or nil when it follows none.
+	Responses() ResponseStore
+	// State reports the sizes of the policy's affinity state at scrape time, or nil when it
+	// keeps none.
+	State() State
 }
 
-// ResponseTracker is implemented by policies that follow stored responses (the Responses API's
-// previous_response_id) to the worker that produced them, which alone can continue from them.
-// The proxy tells the policy every stored response it relays, and asks it where an id lives for
-// the requests that name one in their path (GET, DELETE, cancel, input_items).
-type ResponseTracker interface {
+// Base gives a policy every hook but Name and Select, each doing nothing: embed it and override
+// what the policy uses.
+type Base struct{}
+
+func (Base) Labels() []string                                  { return nil }
+func (Base) Accepted(Input, Decision)                          {}
+func (Base) Done(Input, Decision, workers.Outcome, Usage) bool { return false }
+func (Base) WorkerAdded(string)                                {}
+func (Base) WorkerRemoved(string)                              {}
+func (Base) Run(context.Context)                               {}
+func (Base) Responses() ResponseStore                          { return nil }
+func (Base) State() State                                      { return nil }
+
+// ResponseStore follows stored responses (the Responses API's previous_response_id) to the
+// worker that produced them, which alone can continue from them. The proxy tells it every stored
+// response it relays, and asks it where an id lives for the requests that name one in their path
+// (GET, DELETE, cancel, input_items).
+type ResponseStore interface {
 	// ResponseStored records that w produced the stored response id.
 	ResponseStored(ctx context.Context, id string, w *workers.Worker)
 	// ResponseHolder returns the tenant that produced response id, if known.
@@ -111,14 +188,12 @@ type ResponseTracker interface {
 	ResponseDeleted(ctx context.Context, id string)
 }
 
-// CacheFeedback is implemented by policies that predict what each worker holds in its prefix
-// cache and can check the prediction: the proxy reports, for every answer whose usage it read,
-// how many of the prompt's tokens the worker served from its cache.
-type CacheFeedback interface {
-	// Served reports that the worker of d served cached of the request's prompt tokens from its
-	// cache. It returns whether the policy corrected its model of the worker (it had evicted
-	// what the policy counted on).
-	Served(in Input, d Decision, prompt, cached int) (corrected bool)
+// State is the size of a policy's affinity state, read at scrape time.
+type State interface {
+	TreeBytes() int
+	TreeChars() int
+	// Sessions is the session count per model, or nil when the store cannot count.
+	Sessions() map[string]int
 }
 
 // LeastLoaded returns the candidate with the fewest requests in flight. Ties are broken uniformly

@@ -145,9 +145,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 		if at == nil {
 			continue // the breaker refused (its half-open trial is taken): choose again without it
 		}
-		at.Prefill(prefillTokens(ctx, ex, dec))
+		at.Prefill(dec.Prefill)
 		if rt.place == byPolicy {
-			s.policy.Commit(ex.in, dec)
+			s.policy.Accepted(ex.in, dec)
 			s.metrics.PolicyDecisions.WithLabelValues(s.policy.Name(), dec.Worker.Name()).Inc()
 		}
 		attempt++
@@ -162,14 +162,14 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 		}
 		if ex.gone.Load() {
 			at.Close(workers.Cancelled)
-			s.observe(ex, dec, workers.Cancelled)
+			s.done(ex, dec, workers.Cancelled, policy.Usage{})
 			ex.stopWatch()
 			s.finish(ctx, ex, statusClientGone)
 			return
 		}
 		at.Close(workers.Failed)
 		ex.trace.AttemptFailed(f.kind, f.message)
-		s.observe(ex, dec, workers.Failed)
+		s.done(ex, dec, workers.Failed, policy.Usage{})
 		s.metrics.UpstreamErrors.WithLabelValues(f.kind).Inc()
 		s.log.Warn("upstream attempt failed", "request_id", ex.rid, "worker", dec.Worker.Name(), "attempt", attempt, "kind", f.kind)
 		last = f
@@ -220,7 +220,7 @@ func (s *Server) prepareByPolicy(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 			fmt.Sprintf("model %q is not served here; available models: %s", truncate(req.Model, 200), strings.Join(s.pool.Models(), ", "))))
 		return false
 	}
-	ex.in = policy.Input{Context: context.Background(), Request: req, Model: served, Candidates: candidates, All: s.pool.All()}
+	ex.in = policy.Input{Context: context.Background(), Request: req, Model: served, Candidates: candidates, All: s.pool.All(), Size: len(ctx.PostBody())}
 	ex.in.Tokens = s.promptTokens(ex.route, ex.in, ctx.PostBody())
 	ex.trace.Request(req.Model, req.SessionKey)
 	return true
@@ -240,9 +240,9 @@ const (
 func (s *Server) prepareByResponseID(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	req := &reqkey.Request{Stream: string(ctx.QueryArgs().Peek("stream")) == "true"}
 	candidates, _, _ := s.pool.Candidates("")
-	ex.in = policy.Input{Context: context.Background(), Request: req, Candidates: candidates, All: s.pool.All()}
-	if s.tracker != nil {
-		if tenant, ok := s.tracker.ResponseHolder(ex.in.Context, ex.responseID); ok {
+	ex.in = policy.Input{Context: context.Background(), Request: req, Candidates: candidates, All: s.pool.All(), Size: len(ctx.PostBody())}
+	if s.responses != nil {
+		if tenant, ok := s.responses.ResponseHolder(ex.in.Context, ex.responseID); ok {
 			ex.label = labelResponseHolder
 			ex.in.Candidates = nil
 			for _, w := range candidates {
@@ -280,25 +280,13 @@ func (s *Server) choose(ex *exchange) policy.Decision {
 		}
 		return s.policy.Select(ex.in)
 	}
-	return policy.Decision{Worker: ex.in.Candidates[0], Label: ex.label}
+	return ex.in.Pick(ex.in.Candidates[0], ex.label)
 }
 
-// observe tells the policy how an attempt it placed ended.
-func (s *Server) observe(ex *exchange, dec policy.Decision, o workers.Outcome) {
-	if ex.route.place == byPolicy {
-		s.policy.Observe(ex.in, dec, o)
-	}
-}
-
-// prefillTokens estimates the prompt tokens the worker must compute for the request: its routing
-// text (or, without one, its body) less what the policy predicted the worker holds, at
-// reqkey.BytesPerToken. The tokens load signal weighs the attempt by it until the first byte.
-func prefillTokens(ctx *fasthttp.RequestCtx, ex *exchange, dec policy.Decision) int {
-	size := len(ctx.PostBody())
-	if req := ex.in.Request; req != nil && req.Text != "" {
-		size = len(req.Text)
-	}
-	return max(size-dec.Held, 0) / reqkey.BytesPerToken
+// done tells the policy how an attempt it placed ended, and reports whether it corrected its
+// model of the worker from the answer's usage.
+func (s *Server) done(ex *exchange, dec policy.Decision, o workers.Outcome, u policy.Usage) bool {
+	return ex.route.place == byPolicy && s.policy.Done(ex.in, dec, o, u)
 }
 
 // refuse answers a request the policy would place nowhere, with the policy's label.

@@ -36,7 +36,7 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, ex *exchange, resp *fasthttp.Re
 	if s.opts.AccessLog != nil || (ex.route.place == byPolicy && status/100 == 2) {
 		r.usage = newUsageSniffer()
 	}
-	if ex.route.storesResponses && s.tracker != nil && status/100 == 2 && !ex.in.Request.NoStore {
+	if ex.route.storesResponses && s.responses != nil && status/100 == 2 && !ex.in.Request.NoStore {
 		r.sniff = newIDSniffer(bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream")))
 	}
 	if !ex.in.Request.Stream && size >= 0 && size <= maxBufferedAnswer {
@@ -146,7 +146,7 @@ func (r *relayBody) Read(p []byte) (int, error) {
 	if r.sniff != nil && !r.learned {
 		if r.sniff.feed(p[:n]); r.sniff.id != "" {
 			r.learned = true
-			r.s.tracker.ResponseStored(r.ex.in.Context, r.sniff.id, r.dec.Worker)
+			r.s.responses.ResponseStored(r.ex.in.Context, r.sniff.id, r.dec.Worker)
 		}
 	}
 	r.extendWriteDeadline()
@@ -220,14 +220,17 @@ func (r *relayBody) end(writeErr error) {
 		}
 		r.at.Close(outcome)
 		ex.release()
-		s.observe(ex, r.dec, outcome)
 		var u usageResult
 		if r.usage != nil {
 			u = r.usage.result()
 		}
+		var reported policy.Usage
 		if outcome == workers.Succeeded && r.status/100 == 2 {
 			s.learn(ex, r)
-			s.checkCache(ex, r.dec, u)
+			reported = s.checkCache(ex, r.dec, u)
+		}
+		if s.done(ex, r.dec, outcome, reported) {
+			s.metrics.CacheCorrections.WithLabelValues(r.dec.Worker.Name()).Inc()
 		}
 		if r.firstByte.IsZero() && r.complete() {
 			r.firstByte = time.Now() // an empty body: its end is its first byte
@@ -246,26 +249,25 @@ func (r *relayBody) end(writeErr error) {
 	})
 }
 
-// checkCache compares the cached tokens the worker reported with what the policy predicted, in
-// the metrics and, for a policy that checks its predictions, in the policy.
-func (s *Server) checkCache(ex *exchange, dec policy.Decision, u usageResult) {
+// checkCache counts the cached tokens the worker reported against what the policy predicted,
+// and returns them as the policy's Done hears them: unknown when the answer did not say what it
+// served from cache.
+func (s *Server) checkCache(ex *exchange, dec policy.Decision, u usageResult) policy.Usage {
 	if !u.cachedKnown || ex.route.place != byPolicy || u.prompt <= 0 {
-		return // an answer that does not say what it served from cache checks nothing
+		return policy.Usage{}
 	}
 	worker := dec.Worker.Name()
 	s.metrics.PromptTokens.WithLabelValues(worker, dec.Label).Add(float64(u.prompt))
-	s.metrics.CachedTokensPredicted.WithLabelValues(worker, dec.Label).Add(dec.Match * float64(u.prompt))
+	s.metrics.CachedTokensPredicted.WithLabelValues(worker, dec.Label).Add(dec.PredictedCached(u.prompt))
 	s.metrics.CachedTokensAchieved.WithLabelValues(worker, dec.Label).Add(float64(u.cached))
-	if s.feedback != nil && s.feedback.Served(ex.in, dec, u.prompt, u.cached) {
-		s.metrics.CacheCorrections.WithLabelValues(worker).Inc()
-	}
+	return policy.Usage{Known: true, Prompt: u.prompt, Cached: u.cached}
 }
 
 // learn tells the policy where a stored response lives, from an answer that succeeded: the
 // response a POST /v1/responses stored, or the one a DELETE removed. (The holder a search found
 // was told when it was found.)
 func (s *Server) learn(ex *exchange, r *relayBody) {
-	if s.tracker == nil {
+	if s.responses == nil {
 		return
 	}
 	ctx := ex.in.Context
@@ -273,10 +275,10 @@ func (s *Server) learn(ex *exchange, r *relayBody) {
 	case r.sniff != nil:
 		if id := r.sniff.result(); id != "" && !r.learned {
 			r.learned = true
-			s.tracker.ResponseStored(ctx, id, r.dec.Worker)
+			s.responses.ResponseStored(ctx, id, r.dec.Worker)
 		}
 	case ex.responseID == "":
 	case ex.method == "DELETE":
-		s.tracker.ResponseDeleted(ctx, ex.responseID)
+		s.responses.ResponseDeleted(ctx, ex.responseID)
 	}
 }

@@ -276,18 +276,18 @@ func (p *recordingPolicy) Select(in policy.Input) policy.Decision {
 	return d
 }
 
-func (p *recordingPolicy) Commit(in policy.Input, d policy.Decision) {
+func (p *recordingPolicy) Accepted(in policy.Input, d policy.Decision) {
 	p.mu.Lock()
 	p.committed = append(p.committed, d.Worker.Name())
 	p.mu.Unlock()
-	p.Policy.Commit(in, d)
+	p.Policy.Accepted(in, d)
 }
 
-func (p *recordingPolicy) Observe(in policy.Input, d policy.Decision, o workers.Outcome) {
+func (p *recordingPolicy) Done(in policy.Input, d policy.Decision, o workers.Outcome, u policy.Usage) bool {
 	p.mu.Lock()
 	p.observed = append(p.observed, d.Worker.Name()+" "+o.String())
 	p.mu.Unlock()
-	p.Policy.Observe(in, d, o)
+	return p.Policy.Done(in, d, o, u)
 }
 
 func (p *recordingPolicy) record() (committed, observed []string) {

@@ -67,10 +67,10 @@ func (s *Server) searchID(ex *exchange) string {
 		return ex.responseID
 	}
 	req := ex.in.Request
-	if !ex.route.storesResponses || s.tracker == nil || req == nil || req.PreviousResponseID == "" {
+	if !ex.route.storesResponses || s.responses == nil || req == nil || req.PreviousResponseID == "" {
 		return ""
 	}
-	if _, ok := s.tracker.ResponseHolder(ex.in.Context, req.PreviousResponseID); ok {
+	if _, ok := s.responses.ResponseHolder(ex.in.Context, req.PreviousResponseID); ok {
 		return "" // the policy follows it
 	}
 	return req.PreviousResponseID
@@ -102,8 +102,8 @@ func (s *Server) findResponse(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	res := s.search(ctx, ex, id)
 	switch {
 	case res.holder != nil:
-		if s.tracker != nil {
-			s.tracker.ResponseStored(ex.in.Context, id, res.holder)
+		if s.responses != nil {
+			s.responses.ResponseStored(ex.in.Context, id, res.holder)
 		}
 		if ex.searching {
 			ex.searching = false

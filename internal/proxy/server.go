@@ -102,9 +102,8 @@ type Server struct {
 	pool         *workers.Pool
 	fleet        Fleet
 	policy       policy.Policy
-	labeled      bool                   // the policy's labels are counted per label
-	tracker      policy.ResponseTracker // the policy's map of stored responses; nil when it keeps none
-	feedback     policy.CacheFeedback   // the policy's check of its cache predictions; nil when it makes none
+	labeled      bool                 // the policy's labels are counted per label
+	responses    policy.ResponseStore // the policy's map of stored responses; nil when it keeps none
 	metrics      *metrics.Metrics
 	log          *slog.Logger
 	upstreams    *upstreams
@@ -138,14 +137,13 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 	if opts.Tokenize != nil {
 		s.tokenCache = &tokenCache{budget: opts.Tokenize.CacheBytes, byKey: map[string][]uint32{}}
 	}
-	s.tracker, _ = p.(policy.ResponseTracker)
-	s.feedback, _ = p.(policy.CacheFeedback)
-	if l, ok := p.(policy.Labeled); ok {
+	s.responses = p.Responses()
+	if labels := p.Labels(); len(labels) > 0 {
 		s.labeled = true
-		for _, label := range l.DecisionLabels() {
+		for _, label := range labels {
 			m.CacheAwareDecisions.WithLabelValues(label)
 		}
-		if s.tracker != nil { // the labels of continuations the proxy searches for
+		if s.responses != nil { // the labels of continuations the proxy searches for
 			m.CacheAwareDecisions.WithLabelValues(labelResponseSearch)
 			m.CacheAwareDecisions.WithLabelValues(labelResponseMiss)
 		}

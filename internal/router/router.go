@@ -237,7 +237,7 @@ func newPolicy(cfg config.Config, m *metrics.Metrics, log *slog.Logger, kvIndex 
 	if err != nil {
 		return nil, nil, err
 	}
-	if st, ok := p.(metrics.PolicyState); ok {
+	if st := p.State(); st != nil {
 		m.SetPolicyState(st)
 	}
 	return p, store, nil
@@ -307,10 +307,13 @@ func (r *Router) AddWorker(ctx context.Context, raw string) error {
 	return nil
 }
 
-// addToPool registers a worker URL and creates its tenants' counters at 0, so that per-worker
-// rates have a series before the first request.
+// addToPool registers a worker URL, tells the policy, and creates its tenants' counters at 0, so
+// that per-worker rates have a series before the first request.
 func (r *Router) addToPool(url string) ([]*workers.Worker, error) {
 	ws, err := r.pool.Add(url)
+	if err == nil {
+		r.policy.WorkerAdded(url)
+	}
 	for _, w := range ws {
 		r.metrics.WorkerAdded(r.policy.Name(), w.Name())
 	}
@@ -329,9 +332,7 @@ func (r *Router) RemoveWorker(raw string) error {
 	if err != nil {
 		return err
 	}
-	if l, ok := r.policy.(policy.WorkerRemovalListener); ok {
-		l.WorkerRemoved(url)
-	}
+	r.policy.WorkerRemoved(url)
 	for _, w := range removed {
 		r.metrics.ForgetWorker(w.Name())
 	}
@@ -390,9 +391,7 @@ func (r *Router) Start(ctx context.Context) {
 		go r.syncKVEvents(ctx)
 	}
 	go r.wakeAdmission(ctx)
-	if sweeper, ok := r.policy.(interface{ Run(context.Context) }); ok {
-		go sweeper.Run(ctx)
-	}
+	go r.policy.Run(ctx)
 }
 
 // Serve answers on ln (and on metricsLn, if not nil) until ctx ends, then stops accepting, lets
@@ -560,7 +559,7 @@ func listenError(err error, portFlag, hostFlag, note string) error {
 // store and admission queue.
 func (r *Router) newDashboard(store func(context.Context, bool) any) *dashboard.Dashboard {
 	opts := dashboard.Options{Pool: r.pool, Metrics: r.metrics, Policy: r.cfg.Policy, SessionStore: store}
-	if st, ok := r.policy.(metrics.PolicyState); ok {
+	if st := r.policy.State(); st != nil {
 		opts.State = st
 	}
 	if r.admission != nil && r.admission.Controller != nil {

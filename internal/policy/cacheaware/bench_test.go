@@ -183,7 +183,7 @@ func benchmarkDecision(b *testing.B, parse func(reqkey.Header, []byte) (*reqkey.
 				}
 				in := policy.Input{Context: b.Context(), Request: r, Model: r.Model, Candidates: pool.All(), All: pool.All()}
 				d := p.Select(in)
-				p.Commit(in, d)
+				p.Accepted(in, d)
 				if d.Worker == nil {
 					b.Fatal("no worker")
 				}

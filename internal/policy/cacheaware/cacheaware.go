@@ -62,7 +62,7 @@ type Options struct {
 	// HistoryMatchMode is how a match below CacheThreshold counts: HistoryCost weighs the
 	// prefill it saves against the holder's load; HistoryThreshold ignores it (the RFC's rule).
 	HistoryMatchMode string
-	// DisableCorrection keeps the tree's predictions whatever the answers report (Served).
+	// DisableCorrection keeps the tree's predictions whatever the answers report (Done).
 	DisableCorrection bool
 	// LoadUnitTokens are the prompt tokens one unit of load is worth, the exchange rate of the
 	// cost mode (workers.DefaultLoadUnitTokens when 0).
@@ -91,6 +91,7 @@ type Reporter interface {
 // model's conversations, each model in a namespace of its own, so --max-tree-size bounds the whole
 // router; the session store likewise holds every model's sessions under one capacity.
 type Policy struct {
+	policy.Base
 	opts     Options
 	store    session.Store
 	memory   *session.Memory // the store when it is the memory one; nil otherwise
@@ -123,10 +124,13 @@ func New(opts Options, r Reporter, log *slog.Logger) *Policy {
 	return p
 }
 
-func (p *Policy) Name() string { return "cache_aware" }
+// Name is the policy's --policy name.
+const Name = "cache_aware"
 
-// DecisionLabels lists every label the chain gives, for the per-label decision counter.
-func (p *Policy) DecisionLabels() []string {
+func (p *Policy) Name() string { return Name }
+
+// Labels lists every label the chain gives, for the per-label decision counter.
+func (p *Policy) Labels() []string {
 	return []string{LabelResponseMatch, LabelResponseGone, LabelResponseUnavailable, LabelLoadBalance, LabelSessionMatch, LabelFullHistoryMatch, LabelStaleTenant, LabelHistoryLowMatch,
 		LabelEmptyHistory, LabelCacheAffinity, LabelLowMatch, LabelFirstHealthyFallback, LabelKVEventsMatch}
 }
@@ -146,13 +150,13 @@ type decision struct {
 	key     string // session key; "" when the request has none or is not a chat
 	minLoad int64
 	maxLoad int64
-	forget  []string // tenants found gone while choosing, dropped at Commit
+	forget  []string // tenants found gone while choosing, dropped at Accepted
 	// eventsHeld is the prompt tokens the chosen worker holds by its KV-cache events, when the
 	// events chose it (LabelKVEventsMatch).
 	eventsHeld int
 }
 
-// newDecision derives the chain's keys from the input; Select and Commit derive the same ones.
+// newDecision derives the chain's keys from the input; Select, Accepted and Done derive the same ones.
 func newDecision(in policy.Input) *decision {
 	req := in.Request
 	d := &decision{in: in, ctx: in.Context, model: in.Model, text: req.Text}
@@ -174,7 +178,7 @@ func newDecision(in policy.Input) *decision {
 }
 
 // Select runs the decision chain. It changes no state: what the choice teaches is recorded by
-// Commit, once the proxy has accepted the worker.
+// Accepted, once the proxy has accepted the worker.
 func (p *Policy) Select(in policy.Input) policy.Decision {
 	d := newDecision(in)
 	if id := in.Request.PreviousResponseID; id != "" {
@@ -192,8 +196,8 @@ func (p *Policy) Select(in policy.Input) policy.Decision {
 	match := 0.0
 	switch {
 	case label == LabelKVEventsMatch:
-		// The engine's own account: the share of the prompt's tokens it holds. Held stays the
-		// tree's, which is what Observe undoes.
+		// The engine's own account: the share of the prompt's tokens it holds; the held bytes stay the
+		// tree's, which is what Done undoes on a failure.
 		match = float64(d.eventsHeld) / float64(len(in.Tokens))
 	case len(d.text) > 0:
 		match = float64(held) / float64(len(d.text))
@@ -202,19 +206,46 @@ func (p *Policy) Select(in policy.Input) policy.Decision {
 		p.log.Debug("cache_aware decision", "decision", label, "worker", w.Name(), "match", match,
 			"min_load", d.minLoad, "max_load", d.maxLoad, "session", telemetry.SessionHash(d.key))
 	}
-	return policy.Decision{Worker: w, Label: label, Match: match, Held: held, HeldAge: heldAge, Forget: d.forget}
+	dec := policy.Decision{Worker: w, Label: label, Match: match, Prefill: in.PrefillTokens(held)}
+	if held > 0 || len(d.forget) > 0 {
+		dec.State = &choice{held: held, heldAge: heldAge, forget: d.forget}
+	}
+	return dec
 }
 
-// Commit teaches the accepted choice: the session entry points at the chosen worker (a session
+// choice is what a decision remembers for Accepted and Done (policy.Decision.State); nil when
+// the chosen worker held nothing and no tenant was found gone.
+type choice struct {
+	// held is how many bytes of the routing text the chosen worker held before this request, for
+	// Done to undo what Accepted taught if the attempt fails.
+	held int
+	// heldAge is how old the prefix the chosen worker held was, in bytes the tree had taught that
+	// worker since it last used it, so that feedback can tell how far back the worker's cache
+	// reaches. Meaningful only when held > 0.
+	heldAge uint64
+	// forget are tenants found gone or unavailable while choosing; Accepted drops their state,
+	// so that Select itself changes nothing.
+	forget []string
+}
+
+// choiceOf is the decision's record, or the zero one.
+func choiceOf(d policy.Decision) choice {
+	if c, ok := d.State.(*choice); ok {
+		return *c
+	}
+	return choice{}
+}
+
+// Accepted teaches the accepted choice: the session entry points at the chosen worker (a session
 // hit only refreshes it, which the lookup already did), the chosen worker now holds the request's
 // text, and the tenants found gone while choosing leave the tree. Session ids never enter the
 // tree.
-func (p *Policy) Commit(in policy.Input, dec policy.Decision) {
+func (p *Policy) Accepted(in policy.Input, dec policy.Decision) {
 	if dec.Refusal != nil {
 		return // nothing was chosen
 	}
 	d := newDecision(in)
-	for _, t := range dec.Forget {
+	for _, t := range choiceOf(dec).forget {
 		p.report("tree", p.tree.RemoveTenant(t))
 	}
 	if d.key != "" && dec.Label != LabelSessionMatch {
@@ -225,20 +256,29 @@ func (p *Policy) Commit(in policy.Input, dec policy.Decision) {
 	}
 }
 
-// Observe unlearns a worker that failed the attempt (unreachable, 5xx, no first byte in time): it
-// served nothing, so the session must not stay pinned to it, and the tree must not say it holds
-// the request's text: the worker keeps only the dec.Held bytes it held before Commit taught it
-// the rest, and the next turn does not follow the text there. A retry's Commit points the
-// session and the text at the next worker; after a last failure the next turn chooses afresh.
-// The bytes the tree frees are undone, not evicted, so they are not reported. Cancelled and
-// succeeded attempts keep what Commit taught: the worker may well have prefilled the request.
-func (p *Policy) Observe(in policy.Input, dec policy.Decision, o workers.Outcome) {
-	if o != workers.Failed {
-		return
+// Done learns from the end of an attempt: a failure is unlearnt (unlearn), and the cached
+// tokens a successful answer reports check the prediction (served).
+func (p *Policy) Done(in policy.Input, dec policy.Decision, o workers.Outcome, u policy.Usage) bool {
+	switch {
+	case o == workers.Failed:
+		p.unlearn(in, dec)
+	case o == workers.Succeeded && u.Known:
+		return p.served(in, dec, u.Prompt, u.Cached)
 	}
+	return false
+}
+
+// unlearn forgets a worker that failed the attempt (unreachable, 5xx, no first byte in time): it
+// served nothing, so the session must not stay pinned to it, and the tree must not say it holds
+// the request's text: the worker keeps only the bytes it held before Accepted taught it the
+// rest, and the next turn does not follow the text there. A retry's Accepted points the session
+// and the text at the next worker; after a last failure the next turn chooses afresh. The bytes
+// the tree frees are undone, not evicted, so they are not reported. Cancelled and succeeded
+// attempts keep what Accepted taught: the worker may well have prefilled the request.
+func (p *Policy) unlearn(in policy.Input, dec policy.Decision) {
 	d := newDecision(in)
 	if d.text != "" {
-		p.tree.Release(d.model, d.text, dec.Worker.Tenant(), dec.Held)
+		p.tree.Release(d.model, d.text, dec.Worker.Tenant(), choiceOf(dec).held)
 	}
 	if d.key == "" {
 		return
@@ -269,7 +309,7 @@ func (p *Policy) choose(d *decision) (*workers.Worker, string) {
 			if w := candidate(d.in.Candidates, tenant); w != nil {
 				return w, LabelSessionMatch
 			}
-			// A stale entry needs no deleting: Commit points the session at the new worker.
+			// A stale entry needs no deleting: Accepted points the session at the new worker.
 		}
 		// 3. History fallback, 4. empty history.
 		if d.text == "" {
@@ -421,7 +461,7 @@ func (p *Policy) byCost(d *decision, hit, low string) (*workers.Worker, string) 
 }
 
 // candidateHolders returns the candidates among tenants, and marks the tenants that are gone or
-// unavailable to be removed from the tree at Commit. A live tenant that is not a candidate for
+// unavailable to be removed from the tree at Accepted. A live tenant that is not a candidate for
 // this request (already tried, or not serving its model) keeps its place.
 func (p *Policy) candidateHolders(d *decision, tenants []string) []*workers.Worker {
 	var holders []*workers.Worker

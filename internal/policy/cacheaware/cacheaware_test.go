@@ -67,7 +67,7 @@ func route(p *Policy, pool *workers.Pool, r *reqkey.Request) policy.Decision {
 	}
 	in := policy.Input{Context: context.Background(), Request: r, Model: r.Model, Candidates: cands, All: pool.All()}
 	d := p.Select(in)
-	p.Commit(in, d)
+	p.Accepted(in, d)
 	return d
 }
 

@@ -39,7 +39,7 @@ func TestCommitMakesTheAcceptedWorkerTheHolder(t *testing.T) {
 	// and commits the second choice only.
 	in.Candidates = without(pool.All(), first.Worker)
 	second := p.Select(in)
-	p.Commit(in, second)
+	p.Accepted(in, second)
 	in.Candidates = pool.All()
 	next := p.Select(in)
 	if next.Label != LabelSessionMatch || next.Worker != second.Worker {
@@ -56,16 +56,16 @@ func TestFailedAttemptDoesNotKeepTheSessionPinned(t *testing.T) {
 	r := req(t, chat(longSystem, []string{"task"}, ""), "x-session-id", "s")
 	in := policy.Input{Context: context.Background(), Request: r, Model: "m", Candidates: pool.All(), All: pool.All()}
 	d := p.Select(in)
-	p.Commit(in, d)
-	p.Observe(in, d, workers.Failed) // it answered 503, say
+	p.Accepted(in, d)
+	p.Done(in, d, workers.Failed, policy.Usage{}) // it answered 503, say
 	if tenant, ok, _ := p.store.Get(context.Background(), "m", r.SessionKey); ok {
 		t.Fatalf("the session still points at %s, which failed", tenant)
 	}
-	// Success and cancellation keep what Commit taught.
+	// Success and cancellation keep what Accepted taught.
 	for _, o := range []workers.Outcome{workers.Succeeded, workers.Cancelled} {
 		d := p.Select(in)
-		p.Commit(in, d)
-		p.Observe(in, d, o)
+		p.Accepted(in, d)
+		p.Done(in, d, o, policy.Usage{})
 		if tenant, ok, _ := p.store.Get(context.Background(), "m", r.SessionKey); !ok || tenant != d.Worker.Tenant() {
 			t.Fatalf("after %s the session points at %q, want %s", o, tenant, d.Worker.Tenant())
 		}

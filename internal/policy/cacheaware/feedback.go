@@ -8,7 +8,7 @@ import "github.com/cacheroute/cacheroute/internal/policy"
 // differences ordinary.
 const minShortfallTokens = 64
 
-// Served checks the prediction of a decision against the cached tokens the worker reported. The
+// served checks the prediction of a decision against the cached tokens the worker reported. The
 // prediction is the matched fraction of the routing text times the prompt's tokens.
 //
 // The tree models each worker's cache as vLLM's evicts, least recently used first and a
@@ -18,22 +18,23 @@ const minShortfallTokens = 64
 // served): holds that old stop counting for that worker, now and as later ones age
 // (prefixtree.Evicted), so the next decisions no longer follow them. When it served notably
 // more, its cache reaches further than the tree's horizon said, which grows (prefixtree.Kept).
-// What this request taught at Commit stays counted: the worker has just prefilled it.
-func (p *Policy) Served(in policy.Input, d policy.Decision, prompt, cached int) bool {
+// What this request taught at Accepted stays counted: the worker has just prefilled it.
+func (p *Policy) served(in policy.Input, d policy.Decision, prompt, cached int) bool {
 	if p.opts.DisableCorrection || d.Worker == nil || prompt <= 0 {
 		return false
 	}
+	c := choiceOf(d)
 	predicted := 0
-	if d.Held > 0 {
+	if c.held > 0 {
 		predicted = int(d.Match * float64(prompt))
 	}
 	switch {
-	case d.Held > 0 && cached*2 <= predicted && predicted-cached >= minShortfallTokens:
+	case c.held > 0 && cached*2 <= predicted && predicted-cached >= minShortfallTokens:
 		// The cache kept the first cached/predicted of the held bytes; the first byte it lost
 		// is as much younger than the deepest held one as it sits above it. A cache holds at
 		// least the request it has just run, so the horizon stays above this request's text.
-		lost := uint64(float64(d.Held) * (1 - float64(cached)/float64(predicted)))
-		horizon := max(d.HeldAge-min(lost, d.HeldAge), uint64(len(newDecision(in).text))+1)
+		lost := uint64(float64(c.held) * (1 - float64(cached)/float64(predicted)))
+		horizon := max(c.heldAge-min(lost, c.heldAge), uint64(len(newDecision(in).text))+1)
 		p.tree.Evicted(d.Worker.Tenant(), horizon)
 		return true
 	case cached-predicted >= minShortfallTokens:

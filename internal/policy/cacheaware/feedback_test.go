@@ -13,7 +13,7 @@ func selectCommit(t *testing.T, p *Policy, ws []*workers.Worker, body string) (p
 	t.Helper()
 	in := chatInputAmong(t, ws, body)
 	d := p.Select(in)
-	p.Commit(in, d)
+	p.Accepted(in, d)
 	return in, d
 }
 
@@ -40,10 +40,10 @@ func TestServed_AWorkerThatEvictedIsNoLongerCountedOnForWhatItUsedBefore(t *test
 	// A conversation on the newer contract goes to the first worker, which reports that it served
 	// none of it from cache: it evicted the contract, and with it the older manual.
 	in, d := selectCommit(t, p, ws, chat(newer, []string{"second question"}, ""))
-	if d.Worker != ws[0] || d.Held == 0 {
-		t.Fatalf("the contract's conversation went to %s holding %d bytes, want the holder", d.Worker.Tenant(), d.Held)
+	if d.Worker != ws[0] || choiceOf(d).held == 0 {
+		t.Fatalf("the contract's conversation went to %s holding %d bytes, want the holder", d.Worker.Tenant(), choiceOf(d).held)
 	}
-	if !p.Served(in, d, 2000, 0) {
+	if !p.Done(in, d, workers.Succeeded, policy.Usage{Known: true, Prompt: 2000, Cached: 0}) {
 		t.Fatal("a worker serving 0 of a predicted large prefix was not corrected")
 	}
 	if d := p.Select(probe); d.Label != LabelLowMatch {
@@ -63,11 +63,11 @@ func TestServed_KeepsAPredictionTheWorkerMet(t *testing.T) {
 	in, d := selectCommit(t, p, ws, chat(doc, []string{"q2"}, ""))
 	predicted := int(d.Match * 2000)
 	for _, cached := range []int{predicted, predicted - 16, predicted/2 + 1} {
-		if p.Served(in, d, 2000, cached) {
+		if p.Done(in, d, workers.Succeeded, policy.Usage{Known: true, Prompt: 2000, Cached: cached}) {
 			t.Errorf("served %d of %d predicted cached tokens: corrected, want kept", cached, predicted)
 		}
 	}
-	if p.Served(in, policy.Decision{Worker: d.Worker, Label: d.Label}, 2000, 0) {
+	if p.Done(in, policy.Decision{Worker: d.Worker, Label: d.Label}, workers.Succeeded, policy.Usage{Known: true, Prompt: 2000, Cached: 0}) {
 		t.Error("a decision that predicted nothing was corrected")
 	}
 	if held := heldBy(p, in.Request, ws[0].Tenant()); held != len(in.Request.Text) {
@@ -83,8 +83,8 @@ func TestServed_CorrectsNothingWhenCorrectionIsDisabled(t *testing.T) {
 	doc := strings.Repeat("A long shared document. ", 300)
 	selectCommit(t, p, ws[:1], chat(doc, []string{"q1"}, ""))
 	in, d := selectCommit(t, p, ws, chat(doc, []string{"q2"}, ""))
-	if d.Held == 0 || p.Served(in, d, 2000, 0) {
-		t.Fatalf("held %d; a disabled correction corrected", d.Held)
+	if choiceOf(d).held == 0 || p.Done(in, d, workers.Succeeded, policy.Usage{Known: true, Prompt: 2000, Cached: 0}) {
+		t.Fatalf("held %d; a disabled correction corrected", choiceOf(d).held)
 	}
 }
 
@@ -95,12 +95,12 @@ func TestServed_AWorkerServingMoreThanPredictedWidensItsReach(t *testing.T) {
 	selectCommit(t, p, ws[:1], chat(doc, []string{"q1"}, ""))
 	selectCommit(t, p, ws[:1], chat(strings.Repeat("Another text. ", 300), []string{"q"}, ""))
 	in, d := selectCommit(t, p, ws[:1], chat(doc, []string{"q2"}, ""))
-	if !p.Served(in, d, 2000, 0) {
+	if !p.Done(in, d, workers.Succeeded, policy.Usage{Known: true, Prompt: 2000, Cached: 0}) {
 		t.Fatal("not corrected")
 	}
 	before := p.tree.ReachOf(ws[0].Tenant()).Horizon
 	in, d = selectCommit(t, p, ws[:1], chat(strings.Repeat("Unknown text. ", 300), []string{"q"}, ""))
-	if p.Served(in, d, 2000, 1500) {
+	if p.Done(in, d, workers.Succeeded, policy.Usage{Known: true, Prompt: 2000, Cached: 1500}) {
 		t.Fatal("serving more than predicted counted as an eviction")
 	}
 	if after := p.tree.ReachOf(ws[0].Tenant()).Horizon; after <= before {

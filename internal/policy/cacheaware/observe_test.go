@@ -45,17 +45,17 @@ func TestFailedAttemptDoesNotMakeTheWorkerTheHistorysHolder(t *testing.T) {
 	in := chatInput(t, pool, chat(longSystem, []string{"task"}, ""))
 
 	d := p.Select(in)
-	if before := heldBy(p, in.Request, d.Worker.Tenant()); before != d.Held {
-		t.Fatalf("Select says %s held %d bytes, the tree says %d", d.Worker.Tenant(), d.Held, before)
+	if before := heldBy(p, in.Request, d.Worker.Tenant()); before != choiceOf(d).held {
+		t.Fatalf("Select says %s held %d bytes, the tree says %d", d.Worker.Tenant(), choiceOf(d).held, before)
 	}
-	p.Commit(in, d)
+	p.Accepted(in, d)
 	if heldBy(p, in.Request, d.Worker.Tenant()) != len(in.Request.Text) {
-		t.Fatal("Commit did not teach the chosen worker the history")
+		t.Fatal("Accepted did not teach the chosen worker the history")
 	}
-	p.Observe(in, d, workers.Failed) // unreachable, a 503, no first byte in time
+	p.Done(in, d, workers.Failed, policy.Usage{}) // unreachable, a 503, no first byte in time
 
-	if got := heldBy(p, in.Request, d.Worker.Tenant()); got != d.Held {
-		t.Fatalf("after the failed attempt %s holds %d bytes of the history, held %d before", d.Worker.Tenant(), got, d.Held)
+	if got := heldBy(p, in.Request, d.Worker.Tenant()); got != choiceOf(d).held {
+		t.Fatalf("after the failed attempt %s holds %d bytes of the history, held %d before", d.Worker.Tenant(), got, choiceOf(d).held)
 	}
 	if next := p.Select(in); next.Worker == d.Worker && next.Label == LabelCacheAffinity {
 		t.Fatalf("the same history went back to %s as %s, which never served it", d.Worker.Tenant(), next.Label)
@@ -71,13 +71,13 @@ func TestRetryAfterAFailedAttemptLeavesTheServingWorkerTheOnlyHolder(t *testing.
 	in := chatInput(t, pool, chat(longSystem, []string{"task"}, ""))
 
 	failed := p.Select(in)
-	p.Commit(in, failed)
-	p.Observe(in, failed, workers.Failed)
+	p.Accepted(in, failed)
+	p.Done(in, failed, workers.Failed, policy.Usage{})
 	// The proxy retries on another worker, which answers.
 	in.Candidates = without(pool.All(), failed.Worker)
 	served := p.Select(in)
-	p.Commit(in, served)
-	p.Observe(in, served, workers.Succeeded)
+	p.Accepted(in, served)
+	p.Done(in, served, workers.Succeeded, policy.Usage{})
 
 	next := chatInput(t, pool, chat(longSystem, []string{"task", "done", "more"}, ""))
 	d := p.Select(next)
@@ -95,17 +95,17 @@ func TestFailedNextTurnKeepsThePreviousTurnOnItsWorker(t *testing.T) {
 	p := newPolicy(defaultOptions())
 	first := chatInput(t, pool, chat(longSystem, []string{"task"}, ""))
 	home := p.Select(first)
-	p.Commit(first, home)
-	p.Observe(first, home, workers.Succeeded)
+	p.Accepted(first, home)
+	p.Done(first, home, workers.Succeeded, policy.Usage{})
 
 	in := chatInput(t, pool, chat(longSystem, []string{"task", "done", "more"}, ""))
 	d := p.Select(in)
-	if d.Worker != home.Worker || d.Held != len(first.Request.Text) {
+	if d.Worker != home.Worker || choiceOf(d).held != len(first.Request.Text) {
 		t.Fatalf("next turn: %s holding %d bytes, want %s holding the first turn's %d",
-			d.Worker.Tenant(), d.Held, home.Worker.Tenant(), len(first.Request.Text))
+			d.Worker.Tenant(), choiceOf(d).held, home.Worker.Tenant(), len(first.Request.Text))
 	}
-	p.Commit(in, d)
-	p.Observe(in, d, workers.Failed)
+	p.Accepted(in, d)
+	p.Done(in, d, workers.Failed, policy.Usage{})
 
 	if got := heldBy(p, in.Request, home.Worker.Tenant()); got != len(first.Request.Text) {
 		t.Fatalf("after the failed turn %s holds %d bytes of it, want the first turn's %d", home.Worker.Tenant(), got, len(first.Request.Text))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/session"
 )
 
@@ -29,6 +30,12 @@ func (p *Policy) Run(ctx context.Context) {
 		}
 	}
 }
+
+// Responses is the policy's map of stored responses: it shares the session store.
+func (p *Policy) Responses() policy.ResponseStore { return p }
+
+// State reports the tree's and the session map's sizes.
+func (p *Policy) State() policy.State { return p }
 
 // Sweep runs one eviction pass now.
 func (p *Policy) Sweep() {

@@ -26,9 +26,9 @@ type Entry struct {
 	New     func(Options) policy.Policy
 }
 
-// entries lists the policies, the default first.
+// entries lists the policies, the default first; Register adds more.
 var entries = []Entry{
-	{"cache_aware", "session affinity, then the longest cached prefix, then least load; a load-balance gate overrides affinity",
+	{cacheaware.Name, "session affinity, then the longest cached prefix, then least load; a load-balance gate overrides affinity",
 		func(o Options) policy.Policy {
 			log := o.Log
 			if log == nil {
@@ -36,11 +36,21 @@ var entries = []Entry{
 			}
 			return cacheaware.New(o.CacheAware, o.Reporter, log)
 		}},
-	{"round_robin", "each candidate in turn", func(Options) policy.Policy { return &policy.RoundRobin{} }},
-	{"random", "a candidate uniformly at random", func(Options) policy.Policy { return policy.Random{} }},
-	{"power_of_two", "the less loaded of two random candidates", func(Options) policy.Policy { return policy.PowerOfTwo{} }},
-	{"consistent_hash", "a hash ring over the session or routing key", func(Options) policy.Policy { return policy.NewConsistentHash() }},
-	{"rendezvous_hash", "highest random weight over the session or routing key", func(Options) policy.Policy { return policy.Rendezvous{} }},
+	{policy.NameRoundRobin, "each candidate in turn", func(Options) policy.Policy { return &policy.RoundRobin{} }},
+	{policy.NameRandom, "a candidate uniformly at random", func(Options) policy.Policy { return policy.Random{} }},
+	{policy.NamePowerOfTwo, "the less loaded of two random candidates", func(Options) policy.Policy { return policy.PowerOfTwo{} }},
+	{policy.NameConsistentHash, "a hash ring over the session or routing key", func(Options) policy.Policy { return policy.NewConsistentHash() }},
+	{policy.NameRendezvous, "highest random weight over the session or routing key", func(Options) policy.Policy { return policy.Rendezvous{} }},
+}
+
+// Register adds a policy, found by its name from then on (--policy, the bench, the demo). It is
+// meant for package initialisation; it panics on a name already taken, which is a programming
+// error.
+func Register(e Entry) {
+	if _, ok := Lookup(e.Name); ok {
+		panic("policy registered twice: " + e.Name)
+	}
+	entries = append(entries, e)
 }
 
 // Names lists every policy name, the default first.

@@ -3,8 +3,6 @@ package registry
 import (
 	"slices"
 	"testing"
-
-	"github.com/cacheroute/cacheroute/internal/policy"
 )
 
 func TestNewBuildsEveryListedPolicyUnderItsName(t *testing.T) {
@@ -51,7 +49,7 @@ func TestTwoRoundRobinsKeepCountersOfTheirOwn(t *testing.T) {
 func TestOnlyCacheAwareLabelsBeyondItsName(t *testing.T) {
 	for _, name := range Names() {
 		p, _ := New(name, Options{})
-		_, labeled := p.(policy.Labeled)
+		labeled := len(p.Labels()) > 0
 		if labeled != (name == "cache_aware") {
 			t.Errorf("%s: labeled = %v", name, labeled)
 		}
