@@ -52,6 +52,40 @@ type exchange struct {
 	cancelWait atomic.Pointer[context.CancelFunc]
 	permit     *admission.Permit // the request's place under the concurrency limits, if any
 	watch      atomic.Pointer[time.Timer]
+
+	// The result, for the exchange's end: the status sent (or statusClientGone), its class when
+	// it is not the status's own (a cut answer), when its first byte went out (zero: none did),
+	// the body bytes sent, the usage the answer reported, and the worker's error, if any.
+	status    int
+	class     string
+	firstByte time.Time
+	sent      int64
+	usage     usageResult
+	err       string
+	// handedOver: the relay streams the answer after forward returns; its body's Close ends the
+	// exchange instead.
+	handedOver bool
+	ended      bool
+}
+
+// end ends the exchange, once, on every path: the client watch stops, the admission place is
+// given back, and the request is counted, logged and its trace ended with the recorded result.
+// forward defers it; when the relay takes the answer over, the relay's Close calls it.
+func (s *Server) end(ctx *fasthttp.RequestCtx, ex *exchange) {
+	if ex.ended {
+		return
+	}
+	ex.ended = true
+	ex.stopWatch()
+	ex.release()
+	class := ex.class
+	if class == "" {
+		class = metrics.StatusClass(ex.status)
+	}
+	ex.route.count(ex.start, class, ex.firstByte)
+	s.logAccess(ctx, ex, ex.status, class, ex.firstByte, ex.sent, ex.usage)
+	ex.trace.End(telemetry.Outcome{Status: ex.status, StatusClass: class, Attempts: ex.attempts, Decision: ex.decision,
+		Worker: ex.worker, Match: ex.match, Bytes: ex.sent, Err: ex.err})
 }
 
 // clientWatchInterval is how often a running exchange checks whether its client went away. A
@@ -103,6 +137,11 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 	ex.rid = requestID(ctx.Request.Header.Peek(HeaderRequestID))
 	ctx.Response.Header.Set(HeaderRequestID, ex.rid)
 	ex.trace = s.opts.Tracer.Start(&ctx.Request.Header, ex.method, rt.path, ex.rid, ex.start)
+	defer func() {
+		if !ex.handedOver {
+			s.end(ctx, ex)
+		}
+	}()
 
 	if !s.identify(ctx, ex) {
 		return
@@ -118,7 +157,6 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 	}
 	ex.startWatch()
 	if s.opts.Admission != nil && len(ex.in.Candidates) > 0 && !s.admit(ctx, ex) {
-		ex.stopWatch()
 		return
 	}
 	if len(ex.in.Candidates) > 0 && !s.findResponse(ctx, ex) {
@@ -130,13 +168,11 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 	var last failure
 	for attempt := 0; ; {
 		if len(ex.in.Candidates) == 0 {
-			ex.stopWatch()
 			s.finish(ctx, ex, s.noWorker(ctx, ex, last))
 			return
 		}
 		dec := s.choose(ex)
 		if dec.Refusal != nil {
-			ex.stopWatch()
 			s.refuse(ctx, ex, dec)
 			return
 		}
@@ -163,7 +199,6 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 		if ex.gone.Load() {
 			at.Close(workers.Cancelled)
 			s.done(ex, dec, workers.Cancelled, policy.Usage{})
-			ex.stopWatch()
 			s.finish(ctx, ex, statusClientGone)
 			return
 		}
@@ -174,13 +209,11 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 		s.log.Warn("upstream attempt failed", "request_id", ex.rid, "worker", dec.Worker.Name(), "attempt", attempt, "kind", f.kind)
 		last = f
 		if !f.retryable || final || time.Now().After(ex.deadline) {
-			ex.stopWatch()
 			s.finish(ctx, ex, s.upstreamFailed(ctx, ex, f))
 			return
 		}
 		s.metrics.Retries.Inc()
 		if !sleep(ex, jitter(backoff)) {
-			ex.stopWatch()
 			s.finish(ctx, ex, statusClientGone)
 			return
 		}
@@ -486,17 +519,13 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, ex *exchange, status int, typ, c
 	return writeFastError(ctx, ex.route.errors, status, typ, code, msg)
 }
 
-// finish counts a request the router answered itself (it never reached a relayed answer).
+// finish records the answer the router gave itself (no worker's answer was relayed) as the
+// exchange's result; the exchange ends when forward returns.
 func (s *Server) finish(ctx *fasthttp.RequestCtx, ex *exchange, status int) {
-	var firstByte time.Time
+	ex.status, ex.class, ex.sent = status, "", int64(len(ctx.Response.Body()))
 	if status != statusClientGone {
-		firstByte = time.Now() // the router's own answer is the first byte
+		ex.firstByte = time.Now() // the router's own answer is the first byte
 	}
-	ex.release()
-	class := metrics.StatusClass(status)
-	ex.route.count(ex.start, class, firstByte)
-	s.logAccess(ctx, ex, status, class, firstByte, int64(len(ctx.Response.Body())), usageResult{})
-	ex.trace.End(telemetry.Outcome{Status: status, StatusClass: class, Attempts: ex.attempts, Decision: ex.decision, Worker: ex.worker, Match: ex.match})
 }
 
 // sleep waits d before a retry, bounded by the request's deadline; it reports false when the

@@ -11,7 +11,6 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
-	"github.com/cacheroute/cacheroute/internal/telemetry"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -19,9 +18,11 @@ import (
 // at once (a slow first token must not hide that the request was accepted), then the body as it
 // arrives, each piece flushed to the client as it is read, so stream events are never held back.
 //
-// The body is written by fasthttp after the handler returns; the relay is its body stream, and
-// fasthttp closes it when the write ends. Close is where the exchange ends: the attempt is closed
-// with its outcome, the policy observes it, and the request is counted, exactly once.
+// A streamed body is written by fasthttp after the handler returns; the relay is its body
+// stream, and fasthttp closes it when the write ends. Close is where the attempt ends (closed
+// with its outcome, the policy told) and where the exchange's end is handed over: forward's
+// deferred end leaves it to the relay once the stream is set. An answer read whole ends its
+// attempt here, and the exchange when forward returns.
 func (s *Server) relay(ctx *fasthttp.RequestCtx, ex *exchange, resp *fasthttp.Response, conn *upConn, dec policy.Decision, at *workers.Attempt) {
 	worker := dec.Worker
 	status := resp.StatusCode()
@@ -66,6 +67,7 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, ex *exchange, resp *fasthttp.Re
 	// load, nor its admission slot, past either.
 	r.extendWriteDeadline()
 	ctx.Response.ImmediateHeaderFlush = true
+	ex.handedOver = true
 	ctx.Response.SetBodyStream(r, max(size, -1)) // relayed chunked unless its length is known
 }
 
@@ -175,17 +177,17 @@ func (r *relayBody) end(writeErr error) {
 	r.once.Do(func() {
 		s, ex := r.s, r.ex
 		outcome := workers.Succeeded
-		class := metrics.StatusClass(r.status)
-		ex.stopWatch()
+		class := ""
+		ex.stopWatch() // before the verdict: a watch firing now would close a finished connection
 		complete := r.complete()
 		switch {
 		case ex.gone.Load():
 			// The watch saw the client leave and closed the worker connection.
 			outcome, class = workers.Cancelled, metrics.StatusClass(statusClientGone)
 		case r.upErr != nil:
-			outcome, class = workers.Failed, metrics.StatusCut
-			if r.replaced {
-				class = metrics.StatusClass(r.status)
+			outcome = workers.Failed
+			if !r.replaced {
+				class = metrics.StatusCut
 			}
 			kind := metrics.ErrMidStream
 			if !time.Now().Before(ex.deadline) {
@@ -219,7 +221,6 @@ func (r *relayBody) end(writeErr error) {
 			fasthttp.ReleaseResponse(r.resp)
 		}
 		r.at.Close(outcome)
-		ex.release()
 		var u usageResult
 		if r.usage != nil {
 			u = r.usage.result()
@@ -235,16 +236,14 @@ func (r *relayBody) end(writeErr error) {
 		if r.firstByte.IsZero() && r.complete() {
 			r.firstByte = time.Now() // an empty body: its end is its first byte
 		}
-		ex.route.count(ex.start, class, r.firstByte)
-		s.logAccess(r.ctx, ex, r.status, class, r.firstByte, r.relayed, u)
 		r.usage.release()
 		r.usage = nil
-		if ex.trace != nil {
-			o := telemetry.Outcome{Status: r.status, StatusClass: class, Attempts: ex.attempts, Decision: ex.decision, Worker: ex.worker, Match: ex.match, Bytes: r.relayed}
-			if r.upErr != nil {
-				o.Err = r.upErr.Error()
-			}
-			ex.trace.End(o)
+		ex.status, ex.class, ex.firstByte, ex.sent, ex.usage = r.status, class, r.firstByte, r.relayed, u
+		if r.upErr != nil {
+			ex.err = r.upErr.Error()
+		}
+		if ex.handedOver {
+			s.end(r.ctx, ex)
 		}
 	})
 }
