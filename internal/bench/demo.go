@@ -1,6 +1,10 @@
 package bench
 
-import "github.com/cacheroute/cacheroute/internal/sim"
+import (
+	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
+	"github.com/cacheroute/cacheroute/internal/sim"
+)
 
 // The demo's settings: `cacheroute demo` runs exactly these, and `cacheroute bench --policies`
 // starts its simulated fleet with DemoSim's values unless flags change them.
@@ -12,7 +16,7 @@ const DemoWorkers = 4
 const DemoConcurrency = 10
 
 // DemoPolicies are the routers the demo compares, written as --policies takes them.
-var DemoPolicies = []string{"round_robin", "consistent_hash", "cache_aware:none", "cache_aware"}
+var DemoPolicies = []string{policy.NameRoundRobin, policy.NameConsistentHash, cacheaware.Name + ":none", cacheaware.Name}
 
 // DemoSim is the demo's simulated worker: the simulator's default latency model (5ms prefill
 // overhead, 100µs per uncached prompt token, 5ms per output token) run ten times faster than

@@ -20,8 +20,10 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cacheroute/cacheroute/internal/kvevents"
+	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
 	"github.com/cacheroute/cacheroute/internal/policy/registry"
 	"github.com/cacheroute/cacheroute/internal/tenant"
+	"github.com/cacheroute/cacheroute/internal/workers"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -200,8 +202,8 @@ func (c Config) QueueTimeout() time.Duration { return secs(c.QueueTimeoutSecs) }
 
 // LoadSignals lists the accepted --load-signal values; HistoryMatchModes the --history-match-mode ones.
 var (
-	LoadSignals       = []string{"requests", "tokens", "engine"}
-	HistoryMatchModes = []string{"cost", "threshold"}
+	LoadSignals       = []string{workers.SignalRequests, workers.SignalTokens, workers.SignalEngine}
+	HistoryMatchModes = []string{cacheaware.HistoryCost, cacheaware.HistoryThreshold}
 )
 
 // SessionStores lists the accepted --session-store values.
@@ -212,7 +214,7 @@ func Default() Config {
 	return Config{
 		Host:                    "127.0.0.1",
 		Port:                    30000,
-		Policy:                  "cache_aware",
+		Policy:                  cacheaware.Name,
 		DPSize:                  1,
 		ServiceDiscoveryPort:    8000,
 		DNSRefreshSecs:          5,
@@ -253,10 +255,10 @@ func Default() Config {
 		EvictionIntervalSecs:    120,
 		SessionTTL:              time.Hour,
 		MaxSessions:             1048576,
-		HistoryMatchMode:        "cost",
-		LoadSignal:              "engine",
+		HistoryMatchMode:        cacheaware.HistoryCost,
+		LoadSignal:              workers.SignalEngine,
 		WorkerMetricsInterval:   100 * time.Millisecond,
-		LoadUnitTokens:          1024,
+		LoadUnitTokens:          workers.DefaultLoadUnitTokens,
 		SessionStore:            "memory",
 		RedisKeyPrefix:          "cacheroute",
 		RedisTimeout:            50 * time.Millisecond,
@@ -335,7 +337,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
 	fs.Float64Var(&c.ShutdownGraceSecs, "shutdown-grace-secs", c.ShutdownGraceSecs, "on SIGTERM/SIGINT, seconds to let in-flight requests finish")
 	fs.Float64Var(&c.CacheThreshold, "cache-threshold", c.CacheThreshold, "cache_aware: matched fraction of the history above which the holder is chosen")
-	fs.IntVar(&c.BalanceAbsThreshold, "balance-abs-threshold", c.BalanceAbsThreshold, "cache_aware: load gate trips when max-min in-flight exceeds this ...")
+	fs.IntVar(&c.BalanceAbsThreshold, "balance-abs-threshold", c.BalanceAbsThreshold, "cache_aware: load gate trips when max-min load exceeds this ...")
 	fs.Float64Var(&c.BalanceRelThreshold, "balance-rel-threshold", c.BalanceRelThreshold, "cache_aware: ... and max exceeds min times this")
 	fs.IntVar(&c.MaxTreeSize, "max-tree-size", c.MaxTreeSize, "cache_aware: heap bytes of the prefix tree, all models together (node overhead included)")
 	fs.StringVar(&c.KVEventsEndpoint, "kv-events-endpoint", c.KVEventsEndpoint, "subscribe to every worker's KV-cache event publisher at this ZMQ endpoint template, e.g. tcp://{host}:5557 ({host}: the worker's host; the port is offset by its data-parallel rank); none: no subscription")

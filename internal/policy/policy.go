@@ -24,7 +24,7 @@
 // A policy is a type that embeds Base and implements Name and Select; registered by name with a
 // factory (internal/policy/registry), --policy finds it:
 //
-//	// LeastBusy sends each request to the candidate with the fewest requests in flight.
+//	// LeastBusy sends each request to the least-loaded candidate.
 //	type LeastBusy struct{ policy.Base }
 //
 //	func (LeastBusy) Name() string { return "least_busy" }
@@ -196,7 +196,7 @@ type State interface {
 	Sessions() map[string]int
 }
 
-// LeastLoaded returns the candidate with the fewest requests in flight. Ties are broken uniformly
+// LeastLoaded returns the candidate with the least load (Worker.Load). Ties are broken uniformly
 // at random (reservoir sampling over the tied), never by position: picking the first of equals
 // would send every request of an idle fleet to the same worker.
 func LeastLoaded(candidates []*workers.Worker) *workers.Worker {

@@ -5,10 +5,9 @@ import "math/rand/v2"
 // NamePowerOfTwo is the policy's --policy name, and the label of its decisions.
 const NamePowerOfTwo = "power_of_two"
 
-// PowerOfTwo samples two distinct candidates at random and takes the one with fewer requests in
-// flight (ties: either, at random). Two random choices avoid the herding of a global least-loaded
-// pick while keeping the maximum load close to the mean. Load is the router's own in-flight count:
-// vLLM exposes no cheap per-request load endpoint.
+// PowerOfTwo samples two distinct candidates at random and takes the less loaded one (ties:
+// either, at random). Two random choices avoid the herding of a global least-loaded pick while
+// keeping the maximum load close to the mean. Load is what --load-signal says (Worker.Load).
 type PowerOfTwo struct{ Base }
 
 func (PowerOfTwo) Name() string { return NamePowerOfTwo }
