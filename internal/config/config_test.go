@@ -54,75 +54,128 @@ func writeYAML(t *testing.T, text string) string {
 	return path
 }
 
+// TestDefaultsMatchTheDocumentedTable reads the flag table of docs/configuration.md and compares
+// every default it states with the flag's own, and every flag with the table: a flag left out of
+// the table, or a default changed on one side only, fails.
 func TestDefaultsMatchTheDocumentedTable(t *testing.T) {
 	t.Setenv(config.APIKeyEnv, "")
 	t.Setenv(config.AdminAPIKeyEnv, "")
 	t.Setenv(config.RedisURLEnv, "")
-	want := config.Config{
-		Host:                    "127.0.0.1",
-		Port:                    30000,
-		Policy:                  "cache_aware",
-		DPSize:                  1,
-		ServiceDiscoveryPort:    8000,
-		DNSRefreshSecs:          5,
-		RequestTimeoutSecs:      1800,
-		FirstByteTimeoutSecs:    60,
-		StallTimeoutSecs:        30,
-		MaxPayloadSize:          33554432,
-		ClientHeaderTimeoutSecs: 10,
-		ClientBodyTimeoutSecs:   60,
-		KeepaliveTimeoutSecs:    75,
-		ClientWriteTimeoutSecs:  60,
-		MaxClientConnections:    10000,
-		QueueSize:               1024,
-		QueueTimeoutSecs:        30,
-		PriorityLevels:          []string{"default"},
-		HealthCheckIntervalSecs: 10,
-		HealthCheckTimeoutSecs:  5,
-		HealthCheckEndpoint:     "/health",
-		HealthFailureThreshold:  3,
-		HealthSuccessThreshold:  2,
-		RetryMaxRetries:         3,
-		RetryInitialBackoffMs:   50,
-		RetryMaxBackoffMs:       2000,
-		CBFailureThreshold:      10,
-		CBTimeoutDurationSecs:   30,
-		DisableCircuitBreaker:   false,
-		PrometheusHost:          "127.0.0.1",
-		PrometheusPort:          29000,
-		LogLevel:                "info",
-		LogFormat:               "text",
-		TraceSampleRatio:        1,
-		ShutdownGraceSecs:       30,
-		CacheThreshold:          0.3,
-		BalanceAbsThreshold:     64,
-		BalanceRelThreshold:     1.5,
-		MaxTreeSize:             67108864,
-		KVEventsIndexSize:       67108864,
-		TokenizeTimeoutSecs:     0.1,
-		EvictionIntervalSecs:    120,
-		SessionTTL:              time.Hour,
-		MaxSessions:             1048576,
-		HistoryMatchMode:        "cost",
-		LoadSignal:              "engine",
-		WorkerMetricsInterval:   100 * time.Millisecond,
-		LoadUnitTokens:          1024,
-		SessionStore:            "memory",
-		RedisKeyPrefix:          "cacheroute",
-		RedisTimeout:            50 * time.Millisecond,
-
-		ResponseSearchConcurrency: 4,
-		ResponseSearchPerMinute:   600,
+	cfg := config.Default()
+	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+	config.BindFlags(fs, &cfg)
+	documented := documentedDefaults(t, filepath.Join("..", "..", "docs", "configuration.md"))
+	for name, doc := range documented {
+		f := fs.Lookup(name)
+		if f == nil {
+			if name != "config" && name != "version" { // the command's own flags, not knobs
+				t.Errorf("docs/configuration.md documents --%s, which is no flag", name)
+			}
+			continue
+		}
+		if got := flagDefault(t, f); got != normalDefault(t, f, doc) {
+			t.Errorf("--%s: the flag's default is %q, docs/configuration.md says %q", name, got, doc)
+		}
 	}
-	if got := config.Default(); !reflect.DeepEqual(got, want) {
-		t.Errorf("Default() =\n%+v\nwant\n%+v", got, want)
-	}
+	fs.VisitAll(func(f *pflag.Flag) {
+		if _, ok := documented[f.Name]; !ok {
+			t.Errorf("--%s is not in docs/configuration.md's flag table", f.Name)
+		}
+	})
+	want := config.Default()
 	if got := mustLoad(t); !reflect.DeepEqual(got, want) {
 		t.Errorf("Load with no flags =\n%+v\nwant\n%+v", got, want)
 	}
 	if err := want.Validate(); err != nil {
 		t.Errorf("defaults do not validate: %v", err)
 	}
+}
+
+// documentedDefaults reads the first "| flag | default | meaning |" table of the document at
+// path: flag name → the default as written ("" for none). A row naming several flags gives
+// their defaults in the same order, comma-separated ("`--a`, `--b` | `1`, `2`").
+func documentedDefaults(t *testing.T, path string) map[string]string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	inTable := false
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, "| flag | default | meaning |") {
+			inTable = true
+			continue
+		}
+		if !inTable || strings.HasPrefix(line, "|---") {
+			continue
+		}
+		if !strings.HasPrefix(line, "|") {
+			if len(out) > 0 {
+				break // the table's end
+			}
+			continue
+		}
+		cells := strings.Split(line, "|")
+		if len(cells) < 4 {
+			t.Fatalf("%s: a row without its cells: %q", path, line)
+		}
+		var names []string
+		for _, part := range strings.Split(cells[1], ",") {
+			name := strings.Trim(strings.TrimSpace(part), "`")
+			if strings.HasPrefix(name, "--") {
+				names = append(names, strings.TrimPrefix(name, "--"))
+			}
+		}
+		defs := strings.Split(strings.TrimSpace(cells[2]), ", ")
+		if len(defs) != len(names) {
+			defs = slices.Repeat([]string{strings.TrimSpace(cells[2])}, len(names))
+		}
+		for i, name := range names {
+			out[name] = documentedValue(defs[i])
+		}
+	}
+	if len(out) == 0 {
+		t.Fatalf("%s has no flag table", path)
+	}
+	return out
+}
+
+// documentedValue is a default cell's value: the text in its first backticks, or "" when the
+// cell says there is none ("—", "— (off)", "the router's own"); a bare word is taken as it is.
+func documentedValue(cell string) string {
+	if i := strings.Index(cell, "`"); i >= 0 {
+		if j := strings.Index(cell[i+1:], "`"); j >= 0 {
+			if v := cell[i+1 : i+1+j]; v != `""` {
+				return v
+			}
+			return ""
+		}
+	}
+	if strings.HasPrefix(cell, "—") || strings.HasPrefix(cell, "the ") {
+		return ""
+	}
+	return strings.Fields(cell)[0]
+}
+
+// flagDefault is a flag's default in the table's notation: lists without brackets, durations as
+// Go parses them.
+func flagDefault(t *testing.T, f *pflag.Flag) string {
+	t.Helper()
+	return normalDefault(t, f, strings.Trim(f.DefValue, "[]"))
+}
+
+// normalDefault writes v, a value of flag f, in one form, so that "1h" and "1h0m0s" compare equal.
+func normalDefault(t *testing.T, f *pflag.Flag, v string) string {
+	t.Helper()
+	if f.Value.Type() == "duration" && v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Errorf("--%s: default %q is not a duration", f.Name, v)
+		}
+		return d.String()
+	}
+	return v
 }
 
 func TestDefaultsAsFlagDefaults(t *testing.T) {
