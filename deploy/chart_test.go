@@ -129,11 +129,11 @@ func TestChartDefaults(t *testing.T) {
 		got, want any
 	}{
 		{"policy.name", cfg.Policy, def.Policy},
-		{"policy.cacheThreshold", cfg.CacheThreshold, def.CacheThreshold},
-		{"policy.balanceAbsThreshold", cfg.BalanceAbsThreshold, def.BalanceAbsThreshold},
-		{"policy.balanceRelThreshold", cfg.BalanceRelThreshold, def.BalanceRelThreshold},
-		{"policy.maxTreeSize", cfg.MaxTreeSize, def.MaxTreeSize},
-		{"policy.evictionIntervalSecs", cfg.EvictionIntervalSecs, def.EvictionIntervalSecs},
+		{"policy.cacheThreshold", ca(cfg).CacheThreshold, ca(def).CacheThreshold},
+		{"policy.balanceAbsThreshold", ca(cfg).BalanceAbsThreshold, ca(def).BalanceAbsThreshold},
+		{"policy.balanceRelThreshold", ca(cfg).BalanceRelThreshold, ca(def).BalanceRelThreshold},
+		{"policy.maxTreeSize", ca(cfg).MaxTreeSize, ca(def).MaxTreeSize},
+		{"policy.evictionIntervalSecs", ca(cfg).EvictionIntervalSecs, ca(def).EvictionIntervalSecs},
 		{"policy.sessionTtl", cfg.SessionTTL, def.SessionTTL},
 		{"policy.maxSessions", cfg.MaxSessions, def.MaxSessions},
 		{"dataParallelSize", cfg.DPSize, def.DPSize},
@@ -241,7 +241,7 @@ func TestChartProduction(t *testing.T) {
 		cfg.ServiceDiscoveryPort != 8080 || cfg.ServiceDiscoveryNamespace != "inference" {
 		t.Errorf("discovery %v port %d namespace %q", cfg.Selector, cfg.ServiceDiscoveryPort, cfg.ServiceDiscoveryNamespace)
 	}
-	if cfg.CacheThreshold != 0.5 || cfg.BalanceAbsThreshold != 32 || cfg.SessionTTL.Minutes() != 30 || cfg.DPSize != 2 ||
+	if ca(cfg).CacheThreshold != 0.5 || ca(cfg).BalanceAbsThreshold != 32 || cfg.SessionTTL.Minutes() != 30 || cfg.DPSize != 2 ||
 		cfg.RedisKeyPrefix != "prod-router" || cfg.RequestTimeoutSecs != 600 || cfg.PriorityReserve != 16 {
 		t.Errorf("policy and config values not passed through: %+v", cfg)
 	}

@@ -20,7 +20,6 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cacheroute/cacheroute/internal/kvevents"
-	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
 	"github.com/cacheroute/cacheroute/internal/policy/registry"
 	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
@@ -139,20 +138,13 @@ type Config struct {
 
 	ShutdownGraceSecs float64 `yaml:"shutdown_grace_secs"`
 
-	// cache_aware policy.
-	CacheThreshold       float64       `yaml:"cache_threshold"`
-	BalanceAbsThreshold  int           `yaml:"balance_abs_threshold"`
-	BalanceRelThreshold  float64       `yaml:"balance_rel_threshold"`
-	MaxTreeSize          int           `yaml:"max_tree_size"`
-	EvictionIntervalSecs float64       `yaml:"eviction_interval_secs"`
-	SessionTTL           time.Duration `yaml:"session_ttl"`
-	MaxSessions          int           `yaml:"max_sessions"`
-	// HistoryMatchMode is how a prefix match below CacheThreshold is weighed: cost (against the
-	// holder's load) or threshold (ignored, the RFC's rule).
-	HistoryMatchMode string `yaml:"history_match_mode"`
-	// DisableCacheCorrection keeps the prefix tree's predictions even when answers report far
-	// fewer cached tokens than predicted.
-	DisableCacheCorrection bool `yaml:"disable_cache_correction"`
+	// Sessions kept by a policy with affinity (cache_aware), in this process or the shared store.
+	SessionTTL  time.Duration `yaml:"session_ttl"`
+	MaxSessions int           `yaml:"max_sessions"`
+	// PolicyOptions are the policies' own knobs, by policy name (registry.Spec.Options): each
+	// binds its flags and validates itself; in the YAML file their keys sit at the top level like
+	// every other flag's.
+	PolicyOptions map[string]registry.Options `yaml:"-"`
 
 	// KV-cache events (internal/kvevents). KVEventsEndpoint, when set, subscribes to every
 	// worker's event publisher at this template (tcp://{host}:5557: {host} is the worker URL's
@@ -200,10 +192,9 @@ func (c Config) Admission() bool {
 // QueueTimeout is --queue-timeout-secs.
 func (c Config) QueueTimeout() time.Duration { return secs(c.QueueTimeoutSecs) }
 
-// LoadSignals lists the accepted --load-signal values; HistoryMatchModes the --history-match-mode ones.
+// LoadSignals lists the accepted --load-signal values.
 var (
-	LoadSignals       = []string{workers.SignalRequests, workers.SignalTokens, workers.SignalEngine}
-	HistoryMatchModes = []string{cacheaware.HistoryCost, cacheaware.HistoryThreshold}
+	LoadSignals = []string{workers.SignalRequests, workers.SignalTokens, workers.SignalEngine}
 )
 
 // SessionStores lists the accepted --session-store values.
@@ -214,7 +205,7 @@ func Default() Config {
 	return Config{
 		Host:                    "127.0.0.1",
 		Port:                    30000,
-		Policy:                  cacheaware.Name,
+		Policy:                  registry.Default(),
 		DPSize:                  1,
 		ServiceDiscoveryPort:    8000,
 		DNSRefreshSecs:          5,
@@ -246,26 +237,32 @@ func Default() Config {
 		LogFormat:               "text",
 		TraceSampleRatio:        1,
 		ShutdownGraceSecs:       30,
-		CacheThreshold:          0.3,
-		BalanceAbsThreshold:     64,
-		BalanceRelThreshold:     1.5,
-		MaxTreeSize:             67108864,
 		KVEventsIndexSize:       67108864,
 		TokenizeTimeoutSecs:     0.1,
-		EvictionIntervalSecs:    120,
 		SessionTTL:              time.Hour,
 		MaxSessions:             1048576,
-		HistoryMatchMode:        cacheaware.HistoryCost,
 		LoadSignal:              workers.SignalEngine,
 		WorkerMetricsInterval:   100 * time.Millisecond,
 		LoadUnitTokens:          workers.DefaultLoadUnitTokens,
 		SessionStore:            "memory",
 		RedisKeyPrefix:          "cacheroute",
 		RedisTimeout:            50 * time.Millisecond,
+		PolicyOptions:           policyDefaults(),
 
 		ResponseSearchConcurrency: 4,
 		ResponseSearchPerMinute:   600,
 	}
+}
+
+// policyDefaults are every registered policy's knobs at their defaults, by policy name.
+func policyDefaults() map[string]registry.Options {
+	out := map[string]registry.Options{}
+	for _, s := range registry.Specs() {
+		if s.Options != nil {
+			out[s.Name] = s.Options()
+		}
+	}
+	return out
 }
 
 // BindFlags registers every knob on fs, writing into c. The flag defaults are c's current values,
@@ -336,21 +333,14 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
 	fs.Float64Var(&c.ShutdownGraceSecs, "shutdown-grace-secs", c.ShutdownGraceSecs, "on SIGTERM/SIGINT, seconds to let in-flight requests finish")
-	fs.Float64Var(&c.CacheThreshold, "cache-threshold", c.CacheThreshold, "cache_aware: matched fraction of the history above which the holder is chosen")
-	fs.IntVar(&c.BalanceAbsThreshold, "balance-abs-threshold", c.BalanceAbsThreshold, "cache_aware: load gate trips when max-min load exceeds this ...")
-	fs.Float64Var(&c.BalanceRelThreshold, "balance-rel-threshold", c.BalanceRelThreshold, "cache_aware: ... and max exceeds min times this")
-	fs.IntVar(&c.MaxTreeSize, "max-tree-size", c.MaxTreeSize, "cache_aware: heap bytes of the prefix tree, all models together (node overhead included)")
 	fs.StringVar(&c.KVEventsEndpoint, "kv-events-endpoint", c.KVEventsEndpoint, "subscribe to every worker's KV-cache event publisher at this ZMQ endpoint template, e.g. tcp://{host}:5557 ({host}: the worker's host; the port is offset by its data-parallel rank); none: no subscription")
 	fs.StringToStringVar(&c.KVEventsWorkerEndpoints, "kv-events-worker-endpoints", c.KVEventsWorkerEndpoints, "per-worker KV-cache event endpoints, URL=tcp://HOST:PORT,…, in place of --kv-events-endpoint's template for those workers")
 	fs.StringVar(&c.KVEventsReplayEndpoint, "kv-events-replay-endpoint", c.KVEventsReplayEndpoint, "the publishers' replay (ROUTER) endpoint template, asked for batches a gap lost; none: a gap forgets that worker's index")
 	fs.StringVar(&c.KVEventsTopic, "kv-events-topic", c.KVEventsTopic, "topic prefix subscribed to on each publisher; empty: every message")
 	fs.IntVar(&c.KVEventsIndexSize, "kv-events-index-size", c.KVEventsIndexSize, "bytes of the KV-event block index, all workers together")
 	fs.Float64Var(&c.TokenizeTimeoutSecs, "tokenize-timeout-secs", c.TokenizeTimeoutSecs, "with --kv-events-endpoint: the longest wait for an engine's /tokenize of a request without session id; past it the prefix tree routes the request")
-	fs.Float64Var(&c.EvictionIntervalSecs, "eviction-interval-secs", c.EvictionIntervalSecs, "cache_aware: seconds between tree and session sweeps")
 	fs.DurationVar(&c.SessionTTL, "session-ttl", c.SessionTTL, "cache_aware: idle time after which a session entry expires")
 	fs.IntVar(&c.MaxSessions, "max-sessions", c.MaxSessions, "cache_aware: session entries held in this process, all models together (least recently used evicted)")
-	fs.StringVar(&c.HistoryMatchMode, "history-match-mode", c.HistoryMatchMode, "cache_aware: how a match below --cache-threshold counts: cost (the prefill it saves against the holder's load) or threshold (not at all)")
-	fs.BoolVar(&c.DisableCacheCorrection, "disable-cache-correction", c.DisableCacheCorrection, "cache_aware: keep predicting a worker holds what it was taught even when its answers report far fewer cached tokens (by default its older holds then stop counting)")
 	fs.StringVar(&c.LoadSignal, "load-signal", c.LoadSignal, "the load policies balance on: requests (this router's in flight), tokens (in flight weighted by uncached prompt tokens) or engine (the workers' own running and waiting requests from /metrics, plus this router's sent since)")
 	fs.DurationVar(&c.WorkerMetricsInterval, "worker-metrics-interval", c.WorkerMetricsInterval, "with --load-signal engine: period of each worker's /metrics scrape")
 	fs.IntVar(&c.LoadUnitTokens, "load-unit-tokens", c.LoadUnitTokens, "uncached prompt tokens worth one request in flight: a match's saving against a holder's load (cost mode), and a prefill's weight in the tokens signal")
@@ -359,6 +349,9 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.StringVar(&c.RedisKeyPrefix, "redis-key-prefix", c.RedisKeyPrefix, "prefix of the session store's Redis keys")
 	fs.DurationVar(&c.RedisTimeout, "redis-timeout", c.RedisTimeout, "longest a request waits on the session store before routing without it")
 	fs.StringVar(&c.RedisCAFile, "redis-ca-file", c.RedisCAFile, "PEM bundle of the CAs trusted for a rediss:// --redis-url, instead of the system roots")
+	for _, name := range slices.Sorted(maps.Keys(c.PolicyOptions)) {
+		c.PolicyOptions[name].Bind(fs)
+	}
 }
 
 // Load resolves the final configuration from parsed flags: defaults, then the YAML file named by
@@ -378,12 +371,19 @@ func Load(fs *pflag.FlagSet, flagged *Config, configFile string) (Config, error)
 			return Config{}, fmt.Errorf("--config: %w", err)
 		}
 		c = Default()
-		dec := yaml.NewDecoder(bytes.NewReader(data))
+		own, policyKnobs, err := splitPolicyKnobs(data, &c)
+		if err != nil {
+			return Config{}, fmt.Errorf("--config %s: %w", configFile, err)
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(own))
 		dec.KnownFields(true)
 		if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
 			return Config{}, fmt.Errorf("--config %s: %w", configFile, err)
 		}
 		if err := rejectFractionalInts(data); err != nil {
+			return Config{}, fmt.Errorf("--config %s: %w", configFile, err)
+		}
+		if err := policyKnobs(); err != nil {
 			return Config{}, fmt.Errorf("--config %s: %w", configFile, err)
 		}
 		firstByteGiven = firstByteGiven || fileSets(data, "first_byte_timeout_secs")
@@ -429,6 +429,50 @@ func (c Config) RequireWorkerSource() error {
 	}
 	return errors.New("no workers: give their URLs with --worker-urls (or find them with --service-discovery or --dns-discovery), " +
 		"or pass --allow-empty to start without any and add them through the admin API (POST /workers)")
+}
+
+// splitPolicyKnobs takes the policies' knobs out of the YAML file's top level, where they sit
+// like every other flag (their key is the flag name in snake_case): it returns the rest, for the
+// Config's own fields, and a function that sets the knobs taken out, in c's policy options, as
+// their flags would.
+func splitPolicyKnobs(data []byte, c *Config) ([]byte, func() error, error) {
+	fs := pflag.NewFlagSet("policies", pflag.ContinueOnError)
+	for _, name := range slices.Sorted(maps.Keys(c.PolicyOptions)) {
+		c.PolicyOptions[name].Bind(fs)
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil || len(doc.Content) == 0 || doc.Content[0].Kind != yaml.MappingNode {
+		return data, func() error { return nil }, nil // Decode reports what is wrong with it
+	}
+	m := doc.Content[0]
+	type knob struct{ key, flag, value string }
+	var knobs []knob
+	kept := m.Content[:0:0]
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		k, v := m.Content[i], m.Content[i+1]
+		flag := strings.ReplaceAll(k.Value, "_", "-")
+		if fs.Lookup(flag) == nil {
+			kept = append(kept, k, v)
+			continue
+		}
+		if v.Kind != yaml.ScalarNode {
+			return nil, nil, fmt.Errorf("%s (--%s): want a single value", k.Value, flag)
+		}
+		knobs = append(knobs, knob{k.Value, flag, v.Value})
+	}
+	m.Content = kept
+	rest, err := yaml.Marshal(&doc)
+	if err != nil {
+		return nil, nil, err
+	}
+	return rest, func() error {
+		for _, k := range knobs {
+			if err := fs.Set(k.flag, k.value); err != nil {
+				return fmt.Errorf("%s (--%s): %w", k.key, k.flag, err)
+			}
+		}
+		return nil
+	}, nil
 }
 
 // fileSets reports whether the YAML file has key at its top level.
@@ -481,7 +525,7 @@ func (c Config) Validate() error {
 	}
 	validateDiscovery(bad, c)
 	if _, ok := registry.Lookup(c.Policy); !ok {
-		bad("policy", "unknown policy %q (want one of %s)", c.Policy, strings.Join(registry.Names(), ", "))
+		bad("policy", "%v", registry.Unknown(c.Policy))
 	}
 	if c.DPSize < 1 {
 		bad("intra-node-data-parallel-size", "must be at least 1, got %d", c.DPSize)
@@ -494,8 +538,6 @@ func (c Config) Validate() error {
 		"health-check-interval-secs": c.HealthCheckIntervalSecs,
 		"health-check-timeout-secs":  c.HealthCheckTimeoutSecs,
 		"cb-timeout-duration-secs":   c.CBTimeoutDurationSecs,
-		"eviction-interval-secs":     c.EvictionIntervalSecs,
-		"balance-rel-threshold":      c.BalanceRelThreshold,
 		"session-ttl":                c.SessionTTL.Seconds(),
 		"queue-timeout-secs":         c.QueueTimeoutSecs,
 		"tokenize-timeout-secs":      c.TokenizeTimeoutSecs,
@@ -505,7 +547,6 @@ func (c Config) Validate() error {
 		"health-failure-threshold": c.HealthFailureThreshold,
 		"health-success-threshold": c.HealthSuccessThreshold,
 		"cb-failure-threshold":     c.CBFailureThreshold,
-		"max-tree-size":            c.MaxTreeSize,
 		"kv-events-index-size":     c.KVEventsIndexSize,
 		"max-sessions":             c.MaxSessions,
 		"max-client-connections":   c.MaxClientConnections,
@@ -518,7 +559,6 @@ func (c Config) Validate() error {
 		"retry-max-retries":          c.RetryMaxRetries,
 		"retry-initial-backoff-ms":   c.RetryInitialBackoffMs,
 		"retry-max-backoff-ms":       c.RetryMaxBackoffMs,
-		"balance-abs-threshold":      c.BalanceAbsThreshold,
 		"max-concurrent-requests":    c.MaxConcurrentRequests,
 		"max-inflight-per-worker":    c.MaxInflightPerWorker,
 		"queue-size":                 c.QueueSize,
@@ -571,14 +611,11 @@ func (c Config) Validate() error {
 	if c.ShutdownGraceSecs < 0 {
 		bad("shutdown-grace-secs", "must not be negative, got %v", c.ShutdownGraceSecs)
 	}
-	if c.CacheThreshold < 0 || c.CacheThreshold > 1 {
-		bad("cache-threshold", "must be within [0, 1], got %v", c.CacheThreshold)
-	}
 	if !slices.Contains(LoadSignals, c.LoadSignal) {
 		bad("load-signal", "unknown signal %q (want %s)", c.LoadSignal, strings.Join(LoadSignals, ", "))
 	}
-	if !slices.Contains(HistoryMatchModes, c.HistoryMatchMode) {
-		bad("history-match-mode", "unknown mode %q (want %s)", c.HistoryMatchMode, strings.Join(HistoryMatchModes, ", "))
+	for _, name := range slices.Sorted(maps.Keys(c.PolicyOptions)) {
+		errs = append(errs, c.PolicyOptions[name].Validate()...)
 	}
 	if c.WorkerMetricsInterval < 10*time.Millisecond {
 		bad("worker-metrics-interval", "must be at least 10ms, got %v", c.WorkerMetricsInterval)
@@ -674,7 +711,6 @@ func (c Config) HealthCheckInterval() time.Duration { return secs(c.HealthCheckI
 func (c Config) HealthCheckTimeout() time.Duration  { return secs(c.HealthCheckTimeoutSecs) }
 func (c Config) CBTimeout() time.Duration           { return secs(c.CBTimeoutDurationSecs) }
 func (c Config) ShutdownGrace() time.Duration       { return secs(c.ShutdownGraceSecs) }
-func (c Config) EvictionInterval() time.Duration    { return secs(c.EvictionIntervalSecs) }
 
 // StallTimeout is zero when --stall-timeout-secs is 0: no stall checks.
 func (c Config) StallTimeout() time.Duration { return secs(c.StallTimeoutSecs) }

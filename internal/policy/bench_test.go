@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/cacheroute/cacheroute/internal/policy"
-	"github.com/cacheroute/cacheroute/internal/policy/registry"
 	"github.com/cacheroute/cacheroute/internal/reqkey"
 )
 
@@ -20,7 +19,7 @@ func BenchmarkSelect(b *testing.B) {
 		for _, n := range []int{8, 64} {
 			b.Run(fmt.Sprintf("%s/workers=%d", name, n), func(b *testing.B) {
 				p := newFleet(b, n, 1)
-				pol, err := registry.New(name, registry.Options{})
+				pol, err := policy.New(name, policy.Env{}, nil)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/cacheroute/cacheroute/internal/policy"
-	"github.com/cacheroute/cacheroute/internal/policy/registry"
 	"github.com/cacheroute/cacheroute/internal/reqkey"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -307,7 +306,7 @@ func TestRendezvousOnlyTheRemovedWorkersKeysMove(t *testing.T) {
 func TestHashPoliciesUseTheHashKey(t *testing.T) {
 	p := newFleet(t, 8, 1)
 	for _, name := range []string{"consistent_hash", "rendezvous_hash"} {
-		pol, _ := registry.New(name, registry.Options{})
+		pol, _ := policy.New(name, policy.Env{}, nil)
 		in := input(p, "alice")
 		first := pol.Select(in).Worker
 		for range 20 {
@@ -332,7 +331,7 @@ func TestHashPoliciesPlaceRequestsWithoutAKeyByLoad(t *testing.T) {
 		w.Reserve() // every worker but the first is busy
 	}
 	for _, name := range []string{"consistent_hash", "rendezvous_hash"} {
-		pol, _ := registry.New(name, registry.Options{})
+		pol, _ := policy.New(name, policy.Env{}, nil)
 		for range 10 {
 			if w := pol.Select(input(p, "")).Worker; w != ws[0] {
 				t.Fatalf("%s: a request without a key went to %s, not to the only idle worker", name, w.Name())
@@ -352,7 +351,7 @@ func TestPoliciesSelectConcurrentlyWhileMembershipChanges(t *testing.T) {
 	p := newFleet(t, 6, 2)
 	pols := []policy.Policy{}
 	for _, name := range []string{"random", "round_robin", "power_of_two", "consistent_hash", "rendezvous_hash"} {
-		pol, _ := registry.New(name, registry.Options{})
+		pol, _ := policy.New(name, policy.Env{}, nil)
 		pols = append(pols, pol)
 	}
 	done := make(chan struct{})

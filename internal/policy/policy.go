@@ -1,7 +1,8 @@
 // Package policy chooses a worker for a request. A Policy is pure logic over the request's keys and
 // the candidate workers' state; it does no I/O. This package holds the contract every policy
-// follows, the registry that finds a policy by name, and the baseline policies (one file each);
-// the cache-aware policy lives in policy/cacheaware.
+// follows, the factories that build a policy by name (Register, New; names and knobs are in
+// policy/registry), and the baseline policies (one file each); the cache-aware policy lives in
+// policy/cacheaware.
 //
 // # The contract
 //
@@ -21,8 +22,8 @@
 //
 // # Writing a policy
 //
-// A policy is a type that embeds Base and implements Name and Select; registered by name with a
-// factory (internal/policy/registry), --policy finds it:
+// A policy is a type that embeds Base and implements Name and Select, registered by name with a
+// factory from its package's init; --policy, the bench and the demo then find it:
 //
 //	// LeastBusy sends each request to the least-loaded candidate.
 //	type LeastBusy struct{ policy.Base }
@@ -34,14 +35,19 @@
 //	}
 //
 //	func init() {
-//		registry.Register(registry.Entry{Name: "least_busy", Summary: "the least-loaded candidate",
-//			New: func(registry.Options) policy.Policy { return LeastBusy{} }})
+//		policy.Register(policy.Entry{
+//			Spec: registry.Spec{Name: "least_busy", Summary: "the least-loaded candidate"},
+//			New:  func(policy.Env, registry.Options) policy.Policy { return LeastBusy{} },
+//		})
 //	}
 //
 // A policy that learns overrides Accepted and Done, keeping what it must remember of a choice in
 // Decision.State; one with a background sweep overrides Run; one that follows stored responses
-// returns its map from Responses. The proxy and the router call every hook of every policy, so
-// a new policy needs no change outside its own file and its registration.
+// returns its map from Responses. A policy with knobs gives Spec.Options, its options at their
+// defaults: they bind their own flags and validate their own values (registry.Options), so that
+// internal/config binds and checks them without knowing the policy, and the factory gets them
+// back resolved. The proxy and the router call every hook of every policy, so a new policy needs
+// no change outside its own package and its import by the router.
 package policy
 
 import (

@@ -54,8 +54,8 @@ var lastFirstBuilt struct {
 }
 
 func init() {
-	registry.Register(registry.Entry{Name: lastFirstName, Summary: "the last candidate",
-		New: func(registry.Options) policy.Policy {
+	policy.Register(policy.Entry{Spec: registry.Spec{Name: lastFirstName, Summary: "the last candidate"},
+		New: func(policy.Env, registry.Options) policy.Policy {
 			p := &lastFirst{}
 			lastFirstBuilt.Lock()
 			lastFirstBuilt.p = p
@@ -70,7 +70,7 @@ func TestAPolicyWrittenAgainstTheContractIsChosenByNameAndHearsEveryHook(t *test
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("the configuration does not accept the registered policy: %v", err)
 	}
-	p, err := registry.New(cfg.Policy, registry.Options{})
+	p, err := policy.New(cfg.Policy, policy.Env{}, cfg.PolicyOptions[cfg.Policy])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func TestAPolicyWrittenAgainstTheContractIsChosenByNameAndHearsEveryHook(t *test
 	built := lastFirstBuilt.p
 	lastFirstBuilt.Unlock()
 	if p != policy.Policy(built) {
-		t.Fatalf("registry.New(%q) did not build through the registered factory", cfg.Policy)
+		t.Fatalf("policy.New(%q) did not build through the registered factory", cfg.Policy)
 	}
 	worker := func(name string) *httptest.Server {
 		srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {

@@ -17,7 +17,6 @@ import (
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
-	"github.com/cacheroute/cacheroute/internal/policy/registry"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -298,10 +297,10 @@ func (p *recordingPolicy) record() (committed, observed []string) {
 
 func newCacheAware(t *testing.T) policy.Policy {
 	t.Helper()
-	p, err := registry.New("cache_aware", registry.Options{CacheAware: cacheaware.Options{
-		CacheThreshold: 0.5, BalanceAbsThreshold: 32, BalanceRelThreshold: 1.5,
-		MaxTreeSize: 1 << 20, EvictionInterval: time.Minute, SessionTTL: time.Hour, MaxSessions: 1000,
-	}})
+	p, err := policy.New(cacheaware.Name, policy.Env{SessionTTL: time.Hour, MaxSessions: 1000}, &cacheaware.Knobs{
+		CacheThreshold: 0.5, BalanceAbsThreshold: 32, BalanceRelThreshold: 1.5, HistoryMatchMode: cacheaware.HistoryCost,
+		MaxTreeSize: 1 << 20, EvictionIntervalSecs: 60,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,8 +26,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
-	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
-	"github.com/cacheroute/cacheroute/internal/policy/registry"
+	_ "github.com/cacheroute/cacheroute/internal/policy/cacheaware" // registers cache_aware
 	"github.com/cacheroute/cacheroute/internal/proxy"
 	"github.com/cacheroute/cacheroute/internal/session"
 	"github.com/cacheroute/cacheroute/internal/telemetry"
@@ -209,31 +208,16 @@ const maxIdlePerWorker = 256
 // shared session store it uses.
 func newPolicy(cfg config.Config, m *metrics.Metrics, log *slog.Logger, kvIndex *kvevents.Index) (policy.Policy, *sharedStore, error) {
 	var store *sharedStore
-	opts := registry.Options{
-		CacheAware: cacheaware.Options{
-			CacheThreshold:      cfg.CacheThreshold,
-			BalanceAbsThreshold: cfg.BalanceAbsThreshold,
-			BalanceRelThreshold: cfg.BalanceRelThreshold,
-			HistoryMatchMode:    cfg.HistoryMatchMode,
-			DisableCorrection:   cfg.DisableCacheCorrection,
-			LoadUnitTokens:      cfg.LoadUnitTokens,
-			MaxTreeSize:         cfg.MaxTreeSize,
-			EvictionInterval:    cfg.EvictionInterval(),
-			SessionTTL:          cfg.SessionTTL,
-			MaxSessions:         cfg.MaxSessions,
-			KVIndex:             kvIndex,
-		},
-		Reporter: m,
-		Log:      log,
-	}
+	env := policy.Env{Log: log, Reporter: m, SessionTTL: cfg.SessionTTL, MaxSessions: cfg.MaxSessions,
+		LoadUnitTokens: cfg.LoadUnitTokens, KVIndex: kvIndex}
 	if cfg.SessionStore == "redis" {
 		var err error
 		if store, err = newSharedStore(cfg, m, log); err != nil {
 			return nil, nil, err
 		}
-		opts.CacheAware.Store = store
+		env.Store = store
 	}
-	p, err := registry.New(cfg.Policy, opts)
+	p, err := policy.New(cfg.Policy, env, cfg.PolicyOptions[cfg.Policy])
 	if err != nil {
 		return nil, nil, err
 	}

@@ -54,7 +54,8 @@ const (
 	blockBytes    = 16 * bytesPerToken
 )
 
-// Options are the policy's knobs (see internal/config for their flags and defaults).
+// Options are what the policy is built from: its knobs (Knobs, with their flags and defaults)
+// and the router's environment (policy.Env).
 type Options struct {
 	CacheThreshold      float64 // matched fraction strictly above which the holder is chosen
 	BalanceAbsThreshold int     // gate: max-min load strictly above this ...
@@ -79,13 +80,8 @@ type Options struct {
 	KVIndex *kvevents.Index
 }
 
-// Reporter receives the policy's state events; the router's metrics implement it. The policy
-// reports through this interface instead of importing the metrics package.
-type Reporter interface {
-	// Evicted counts n entries of state dropped, by kind: tree (bytes), session_ttl,
-	// session_capacity, worker_removed.
-	Evicted(kind string, n int)
-}
+// Reporter receives the policy's state events (policy.Reporter).
+type Reporter = policy.Reporter
 
 // Policy is the cache_aware policy. It is safe for concurrent use. One prefix tree holds every
 // model's conversations, each model in a namespace of its own, so --max-tree-size bounds the whole

@@ -1,17 +1,21 @@
-package registry
+package policy_test
 
 import (
 	"slices"
 	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/policy"
+	_ "github.com/cacheroute/cacheroute/internal/policy/cacheaware" // registers cache_aware
+	"github.com/cacheroute/cacheroute/internal/policy/registry"
 )
 
 func TestNewBuildsEveryListedPolicyUnderItsName(t *testing.T) {
-	names := Names()
+	names := registry.Names()
 	if names[0] != "cache_aware" {
 		t.Errorf("the default policy is listed first; got %q", names[0])
 	}
 	for _, name := range names {
-		p, err := New(name, Options{})
+		p, err := policy.New(name, policy.Env{}, nil)
 		if err != nil {
 			t.Errorf("New(%q): %v", name, err)
 			continue
@@ -19,7 +23,7 @@ func TestNewBuildsEveryListedPolicyUnderItsName(t *testing.T) {
 		if p.Name() != name {
 			t.Errorf("New(%q).Name() = %q", name, p.Name())
 		}
-		if e, _ := Lookup(name); e.Summary == "" {
+		if e, _ := registry.Lookup(name); e.Summary == "" {
 			t.Errorf("%s has no summary for the help text", name)
 		}
 	}
@@ -32,23 +36,23 @@ func TestNewBuildsEveryListedPolicyUnderItsName(t *testing.T) {
 
 func TestNewRejectsUnknownNames(t *testing.T) {
 	for _, name := range []string{"", "least_loaded", "RANDOM", "cache-aware"} {
-		if _, err := New(name, Options{}); err == nil {
+		if _, err := policy.New(name, policy.Env{}, nil); err == nil {
 			t.Errorf("New(%q) succeeded", name)
 		}
 	}
 }
 
 func TestTwoRoundRobinsKeepCountersOfTheirOwn(t *testing.T) {
-	a, _ := New("round_robin", Options{})
-	b, _ := New("round_robin", Options{})
+	a, _ := policy.New("round_robin", policy.Env{}, nil)
+	b, _ := policy.New("round_robin", policy.Env{}, nil)
 	if a == b {
 		t.Error("two round_robin policies share their state")
 	}
 }
 
 func TestOnlyCacheAwareLabelsBeyondItsName(t *testing.T) {
-	for _, name := range Names() {
-		p, _ := New(name, Options{})
+	for _, name := range registry.Names() {
+		p, _ := policy.New(name, policy.Env{}, nil)
 		labeled := len(p.Labels()) > 0
 		if labeled != (name == "cache_aware") {
 			t.Errorf("%s: labeled = %v", name, labeled)

@@ -1,0 +1,119 @@
+package cacheaware
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/policy/registry"
+)
+
+// HistoryModes lists the accepted --history-match-mode values.
+var HistoryModes = []string{HistoryCost, HistoryThreshold}
+
+// Knobs are the policy's flags, with their defaults from DefaultKnobs; the configuration binds
+// and validates them through the registry (registry.Options).
+type Knobs struct {
+	CacheThreshold       float64
+	BalanceAbsThreshold  int
+	BalanceRelThreshold  float64
+	HistoryMatchMode     string
+	DisableCorrection    bool
+	MaxTreeSize          int
+	EvictionIntervalSecs float64
+}
+
+// DefaultKnobs are the policy's defaults.
+func DefaultKnobs() *Knobs {
+	return &Knobs{
+		CacheThreshold:       0.3,
+		BalanceAbsThreshold:  64,
+		BalanceRelThreshold:  1.5,
+		HistoryMatchMode:     HistoryCost,
+		MaxTreeSize:          64 << 20,
+		EvictionIntervalSecs: 120,
+	}
+}
+
+// Bind registers the knobs as flags.
+func (k *Knobs) Bind(fs *pflag.FlagSet) {
+	fs.Float64Var(&k.CacheThreshold, "cache-threshold", k.CacheThreshold, "cache_aware: matched fraction of the history above which the holder is chosen")
+	fs.IntVar(&k.BalanceAbsThreshold, "balance-abs-threshold", k.BalanceAbsThreshold, "cache_aware: load gate trips when max-min load exceeds this ...")
+	fs.Float64Var(&k.BalanceRelThreshold, "balance-rel-threshold", k.BalanceRelThreshold, "cache_aware: ... and max exceeds min times this")
+	fs.IntVar(&k.MaxTreeSize, "max-tree-size", k.MaxTreeSize, "cache_aware: heap bytes of the prefix tree, all models together (node overhead included)")
+	fs.Float64Var(&k.EvictionIntervalSecs, "eviction-interval-secs", k.EvictionIntervalSecs, "cache_aware: seconds between tree and session sweeps")
+	fs.StringVar(&k.HistoryMatchMode, "history-match-mode", k.HistoryMatchMode, "cache_aware: how a match below --cache-threshold counts: cost (the prefill it saves against the holder's load) or threshold (not at all)")
+	fs.BoolVar(&k.DisableCorrection, "disable-cache-correction", k.DisableCorrection, "cache_aware: keep predicting a worker holds what it was taught even when its answers report far fewer cached tokens (by default its older holds then stop counting)")
+}
+
+// Validate checks the knobs; each error names its flag.
+func (k *Knobs) Validate() []error {
+	var errs []error
+	bad := func(flag, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("--%s: %s", flag, fmt.Sprintf(format, args...)))
+	}
+	if !(k.EvictionIntervalSecs > 0) {
+		bad("eviction-interval-secs", "must be positive, got %v", k.EvictionIntervalSecs)
+	}
+	if !(k.BalanceRelThreshold > 0) {
+		bad("balance-rel-threshold", "must be positive, got %v", k.BalanceRelThreshold)
+	}
+	if k.MaxTreeSize < 1 {
+		bad("max-tree-size", "must be at least 1, got %d", k.MaxTreeSize)
+	}
+	if k.BalanceAbsThreshold < 0 {
+		bad("balance-abs-threshold", "must not be negative, got %d", k.BalanceAbsThreshold)
+	}
+	if k.CacheThreshold < 0 || k.CacheThreshold > 1 {
+		bad("cache-threshold", "must be within [0, 1], got %v", k.CacheThreshold)
+	}
+	if !slices.Contains(HistoryModes, k.HistoryMatchMode) {
+		bad("history-match-mode", "unknown mode %q (want %s)", k.HistoryMatchMode, strings.Join(HistoryModes, ", "))
+	}
+	return errs
+}
+
+// EvictionInterval is --eviction-interval-secs.
+func (k *Knobs) EvictionInterval() time.Duration {
+	return time.Duration(k.EvictionIntervalSecs * float64(time.Second))
+}
+
+// Options are the policy's options built from its knobs and the router's environment.
+func (k *Knobs) Options(env policy.Env) Options {
+	return Options{
+		CacheThreshold:      k.CacheThreshold,
+		BalanceAbsThreshold: k.BalanceAbsThreshold,
+		BalanceRelThreshold: k.BalanceRelThreshold,
+		HistoryMatchMode:    k.HistoryMatchMode,
+		DisableCorrection:   k.DisableCorrection,
+		LoadUnitTokens:      env.LoadUnitTokens,
+		MaxTreeSize:         k.MaxTreeSize,
+		EvictionInterval:    k.EvictionInterval(),
+		Store:               env.Store,
+		SessionTTL:          env.SessionTTL,
+		MaxSessions:         env.MaxSessions,
+		KVIndex:             env.KVIndex,
+	}
+}
+
+func init() {
+	policy.Register(policy.Entry{
+		Spec: registry.Spec{Name: Name, Default: true,
+			Summary: "session affinity, then the longest cached prefix, then least load; a load-balance gate overrides affinity",
+			Options: func() registry.Options { return DefaultKnobs() }},
+		New: func(env policy.Env, o registry.Options) policy.Policy {
+			return New(o.(*Knobs).Options(env), env.Reporter, env.Log)
+		},
+	})
+}
+
+// KnobsIn returns cache_aware's knobs among a configuration's policy options (by policy name, as
+// internal/config keeps them); nil when they are not there.
+func KnobsIn(opts map[string]registry.Options) *Knobs {
+	k, _ := opts[Name].(*Knobs)
+	return k
+}
