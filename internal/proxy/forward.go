@@ -129,7 +129,7 @@ func (ex *exchange) stopWatch() {
 }
 
 // forward runs one routed request: read it and find its candidates, then choose → accept →
-// commit → send, again on another worker while the failure provably started nothing, and finally
+// Accepted → send, again on another worker while the failure provably started nothing, and finally
 // relay the answer. id is the response id a byResponseID path names.
 func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 	ex := &exchange{route: rt, start: time.Now(), client: ctx.Conn(), responseID: id, method: string(ctx.Method())}
