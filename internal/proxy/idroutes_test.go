@@ -203,7 +203,7 @@ func TestIDRouteSearchCountsEachWorkerCallAgainstTheRateLimit(t *testing.T) {
 
 func TestContinuationOfAnUnknownResponseFollowsTheWorkerThatHoldsIt(t *testing.T) {
 	tp, ws := searchFleet(t, 3, nil)
-	p := tp.Server.tracker
+	p := tp.Server.responses
 	ws[2].store("resp_before_restart") // stored before this router knew of it
 	body := `{"model":"m","input":"more","previous_response_id":"resp_before_restart"}`
 	status, h, answer := tp.post(t, "/v1/responses", body)
