@@ -19,6 +19,7 @@ type Worker struct {
 	tenant string
 	name   string // tenant without credentials: what clients, logs and metrics see
 
+	role    atomic.Uint32 // a Role (role.go)
 	load    atomic.Int64
 	healthy atomic.Bool
 	drain   atomic.Bool // set by discovery: no new requests, those in flight finish
