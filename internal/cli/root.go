@@ -29,7 +29,7 @@ func Main(args []string) int {
 
 // spaceSeparatedFlags take their values as separate arguments after the flag, as the vLLM
 // router's do (`--worker-urls a b`), besides the comma-separated and repeated forms.
-var spaceSeparatedFlags = []string{"worker-urls", "selector"}
+var spaceSeparatedFlags = []string{"worker-urls", "prefill", "decode", "selector", "prefill-selector", "decode-selector"}
 
 // execute runs the command line args with ctx, writing to stdout and stderr.
 func execute(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -34,9 +34,16 @@ type Config struct {
 	Policy     string   `yaml:"policy"`
 	DPSize     int      `yaml:"intra_node_data_parallel_size"`
 
+	// Prefill and Decode are static workers in those roles under prefill/decode
+	// disaggregation; WorkerURLs are colocated.
+	Prefill []string `yaml:"prefill"`
+	Decode  []string `yaml:"decode"`
+
 	// Worker discovery (internal/discovery); workers it finds join those of WorkerURLs.
 	ServiceDiscovery          bool     `yaml:"service_discovery"`
-	Selector                  []string `yaml:"selector"` // key=value terms, all must match
+	Selector                  []string `yaml:"selector"`         // key=value terms, all must match
+	PrefillSelector           []string `yaml:"prefill_selector"` // pods of prefill workers
+	DecodeSelector            []string `yaml:"decode_selector"`  // pods of decode workers
 	ServiceDiscoveryPort      int      `yaml:"service_discovery_port"`
 	ServiceDiscoveryNamespace string   `yaml:"service_discovery_namespace"` // empty: the router's own
 	Kubeconfig                string   `yaml:"kubeconfig"`                  // empty: in-cluster
@@ -271,10 +278,14 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.StringVar(&c.Host, "host", c.Host, "listen address")
 	fs.IntVar(&c.Port, "port", c.Port, "listen port")
 	fs.Var(&urlList{list: &c.WorkerURLs}, "worker-urls", "worker base URLs: space-separated after the flag, comma-separated, or the flag repeated")
+	fs.Var(&urlList{list: &c.Prefill}, "prefill", "prefill worker base URLs under prefill/decode disaggregation (--vllm-pd-disaggregation), listed as --worker-urls")
+	fs.Var(&urlList{list: &c.Decode}, "decode", "decode worker base URLs under prefill/decode disaggregation (--vllm-pd-disaggregation), listed as --worker-urls")
 	fs.StringVar(&c.Policy, "policy", c.Policy, "routing policy: "+strings.Join(registry.Names(), ", "))
 	fs.IntVar(&c.DPSize, "intra-node-data-parallel-size", c.DPSize, "data-parallel ranks per worker URL; each becomes a tenant URL@rank routed with header X-data-parallel-rank")
 	fs.BoolVar(&c.ServiceDiscovery, "service-discovery", c.ServiceDiscovery, "find workers among the Kubernetes pods that match --selector: a Ready pod joins, a NotReady or terminating one is drained, a deleted one leaves")
 	fs.StringSliceVar(&c.Selector, "selector", c.Selector, "label selector of the worker pods, key=value terms (space-separated after the flag, comma-separated, or the flag repeated); all must match")
+	fs.StringSliceVar(&c.PrefillSelector, "prefill-selector", c.PrefillSelector, "label selector of the prefill worker pods under prefill/decode disaggregation, as --selector")
+	fs.StringSliceVar(&c.DecodeSelector, "decode-selector", c.DecodeSelector, "label selector of the decode worker pods under prefill/decode disaggregation, as --selector")
 	fs.IntVar(&c.ServiceDiscoveryPort, "service-discovery-port", c.ServiceDiscoveryPort, "port of the discovered pods' HTTP server")
 	fs.StringVar(&c.ServiceDiscoveryNamespace, "service-discovery-namespace", c.ServiceDiscoveryNamespace, "namespace watched for worker pods (default: the router's own, from its service account, else default)")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig file for --service-discovery (default: the in-cluster service account)")
@@ -424,7 +435,7 @@ func Load(fs *pflag.FlagSet, flagged *Config, configFile string) (Config, error)
 // well. It is apart from Validate because routers built in-process (tests, the bench) start empty
 // and add their workers themselves.
 func (c Config) RequireWorkerSource() error {
-	if len(c.WorkerURLs) > 0 || c.Discovery() || c.AllowEmpty {
+	if len(c.StaticWorkers()) > 0 || c.Discovery() || c.AllowEmpty {
 		return nil
 	}
 	return errors.New("no workers: give their URLs with --worker-urls (or find them with --service-discovery or --dns-discovery), " +
@@ -518,11 +529,7 @@ func (c Config) Validate() error {
 	if c.Port < 0 || c.Port > 65535 {
 		bad("port", "%d is not a port number", c.Port)
 	}
-	for _, u := range c.WorkerURLs {
-		if _, err := tenant.NormalizeURL(u); err != nil {
-			bad("worker-urls", "%v", err)
-		}
-	}
+	validateStaticWorkers(bad, c)
 	validateDiscovery(bad, c)
 	if _, ok := registry.Lookup(c.Policy); !ok {
 		bad("policy", "%v", registry.Unknown(c.Policy))

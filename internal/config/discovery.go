@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
 // Discovery reports whether any worker discovery is configured (--service-discovery or
@@ -18,6 +20,40 @@ func (c Config) DNSRefresh() time.Duration { return secs(c.DNSRefreshSecs) }
 
 // SelectorString is --selector as a Kubernetes equality-based label selector ("k=v,k2=v2").
 func (c Config) SelectorString() string { return strings.Join(c.Selector, ",") }
+
+// RoleSelector is one role's label selector of worker pods ("k=v,k2=v2").
+type RoleSelector struct {
+	Role     workers.Role
+	Selector string
+}
+
+// Selectors are the non-empty pod selectors by role: --selector (colocated), --prefill-selector,
+// --decode-selector; each is watched on its own.
+func (c Config) Selectors() []RoleSelector {
+	var out []RoleSelector
+	for _, s := range c.selectorFlags() {
+		if len(s.terms) > 0 {
+			out = append(out, RoleSelector{Role: s.role, Selector: strings.Join(s.terms, ",")})
+		}
+	}
+	return out
+}
+
+func (c Config) selectorFlags() []struct {
+	flag  string
+	terms []string
+	role  workers.Role
+} {
+	return []struct {
+		flag  string
+		terms []string
+		role  workers.Role
+	}{
+		{"selector", c.Selector, workers.RoleColocated},
+		{"prefill-selector", c.PrefillSelector, workers.RolePrefill},
+		{"decode-selector", c.DecodeSelector, workers.RoleDecode},
+	}
+}
 
 // DNSTarget splits --dns-discovery into the name to resolve and the workers' port.
 func (c Config) DNSTarget() (name string, port int, err error) {
@@ -37,17 +73,19 @@ func (c Config) DNSTarget() (name string, port int, err error) {
 
 // validateDiscovery checks the discovery knobs.
 func validateDiscovery(bad func(flag, format string, args ...any), c Config) {
-	for _, s := range c.Selector {
-		if err := checkSelectorTerm(s); err != nil {
-			bad("selector", "%v", err)
+	for _, sf := range c.selectorFlags() {
+		for _, s := range sf.terms {
+			if err := checkSelectorTerm(s); err != nil {
+				bad(sf.flag, "%v", err)
+			}
+		}
+		if !c.ServiceDiscovery && len(sf.terms) > 0 {
+			bad(sf.flag, "has no effect without --service-discovery")
 		}
 	}
-	if c.ServiceDiscovery && len(c.Selector) == 0 {
+	if c.ServiceDiscovery && len(c.Selectors()) == 0 {
 		// An empty selector matches every pod of the namespace, the router's own among them.
-		bad("selector", "required with --service-discovery (at least one key=value)")
-	}
-	if !c.ServiceDiscovery && len(c.Selector) > 0 {
-		bad("selector", "has no effect without --service-discovery")
+		bad("selector", "required with --service-discovery (at least one key=value), unless --prefill-selector or --decode-selector is given")
 	}
 	if c.ServiceDiscoveryPort < 1 || c.ServiceDiscoveryPort > 65535 {
 		bad("service-discovery-port", "%d is not a port number (1-65535)", c.ServiceDiscoveryPort)
