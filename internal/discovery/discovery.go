@@ -7,6 +7,8 @@ import (
 	"context"
 	"slices"
 	"strings"
+
+	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
 // Endpoint is one worker a source wants in the pool.
@@ -18,6 +20,8 @@ type Endpoint struct {
 	Ready bool
 	// Name says where the endpoint came from, for logs ("llm/vllm-0" for a pod).
 	Name string
+	// Role is the part of requests the worker takes: the role of the source's selector.
+	Role workers.Role
 }
 
 // Source reports the wanted worker set.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/kubeapi"
+	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
 // KubernetesOptions configure the pod source.
@@ -23,7 +24,10 @@ type KubernetesOptions struct {
 	Namespace string // the one namespace watched
 	Selector  string // label selector of the worker pods, e.g. "app=vllm,tier=gpu"; must not be empty
 	Port      int    // the workers' port on each pod's IP
-	Log       *slog.Logger
+	// Role is the role of the workers the selector finds (colocated: --selector; prefill:
+	// --prefill-selector; decode: --decode-selector).
+	Role workers.Role
+	Log  *slog.Logger
 }
 
 // Kubernetes watches the pods of one namespace that match a label selector. Every pod with an
@@ -75,8 +79,14 @@ func NewKubernetes(opts KubernetesOptions) (*Kubernetes, error) {
 	return k, nil
 }
 
-// Name is "kubernetes".
-func (k *Kubernetes) Name() string { return "kubernetes" }
+// Name is "kubernetes" for the colocated workers' selector, "kubernetes-prefill" and
+// "kubernetes-decode" for the roles' own.
+func (k *Kubernetes) Name() string {
+	if k.opts.Role == workers.RoleColocated {
+		return "kubernetes"
+	}
+	return "kubernetes-" + k.opts.Role.String()
+}
 
 // Run lists the pods, then watches them from the list's resource version, resuming the watch
 // from the last version seen each time it ends, and listing again when the API server answers
@@ -256,6 +266,7 @@ func (k *Kubernetes) endpoints(pods map[string]kubeapi.Pod) []Endpoint {
 			continue
 		}
 		if e, ok := PodEndpoint(&p, k.opts.Port); ok {
+			e.Role = k.opts.Role
 			eps = append(eps, e)
 		}
 	}
