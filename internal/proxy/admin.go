@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/cacheroute/cacheroute/internal/clientkeys"
+	"github.com/cacheroute/cacheroute/internal/fleet"
 	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -171,51 +172,70 @@ func (s *Server) listWorkers(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) addWorkerQuery(w http.ResponseWriter, r *http.Request) {
-	s.addWorker(w, r, r.URL.Query().Get("url"))
+	q := r.URL.Query()
+	s.addWorker(w, r, q.Get("url"), q.Get("role"))
 }
 
-// addWorkerREST takes the URL from ?url= or from a JSON body {"url": "..."}.
+// addWorkerREST takes the URL and role from ?url=&role= or from a JSON body
+// {"url": "...", "role": "..."}.
 func (s *Server) addWorkerREST(w http.ResponseWriter, r *http.Request) {
-	url := r.URL.Query().Get("url")
+	q := r.URL.Query()
+	url, role := q.Get("url"), q.Get("role")
 	if url == "" {
 		var body struct {
-			URL string `json:"url"`
+			URL  string `json:"url"`
+			Role string `json:"role"`
 		}
 		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&body); err != nil {
 			writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "expected ?url= or a JSON body {\"url\": \"...\"}")
 			return
 		}
-		url = body.URL
+		url, role = body.URL, body.Role
 	}
-	s.addWorker(w, r, url)
+	s.addWorker(w, r, url, role)
 }
 
-// addWorker registers and probes a worker. A worker that is unreachable stays registered and
-// listed as unhealthy; health checks bring it in when it comes up.
-func (s *Server) addWorker(w http.ResponseWriter, r *http.Request, url string) {
-	url, err := tenant.NormalizeURL(url)
+// addWorker joins a worker through the fleet, in role (colocated when empty), and answers once
+// its first probe is done. A worker that is unreachable stays registered and listed as
+// unhealthy; health checks bring it in when it comes up. A worker that another source (the
+// static list, discovery) holds in the same role gains the admin API as a holder, so discovery
+// no longer removes it.
+func (s *Server) addWorker(w http.ResponseWriter, r *http.Request, raw, roleName string) {
+	url, err := tenant.ParseURL(raw)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_worker_url", err.Error())
 		return
 	}
-	if tenant.Redact(url) != url && !s.opts.AdminURLCredentials {
+	if url.HasCredentials() && !s.opts.AdminURLCredentials {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_worker_url",
 			"a worker URL added through the admin API may not carry user:password@ (see --admin-worker-url-credentials)")
 		return
 	}
-	if err := s.fleet.AddWorker(r.Context(), url); err != nil {
-		if errors.Is(err, workers.ErrExists) {
-			writeError(w, http.StatusConflict, "invalid_request_error", "worker_exists", "worker "+tenant.Redact(url)+" is already registered")
-			return
-		}
-		if errors.Is(err, tenant.ErrNotAllowed) {
-			writeError(w, http.StatusForbidden, "permission_error", "worker_not_allowed", err.Error())
-			return
-		}
+	role, err := workers.ParseRole(roleName)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_worker_role", truncate(err.Error(), 300))
+		return
+	}
+	joined, err := s.fleet.Join(r.Context(), fleet.Admin, url, role)
+	switch {
+	case errors.Is(err, fleet.ErrExists):
+		writeError(w, http.StatusConflict, "invalid_request_error", "worker_exists", "worker "+url.Redacted()+" is already registered")
+		return
+	case errors.Is(err, fleet.ErrRoleConflict):
+		writeError(w, http.StatusConflict, "invalid_request_error", "worker_role_conflict", err.Error())
+		return
+	case errors.Is(err, tenant.ErrNotAllowed):
+		writeError(w, http.StatusForbidden, "permission_error", "worker_not_allowed", err.Error())
+		return
+	case err != nil:
 		writeError(w, http.StatusInternalServerError, "server_error", "add_worker_failed", err.Error())
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"added": tenant.Redact(url), "workers": describeWorkers(s.pool.Get(url))})
+	select {
+	case <-joined.Probed:
+	case <-r.Context().Done():
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"added": url.Redacted(), "workers": describeWorkers(s.pool.Get(url.String()))})
 }
 
 func (s *Server) removeWorkerQuery(w http.ResponseWriter, r *http.Request) {
@@ -226,21 +246,23 @@ func (s *Server) deleteWorker(w http.ResponseWriter, r *http.Request) {
 	s.removeWorker(w, r.PathValue("url"))
 }
 
+// removeWorker takes a worker out of the fleet whichever sources joined it: the operator's word
+// overrides theirs. A discovery source that still reports it joins it again at its next report.
 func (s *Server) removeWorker(w http.ResponseWriter, raw string) {
-	url, err := tenant.NormalizeURL(raw)
+	url, err := tenant.ParseURL(raw)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_worker_url", err.Error())
 		return
 	}
-	if err := s.fleet.RemoveWorker(url); err != nil {
-		if errors.Is(err, workers.ErrNotFound) {
-			writeError(w, http.StatusNotFound, "invalid_request_error", "worker_not_found", "worker "+tenant.Redact(url)+" is not registered")
+	if err := s.fleet.Remove(url); err != nil {
+		if errors.Is(err, fleet.ErrNotFound) {
+			writeError(w, http.StatusNotFound, "invalid_request_error", "worker_not_found", "worker "+url.Redacted()+" is not registered")
 			return
 		}
 		writeError(w, http.StatusInternalServerError, "server_error", "remove_worker_failed", err.Error())
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"removed": tenant.Redact(url)})
+	writeJSON(w, http.StatusOK, map[string]any{"removed": url.Redacted()})
 }
 
 func (s *Server) getWorker(w http.ResponseWriter, r *http.Request) {

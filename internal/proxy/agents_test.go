@@ -17,7 +17,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/cacheroute/cacheroute/internal/fleet"
 	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
+	"github.com/cacheroute/cacheroute/internal/tenant"
+	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
 // The agent protocols through the proxy: stored responses followed to their worker, the id
@@ -494,8 +497,10 @@ type probeRecorder struct {
 	probed []string
 }
 
-func (f *probeRecorder) AddWorker(context.Context, string) error { return nil }
-func (f *probeRecorder) RemoveWorker(string) error               { return nil }
+func (f *probeRecorder) Join(context.Context, fleet.Source, tenant.URL, workers.Role) (fleet.Joined, error) {
+	return fleet.Joined{}, nil
+}
+func (f *probeRecorder) Remove(tenant.URL) error { return nil }
 func (f *probeRecorder) CheckWorker(_ context.Context, url string) {
 	f.mu.Lock()
 	f.probed = append(f.probed, url)

@@ -12,6 +12,7 @@ type WorkerInfo struct {
 	URL     string   `json:"url"`
 	Tenant  string   `json:"worker"`
 	DPRank  *int     `json:"dp_rank,omitempty"`
+	Role    string   `json:"role"` // colocated, prefill or decode
 	Models  []string `json:"models"`
 	Healthy bool     `json:"healthy"`
 	Load    int64    `json:"load"`
@@ -26,7 +27,7 @@ type WorkerInfo struct {
 }
 
 func describeWorker(w *workers.Worker) WorkerInfo {
-	info := WorkerInfo{URL: w.BaseName(), Tenant: w.Name(), Models: w.Models(), Healthy: w.Healthy(), Load: w.Load(), Breaker: w.Breaker().State().String()}
+	info := WorkerInfo{URL: w.BaseName(), Tenant: w.Name(), Models: w.Models(), Healthy: w.Healthy(), Load: w.Load(), Breaker: w.Breaker().State().String(), Role: w.Role().String()}
 	if w.Rank() >= 0 {
 		rank := w.Rank()
 		info.DPRank = &rank

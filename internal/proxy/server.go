@@ -25,9 +25,11 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/cacheroute/cacheroute/internal/clientkeys"
+	"github.com/cacheroute/cacheroute/internal/fleet"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/telemetry"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -87,11 +89,12 @@ type ClientKeys interface {
 	Lookup(presentedKey string) (clientkeys.Client, bool)
 }
 
-// Fleet changes the set of workers; the router implements it so that adding a worker also probes
-// it and removing one also clears every piece of state that names it.
+// Fleet changes the set of workers; the router implements it with its fleet.Fleet, so that a
+// worker the admin API adds joins as every other does (allow-checked, probed, told to the policy)
+// and one it removes is forgotten by every piece of state that names it.
 type Fleet interface {
-	AddWorker(ctx context.Context, url string) error
-	RemoveWorker(url string) error
+	Join(ctx context.Context, src fleet.Source, u tenant.URL, role workers.Role) (fleet.Joined, error)
+	Remove(u tenant.URL) error
 	// CheckWorker probes a registered worker URL now: its health and its model list.
 	CheckWorker(ctx context.Context, url string)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/config"
 	"github.com/cacheroute/cacheroute/internal/discovery"
+	"github.com/cacheroute/cacheroute/internal/fleet"
 	"github.com/cacheroute/cacheroute/internal/kubeapi"
 	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
@@ -39,13 +40,15 @@ func newSources(cfg config.Config, log *slog.Logger, env discoveryEnv) ([]discov
 		if ns == "" {
 			ns = env.namespace()
 		}
-		src, err := discovery.NewKubernetes(discovery.KubernetesOptions{
-			Client: client, Namespace: ns, Selector: cfg.SelectorString(), Port: cfg.ServiceDiscoveryPort, Log: log,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("--service-discovery: %w", err)
+		for _, sel := range cfg.Selectors() { // one watch per role
+			src, err := discovery.NewKubernetes(discovery.KubernetesOptions{
+				Client: client, Namespace: ns, Selector: sel.Selector, Port: cfg.ServiceDiscoveryPort, Role: sel.Role, Log: log,
+			})
+			if err != nil {
+				return nil, fmt.Errorf("--service-discovery: %w", err)
+			}
+			out = append(out, src)
 		}
-		out = append(out, src)
 	}
 	if cfg.DNSDiscovery != "" {
 		name, port, err := cfg.DNSTarget()
@@ -88,9 +91,11 @@ func (r *Router) startDiscovery(ctx context.Context, sources ...discovery.Source
 	return rc
 }
 
-// reconciler keeps the pool in step with the sets the sources report. It manages only the
-// workers it registered itself: a URL already registered by --worker-urls or the admin API is
-// left alone, and it is never removed by discovery.
+// reconciler keeps the pool in step with the sets the sources report, through the fleet: each
+// source joins the workers it reports and leaves those it stops reporting, so a worker that two
+// sources report stays until both stop. It drains only the workers that discovery registered: a
+// URL that --worker-urls or the admin API registered first is held by them too, so it is neither
+// drained nor removed by discovery.
 //
 //   - join: a ready endpoint not in the pool is registered (unhealthy, so it takes nothing yet)
 //     and probed at once; the probe's verdict lets it in.
@@ -101,46 +106,81 @@ func (r *Router) startDiscovery(ctx context.Context, sources ...discovery.Source
 //     requests again.
 //   - leave: an endpoint no longer reported is removed like an admin removal: pool, prefix
 //     tree, sessions, metric series, idle connections. Requests in flight on it finish; its
-//     sessions re-place at their next turn. An address change is a leave and a join.
+//     sessions re-place at their next turn. An address change is a leave and a join, and so is
+//     a role change (a pod relabelled from one role's selector to another's).
 type reconciler struct {
 	r   *Router
 	ctx context.Context // the probes'
 
 	mu       sync.Mutex
 	sets     map[string][]discovery.Endpoint // the last set of each source
-	owned    map[string]*member              // URL → a worker discovery registered
-	shadowed map[string]bool                 // URLs wanted but registered otherwise (logged once)
+	owned    map[string]*member              // URL → a worker discovery joined
+	shadowed map[string]bool                 // URLs wanted but refused by the fleet (logged once)
 }
 
 type member struct {
-	name     string // where it came from, for logs
-	draining bool   // wanted state; the workers' flag follows once an undrain probe is done
-	gen      int    // changes with every drain and undrain, so a late probe knows it is stale
+	url        tenant.URL
+	name       string                // where it came from, for logs
+	role       workers.Role          // the role it joined with
+	sources    map[fleet.Source]bool // the discovery sources that joined it
+	registered bool                  // discovery registered it, so discovery drains it
+	draining   bool                  // wanted state; the workers' flag follows once an undrain probe is done
+	gen        int                   // changes with every drain and undrain, so a late probe knows it is stale
+}
+
+// wanted is one URL as all the sources together report it.
+type wanted struct {
+	discovery.Endpoint // ready when any source says so
+	url                tenant.URL
+	sources            map[fleet.Source]bool // the sources that report it
 }
 
 // apply records source's set and brings the pool in line with all the sets together: a URL
-// that any source reports is wanted, and ready when any source says so.
+// that any source reports is wanted, and ready when any source says so. Sources that report one
+// URL in two roles are a conflict: the first source by name decides, and the others are logged.
 func (rc *reconciler) apply(source string, set []discovery.Endpoint) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	rc.sets[source] = set
-	want := map[string]discovery.Endpoint{}
+	want := map[string]*wanted{}
 	for _, s := range slices.Sorted(maps.Keys(rc.sets)) {
 		for _, e := range rc.sets[s] {
-			url, err := tenant.NormalizeURL(e.URL)
+			u, err := tenant.ParseURL(e.URL)
 			if err != nil {
 				rc.r.log.Warn("discovery: endpoint ignored", "source", s, "endpoint", e.Name, "error", err)
 				continue
 			}
-			if prev, ok := want[url]; ok {
-				e.Ready = e.Ready || prev.Ready
+			w := want[u.String()]
+			switch {
+			case w == nil:
+				want[u.String()] = &wanted{Endpoint: e, url: u, sources: map[fleet.Source]bool{fleet.Source(s): true}}
+			case w.Role != e.Role:
+				rc.r.log.Warn("discovery: endpoint ignored in a second role", "source", s, "endpoint", e.Name, "role", e.Role, "kept", w.Role)
+			default:
+				w.Ready = w.Ready || e.Ready
+				w.sources[fleet.Source(s)] = true
 			}
-			want[url] = e
 		}
 	}
 	for _, url := range slices.Sorted(maps.Keys(rc.owned)) {
-		if _, ok := want[url]; !ok {
+		m := rc.owned[url]
+		w := want[url]
+		if w == nil || w.Role != m.role || len(rc.r.fleet.Holders(m.url)) == 0 {
+			// Gone, relabelled, or removed through the admin API meanwhile (then joined again).
 			rc.leave(url)
+			continue
+		}
+		for s := range w.sources {
+			if !m.sources[s] {
+				_, _ = rc.r.fleet.Join(rc.ctx, s, m.url, m.role) // held already: only adds s
+				m.sources[s] = true
+			}
+		}
+		for _, s := range slices.Sorted(maps.Keys(m.sources)) {
+			if !w.sources[s] {
+				_, _ = rc.r.fleet.Leave(s, m.url) // another source still holds it
+				delete(m.sources, s)
+			}
 		}
 	}
 	for url := range rc.shadowed {
@@ -149,23 +189,21 @@ func (rc *reconciler) apply(source string, set []discovery.Endpoint) {
 		}
 	}
 	for _, url := range slices.Sorted(maps.Keys(want)) {
-		e := want[url]
+		w := want[url]
 		m := rc.owned[url]
-		if m != nil && len(rc.r.pool.Get(url)) == 0 {
-			delete(rc.owned, url) // removed through the admin API meanwhile: join again
-			m = nil
-		}
 		switch {
-		case m == nil && e.Ready:
-			rc.join(url, e.Name)
+		case m == nil && w.Ready:
+			rc.join(w)
 		case m == nil:
 			// Never ready while discovered: nothing to do until it is.
-		case !e.Ready && !m.draining:
+		case !m.registered:
+			// Held by --worker-urls or the admin API too: theirs to drain, not discovery's.
+		case !w.Ready && !m.draining:
 			m.draining = true
 			m.gen++
 			setDraining(rc.r.pool.Get(url), true)
-			rc.r.log.Info("worker draining", "worker", tenant.Redact(url), "endpoint", m.name)
-		case e.Ready && m.draining:
+			rc.r.log.Info("worker draining", "worker", m.url.Redacted(), "endpoint", m.name)
+		case w.Ready && m.draining:
 			m.draining = false
 			m.gen++
 			rc.undrain(url, m, m.gen)
@@ -173,33 +211,35 @@ func (rc *reconciler) apply(source string, set []discovery.Endpoint) {
 	}
 }
 
-// join registers url and probes it in the background; until the probe passes it takes nothing.
-func (rc *reconciler) join(url, name string) {
-	err := rc.r.allowed.CheckURL(url)
-	if err == nil {
-		_, err = rc.r.addToPool(url)
+// join joins w through the fleet for each source that reports it; the fleet probes it in the
+// background, and until the probe passes it takes nothing.
+func (rc *reconciler) join(w *wanted) {
+	m := &member{url: w.url, name: w.Name, role: w.Role, sources: map[fleet.Source]bool{}}
+	var err error
+	for _, s := range slices.Sorted(maps.Keys(w.sources)) {
+		var j fleet.Joined
+		if j, err = rc.r.fleet.Join(rc.ctx, s, w.url, w.Role); err != nil {
+			break
+		}
+		m.sources[s] = true
+		m.registered = m.registered || j.New
 	}
-	switch {
-	case errors.Is(err, workers.ErrExists):
+	url := w.url.String()
+	if err != nil {
+		for s := range m.sources {
+			_, _ = rc.r.fleet.Leave(s, w.url) // undoing this join
+		}
 		if !rc.shadowed[url] {
 			rc.shadowed[url] = true
-			rc.r.log.Info("discovery: worker already registered by flag or admin API; left to them", "worker", tenant.Redact(url), "endpoint", name)
-		}
-		return
-	case err != nil:
-		if !rc.shadowed[url] {
-			rc.shadowed[url] = true
-			rc.r.log.Warn("discovery: worker not added", "worker", tenant.Redact(url), "endpoint", name, "error", err)
+			rc.r.log.Warn("discovery: worker not added", "worker", w.url.Redacted(), "endpoint", w.Name, "role", w.Role, "error", err)
 		}
 		return
 	}
-	rc.owned[url] = &member{name: name}
-	go func() {
-		rc.r.checker.Check(rc.ctx, url)
-		if ts := rc.r.pool.Get(url); len(ts) > 0 {
-			rc.r.log.Info("worker joined", "worker", tenant.Redact(url), "endpoint", name, "healthy", ts[0].Healthy())
-		}
-	}()
+	if !m.registered && !rc.shadowed[url] {
+		rc.shadowed[url] = true
+		rc.r.log.Info("discovery: worker already registered by flag or admin API; left to them", "worker", w.url.Redacted(), "endpoint", w.Name)
+	}
+	rc.owned[url] = m
 }
 
 // undrain probes url and lets it take requests again, unless it was drained or removed meanwhile.
@@ -214,17 +254,20 @@ func (rc *reconciler) undrain(url string, m *member, gen int) {
 		ts := rc.r.pool.Get(url)
 		setDraining(ts, false)
 		if len(ts) > 0 {
-			rc.r.log.Info("worker ready again", "worker", tenant.Redact(url), "endpoint", m.name, "healthy", ts[0].Healthy())
+			rc.r.log.Info("worker ready again", "worker", m.url.Redacted(), "endpoint", m.name, "healthy", ts[0].Healthy())
 		}
 	}()
 }
 
-// leave removes url with everything that names it.
+// leave has every discovery source that joined url leave it; the fleet removes it, with
+// everything that names it, unless --worker-urls or the admin API holds it too.
 func (rc *reconciler) leave(url string) {
 	m := rc.owned[url]
 	delete(rc.owned, url)
-	if err := rc.r.RemoveWorker(url); err != nil && !errors.Is(err, workers.ErrNotFound) {
-		rc.r.log.Warn("discovery: worker not removed", "worker", tenant.Redact(url), "endpoint", m.name, "error", err)
+	for _, s := range slices.Sorted(maps.Keys(m.sources)) {
+		if _, err := rc.r.fleet.Leave(s, m.url); err != nil && !errors.Is(err, fleet.ErrNotFound) {
+			rc.r.log.Warn("discovery: worker not removed", "worker", m.url.Redacted(), "endpoint", m.name, "error", err)
+		}
 	}
 }
 

@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
-	"sync"
 	"syscall"
 	"time"
 
@@ -23,6 +22,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/dashboard"
 	"github.com/cacheroute/cacheroute/internal/discovery"
 	"github.com/cacheroute/cacheroute/internal/enginemetrics"
+	"github.com/cacheroute/cacheroute/internal/fleet"
 	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
@@ -53,6 +53,7 @@ type Router struct {
 	certs      *certReloader        // the listeners' certificate; nil unless --tls-cert-file
 	workerCert *certReloader        // nil unless --worker-client-cert-file
 	allowed    tenant.Allowed       // where workers may be (--worker-url-allow)
+	fleet      *fleet.Fleet         // the one way workers join and leave the pool
 	sources    []discovery.Source   // --service-discovery, --dns-discovery; run by Start
 	accessLog  *telemetry.AccessLog // nil unless --access-log
 	logFile    *os.File             // the access log's file; nil for stdout or none
@@ -113,6 +114,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		SuccessThreshold: cfg.HealthSuccessThreshold,
 		StallTimeout:     timeouts.Stall,
 	}, r.probes, log)
+	r.fleet = fleet.New(fleet.Options{Pool: pool, Allowed: allowed, Probe: r.checker.Check, Listeners: []fleet.Listener{fleetListener{r}}, Log: log})
 	if cfg.LoadSignal == workers.SignalEngine {
 		r.scraper = enginemetrics.New(pool, enginemetrics.Options{
 			Interval: cfg.WorkerMetricsInterval,
@@ -273,56 +275,62 @@ func (r *Router) Pool() *workers.Pool { return r.pool }
 // Metrics exposes the router's collectors.
 func (r *Router) Metrics() *metrics.Metrics { return r.metrics }
 
-// AddWorker registers a worker URL and probes it at once; a worker that does not answer stays
-// registered as unhealthy.
+// AddWorker joins a worker URL as the admin API does (colocated) and waits for its first probe;
+// a worker that does not answer stays registered as unhealthy. It is for in-process callers (the
+// bench, tests).
 func (r *Router) AddWorker(ctx context.Context, raw string) error {
-	url, err := tenant.NormalizeURL(raw)
+	u, err := tenant.ParseURL(raw)
 	if err != nil {
 		return err
 	}
-	if err := r.allowed.CheckURL(url); err != nil {
+	j, err := r.fleet.Join(ctx, fleet.Admin, u, workers.RoleColocated)
+	if err != nil {
 		return err
 	}
-	if _, err := r.addToPool(url); err != nil {
-		return err
+	select {
+	case <-j.Probed:
+	case <-ctx.Done():
 	}
-	r.checker.Check(ctx, url)
-	r.log.Info("worker added", "worker", tenant.Redact(url), "healthy", r.pool.Get(url)[0].Healthy())
 	return nil
 }
 
-// addToPool registers a worker URL, tells the policy, and creates its tenants' counters at 0, so
-// that per-worker rates have a series before the first request.
-func (r *Router) addToPool(url string) ([]*workers.Worker, error) {
-	ws, err := r.pool.Add(url)
-	if err == nil {
-		r.policy.WorkerAdded(url)
-	}
-	for _, w := range ws {
-		r.metrics.WorkerAdded(r.policy.Name(), w.Name())
-	}
-	return ws, err
-}
-
-// RemoveWorker unregisters every tenant of the worker URL and forgets all state that names them:
-// the policy's, the metric series and the connection pool. The URL is normalised once, here, so
-// that every one of them forgets the same worker.
+// RemoveWorker takes a worker URL out of the fleet, whichever sources joined it, as the admin API
+// does.
 func (r *Router) RemoveWorker(raw string) error {
-	url, err := tenant.NormalizeURL(raw)
+	u, err := tenant.ParseURL(raw)
 	if err != nil {
 		return err
 	}
-	removed, err := r.pool.Remove(url)
-	if err != nil {
-		return err
+	return r.fleet.Remove(u)
+}
+
+// Join is the fleet's Join, for the admin API.
+func (r *Router) Join(ctx context.Context, src fleet.Source, u tenant.URL, role workers.Role) (fleet.Joined, error) {
+	return r.fleet.Join(ctx, src, u, role)
+}
+
+// Remove is the fleet's Remove, for the admin API.
+func (r *Router) Remove(u tenant.URL) error { return r.fleet.Remove(u) }
+
+// fleetListener tells the policy, the metrics and the proxy of every worker that joins or
+// leaves the fleet. A joined worker's tenants get their counters at 0, so that per-worker rates
+// have a series before the first request; a worker that left is forgotten by all three (the
+// policy's state, the metric series, the idle connections).
+type fleetListener struct{ r *Router }
+
+func (l fleetListener) WorkerJoined(u tenant.URL, tenants []*workers.Worker) {
+	l.r.policy.WorkerAdded(u.String())
+	for _, w := range tenants {
+		l.r.metrics.WorkerAdded(l.r.policy.Name(), w.Name())
 	}
-	r.policy.WorkerRemoved(url)
-	for _, w := range removed {
-		r.metrics.ForgetWorker(w.Name())
+}
+
+func (l fleetListener) WorkerLeft(u tenant.URL, tenants []*workers.Worker) {
+	l.r.policy.WorkerRemoved(u.String())
+	for _, w := range tenants {
+		l.r.metrics.ForgetWorker(w.Name())
 	}
-	r.proxy.WorkerRemoved(url)
-	r.log.Info("worker removed", "worker", tenant.Redact(url))
-	return nil
+	l.r.proxy.WorkerRemoved(u.String())
 }
 
 // CheckWorker probes one registered worker URL now: health and model list.
@@ -343,22 +351,22 @@ func (r *Router) CheckHealth(ctx context.Context) { r.checker.CheckAll(ctx) }
 // Start registers the configured workers in the order given, probes them concurrently, and
 // starts the background loops, discovery among them, which stop when ctx ends.
 func (r *Router) Start(ctx context.Context) {
-	var wg sync.WaitGroup
-	for _, raw := range r.cfg.WorkerURLs {
-		url, err := tenant.NormalizeURL(raw)
+	var probes []<-chan struct{}
+	for _, w := range r.cfg.StaticWorkers() {
+		u, err := tenant.ParseURL(w.URL)
+		var j fleet.Joined
 		if err == nil {
-			err = r.allowed.CheckURL(url)
-		}
-		if err == nil {
-			_, err = r.addToPool(url)
+			j, err = r.fleet.Join(ctx, fleet.Static, u, w.Role)
 		}
 		if err != nil {
-			r.log.Warn("worker not added", "worker", tenant.Redact(raw), "error", err)
+			r.log.Warn("worker not added", "worker", tenant.Redact(w.URL), "role", w.Role, "error", err)
 			continue
 		}
-		wg.Go(func() { r.checker.Check(ctx, url) })
+		probes = append(probes, j.Probed)
 	}
-	wg.Wait()
+	for _, p := range probes {
+		<-p
+	}
 	r.startDiscovery(ctx, r.sources...)
 	if r.store != nil {
 		st := r.store.Status(ctx) // one bounded ping; Redis being down does not stop the start

@@ -1,0 +1,212 @@
+package fleet
+
+import (
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
+	"github.com/cacheroute/cacheroute/internal/workers"
+)
+
+// recorder is a Listener that keeps what it was told.
+type recorder struct {
+	mu     sync.Mutex
+	joined []string // "url role tenants"
+	left   []string
+}
+
+func (r *recorder) WorkerJoined(u tenant.URL, ts []*workers.Worker) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, w := range ts {
+		r.joined = append(r.joined, u.String()+" "+w.Role().String()+" "+w.Name())
+	}
+}
+
+func (r *recorder) WorkerLeft(u tenant.URL, ts []*workers.Worker) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, w := range ts {
+		r.left = append(r.left, w.Name())
+	}
+}
+
+func (r *recorder) seen() (joined, left []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.joined), slices.Clone(r.left)
+}
+
+// newFleet is a fleet over a real pool (2 data-parallel ranks, so each worker has two tenants)
+// with a real health checker, allowing 127.0.0.1 only.
+func newFleet(t *testing.T) (*Fleet, *workers.Pool, *recorder) {
+	t.Helper()
+	pool := workers.NewPool(workers.Options{DPSize: 2, CBFailureThreshold: 5, CBTimeout: time.Second})
+	checker := workers.NewChecker(pool, workers.HealthOptions{Endpoint: "/health", Interval: time.Hour, Timeout: 5 * time.Second,
+		FailureThreshold: 1, SuccessThreshold: 1}, &http.Client{}, slog.New(slog.DiscardHandler))
+	allowed, err := tenant.ParseAllowed([]string{"127.0.0.1/32"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	return New(Options{Pool: pool, Allowed: allowed, Probe: checker.Check, Listeners: []Listener{rec}}), pool, rec
+}
+
+// healthyWorker answers the probes on loopback.
+func healthyWorker(t *testing.T) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/models" {
+			_, _ = w.Write([]byte(`{"data":[{"id":"m"}]}`))
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func mustURL(t *testing.T, raw string) tenant.URL {
+	t.Helper()
+	u, err := tenant.ParseURL(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+func waitProbed(t *testing.T, j Joined) {
+	t.Helper()
+	select {
+	case <-j.Probed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first probe did not finish")
+	}
+}
+
+// Whatever the source, a worker joins the same way: its tenants registered with its role, the
+// listeners told with that role already set, probed (so healthy once Probed is closed), and an
+// address outside --worker-url-allow refused before anything is registered.
+func TestEverySourceJoinsTheSameWay(t *testing.T) {
+	for _, src := range []Source{Static, Admin, "kubernetes-decode", "dns"} {
+		t.Run(string(src), func(t *testing.T) {
+			f, pool, rec := newFleet(t)
+			raw := healthyWorker(t)
+			u := mustURL(t, raw+"/") // the trailing slash is gone from the identity
+			j, err := f.Join(t.Context(), src, u, workers.RoleDecode)
+			if err != nil || !j.New {
+				t.Fatalf("Join: %+v, %v", j, err)
+			}
+			waitProbed(t, j)
+			ts := pool.Get(raw)
+			if len(ts) != 2 || !ts[0].Healthy() || !ts[1].Healthy() || ts[0].Role() != workers.RoleDecode || ts[1].Role() != workers.RoleDecode {
+				t.Fatalf("tenants after the join: %v", ts)
+			}
+			joined, _ := rec.seen()
+			if want := []string{raw + " decode " + raw + "@0", raw + " decode " + raw + "@1"}; !slices.Equal(joined, want) {
+				t.Fatalf("listener told %q, want %q", joined, want)
+			}
+			if got := f.Holders(u); !slices.Equal(got, []Source{src}) {
+				t.Fatalf("holders %v, want [%s]", got, src)
+			}
+
+			outside := mustURL(t, "http://127.0.0.2:1")
+			if _, err := f.Join(t.Context(), src, outside, workers.RoleDecode); !errors.Is(err, tenant.ErrNotAllowed) {
+				t.Fatalf("a worker outside the allow list: %v, want ErrNotAllowed", err)
+			}
+			if len(pool.Get(outside.String())) != 0 || f.Holders(outside) != nil {
+				t.Fatal("a refused worker was registered")
+			}
+		})
+	}
+}
+
+// A worker joined by two sources stays while either holds it, and leaves, forgotten by the
+// listeners, when the second one leaves.
+func TestWorkerHeldByTwoSourcesStaysUntilBothLeave(t *testing.T) {
+	f, pool, rec := newFleet(t)
+	u := mustURL(t, healthyWorker(t))
+	j, err := f.Join(t.Context(), Static, u, workers.RolePrefill)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitProbed(t, j)
+	again, err := f.Join(t.Context(), "kubernetes-prefill", u, workers.RolePrefill)
+	if err != nil || again.New {
+		t.Fatalf("second source's join: %+v, %v; want held already", again, err)
+	}
+	waitProbed(t, again) // closed at once
+	if removed, err := f.Leave("kubernetes-prefill", u); err != nil || removed {
+		t.Fatalf("first leave: removed %v, %v", removed, err)
+	}
+	if len(pool.Get(u.String())) != 2 {
+		t.Fatal("the worker left while the static list still held it")
+	}
+	if _, left := rec.seen(); len(left) != 0 {
+		t.Fatalf("listeners told of a leave: %q", left)
+	}
+	if _, err := f.Leave("kubernetes-prefill", u); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("leaving twice: %v, want ErrNotFound", err)
+	}
+	if removed, err := f.Leave(Static, u); err != nil || !removed {
+		t.Fatalf("last leave: removed %v, %v", removed, err)
+	}
+	if len(pool.Get(u.String())) != 0 || f.Holders(u) != nil {
+		t.Fatal("the worker stayed after both sources left")
+	}
+	if _, left := rec.seen(); len(left) != 2 {
+		t.Fatalf("listeners told of %q leaving, want both tenants", left)
+	}
+}
+
+// A worker has one role: a join in another one is refused and changes nothing; a second join by
+// the same source is ErrExists.
+func TestJoinInAnotherRoleIsRefused(t *testing.T) {
+	f, pool, _ := newFleet(t)
+	u := mustURL(t, healthyWorker(t))
+	j, err := f.Join(t.Context(), Static, u, workers.RolePrefill)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitProbed(t, j)
+	if _, err := f.Join(t.Context(), Admin, u, workers.RoleDecode); !errors.Is(err, ErrRoleConflict) {
+		t.Fatalf("join as decode: %v, want ErrRoleConflict", err)
+	}
+	if got := f.Holders(u); !slices.Equal(got, []Source{Static}) || pool.Get(u.String())[0].Role() != workers.RolePrefill {
+		t.Fatalf("after the refused join: holders %v, role %v", got, pool.Get(u.String())[0].Role())
+	}
+	if _, err := f.Join(t.Context(), Static, u, workers.RolePrefill); !errors.Is(err, ErrExists) {
+		t.Fatalf("the same source again: %v, want ErrExists", err)
+	}
+}
+
+// Remove (the admin API's) takes a worker out whichever sources hold it.
+func TestRemoveTakesTheWorkerFromEverySource(t *testing.T) {
+	f, pool, rec := newFleet(t)
+	u := mustURL(t, healthyWorker(t))
+	for _, src := range []Source{Static, "dns"} {
+		j, err := f.Join(t.Context(), src, u, workers.RoleColocated)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitProbed(t, j)
+	}
+	if err := f.Remove(u); err != nil {
+		t.Fatal(err)
+	}
+	if len(pool.Get(u.String())) != 0 || f.Holders(u) != nil {
+		t.Fatal("the worker is still there")
+	}
+	if _, left := rec.seen(); len(left) != 2 {
+		t.Fatalf("listeners told of %q leaving, want both tenants", left)
+	}
+	if err := f.Remove(u); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("removing again: %v, want ErrNotFound", err)
+	}
+}
