@@ -177,6 +177,7 @@ type Data struct {
 type Worker struct {
 	Name    string   `json:"name"`
 	DPRank  *int     `json:"dp_rank,omitempty"`
+	Role    string   `json:"role"` // colocated, prefill or decode
 	Models  []string `json:"models"`
 	Healthy bool     `json:"healthy"`
 	Breaker string   `json:"circuit_breaker"`
@@ -296,7 +297,7 @@ func (d *Dashboard) Data(ctx context.Context) Data {
 		}
 	}
 	for _, w := range pool.All() {
-		info := Worker{Name: w.Name(), Models: w.Models(), Healthy: w.Healthy(), Breaker: w.Breaker().State().String(),
+		info := Worker{Name: w.Name(), Role: w.Role().String(), Models: w.Models(), Healthy: w.Healthy(), Breaker: w.Breaker().State().String(),
 			Load: w.Load(), InFlight: w.InFlight()}
 		if rank := w.Rank(); rank >= 0 {
 			info.DPRank = &rank

@@ -277,6 +277,8 @@ var (
 		"KV cache usage of the worker (0..1) at its last scrape that reported it (vllm:kv_cache_usage_perc, sglang:token_usage).", []string{"worker"}, nil)
 	workerHealthyDesc = prometheus.NewDesc(namespace+"_worker_healthy",
 		"1 when the worker tenant passes health checks, else 0.", []string{"worker"}, nil)
+	workerRoleDesc = prometheus.NewDesc(namespace+"_worker_role",
+		"1 for each worker tenant, labelled with its role under prefill/decode disaggregation (colocated, prefill or decode).", []string{"worker", "role"}, nil)
 	activeWorkersDesc = prometheus.NewDesc(namespace+"_active_workers",
 		"Worker tenants that are healthy and whose circuit breaker is not open.", nil, nil)
 )
@@ -324,6 +326,7 @@ func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- workerMetricsAgeDesc
 	ch <- workerKVCacheUsageDesc
 	ch <- workerHealthyDesc
+	ch <- workerRoleDesc
 	ch <- activeWorkersDesc
 }
 
@@ -351,6 +354,7 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 		ch <- prometheus.MustNewConstMetric(workerHealthyDesc, prometheus.GaugeValue, healthy, w.Name())
+		ch <- prometheus.MustNewConstMetric(workerRoleDesc, prometheus.GaugeValue, 1, w.Name(), w.Role().String())
 	}
 	ch <- prometheus.MustNewConstMetric(activeWorkersDesc, prometheus.GaugeValue, float64(active))
 }

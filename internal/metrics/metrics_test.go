@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -40,5 +41,27 @@ func TestWorkerAdded_CreatesTheWorkersSeriesAndForgetWorkerRemovesThem(t *testin
 	m.ForgetWorker("http://w:8000")
 	if got := testutil.CollectAndCount(m.Processed) + testutil.CollectAndCount(m.PolicyDecisions); got != 0 {
 		t.Errorf("%d series left after ForgetWorker", got)
+	}
+}
+
+// vllm_router_worker_role is 1 for each worker tenant, labelled with its role.
+func TestWorkerRoleIsAnInfoGaugePerTenant(t *testing.T) {
+	pool := workers.NewPool(workers.Options{DPSize: 2})
+	ts, err := pool.Add("http://127.0.0.1:8000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range ts {
+		w.SetRole(workers.RolePrefill)
+	}
+	m := New(pool)
+	want := `
+# HELP vllm_router_worker_role 1 for each worker tenant, labelled with its role under prefill/decode disaggregation (colocated, prefill or decode).
+# TYPE vllm_router_worker_role gauge
+vllm_router_worker_role{role="prefill",worker="http://127.0.0.1:8000@0"} 1
+vllm_router_worker_role{role="prefill",worker="http://127.0.0.1:8000@1"} 1
+`
+	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), "vllm_router_worker_role"); err != nil {
+		t.Fatal(err)
 	}
 }
