@@ -178,7 +178,7 @@ func startDiscovering(t *testing.T, cfg config.Config, env discoveryEnv) (*testR
 // withoutDiscovery is cfg for New, which would build the sources for the real cluster and DNS;
 // the tests build theirs with newSources.
 func withoutDiscovery(cfg config.Config) config.Config {
-	cfg.ServiceDiscovery, cfg.Selector, cfg.DNSDiscovery = false, nil, ""
+	cfg.ServiceDiscovery, cfg.Selector, cfg.PrefillSelector, cfg.DecodeSelector, cfg.DNSDiscovery = false, nil, nil, nil, ""
 	return cfg
 }
 
