@@ -92,13 +92,13 @@ hole: an admin API without its key, a router with no way to find workers.
 {{- if not (has .Values.sessionStore.type (list "memory" "redis")) }}
 {{- fail (printf "sessionStore.type must be memory or redis, got %q" .Values.sessionStore.type) }}
 {{- end }}
-{{- if and .Values.discovery.enabled (empty .Values.discovery.selector) }}
-{{- fail "discovery.selector must name at least one label of the worker pods: an empty selector would match every pod of the namespace, the router's own among them" }}
+{{- if and .Values.discovery.enabled (empty .Values.discovery.selector) (empty .Values.discovery.prefillSelector) (empty .Values.discovery.decodeSelector) }}
+{{- fail "discovery.selector must name at least one label of the worker pods (or give discovery.prefillSelector or discovery.decodeSelector): an empty selector would match every pod of the namespace, the router's own among them" }}
 {{- end }}
 {{- if and (not .Values.discovery.enabled) (empty .Values.workerUrls) (not (index .Values.config "allow_empty")) (not (index .Values.config "dns_discovery")) }}
 {{- fail "no workers: set discovery.enabled with discovery.selector, or list workerUrls (or config.dns_discovery, or config.allow_empty with the admin API)" }}
 {{- end }}
-{{- $managed := list "host" "port" "prometheus_host" "prometheus_port" "worker_urls" "intra_node_data_parallel_size" "policy" "cache_threshold" "balance_abs_threshold" "balance_rel_threshold" "max_tree_size" "eviction_interval_secs" "session_ttl" "max_sessions" "session_store" "redis_url" "redis_key_prefix" "redis_timeout" "api_key" "admin_api_key" "client_api_keys_file" "tls_cert_file" "tls_key_file" "service_discovery" "selector" "service_discovery_port" "service_discovery_namespace" "kubeconfig" }}
+{{- $managed := list "host" "port" "prometheus_host" "prometheus_port" "worker_urls" "intra_node_data_parallel_size" "policy" "cache_threshold" "balance_abs_threshold" "balance_rel_threshold" "max_tree_size" "eviction_interval_secs" "session_ttl" "max_sessions" "session_store" "redis_url" "redis_key_prefix" "redis_timeout" "api_key" "admin_api_key" "client_api_keys_file" "tls_cert_file" "tls_key_file" "service_discovery" "selector" "prefill_selector" "decode_selector" "service_discovery_port" "service_discovery_namespace" "kubeconfig" }}
 {{- range $key, $_ := .Values.config }}
 {{- if has $key $managed }}
 {{- fail (printf "config.%s is set by the chart from its own values (see values.yaml); secrets come from Secrets, never from config" $key) }}
@@ -129,7 +129,15 @@ hole: an admin API without its key, a router with no way to find workers.
 {{- end }}
 {{- if .Values.discovery.enabled }}
 {{- $_ := set $c "service_discovery" true }}
+{{- if .Values.discovery.selector }}
 {{- $_ := set $c "selector" .Values.discovery.selector }}
+{{- end }}
+{{- if .Values.discovery.prefillSelector }}
+{{- $_ := set $c "prefill_selector" .Values.discovery.prefillSelector }}
+{{- end }}
+{{- if .Values.discovery.decodeSelector }}
+{{- $_ := set $c "decode_selector" .Values.discovery.decodeSelector }}
+{{- end }}
 {{- $_ := set $c "service_discovery_port" .Values.discovery.port }}
 {{- $_ := set $c "service_discovery_namespace" (include "cacheroute.discoveryNamespace" .) }}
 {{- end }}
