@@ -498,7 +498,9 @@ type probeRecorder struct {
 }
 
 func (f *probeRecorder) Join(context.Context, fleet.Source, tenant.URL, workers.Role) (fleet.Joined, error) {
-	return fleet.Joined{}, nil
+	probed := make(chan struct{})
+	close(probed)
+	return fleet.Joined{New: true, Probed: probed}, nil
 }
 func (f *probeRecorder) Remove(tenant.URL) error { return nil }
 func (f *probeRecorder) CheckWorker(_ context.Context, url string) {
