@@ -169,6 +169,16 @@ type Config struct {
 	// cache_aware matches against the KV-cache events.
 	TokenizeTimeoutSecs float64 `yaml:"tokenize_timeout_secs"`
 
+	// Prefill/decode disaggregation (internal/proxy/pd.go): PDDisaggregation turns it on for the
+	// workers whose role is prefill or decode; PrefillPolicy and DecodePolicy choose each side
+	// ("": --policy); a decode worker predicted to compute fewer than PDMinUncachedTokens of a
+	// prompt computes them itself; KVConnector names the engines' KV-transfer protocol.
+	PDDisaggregation    bool   `yaml:"vllm_pd_disaggregation"`
+	PrefillPolicy       string `yaml:"prefill_policy"`
+	DecodePolicy        string `yaml:"decode_policy"`
+	PDMinUncachedTokens int    `yaml:"pd_min_uncached_tokens"`
+	KVConnector         string `yaml:"kv_connector"`
+
 	// Load signal: what the policies read as a worker's load (LoadSignals), the engine metrics'
 	// scrape period, and the prompt tokens one unit of load is worth.
 	LoadSignal            string        `yaml:"load_signal"`
@@ -246,6 +256,8 @@ func Default() Config {
 		ShutdownGraceSecs:       30,
 		KVEventsIndexSize:       67108864,
 		TokenizeTimeoutSecs:     0.1,
+		PDMinUncachedTokens:     512,
+		KVConnector:             KVConnectorNIXL,
 		SessionTTL:              time.Hour,
 		MaxSessions:             1048576,
 		LoadSignal:              workers.SignalEngine,
@@ -350,6 +362,11 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.StringVar(&c.KVEventsTopic, "kv-events-topic", c.KVEventsTopic, "topic prefix subscribed to on each publisher; empty: every message")
 	fs.IntVar(&c.KVEventsIndexSize, "kv-events-index-size", c.KVEventsIndexSize, "bytes of the KV-event block index, all workers together")
 	fs.Float64Var(&c.TokenizeTimeoutSecs, "tokenize-timeout-secs", c.TokenizeTimeoutSecs, "with --kv-events-endpoint: the longest wait for an engine's /tokenize of a request without session id; past it the prefix tree routes the request")
+	fs.BoolVar(&c.PDDisaggregation, "vllm-pd-disaggregation", c.PDDisaggregation, "prefill/decode disaggregation: chat completions and completions are prefilled on a prefill worker and decoded on a decode worker, over vLLM's KV transfer")
+	fs.StringVar(&c.PrefillPolicy, "prefill-policy", c.PrefillPolicy, "with --vllm-pd-disaggregation: the policy that chooses the prefill worker (default: --policy)")
+	fs.StringVar(&c.DecodePolicy, "decode-policy", c.DecodePolicy, "with --vllm-pd-disaggregation: the policy that chooses the decode worker (default: --policy)")
+	fs.IntVar(&c.PDMinUncachedTokens, "pd-min-uncached-tokens", c.PDMinUncachedTokens, "with --vllm-pd-disaggregation: a decode worker predicted to compute fewer of a prompt's tokens than this (a continuation of its own session, a short prompt) computes them itself, without a transfer")
+	fs.StringVar(&c.KVConnector, "kv-connector", c.KVConnector, "with --vllm-pd-disaggregation: the engines' KV-transfer protocol: nixl")
 	fs.DurationVar(&c.SessionTTL, "session-ttl", c.SessionTTL, "cache_aware: idle time after which a session entry expires")
 	fs.IntVar(&c.MaxSessions, "max-sessions", c.MaxSessions, "cache_aware: session entries held in this process, all models together (least recently used evicted)")
 	fs.StringVar(&c.LoadSignal, "load-signal", c.LoadSignal, "the load policies balance on: requests (this router's in flight), tokens (in flight weighted by uncached prompt tokens) or engine (the workers' own running and waiting requests from /metrics, plus this router's sent since)")
@@ -427,6 +444,17 @@ func Load(fs *pflag.FlagSet, flagged *Config, configFile string) (Config, error)
 		c.RedisURL = os.Getenv(RedisURLEnv)
 	}
 	return c, c.Validate()
+}
+
+// KVConnectorNIXL is vLLM's NIXL connector, whose two-step protocol the P/D path speaks.
+const KVConnectorNIXL = "nixl"
+
+// PolicyFor is the policy of one side of a P/D request: the side's own, else --policy.
+func (c Config) PolicyFor(side string) string {
+	if side != "" {
+		return side
+	}
+	return c.Policy
 }
 
 // RequireWorkerSource is the startup check that the router has a way to get workers: a static
@@ -536,6 +564,17 @@ func (c Config) Validate() error {
 	}
 	if c.DPSize < 1 {
 		bad("intra-node-data-parallel-size", "must be at least 1, got %d", c.DPSize)
+	}
+	for flag, name := range map[string]string{"prefill-policy": c.PrefillPolicy, "decode-policy": c.DecodePolicy} {
+		if _, ok := registry.Lookup(name); name != "" && !ok {
+			bad(flag, "%v", registry.Unknown(name))
+		}
+	}
+	if c.KVConnector != KVConnectorNIXL {
+		bad("kv-connector", "%q is not supported: the router speaks vLLM's NIXL connector protocol (nixl)", c.KVConnector)
+	}
+	if c.PDMinUncachedTokens < 0 {
+		bad("pd-min-uncached-tokens", "must not be negative, got %d", c.PDMinUncachedTokens)
 	}
 	positive := map[string]float64{
 		"request-timeout-secs":       c.RequestTimeoutSecs,

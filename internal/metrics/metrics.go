@@ -54,6 +54,7 @@ type Metrics struct {
 	AdmissionQueue      *prometheus.GaugeVec     // priority
 	AdmissionWait       *prometheus.HistogramVec // priority
 	AdmissionRejections *prometheus.CounterVec   // reason
+	PDRequests          *prometheus.CounterVec   // path
 
 	// Calls to an engine's /tokenize for a request's prompt tokens (--kv-events-endpoint).
 	TokenizeRequests *prometheus.CounterVec // result
@@ -140,6 +141,8 @@ func New(pool *workers.Pool) *Metrics {
 			Help: "Time admitted requests waited in the admission queue (0 when they started at once).", Buckets: latencyBuckets}, []string{"priority"}),
 		AdmissionRejections: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "admission_rejections_total",
 			Help: "Requests refused by admission control, by reason: rate_limit, queue_full, queue_timeout, client_gone."}, []string{"reason"}),
+		PDRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "pd_requests_total",
+			Help: "Requests of the routes that allow prefill/decode disaggregation, by the path they took: transfer, local_cached, local_short, prefill_failed, transfer_failed, no_prefill_worker."}, []string{"path"}),
 		TokenizeRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "tokenize_requests_total",
 			Help: "Prompt tokens asked for routing on KV-cache events, by result: ok, cached (the same prompt was tokenized before), error, timeout (past --tokenize-timeout: the prefix tree routes)."}, []string{"result"}),
 		TokenizeDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: "tokenize_duration_seconds",
@@ -150,7 +153,7 @@ func New(pool *workers.Pool) *Metrics {
 		m.UpstreamErrors, m.CacheAwareDecisions, m.PrefixMatchRatio, m.Evictions,
 		m.PromptTokens, m.CachedTokensPredicted, m.CachedTokensAchieved, m.CacheCorrections,
 		m.SessionStoreRequests, m.SessionStoreLatency, m.SessionStoreErrors,
-		m.TenantRequests, m.AccessLogDropped, m.AdmissionQueue, m.AdmissionWait, m.AdmissionRejections,
+		m.TenantRequests, m.AccessLogDropped, m.AdmissionQueue, m.AdmissionWait, m.AdmissionRejections, m.PDRequests,
 		m.TokenizeRequests, m.TokenizeDuration,
 		poolCollector{pool}, &m.policyState, &m.kvEvents,
 		collectors.NewGoCollector(),

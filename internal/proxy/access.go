@@ -20,6 +20,12 @@ func (s *Server) logAccess(ctx *fasthttp.RequestCtx, ex *exchange, status int, c
 		Decision: ex.decision, Worker: ex.worker, Status: status, StatusClass: class, Attempts: ex.attempts,
 		Seconds: time.Since(ex.start).Seconds(), BytesIn: len(ctx.Request.Body()), BytesOut: out,
 	}
+	if ex.pd != nil {
+		e.PD = ex.pd.path
+		if ex.pd.body != nil {
+			e.PrefillWorker = ex.pd.prefill
+		}
+	}
 	if req := ex.in.Request; req != nil {
 		e.Model, e.Session = req.Model, telemetry.SessionHash(req.SessionKey)
 	}

@@ -41,6 +41,7 @@ type exchange struct {
 	label            string
 	searching        bool
 	follow           *workers.Worker         // the holder a search found of the response a turn continues; its first attempt goes there
+	pd               *pdState                // a request prefilled and decoded apart (pd.go); nil otherwise
 	match            float64                 // the last attempt's predicted prefix match
 	trace            *telemetry.RequestTrace // nil when tracing is off
 
@@ -83,6 +84,9 @@ func (s *Server) end(ctx *fasthttp.RequestCtx, ex *exchange) {
 		class = metrics.StatusClass(ex.status)
 	}
 	ex.route.count(ex.start, class, ex.firstByte)
+	if ex.pd != nil && ex.pd.path != "" {
+		s.metrics.PDRequests.WithLabelValues(ex.pd.path).Inc()
+	}
 	s.logAccess(ctx, ex, ex.status, class, ex.firstByte, ex.sent, ex.usage)
 	ex.trace.End(telemetry.Outcome{Status: ex.status, StatusClass: class, Attempts: ex.attempts, Decision: ex.decision,
 		Worker: ex.worker, Match: ex.match, Bytes: ex.sent, Err: ex.err})
@@ -155,6 +159,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 	if !ok {
 		return
 	}
+	if s.opts.PD != nil && rt.place == byPolicy {
+		s.pdCandidates(ex)
+	}
 	ex.startWatch()
 	if s.opts.Admission != nil && len(ex.in.Candidates) > 0 && !s.admit(ctx, ex) {
 		return
@@ -190,9 +197,18 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 		ex.attempts, ex.decision, ex.worker, ex.match = attempt, dec.Label, dec.Worker.Name(), dec.Match
 		ex.trace.Attempt(attempt, ex.worker)
 		final := len(ex.in.Candidates) == 0 || attempt > s.opts.MaxRetries
+		if ex.pd != nil && ex.pd.path == "" {
+			s.decidePD(ctx, ex, dec)
+		}
 
 		resp, conn, f := s.send(ctx, ex, dec.Worker, final)
 		if resp != nil {
+			if ex.pd != nil {
+				ctx.Response.Header.Set(HeaderPD, ex.pd.path)
+				if ex.pd.body != nil {
+					ctx.Response.Header.Set(HeaderPrefillWorker, ex.pd.prefill)
+				}
+			}
 			s.relay(ctx, ex, resp, conn, dec, at)
 			return
 		}
@@ -203,6 +219,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
 			return
 		}
 		at.Close(workers.Failed)
+		ex.pdFailed(f)
 		ex.trace.AttemptFailed(f.kind, f.message)
 		s.done(ex, dec, workers.Failed, policy.Usage{})
 		s.metrics.UpstreamErrors.WithLabelValues(f.kind).Inc()
@@ -362,12 +379,19 @@ func (s *Server) send(ctx *fasthttp.RequestCtx, ex *exchange, w *workers.Worker,
 	out := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(out)
 	s.buildRequest(ctx, out, w, ex.rid, pool.target.Authorization)
+	if ex.pd != nil && ex.pd.body != nil {
+		out.SetBodyRaw(ex.pd.body) // the decode leg, with the prefill's kv_transfer_params
+	}
 	ex.trace.Inject(&out.Header)
+	var headerWait time.Duration // a worker sends a non-streamed answer's headers with the finished answer
+	if ex.in.Request.Stream {
+		headerWait = s.opts.Upstream.Timeouts.FirstByte
+	}
 	for fresh := false; ; fresh = true {
-		resp, c, err := s.exchangeOn(pool, w, out, ex, fresh)
+		resp, c, err := s.exchangeOn(pool, w, out, ex, fresh, headerWait)
 		if err == nil {
 			status := resp.StatusCode()
-			if final || !retryableStatus(status) {
+			if final || !retryableStatus(status) && !ex.pd.pullFailed(status) {
 				return resp, c, failure{}
 			}
 			s.discard(resp, c)
@@ -382,10 +406,9 @@ func (s *Server) send(ctx *fasthttp.RequestCtx, ex *exchange, w *workers.Worker,
 }
 
 // exchangeOn writes the request on a connection from pool (a new one when fresh) and reads the
-// answer's headers. The read deadline is the first-byte one for streamed requests until the
-// headers arrive (a worker sends a non-streamed answer's headers with the finished answer, so its
-// first byte comes after the whole generation), then the request's deadline.
-func (s *Server) exchangeOn(pool *connPool, w *workers.Worker, out *fasthttp.Request, ex *exchange, fresh bool) (*fasthttp.Response, *upConn, error) {
+// answer's headers. The read deadline is headerWait from now (0: none) until the headers arrive,
+// then the request's deadline.
+func (s *Server) exchangeOn(pool *connPool, w *workers.Worker, out *fasthttp.Request, ex *exchange, fresh bool, headerWait time.Duration) (*fasthttp.Response, *upConn, error) {
 	get := pool.get
 	if fresh {
 		get = pool.dial
@@ -415,8 +438,8 @@ func (s *Server) exchangeOn(pool *connPool, w *workers.Worker, out *fasthttp.Req
 	}
 	c.wrote = true
 	readDeadline := ex.deadline
-	if fb := s.opts.Upstream.Timeouts.FirstByte; fb > 0 && ex.in.Request.Stream {
-		if t := time.Now().Add(fb); t.Before(readDeadline) {
+	if headerWait > 0 {
+		if t := time.Now().Add(headerWait); t.Before(readDeadline) {
 			readDeadline = t
 		}
 	}

@@ -8,13 +8,15 @@ import (
 
 // Header names the router reads or writes, in one place.
 const (
-	HeaderWorker         = "x-vllm-router-worker"       // tenant that served the request: URL or URL@rank, without credentials
-	HeaderBaseWorker     = "x-vllm-router-base-worker"  // the tenant's base URL, without credentials
-	HeaderDPRank         = "x-vllm-router-dp-rank"      // data-parallel rank, only with data parallelism
-	HeaderDecision       = "x-vllm-router-decision"     // the policy's decision label
-	HeaderPrefixMatch    = "x-vllm-router-prefix-match" // predicted cached fraction of the routing text
-	HeaderRequestID      = "x-request-id"               // echoed from the client when valid, or generated
-	HeaderDPRankOut      = "X-data-parallel-rank"       // tells a DP worker which rank serves the request
+	HeaderWorker         = "x-vllm-router-worker"         // tenant that served the request: URL or URL@rank, without credentials
+	HeaderBaseWorker     = "x-vllm-router-base-worker"    // the tenant's base URL, without credentials
+	HeaderDPRank         = "x-vllm-router-dp-rank"        // data-parallel rank, only with data parallelism
+	HeaderDecision       = "x-vllm-router-decision"       // the policy's decision label
+	HeaderPrefixMatch    = "x-vllm-router-prefix-match"   // predicted cached fraction of the routing text
+	HeaderPD             = "x-vllm-router-pd"             // the path of a request under P/D disaggregation (pd.go)
+	HeaderPrefillWorker  = "x-vllm-router-prefill-worker" // the prefill worker of a request whose KV was transferred
+	HeaderRequestID      = "x-request-id"                 // echoed from the client when valid, or generated
+	HeaderDPRankOut      = "X-data-parallel-rank"         // tells a DP worker which rank serves the request
 	HeaderRetryAfter     = "Retry-After"
 	HeaderForwardedFor   = "X-Forwarded-For"   // the client's address, appended to any the client sent
 	HeaderForwardedProto = "X-Forwarded-Proto" // the scheme the client used to reach the router

@@ -41,6 +41,9 @@ type route struct {
 	// storesResponses says that a 2xx answer carries the id of a response stored on its worker
 	// (POST /v1/responses): the policy is told where it lives.
 	storesResponses bool
+	// pd says that vLLM takes kv_transfer_params on the route, so that it can be prefilled and
+	// decoded on two workers (pd.go).
+	pd bool
 
 	requests map[string]prometheus.Counter // by status class
 	duration prometheus.Observer
@@ -51,8 +54,8 @@ var post = []string{"POST"}
 
 // routeTable lists every routed endpoint.
 var routeTable = []route{
-	{path: chatCompletionsPath, read: reqkey.Parse},
-	{path: "/v1/completions", read: reqkey.Parse},
+	{path: chatCompletionsPath, read: reqkey.Parse, pd: true},
+	{path: "/v1/completions", read: reqkey.Parse, pd: true},
 	{path: "/generate", read: reqkey.Parse},
 	{path: "/v1/responses", read: reqkey.ParseResponses, storesResponses: true},
 	{path: "/v1/messages", read: reqkey.ParseMessages, errors: anthropicErrors},

@@ -82,6 +82,9 @@ type Options struct {
 	// Tokenize, when set, asks an engine for the prompt tokens of the requests the policy may
 	// match against the engines' KV-cache events (tokens.go).
 	Tokenize *TokenizeOptions
+	// PD, when set, prefills and decodes the requests of the routes that allow it on two workers
+	// (pd.go).
+	PD *PDOptions
 }
 
 // ClientKeys tells a client by the API key it presents.
@@ -141,6 +144,11 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 		s.tokenCache = &tokenCache{budget: opts.Tokenize.CacheBytes, byKey: map[string][]uint32{}}
 	}
 	s.responses = p.Responses()
+	if opts.PD != nil {
+		for _, path := range PDPaths {
+			m.PDRequests.WithLabelValues(path)
+		}
+	}
 	if labels := p.Labels(); len(labels) > 0 {
 		s.labeled = true
 		for _, label := range labels {

@@ -43,6 +43,7 @@ type Router struct {
 	checker    *workers.Checker
 	scraper    *enginemetrics.Scraper // the workers' /metrics; nil unless --load-signal engine
 	policy     policy.Policy
+	prefill    policy.Policy // chooses prefill workers under --vllm-pd-disaggregation; nil otherwise
 	metrics    *metrics.Metrics
 	proxy      *proxy.Server
 	probes     *http.Client         // health probes, /v1/models and probe requests
@@ -98,11 +99,26 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 	if cfg.KVEventsOn() {
 		kvIndex = kvevents.NewIndex(int64(cfg.KVEventsIndexSize))
 	}
-	p, store, err := newPolicy(cfg, r.metrics, log, kvIndex)
+	decodeCfg := cfg
+	if cfg.PDDisaggregation {
+		decodeCfg.Policy = cfg.PolicyFor(cfg.DecodePolicy)
+	}
+	p, store, err := newPolicy(decodeCfg, r.metrics, log, kvIndex)
 	if err != nil {
 		return nil, err
 	}
 	r.policy, r.store = p, store
+	var pd *proxy.PDOptions
+	if cfg.PDDisaggregation {
+		// The prefill side's own policy: its own session map and prefix tree, in this process,
+		// reporting nothing, so that its state never mixes with the decode side's.
+		name := cfg.PolicyFor(cfg.PrefillPolicy)
+		env := policy.Env{Log: log, SessionTTL: cfg.SessionTTL, MaxSessions: cfg.MaxSessions, LoadUnitTokens: cfg.LoadUnitTokens, KVIndex: kvIndex}
+		if r.prefill, err = policy.New(name, env, cfg.PolicyOptions[name]); err != nil {
+			return nil, fmt.Errorf("--prefill-policy: %w", err)
+		}
+		pd = &proxy.PDOptions{Prefill: r.prefill, MinUncachedTokens: cfg.PDMinUncachedTokens}
+	}
 	if r.sources, err = newSources(cfg, log, processEnv); err != nil {
 		return nil, err
 	}
@@ -196,6 +212,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		SessionStore: storeHealth,
 		Dashboard:    r.dashboard,
 		Tokenize:     tokenize,
+		PD:           pd,
 	}, pool, r, p, r.metrics, log)
 	return r, nil
 }
@@ -320,6 +337,9 @@ type fleetListener struct{ r *Router }
 
 func (l fleetListener) WorkerJoined(u tenant.URL, tenants []*workers.Worker) {
 	l.r.policy.WorkerAdded(u.String())
+	if l.r.prefill != nil {
+		l.r.prefill.WorkerAdded(u.String())
+	}
 	for _, w := range tenants {
 		l.r.metrics.WorkerAdded(l.r.policy.Name(), w.Name())
 	}
@@ -327,6 +347,9 @@ func (l fleetListener) WorkerJoined(u tenant.URL, tenants []*workers.Worker) {
 
 func (l fleetListener) WorkerLeft(u tenant.URL, tenants []*workers.Worker) {
 	l.r.policy.WorkerRemoved(u.String())
+	if l.r.prefill != nil {
+		l.r.prefill.WorkerRemoved(u.String())
+	}
 	for _, w := range tenants {
 		l.r.metrics.ForgetWorker(w.Name())
 	}
@@ -384,6 +407,9 @@ func (r *Router) Start(ctx context.Context) {
 	}
 	go r.wakeAdmission(ctx)
 	go r.policy.Run(ctx)
+	if r.prefill != nil {
+		go r.prefill.Run(ctx)
+	}
 }
 
 // Serve answers on ln (and on metricsLn, if not nil) until ctx ends, then stops accepting, lets

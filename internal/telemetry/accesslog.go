@@ -25,7 +25,11 @@ type Entry struct {
 	Session  string `json:"session,omitempty"`
 	Decision string `json:"decision,omitempty"`
 	Worker   string `json:"worker,omitempty"`
-	Status   int    `json:"status"`
+	// PD is the path a request took under prefill/decode disaggregation, and PrefillWorker the
+	// worker that prefilled it when its KV was transferred.
+	PD            string `json:"pd,omitempty"`
+	PrefillWorker string `json:"prefill_worker,omitempty"`
+	Status        int    `json:"status"`
 	// StatusClass is what requests_total counts: 2xx … 5xx, or cut for an answer that broke off.
 	StatusClass  string  `json:"status_class"`
 	Attempts     int     `json:"attempts"`

@@ -1,0 +1,294 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/cacheroute/cacheroute/internal/metrics"
+	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/workers"
+)
+
+// pd.go runs prefill/decode disaggregation over vLLM's two-step KV transfer (its NIXL
+// connector's protocol), for the routes that take kv_transfer_params (chat completions and
+// completions):
+//
+//  1. The decode worker is chosen first, among the decode workers, by the policy: the session
+//     map and the prefix tree hold the conversation's worker, since after a transfer the decode
+//     worker holds the whole prompt.
+//  2. If that worker is predicted to hold all but fewer than PDOptions.MinUncachedTokens of the
+//     prompt (a continuation of its own session, a short prompt), it computes them itself: the
+//     request goes to it as it came, and no transfer is made.
+//  3. Otherwise a prefill worker, chosen among the prefill workers by the prefill policy (its
+//     own prefix tree: what each prefill worker holds), gets a copy of the request with
+//     kv_transfer_params {do_remote_decode: true, …}, stream off and one token to generate. Its
+//     answer's kv_transfer_params go into the request sent to the decode worker, which pulls the
+//     prompt's KV from the prefill worker and streams the answer as the client asked.
+//
+// Each step retries as the router always does, on another worker of its role, what never
+// reached a worker. A prefill that fails on every prefill worker, or answers without
+// kv_transfer_params, leaves the decode worker to compute the prompt: the request is slower, not
+// failed. A decode worker that answered a retryable 5xx may have failed to pull the KV (vLLM's
+// kv_load_failure_policy "fail"); the next decode attempt then goes without the parameters.
+// Both steps are one request for metrics, traces and the access log; the path it took is in
+// x-vllm-router-pd and vllm_router_pd_requests_total.
+
+// PDOptions turn on prefill/decode disaggregation.
+type PDOptions struct {
+	// Prefill chooses the prefill worker among the prefill workers; the server's policy chooses
+	// the decode worker.
+	Prefill policy.Policy
+	// MinUncachedTokens: a decode worker predicted to compute fewer of the prompt's tokens than
+	// this computes them itself, without a transfer.
+	MinUncachedTokens int
+}
+
+// The paths a P/D request takes, its x-vllm-router-pd value and vllm_router_pd_requests_total's
+// path label.
+const (
+	PDTransfer       = "transfer"        // prefilled on a prefill worker, decoded on a decode worker
+	PDLocalCached    = "local_cached"    // the decode worker held all but a few of the prompt's tokens
+	PDLocalShort     = "local_short"     // the prompt was shorter than the threshold
+	PDPrefillFailed  = "prefill_failed"  // no prefill worker gave KV to transfer: decoded and prefilled on the decode worker
+	PDTransferFailed = "transfer_failed" // the decode worker that got the transfer failed; another computed the prompt
+	PDNoPrefill      = "no_prefill_worker"
+)
+
+// PDPaths lists every path, for the metric's series to exist from the start.
+var PDPaths = []string{PDTransfer, PDLocalCached, PDLocalShort, PDPrefillFailed, PDTransferFailed, PDNoPrefill}
+
+// pdState is a P/D request's progress.
+type pdState struct {
+	path    string // one of the PD paths once decided; "" before
+	body    []byte // the decode leg's body: the request with the prefill's kv_transfer_params; nil: as it came
+	prefill string // the prefill worker's name, when a prefill leg succeeded
+}
+
+// prefillRequestParams are the kv_transfer_params of a prefill leg: decode elsewhere.
+var prefillRequestParams = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
+
+// pdCandidates splits a P/D route's candidates: the decode workers take the request, the prefill
+// workers its prefill leg. Without a decode worker, the request goes to the colocated workers
+// without P/D. A route that takes no kv_transfer_params goes to any worker but a prefill one.
+func (s *Server) pdCandidates(ex *exchange) {
+	all := ex.in.Candidates
+	if ex.route.pd {
+		if decode := workers.OfRole(all, workers.RoleDecode); len(decode) > 0 {
+			ex.in.Candidates = decode
+			ex.pd = &pdState{}
+			return
+		}
+	}
+	var others []*workers.Worker
+	for _, w := range all {
+		if w.Role() != workers.RolePrefill {
+			others = append(others, w)
+		}
+	}
+	if len(others) > 0 {
+		ex.in.Candidates = others
+	}
+}
+
+// decidePD runs once per P/D request, after its decode worker was chosen for the first time:
+// it decides whether a transfer pays and, if so, runs the prefill leg and prepares the decode
+// leg's body. It never fails the request.
+func (s *Server) decidePD(ctx *fasthttp.RequestCtx, ex *exchange, dec policy.Decision) {
+	st := ex.pd
+	threshold := s.opts.PD.MinUncachedTokens
+	switch {
+	case ex.in.PrefillTokens(0) < threshold:
+		st.path = PDLocalShort
+		return
+	case dec.Prefill < threshold:
+		st.path = PDLocalCached
+		return
+	}
+	body := ctx.PostBody()
+	if bytes.Contains(body, []byte(`"kv_transfer_params"`)) {
+		st.path = PDLocalCached // the client runs its own transfer; leave its parameters alone
+		return
+	}
+	leg, err := prefillBody(body)
+	if err != nil {
+		st.path = PDPrefillFailed
+		return
+	}
+	candidates, _, _ := s.pool.Candidates(ex.in.Request.Model)
+	prefillers := workers.OfRole(candidates, workers.RolePrefill)
+	if len(prefillers) == 0 {
+		st.path = PDNoPrefill
+		return
+	}
+	params, name := s.runPrefill(ctx, ex, leg, prefillers)
+	if params == nil {
+		st.path = PDPrefillFailed
+		return
+	}
+	st.path, st.prefill, st.body = PDTransfer, name, withField(body, "kv_transfer_params", params)
+}
+
+// runPrefill sends the prefill leg to the prefill workers, one after another while the failure
+// provably started nothing, and returns the kv_transfer_params of the first that answered with
+// them, and that worker's name.
+func (s *Server) runPrefill(ctx *fasthttp.RequestCtx, ex *exchange, leg []byte, prefillers []*workers.Worker) (json.RawMessage, string) {
+	p := s.opts.PD.Prefill
+	in := ex.in
+	in.Candidates = prefillers
+	for attempt := 0; len(in.Candidates) > 0 && attempt <= s.opts.MaxRetries; {
+		dec := p.Select(in)
+		if dec.Worker == nil {
+			return nil, ""
+		}
+		in.Candidates = without(in.Candidates, dec.Worker.URL())
+		at := s.pool.Acquire(dec.Worker)
+		if at == nil {
+			continue
+		}
+		attempt++
+		at.Prefill(dec.Prefill)
+		p.Accepted(in, dec)
+		params, u, f := s.prefillOn(ctx, ex, dec.Worker, leg)
+		if f.kind == "" && params != nil {
+			at.Close(workers.Succeeded)
+			p.Done(in, dec, workers.Succeeded, u)
+			return params, dec.Worker.Name()
+		}
+		at.Close(workers.Failed)
+		p.Done(in, dec, workers.Failed, policy.Usage{})
+		if f.kind != "" {
+			s.metrics.UpstreamErrors.WithLabelValues(f.kind).Inc()
+		}
+		s.log.Warn("prefill leg failed", "request_id", ex.rid, "worker", dec.Worker.Name(), "attempt", attempt, "kind", f.kind, "message", f.message)
+		if ex.gone.Load() || (f.kind != "" && !f.retryable) || time.Now().After(ex.deadline) {
+			return nil, ""
+		}
+	}
+	return nil, ""
+}
+
+// maxPrefillAnswer bounds the prefill leg's answer the router reads: one token and its
+// parameters.
+const maxPrefillAnswer = 1 << 20
+
+// prefillOn sends the prefill leg to w and reads its whole answer: the kv_transfer_params it
+// carries (nil when it carries none) and its usage. The leg must answer within the first-byte
+// timeout.
+func (s *Server) prefillOn(ctx *fasthttp.RequestCtx, ex *exchange, w *workers.Worker, leg []byte) (json.RawMessage, policy.Usage, failure) {
+	pool, err := s.upstreams.pool(w.URL())
+	if err != nil {
+		return nil, policy.Usage{}, failure{kind: metrics.ErrConnect, retryable: true, message: "the worker's URL is not usable"}
+	}
+	out := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(out)
+	s.buildRequest(ctx, out, w, ex.rid, pool.target.Authorization)
+	out.SetBodyRaw(leg)
+	ex.trace.Inject(&out.Header)
+	for fresh := false; ; fresh = true {
+		resp, c, err := s.exchangeOn(pool, w, out, ex, fresh, s.opts.Upstream.Timeouts.FirstByte)
+		if err != nil {
+			f := classify(err, c, !time.Now().Before(ex.deadline))
+			if !f.stale || fresh || ex.gone.Load() {
+				return nil, policy.Usage{}, f
+			}
+			s.metrics.UpstreamErrors.WithLabelValues(f.kind).Inc()
+			continue
+		}
+		status := resp.StatusCode()
+		body, err := io.ReadAll(io.LimitReader(resp.BodyStream(), maxPrefillAnswer+1))
+		complete := err == nil && len(body) <= maxPrefillAnswer
+		keep := complete && !resp.ConnectionClose()
+		ex.conn.Store(nil)
+		fasthttp.ReleaseResponse(resp)
+		if keep {
+			pool.put(c)
+		} else {
+			_ = c.conn.Close()
+		}
+		switch {
+		case !complete:
+			return nil, policy.Usage{}, failure{kind: metrics.ErrMidStream, message: "the prefill leg's answer broke off or was too large"}
+		case status/100 != 2:
+			return nil, policy.Usage{}, failure{kind: metrics.ErrStatus, retryable: retryableStatus(status), message: "the prefill worker answered " + strconv.Itoa(status)}
+		}
+		var answer struct {
+			KVTransferParams json.RawMessage `json:"kv_transfer_params"`
+			Usage            *usage          `json:"usage"`
+		}
+		if err := json.Unmarshal(body, &answer); err != nil {
+			return nil, policy.Usage{}, failure{kind: metrics.ErrBadReply, message: "the prefill leg's answer is not JSON"}
+		}
+		var u policy.Usage
+		if answer.Usage != nil {
+			if t := answer.Usage.tokens(); t.ok && t.cachedKnown {
+				u = policy.Usage{Known: true, Prompt: t.prompt, Cached: t.cached}
+			}
+		}
+		params := answer.KVTransferParams
+		if len(params) == 0 || string(params) == "null" {
+			return nil, u, failure{}
+		}
+		return params, u, failure{}
+	}
+}
+
+// pullFailed reports whether status answers a decode leg that carried a prefill's
+// kv_transfer_params with a 500: what vLLM answers when the pull of the KV failed under its
+// default kv_load_failure_policy. Nothing of the answer reached the client, so another decode
+// worker computes the prompt instead. Safe on a nil st.
+func (st *pdState) pullFailed(status int) bool {
+	return st != nil && st.body != nil && status == fasthttp.StatusInternalServerError
+}
+
+// pdFailed records that a decode attempt of a transfer failed with an answer (a retryable 5xx,
+// perhaps the KV pull): the next decode attempt computes the prompt itself.
+func (ex *exchange) pdFailed(f failure) {
+	if st := ex.pd; st != nil && st.body != nil && f.kind == metrics.ErrStatus {
+		st.body, st.path = nil, PDTransferFailed
+	}
+}
+
+// prefillBody is the prefill leg of a request body: the same request with kv_transfer_params
+// asking for a remote decode, not streamed, generating one token.
+func prefillBody(body []byte) ([]byte, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(body, &fields); err != nil {
+		return nil, err
+	}
+	if fields == nil {
+		return nil, errors.New("the request is not a JSON object")
+	}
+	one := json.RawMessage("1")
+	fields["kv_transfer_params"] = prefillRequestParams
+	fields["stream"] = json.RawMessage("false")
+	delete(fields, "stream_options")
+	fields["max_tokens"] = one
+	for _, limit := range []string{"max_completion_tokens", "min_tokens"} {
+		if _, ok := fields[limit]; ok {
+			fields[limit] = one
+		}
+	}
+	return json.Marshal(fields)
+}
+
+// withField returns a JSON object's bytes with one more member, key: value, at its end. obj is a
+// JSON object the route's reader accepted, which holds no member key.
+func withField(obj []byte, key string, value []byte) []byte {
+	end := bytes.LastIndexByte(obj, '}')
+	inner := bytes.TrimSpace(obj[bytes.IndexByte(obj, '{')+1 : end])
+	out := make([]byte, 0, len(obj)+len(key)+len(value)+4)
+	out = append(out, obj[:end]...)
+	if len(inner) > 0 {
+		out = append(out, ',')
+	}
+	out = strconv.AppendQuote(out, key)
+	out = append(out, ':')
+	out = append(out, value...)
+	return append(out, obj[end:]...)
+}
