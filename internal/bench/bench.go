@@ -13,7 +13,9 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/policy/registry"
 	"github.com/cacheroute/cacheroute/internal/redisproc"
+	"github.com/cacheroute/cacheroute/internal/config"
 	"github.com/cacheroute/cacheroute/internal/sim"
+	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
 // PolicySpec is one in-process router to compare: a policy, how requests name their session,
@@ -112,6 +114,10 @@ type Options struct {
 	// KVEvents has the simulated workers publish their KV-cache events and the routers
 	// subscribe, each worker on a loopback port of its own.
 	KVEvents bool
+	// PrefillWorkers and DecodeWorkers, both set, run every entry twice over a fleet of their
+	// sum: colocated, then as a P/D fleet (the first PrefillWorkers prefill, the others decode)
+	// under the entry's name with "/pd" appended. Workers is then their sum.
+	PrefillWorkers, DecodeWorkers int
 
 	// Targets are external endpoints, run with SessionMode. WorkerMetrics are the base URLs of
 	// the workers behind them, scraped for cache counters and in-flight loads.
@@ -169,6 +175,13 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 
 // runPolicies starts the simulated fleet and, for each policy in turn, its routers.
 func runPolicies(ctx context.Context, o Options, rep *Report) error {
+	if (o.PrefillWorkers > 0) != (o.DecodeWorkers > 0) || o.PrefillWorkers < 0 || o.DecodeWorkers < 0 {
+		return fmt.Errorf("--prefill-workers and --decode-workers go together, each at least 1 (got %d and %d)", o.PrefillWorkers, o.DecodeWorkers)
+	}
+	pd := o.PrefillWorkers > 0
+	if pd {
+		o.Workers = o.PrefillWorkers + o.DecodeWorkers
+	}
 	if o.Workers < 1 {
 		return fmt.Errorf("--workers must be at least 1, got %d", o.Workers)
 	}
@@ -229,24 +242,62 @@ func runPolicies(ctx context.Context, o Options, rep *Report) error {
 			return err
 		}
 		cfg.KVEventsWorkerEndpoints = events
-		rs, err := startReplicas(ctx, cfg, p.Name, replicas)
-		if err != nil {
+		if err := runEntry(ctx, &o, rep, p, cfg, fleet, model, replicas, ""); err != nil {
 			return err
 		}
-		t := &Target{Name: p.Name, URLs: rs.urls(), SessionMode: p.SessionMode, Policy: p.Policy,
-			RouterArgs: p.Args, Replicas: replicas, SessionStore: cfg.SessionStore,
-			Loads: rs.loads, Workers: o.Workers, WorkerMetrics: fleet.URLs(), TimeScale: o.Sim.TimeScale}
-		tr, err := runOne(ctx, &o, t, model)
-		rs.stop()
-		if err != nil {
+		if !pd {
+			continue
+		}
+		if err := resetFleet(ctx, fleet); err != nil {
 			return err
 		}
-		rep.Targets = append(rep.Targets, tr)
-		if ctx.Err() != nil {
-			return ctx.Err()
+		if store != nil {
+			if err := store.FlushAll(ctx); err != nil {
+				return fmt.Errorf("emptying the session store: %w", err)
+			}
+		}
+		cfg.PDDisaggregation = true
+		if err := runEntry(ctx, &o, rep, p, cfg, fleet, model, replicas, pdSuffix); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// pdSuffix names an entry's P/D run.
+const pdSuffix = "/pd"
+
+// runEntry runs the workload through replicas routers of configuration cfg over fleet, as the
+// target named p.Name+suffix. A P/D run (cfg.PDDisaggregation) gives the first o.PrefillWorkers
+// workers the prefill role and the others decode.
+func runEntry(ctx context.Context, o *Options, rep *Report, p PolicySpec, cfg config.Config, fleet *sim.Fleet, model string, replicas int, suffix string) error {
+	rs, err := startReplicas(ctx, cfg, p.Name+suffix, replicas)
+	if err != nil {
+		return err
+	}
+	defer rs.stop()
+	if cfg.PDDisaggregation {
+		for i, u := range fleet.URLs() {
+			role := workers.RoleDecode
+			if i < o.PrefillWorkers {
+				role = workers.RolePrefill
+			}
+			for _, lr := range rs {
+				for _, w := range lr.r.Pool().Get(u) {
+					w.SetRole(role)
+				}
+			}
+		}
+	}
+	t := &Target{Name: p.Name + suffix, URLs: rs.urls(), SessionMode: p.SessionMode, Policy: p.Policy,
+		RouterArgs: p.Args, Replicas: replicas, SessionStore: cfg.SessionStore,
+		Loads: rs.loads, Workers: o.Workers, WorkerMetrics: fleet.URLs(), TimeScale: o.Sim.TimeScale}
+	tr, err := runOne(ctx, o, t, model)
+	if err != nil {
+		return err
+	}
+	rep.Targets = append(rep.Targets, tr)
+	return ctx.Err()
 }
 
 // runOracle runs the workload through the oracle over fleet.

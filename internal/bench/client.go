@@ -21,6 +21,7 @@ const (
 	headerRouterWorker   = "x-vllm-router-worker"
 	headerRouterDecision = "x-vllm-router-decision"
 	headerPrefixMatch    = "x-vllm-router-prefix-match" // the predicted cached fraction of the routing text
+	headerRouterPD       = "x-vllm-router-pd"           // the path a request took under P/D disaggregation
 	headerSimWorker      = "x-sim-worker"               // the simulator's own header, for targets without a router
 	headerSessionID      = "x-session-id"
 )
@@ -49,6 +50,7 @@ type Record struct {
 	OutputTokens int
 	Worker       string // the router's x-vllm-router-worker, else the simulator's x-sim-worker
 	Decision     string // x-vllm-router-decision
+	PD           string // x-vllm-router-pd: the path of a request under P/D disaggregation
 	// PrefixMatch is x-vllm-router-prefix-match, the fraction of the prompt the router expected
 	// its worker to hold, when HasPrefixMatch (the answer carried a valid one).
 	PrefixMatch    float64
@@ -119,6 +121,7 @@ func send(ctx context.Context, client *http.Client, base string, a api, x *excha
 		rec.Worker = resp.Header.Get(headerSimWorker)
 	}
 	rec.Decision = resp.Header.Get(headerRouterDecision)
+	rec.PD = resp.Header.Get(headerRouterPD)
 	rec.PrefixMatch, rec.HasPrefixMatch = prefixMatch(resp.Header.Get(headerPrefixMatch))
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))

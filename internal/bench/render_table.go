@@ -108,6 +108,13 @@ func WriteTable(w io.Writer, r *Report) error {
 		if t.SameWorker != nil {
 			fmt.Fprintf(w, "  sticking:  %s of later turns on the previous turn's worker\n", pct(*t.SameWorker))
 		}
+		if len(t.PDPaths) > 0 {
+			fmt.Fprintf(w, "  p/d:       %s", countList(t.PDPaths))
+			if t.PDSkipped != nil {
+				fmt.Fprintf(w, "; %s of later turns skipped the transfer on their decode worker", pct(*t.PDSkipped))
+			}
+			fmt.Fprintln(w)
+		}
 		for _, e := range t.ErrorSamples {
 			fmt.Fprintf(w, "  error:     %s\n", e)
 		}
@@ -141,15 +148,20 @@ func decisionList(t *TargetReport) string {
 	if len(t.Decisions) == 0 {
 		return "n/a (no x-vllm-router-decision header)"
 	}
+	return countList(t.Decisions)
+}
+
+// countList is "key n (p%), ..." by count, most frequent first.
+func countList(counts map[string]int) string {
 	total := 0
-	for _, n := range t.Decisions {
+	for _, n := range counts {
 		total += n
 	}
-	keys := slices.Sorted(maps.Keys(t.Decisions))
-	slices.SortStableFunc(keys, func(a, b string) int { return t.Decisions[b] - t.Decisions[a] })
+	keys := slices.Sorted(maps.Keys(counts))
+	slices.SortStableFunc(keys, func(a, b string) int { return counts[b] - counts[a] })
 	parts := make([]string, len(keys))
 	for i, k := range keys {
-		parts[i] = fmt.Sprintf("%s %d (%.0f%%)", k, t.Decisions[k], 100*float64(t.Decisions[k])/float64(total))
+		parts[i] = fmt.Sprintf("%s %d (%.0f%%)", k, counts[k], 100*float64(counts[k])/float64(total))
 	}
 	return strings.Join(parts, ", ")
 }

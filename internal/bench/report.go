@@ -73,6 +73,11 @@ type TargetReport struct {
 	WallSec            float64 `json:"wall_sec"`     // as measured
 
 	Decisions   map[string]int     `json:"decisions"`    // x-vllm-router-decision histogram
+	// PDPaths is the x-vllm-router-pd histogram, and PDSkipped the share of later turns that
+	// skipped the transfer (local_cached, local_short) on the previous turn's worker, over the
+	// later turns that named a path; nil without P/D.
+	PDPaths   map[string]int `json:"pd_paths,omitempty"`
+	PDSkipped *float64       `json:"pd_skipped_later_turns,omitempty"`
 	WorkerShare map[string]float64 `json:"worker_share"` // fraction of requests per worker
 	// Imbalance is nil (n/a) when the target's worker loads could not be sampled.
 	Imbalance *Imbalance `json:"imbalance"`
@@ -109,6 +114,12 @@ func summarize(t *Target, res runResult, scale float64) TargetReport {
 		rec := &res.records[i]
 		if rec.Decision != "" {
 			r.Decisions[rec.Decision]++
+		}
+		if rec.PD != "" {
+			if r.PDPaths == nil {
+				r.PDPaths = map[string]int{}
+			}
+			r.PDPaths[rec.PD]++
 		}
 		if rec.Err != "" {
 			r.Errors++
@@ -160,6 +171,7 @@ func summarize(t *Target, res runResult, scale float64) TargetReport {
 	}
 	r.Imbalance = imbalance(res.samples, ImbalanceWindow)
 	r.SameWorker = sameWorker(res.records)
+	r.PDSkipped = pdSkipped(res.records)
 	return r
 }
 
@@ -189,6 +201,32 @@ func sameWorker(recs []Record) *float64 {
 		return nil
 	}
 	v := float64(same) / float64(later)
+	return &v
+}
+
+// pdSkipped is the share of later turns that named a P/D path and skipped the transfer on the
+// worker of the session's previous turn; nil when no later turn named a path.
+func pdSkipped(recs []Record) *float64 {
+	type key struct{ session, turn int }
+	worker := make(map[key]string, len(recs))
+	for i := range recs {
+		worker[key{recs[i].Session, recs[i].Turn}] = recs[i].Worker
+	}
+	skipped, later := 0, 0
+	for i := range recs {
+		rec := &recs[i]
+		if rec.Turn == 0 || rec.PD == "" {
+			continue
+		}
+		later++
+		if (rec.PD == "local_cached" || rec.PD == "local_short") && rec.Worker != "" && worker[key{rec.Session, rec.Turn - 1}] == rec.Worker {
+			skipped++
+		}
+	}
+	if later == 0 {
+		return nil
+	}
+	v := float64(skipped) / float64(later)
 	return &v
 }
 

@@ -34,6 +34,8 @@ type benchFlags struct {
 	replicas        int
 	kvEvents        bool
 	workers         int
+	prefillWorkers  int
+	decodeWorkers   int
 	workerMetrics   []string
 	targetTimeScale float64
 
@@ -133,6 +135,9 @@ later turns on the previous turn's worker) or messages (Anthropic's /v1/messages
 	fs.StringArrayVar(&f.routerArgs, "router-arg", nil, "--policies: a router flag for every in-process router (--load-signal=engine), or ENTRY=FLAG for the entry named ENTRY only; values as --flag=value (repeatable)")
 	fs.IntVar(&f.replicas, "replicas", 1, "--policies: routers per entry, in front of the same workers, taking requests round-robin; above 1 they share sessions through a redis-server the bench starts (needs redis-server on PATH)")
 	fs.IntVar(&f.workers, "workers", bench.DemoWorkers, "--policies: simulated workers")
+	fs.IntVar(&f.prefillWorkers, "prefill-workers", 0, "--policies, with --decode-workers: run every entry colocated over prefill+decode workers, then as a P/D fleet (entry/pd) of that many prefill workers")
+	fs.IntVar(&f.decodeWorkers, "decode-workers", 0, "--policies, with --prefill-workers: the P/D fleet's decode workers")
+	fs.IntVar(&simCfg.MaxNumBatchedTokens, "max-num-batched-tokens", simCfg.MaxNumBatchedTokens, "--policies: the workers' step token budget; prompt tokens computed beside a decode step lengthen it (0: never)")
 	fs.BoolVar(&f.kvEvents, "kv-events", false, "--policies: the simulated workers publish their KV-cache events and the routers subscribe (each worker on a loopback port of its own)")
 	fs.IntVar(&simCfg.KVCacheBlocks, "kv-cache-blocks", simCfg.KVCacheBlocks, "--policies: KV cache capacity per worker, in blocks")
 	fs.IntVar(&simCfg.BlockSize, "block-size", simCfg.BlockSize, "--policies: tokens per KV block")
@@ -156,7 +161,7 @@ later turns on the previous turn's worker) or messages (Anthropic's /v1/messages
 
 // options turns the flags into bench options.
 func (f *benchFlags) options(simCfg sim.Config) (bench.Options, error) {
-	o := bench.Options{Workers: f.workers, Replicas: f.replicas, KVEvents: f.kvEvents, Sim: simCfg, SessionMode: f.sessionMode, WorkerMetrics: f.workerMetrics,
+	o := bench.Options{Workers: f.workers, Replicas: f.replicas, KVEvents: f.kvEvents, PrefillWorkers: f.prefillWorkers, DecodeWorkers: f.decodeWorkers, Sim: simCfg, SessionMode: f.sessionMode, WorkerMetrics: f.workerMetrics,
 		TargetTimeScale: f.targetTimeScale, API: f.api, Model: f.model, Concurrency: f.concurrency, Timeout: f.timeout}
 	if !slices.Contains(bench.SessionModes, f.sessionMode) {
 		return o, fmt.Errorf("--session-id %q: want one of %s", f.sessionMode, strings.Join(bench.SessionModes, ", "))
