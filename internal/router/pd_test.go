@@ -1,8 +1,11 @@
 package router
 
 import (
+	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -261,4 +264,53 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// stubPrefillWorker answers a prefill leg at once with the parameters a decode leg needs.
+var stubPrefillWorker = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/v1/models" {
+		_, _ = io.WriteString(w, `{"object":"list","data":[{"id":"m"}]}`)
+		return
+	}
+	_, _ = io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = io.WriteString(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"o"},"finish_reason":"length"}],`+
+		`"usage":{"prompt_tokens":20,"completion_tokens":1,"total_tokens":21,"prompt_tokens_details":{"cached_tokens":0}},`+
+		`"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_engine_id":"e","remote_block_ids":[0],"remote_request_id":"r","remote_host":"127.0.0.1","remote_port":1,"tp_size":1}}`)
+})
+
+// BenchmarkProxyPD measures one small chat request through a P/D router that always transfers:
+// client → router → prefill worker, then router → decode worker, over real HTTP on loopback.
+// Beside BenchmarkProxyChat it gives the cost of the second leg and of the body rewrites.
+func BenchmarkProxyPD(b *testing.B) {
+	prefill := httptest.NewServer(stubPrefillWorker)
+	defer prefill.Close()
+	decode := httptest.NewServer(stubChatWorker)
+	defer decode.Close()
+	cfg := testConfig()
+	cfg.WorkerURLs = []string{prefill.URL, decode.URL}
+	cfg.PDDisaggregation = true
+	cfg.PDMinUncachedTokens = 0
+	r, err := New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		b.Fatal(err)
+	}
+	r.Start(b.Context())
+	r.Pool().Get(prefill.URL)[0].SetRole(workers.RolePrefill)
+	r.Pool().Get(decode.URL)[0].SetRole(workers.RoleDecode)
+	front := serveForBench(b, r)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	body := `{"model":"m","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one word."}]}`
+	b.ReportAllocs()
+	for b.Loop() {
+		resp, err := client.Post(front+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get(proxy.HeaderPD) != proxy.PDTransfer {
+			b.Fatalf("status %d, pd %q", resp.StatusCode, resp.Header.Get(proxy.HeaderPD))
+		}
+	}
 }
