@@ -11,9 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cacheroute/cacheroute/internal/config"
 	"github.com/cacheroute/cacheroute/internal/policy/registry"
 	"github.com/cacheroute/cacheroute/internal/redisproc"
-	"github.com/cacheroute/cacheroute/internal/config"
 	"github.com/cacheroute/cacheroute/internal/sim"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )

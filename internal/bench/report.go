@@ -72,12 +72,12 @@ type TargetReport struct {
 	DurationSec        float64 `json:"duration_sec"` // full scale
 	WallSec            float64 `json:"wall_sec"`     // as measured
 
-	Decisions   map[string]int     `json:"decisions"`    // x-vllm-router-decision histogram
+	Decisions map[string]int `json:"decisions"` // x-vllm-router-decision histogram
 	// PDPaths is the x-vllm-router-pd histogram, and PDSkipped the share of later turns that
 	// skipped the transfer (local_cached, local_short) on the previous turn's worker, over the
 	// later turns that named a path; nil without P/D.
-	PDPaths   map[string]int `json:"pd_paths,omitempty"`
-	PDSkipped *float64       `json:"pd_skipped_later_turns,omitempty"`
+	PDPaths     map[string]int     `json:"pd_paths,omitempty"`
+	PDSkipped   *float64           `json:"pd_skipped_later_turns,omitempty"`
 	WorkerShare map[string]float64 `json:"worker_share"` // fraction of requests per worker
 	// Imbalance is nil (n/a) when the target's worker loads could not be sampled.
 	Imbalance *Imbalance `json:"imbalance"`
