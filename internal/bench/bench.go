@@ -15,7 +15,6 @@ import (
 	"github.com/cacheroute/cacheroute/internal/policy/registry"
 	"github.com/cacheroute/cacheroute/internal/redisproc"
 	"github.com/cacheroute/cacheroute/internal/sim"
-	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
 // PolicySpec is one in-process router to compare: a policy, how requests name their session,
@@ -271,24 +270,15 @@ const pdSuffix = "/pd"
 // target named p.Name+suffix. A P/D run (cfg.PDDisaggregation) gives the first o.PrefillWorkers
 // workers the prefill role and the others decode.
 func runEntry(ctx context.Context, o *Options, rep *Report, p PolicySpec, cfg config.Config, fleet *sim.Fleet, model string, replicas int, suffix string) error {
+	if cfg.PDDisaggregation {
+		urls := fleet.URLs()
+		cfg.WorkerURLs, cfg.Prefill, cfg.Decode = nil, urls[:o.PrefillWorkers], urls[o.PrefillWorkers:]
+	}
 	rs, err := startReplicas(ctx, cfg, p.Name+suffix, replicas)
 	if err != nil {
 		return err
 	}
 	defer rs.stop()
-	if cfg.PDDisaggregation {
-		for i, u := range fleet.URLs() {
-			role := workers.RoleDecode
-			if i < o.PrefillWorkers {
-				role = workers.RolePrefill
-			}
-			for _, lr := range rs {
-				for _, w := range lr.r.Pool().Get(u) {
-					w.SetRole(role)
-				}
-			}
-		}
-	}
 	t := &Target{Name: p.Name + suffix, URLs: rs.urls(), SessionMode: p.SessionMode, Policy: p.Policy,
 		RouterArgs: p.Args, Replicas: replicas, SessionStore: cfg.SessionStore,
 		Loads: rs.loads, Workers: o.Workers, WorkerMetrics: fleet.URLs(), TimeScale: o.Sim.TimeScale}

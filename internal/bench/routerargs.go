@@ -19,9 +19,9 @@ import (
 // --router-arg naming one of them is refused rather than silently overridden, except
 // --session-store=memory: with --replicas it keeps an entry's replicas from sharing sessions.
 var benchOwnedFlags = []string{
-	"host", "port", "prometheus-port", "worker-urls", "policy", "session-store", "redis-url",
+	"host", "port", "prometheus-port", "worker-urls", "prefill", "decode", "vllm-pd-disaggregation", "policy", "session-store", "redis-url",
 	"service-discovery", "selector", "service-discovery-port", "service-discovery-namespace",
-	"kubeconfig", "dns-discovery", "dns-refresh-secs",
+	"kubeconfig", "dns-discovery", "dns-refresh-secs", "prefill-selector", "decode-selector",
 }
 
 // configFileFlag is the router flag naming a YAML configuration file, accepted as a router arg.
