@@ -14,8 +14,10 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/cacheroute/cacheroute/internal/fleet"
 	"github.com/cacheroute/cacheroute/internal/proxy"
 	"github.com/cacheroute/cacheroute/internal/sim"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -54,11 +56,16 @@ func startPDRig(t *testing.T, prefills, decodes int, simCfg sim.Config) *pdRig {
 	cfg.PDMinUncachedTokens = 64
 	tr := startRouter(t, cfg)
 	join := func(urls []string, role workers.Role) {
-		for _, u := range urls {
-			if err := tr.AddWorker(t.Context(), u); err != nil {
+		for _, raw := range urls {
+			u, err := tenant.ParseURL(raw)
+			if err != nil {
 				t.Fatal(err)
 			}
-			tr.Pool().Get(u)[0].SetRole(role)
+			j, err := tr.Join(t.Context(), fleet.Admin, u, role)
+			if err != nil {
+				t.Fatal(err)
+			}
+			<-j.Probed
 		}
 	}
 	join(pf.URLs(), workers.RolePrefill)
@@ -288,7 +295,7 @@ func BenchmarkProxyPD(b *testing.B) {
 	decode := httptest.NewServer(stubChatWorker)
 	defer decode.Close()
 	cfg := testConfig()
-	cfg.WorkerURLs = []string{prefill.URL, decode.URL}
+	cfg.Prefill, cfg.Decode = []string{prefill.URL}, []string{decode.URL}
 	cfg.PDDisaggregation = true
 	cfg.PDMinUncachedTokens = 0
 	r, err := New(cfg, slog.New(slog.DiscardHandler))
@@ -296,8 +303,6 @@ func BenchmarkProxyPD(b *testing.B) {
 		b.Fatal(err)
 	}
 	r.Start(b.Context())
-	r.Pool().Get(prefill.URL)[0].SetRole(workers.RolePrefill)
-	r.Pool().Get(decode.URL)[0].SetRole(workers.RoleDecode)
 	front := serveForBench(b, r)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	body := `{"model":"m","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one word."}]}`
