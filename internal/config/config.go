@@ -256,7 +256,7 @@ func Default() Config {
 		ShutdownGraceSecs:       30,
 		KVEventsIndexSize:       67108864,
 		TokenizeTimeoutSecs:     0.1,
-		PDMinUncachedTokens:     512,
+		PDMinUncachedTokens:     256,
 		KVConnector:             KVConnectorNIXL,
 		SessionTTL:              time.Hour,
 		MaxSessions:             1048576,
