@@ -59,6 +59,9 @@ type Config struct {
 	// asked a probe request, and out of rotation if that gets no answer as long; 0: never.
 	StallTimeoutSecs float64 `yaml:"stall_timeout_secs"`
 	MaxPayloadSize   int64   `yaml:"max_payload_size"`
+	// MaxBodyBytesTotal bounds the request-body bytes held at once, all requests
+	// together; a request over it gets 503 before its body is read. 0: no bound.
+	MaxBodyBytesTotal int64 `yaml:"max_request_body_bytes_total"`
 
 	// Client connections on the traffic listener.
 	ClientHeaderTimeoutSecs float64 `yaml:"client_header_timeout_secs"`
@@ -230,6 +233,7 @@ func Default() Config {
 		FirstByteTimeoutSecs:    60,
 		StallTimeoutSecs:        30,
 		MaxPayloadSize:          33554432,
+		MaxBodyBytesTotal:       1 << 30,
 		ClientHeaderTimeoutSecs: 10,
 		ClientBodyTimeoutSecs:   60,
 		KeepaliveTimeoutSecs:    75,
@@ -308,6 +312,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.Float64Var(&c.FirstByteTimeoutSecs, "first-byte-timeout-secs", c.FirstByteTimeoutSecs, "seconds one attempt waits for the worker's response headers before it counts as failed and is retried on another worker (0 disables; at most --request-timeout-secs)")
 	fs.Float64Var(&c.StallTimeoutSecs, "stall-timeout-secs", c.StallTimeoutSecs, "seconds a worker with requests in flight may send no byte before it is sent a probe request; one that does not answer that as long is out of rotation, and its attempts still waiting for a first byte go elsewhere (0 disables)")
 	fs.Int64Var(&c.MaxPayloadSize, "max-payload-size", c.MaxPayloadSize, "largest accepted request body in bytes; larger bodies get 413")
+	fs.Int64Var(&c.MaxBodyBytesTotal, "max-request-body-bytes-total", c.MaxBodyBytesTotal, "request-body bytes held at once, all requests together (a body without Content-Length counts as --max-payload-size); a request over it gets 503 with Retry-After before its body is read (0: no bound)")
 	fs.Float64Var(&c.ClientHeaderTimeoutSecs, "client-header-timeout-secs", c.ClientHeaderTimeoutSecs, "seconds a client has to send a request's headers (and a new connection its first request line)")
 	fs.Float64Var(&c.ClientBodyTimeoutSecs, "client-body-timeout-secs", c.ClientBodyTimeoutSecs, "seconds a client has to send the whole request body once its headers arrived")
 	fs.Float64Var(&c.KeepaliveTimeoutSecs, "keepalive-timeout-secs", c.KeepaliveTimeoutSecs, "seconds an idle keep-alive client connection is kept open")
@@ -653,6 +658,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxPayloadSize < 1 {
 		bad("max-payload-size", "must be at least 1 byte, got %d", c.MaxPayloadSize)
+	}
+	if c.MaxBodyBytesTotal != 0 && c.MaxBodyBytesTotal < c.MaxPayloadSize {
+		bad("max-request-body-bytes-total", "must be 0 (no bound) or at least --max-payload-size %d, got %d", c.MaxPayloadSize, c.MaxBodyBytesTotal)
 	}
 	if c.ShutdownGraceSecs < 0 {
 		bad("shutdown-grace-secs", "must not be negative, got %v", c.ShutdownGraceSecs)

@@ -587,6 +587,8 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{"zero tokenize timeout", func(c *config.Config) { c.TokenizeTimeoutSecs = 0 }, "--tokenize-timeout-secs"},
 		{"admin origin without a scheme", func(c *config.Config) { c.AdminAllowedOrigins = []string{"ops.example"} }, "--admin-allowed-origins"},
 		{"negative grace", func(c *config.Config) { c.ShutdownGraceSecs = -1 }, "--shutdown-grace-secs"},
+		{"body total below one body", func(c *config.Config) { c.MaxBodyBytesTotal = c.MaxPayloadSize - 1 }, "--max-request-body-bytes-total"},
+		{"negative body total", func(c *config.Config) { c.MaxBodyBytesTotal = -1 }, "--max-request-body-bytes-total"},
 		{"endpoint without slash", func(c *config.Config) { c.HealthCheckEndpoint = "health" }, "--health-check-endpoint"},
 		{"unknown log level", func(c *config.Config) { c.LogLevel = "verbose" }, "--log-level"},
 		{"unknown log format", func(c *config.Config) { c.LogFormat = "xml" }, "--log-format"},
@@ -647,6 +649,7 @@ func TestValidateAccepts(t *testing.T) {
 			c.RequestTimeoutSecs, c.FirstByteTimeoutSecs = 30, 30
 		}},
 		{"one client connection", func(c *config.Config) { c.MaxClientConnections = 1 }},
+		{"no body total", func(c *config.Config) { c.MaxBodyBytesTotal = 0 }},
 		{"kv events endpoints", func(c *config.Config) {
 			c.KVEventsEndpoint, c.KVEventsReplayEndpoint = "tcp://{host}:5557", "tcp://{host}:5558"
 		}},

@@ -67,10 +67,12 @@ type exchange struct {
 	// exchange instead.
 	handedOver bool
 	ended      bool
+	// bodyBytes is the request's count in the body budget (bodies.go), given back at the end.
+	bodyBytes int64
 }
 
-// end ends the exchange, once, on every path: the client watch stops, the admission place is
-// given back, and the request is counted, logged and its trace ended with the recorded result.
+// end ends the exchange, once, on every path: the client watch stops, the admission place and
+// the body budget's count are given back, and the request is counted, logged and its trace ended with the recorded result.
 // forward defers it; when the relay takes the answer over, the relay's Close calls it.
 func (s *Server) end(ctx *fasthttp.RequestCtx, ex *exchange) {
 	if ex.ended {
@@ -79,6 +81,7 @@ func (s *Server) end(ctx *fasthttp.RequestCtx, ex *exchange) {
 	ex.ended = true
 	ex.stopWatch()
 	ex.release()
+	s.bodies.release(ex.bodyBytes)
 	class := ex.class
 	if class == "" {
 		class = metrics.StatusClass(ex.status)
@@ -134,9 +137,11 @@ func (ex *exchange) stopWatch() {
 
 // forward runs one routed request: read it and find its candidates, then choose → accept →
 // Accepted → send, again on another worker while the failure provably started nothing, and finally
-// relay the answer. id is the response id a byResponseID path names.
-func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string) {
-	ex := &exchange{route: rt, start: time.Now(), client: ctx.Conn(), responseID: id, method: string(ctx.Method())}
+// relay the answer. id is the response id a byResponseID path names; bodyBytes is the request's
+// count in the body budget, which the exchange's end gives back.
+func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string, bodyBytes int64) {
+	ex := &exchange{route: rt, start: time.Now(), client: ctx.Conn(), responseID: id, method: string(ctx.Method()),
+		bodyBytes: bodyBytes}
 	ex.deadline = ex.start.Add(s.opts.RequestTimeout)
 	ex.rid = requestID(ctx.Request.Header.Peek(HeaderRequestID))
 	ctx.Response.Header.Set(HeaderRequestID, ex.rid)

@@ -69,6 +69,7 @@ type Options struct {
 	KeepaliveTimeout    time.Duration // an idle keep-alive client connection
 	ClientWriteTimeout  time.Duration // a client's acceptance of each piece of its answer; 0: only RequestTimeout
 	MaxClientConns      int           // open client connections; more get 503
+	MaxBodyBytesTotal   int64         // request-body bytes held at once; over it 503 before the body is read (bodies.go); 0: none
 	Upstream            UpstreamOptions
 	// ResponseSearch bounds the searches for stored responses the router does not know (search.go).
 	ResponseSearch SearchOptions
@@ -119,6 +120,7 @@ type Server struct {
 	tokenCache   *tokenCache // nil unless Options.Tokenize
 	misses       *responseMisses
 	searches     *searchBudget
+	bodies       *bodyBudget // nil without --max-request-body-bytes-total
 	plain        fasthttp.RequestHandler
 	adminPaths   map[string]bool // the admin endpoints' paths and patterns
 }
@@ -139,7 +141,8 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 	s := &Server{opts: opts, pool: pool, fleet: fleet, policy: p, metrics: m, log: log,
 		upstreams: newUpstreams(opts.Upstream), routes: newRoutes(m), mux: http.NewServeMux(),
 		workerClient: opts.Upstream.Client(), misses: newResponseMisses(),
-		searches: newSearchBudget(opts.ResponseSearch.PerMinute)}
+		searches: newSearchBudget(opts.ResponseSearch.PerMinute),
+		bodies:   newBodyBudget(opts.MaxBodyBytesTotal, opts.MaxPayloadSize, bodyReadTimeout(opts))}
 	if opts.Tokenize != nil {
 		s.tokenCache = &tokenCache{budget: opts.Tokenize.CacheBytes, byKey: map[string][]uint32{}}
 	}
@@ -195,15 +198,43 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 	return s
 }
 
+// bodyReadTimeout is the longest a request's body may take to arrive once its headers did: the
+// client body timeout, or without one the header timeout, whose deadline then still holds.
+func bodyReadTimeout(opts Options) time.Duration {
+	if opts.ClientBodyTimeout > 0 {
+		return opts.ClientBodyTimeout
+	}
+	return opts.ClientHeaderTimeout
+}
+
 // serve is the fasthttp handler of every endpoint.
 func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	if afterRequest != nil {
 		defer afterRequest(ctx)
 	}
+	held, refused := s.bodies.take(&ctx.Request.Header)
+	if refused { // a body small enough to have been read before the refusal took effect
+		shape := openAIErrors
+		rt, _ := lookup(s.routes, string(ctx.Path()))
+		if rt != nil {
+			shape = rt.errors
+		}
+		status := s.refuseBody(ctx, shape)
+		if rt != nil {
+			rt.count(ctx.Time(), metrics.StatusClass(status), time.Now())
+		}
+		return
+	}
+	handed := false // a routed request's body count goes to its exchange, whose end gives it back
+	defer func() {
+		if !handed {
+			s.bodies.release(held)
+		}
+	}()
 	if s.preflight(ctx) {
 		return
 	}
-	s.answer(ctx)
+	handed = s.answer(ctx, held)
 	s.cors(ctx)
 }
 
@@ -212,7 +243,9 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 var afterRequest func(*fasthttp.RequestCtx)
 
 // answer answers one request: forwarded when its path is routed, else by the net/http handlers.
-func (s *Server) answer(ctx *fasthttp.RequestCtx) {
+// held is the request's count in the body budget; answer reports whether an exchange took it
+// over (and so gives it back at its end, which for a streamed answer comes after serve returns).
+func (s *Server) answer(ctx *fasthttp.RequestCtx, held int64) bool {
 	if rt, id := lookup(s.routes, string(ctx.Path())); rt != nil {
 		if method := string(ctx.Method()); !rt.allows(method) {
 			allow := strings.Join(rt.methods, ", ")
@@ -220,12 +253,13 @@ func (s *Server) answer(ctx *fasthttp.RequestCtx) {
 			status := writeFastError(ctx, rt.errors, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed",
 				"method "+method+" is not allowed on "+rt.path+"; use "+allow)
 			rt.count(ctx.Time(), metrics.StatusClass(status), time.Now())
-			return
+			return false
 		}
-		s.forward(ctx, rt, id)
-		return
+		s.forward(ctx, rt, id, held)
+		return true
 	}
 	s.plain(ctx)
+	return false
 }
 
 // HTTPServer returns the fasthttp server of the traffic listener, with the client-side limits:
@@ -245,8 +279,8 @@ func (s *Server) HTTPServer() *fasthttp.Server {
 		CloseOnShutdown:       true,
 		SecureErrorLogMessage: true,
 		Logger:                discardLogger{},
-		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
-			return fasthttp.RequestConfig{ReadTimeout: s.opts.ClientBodyTimeout}
+		HeaderReceived: func(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+			return fasthttp.RequestConfig{ReadTimeout: s.opts.ClientBodyTimeout, MaxRequestBodySize: s.bodies.reserve(h)}
 		},
 		ErrorHandler: s.clientError,
 	}
@@ -259,9 +293,13 @@ func (s *Server) clientError(ctx *fasthttp.RequestCtx, err error) {
 	if rt != nil {
 		shape = rt.errors
 	}
+	held, refused := s.bodies.take(&ctx.Request.Header)
+	s.bodies.release(held)
 	var small *fasthttp.ErrSmallBuffer
 	var status int
 	switch {
+	case refused:
+		status = s.refuseBody(ctx, shape)
 	case errors.As(err, &small):
 		status = writeFastError(ctx, shape, fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "headers_too_large", "request headers are too large")
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):

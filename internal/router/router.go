@@ -205,6 +205,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		ClientWriteTimeout:  cfg.ClientWriteTimeout(),
 		MaxClientConns:      cfg.MaxClientConnections,
 		ResponseSearch:      proxy.SearchOptions{Concurrency: cfg.ResponseSearchConcurrency, PerMinute: cfg.ResponseSearchPerMinute},
+		MaxBodyBytesTotal:   cfg.MaxBodyBytesTotal,
 		Upstream: proxy.UpstreamOptions{
 			Dialer:           dialer,
 			MaxIdlePerWorker: maxIdlePerWorker,

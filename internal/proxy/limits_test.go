@@ -1,0 +1,188 @@
+package proxy
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// bodyBudgetProxy is a router whose body budget holds one 600 KiB body but not two.
+func bodyBudgetProxy(t *testing.T, bodyTimeout time.Duration) *testProxy {
+	t.Helper()
+	opts := testOptions()
+	opts.MaxBodyBytesTotal = 1 << 20
+	opts.ClientBodyTimeout = bodyTimeout
+	return newTestProxy(t, setup{opts: &opts, urls: []string{okWorker(t, "a").URL}})
+}
+
+// chatOfSize is a chat request body of exactly n bytes.
+func chatOfSize(n int) string {
+	head, tail := `{"model":"m","messages":[{"role":"user","content":"`, `"}]}`
+	return head + strings.Repeat("x", n-len(head)-len(tail)) + tail
+}
+
+// startBody sends a request's headers and the first half of its body on a new connection, and
+// leaves it there: the router holds the body's bytes until the rest comes.
+func startBody(t *testing.T, tp *testProxy, path, body string) (net.Conn, string) {
+	t.Helper()
+	c := tp.dial(t)
+	req := rawRequest(http.MethodPost, path, body)
+	half := len(req) - len(body)/2
+	if _, err := io.WriteString(c, req[:half]); err != nil {
+		t.Fatal(err)
+	}
+	// The headers are counted once the router read them; a second body of the same size is then
+	// over the budget.
+	eventually(t, 5*time.Second, "the first body counted", func() bool { return tp.Server.bodies.Held() == int64(len(body)) })
+	return c, req[half:]
+}
+
+// headersOnly sends a request's headers without its body and reads the answer.
+func headersOnly(t *testing.T, tp *testProxy, path, body string) (*http.Response, string) {
+	t.Helper()
+	c := tp.dial(t)
+	req := rawRequest(http.MethodPost, path, body)
+	if _, err := io.WriteString(c, req[:len(req)-len(body)]); err != nil {
+		t.Fatal(err)
+	}
+	return readAnswer(t, c)
+}
+
+func readAnswer(t *testing.T, c net.Conn) (*http.Response, string) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("read answer: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	return resp, string(b)
+}
+
+func TestBodyBudget_ABodyOverTheTotalIs503WithRetryAfterBeforeItIsRead(t *testing.T) {
+	tp := bodyBudgetProxy(t, 20*time.Second)
+	body := chatOfSize(600 << 10)
+	first, rest := startBody(t, tp, chatPath, body)
+
+	// The second request sends its headers only: the refusal must come without its body.
+	resp, got := headersOnly(t, tp, chatPath, body)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("second body: %d, Retry-After %q; want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	if code := errorCode(t, got); code != "request_bodies_over_budget" {
+		t.Fatalf("code %q", code)
+	}
+
+	// The first request was within the budget and goes through once its body is complete.
+	if _, err := io.WriteString(first, rest); err != nil {
+		t.Fatal(err)
+	}
+	if resp, got := readAnswer(t, first); resp.StatusCode != http.StatusOK {
+		t.Fatalf("first body: %d %s", resp.StatusCode, got)
+	}
+	// Its bytes are given back at its end: the same body is accepted now.
+	eventually(t, 5*time.Second, "the budget given back", func() bool { return tp.Server.bodies.Held() == 0 })
+	if status, _, got := tp.post(t, chatPath, body); status != http.StatusOK {
+		t.Fatalf("after the first ended: %d %s", status, got)
+	}
+}
+
+func TestBodyBudget_AnthropicRouteIsRefusedInItsOwnShape(t *testing.T) {
+	tp := bodyBudgetProxy(t, 20*time.Second)
+	body := chatOfSize(600 << 10)
+	startBody(t, tp, "/v1/messages", body)
+	resp, got := headersOnly(t, tp, "/v1/messages", body)
+	if resp.StatusCode != statusOverloaded || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("%d, Retry-After %q; want 529 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	if typ := anthropicErrorType(t, got); typ != "overloaded_error" {
+		t.Fatalf("type %q", typ)
+	}
+}
+
+func TestBodyBudget_EveryWayARequestEndsGivesItsBytesBackOnce(t *testing.T) {
+	tp := bodyBudgetProxy(t, 300*time.Millisecond)
+	body := chatOfSize(600 << 10)
+	for i := range 3 {
+		// Answered.
+		if status, _, got := tp.post(t, chatPath, body); status != http.StatusOK {
+			t.Fatalf("round %d: %d %s", i, status, got)
+		}
+		// Refused while another holds the budget, then that one abandoned mid-body.
+		held, _ := startBody(t, tp, chatPath, body)
+		if resp, _ := headersOnly(t, tp, chatPath, body); resp.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("round %d: over the budget got %d", i, resp.StatusCode)
+		}
+		_ = held.Close()
+		eventually(t, 5*time.Second, "the abandoned body given back", func() bool { return tp.Server.bodies.Held() == 0 })
+		// Too slow: cut by the body timeout with 408.
+		slow, _ := startBody(t, tp, chatPath, body)
+		if resp, _ := readAnswer(t, slow); resp.StatusCode != http.StatusRequestTimeout {
+			t.Fatalf("round %d: slow body got %d", i, resp.StatusCode)
+		}
+		eventually(t, 5*time.Second, "the slow body given back", func() bool { return tp.Server.bodies.Held() == 0 })
+		// Chunked, abandoned between two chunks: no answer is ever written for it.
+		c := tp.dial(t)
+		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{\"a\"\r\n", chatPath)
+		eventually(t, 5*time.Second, "the chunked body counted", func() bool { return tp.Server.bodies.Held() > 0 })
+		_ = c.Close()
+		// An abandoned body is given back when the budget is next needed, once its read
+		// deadline has passed: a request that needs it is refused until then.
+		eventually(t, 10*time.Second, "a body accepted again", func() bool {
+			status, _, _ := tp.post(t, chatPath, chatBody)
+			return status == http.StatusOK
+		})
+		eventually(t, 5*time.Second, "every byte given back", func() bool { return tp.Server.bodies.Held() == 0 })
+	}
+	if status, _, got := tp.post(t, chatPath, body); status != http.StatusOK {
+		t.Fatalf("at the end: %d %s", status, got)
+	}
+}
+
+func TestBodyBudget_AStreamedAnswerHoldsItsBodyUntilTheStreamEnds(t *testing.T) {
+	more := make(chan struct{})
+	var once sync.Once
+	finish := func() { once.Do(func() { close(more) }) }
+	w := newWorker(t, func(rw http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		rw.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(rw, "data: {\"i\":0}\n\n")
+		rw.(http.Flusher).Flush()
+		<-more
+		_, _ = io.WriteString(rw, "data: [DONE]\n\n")
+	})
+	t.Cleanup(finish) // runs before the worker's Close, which waits for this handler
+	opts := testOptions()
+	opts.MaxBodyBytesTotal = 1 << 20
+	tp := newTestProxy(t, setup{opts: &opts, urls: []string{w.URL}})
+
+	head, tail := `{"model":"m","stream":true,"messages":[{"role":"user","content":"`, `"}]}`
+	body := head + strings.Repeat("x", 600<<10) + tail
+	c := tp.dial(t)
+	if _, err := io.WriteString(c, rawRequest(http.MethodPost, chatPath, body)); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil || !strings.HasPrefix(line, "data:") {
+		t.Fatalf("first event: %q %v", line, err)
+	}
+	// The handler has returned and the relay streams: the body still counts until the end.
+	if held := tp.Server.bodies.Held(); held != int64(len(body)) {
+		t.Fatalf("while streaming %d bytes held, want %d", held, len(body))
+	}
+	finish()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	eventually(t, 5*time.Second, "the budget given back at the stream's end", func() bool { return tp.Server.bodies.Held() == 0 })
+}
