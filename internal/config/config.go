@@ -71,6 +71,9 @@ type Config struct {
 	// only the request timeout.
 	ClientWriteTimeoutSecs float64 `yaml:"client_write_timeout_secs"`
 	MaxClientConnections   int     `yaml:"max_client_connections"`
+	// MaxConnectionsPerClient caps the open connections of one client address (IPv4 address or
+	// IPv6 /64); 0: no cap.
+	MaxConnectionsPerClient int `yaml:"max_connections_per_client"`
 
 	// Searches of the workers for stored responses the router does not know (id routes, and
 	// Responses turns continuing one): the workers one search asks at once, and the searches
@@ -239,6 +242,7 @@ func Default() Config {
 		KeepaliveTimeoutSecs:    75,
 		ClientWriteTimeoutSecs:  60,
 		MaxClientConnections:    10000,
+		MaxConnectionsPerClient: 1000,
 		QueueSize:               1024,
 		QueueTimeoutSecs:        30,
 		PriorityLevels:          []string{"default"},
@@ -320,6 +324,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.IntVar(&c.MaxClientConnections, "max-client-connections", c.MaxClientConnections, "open client connections on the traffic listener; above it new connections get 503 and are closed")
 	fs.IntVar(&c.ResponseSearchConcurrency, "response-search-concurrency", c.ResponseSearchConcurrency, "workers asked at once when looking for a stored response the router does not know (GET/DELETE /v1/responses/{id}, cancel, input_items, a previous_response_id)")
 	fs.IntVar(&c.ResponseSearchPerMinute, "response-search-per-minute", c.ResponseSearchPerMinute, "searches for unknown stored responses each client (its key's tenant, else its address) may start a minute, a minute's worth at once; past it 429 (0: no bound)")
+	fs.IntVar(&c.MaxConnectionsPerClient, "max-connections-per-client", c.MaxConnectionsPerClient, "open connections from one client address (IPv4 address, IPv6 /64) on the traffic listener; above it a new connection gets 429 and is closed (0: no cap; behind a proxy every client has the proxy's address)")
 	fs.IntVar(&c.MaxConcurrentRequests, "max-concurrent-requests", c.MaxConcurrentRequests, "routed requests in flight at once, router-wide; more wait in the queue (0: unlimited)")
 	fs.IntVar(&c.MaxInflightPerWorker, "max-inflight-per-worker", c.MaxInflightPerWorker, "requests in flight per worker; a request waits in the queue while every worker of its model is at it (0: unlimited)")
 	fs.IntVar(&c.QueueSize, "queue-size", c.QueueSize, "requests waiting for admission, all priorities together; above it 429 (0: none wait)")
@@ -611,6 +616,7 @@ func (c Config) Validate() error {
 		"retry-initial-backoff-ms":   c.RetryInitialBackoffMs,
 		"retry-max-backoff-ms":       c.RetryMaxBackoffMs,
 		"max-concurrent-requests":    c.MaxConcurrentRequests,
+		"max-connections-per-client": c.MaxConnectionsPerClient,
 		"max-inflight-per-worker":    c.MaxInflightPerWorker,
 		"queue-size":                 c.QueueSize,
 		"tenant-requests-per-minute": c.TenantRPM,

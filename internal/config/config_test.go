@@ -606,6 +606,7 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{"negative client connections", func(c *config.Config) { c.MaxClientConnections = -5 }, "--max-client-connections"},
 		{"zero response search concurrency", func(c *config.Config) { c.ResponseSearchConcurrency = 0 }, "--response-search-concurrency"},
 		{"negative response search budget", func(c *config.Config) { c.ResponseSearchPerMinute = -1 }, "--response-search-per-minute"},
+		{"negative connections per client", func(c *config.Config) { c.MaxConnectionsPerClient = -1 }, "--max-connections-per-client"},
 		{"negative first byte timeout", func(c *config.Config) { c.FirstByteTimeoutSecs = -1 }, "--first-byte-timeout-secs"},
 		{"NaN first byte timeout", func(c *config.Config) { c.FirstByteTimeoutSecs = math.NaN() }, "--first-byte-timeout-secs"},
 		{"first byte timeout past the request timeout", func(c *config.Config) {

@@ -4,6 +4,9 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"net/netip"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -92,4 +95,128 @@ func (l *retryingListener) Accept() (net.Conn, error) {
 		}
 		time.Sleep(wait)
 	}
+}
+
+// capPerClient accepts at most limit open connections from one client address: an IPv4
+// address, or an IPv6 /64, the block one host is usually given. A connection over it is answered
+// 429 with Retry-After and closed, before any request is read; over TLS (tls true) it is closed
+// without a handshake, which would cost more than the connection is worth. A client address is
+// forgotten with its last connection, so the listener holds one entry per address with a
+// connection open.
+func capPerClient(ln net.Listener, limit int, tls bool) net.Listener {
+	return &perClientListener{Listener: ln, limit: limit, tls: tls, open: map[netip.Prefix]int{}, refusing: make(chan struct{}, maxRefusing)}
+}
+
+type perClientListener struct {
+	net.Listener
+	limit    int
+	tls      bool
+	mu       sync.Mutex
+	open     map[netip.Prefix]int
+	refusing chan struct{} // a place per refusal being written
+}
+
+// maxRefusing bounds the refusals written at once; past it a connection over its client's cap
+// is closed without one.
+const maxRefusing = 64
+
+// overClientCapResponse is the refusal: 429 with an OpenAI-shaped error body, which every client
+// of either protocol reads as "too many requests, retry later".
+var overClientCapResponse = func() string {
+	body := `{"error":{"message":"too many open connections from this address; try again","type":"rate_limit_error","code":"too_many_connections"}}` + "\n"
+	return "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: " +
+		strconv.Itoa(len(body)) + "\r\n\r\n" + body
+}()
+
+func (l *perClientListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		key, ok := clientPrefix(c.RemoteAddr())
+		if !ok { // not a TCP peer: nothing to count it by
+			return c, nil
+		}
+		l.mu.Lock()
+		if l.open[key] >= l.limit {
+			l.mu.Unlock()
+			l.refuse(c)
+			continue
+		}
+		l.open[key]++
+		l.mu.Unlock()
+		return &clientConn{Conn: c, l: l, key: key}, nil
+	}
+}
+
+// refuse answers a connection over its client's cap off the accept loop, or closes it when
+// too many refusals are being written already.
+func (l *perClientListener) refuse(c net.Conn) {
+	if l.tls {
+		_ = c.Close()
+		return
+	}
+	select {
+	case l.refusing <- struct{}{}:
+		go func() {
+			defer func() { <-l.refusing }()
+			_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+			_, _ = c.Write([]byte(overClientCapResponse))
+			_ = c.Close()
+		}()
+	default:
+		_ = c.Close()
+	}
+}
+
+func (l *perClientListener) closed(key netip.Prefix) {
+	l.mu.Lock()
+	if l.open[key]--; l.open[key] <= 0 {
+		delete(l.open, key)
+	}
+	l.mu.Unlock()
+}
+
+// clientPrefix is what a peer's connections are counted by: its IPv4 address, or its IPv6 /64.
+func clientPrefix(a net.Addr) (netip.Prefix, bool) {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	ip, ok := netip.AddrFromSlice(ta.IP)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	ip = ip.Unmap()
+	bits := 32
+	if ip.Is6() {
+		bits = 64
+	}
+	p, err := ip.Prefix(bits)
+	return p, err == nil
+}
+
+// clientConn gives its place back on its first Close. It exposes the socket's SyscallConn, so
+// the proxy can still see a client that closed its connection.
+type clientConn struct {
+	net.Conn
+	l      *perClientListener
+	key    netip.Prefix
+	closed atomic.Bool
+}
+
+func (c *clientConn) Close() error {
+	if c.closed.CompareAndSwap(false, true) {
+		c.l.closed(c.key)
+	}
+	return c.Conn.Close()
+}
+
+func (c *clientConn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, errors.ErrUnsupported
+	}
+	return sc.SyscallConn()
 }

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -135,5 +136,53 @@ func TestConnectionsOverTheCapGet503AndTheRestStillWork(t *testing.T) {
 		_, _ = io.WriteString(c, "again\n")
 		line, _ := bufio.NewReader(c).ReadString('\n')
 		return line == "again\n"
+	})
+}
+
+func TestOneClientAddressOverItsConnectionCapGets429WhileAnotherAddressIsServed(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxConnectionsPerClient = 2
+	tr := startRouter(t, cfg, newFakeWorker(t))
+	addr := strings.TrimPrefix(tr.url, "http://")
+	dialFrom := func(ip string) net.Conn {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: 2 * time.Second}
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	ask := func(c net.Conn) (*http.Response, string) {
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		_, _ = io.WriteString(c, "GET /liveness HTTP/1.1\r\nHost: router\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("no answer: %v", err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(b)
+	}
+	held := []net.Conn{dialFrom("127.0.0.1"), dialFrom("127.0.0.1")}
+	for _, c := range held { // both accepted and served
+		if resp, _ := ask(c); resp.StatusCode != http.StatusOK {
+			t.Fatalf("within the cap: %d", resp.StatusCode)
+		}
+	}
+	resp, body := ask(dialFrom("127.0.0.1"))
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" || !strings.Contains(body, `"code":"too_many_connections"`) {
+		t.Fatalf("over the cap: %d, Retry-After %q, %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+	if resp, _ := ask(dialFrom("127.0.0.2")); resp.StatusCode != http.StatusOK {
+		t.Fatalf("another address: %d", resp.StatusCode)
+	}
+	// A closed connection gives its place back.
+	held[0].Close()
+	waitFor(t, "a place for the address again", func() bool {
+		c := dialFrom("127.0.0.1")
+		defer c.Close()
+		resp, _ := ask(c)
+		return resp.StatusCode == http.StatusOK
 	})
 }

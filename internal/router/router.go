@@ -420,6 +420,9 @@ func (r *Router) Serve(ctx context.Context, ln, metricsLn net.Listener) error {
 	srv := r.proxy.HTTPServer()
 	errc := make(chan error, 2)
 	traffic := retryAccept(ln, r.log)
+	if n := r.cfg.MaxConnectionsPerClient; n > 0 {
+		traffic = capPerClient(traffic, n, r.certs != nil) // under TLS: a refusal costs no handshake
+	}
 	if r.certs != nil {
 		// Over the accept retries; the connection cap (fasthttp's Concurrency) closes a TLS
 		// connection over it without a handshake. The handshake must end within the client
