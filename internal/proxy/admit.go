@@ -28,8 +28,18 @@ const (
 	HeaderPriority = "x-priority" // the client's priority level, when --priority-header allows it
 )
 
-// rejectedByRate is the admission_rejections_total reason of a request over its tenant's rates.
-const rejectedByRate = "rate_limit"
+// Reasons of admission_rejections_total that the admission package does not give: a request
+// over its tenant's rates, and one still queued when the shutdown grace ended.
+const (
+	rejectedByRate     = "rate_limit"
+	rejectedByShutdown = "shutdown"
+)
+
+// EndQueue answers every request still waiting for admission, and every one that comes to wait
+// from now on, 503 shutting_down with Retry-After, and closes its connection: the router calls it
+// when the shutdown grace ends, so that queued requests get an answer a client can retry rather
+// than a connection cut by the exit.
+func (s *Server) EndQueue() { s.closeQueue() }
 
 // admit applies the rate limits and admission control to a request whose worker candidates are
 // known. It reports false when the request was answered (429, or 400 for an unknown priority)
@@ -73,15 +83,25 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	if ex.gone.Load() {
 		stop()
 	}
+	defer context.AfterFunc(s.queueClosed, stop)() // the shutdown grace ended
 	permit, err := a.Controller.Admit(wait, admission.Ticket{Tenant: tenant, Priority: priority, Model: ex.in.Model})
 	var rej *admission.Rejection
-	if errors.As(err, &rej) {
+	closing := err != nil && s.queueClosed.Err() != nil && !ex.gone.Load()
+	switch {
+	case closing:
+		s.metrics.AdmissionRejections.WithLabelValues(rejectedByShutdown).Inc()
+	case errors.As(err, &rej):
 		s.metrics.AdmissionRejections.WithLabelValues(rej.Reason.String()).Inc()
 	}
 	switch {
 	case err == nil:
 		ex.permit = permit
 		return true
+	case closing:
+		ctx.Response.Header.Set(HeaderRetryAfter, "1")
+		ctx.SetConnectionClose()
+		s.finish(ctx, ex, s.fail(ctx, ex, fasthttp.StatusServiceUnavailable, "server_error", "shutting_down",
+			"the router is shutting down and the request was still waiting for admission; try again"))
 	case errors.Is(err, admission.ErrUnknownPriority):
 		s.finish(ctx, ex, s.fail(ctx, ex, fasthttp.StatusBadRequest, "invalid_request_error", "unknown_priority",
 			"unknown priority level "+strconv.Quote(truncate(priority, 64))))

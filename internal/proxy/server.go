@@ -123,6 +123,11 @@ type Server struct {
 	bodies       *bodyBudget // nil without --max-request-body-bytes-total
 	plain        fasthttp.RequestHandler
 	adminPaths   map[string]bool // the admin endpoints' paths and patterns
+
+	// queueClosed ends when the shutdown grace does: requests still waiting for admission are
+	// then answered 503 (EndQueue).
+	queueClosed context.Context
+	closeQueue  context.CancelFunc
 }
 
 // workerPattern is the path pattern of one worker in the admin API.
@@ -143,6 +148,7 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 		workerClient: opts.Upstream.Client(), misses: newResponseMisses(),
 		searches: newSearchBudget(opts.ResponseSearch.PerMinute),
 		bodies:   newBodyBudget(opts.MaxBodyBytesTotal, opts.MaxPayloadSize, bodyReadTimeout(opts))}
+	s.queueClosed, s.closeQueue = context.WithCancel(context.Background())
 	if opts.Tokenize != nil {
 		s.tokenCache = &tokenCache{budget: opts.Tokenize.CacheBytes, byKey: map[string][]uint32{}}
 	}

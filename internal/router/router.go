@@ -414,7 +414,9 @@ func (r *Router) Start(ctx context.Context) {
 }
 
 // Serve answers on ln (and on metricsLn, if not nil) until ctx ends, then stops accepting, lets
-// in-flight requests finish for the shutdown grace period, and returns nil on a clean drain.
+// in-flight requests finish for the shutdown grace period, answers those still waiting for
+// admission 503 when it ends, and returns nil on a clean drain: every request answered, none
+// cut. Requests still with a worker queueAnswerWait after the grace are cut, and that is an error.
 // With a certificate (--tls-cert-file) both speak TLS only.
 func (r *Router) Serve(ctx context.Context, ln, metricsLn net.Listener) error {
 	srv := r.proxy.HTTPServer()
@@ -459,7 +461,15 @@ func (r *Router) Serve(ctx context.Context, ln, metricsLn net.Listener) error {
 	case <-ctx.Done():
 	}
 	r.log.Info("shutting down: draining in-flight requests", "grace", r.cfg.ShutdownGrace())
-	drainCtx, cancel := context.WithTimeout(context.Background(), r.cfg.ShutdownGrace())
+	// When the grace ends, the requests still waiting for admission are answered 503; the drain
+	// goes on for queueAnswerWait more, so that those answers are written and requests that
+	// finish meanwhile count as drained.
+	graceEnd := time.AfterFunc(r.cfg.ShutdownGrace(), func() {
+		r.log.Warn("shutdown grace ended: answering queued requests 503")
+		r.proxy.EndQueue()
+	})
+	defer graceEnd.Stop()
+	drainCtx, cancel := context.WithTimeout(context.Background(), r.cfg.ShutdownGrace()+queueAnswerWait)
 	defer cancel()
 	firstErr := srv.ShutdownWithContext(drainCtx)
 	if msrv != nil {
@@ -539,6 +549,10 @@ func (r *Router) reloadOnHangup(ctx context.Context) {
 		}
 	}
 }
+
+// queueAnswerWait is how long the drain lasts past the shutdown grace, for the answers to the
+// requests that were still queued to be written.
+const queueAnswerWait = 2 * time.Second
 
 // maxMetricsConns caps the metrics listener's open connections; a scraper needs a handful.
 const maxMetricsConns = 64
