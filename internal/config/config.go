@@ -121,6 +121,9 @@ type Config struct {
 	AdminWorkerURLCredentials bool `yaml:"admin_worker_url_credentials"`
 	// AccessLog is where the access log goes: a file path, "stdout", or "" for none.
 	AccessLog string `yaml:"access_log"`
+	// SessionHashSalt keys the session hash of the access log, traces and debug logs; "" draws a
+	// random one per process. Replicas given the same salt write the same hash for a session.
+	SessionHashSalt string `yaml:"session_hash_salt"`
 	// OTLPTracesEndpoint turns tracing on: where spans are exported, its scheme picking the
 	// protocol (http(s):// OTLP/HTTP, grpc:// or grpcs:// OTLP/gRPC). Empty: off, unless the
 	// OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT environment variables name one.
@@ -206,6 +209,9 @@ const (
 	AdminAPIKeyEnv = "CACHEROUTE_ADMIN_API_KEY"
 	RedisURLEnv    = "CACHEROUTE_REDIS_URL"
 )
+
+// SessionHashSaltEnv is read for --session-hash-salt when neither the flag nor the file sets it.
+const SessionHashSaltEnv = "CACHEROUTE_SESSION_HASH_SALT"
 
 // Admission reports whether any admission control is configured.
 func (c Config) Admission() bool {
@@ -350,6 +356,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.StringVar(&c.APIKey, "api-key", c.APIKey, "sent to workers as 'Authorization: Bearer' when the client sent none (env "+APIKeyEnv+")")
 	fs.StringVar(&c.AdminAPIKey, "admin-api-key", c.AdminAPIKey, "when set, admin endpoints require 'Authorization: Bearer <key>' (env "+AdminAPIKeyEnv+")")
 	fs.StringVar(&c.AccessLog, "access-log", c.AccessLog, "write one JSON line per routed request to this file (appended), or stdout; none by default")
+	fs.StringVar(&c.SessionHashSalt, "session-hash-salt", c.SessionHashSalt, "salt of the session hash in the access log, traces and debug logs; give replicas the same one for hashes that agree (default: random per process; env "+SessionHashSaltEnv+")")
 	fs.StringVar(&c.OTLPTracesEndpoint, "otlp-traces-endpoint", c.OTLPTracesEndpoint, "export OpenTelemetry traces here: http(s)://host:4318 (OTLP/HTTP, path /v1/traces by default) or grpc://host:4317 (OTLP/gRPC; grpcs:// with TLS); off by default (the OTEL_EXPORTER_OTLP_* variables also turn it on)")
 	fs.Float64Var(&c.TraceSampleRatio, "trace-sample-ratio", c.TraceSampleRatio, "fraction of new traces recorded (0..1); a request with a traceparent follows its caller's decision")
 	fs.StringSliceVar(&c.CORSAllowedOrigins, "cors-allowed-origins", c.CORSAllowedOrigins, "web origins (scheme://host[:port], or *) whose pages may call the router from a browser; none: no CORS headers")
@@ -452,6 +459,9 @@ func Load(fs *pflag.FlagSet, flagged *Config, configFile string) (Config, error)
 	}
 	if c.RedisURL == "" {
 		c.RedisURL = os.Getenv(RedisURLEnv)
+	}
+	if c.SessionHashSalt == "" {
+		c.SessionHashSalt = os.Getenv(SessionHashSaltEnv)
 	}
 	return c, c.Validate()
 }

@@ -58,6 +58,7 @@ func writeYAML(t *testing.T, text string) string {
 // every default it states with the flag's own, and every flag with the table: a flag left out of
 // the table, or a default changed on one side only, fails.
 func TestDefaultsMatchTheDocumentedTable(t *testing.T) {
+	t.Setenv(config.SessionHashSaltEnv, "")
 	t.Setenv(config.APIKeyEnv, "")
 	t.Setenv(config.AdminAPIKeyEnv, "")
 	t.Setenv(config.RedisURLEnv, "")
@@ -503,6 +504,16 @@ func TestWorkerAPIKeyFromEnvironmentKeepsItOutOfTheProcessList(t *testing.T) {
 	}
 	if c := mustLoad(t, "--api-key", "flag-key"); c.APIKey != "flag-key" {
 		t.Errorf("APIKey = %q, want the flag value over the env", c.APIKey)
+	}
+}
+
+func TestSessionHashSaltFromEnvironmentUnlessTheFlagGivesIt(t *testing.T) {
+	t.Setenv(config.SessionHashSaltEnv, "env-salt")
+	if c := mustLoad(t); c.SessionHashSalt != "env-salt" {
+		t.Errorf("SessionHashSalt = %q, want the env value", c.SessionHashSalt)
+	}
+	if c := mustLoad(t, "--session-hash-salt", "flag-salt"); c.SessionHashSalt != "flag-salt" {
+		t.Errorf("SessionHashSalt = %q, want the flag value over the env", c.SessionHashSalt)
 	}
 }
 

@@ -153,6 +153,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 	if r.admission, err = r.newAdmission(cfg); err != nil {
 		return nil, err
 	}
+	telemetry.SetSessionSalt(cfg.SessionHashSalt)
 	if err := r.openAccessLog(cfg.AccessLog); err != nil {
 		return nil, err
 	}

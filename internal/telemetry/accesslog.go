@@ -4,11 +4,14 @@ package telemetry
 
 import (
 	"bufio"
+	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -41,13 +44,36 @@ type Entry struct {
 	CachedTokens *int    `json:"cached_tokens,omitempty"`
 }
 
-// SessionHash identifies a session key in logs without revealing it; "" for no key.
+// SessionHash identifies a session key in logs and traces without revealing it; "" for no key.
+// It is a keyed hash (HMAC-SHA-256, its first 6 bytes in hex) under the salt of SetSessionSalt,
+// or else a random salt drawn when the process starts: without the salt, a session id that can
+// be guessed cannot be confirmed by hashing it and looking for the result in a log.
 func SessionHash(key string) string {
 	if key == "" {
 		return ""
 	}
-	sum := sha256.Sum256([]byte(key))
-	return hex.EncodeToString(sum[:6])
+	mac := hmac.New(sha256.New, *sessionSalt.Load())
+	mac.Write([]byte(key))
+	return hex.EncodeToString(mac.Sum(nil)[:6])
+}
+
+// sessionSalt is the key of SessionHash.
+var sessionSalt atomic.Pointer[[]byte]
+
+func init() {
+	salt := make([]byte, 32)
+	_, _ = rand.Read(salt) // never fails (crypto/rand)
+	sessionSalt.Store(&salt)
+}
+
+// SetSessionSalt makes SessionHash use salt from now on, so that routers given the same salt
+// (--session-hash-salt) write the same hash for a session; "" keeps the process's random salt.
+func SetSessionSalt(salt string) {
+	if salt == "" {
+		return
+	}
+	b := []byte(salt)
+	sessionSalt.Store(&b)
 }
 
 // AccessLog writes entries as JSON lines, off the request path: Log hands an entry to a bounded

@@ -3,7 +3,12 @@ package telemetry
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -88,5 +93,66 @@ func TestSessionHashHidesTheKey(t *testing.T) {
 	}
 	if SessionHash("") != "" {
 		t.Fatal("no key must have no hash")
+	}
+}
+
+// withSalt runs the rest of the test under salt, and puts the process's salt back after it.
+func withSalt(t *testing.T, salt string) {
+	t.Helper()
+	old := sessionSalt.Load()
+	t.Cleanup(func() { sessionSalt.Store(old) })
+	SetSessionSalt(salt)
+}
+
+func TestSessionHashIsNotTheUnsaltedHashOfTheKey(t *testing.T) {
+	key := "session:1234"
+	plain := sha256.Sum256([]byte(key))
+	if SessionHash(key) == hex.EncodeToString(plain[:6]) {
+		t.Fatal("the hash of a guessable id can be confirmed by hashing the guess")
+	}
+}
+
+func TestSessionHashAgreesAcrossRoutersGivenTheSameSaltAndDiffersUnderAnother(t *testing.T) {
+	withSalt(t, "replica-salt")
+	a := SessionHash("session:1234")
+	SetSessionSalt("other-salt")
+	if b := SessionHash("session:1234"); b == a {
+		t.Fatal("two salts gave one hash")
+	}
+	SetSessionSalt("replica-salt")
+	if b := SessionHash("session:1234"); b != a {
+		t.Fatalf("one salt gave %q and %q", a, b)
+	}
+	SetSessionSalt("") // keeps the salt in use
+	if b := SessionHash("session:1234"); b != a {
+		t.Fatalf("an empty salt changed the hash: %q, %q", a, b)
+	}
+}
+
+// printHashEnv makes TestSessionHashDiffersBetweenProcessesByDefault's child print one hash.
+const printHashEnv = "CACHEROUTE_TEST_PRINT_SESSION_HASH"
+
+func TestSessionHashDiffersBetweenProcessesByDefault(t *testing.T) {
+	if os.Getenv(printHashEnv) != "" {
+		fmt.Println("hash=" + SessionHash("session:1234"))
+		return
+	}
+	run := func() string {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestSessionHashDiffersBetweenProcessesByDefault$")
+		cmd.Env = append(os.Environ(), printHashEnv+"=1")
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("child: %v", err)
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			if h, ok := strings.CutPrefix(line, "hash="); ok {
+				return h
+			}
+		}
+		t.Fatalf("child printed no hash: %s", out)
+		return ""
+	}
+	if a, b := run(), run(); a == b {
+		t.Fatalf("two processes without a configured salt gave the same hash %q", a)
 	}
 }
