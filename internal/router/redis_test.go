@@ -1,6 +1,8 @@
 package router
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -178,7 +180,7 @@ func TestRedisReplicasShareSessions(t *testing.T) {
 			}
 		}
 		// The entry is where the documented key layout says, holding the worker tenant.
-		if got, err := srv.Client().Get(t.Context(), "it:sess:"+simModel+":session:"+c.id).Result(); err != nil || got != home {
+		if got, err := srv.Client().Get(t.Context(), sessionRedisKey("it", "session:"+c.id)).Result(); err != nil || got != home {
 			t.Fatalf("redis key for %s = %q, %v; want %q", c.id, got, err, home)
 		}
 	}
@@ -214,7 +216,7 @@ func TestRedisSessionTTLExpiresInRedis(t *testing.T) {
 
 	c := newConversation("short-lived")
 	c.turn(t, a)
-	key := "cacheroute:sess:" + simModel + ":session:" + c.id
+	key := sessionRedisKey("cacheroute", "session:"+c.id)
 	if pttl := client.PTTL(t.Context(), key).Val(); pttl <= 0 || pttl > time.Second {
 		t.Fatalf("PTTL of %s = %v, want in (0, 1s]", key, pttl)
 	}
@@ -431,4 +433,11 @@ func TestRedisDownAtStartup(t *testing.T) {
 	srv.Restart()
 	waitReachable(t, a, b)
 	assertShared(t, "late", a, b)
+}
+
+// sessionRedisKey is where the documented key layout puts a session of simModel:
+// <prefix>:sess2:<model>:<16 bytes of the session key's SHA-256, in hex>.
+func sessionRedisKey(prefix, sessionKey string) string {
+	sum := sha256.Sum256([]byte(sessionKey))
+	return prefix + ":sess2:" + simModel + ":" + hex.EncodeToString(sum[:16])
 }

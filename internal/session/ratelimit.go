@@ -121,7 +121,7 @@ func NewRedisLimiter(store *Redis, opts RedisLimiterOptions) (*RedisLimiter, err
 }
 
 // Key returns the Redis key of a tenant's buckets: <prefix>:rl:<tenant>. The tenant is its last
-// part, so no two tenants share a key, and no session key (<prefix>:sess:…) is one.
+// part, so no two tenants share a key, and no session key (<prefix>:sess2:…) is one.
 func (l *RedisLimiter) Key(tenant string) string { return l.prefix + ":rl:" + tenant }
 
 // Check implements admission.Limiter: one script run in Redis, or the fallback's answer.

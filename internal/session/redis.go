@@ -2,8 +2,10 @@ package session
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -30,7 +32,8 @@ type RedisOptions struct {
 	// URL is redis://[user:password@]host:port[/db] or rediss://… (TLS); see ParseRedisURL
 	// for the query parameters that select a Cluster or a Sentinel deployment.
 	URL string
-	// KeyPrefix starts every key: <prefix>:sess:<model>:<session key>. Default "cacheroute".
+	// KeyPrefix starts every key: <prefix>:sess2:<model>:<digest of the session key>. Default
+	// "cacheroute".
 	KeyPrefix string
 	// TTL is how long an entry lives after it was last set or read. Default 1h.
 	TTL time.Duration
@@ -60,7 +63,7 @@ func (o *RedisOptions) ApplyDefaults() {
 var ErrBusy = errors.New("session store busy")
 
 // Redis is the shared Store: every router replica pointed at the same Redis (or Valkey) sees
-// the same session map. The entry <prefix>:sess:<model>:<session key> holds the worker tenant
+// the same session map. The entry <prefix>:sess2:<model>:<digest> (see Key) holds the worker tenant
 // as a plain string with the session TTL as its expiry.
 //
 //   - Get is one GETEX … PX/EX round trip: it reads the tenant and refreshes the TTL at once
@@ -132,21 +135,24 @@ func (r *Redis) Client() redis.UniversalClient { return r.client }
 // Close releases the connections.
 func (r *Redis) Close() error { return r.client.Close() }
 
-// Key returns the Redis key of a session: <prefix>:sess:<model>:<session key>. A ':' or '%'
-// in the model name is percent-escaped so that no (model, key) pair can produce another
-// pair's key; model names without them appear as they are. Session keys are used unchanged
-// (they are namespaced "session:…" or "user:…" and bounded in length by reqkey).
+// Key returns the Redis key of a session: <prefix>:sess2:<model>:<digest>, the digest being the
+// first 16 bytes of the SHA-256 of the session key, in hex. The session key never appears in a key
+// name, so listing the keys, a slow log or a monitor does not show clients' session ids. A ':' or
+// '%' in the model name is percent-escaped so that no model name can produce another's key; model
+// names without them appear as they are. (Keys before the digest were <prefix>:sess:<model>:<session
+// key>; nothing reads them, and they expire with the session TTL.)
 func (r *Redis) Key(model, key string) string {
+	sum := sha256.Sum256([]byte(key))
 	var b strings.Builder
-	b.Grow(len(r.prefix) + len(":sess:") + len(model) + 1 + len(key))
+	b.Grow(len(r.prefix) + len(":sess2:") + len(model) + 1 + 32)
 	b.WriteString(r.prefix)
-	b.WriteString(":sess:")
+	b.WriteString(":sess2:")
 	if strings.ContainsAny(model, ":%") {
 		model = strings.NewReplacer("%", "%25", ":", "%3A").Replace(model)
 	}
 	b.WriteString(model)
 	b.WriteByte(':')
-	b.WriteString(key)
+	b.WriteString(hex.EncodeToString(sum[:16]))
 	return b.String()
 }
 

@@ -6,9 +6,11 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/hex"
 	"encoding/pem"
 	"math/big"
 	"net"
@@ -105,30 +107,57 @@ func TestRedis_KeyLayout(t *testing.T) {
 	ctx := context.Background()
 
 	mustSet(t, r, redisModel, "session:abc", tenantA)
-	if got, err := c.Get(ctx, "prod:sess:llama-3-8b:session:abc").Result(); err != nil || got != tenantA {
-		t.Fatalf("key prod:sess:llama-3-8b:session:abc = %q, %v; want %q", got, err, tenantA)
+	want := "prod:sess2:llama-3-8b:" + digest("session:abc")
+	if got, err := c.Get(ctx, want).Result(); err != nil || got != tenantA {
+		t.Fatalf("key %s = %q, %v; want %q", want, got, err, tenantA)
 	}
 	keys, err := c.Keys(ctx, "*").Result()
 	if err != nil || len(keys) != 1 {
 		t.Fatalf("keys %v, %v; want exactly one", keys, err)
 	}
 
-	// A ':' in the model name is escaped, so model "m:session" with key "session:x" and model
-	// "m" with key "session:session:x" are different entries.
-	mustSet(t, r, "m:session", "session:x", tenantA)
-	mustSet(t, r, "m", "session:session:x", tenantB)
-	mustGet(t, r, "m:session", "session:x", tenantA)
-	mustGet(t, r, "m", "session:session:x", tenantB)
-	if got := r.Key("qwen:7b%", "user:u"); got != "prod:sess:qwen%3A7b%25:user:u" {
-		t.Fatalf("Key = %q", got)
-	}
-	if got := r.Key("m", "session:x"); got != "prod:sess:m:session:x" {
+	// A ':' in the model name is escaped, so model "m:x" and model "m" with the same key are
+	// different entries.
+	mustSet(t, r, "m:x", "session:x", tenantA)
+	mustSet(t, r, "m", "session:x", tenantB)
+	mustGet(t, r, "m:x", "session:x", tenantA)
+	mustGet(t, r, "m", "session:x", tenantB)
+	if got := r.Key("qwen:7b%", "user:u"); got != "prod:sess2:qwen%3A7b%25:"+digest("user:u") {
 		t.Fatalf("Key = %q", got)
 	}
 
 	def := newRedis(t, srv, session.RedisOptions{})
-	if got := def.Key("m", "session:x"); got != "cacheroute:sess:m:session:x" {
+	if got := def.Key("m", "session:x"); got != "cacheroute:sess2:m:"+digest("session:x") {
 		t.Fatalf("default prefix: Key = %q", got)
+	}
+}
+
+// digest is the part of a key that stands for the session key: 16 bytes of its SHA-256, in hex.
+func digest(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:16])
+}
+
+func TestRedis_NoSessionIDAppearsInAKeyName(t *testing.T) {
+	srv := redistest.Start(t)
+	r := newRedis(t, srv, session.RedisOptions{})
+	ids := []string{"session:7", "session:alice", "user:bob@example.com", "session:" + strings.Repeat("z", 40)}
+	for _, id := range ids {
+		mustSet(t, r, redisModel, id, tenantA)
+		mustGet(t, r, redisModel, id, tenantA)
+	}
+	keys, err := srv.Client().Keys(context.Background(), "*").Result()
+	if err != nil || len(keys) != len(ids) {
+		t.Fatalf("keys %v, %v; want %d", keys, err, len(ids))
+	}
+	want := map[string]bool{}
+	for _, id := range ids {
+		want["cacheroute:sess2:"+redisModel+":"+digest(id)] = true
+	}
+	for _, k := range keys {
+		if !want[k] || strings.Contains(k, "session:") || strings.Contains(k, "user:") || strings.Contains(k, "alice") || strings.Contains(k, "bob") {
+			t.Fatalf("key %q is not the digest of a session key, or shows one", k)
+		}
 	}
 }
 
