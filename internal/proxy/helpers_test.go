@@ -120,7 +120,7 @@ func newTestProxy(t *testing.T, cfg setup) *testProxy {
 	served := make(chan struct{})
 	go func() {
 		defer close(served)
-		_ = srv.Serve(ln)
+		_ = srv.Serve(RecordRequestStarts(ln))
 	}()
 	transport := &http.Transport{DisableCompression: true, MaxIdleConnsPerHost: 16}
 	tp := &testProxy{

@@ -186,3 +186,48 @@ func TestBodyBudget_AStreamedAnswerHoldsItsBodyUntilTheStreamEnds(t *testing.T) 
 	_, _ = io.Copy(io.Discard, resp.Body)
 	eventually(t, 5*time.Second, "the budget given back at the stream's end", func() bool { return tp.Server.bodies.Held() == 0 })
 }
+
+func TestHeadersTooLargeAreAnsweredInTheShapeOfTheRouteTheRequestLineNames(t *testing.T) {
+	tp := newTestProxy(t, setup{urls: []string{okWorker(t, "a").URL}})
+	big := "X-Big: " + strings.Repeat("a", 20<<10)
+	// On a fresh connection, and on one that served a request of the other protocol before.
+	c := tp.dial(t)
+	if status := roundTrip(t, c, rawRequest(http.MethodPost, chatPath, chatBody)); status != http.StatusOK {
+		t.Fatalf("first request: %d", status)
+	}
+	for _, conn := range []net.Conn{tp.dial(t), c} {
+		if _, err := io.WriteString(conn, rawRequest(http.MethodPost, "/v1/messages?beta=true", `{}`, big)); err != nil {
+			t.Fatal(err)
+		}
+		resp, body := readAnswer(t, conn)
+		if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		if typ := anthropicErrorType(t, body); typ != "invalid_request_error" {
+			t.Fatalf("type %q", typ)
+		}
+	}
+	resp, body := readAnswer(t, func() net.Conn {
+		conn := tp.dial(t)
+		_, _ = io.WriteString(conn, rawRequest(http.MethodPost, chatPath, `{}`, big))
+		return conn
+	}())
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge || errorCode(t, body) != "headers_too_large" {
+		t.Fatalf("chat: %d %s", resp.StatusCode, body)
+	}
+}
+
+func TestRequestLinePathReadsOriginAndAbsoluteForms(t *testing.T) {
+	for in, want := range map[string]string{
+		"POST /v1/messages HTTP/1.1\r\nHost: x":                      "/v1/messages",
+		"POST /v1/messages?beta=true HTTP/1.1\r\n":                   "/v1/messages",
+		"POST http://router:30000/v1/messages/count_tokens HTTP/1.1": "/v1/messages/count_tokens",
+		"POST /v1/messages":                                          "", // the line was cut: not trusted
+		"POST http://router HTTP/1.1":                                "",
+		"":                                                           "",
+	} {
+		if got := requestLinePath([]byte(in)); got != want {
+			t.Errorf("requestLinePath(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

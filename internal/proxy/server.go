@@ -295,13 +295,16 @@ func (s *Server) HTTPServer() *fasthttp.Server {
 // clientError answers a request fasthttp could not read: too large, too slow, malformed.
 func (s *Server) clientError(ctx *fasthttp.RequestCtx, err error) {
 	rt, _ := lookup(s.routes, string(ctx.Path()))
+	var small *fasthttp.ErrSmallBuffer
+	if rt == nil && errors.As(err, &small) { // the headers were not parsed: read the request line
+		rt, _ = lookup(s.routes, requestPathOf(ctx.Conn()))
+	}
 	shape := openAIErrors
 	if rt != nil {
 		shape = rt.errors
 	}
 	held, refused := s.bodies.take(&ctx.Request.Header)
 	s.bodies.release(held)
-	var small *fasthttp.ErrSmallBuffer
 	var status int
 	switch {
 	case refused:

@@ -432,7 +432,7 @@ func (r *Router) Serve(ctx context.Context, ln, metricsLn net.Listener) error {
 		// header timeout of the accept.
 		traffic = tlsListener(traffic, r.certs.serverConfig(), r.cfg.ClientHeaderTimeout())
 	}
-	go func() { errc <- srv.Serve(traffic) }()
+	go func() { errc <- srv.Serve(proxy.RecordRequestStarts(traffic)) }()
 	go r.dashboard.Run(ctx)
 	var msrv *http.Server
 	if metricsLn != nil {

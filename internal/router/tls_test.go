@@ -695,3 +695,28 @@ func TestStartupRefusesTLSFilesThatDoNotLoad(t *testing.T) {
 		_ = r.store.redis.Close()
 	})
 }
+
+func TestRouterOverTLSStillTellsWorkersHTTPSAndAnswersOversizedHeadersInTheRouteShape(t *testing.T) {
+	p := newTestPKI(t)
+	w := newFakeWorker(t)
+	tr := startTLSRouter(t, tlsConfig(p), w)
+	c := httpsClient(t, p.pool(), nil)
+	resp, err := c.Post(tr.url+"/v1/chat/completions", "application/json", strings.NewReader(tlsChatBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	if _, h := w.last(); h.Get("X-Forwarded-Proto") != "https" {
+		t.Fatalf("X-Forwarded-Proto %q, want https", h.Get("X-Forwarded-Proto"))
+	}
+	req, _ := http.NewRequest(http.MethodPost, tr.url+"/v1/messages", strings.NewReader(`{}`))
+	req.Header.Set("X-Big", strings.Repeat("a", 20<<10))
+	resp, err = c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := readAll(t, resp)
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge || !strings.Contains(body, `"type":"error"`) || !strings.Contains(body, `"invalid_request_error"`) {
+		t.Fatalf("%d %s; want 431 in the Anthropic shape", resp.StatusCode, body)
+	}
+}
