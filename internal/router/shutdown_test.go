@@ -18,9 +18,8 @@ type answer struct {
 	err        error
 }
 
-// postAsync sends body to path on a connection of its own and delivers the answer on the channel.
-// (Its own transport rather than DisableKeepAlives: a request with "Connection: close" would have
-// the poison build overwrite fasthttp's shared "close" value.)
+// postAsync sends body to path on a connection of its own (a transport of its own) and delivers
+// the answer on the channel.
 func (tr *testRouter) postAsync(path, body string) <-chan answer {
 	out := make(chan answer, 1)
 	go func() {
