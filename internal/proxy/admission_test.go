@@ -221,3 +221,32 @@ func TestRequestAskingMoreTokensThanATenantsMinuteIsRefusedWithoutRetryAfter(t *
 		t.Fatalf("a request within the minute: %d, limit header %q", status, h.Get("x-ratelimit-limit-tokens"))
 	}
 }
+
+// A refusal counter whose series appears only at its first refusal gives rate() and alerts
+// nothing to work on until then: the search budget's and the shutdown's reasons have their
+// series, at 0, from the router's start, before any request.
+func TestAdmissionRejectionsForSearchesAndShutdownHaveSeriesFromTheStart(t *testing.T) {
+	tp := newTestProxy(t, setup{urls: []string{okWorker(t, "a").URL}})
+	families, err := tp.Metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != "vllm_router_admission_rejections_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "reason" {
+					seen[l.GetValue()] = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	for _, reason := range []string{rejectedBySearchBudget, rejectedByShutdown} {
+		if n, ok := seen[reason]; !ok || n != 0 {
+			t.Errorf("admission_rejections_total{reason=%q} at start: present %v, value %v; want present at 0", reason, ok, n)
+		}
+	}
+}

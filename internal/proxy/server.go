@@ -168,7 +168,9 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 			m.CacheAwareDecisions.WithLabelValues(labelResponseMiss)
 		}
 	}
-	m.AdmissionRejections.WithLabelValues(rejectedBySearchBudget)
+	for _, reason := range []string{rejectedBySearchBudget, rejectedByShutdown} {
+		m.AdmissionRejections.WithLabelValues(reason) // at 0 from the start, for rate() and alerts
+	}
 	allow := map[string][]string{} // path → methods, for 405 answers
 	handle := func(method, path string, h http.HandlerFunc) {
 		s.mux.HandleFunc(method+" "+path, h)
