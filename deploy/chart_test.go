@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/cacheroute/cacheroute/internal/config"
+	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
 )
 
 // The values files the chart is rendered with besides its defaults.
@@ -129,11 +130,11 @@ func TestChartDefaults(t *testing.T) {
 		got, want any
 	}{
 		{"policy.name", cfg.Policy, def.Policy},
-		{"policy.cacheThreshold", ca(cfg).CacheThreshold, ca(def).CacheThreshold},
-		{"policy.balanceAbsThreshold", ca(cfg).BalanceAbsThreshold, ca(def).BalanceAbsThreshold},
-		{"policy.balanceRelThreshold", ca(cfg).BalanceRelThreshold, ca(def).BalanceRelThreshold},
-		{"policy.maxTreeSize", ca(cfg).MaxTreeSize, ca(def).MaxTreeSize},
-		{"policy.evictionIntervalSecs", ca(cfg).EvictionIntervalSecs, ca(def).EvictionIntervalSecs},
+		{"policy.cacheThreshold", cacheaware.KnobsIn(cfg.PolicyOptions).CacheThreshold, cacheaware.KnobsIn(def.PolicyOptions).CacheThreshold},
+		{"policy.balanceAbsThreshold", cacheaware.KnobsIn(cfg.PolicyOptions).BalanceAbsThreshold, cacheaware.KnobsIn(def.PolicyOptions).BalanceAbsThreshold},
+		{"policy.balanceRelThreshold", cacheaware.KnobsIn(cfg.PolicyOptions).BalanceRelThreshold, cacheaware.KnobsIn(def.PolicyOptions).BalanceRelThreshold},
+		{"policy.maxTreeSize", cacheaware.KnobsIn(cfg.PolicyOptions).MaxTreeSize, cacheaware.KnobsIn(def.PolicyOptions).MaxTreeSize},
+		{"policy.evictionIntervalSecs", cacheaware.KnobsIn(cfg.PolicyOptions).EvictionIntervalSecs, cacheaware.KnobsIn(def.PolicyOptions).EvictionIntervalSecs},
 		{"policy.sessionTtl", cfg.SessionTTL, def.SessionTTL},
 		{"policy.maxSessions", cfg.MaxSessions, def.MaxSessions},
 		{"dataParallelSize", cfg.DPSize, def.DPSize},
@@ -241,7 +242,7 @@ func TestChartProduction(t *testing.T) {
 		cfg.ServiceDiscoveryPort != 8080 || cfg.ServiceDiscoveryNamespace != "inference" {
 		t.Errorf("discovery %v port %d namespace %q", cfg.Selector, cfg.ServiceDiscoveryPort, cfg.ServiceDiscoveryNamespace)
 	}
-	if ca(cfg).CacheThreshold != 0.5 || ca(cfg).BalanceAbsThreshold != 32 || cfg.SessionTTL.Minutes() != 30 || cfg.DPSize != 2 ||
+	if cacheaware.KnobsIn(cfg.PolicyOptions).CacheThreshold != 0.5 || cacheaware.KnobsIn(cfg.PolicyOptions).BalanceAbsThreshold != 32 || cfg.SessionTTL.Minutes() != 30 || cfg.DPSize != 2 ||
 		cfg.RedisKeyPrefix != "prod-router" || cfg.RequestTimeoutSecs != 600 || cfg.PriorityReserve != 16 {
 		t.Errorf("policy and config values not passed through: %+v", cfg)
 	}

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
 )
 
 func TestNamedPolicyEntriesKeepTheirNamesAndModes(t *testing.T) {
@@ -60,14 +62,14 @@ func TestRouterArgGoesToEveryEntryOrToTheNamedOne(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.LoadSignal != "tokens" || ca(a).BalanceAbsThreshold != 64 || a.DisableCircuitBreaker || a.SessionStore != "memory" {
+	if a.LoadSignal != "tokens" || cacheaware.KnobsIn(a.PolicyOptions).BalanceAbsThreshold != 64 || a.DisableCircuitBreaker || a.SessionStore != "memory" {
 		t.Fatalf("a: %+v", a)
 	}
 	ps[0].Args = append(ps[0].Args, "--session-store=memory")
 	if a, err = routerConfig(ps[0], []string{"http://127.0.0.1:1"}, "redis://127.0.0.1:6379"); err != nil || a.SessionStore != "memory" || a.RedisURL != "" {
 		t.Fatalf("--session-store=memory with a shared store: %v, store %s %s", err, a.SessionStore, a.RedisURL)
 	}
-	if b.LoadSignal != "tokens" || ca(b).BalanceAbsThreshold != 0 || !b.DisableCircuitBreaker ||
+	if b.LoadSignal != "tokens" || cacheaware.KnobsIn(b.PolicyOptions).BalanceAbsThreshold != 0 || !b.DisableCircuitBreaker ||
 		b.SessionStore != "redis" || b.RedisURL != "redis://127.0.0.1:6379" || b.Policy != "cache_aware" || b.PrometheusPort != 0 {
 		t.Fatalf("b: %+v", b)
 	}
@@ -114,7 +116,7 @@ func TestRouterArgConfigFileIsLoadedUnderTheFlagsGiven(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ca(cfg).BalanceAbsThreshold != 7 || ca(cfg).BalanceRelThreshold != 2 || cfg.LogLevel != "error" || cfg.ShutdownGraceSecs != 5 || cfg.PrometheusPort != 0 {
+	if cacheaware.KnobsIn(cfg.PolicyOptions).BalanceAbsThreshold != 7 || cacheaware.KnobsIn(cfg.PolicyOptions).BalanceRelThreshold != 2 || cfg.LogLevel != "error" || cfg.ShutdownGraceSecs != 5 || cfg.PrometheusPort != 0 {
 		t.Fatalf("config %+v", cfg)
 	}
 	owned := filepath.Join(dir, "owned.yaml")

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cacheroute/cacheroute/internal/config"
+	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
 	"github.com/cacheroute/cacheroute/internal/policy/registry"
 )
 
@@ -388,7 +389,7 @@ cache_threshold: 0.5
 	want.LogFormat = "json"
 	want.SessionTTL = 30 * time.Minute
 	want.MaxSessions = 1000
-	ca(want).CacheThreshold = 0.5
+	cacheaware.KnobsIn(want.PolicyOptions).CacheThreshold = 0.5
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Load(file) =\n%+v\nwant\n%+v", got, want)
 	}
@@ -569,12 +570,12 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{"negative health failure threshold", func(c *config.Config) { c.HealthFailureThreshold = -1 }, "--health-failure-threshold"},
 		{"zero health success threshold", func(c *config.Config) { c.HealthSuccessThreshold = 0 }, "--health-success-threshold"},
 		{"negative cb failure threshold", func(c *config.Config) { c.CBFailureThreshold = -3 }, "--cb-failure-threshold"},
-		{"negative balance abs threshold", func(c *config.Config) { ca(c).BalanceAbsThreshold = -1 }, "--balance-abs-threshold"},
-		{"zero balance rel threshold", func(c *config.Config) { ca(c).BalanceRelThreshold = 0 }, "--balance-rel-threshold"},
-		{"cache threshold above 1", func(c *config.Config) { ca(c).CacheThreshold = 1.5 }, "--cache-threshold"},
-		{"negative cache threshold", func(c *config.Config) { ca(c).CacheThreshold = -0.1 }, "--cache-threshold"},
+		{"negative balance abs threshold", func(c *config.Config) { cacheaware.KnobsIn(c.PolicyOptions).BalanceAbsThreshold = -1 }, "--balance-abs-threshold"},
+		{"zero balance rel threshold", func(c *config.Config) { cacheaware.KnobsIn(c.PolicyOptions).BalanceRelThreshold = 0 }, "--balance-rel-threshold"},
+		{"cache threshold above 1", func(c *config.Config) { cacheaware.KnobsIn(c.PolicyOptions).CacheThreshold = 1.5 }, "--cache-threshold"},
+		{"negative cache threshold", func(c *config.Config) { cacheaware.KnobsIn(c.PolicyOptions).CacheThreshold = -0.1 }, "--cache-threshold"},
 		{"unknown load signal", func(c *config.Config) { c.LoadSignal = "gpu" }, "--load-signal"},
-		{"unknown history match mode", func(c *config.Config) { ca(c).HistoryMatchMode = "prefix" }, "--history-match-mode"},
+		{"unknown history match mode", func(c *config.Config) { cacheaware.KnobsIn(c.PolicyOptions).HistoryMatchMode = "prefix" }, "--history-match-mode"},
 		{"worker metrics interval too short", func(c *config.Config) { c.WorkerMetricsInterval = time.Millisecond }, "--worker-metrics-interval"},
 		{"zero load unit tokens", func(c *config.Config) { c.LoadUnitTokens = 0 }, "--load-unit-tokens"},
 		{"negative retries", func(c *config.Config) { c.RetryMaxRetries = -1 }, "--retry-max-retries"},
@@ -603,10 +604,10 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{"endpoint without slash", func(c *config.Config) { c.HealthCheckEndpoint = "health" }, "--health-check-endpoint"},
 		{"unknown log level", func(c *config.Config) { c.LogLevel = "verbose" }, "--log-level"},
 		{"unknown log format", func(c *config.Config) { c.LogFormat = "xml" }, "--log-format"},
-		{"zero tree size", func(c *config.Config) { ca(c).MaxTreeSize = 0 }, "--max-tree-size"},
+		{"zero tree size", func(c *config.Config) { cacheaware.KnobsIn(c.PolicyOptions).MaxTreeSize = 0 }, "--max-tree-size"},
 		{"zero sessions", func(c *config.Config) { c.MaxSessions = 0 }, "--max-sessions"},
 		{"zero session ttl", func(c *config.Config) { c.SessionTTL = 0 }, "--session-ttl"},
-		{"zero eviction interval", func(c *config.Config) { ca(c).EvictionIntervalSecs = 0 }, "--eviction-interval-secs"},
+		{"zero eviction interval", func(c *config.Config) { cacheaware.KnobsIn(c.PolicyOptions).EvictionIntervalSecs = 0 }, "--eviction-interval-secs"},
 		{"zero client header timeout", func(c *config.Config) { c.ClientHeaderTimeoutSecs = 0 }, "--client-header-timeout-secs"},
 		{"negative client body timeout", func(c *config.Config) { c.ClientBodyTimeoutSecs = -1 }, "--client-body-timeout-secs"},
 		{"zero keepalive timeout", func(c *config.Config) { c.KeepaliveTimeoutSecs = 0 }, "--keepalive-timeout-secs"},
@@ -651,10 +652,10 @@ func TestValidateAccepts(t *testing.T) {
 		}},
 		{"no workers yet", func(c *config.Config) { c.WorkerURLs = nil }},
 		{"zero retries and thresholds at their floor", func(c *config.Config) {
-			c.RetryMaxRetries, ca(c).BalanceAbsThreshold, c.HealthFailureThreshold, c.CBFailureThreshold = 0, 0, 1, 1
+			c.RetryMaxRetries, cacheaware.KnobsIn(c.PolicyOptions).BalanceAbsThreshold, c.HealthFailureThreshold, c.CBFailureThreshold = 0, 0, 1, 1
 		}},
 		{"metrics listener disabled", func(c *config.Config) { c.PrometheusPort = 0 }},
-		{"cache threshold bounds", func(c *config.Config) { ca(c).CacheThreshold = 1 }},
+		{"cache threshold bounds", func(c *config.Config) { cacheaware.KnobsIn(c.PolicyOptions).CacheThreshold = 1 }},
 		{"upper-case log level", func(c *config.Config) { c.LogLevel = "DEBUG" }},
 		{"first byte timeout disabled", func(c *config.Config) { c.FirstByteTimeoutSecs = 0 }},
 		{"first byte timeout equal to the request timeout", func(c *config.Config) {
@@ -812,7 +813,7 @@ func TestDurations(t *testing.T) {
 		{"HealthCheckTimeout", c.HealthCheckTimeout(), 5 * time.Second},
 		{"CBTimeout", c.CBTimeout(), 30 * time.Second},
 		{"ShutdownGrace", c.ShutdownGrace(), 30 * time.Second},
-		{"EvictionInterval", ca(c).EvictionInterval(), 120 * time.Second},
+		{"EvictionInterval", cacheaware.KnobsIn(c.PolicyOptions).EvictionInterval(), 120 * time.Second},
 		{"RetryInitialBackoff", c.RetryInitialBackoff(), 50 * time.Millisecond},
 		{"RetryMaxBackoff", c.RetryMaxBackoff(), 2 * time.Second},
 	}
