@@ -32,12 +32,13 @@ func BenchmarkProxyChat(b *testing.B) {
 	defer worker.Close()
 	cfg := testConfig()
 	cfg.WorkerURLs = []string{worker.URL}
-	benchProxyChat(b, cfg)()
+	benchProxyChat(b, cfg, nil)()
 }
 
-// benchProxyChat runs the loop of BenchmarkProxyChat through a router built from cfg, and returns
-// the function that stops the router and waits for it (flushing what it still holds).
-func benchProxyChat(b *testing.B, cfg config.Config) (stop func()) {
+// benchProxyChat runs the loop of BenchmarkProxyChat through a router built from cfg, checking
+// each answer's headers with check when it is not nil, and returns the function that stops the
+// router and waits for it (flushing what it still holds).
+func benchProxyChat(b *testing.B, cfg config.Config, check func(http.Header) error) (stop func()) {
 	b.Helper()
 	r, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
@@ -65,6 +66,11 @@ func benchProxyChat(b *testing.B, cfg config.Config) (stop func()) {
 		resp.Body.Close()
 		if resp.StatusCode != 200 {
 			b.Fatalf("status %d", resp.StatusCode)
+		}
+		if check != nil {
+			if err := check(resp.Header); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 	b.StopTimer()

@@ -1,8 +1,8 @@
 package router
 
 import (
+	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -298,24 +298,10 @@ func BenchmarkProxyPD(b *testing.B) {
 	cfg.Prefill, cfg.Decode = []string{prefill.URL}, []string{decode.URL}
 	cfg.PDDisaggregation = true
 	cfg.PDMinUncachedTokens = 0
-	r, err := New(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		b.Fatal(err)
-	}
-	r.Start(b.Context())
-	front := serveForBench(b, r)
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
-	body := `{"model":"m","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one word."}]}`
-	b.ReportAllocs()
-	for b.Loop() {
-		resp, err := client.Post(front+"/v1/chat/completions", "application/json", strings.NewReader(body))
-		if err != nil {
-			b.Fatal(err)
+	benchProxyChat(b, cfg, func(h http.Header) error {
+		if got := h.Get(proxy.HeaderPD); got != proxy.PDTransfer {
+			return fmt.Errorf("%s %q, want %s", proxy.HeaderPD, got, proxy.PDTransfer)
 		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 || resp.Header.Get(proxy.HeaderPD) != proxy.PDTransfer {
-			b.Fatalf("status %d, pd %q", resp.StatusCode, resp.Header.Get(proxy.HeaderPD))
-		}
-	}
+		return nil
+	})()
 }

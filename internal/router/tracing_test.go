@@ -136,7 +136,7 @@ func BenchmarkProxyChatTraced(b *testing.B) {
 	cfg.WorkerURLs = []string{worker.URL}
 	cfg.OTLPTracesEndpoint = receiver.URL
 	cfg.TraceSampleRatio = 1
-	benchProxyChat(b, cfg)()
+	benchProxyChat(b, cfg, nil)()
 	if exported.Load() == 0 {
 		b.Fatal("no span was exported")
 	}
