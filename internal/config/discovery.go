@@ -32,23 +32,16 @@ type RoleSelector struct {
 func (c Config) Selectors() []RoleSelector {
 	var out []RoleSelector
 	for _, s := range c.selectorFlags() {
-		if len(s.terms) > 0 {
-			out = append(out, RoleSelector{Role: s.role, Selector: strings.Join(s.terms, ",")})
+		if len(s.values) > 0 {
+			out = append(out, RoleSelector{Role: s.role, Selector: strings.Join(s.values, ",")})
 		}
 	}
 	return out
 }
 
-func (c Config) selectorFlags() []struct {
-	flag  string
-	terms []string
-	role  workers.Role
-} {
-	return []struct {
-		flag  string
-		terms []string
-		role  workers.Role
-	}{
+// selectorFlags are the pod selectors by role, with their flags.
+func (c Config) selectorFlags() []roleFlag {
+	return []roleFlag{
 		{"selector", c.Selector, workers.RoleColocated},
 		{"prefill-selector", c.PrefillSelector, workers.RolePrefill},
 		{"decode-selector", c.DecodeSelector, workers.RoleDecode},
@@ -74,12 +67,12 @@ func (c Config) DNSTarget() (name string, port int, err error) {
 // validateDiscovery checks the discovery knobs.
 func validateDiscovery(bad func(flag, format string, args ...any), c Config) {
 	for _, sf := range c.selectorFlags() {
-		for _, s := range sf.terms {
+		for _, s := range sf.values {
 			if err := checkSelectorTerm(s); err != nil {
 				bad(sf.flag, "%v", err)
 			}
 		}
-		if !c.ServiceDiscovery && len(sf.terms) > 0 {
+		if !c.ServiceDiscovery && len(sf.values) > 0 {
 			bad(sf.flag, "has no effect without --service-discovery")
 		}
 	}

@@ -11,17 +11,16 @@ type StaticWorker struct {
 	Role workers.Role
 }
 
+// roleFlag is one flag that gives workers of one role: its name, its values, the role.
+type roleFlag struct {
+	flag   string
+	values []string
+	role   workers.Role
+}
+
 // roleFlags are the static worker lists by role, with their flags, in the order they join.
-func (c Config) roleFlags() []struct {
-	flag string
-	urls []string
-	role workers.Role
-} {
-	return []struct {
-		flag string
-		urls []string
-		role workers.Role
-	}{
+func (c Config) roleFlags() []roleFlag {
+	return []roleFlag{
 		{"worker-urls", c.WorkerURLs, workers.RoleColocated},
 		{"prefill", c.Prefill, workers.RolePrefill},
 		{"decode", c.Decode, workers.RoleDecode},
@@ -34,7 +33,7 @@ func (c Config) roleFlags() []struct {
 func (c Config) StaticWorkers() []StaticWorker {
 	var out []StaticWorker
 	for _, l := range c.roleFlags() {
-		for _, u := range l.urls {
+		for _, u := range l.values {
 			out = append(out, StaticWorker{URL: u, Role: l.role})
 		}
 	}
@@ -46,7 +45,7 @@ func (c Config) StaticWorkers() []StaticWorker {
 func validateStaticWorkers(bad func(flag, format string, args ...any), c Config) {
 	seen := map[tenant.URL]string{} // → the flag that gave it first
 	for _, l := range c.roleFlags() {
-		for _, raw := range l.urls {
+		for _, raw := range l.values {
 			u, err := tenant.ParseURL(raw)
 			if err != nil {
 				bad(l.flag, "%v", err)
