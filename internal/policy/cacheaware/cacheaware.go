@@ -76,8 +76,14 @@ type Options struct {
 	SessionTTL  time.Duration
 	MaxSessions int
 	// KVIndex, when set, is what the workers' engines report they hold (--kv-events-endpoint);
-	// requests that come with their tokens are matched against it before the prefix tree.
+	// requests that come with their tokens are matched against it before the prefix tree, as
+	// CacheIndex says.
 	KVIndex *kvevents.Index
+	// CacheIndex is which picture of the caches places a request without session key that came
+	// with its tokens: IndexAuto (the events when an engine reports holding part of the prompt,
+	// else the prefix tree), IndexEvents (the events alone), IndexText (the prefix tree alone).
+	// "" is IndexAuto.
+	CacheIndex string
 }
 
 // Reporter receives the policy's state events (policy.Reporter).
@@ -315,8 +321,13 @@ func (p *Policy) choose(d *decision) (*workers.Worker, string) {
 	}
 	// 5. No session key: what the engines report they hold, when the request came with its
 	// tokens; else the history key or routing text alone.
-	if w, ok := p.byEvents(d); ok {
-		return w, LabelKVEventsMatch
+	if p.opts.CacheIndex != IndexText {
+		if w, ok := p.byEvents(d); ok {
+			return w, LabelKVEventsMatch
+		}
+		if p.opts.CacheIndex == IndexEvents && p.opts.KVIndex != nil && len(d.in.Tokens) > 0 {
+			return p.minLoad(d), LabelLowMatch // no engine holds any of it
+		}
 	}
 	if d.text == "" {
 		return p.minLoad(d), LabelLowMatch

@@ -1,6 +1,7 @@
 package cacheaware
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/cacheroute/cacheroute/internal/kvevents"
@@ -76,5 +77,37 @@ func TestEventsWeighWhatAWorkerHoldsAgainstItsLoad(t *testing.T) {
 	}
 	if d := selectWith(t, p, pool, prompt); d.Worker != ws[0] || d.Label == LabelKVEventsMatch {
 		t.Fatalf("busy holder: %s on %s, want the idle worker, not by the events", d.Label, d.Worker.Name())
+	}
+}
+
+// --cache-index text routes on the prefix tree alone, events on the engines' events alone; auto
+// (the default) takes the events where an engine holds part of the prompt, the tree elsewhere.
+func TestCacheIndexChoosesWhichPictureOfTheCachesPlacesARequest(t *testing.T) {
+	pool, ws := fleet(t, 3)
+	prompt := tokens(1000, 5*16)
+	body := `{"messages":[{"role":"user","content":"` + strings.Repeat("a document the tree has seen on one worker ", 40) + `"}]}`
+	place := func(index string, idx *kvevents.Index) policy.Decision {
+		opts := defaultOptions()
+		opts.KVIndex, opts.CacheIndex = idx, index
+		p := newPolicy(opts)
+		in := policy.Input{Request: req(t, body), Candidates: pool.All(), All: pool.All(), Tokens: prompt}
+		teach := in
+		teach.Tokens = nil
+		p.Accepted(teach, policy.Decision{Worker: ws[0], Label: LabelCacheAffinity}) // the tree: ws[0] holds the text
+		return p.Select(in)
+	}
+	heldBy2 := func() *kvevents.Index { return holding(ws[2].Name(), prompt, 4) }
+	if d := place(IndexAuto, heldBy2()); d.Worker != ws[2] || d.Label != LabelKVEventsMatch {
+		t.Errorf("auto, an engine holds it: %s on %s, want the events' holder", d.Label, d.Worker.Name())
+	}
+	if d := place(IndexText, heldBy2()); d.Worker != ws[0] || d.Label == LabelKVEventsMatch {
+		t.Errorf("text: %s on %s, want the tree's holder", d.Label, d.Worker.Name())
+	}
+	empty := kvevents.NewIndex(1 << 20)
+	if d := place(IndexAuto, empty); d.Worker != ws[0] {
+		t.Errorf("auto, no engine holds it: %s on %s, want the tree's holder", d.Label, d.Worker.Name())
+	}
+	if d := place(IndexEvents, empty); d.Label != LabelLowMatch || d.Label == LabelKVEventsMatch {
+		t.Errorf("events, no engine holds it: %s on %s, want the least loaded, not the tree", d.Label, d.Worker.Name())
 	}
 }

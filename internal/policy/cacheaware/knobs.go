@@ -15,6 +15,17 @@ import (
 // HistoryModes lists the accepted --history-match-mode values.
 var HistoryModes = []string{HistoryCost, HistoryThreshold}
 
+// Cache indexes, --cache-index: which picture of the workers' caches places a request without
+// session key that came with its tokens.
+const (
+	IndexAuto   = "auto"   // the engines' events when one reports holding part of the prompt, else the prefix tree
+	IndexEvents = "events" // the engines' events alone: a prompt no engine holds goes to the least loaded
+	IndexText   = "text"   // the prefix tree alone, the events not routed on
+)
+
+// CacheIndexes lists the accepted --cache-index values.
+var CacheIndexes = []string{IndexAuto, IndexEvents, IndexText}
+
 // Knobs are the policy's flags, with their defaults from DefaultKnobs; the configuration binds
 // and validates them through the registry (registry.Options).
 type Knobs struct {
@@ -23,6 +34,7 @@ type Knobs struct {
 	BalanceRelThreshold  float64
 	HistoryMatchMode     string
 	DisableCorrection    bool
+	CacheIndex           string
 	MaxTreeSize          int
 	EvictionIntervalSecs float64
 }
@@ -34,6 +46,7 @@ func DefaultKnobs() *Knobs {
 		BalanceAbsThreshold:  64,
 		BalanceRelThreshold:  1.5,
 		HistoryMatchMode:     HistoryCost,
+		CacheIndex:           IndexAuto,
 		MaxTreeSize:          64 << 20,
 		EvictionIntervalSecs: 120,
 	}
@@ -47,6 +60,7 @@ func (k *Knobs) Bind(fs *pflag.FlagSet) {
 	fs.IntVar(&k.MaxTreeSize, "max-tree-size", k.MaxTreeSize, "cache_aware: heap bytes of the prefix tree, all models together (node overhead included)")
 	fs.Float64Var(&k.EvictionIntervalSecs, "eviction-interval-secs", k.EvictionIntervalSecs, "cache_aware: seconds between tree and session sweeps")
 	fs.StringVar(&k.HistoryMatchMode, "history-match-mode", k.HistoryMatchMode, "cache_aware: how a match below --cache-threshold counts: cost (the prefill it saves against the holder's load) or threshold (not at all)")
+	fs.StringVar(&k.CacheIndex, "cache-index", k.CacheIndex, "cache_aware, with --kv-events-endpoint: what places a request without session id: auto (the engines' events when one holds part of the prompt, else the prefix tree), events (the events alone) or text (the prefix tree alone)")
 	fs.BoolVar(&k.DisableCorrection, "disable-cache-correction", k.DisableCorrection, "cache_aware: keep predicting a worker holds what it was taught even when its answers report far fewer cached tokens (by default its older holds then stop counting)")
 }
 
@@ -71,6 +85,9 @@ func (k *Knobs) Validate() []error {
 	if k.CacheThreshold < 0 || k.CacheThreshold > 1 {
 		bad("cache-threshold", "must be within [0, 1], got %v", k.CacheThreshold)
 	}
+	if !slices.Contains(CacheIndexes, k.CacheIndex) {
+		bad("cache-index", "unknown index %q (want %s)", k.CacheIndex, strings.Join(CacheIndexes, ", "))
+	}
 	if !slices.Contains(HistoryModes, k.HistoryMatchMode) {
 		bad("history-match-mode", "unknown mode %q (want %s)", k.HistoryMatchMode, strings.Join(HistoryModes, ", "))
 	}
@@ -90,6 +107,7 @@ func (k *Knobs) Options(env policy.Env) Options {
 		BalanceRelThreshold: k.BalanceRelThreshold,
 		HistoryMatchMode:    k.HistoryMatchMode,
 		DisableCorrection:   k.DisableCorrection,
+		CacheIndex:          k.CacheIndex,
 		LoadUnitTokens:      env.LoadUnitTokens,
 		MaxTreeSize:         k.MaxTreeSize,
 		EvictionInterval:    k.EvictionInterval(),
