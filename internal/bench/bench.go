@@ -282,9 +282,13 @@ func runEntry(ctx context.Context, o *Options, rep *Report, p PolicySpec, cfg co
 	t := &Target{Name: p.Name + suffix, URLs: rs.urls(), SessionMode: p.SessionMode, Policy: p.Policy,
 		RouterArgs: p.Args, Replicas: replicas, SessionStore: cfg.SessionStore,
 		Loads: rs.loads, Workers: o.Workers, WorkerMetrics: fleet.URLs(), TimeScale: o.Sim.TimeScale}
+	calls0, cached0 := rs.tokenizeCalls()
 	tr, err := runOne(ctx, o, t, model)
 	if err != nil {
 		return err
+	}
+	if o.KVEvents {
+		setTokenizeCalls(&tr, rs, calls0, cached0)
 	}
 	rep.Targets = append(rep.Targets, tr)
 	return ctx.Err()

@@ -35,6 +35,9 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 		if len(t.RouterArgs) > 0 {
 			fmt.Fprintf(&b, "; router args `%s`", strings.Join(t.RouterArgs, " "))
 		}
+		if l := tokenizeLine(t); l != "" {
+			fmt.Fprintf(&b, "; tokenize %s", l)
+		}
 		if t.SameWorker != nil {
 			fmt.Fprintf(&b, "; %s of later turns on the previous turn's worker", pct(*t.SameWorker))
 		}

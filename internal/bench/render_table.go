@@ -105,6 +105,9 @@ func WriteTable(w io.Writer, r *Report) error {
 		if l := routerLine(t); l != "" {
 			fmt.Fprintf(w, "  router:    %s\n", l)
 		}
+		if l := tokenizeLine(t); l != "" {
+			fmt.Fprintf(w, "  tokenize:  %s\n", l)
+		}
 		if t.SameWorker != nil {
 			fmt.Fprintf(w, "  sticking:  %s of later turns on the previous turn's worker\n", pct(*t.SameWorker))
 		}
@@ -183,4 +186,16 @@ func shareList(t *TargetReport) string {
 func shortWorker(u string) string {
 	u = strings.TrimPrefix(u, "http://")
 	return strings.TrimPrefix(u, "https://")
+}
+
+// tokenizeLine says how often the target's routers called /tokenize; "" when not counted.
+func tokenizeLine(t *TargetReport) string {
+	if t.TokenizeCallsPerRequest == nil {
+		return ""
+	}
+	s := fmt.Sprintf("%.2f calls per request", *t.TokenizeCallsPerRequest)
+	if t.TokenizeCachedPerRequest != nil {
+		s += fmt.Sprintf(", %.2f answered from the token cache", *t.TokenizeCachedPerRequest)
+	}
+	return s
 }

@@ -57,6 +57,12 @@ type TargetReport struct {
 	// when no later turn and its predecessor both named their worker.
 	SameWorker *float64 `json:"same_worker_later_turns"`
 
+	// TokenizeCallsPerRequest is the calls the in-process routers made to an engine's /tokenize
+	// (to route on KV-cache events) per request sent, and TokenizeCachedPerRequest the prompts
+	// whose tokens they had already; both nil unless the entry ran with --kv-events.
+	TokenizeCallsPerRequest  *float64 `json:"tokenize_calls_per_request,omitempty"`
+	TokenizeCachedPerRequest *float64 `json:"tokenize_cached_per_request,omitempty"`
+
 	// WorkerHitRate is Δ prefix_cache_hits / Δ prefix_cache_queries scraped from the workers
 	// before and after the run; nil when no worker metrics were scraped.
 	WorkerHitRate *float64 `json:"worker_hit_rate"`

@@ -1,0 +1,69 @@
+package bench
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cacheroute/cacheroute/internal/sim"
+)
+
+// TestKVEventsBenchCountsTokenizeCallsPerRequest: with --kv-events, each entry reports its routers'
+// /tokenize calls per request, read from their own counters: requests without session ids are
+// tokenized (a new prompt each turn, so once each), requests with one follow their session and
+// are not; the text table shows the figure.
+func TestKVEventsBenchCountsTokenizeCallsPerRequest(t *testing.T) {
+	ps, err := ParsePolicies([]string{"ids=cache_aware", "none=cache_aware:none"}, SessionHeader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	simCfg := sim.DefaultConfig()
+	simCfg.TimeScale = 0.01
+	rep, err := Run(t.Context(), Options{Workload: replayAgent(t, 4), Policies: ps, Workers: 2, Sim: simCfg,
+		KVEvents: true, Concurrency: 1, Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, none := rep.Targets[0], rep.Targets[1]
+	for _, tr := range []TargetReport{ids, none} {
+		if tr.Errors != 0 || tr.TokenizeCallsPerRequest == nil || tr.TokenizeCachedPerRequest == nil {
+			t.Fatalf("%s: %d errors %v, tokenize calls %v cached %v", tr.Name, tr.Errors, tr.ErrorSamples,
+				tr.TokenizeCallsPerRequest, tr.TokenizeCachedPerRequest)
+		}
+	}
+	if *ids.TokenizeCallsPerRequest != 0 || *ids.TokenizeCachedPerRequest != 0 {
+		t.Fatalf("with session ids: %v tokenize calls and %v cached per request, want none",
+			*ids.TokenizeCallsPerRequest, *ids.TokenizeCachedPerRequest)
+	}
+	if *none.TokenizeCallsPerRequest != 1 || *none.TokenizeCachedPerRequest != 0 {
+		t.Fatalf("without session ids: %v tokenize calls and %v cached per request, want one call each",
+			*none.TokenizeCallsPerRequest, *none.TokenizeCachedPerRequest)
+	}
+	var out bytes.Buffer
+	if err := WriteTable(&out, rep); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "tokenize:  1.00 calls per request, 0.00 answered from the token cache") {
+		t.Fatalf("the table does not show the tokenize calls:\n%s", out.String())
+	}
+}
+
+// TestBenchWithoutKVEventsReportsNoTokenizeCalls: an entry whose routers do not route on events
+// has no tokenize figure, rather than a 0 that would read as free.
+func TestBenchWithoutKVEventsReportsNoTokenizeCalls(t *testing.T) {
+	ps, err := ParsePolicies([]string{"cache_aware:none"}, SessionHeader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	simCfg := sim.DefaultConfig()
+	simCfg.TimeScale = 0.01
+	rep, err := Run(t.Context(), Options{Workload: replayAgent(t, 2), Policies: ps, Workers: 2, Sim: simCfg,
+		Concurrency: 1, Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr := rep.Targets[0]; tr.TokenizeCallsPerRequest != nil {
+		t.Fatalf("tokenize calls %v per request without --kv-events", *tr.TokenizeCallsPerRequest)
+	}
+}
