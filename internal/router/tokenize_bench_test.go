@@ -1,0 +1,151 @@
+package router
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/cacheroute/cacheroute/internal/metrics"
+	"github.com/cacheroute/cacheroute/internal/sim"
+)
+
+// BenchmarkTokenize measures what routing on KV-cache events adds to a chat completion without
+// session id: the router's POST /tokenize to the engine before it places the request. One router
+// (cache_aware) on loopback in front of one simulated worker at time scale 0, so the worker
+// answers at once and the latency is the router's and the round trips'; each request is one
+// user message of the given size, sent one at a time, non-streamed (at time scale 0 its latency
+// is its time to first token). Per size:
+//
+//   - events=off: the worker publishes no events, the router subscribes to none and never
+//     tokenizes (the prefix tree routes);
+//   - events=new: the worker publishes its events and the router subscribes, each request a new
+//     prompt (its first bytes differ), so every one costs a /tokenize round trip;
+//   - events=repeated: the same, one prompt sent again and again, answered by the router's
+//     token cache after the first.
+//
+// Besides ns/op it reports the requests' p50 and p99 latency and the /tokenize calls per
+// request. --tokenize-timeout-secs is raised to 10 s so that the whole round trip is measured
+// rather than cut at the default 100 ms. Run on a quiet machine:
+//
+//	go test ./internal/router/ -run '^$' -bench Tokenize -benchtime=200x
+func BenchmarkTokenize(b *testing.B) {
+	for _, kib := range []int{4, 64, 512} {
+		for _, mode := range []string{"off", "new", "repeated"} {
+			b.Run(fmt.Sprintf("size=%dKiB/events=%s", kib, mode), func(b *testing.B) {
+				benchTokenize(b, kib<<10, mode)
+			})
+		}
+	}
+}
+
+func benchTokenize(b *testing.B, size int, mode string) {
+	simCfg := sim.DefaultConfig()
+	simCfg.TimeScale = 0
+	simCfg.MaxModelLen = 1 << 20   // a 512 KiB message is about 130k of the sim's tokens
+	simCfg.KVCacheBlocks = 1 << 15 // and fits in its cache
+	var endpoint string
+	if mode != "off" {
+		endpoint = "tcp://127.0.0.1:" + strconv.Itoa(freePort(b))
+		simCfg.KVEvents = sim.KVEventsConfig{Endpoint: endpoint, Bind: true}
+	}
+	fleet, err := sim.StartLocal(1, simCfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(fleet.Close)
+	cfg := testConfig()
+	cfg.Policy = "cache_aware"
+	cfg.WorkerURLs = fleet.URLs()
+	cfg.TokenizeTimeoutSecs = 10
+	if endpoint != "" {
+		cfg.KVEventsWorkerEndpoints = map[string]string{fleet.URLs()[0]: endpoint}
+	}
+	r, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	r.Start(b.Context())
+	front := serveForBench(b, r)
+	client := &http.Client{}
+
+	// The message: a request number, then words up to size bytes; "new" rewrites the number.
+	const numWidth = 10
+	head := []byte(`{"model":"sim-model","max_tokens":1,"messages":[{"role":"user","content":"`)
+	body := append([]byte(nil), head...)
+	body = append(body, bytes.Repeat([]byte("0"), numWidth)...)
+	for words := 0; len(body) < len(head)+size; words++ {
+		body = append(body, " request"[:1+words%7]...)
+		body = append(body, "body"...)
+	}
+	body = append(body, `"}]}`...)
+	send := func(n int) {
+		if mode == "new" {
+			copy(body[len(head):len(head)+numWidth], fmt.Sprintf("%0*d", numWidth, n))
+		}
+		resp, err := client.Post(front+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			b.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	send(0) // connections up, and for "repeated" the prompt's tokens in the cache
+	calls0 := tokenizeCalls(b, r)
+	var took []time.Duration
+	n := 0
+	for b.Loop() {
+		n++
+		start := time.Now()
+		send(n)
+		took = append(took, time.Since(start))
+	}
+	b.StopTimer()
+	calls := tokenizeCalls(b, r) - calls0
+	if want := map[string]float64{"off": 0, "new": float64(n), "repeated": 0}[mode]; calls != want {
+		b.Fatalf("events=%s: %v /tokenize calls for %d requests, want %v", mode, calls, n, want)
+	}
+	slices.Sort(took)
+	ms := func(q float64) float64 {
+		return float64(took[min(len(took)-1, int(q*float64(len(took))))]) / float64(time.Millisecond)
+	}
+	b.ReportMetric(ms(0.50), "p50-ms")
+	b.ReportMetric(ms(0.99), "p99-ms")
+	b.ReportMetric(calls/float64(n), "tokenize/op")
+}
+
+// tokenizeCalls is the router's calls to an engine's /tokenize: results ok, error and timeout.
+func tokenizeCalls(b *testing.B, r *Router) float64 {
+	b.Helper()
+	var sum float64
+	for _, result := range []string{metrics.TokenizeOK, metrics.TokenizeError, metrics.TokenizeTimeout} {
+		var m dto.Metric
+		if err := r.Metrics().TokenizeRequests.WithLabelValues(result).Write(&m); err != nil {
+			b.Fatal(err)
+		}
+		sum += m.GetCounter().GetValue()
+	}
+	return sum
+}
+
+// freePort is a loopback port free when asked, for a simulated worker's event publisher.
+func freePort(b *testing.B) int {
+	b.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
