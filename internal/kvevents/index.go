@@ -108,8 +108,12 @@ func (x *Index) Apply(worker, model string, b Batch) ApplyResult {
 		e := &b.Events[i]
 		switch e.Kind {
 		case Cleared:
+			// The engine is still known, holding nothing: its block size stays, so that a lookup
+			// can tell an engine that dropped a prefix from one the router knows nothing of.
 			x.used -= int64(len(h.engine)) * perBlockBytes
+			bs := h.blockSize
 			h = newHeld()
+			h.blockSize = bs
 			x.workers[worker] = h
 			res.Cleared = true
 		case Removed:
@@ -258,7 +262,8 @@ func (x *Index) Match(worker string, keys []uint64) Match {
 }
 
 // BlockSize is the tokens per block of the worker's engine, from its stored blocks; 0 before the
-// first.
+// first, or since the worker was forgotten. An AllBlocksCleared keeps it: the engine is still
+// known, and holds nothing.
 func (x *Index) BlockSize(worker string) int {
 	x.mu.RLock()
 	defer x.mu.RUnlock()

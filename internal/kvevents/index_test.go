@@ -66,6 +66,19 @@ func TestIndexCreditsNothingAfterAllBlocksCleared(t *testing.T) {
 	}
 }
 
+func TestIndexKnowsAClearedEngineStillHoldingNothing(t *testing.T) {
+	x := NewIndex(1 << 20)
+	chain(t, x, "w1", "m", nil, 0, 0, 2)
+	x.Apply("w1", "m", decode(t, encodeMaps(t, nil, wireCleared{})))
+	if x.BlockSize("w1") != bs {
+		t.Fatalf("block size %d after AllBlocksCleared, want %d: a cleared engine must stay known", x.BlockSize("w1"), bs)
+	}
+	x.Forget("w1")
+	if x.BlockSize("w1") != 0 {
+		t.Fatalf("block size %d after Forget, want 0", x.BlockSize("w1"))
+	}
+}
+
 func TestIndexRunStopsAtARemovedBlock(t *testing.T) {
 	x := NewIndex(1 << 20)
 	chain(t, x, "w1", "m", nil, 0, 0, 4)
