@@ -24,6 +24,7 @@ import (
 const (
 	LabelLoadBalance          = "load_balance"           // the balance gate tripped: least-loaded worker
 	LabelSessionMatch         = "session_id_match"       // the session map knew the session's worker
+	LabelSessionEvicted       = "session_evicted"        // the session's worker's engine, by its events, holds none of the session: chosen again
 	LabelFullHistoryMatch     = "full_history_match"     // unknown session; a worker holds enough of its history
 	LabelStaleTenant          = "stale_tenant_fallback"  // unknown session; the history's holder is gone: least-loaded
 	LabelHistoryLowMatch      = "full_history_low_match" // unknown session; too little of its history is cached anywhere
@@ -101,6 +102,7 @@ type Policy struct {
 	reporter Reporter
 	log      *slog.Logger
 	tree     *prefixtree.Tree
+	blocks   *sessionBlocks // the first block of each session's last turn, for the events' check
 }
 
 // New returns the policy. r may be nil (nothing reported).
@@ -108,7 +110,8 @@ func New(opts Options, r Reporter, log *slog.Logger) *Policy {
 	if opts.LoadUnitTokens <= 0 {
 		opts.LoadUnitTokens = workers.DefaultLoadUnitTokens
 	}
-	p := &Policy{opts: opts, reporter: r, log: log, tree: prefixtree.New(opts.MaxTreeSize)}
+	p := &Policy{opts: opts, reporter: r, log: log, tree: prefixtree.New(opts.MaxTreeSize),
+		blocks: newSessionBlocks(opts.MaxSessions)}
 	if opts.Store != nil {
 		p.store = opts.Store
 		if s, ok := opts.Store.(interface{ Sweep() int }); ok {
@@ -133,7 +136,7 @@ func (p *Policy) Name() string { return Name }
 
 // Labels lists every label the chain gives, for the per-label decision counter.
 func (p *Policy) Labels() []string {
-	return []string{LabelResponseMatch, LabelResponseGone, LabelResponseUnavailable, LabelLoadBalance, LabelSessionMatch, LabelFullHistoryMatch, LabelStaleTenant, LabelHistoryLowMatch,
+	return []string{LabelResponseMatch, LabelResponseGone, LabelResponseUnavailable, LabelLoadBalance, LabelSessionMatch, LabelSessionEvicted, LabelFullHistoryMatch, LabelStaleTenant, LabelHistoryLowMatch,
 		LabelEmptyHistory, LabelCacheAffinity, LabelLowMatch, LabelFirstHealthyFallback, LabelKVEventsMatch}
 }
 
@@ -154,7 +157,7 @@ type decision struct {
 	maxLoad int64
 	forget  []string // tenants found gone while choosing, dropped at Accepted
 	// eventsHeld is the prompt tokens the chosen worker holds by its KV-cache events, when the
-	// events chose it (LabelKVEventsMatch).
+	// events chose it (LabelKVEventsMatch, LabelSessionEvicted).
 	eventsHeld int
 }
 
@@ -197,7 +200,7 @@ func (p *Policy) Select(in policy.Input) policy.Decision {
 	}
 	match := 0.0
 	switch {
-	case label == LabelKVEventsMatch:
+	case d.eventsHeld > 0:
 		// The engine's own account: the share of the prompt's tokens it holds; the held bytes stay the
 		// tree's, which is what Done undoes on a failure.
 		match = float64(d.eventsHeld) / float64(len(in.Tokens))
@@ -256,6 +259,7 @@ func (p *Policy) Accepted(in policy.Input, dec policy.Decision) {
 	if d.text != "" {
 		p.report("tree", p.tree.Insert(d.model, d.text, dec.Worker.Tenant()))
 	}
+	p.recordSession(d, dec.Worker)
 }
 
 // Done learns from the end of an attempt: a failure is unlearnt (unlearn), and the cached
@@ -309,7 +313,16 @@ func (p *Policy) choose(d *decision) (*workers.Worker, string) {
 		// 2. Exact session lookup.
 		if tenant, ok, err := p.store.Get(d.ctx, d.model, d.key); err == nil && ok {
 			if w := candidate(d.in.Candidates, tenant); w != nil {
-				return w, LabelSessionMatch
+				if !p.sessionEvicted(d, w) {
+					return w, LabelSessionMatch
+				}
+				// The session's cache is gone from its worker. The tree holds its text on that
+				// worker alone, which the events contradict: the events place it, as a request
+				// without session key, else the least loaded.
+				if w, ok := p.byEvents(d); ok {
+					return w, LabelSessionEvicted
+				}
+				return p.minLoad(d), LabelSessionEvicted
 			}
 			// A stale entry needs no deleting: Accepted points the session at the new worker.
 		}

@@ -1,6 +1,7 @@
 package cacheaware
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -109,5 +110,127 @@ func TestCacheIndexChoosesWhichPictureOfTheCachesPlacesARequest(t *testing.T) {
 	}
 	if d := place(IndexEvents, empty); d.Label != LabelLowMatch || d.Label == LabelKVEventsMatch {
 		t.Errorf("events, no engine holds it: %s on %s, want the least loaded, not the tree", d.Label, d.Worker.Name())
+	}
+}
+
+// store records that worker's engine stored the first blocks of ts, hashes from base+1.
+func store(x *kvevents.Index, worker string, ts []uint32, blocks, base int) {
+	e := kvevents.Event{Kind: kvevents.Stored, BlockSize: 16, TokenIDs: ts[:blocks*16]}
+	for i := range blocks {
+		e.BlockHashes = append(e.BlockHashes, kvevents.Hash(base+i+1))
+	}
+	x.Apply(worker, "", kvevents.Batch{Events: []kvevents.Event{e}})
+}
+
+// sessionTurn is one turn of session "s1" to the policy, its tokens given only when the policy
+// asks for them, as the proxy does; the decision is accepted.
+func sessionTurn(t *testing.T, p *Policy, pool *workers.Pool, ts []uint32) (policy.Decision, bool) {
+	t.Helper()
+	in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
+		Candidates: pool.All(), All: pool.All()}
+	asked := p.WantsTokens(in)
+	if asked {
+		in.Tokens = ts
+	}
+	d := p.Select(in)
+	p.Accepted(in, d)
+	return d, asked
+}
+
+func TestSessionWhoseWorkerClearedItsCacheMovesWithSessionEvicted(t *testing.T) {
+	pool, ws := fleet(t, 3)
+	prompt := tokens(1000, 4*16)
+	x := kvevents.NewIndex(1 << 20)
+	store(x, ws[0].Name(), prompt, 4, 0)
+	store(x, ws[2].Name(), prompt, 2, 100) // another worker holds part of it too
+	opts := defaultOptions()
+	opts.KVIndex = x
+	p := newPolicy(opts)
+	// The session's first turn is asked its tokens and lands on ws[0], which the events show
+	// holding them.
+	in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
+		Candidates: pool.All(), All: pool.All()}
+	if !p.WantsTokens(in) {
+		t.Fatal("a session the policy has no first block for is not asked its tokens")
+	}
+	in.Tokens = prompt
+	p.Accepted(in, policy.Decision{Worker: ws[0], Label: LabelFullHistoryMatch})
+
+	if d, asked := sessionTurn(t, p, pool, prompt); asked || d.Label != LabelSessionMatch || d.Worker != ws[0] {
+		t.Fatalf("worker still holds it: %s on %s (tokens asked: %v), want %s on %s without tokens",
+			d.Label, d.Worker.Name(), asked, LabelSessionMatch, ws[0].Name())
+	}
+	x.Apply(ws[0].Name(), "", kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.Cleared}}})
+	d, asked := sessionTurn(t, p, pool, prompt)
+	if !asked || d.Label != LabelSessionEvicted || d.Worker != ws[2] {
+		t.Fatalf("after AllBlocksCleared: %s on %s (tokens asked: %v), want %s on %s, the events' holder",
+			d.Label, d.Worker.Name(), asked, LabelSessionEvicted, ws[2].Name())
+	}
+	if want := float64(32) / float64(len(prompt)); d.Match != want {
+		t.Fatalf("match %v, want the engine's share %v", d.Match, want)
+	}
+	if d, asked := sessionTurn(t, p, pool, prompt); asked || d.Label != LabelSessionMatch || d.Worker != ws[2] {
+		t.Fatalf("the turn after the move: %s on %s (tokens asked: %v), want %s on %s", d.Label, d.Worker.Name(), asked,
+			LabelSessionMatch, ws[2].Name())
+	}
+}
+
+func TestSessionWhoseWorkerRemovedItsBlocksMovesWithSessionEvicted(t *testing.T) {
+	pool, ws := fleet(t, 2)
+	prompt := tokens(1000, 3*16)
+	x := kvevents.NewIndex(1 << 20)
+	store(x, ws[1].Name(), prompt, 3, 0)
+	store(x, ws[1].Name(), tokens(9000, 16), 1, 50) // the engine holds something else still
+	opts := defaultOptions()
+	opts.KVIndex = x
+	p := newPolicy(opts)
+	in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
+		Candidates: pool.All(), All: pool.All(), Tokens: prompt}
+	p.Accepted(in, policy.Decision{Worker: ws[1], Label: LabelFullHistoryMatch})
+	x.Apply(ws[1].Name(), "", kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.Removed, BlockHashes: []kvevents.Hash{1, 2, 3}}}})
+	if d, asked := sessionTurn(t, p, pool, prompt); !asked || d.Label != LabelSessionEvicted {
+		t.Fatalf("after BlockRemoved of its blocks: %s on %s (tokens asked: %v), want %s", d.Label, d.Worker.Name(), asked,
+			LabelSessionEvicted)
+	}
+}
+
+func TestSessionStaysWithoutEventsOrWhenItsWorkersEngineIsUnknown(t *testing.T) {
+	pool, ws := fleet(t, 2)
+	prompt := tokens(1000, 3*16)
+	for _, tc := range []struct {
+		name string
+		x    *kvevents.Index
+	}{
+		{"no events", nil},
+		{"the engine published nothing", kvevents.NewIndex(1 << 20)},
+	} {
+		opts := defaultOptions()
+		opts.KVIndex = tc.x
+		p := newPolicy(opts)
+		in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
+			Candidates: pool.All(), All: pool.All(), Tokens: prompt}
+		p.Accepted(in, policy.Decision{Worker: ws[1], Label: LabelFullHistoryMatch})
+		if d := p.Select(in); d.Label != LabelSessionMatch || d.Worker != ws[1] {
+			t.Errorf("%s: %s on %s, want %s on %s", tc.name, d.Label, d.Worker.Name(), LabelSessionMatch, ws[1].Name())
+		}
+		if tc.x == nil && p.WantsTokens(in) {
+			t.Errorf("%s: a session request is asked its tokens", tc.name)
+		}
+	}
+}
+
+func TestSessionBlocksAreBounded(t *testing.T) {
+	s := newSessionBlocks(3)
+	for i := range 10 {
+		s.put("m", fmt.Sprint(i), sessionBlock{first: uint64(i)})
+	}
+	if n := s.len(); n != 3 {
+		t.Fatalf("%d sessions kept, want the capacity 3", n)
+	}
+	if _, ok := s.get("m", "0"); ok {
+		t.Fatal("the first session recorded is still kept")
+	}
+	if b, ok := s.get("m", "9"); !ok || b.first != 9 {
+		t.Fatalf("the last session recorded: %+v %v", b, ok)
 	}
 }
