@@ -9,6 +9,8 @@
 // The proxy drives every policy through the same hooks, in this order, and never asks a policy
 // what it can do: a hook a policy has no use for is inherited from Base and does nothing.
 //
+//   - WantsTokens(in), asked first when the workers' KV-cache events are on, says whether the
+//     request is worth its prompt tokens (a /tokenize round trip), which Select then sees.
 //   - Select(in) decides without changing any state; the proxy may call it again (without the
 //     refused worker) when the worker's breaker refuses the attempt. What the policy needs to
 //     remember about its choice goes in Decision.State, which only the policy reads.
@@ -75,7 +77,7 @@ type Input struct {
 	// when a worker is briefly unavailable (the hash ring).
 	All []*workers.Worker
 	// Tokens are the request's prompt tokens as the engines render them (their /tokenize), when
-	// the proxy asked for them: a chat request without session or response id, with the
+	// the proxy asked for them: a chat request the policy wants them for (WantsTokens), with the
 	// workers' KV-cache events subscribed to. nil otherwise.
 	Tokens []uint32
 	// Size is the request body's length in bytes: the prompt's size when the request has no
@@ -146,6 +148,9 @@ type Policy interface {
 	// decisions per label in cache_aware_decisions_total. The set is fixed, so metric series
 	// stay bounded. nil: the policy labels its decisions with its name only.
 	Labels() []string
+	// WantsTokens says whether the request is worth its prompt tokens (Input.Tokens), which cost
+	// the proxy a /tokenize round trip; asked only when the workers' KV-cache events are on.
+	WantsTokens(in Input) bool
 	// Select chooses a worker among in.Candidates, changing no state.
 	Select(in Input) Decision
 	// Accepted records a decision the proxy carried out.
@@ -172,7 +177,13 @@ type Policy interface {
 // what the policy uses.
 type Base struct{}
 
-func (Base) Labels() []string                                  { return nil }
+func (Base) Labels() []string { return nil }
+
+// WantsTokens asks for the tokens of a request without session or response id.
+func (Base) WantsTokens(in Input) bool {
+	return in.Request != nil && in.Request.SessionKey == "" && in.Request.PreviousResponseID == ""
+}
+
 func (Base) Accepted(Input, Decision)                          {}
 func (Base) Done(Input, Decision, workers.Outcome, Usage) bool { return false }
 func (Base) WorkerAdded(string)                                {}

@@ -20,10 +20,12 @@ import (
 // /tokenize with the chat's messages and tools and add_generation_prompt, on the least loaded
 // candidate. A policy that matches requests against the engines' KV-cache events needs them.
 //
-// It costs a round trip, so it is asked only where the events can decide: a chat completion
-// without a session id or a previous response (those follow their session), for the base model a
-// worker lists first (an adapter's blocks are keyed by the adapter, which the router does not
-// tell from a base model; such requests route by the prefix tree). The wait is bounded by
+// It costs a round trip, so it is asked only where the events can decide, as the policy says
+// (policy.Policy.WantsTokens): cache_aware wants a chat completion without a session id or a
+// previous response, and a session it has no first block for or whose worker's engine evicted
+// it (the others follow their session); and only for the base model a worker lists first (an
+// adapter's blocks are keyed by the adapter, which the router does not tell from a base model;
+// such requests route by the prefix tree). The wait is bounded by
 // --tokenize-timeout, after which the request routes as it would without events. Answers are
 // kept by history key, so a retried or repeated prompt is not tokenized twice.
 
@@ -76,8 +78,8 @@ func (c *tokenCache) put(key string, ts []uint32) {
 // promptTokens returns the request's prompt tokens when they are worth asking for, else nil.
 func (s *Server) promptTokens(rt *route, in policy.Input, body []byte) []uint32 {
 	req := in.Request
-	if s.tokenCache == nil || rt.path != chatCompletionsPath || !req.Chat || req.SessionKey != "" || req.PreviousResponseID != "" ||
-		req.Text == "" || len(in.Candidates) == 0 {
+	if s.tokenCache == nil || rt.path != chatCompletionsPath || !req.Chat || req.Text == "" ||
+		len(in.Candidates) == 0 || !s.policy.WantsTokens(in) {
 		return nil
 	}
 	w := in.Candidates[0]

@@ -265,14 +265,20 @@ func TestRequestWithoutSessionFollowsTheEngineThatReportsItsPrompt(t *testing.T)
 			if v, ok := metricValue(t, tr, `vllm_router_tokenize_requests_total{result="ok"}`); !ok || v != 1 {
 				t.Fatalf("tokenize ok = %v (present %v), want 1", v, ok)
 			}
-			// The same prompt again is not tokenized again; with a session id it is not asked at all.
+			// The same prompt again is not tokenized again; a new session is asked once, to record
+			// its first block, and its next turn, whose worker's engine holds it, not at all.
 			readAll(t, tr.post(t, "/v1/chat/completions", body))
 			readAll(t, tr.post(t, "/v1/chat/completions", body, "x-session-id", "s-1"))
-			if v, _ := metricValue(t, tr, `vllm_router_tokenize_requests_total{result="ok"}`); v != 1 {
-				t.Fatalf("tokenize ok = %v after a repeat and a session request, want still 1", v)
+			next := tr.post(t, "/v1/chat/completions", body, "x-session-id", "s-1")
+			readAll(t, next)
+			if d := next.Header.Get("x-vllm-router-decision"); d != "session_id_match" {
+				t.Fatalf("the session's next turn: %s, want session_id_match", d)
 			}
-			if v, _ := metricValue(t, tr, `vllm_router_tokenize_requests_total{result="cached"}`); v != 1 {
-				t.Fatalf("tokenize cached = %v, want 1", v)
+			if v, _ := metricValue(t, tr, `vllm_router_tokenize_requests_total{result="ok"}`); v != 1 {
+				t.Fatalf("tokenize ok = %v after a repeat and a session's turns, want still 1", v)
+			}
+			if v, _ := metricValue(t, tr, `vllm_router_tokenize_requests_total{result="cached"}`); v != 2 {
+				t.Fatalf("tokenize cached = %v, want 2: the repeat and the session's first turn", v)
 			}
 		}
 		cancel()
