@@ -11,8 +11,8 @@ import (
 
 // TestKVEventsBenchCountsTokenizeCallsPerRequest: with --kv-events, each entry reports its routers'
 // /tokenize calls per request, read from their own counters: requests without session ids are
-// tokenized (a new prompt each turn, so once each), requests with one follow their session and
-// are not; the text table shows the figure.
+// tokenized (a new prompt each turn, so once each), requests with one only on their session's
+// first turn; the text table shows the figure.
 func TestKVEventsBenchCountsTokenizeCallsPerRequest(t *testing.T) {
 	ps, err := ParsePolicies([]string{"ids=cache_aware", "none=cache_aware:none"}, SessionHeader)
 	if err != nil {
@@ -32,9 +32,14 @@ func TestKVEventsBenchCountsTokenizeCallsPerRequest(t *testing.T) {
 				tr.TokenizeCallsPerRequest, tr.TokenizeCachedPerRequest)
 		}
 	}
-	if *ids.TokenizeCallsPerRequest != 0 || *ids.TokenizeCachedPerRequest != 0 {
-		t.Fatalf("with session ids: %v tokenize calls and %v cached per request, want none",
-			*ids.TokenizeCallsPerRequest, *ids.TokenizeCachedPerRequest)
+	// With ids, a session is tokenized only until its first block is recorded, to check it against
+	// the events later: on its first turn, and on its second when the first came before its
+	// worker's engine had published anything (a fresh fleet). Its worker keeps it, so no later turn
+	// is.
+	once := float64(rep.Sessions) / float64(ids.Requests)
+	if got := *ids.TokenizeCallsPerRequest; got < once || got > 2*once || *ids.TokenizeCachedPerRequest != 0 {
+		t.Fatalf("with session ids: %v tokenize calls and %v cached per request, want %v to %v (the first turns)",
+			got, *ids.TokenizeCachedPerRequest, once, 2*once)
 	}
 	if *none.TokenizeCallsPerRequest != 1 || *none.TokenizeCachedPerRequest != 0 {
 		t.Fatalf("without session ids: %v tokenize calls and %v cached per request, want one call each",

@@ -194,6 +194,31 @@ func TestSessionWhoseWorkerRemovedItsBlocksMovesWithSessionEvicted(t *testing.T)
 	}
 }
 
+// An engine publishes what it stored a little after storing it: a session whose worker has not
+// yet published its first turn's blocks stays, asks no tokens, and is checked once they came.
+func TestSessionWhoseBlocksAreNotPublishedYetStays(t *testing.T) {
+	pool, ws := fleet(t, 2)
+	prompt := tokens(1000, 3*16)
+	x := kvevents.NewIndex(1 << 20)
+	store(x, ws[0].Name(), tokens(9000, 16), 1, 50) // the engine is known, the session's blocks not yet
+	opts := defaultOptions()
+	opts.KVIndex = x
+	p := newPolicy(opts)
+	in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
+		Candidates: pool.All(), All: pool.All(), Tokens: prompt}
+	p.Accepted(in, policy.Decision{Worker: ws[0], Label: LabelFullHistoryMatch})
+	if d, asked := sessionTurn(t, p, pool, prompt); asked || d.Label != LabelSessionMatch || d.Worker != ws[0] {
+		t.Fatalf("blocks not published yet: %s on %s (tokens asked: %v), want %s on %s without tokens",
+			d.Label, d.Worker.Name(), asked, LabelSessionMatch, ws[0].Name())
+	}
+	store(x, ws[0].Name(), prompt, 3, 0) // published now, seen at the next accepted turn
+	p.Accepted(policy.Input{Request: in.Request, Candidates: pool.All(), All: pool.All()}, policy.Decision{Worker: ws[0], Label: LabelSessionMatch})
+	x.Apply(ws[0].Name(), "", kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.Cleared}}})
+	if d, asked := sessionTurn(t, p, pool, prompt); !asked || d.Label != LabelSessionEvicted {
+		t.Fatalf("seen, then cleared: %s on %s (tokens asked: %v), want %s", d.Label, d.Worker.Name(), asked, LabelSessionEvicted)
+	}
+}
+
 func TestSessionStaysWithoutEventsOrWhenItsWorkersEngineIsUnknown(t *testing.T) {
 	pool, ws := fleet(t, 2)
 	prompt := tokens(1000, 3*16)

@@ -23,6 +23,10 @@ type sessionBlock struct {
 	first     uint64 // the key of its first block, as kvevents.Keys cuts it
 	blockSize int    // the block size the key was cut at
 	worker    string // the worker it went to, by name, as the index knows it
+	// seen says that the worker's engine has been seen holding that block since. An engine
+	// publishes what it stored some milliseconds after storing it, so a block not yet seen may
+	// be on its way: only one seen and gone since says that the engine evicted the session.
+	seen bool
 }
 
 // sessionBlocks maps sessions (by a hash of their model and key) to their sessionBlock. It holds
@@ -113,17 +117,35 @@ func (p *Policy) sessionEvicted(d *decision, w *workers.Worker) bool {
 		ok = ok && b.blockSize == bs
 		first = b.first
 	}
-	return ok && p.opts.KVIndex.Match(w.Name(), []uint64{first}).Blocks == 0
+	return ok && p.seenBefore(d, w, first) && !p.holds(w, first)
 }
 
-// recordSession keeps the first block of an accepted session turn that came with its tokens.
+// holds reports whether w's engine holds the block keyed first, by its events.
+func (p *Policy) holds(w *workers.Worker, first uint64) bool {
+	return p.opts.KVIndex.Match(w.Name(), []uint64{first}).Blocks > 0
+}
+
+// seenBefore reports whether the session's record says w's engine was seen holding first.
+func (p *Policy) seenBefore(d *decision, w *workers.Worker, first uint64) bool {
+	b, ok := p.blocks.get(d.model, d.key)
+	return ok && b.seen && b.worker == w.Name() && b.first == first
+}
+
+// recordSession keeps the first block of an accepted session turn that came with its tokens, and
+// notes on every accepted turn whether the worker's engine has been seen holding it.
 func (p *Policy) recordSession(d *decision, w *workers.Worker) {
 	if !p.eventsChecked() || d.key == "" {
 		return
 	}
 	bs := p.opts.KVIndex.BlockSize(w.Name())
 	if first, ok := firstBlock(d.in.Tokens, bs); ok {
-		p.blocks.put(d.model, d.key, sessionBlock{first: first, blockSize: bs, worker: w.Name()})
+		seen := p.holds(w, first) || p.seenBefore(d, w, first)
+		p.blocks.put(d.model, d.key, sessionBlock{first: first, blockSize: bs, worker: w.Name(), seen: seen})
+		return
+	}
+	if b, ok := p.blocks.get(d.model, d.key); ok && !b.seen && b.worker == w.Name() && b.blockSize == bs && p.holds(w, b.first) {
+		b.seen = true
+		p.blocks.put(d.model, d.key, b)
 	}
 }
 
@@ -147,8 +169,8 @@ func (p *Policy) WantsTokens(in policy.Input) bool {
 	if !ok {
 		return true
 	}
-	if bs := p.opts.KVIndex.BlockSize(b.worker); bs == 0 || bs != b.blockSize {
-		return false // the engine is not known: the session map decides
+	if bs := p.opts.KVIndex.BlockSize(b.worker); bs == 0 || bs != b.blockSize || !b.seen {
+		return false // the engine is not known, or has not yet published the block: the session map decides
 	}
 	return p.opts.KVIndex.Match(b.worker, []uint64{b.first}).Blocks == 0
 }
