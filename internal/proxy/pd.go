@@ -52,12 +52,12 @@ type PDOptions struct {
 // The paths a P/D request takes, its x-vllm-router-pd value and vllm_router_pd_requests_total's
 // path label.
 const (
-	PDTransfer       = "transfer"        // prefilled on a prefill worker, decoded on a decode worker
-	PDLocalCached    = "local_cached"    // the decode worker held all but a few of the prompt's tokens
-	PDLocalShort     = "local_short"     // the prompt was shorter than the threshold
-	PDPrefillFailed  = "prefill_failed"  // no prefill worker gave KV to transfer: decoded and prefilled on the decode worker
-	PDTransferFailed = "transfer_failed" // the decode worker that got the transfer failed; another computed the prompt
-	PDNoPrefill      = "no_prefill_worker"
+	PDTransfer       = "transfer"          // prefilled on a prefill worker, decoded on a decode worker
+	PDLocalCached    = "local_cached"      // the decode worker held all but a few of the prompt's tokens
+	PDLocalShort     = "local_short"       // the prompt was shorter than the threshold
+	PDPrefillFailed  = "prefill_failed"    // no prefill worker gave KV to transfer: decoded and prefilled on the decode worker
+	PDTransferFailed = "transfer_failed"   // the decode worker that got the transfer failed; another computed the prompt
+	PDNoPrefill      = "no_prefill_worker" // no prefill worker serving the model was available
 )
 
 // PDPaths lists every path, for the metric's series to exist from the start.
@@ -111,12 +111,12 @@ func (s *Server) decidePD(ctx *fasthttp.RequestCtx, ex *exchange, dec policy.Dec
 		return
 	}
 	body := ctx.PostBody()
-	if bytes.Contains(body, []byte(`"kv_transfer_params"`)) {
+	leg, err := prefillBody(body)
+	switch {
+	case errors.Is(err, errOwnTransfer):
 		st.path = PDLocalCached // the client runs its own transfer; leave its parameters alone
 		return
-	}
-	leg, err := prefillBody(body)
-	if err != nil {
+	case err != nil:
 		st.path = PDPrefillFailed
 		return
 	}
@@ -254,6 +254,9 @@ func (ex *exchange) pdFailed(f failure) {
 	}
 }
 
+// errOwnTransfer is prefillBody's answer for a request that carries kv_transfer_params itself.
+var errOwnTransfer = errors.New("the request carries its own kv_transfer_params")
+
 // prefillBody is the prefill leg of a request body: the same request with kv_transfer_params
 // asking for a remote decode, not streamed, generating one token.
 func prefillBody(body []byte) ([]byte, error) {
@@ -263,6 +266,9 @@ func prefillBody(body []byte) ([]byte, error) {
 	}
 	if fields == nil {
 		return nil, errors.New("the request is not a JSON object")
+	}
+	if _, own := fields["kv_transfer_params"]; own {
+		return nil, errOwnTransfer
 	}
 	one := json.RawMessage("1")
 	fields["kv_transfer_params"] = prefillRequestParams
