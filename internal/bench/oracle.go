@@ -81,7 +81,7 @@ func (o *oracle) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		err = errors.New("request body too large")
 	}
 	if err != nil {
-		http.Error(rw, `{"error":{"message":"`+err.Error()+`","type":"invalid_request_error"}}`, http.StatusBadRequest)
+		http.Error(rw, `{"error":{"message":`+strconv.Quote(err.Error())+`,"type":"invalid_request_error"}}`, http.StatusBadRequest)
 		return
 	}
 	best, bestHit, prompt := o.choose(body)
