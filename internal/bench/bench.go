@@ -236,7 +236,7 @@ func runPolicies(ctx context.Context, o Options, rep *Report) error {
 			}
 			continue
 		}
-		cfg, err := routerConfig(p, fleet.URLs(), redisURL)
+		cfg, err := routerConfig(p, fleet.URLs(), redisURL, o.Sim.TimeScale)
 		if err != nil {
 			return err
 		}
@@ -346,20 +346,21 @@ func runTargets(ctx context.Context, o Options, rep *Report) error {
 
 // scrapedSampleInterval is the sampling period of loads scraped from worker /metrics behind real
 // workers (time scale 1). Behind simulated workers it is multiplied by their time scale, down to
-// minScrapedSampleInterval, so that a window of ImbalanceWindow samples covers one full-scale
+// the router's shortest scrape period (atScale), so that a window of ImbalanceWindow samples covers one full-scale
 // second whatever the time scale, as an in-process router's 10 ms samples do at time scale 0.1:
 // the same router then reads the same imbalance in process and behind --target.
-const (
-	scrapedSampleInterval    = 100 * time.Millisecond
-	minScrapedSampleInterval = 10 * time.Millisecond
-)
+const scrapedSampleInterval = 100 * time.Millisecond
 
 // scrapedInterval is the sampling period of scraped loads for workers at time scale scale.
-func scrapedInterval(scale float64) time.Duration {
+func scrapedInterval(scale float64) time.Duration { return atScale(scrapedSampleInterval, scale) }
+
+// atScale is the period d for workers at time scale scale (as 1 when not positive), never below
+// the shortest /metrics scrape period a router accepts.
+func atScale(d time.Duration, scale float64) time.Duration {
 	if scale <= 0 {
 		scale = 1
 	}
-	return max(minScrapedSampleInterval, time.Duration(float64(scrapedSampleInterval)*scale))
+	return max(config.MinWorkerMetricsInterval, time.Duration(float64(d)*scale))
 }
 
 // runOne runs the workload against t, with worker cache counters read before and after.

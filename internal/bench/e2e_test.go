@@ -254,7 +254,7 @@ func TestReplicaLoadsAreSummedPerWorker(t *testing.T) {
 	}
 	defer fleet.Close()
 	urls := fleet.URLs()
-	a, err := routerConfig(PolicySpec{Name: "a", Policy: "round_robin"}, urls, "")
+	a, err := routerConfig(PolicySpec{Name: "a", Policy: "round_robin"}, urls, "", 1)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,10 +67,10 @@ func ApplyRouterArgs(specs []PolicySpec, args []string) error {
 			continue
 		}
 		// Placeholders stand for the fleet and the redis-server, which do not exist yet.
-		if _, err := routerConfig(p, []string{"http://127.0.0.1:1"}, ""); err != nil {
+		if _, err := routerConfig(p, []string{"http://127.0.0.1:1"}, "", 1); err != nil {
 			return err
 		}
-		if _, err := routerConfig(p, []string{"http://127.0.0.1:1"}, "redis://127.0.0.1:1"); err != nil {
+		if _, err := routerConfig(p, []string{"http://127.0.0.1:1"}, "redis://127.0.0.1:1", 1); err != nil {
 			return err
 		}
 	}
@@ -80,8 +80,14 @@ func ApplyRouterArgs(specs []PolicySpec, args []string) error {
 // routerConfig is the configuration of one in-process router of entry p: config.Default() with
 // the bench's own settings, then p's router args (and the YAML file one of them names), then
 // validated. A non-empty redisURL gives the router the shared Redis session store.
-func routerConfig(p PolicySpec, workerURLs []string, redisURL string) (config.Config, error) {
+//
+// Its /metrics scrape runs at the workers' time scale (scrapedInterval: 10 ms at the bench's
+// 0.1), as every other duration in the bench does: at the default 100 ms against workers that
+// run ten times faster, each replica would route on figures ten times as stale, relative to its
+// requests, as in a real fleet. A --worker-metrics-interval router arg still decides.
+func routerConfig(p PolicySpec, workerURLs []string, redisURL string, timeScale float64) (config.Config, error) {
 	cfg := config.Default()
+	cfg.WorkerMetricsInterval = atScale(cfg.WorkerMetricsInterval, timeScale)
 	cfg.ShutdownGraceSecs = 5
 	cfg.LogLevel = "error"
 	fs := pflag.NewFlagSet(p.Name, pflag.ContinueOnError)

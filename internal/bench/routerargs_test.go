@@ -54,11 +54,11 @@ func TestRouterArgGoesToEveryEntryOrToTheNamedOne(t *testing.T) {
 		strings.Join(ps[1].Args, " ") != "--load-signal=tokens --balance-abs-threshold=0 --disable-circuit-breaker" {
 		t.Fatalf("args a %q, b %q", ps[0].Args, ps[1].Args)
 	}
-	a, err := routerConfig(ps[0], []string{"http://127.0.0.1:1"}, "")
+	a, err := routerConfig(ps[0], []string{"http://127.0.0.1:1"}, "", 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := routerConfig(ps[1], []string{"http://127.0.0.1:1"}, "redis://127.0.0.1:6379")
+	b, err := routerConfig(ps[1], []string{"http://127.0.0.1:1"}, "redis://127.0.0.1:6379", 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func TestRouterArgGoesToEveryEntryOrToTheNamedOne(t *testing.T) {
 		t.Fatalf("a: %+v", a)
 	}
 	ps[0].Args = append(ps[0].Args, "--session-store=memory")
-	if a, err = routerConfig(ps[0], []string{"http://127.0.0.1:1"}, "redis://127.0.0.1:6379"); err != nil || a.SessionStore != "memory" || a.RedisURL != "" {
+	if a, err = routerConfig(ps[0], []string{"http://127.0.0.1:1"}, "redis://127.0.0.1:6379", 1); err != nil || a.SessionStore != "memory" || a.RedisURL != "" {
 		t.Fatalf("--session-store=memory with a shared store: %v, store %s %s", err, a.SessionStore, a.RedisURL)
 	}
 	if b.LoadSignal != "tokens" || cacheaware.KnobsIn(b.PolicyOptions).BalanceAbsThreshold != 0 || !b.DisableCircuitBreaker ||
@@ -112,7 +112,7 @@ func TestRouterArgConfigFileIsLoadedUnderTheFlagsGiven(t *testing.T) {
 	}
 	p := PolicySpec{Name: "f", Policy: "cache_aware", SessionMode: SessionHeader,
 		Args: []string{"--config=" + good, "--balance-rel-threshold=2"}}
-	cfg, err := routerConfig(p, []string{"http://127.0.0.1:1"}, "")
+	cfg, err := routerConfig(p, []string{"http://127.0.0.1:1"}, "", 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,8 +124,41 @@ func TestRouterArgConfigFileIsLoadedUnderTheFlagsGiven(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.Args = []string{"--config=" + owned}
-	if _, err := routerConfig(p, []string{"http://127.0.0.1:1"}, ""); err == nil || !strings.Contains(err.Error(), "worker_urls") {
+	if _, err := routerConfig(p, []string{"http://127.0.0.1:1"}, "", 1); err == nil || !strings.Contains(err.Error(), "worker_urls") {
 		t.Fatalf("a file setting worker_urls: %v", err)
+	}
+}
+
+// An in-process router scrapes its workers' /metrics at their time scale, so its load figures
+// are as stale, relative to its requests, as a router's at the default period in a real fleet;
+// a --worker-metrics-interval router arg, on the command line or in a file, still decides.
+func TestInProcessRoutersScrapeAtTheWorkersTimeScale(t *testing.T) {
+	p := PolicySpec{Name: "s", Policy: "cache_aware", SessionMode: SessionHeader}
+	for _, c := range []struct {
+		scale float64
+		want  time.Duration
+	}{{1, 100 * time.Millisecond}, {0.5, 50 * time.Millisecond}, {0.1, 10 * time.Millisecond}, {0.01, 10 * time.Millisecond}, {0, 100 * time.Millisecond}} {
+		cfg, err := routerConfig(p, []string{"http://127.0.0.1:1"}, "", c.scale)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.WorkerMetricsInterval != c.want {
+			t.Errorf("time scale %v: scrape every %v, want %v", c.scale, cfg.WorkerMetricsInterval, c.want)
+		}
+	}
+	file := filepath.Join(t.TempDir(), "router.yaml")
+	if err := os.WriteFile(file, []byte("worker_metrics_interval: 40ms\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, arg := range []string{"--worker-metrics-interval=40ms", "--config=" + file} {
+		p.Args = []string{arg}
+		cfg, err := routerConfig(p, []string{"http://127.0.0.1:1"}, "", 0.1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.WorkerMetricsInterval != 40*time.Millisecond {
+			t.Errorf("%s at time scale 0.1: scrape every %v, want 40ms", arg, cfg.WorkerMetricsInterval)
+		}
 	}
 }
 

@@ -210,6 +210,10 @@ const (
 	RedisURLEnv    = "CACHEROUTE_REDIS_URL"
 )
 
+// MinWorkerMetricsInterval is the shortest --worker-metrics-interval: a scrape of every worker
+// more often than this costs more than its fresher figures are worth.
+const MinWorkerMetricsInterval = 10 * time.Millisecond
+
 // SessionHashSaltEnv is read for --session-hash-salt when neither the flag nor the file sets it.
 const SessionHashSaltEnv = "CACHEROUTE_SESSION_HASH_SALT"
 
@@ -687,8 +691,8 @@ func (c Config) Validate() error {
 	for _, name := range slices.Sorted(maps.Keys(c.PolicyOptions)) {
 		errs = append(errs, c.PolicyOptions[name].Validate()...)
 	}
-	if c.WorkerMetricsInterval < 10*time.Millisecond {
-		bad("worker-metrics-interval", "must be at least 10ms, got %v", c.WorkerMetricsInterval)
+	if c.WorkerMetricsInterval < MinWorkerMetricsInterval {
+		bad("worker-metrics-interval", "must be at least %v, got %v", MinWorkerMetricsInterval, c.WorkerMetricsInterval)
 	}
 	if !slices.Contains(SessionStores, c.SessionStore) {
 		bad("session-store", "unknown store %q (want memory or redis)", c.SessionStore)
