@@ -138,7 +138,7 @@ later turns on the previous turn's worker) or messages (Anthropic's /v1/messages
 	fs.IntVar(&f.prefillWorkers, "prefill-workers", 0, "--policies, with --decode-workers: run every entry colocated over prefill+decode workers, then as a P/D fleet (entry/pd) of that many prefill workers")
 	fs.IntVar(&f.decodeWorkers, "decode-workers", 0, "--policies, with --prefill-workers: the P/D fleet's decode workers")
 	fs.IntVar(&simCfg.MaxNumBatchedTokens, "max-num-batched-tokens", simCfg.MaxNumBatchedTokens, "--policies: the workers' step token budget; prompt tokens computed beside a decode step lengthen it (0: never)")
-	fs.BoolVar(&f.kvEvents, "kv-events", false, "--policies: the simulated workers publish their KV-cache events and the routers subscribe (each worker on a loopback port of its own)")
+	fs.BoolVar(&f.kvEvents, "kv-events", true, "--policies: the simulated workers publish their KV-cache events and the routers subscribe (each worker on a loopback port of its own); --kv-events=false routes on the routers' own picture alone")
 	fs.IntVar(&simCfg.KVCacheBlocks, "kv-cache-blocks", simCfg.KVCacheBlocks, "--policies: KV cache capacity per worker, in blocks")
 	fs.IntVar(&simCfg.BlockSize, "block-size", simCfg.BlockSize, "--policies: tokens per KV block")
 	fs.IntVar(&simCfg.MaxNumSeqs, "max-num-seqs", simCfg.MaxNumSeqs, "--policies: requests a worker runs at once")

@@ -20,6 +20,27 @@ func TestBenchAPIDefaultsToChat(t *testing.T) {
 	}
 }
 
+// The simulated workers of bench and demo publish their KV-cache events unless told not to, so
+// replica counts are compared with the routers reading the engines.
+func TestBenchAndDemoRunWithTheEnginesEventsByDefault(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want bool
+	}{{nil, true}, {[]string{"--kv-events=false"}, false}} {
+		cmd := newBenchCommand()
+		if err := cmd.Flags().Parse(c.args); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := cmd.Flags().GetBool("kv-events"); err != nil || got != c.want {
+			t.Errorf("bench %v: --kv-events %v (%v), want %v", c.args, got, err, c.want)
+		}
+	}
+	opts, err := demoOptions()
+	if err != nil || !opts.KVEvents {
+		t.Fatalf("the demo runs with KVEvents %v (%v), want true", opts.KVEvents, err)
+	}
+}
+
 func TestBenchRejectsAnUnknownAPIBeforeRunning(t *testing.T) {
 	cmd := newBenchCommand()
 	cmd.SetArgs([]string{"--api", "completions", "--policies", "round_robin", "--quiet"})

@@ -84,7 +84,7 @@ func demoOptions() (bench.Options, error) {
 	}
 	return bench.Options{
 		Workload: w, Policies: policies, Workers: bench.DemoWorkers, Sim: bench.DemoSim(),
-		Concurrency: bench.DemoConcurrency, Timeout: 2 * time.Minute,
+		Concurrency: bench.DemoConcurrency, Timeout: 2 * time.Minute, KVEvents: true,
 		Params: map[string]any{"sessions": agent.Sessions, "turns": agent.Turns, "shared_prefix_tokens": agent.SharedPrefixTokens,
 			"tool_sets": agent.ToolSets, "tool_result_dist": agent.ToolResult.String(), "output_tokens": agent.OutputTokens, "seed": agent.Seed},
 	}, nil
