@@ -21,7 +21,7 @@ func newDemoCommand() *cobra.Command {
 		Use:   "demo",
 		Short: "Compare routing policies on simulated workers, with no setup (about 20 seconds)",
 		Long: fmt.Sprintf(`demo starts %d simulated vLLM workers whose KV caches cannot hold every agent session at once,
-and one cacheroute router per policy (%s) in this process. It runs the same
+publishing their KV-cache events, and one cacheroute router per policy (%s) in this process. It runs the same
 multi-turn agent workload through each router, emptying the workers' caches between runs, and
 prints the prompt-cache hit rate, TTFT, throughput and load balance side by side, then writes a
 chart (by default to %s).
