@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -24,7 +25,9 @@ func agentConversation() (system string, steps []agentStep) {
 	return "You are a careful coding agent. " + words("sys", 300), []agentStep{
 		{user: words("u1", 500)},
 		{user: "Which function starts the server?"},
-		{user: "Read main.go and tell me.", call: "get_weather", args: `{"city":"Paris","unit":"celsius"}`, toolText: "package main\n" + words("code", 400)},
+		// The arguments as vLLM writes a tool_use input back (Python's json.dumps), so that the
+		// chat and Responses clients send what the Messages API renders.
+		{user: "Read main.go and tell me.", call: "get_weather", args: `{"city": "Paris", "unit": "celsius"}`, toolText: "package main\n" + words("code", 400)},
 		{user: "Now change the default port."},
 	}
 }
@@ -166,7 +169,7 @@ func TestSimToolCallsCacheAlikeInChatResponsesAndMessages(t *testing.T) {
 					break
 				}
 				c := r.Content[0]
-				u.call = c.Name + string(c.Input)
+				u.call = c.Name + compactJSON(t, c.Input)
 				out = append(out, u)
 				msgs = append(msgs,
 					map[string]any{"role": "assistant", "content": []any{map[string]any{"type": "tool_use", "id": c.ID, "name": c.Name, "input": c.Input}}},
@@ -199,7 +202,7 @@ func TestSimToolCallsCacheAlikeInChatResponsesAndMessages(t *testing.T) {
 					break
 				}
 				c := r.call(t)
-				u.call = c.Function.Name + c.Function.Arguments
+				u.call = c.Function.Name + compactJSON(t, []byte(c.Function.Arguments))
 				out = append(out, u)
 				msgs = append(msgs, chatAssistantCall(c), chatToolResult(c, "result"))
 			}
@@ -239,7 +242,7 @@ func TestSimToolCallsCacheAlikeInChatResponsesAndMessages(t *testing.T) {
 					input = append(input, map[string]any{"role": "assistant", "content": r.text()})
 					break
 				}
-				u.call = o.Name + o.Arguments
+				u.call = o.Name + compactJSON(t, []byte(o.Arguments))
 				out = append(out, u)
 				input = append(input, map[string]any{"type": "function_call", "call_id": o.CallID, "name": o.Name, "arguments": o.Arguments})
 				turn = append(turn, map[string]any{"type": "function_call_output", "call_id": o.CallID, "output": "result"})
@@ -278,4 +281,15 @@ func TestAgentRoutesMethods(t *testing.T) {
 			t.Errorf("%s %s: %d, want 405", req.method, req.path, rec.Code)
 		}
 	}
+}
+
+// compactJSON is a call's arguments compacted, so that calls compare alike whether a client got
+// them as a string (chat, Responses) or as a parsed input (Messages).
+func compactJSON(t *testing.T, b []byte) string {
+	t.Helper()
+	var c bytes.Buffer
+	if err := json.Compact(&c, b); err != nil {
+		t.Fatalf("arguments %q: %v", b, err)
+	}
+	return c.String()
 }

@@ -100,7 +100,7 @@ func TestChat_ExplicitToolChoiceCallsATool(t *testing.T) {
 	if !strings.HasPrefix(c.ID, "call_") || c.Type != "function" || c.Function.Name != "get_weather" {
 		t.Fatalf("call %+v: want id call_…, type function, the first tool", c)
 	}
-	if !strings.HasPrefix(c.Function.Arguments, `{"city":"`) || !strings.HasSuffix(c.Function.Arguments, `","unit":"celsius"}`) {
+	if !strings.HasPrefix(c.Function.Arguments, `{"city": "`) || !strings.HasSuffix(c.Function.Arguments, `", "unit": "celsius"}`) {
 		t.Fatalf("arguments %s: want the required parameters in sorted order, the enum's first value", c.Function.Arguments)
 	}
 	if got := string(r.Choices[0].Message.Content); got != "null" {

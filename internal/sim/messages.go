@@ -7,24 +7,32 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/cacheroute/cacheroute/internal/pyjson"
 	"github.com/cacheroute/cacheroute/internal/sim/prompt"
 )
 
 // The Anthropic Messages API (POST /v1/messages and /v1/messages/count_tokens),
 // answered in Anthropic's shapes, errors included.
 //
-// A request renders through the chat template exactly as the equivalent chat
-// request would: system (a string or text blocks, concatenated) as the first
-// system message, then the messages:
+// A request renders through the chat template as vLLM's Messages serving
+// converts it to a chat request: system (a string, or its text blocks
+// concatenated, Claude Code's x-anthropic-billing-header block left out) as
+// the first system message, then the messages:
 //
-//	user text and image blocks     a user message (text concatenated, an
-//	                               image as <|image|> and its URL, or a data
-//	                               URL for base64 data)
-//	user tool_result blocks        a tool message each, in block order
+//	user tool_result blocks        a tool message each, in block order: a
+//	                               string, or its text blocks joined by
+//	                               newlines (its images follow it as a user
+//	                               message)
+//	user text and image blocks     then one user message (text concatenated,
+//	                               an image as <|image|> and its URL, or a
+//	                               data URL for base64 data); none when the
+//	                               message has no text or image
 //	assistant text blocks          the assistant message's content
-//	assistant tool_use blocks      its tool calls: name and compact input
+//	assistant tool_use blocks      its tool calls: name and the input as
+//	                               Python's json.dumps writes it, as vLLM
+//	                               writes the arguments
 //	system messages                a system message in place (text
-//	                               blocks concatenated), as vLLM takes it
+//	                               blocks concatenated)
 //	thinking and other blocks      not rendered
 //
 // Tools ({name, description, input_schema}) render as the chat tools
@@ -79,7 +87,7 @@ type anthropicBlock struct {
 type anthropicTool struct {
 	Type        string          `json:"type"`
 	Name        string          `json:"name"`
-	Description string          `json:"description"`
+	Description *string         `json:"description"` // nil: absent, as vLLM tells it from ""
 	InputSchema json.RawMessage `json:"input_schema"`
 }
 
@@ -123,7 +131,7 @@ func (r *messagesRequest) conversation() ([]prompt.Message, error) {
 		return nil, badf("messages: at least one message is required")
 	}
 	msgs := make([]prompt.Message, 0, len(in)+1)
-	system, err := blocksText(r.System)
+	system, err := systemText(r.System)
 	if err != nil {
 		return nil, badf("system: %v", err)
 	}
@@ -139,7 +147,7 @@ func (r *messagesRequest) conversation() ([]prompt.Message, error) {
 			// A system message among the messages, as vLLM accepts it
 			// (Claude Code sends its agent list so to a model it does not
 			// know): rendered in place, text blocks concatenated.
-			text, err := blocksText(m.Content)
+			text, err := systemText(m.Content)
 			if err != nil {
 				return nil, badf("messages.%d.content: %v", i, err)
 			}
@@ -168,32 +176,36 @@ func (r *messagesRequest) conversation() ([]prompt.Message, error) {
 			msgs = append(msgs, assistantBlocks(blocks))
 			continue
 		}
-		before := len(msgs)
-		user := -1 // the user message this message's text goes into
-		results := false
+		// As vLLM converts it: the tool results first, then the user's own
+		// text and images as one message, if any.
+		var own strings.Builder
+		hasOwn, results := false, false
 		for k := range blocks {
 			b := &blocks[k]
 			switch b.Type {
 			case "tool_result":
-				text, err := blocksText(b.Content)
+				text, images, err := toolResultText(b.Content)
 				if err != nil {
 					return nil, badf("messages.%d.content.%d.content: %v", i, k, err)
 				}
 				msgs = append(msgs, prompt.Message{Role: "tool", Content: text})
-				user, results = -1, true
-			case "text", "image":
-				if user < 0 {
-					msgs = append(msgs, prompt.Message{Role: "user"})
-					user = len(msgs) - 1
+				if images != "" {
+					msgs = append(msgs, prompt.Message{Role: "user", Content: images})
 				}
-				msgs[user].Content += blockText(b)
+				results = true
+			case "text", "image":
+				if b.Type == "text" && b.Text == "" {
+					continue
+				}
+				own.WriteString(blockText(b))
+				hasOwn = true
 			}
 		}
-		if len(msgs) == before {
-			msgs = append(msgs, prompt.Message{Role: "user"})
-		}
-		if !results {
-			r.lastUser = len(msgs) - 1
+		if hasOwn {
+			msgs = append(msgs, prompt.Message{Role: "user", Content: own.String()})
+			if !results {
+				r.lastUser = len(msgs) - 1
+			}
 		}
 	}
 	return msgs, nil
@@ -211,9 +223,8 @@ func assistantBlocks(blocks []anthropicBlock) prompt.Message {
 		case "tool_use":
 			args := "{}"
 			if in := bytes.TrimSpace(b.Input); len(in) > 0 && string(in) != "null" {
-				var c bytes.Buffer
-				if json.Compact(&c, in) == nil {
-					args = c.String()
+				if a, err := pyjson.Dumps(in); err == nil {
+					args = a
 				}
 			}
 			m.ToolCalls = append(m.ToolCalls, prompt.ToolCall{Name: b.Name, Arguments: args})
@@ -237,10 +248,10 @@ func blockText(b *anthropicBlock) string {
 	return "<|image|>" + b.Source.URL
 }
 
-// blocksText reduces a system prompt or a tool result (absent, a string
-// or a list of blocks) to text: text blocks concatenated, images rendered,
-// other blocks skipped.
-func blocksText(raw json.RawMessage) (string, error) {
+// systemText reduces a system prompt or a system message (absent, a string
+// or a list of blocks) to text as vLLM does: its text blocks concatenated,
+// Claude Code's billing header block (a hash of each request) left out.
+func systemText(raw json.RawMessage) (string, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || raw[0] != '[' {
 		return contentText(raw)
@@ -251,11 +262,41 @@ func blocksText(raw json.RawMessage) (string, error) {
 	}
 	var b strings.Builder
 	for k := range blocks {
-		if t := blocks[k].Type; t == "text" || t == "image" {
-			b.WriteString(blockText(&blocks[k]))
+		if blocks[k].Type == "text" && !strings.HasPrefix(blocks[k].Text, billingHeader) {
+			b.WriteString(blocks[k].Text)
 		}
 	}
 	return b.String(), nil
+}
+
+// billingHeader starts the system block in which Claude Code sends a hash of
+// each request.
+const billingHeader = "x-anthropic-billing-header"
+
+// toolResultText reduces a tool result's content (absent, a string or a list
+// of blocks) as vLLM does: its text blocks joined by newlines, and its images
+// apart, rendered for the user message that follows the tool message.
+func toolResultText(raw json.RawMessage) (text, images string, err error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || raw[0] != '[' {
+		text, err = contentText(raw)
+		return text, "", err
+	}
+	var blocks []anthropicBlock
+	if err := json.Unmarshal(raw, &blocks); err != nil {
+		return "", "", errors.New("expected a string or a list of content blocks")
+	}
+	var texts []string
+	var img strings.Builder
+	for k := range blocks {
+		switch blocks[k].Type {
+		case "text":
+			texts = append(texts, blocks[k].Text)
+		case "image":
+			img.WriteString(blockText(&blocks[k]))
+		}
+	}
+	return strings.Join(texts, "\n"), img.String(), nil
 }
 
 // anthropicTools reads the tools field: the chat-shaped JSON the template

@@ -22,12 +22,17 @@ import (
 // carried over (the new request's instructions, if any, come first). Input
 // items map onto chat messages:
 //
-//	message {role, content}        a message of that role (user, assistant,
-//	                               system, developer); text parts
-//	                               (input_text, output_text, refusal)
-//	                               concatenated, input_image as <|image|>URL
+//	message {role, content}        a message of that role (user, system,
+//	                               developer); text parts (input_text,
+//	                               output_text, refusal) concatenated,
+//	                               input_image as <|image|>URL
+//	assistant message              its content's first part's text, as vLLM
+//	                               takes it, filling an assistant message of
+//	                               calls only just before it, else its own
 //	function_call {name, arguments} a tool call of the assistant message
 //	                               before it, or of a new assistant message
+//	                               (within the items: never one of a stored
+//	                               conversation, as in vLLM)
 //	function_call_output {output}  a tool message
 //	reasoning and any other item   not rendered
 //
@@ -75,7 +80,7 @@ type responsesPart struct {
 type responsesTool struct {
 	Type        string          `json:"type"`
 	Name        string          `json:"name"`
-	Description string          `json:"description"`
+	Description *string         `json:"description"` // nil: absent, as vLLM tells it from ""
 	Parameters  json.RawMessage `json:"parameters"`
 }
 
@@ -184,14 +189,39 @@ func parseResponsesInput(raw json.RawMessage) ([]responsesItem, []json.RawMessag
 	return items, raws, nil
 }
 
-// appendResponsesItems appends the chat messages the items render as.
+// responsesConversation is the chat a turn renders as: the instructions, the
+// stored conversation it continues (prev, or nil) from historyAt, the items.
+func responsesConversation(instructions *string, prev *storedResponse, items []responsesItem) (msgs []prompt.Message, historyAt int, err error) {
+	if prev != nil {
+		msgs = make([]prompt.Message, 0, len(prev.history)+len(items)+3)
+	}
+	if instructions != nil && *instructions != "" {
+		msgs = append(msgs, prompt.Message{Role: "system", Content: *instructions})
+	}
+	historyAt = len(msgs)
+	if prev != nil {
+		msgs = append(msgs, prev.history...)
+		msgs = appendOutputItems(msgs, prev.resp.Output)
+	}
+	msgs, err = appendResponsesItems(msgs, items)
+	return msgs, historyAt, err
+}
+
+// appendResponsesItems appends the chat messages the items render as, as
+// vLLM converts them: a function call joins the assistant message just
+// before it, an assistant message takes its first part's text and fills the
+// content of an assistant message of calls only just before it; neither
+// reaches back before the items' first (into a stored conversation).
 func appendResponsesItems(msgs []prompt.Message, items []responsesItem) ([]prompt.Message, error) {
+	first := len(msgs)
+	contentless := false // the last message is an assistant message of calls only, from the items
 	for i := range items {
 		it := &items[i]
 		typ := it.Type
 		if typ == "" && it.Role != "" {
 			typ = "message" // an easy input message: {role, content}
 		}
+		lastAssistant := len(msgs) > first && msgs[len(msgs)-1].Role == "assistant"
 		switch typ {
 		case "message":
 			switch it.Role {
@@ -201,16 +231,36 @@ func appendResponsesItems(msgs []prompt.Message, items []responsesItem) ([]promp
 			default:
 				return nil, badf("input[%d].role: expected user, assistant, system or developer, got %q", i, it.Role)
 			}
+			if it.Role == "assistant" {
+				text, err := firstPartText(it.Content)
+				if err != nil {
+					return nil, badf("input[%d].content: %v", i, err)
+				}
+				if lastAssistant && contentless {
+					msgs[len(msgs)-1].Content = text
+				} else {
+					msgs = append(msgs, prompt.Message{Role: "assistant", Content: text})
+				}
+				contentless = false
+				continue
+			}
 			text, err := responsesContentText(it.Content)
 			if err != nil {
 				return nil, badf("input[%d].content: %v", i, err)
 			}
 			msgs = append(msgs, prompt.Message{Role: it.Role, Content: text})
+			contentless = false
 		case "function_call":
 			if it.Name == "" {
 				return nil, badf("input[%d].name: field required", i)
 			}
-			msgs = appendToolCall(msgs, prompt.ToolCall{Name: it.Name, Arguments: it.Arguments})
+			tc := prompt.ToolCall{Name: it.Name, Arguments: it.Arguments}
+			if lastAssistant {
+				msgs = appendToolCall(msgs, tc)
+			} else {
+				msgs = append(msgs, prompt.Message{Role: "assistant", ToolCalls: []prompt.ToolCall{tc}})
+				contentless = true
+			}
 		case "function_call_output":
 			if it.CallID == "" {
 				return nil, badf("input[%d].call_id: field required", i)
@@ -220,9 +270,27 @@ func appendResponsesItems(msgs []prompt.Message, items []responsesItem) ([]promp
 				return nil, badf("input[%d].output: %v", i, err)
 			}
 			msgs = append(msgs, prompt.Message{Role: "tool", Content: text})
+			contentless = false
 		}
 	}
 	return msgs, nil
+}
+
+// firstPartText is what vLLM takes of an assistant message's content: a
+// string, or its first part's text.
+func firstPartText(raw json.RawMessage) (string, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || raw[0] != '[' {
+		return contentText(raw)
+	}
+	var parts []responsesPart
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", errors.New("expected a string or a list of content parts")
+	}
+	if len(parts) == 0 {
+		return "", nil
+	}
+	return parts[0].Text, nil
 }
 
 // appendToolCall adds tc to the assistant message at the end of msgs, or
@@ -402,19 +470,8 @@ func (w *Worker) handleResponses(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	var msgs []prompt.Message
-	if prev != nil {
-		msgs = make([]prompt.Message, 0, len(prev.history)+len(items)+3)
-	}
-	if req.Instructions != nil && *req.Instructions != "" {
-		msgs = append(msgs, prompt.Message{Role: "system", Content: *req.Instructions})
-	}
-	historyAt := len(msgs)
-	if prev != nil {
-		msgs = append(msgs, prev.history...)
-		msgs = appendOutputItems(msgs, prev.resp.Output)
-	}
-	if msgs, err = appendResponsesItems(msgs, items); err != nil {
+	msgs, historyAt, err := responsesConversation(req.Instructions, prev, items)
+	if err != nil {
 		w.writeResponsesError(rw, err)
 		return
 	}

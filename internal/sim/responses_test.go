@@ -368,7 +368,7 @@ func TestResponses_ToolCallRule(t *testing.T) {
 	if len(r.Output) != 1 || r.Output[0].Type != "function_call" || r.Output[0].Name != "get_weather" {
 		t.Fatalf("a user message with tools offered: %+v, want a call of the first tool", r.Output)
 	}
-	if want := `{"city":"`; !strings.HasPrefix(r.Output[0].Arguments, want) || !strings.HasSuffix(r.Output[0].Arguments, `","unit":"celsius"}`) {
+	if want := `{"city": "`; !strings.HasPrefix(r.Output[0].Arguments, want) || !strings.HasSuffix(r.Output[0].Arguments, `", "unit": "celsius"}`) {
 		t.Fatalf("arguments %s: want the required parameters in sorted order, the enum's first value", r.Output[0].Arguments)
 	}
 	if again := ask(nil, user); again.Output[0].Arguments != r.Output[0].Arguments {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/cacheroute/cacheroute/internal/pyjson"
 	"github.com/cacheroute/cacheroute/internal/sim/kvcache"
 	"github.com/cacheroute/cacheroute/internal/sim/prompt"
 )
@@ -212,13 +213,17 @@ func toolArguments(params json.RawMessage) string {
 	names := slices.Clone(schema.Required)
 	slices.Sort(names)
 	names = slices.Compact(names)
+	// Written as Python's json.dumps writes an object (", ", ": "): vLLM's
+	// Messages serving writes a tool_use input back so, and a model whose
+	// calls look alike finds its own call in its cache on the next turn.
 	b := []byte{'{'}
 	for i, name := range names {
 		if i > 0 {
-			b = append(b, ',')
+			b = append(b, ", "...)
 		}
-		b = appendJSONString(b, name)
-		b = append(b, ':')
+		key, _ := pyjson.Dumps(appendJSONString(nil, name))
+		b = append(b, key...)
+		b = append(b, ": "...)
 		b = appendArgumentValue(b, schema.Properties[name].Type, schema.Properties[name].Enum)
 	}
 	return string(append(b, '}'))
@@ -226,9 +231,8 @@ func toolArguments(params json.RawMessage) string {
 
 func appendArgumentValue(b []byte, typ json.RawMessage, enum []json.RawMessage) []byte {
 	if len(enum) > 0 {
-		var c bytes.Buffer
-		if json.Compact(&c, enum[0]) == nil {
-			return append(b, c.Bytes()...)
+		if v, err := pyjson.Dumps(enum[0]); err == nil {
+			return append(b, v...)
 		}
 	}
 	// "type" is a name or a list of names; the first that is not "null" wins.
@@ -263,7 +267,7 @@ type chatTool struct {
 	Type     string `json:"type"`
 	Function struct {
 		Name        string          `json:"name"`
-		Description string          `json:"description,omitempty"`
+		Description *string         `json:"description,omitempty"`
 		Parameters  json.RawMessage `json:"parameters,omitempty"`
 	} `json:"function"`
 }
