@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cacheroute/cacheroute/internal/chatform"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/workers"
@@ -21,13 +22,17 @@ import (
 // candidate. A policy that matches requests against the engines' KV-cache events needs them.
 //
 // It costs a round trip, so it is asked only where the events can decide, as the policy says
-// (policy.Policy.WantsTokens): cache_aware wants a chat completion without a session id or a
-// previous response, and a session it has no first block for or whose worker's engine evicted
+// (policy.Policy.WantsTokens): cache_aware wants a request without a session id or a previous
+// response, and a session it has no first block for or whose worker's engine evicted
 // it (the others follow their session); and only for the base model a worker lists first (an
 // adapter's blocks are keyed by the adapter, which the router does not tell from a base model;
 // such requests route by the prefix tree). The wait is bounded by
 // --tokenize-timeout, after which the request routes as it would without events. Answers are
-// kept by history key, so a retried or repeated prompt is not tokenized twice.
+// kept by route and history key, so a retried or repeated prompt is not tokenized twice.
+//
+// A chat is asked with its messages and tools as sent. A Responses or Messages body is asked as
+// the chat vLLM converts it to (package chatform); one that cannot be converted exactly (images,
+// reasoning, built-in tools ...) is not tokenized, and routes as without events.
 
 // TokenizeOptions turn the asking on.
 type TokenizeOptions struct {
@@ -78,7 +83,7 @@ func (c *tokenCache) put(key string, ts []uint32) {
 // promptTokens returns the request's prompt tokens when they are worth asking for, else nil.
 func (s *Server) promptTokens(rt *route, in policy.Input, body []byte) []uint32 {
 	req := in.Request
-	if s.tokenCache == nil || rt.path != chatCompletionsPath || !req.Chat || req.Text == "" ||
+	if s.tokenCache == nil || rt.tokenChat == nil || !req.Chat || req.Text == "" ||
 		len(in.Candidates) == 0 || !s.policy.WantsTokens(in) {
 		return nil
 	}
@@ -92,13 +97,19 @@ func (s *Server) promptTokens(rt *route, in policy.Input, body []byte) []uint32 
 	if len(models) == 0 || (req.Model != "" && req.Model != models[0]) {
 		return nil
 	}
-	key := models[0] + "\x00" + req.Text
+	// The history keys of the three APIs share one framing, and their prompts may still render
+	// apart (a Messages tool_use input is rewritten as Python writes JSON): the path keeps them apart.
+	key := rt.path + "\x00" + models[0] + "\x00" + req.Text
 	if ts, ok := s.tokenCache.get(key); ok {
 		s.metrics.TokenizeRequests.WithLabelValues(metrics.TokenizeCached).Inc()
 		return ts
 	}
+	messages, tools, ok := rt.tokenChat(body)
+	if !ok {
+		return nil // not rendered exactly: routed as without events
+	}
 	start := time.Now()
-	ts, err := s.tokenize(w, models[0], body)
+	ts, err := s.tokenize(w, models[0], messages, tools)
 	s.metrics.TokenizeDuration.Observe(time.Since(start).Seconds())
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
@@ -114,21 +125,48 @@ func (s *Server) promptTokens(rt *route, in policy.Input, body []byte) []uint32 
 	return ts
 }
 
-// tokenize asks w's /tokenize for the tokens of the chat in body.
-func (s *Server) tokenize(w *workers.Worker, model string, body []byte) ([]uint32, error) {
+// tokenChat turns a route's body into the messages and tools of its /tokenize request; ok is
+// false when the body does not render exactly as a chat, and is not tokenized.
+type tokenChat func(body []byte) (messages, tools json.RawMessage, ok bool)
+
+// chatTokenChat takes a chat's messages and tools as sent.
+func chatTokenChat(body []byte) (messages, tools json.RawMessage, ok bool) {
 	var chat struct {
 		Messages json.RawMessage `json:"messages"`
 		Tools    json.RawMessage `json:"tools,omitempty"`
 	}
 	if err := json.Unmarshal(body, &chat); err != nil {
-		return nil, err
+		return nil, nil, false
 	}
-	ask, err := json.Marshal(struct {
+	return chat.Messages, chat.Tools, true
+}
+
+// convertedTokenChat takes the chat that convert renders a Responses or Messages body as
+// (chatform), or refuses the body when convert cannot render it exactly.
+func convertedTokenChat(convert func([]byte) (*chatform.Chat, error)) tokenChat {
+	return func(body []byte) (json.RawMessage, json.RawMessage, bool) {
+		chat, err := convert(body)
+		if err != nil {
+			return nil, nil, false
+		}
+		messages, tools, err := chat.Encode()
+		return messages, tools, err == nil
+	}
+}
+
+// tokenize asks w's /tokenize for the tokens of the chat of messages and tools.
+func (s *Server) tokenize(w *workers.Worker, model string, messages, tools json.RawMessage) ([]uint32, error) {
+	// Without HTML escaping: an engine reads the JSON either way, and one that renders the tools
+	// as sent (the simulator) sees them as the client wrote them.
+	var ask bytes.Buffer
+	enc := json.NewEncoder(&ask)
+	enc.SetEscapeHTML(false)
+	err := enc.Encode(struct {
 		Model               string          `json:"model"`
 		Messages            json.RawMessage `json:"messages"`
 		Tools               json.RawMessage `json:"tools,omitempty"`
 		AddGenerationPrompt bool            `json:"add_generation_prompt"`
-	}{model, chat.Messages, chat.Tools, true})
+	}{model, messages, tools, true})
 	if err != nil {
 		return nil, err
 	}
@@ -137,7 +175,7 @@ func (s *Server) tokenize(w *workers.Worker, model string, body []byte) ([]uint3
 		ctx, cancel = context.WithTimeout(ctx, t)
 	}
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL()+"/tokenize", bytes.NewReader(ask))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL()+"/tokenize", &ask)
 	if err != nil {
 		return nil, err
 	}

@@ -140,7 +140,7 @@ func tokenizeCalls(b *testing.B, r *Router) float64 {
 }
 
 // freePort is a loopback port free when asked, for a simulated worker's event publisher.
-func freePort(b *testing.B) int {
+func freePort(b testing.TB) int {
 	b.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -1,0 +1,160 @@
+package router
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	anthropicoption "github.com/anthropics/anthropic-sdk-go/v2/option"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
+
+	"github.com/cacheroute/cacheroute/internal/metrics"
+	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
+	"github.com/cacheroute/cacheroute/internal/proxy"
+	"github.com/cacheroute/cacheroute/internal/sim"
+)
+
+// eventRouters starts two simulated workers publishing their KV-cache events over ZMQ on
+// loopback, and two routers that share nothing (cache_aware, --cache-index events), each
+// subscribed to both workers: what one router places, the other can know only from the events.
+func eventRouters(t *testing.T) (a, b *testRouter, workers []string) {
+	t.Helper()
+	endpoints := map[string]string{}
+	for range 2 {
+		cfg := sim.DefaultConfig()
+		cfg.TimeScale = 0
+		ep := "tcp://127.0.0.1:" + strconv.Itoa(freePort(t))
+		cfg.KVEvents = sim.KVEventsConfig{Endpoint: ep, Bind: true}
+		fleet, err := sim.StartLocal(1, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(fleet.Close)
+		workers = append(workers, fleet.URLs()...)
+		endpoints[fleet.URLs()[0]] = ep
+	}
+	start := func() *testRouter {
+		cfg := testConfig()
+		cfg.Policy = "cache_aware"
+		cacheaware.KnobsIn(cfg.PolicyOptions).CacheIndex = cacheaware.IndexEvents
+		cfg.KVEventsWorkerEndpoints = endpoints
+		cfg.TokenizeTimeoutSecs = 10 // a slow shared machine must not turn the test into a timeout
+		tr := startRouter(t, cfg)
+		for _, u := range workers {
+			if err := tr.AddWorker(t.Context(), u); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		t.Cleanup(cancel)
+		tr.Start(ctx)
+		return tr
+	}
+	return start(), start(), workers
+}
+
+// waitIndexed waits until tr's index holds a block of worker's.
+func waitIndexed(t *testing.T, tr *testRouter, worker string) {
+	t.Helper()
+	waitFor(t, "the worker's blocks in the second router's index", func() bool {
+		v, ok := metricValue(t, tr, `vllm_router_kv_events_index_blocks{worker="`+worker+`"}`)
+		return ok && v >= 1
+	})
+}
+
+// tokenizeCount is tr's /tokenize calls and token-cache answers, all results together.
+func tokenizeCount(t *testing.T, tr *testRouter) float64 {
+	t.Helper()
+	var sum float64
+	for _, r := range []string{metrics.TokenizeOK, metrics.TokenizeError, metrics.TokenizeTimeout, metrics.TokenizeCached} {
+		v, _ := metricValue(t, tr, `vllm_router_tokenize_requests_total{result="`+r+`"}`)
+		sum += v
+	}
+	return sum
+}
+
+// agentPrompt is a long first user message, several blocks of the simulator's tokens.
+func agentPrompt(tag string) string {
+	return tag + ": " + strings.Repeat("read the repository and list the packages that touch the network, ", 20)
+}
+
+func TestMessagesWithoutSessionRouteByTheEnginesEvents(t *testing.T) {
+	a, b, _ := eventRouters(t)
+	ask := func(tr *testRouter) (worker, decision string) {
+		client := anthropic.NewClient(anthropicoption.WithoutEnvironmentDefaults(), anthropicoption.WithBaseURL(tr.url),
+			anthropicoption.WithAPIKey("sk-ant-test"), anthropicoption.WithMaxRetries(0))
+		var raw *http.Response
+		_, err := client.Messages.New(t.Context(), anthropic.MessageNewParams{
+			Model: "sim-model", MaxTokens: 4,
+			System:   []anthropic.TextBlockParam{{Text: "You are a coding agent."}},
+			Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock(agentPrompt("messages")))},
+		}, anthropicoption.WithResponseInto(&raw))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return raw.Header.Get(proxy.HeaderWorker), raw.Header.Get(proxy.HeaderDecision)
+	}
+	first, _ := ask(a)
+	waitIndexed(t, b, first)
+	before := tokenizeCount(t, b)
+	if w, d := ask(b); w != first || d != cacheaware.LabelKVEventsMatch {
+		t.Fatalf("the second router sent it to %s (%s); the engine of %s holds its prefix", w, d, first)
+	}
+	if after := tokenizeCount(t, b); after != before+1 {
+		t.Fatalf("the second router's /tokenize calls went from %v to %v, want one more", before, after)
+	}
+}
+
+func TestResponsesWithoutPreviousResponseRouteByTheEnginesEvents(t *testing.T) {
+	a, b, _ := eventRouters(t)
+	ask := func(tr *testRouter) (worker, decision string) {
+		client := openai.NewClient(option.WithBaseURL(tr.url+"/v1"), option.WithAPIKey("sk-test"), option.WithMaxRetries(0))
+		var raw *http.Response
+		params := responses.ResponseNewParams{Model: "sim-model", Instructions: openai.String("You are a coding agent."),
+			MaxOutputTokens: openai.Int(4), Store: openai.Bool(false)}
+		params.Input.OfString = openai.String(agentPrompt("responses"))
+		if _, err := client.Responses.New(t.Context(), params, option.WithResponseInto(&raw)); err != nil {
+			t.Fatal(err)
+		}
+		return raw.Header.Get(proxy.HeaderWorker), raw.Header.Get(proxy.HeaderDecision)
+	}
+	first, _ := ask(a)
+	waitIndexed(t, b, first)
+	if w, d := ask(b); w != first || d != cacheaware.LabelKVEventsMatch {
+		t.Fatalf("the second router sent it to %s (%s); the engine of %s holds its prefix", w, d, first)
+	}
+}
+
+// A body whose chat rendering cannot be known exactly (here a Messages image block, a Responses
+// reasoning item) is not tokenized, and routes as without events.
+func TestBodiesNotRenderedExactlyAreNotTokenizedAndStillRoute(t *testing.T) {
+	_, b, workers := eventRouters(t)
+	bodies := map[string]string{
+		"/v1/messages": `{"model":"sim-model","max_tokens":4,"messages":[{"role":"user","content":[{"type":"text","text":"what is in it?"},` +
+			`{"type":"image","source":{"type":"url","url":"http://127.0.0.1/cat.png"}}]}]}`,
+		"/v1/responses": `{"model":"sim-model","max_output_tokens":4,"store":false,"input":[{"role":"user","content":"hi"},` +
+			`{"type":"reasoning","summary":[],"content":[{"type":"reasoning_text","text":"hm"}]},{"role":"user","content":"go on"}]}`,
+	}
+	for path, body := range bodies {
+		before := tokenizeCount(t, b)
+		resp := b.post(t, path, body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: status %d", path, resp.StatusCode)
+		}
+		if w := resp.Header.Get(proxy.HeaderWorker); w != workers[0] && w != workers[1] {
+			t.Fatalf("%s: routed to %q", path, w)
+		}
+		if d := resp.Header.Get(proxy.HeaderDecision); d == cacheaware.LabelKVEventsMatch {
+			t.Fatalf("%s: placed by the events without its tokens", path)
+		}
+		if after := tokenizeCount(t, b); after != before {
+			t.Fatalf("%s: /tokenize counted %v then %v: a body not rendered exactly was tokenized", path, before, after)
+		}
+	}
+}
