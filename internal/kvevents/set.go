@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"net/url"
 	"sort"
 	"strconv"
@@ -131,4 +132,54 @@ func Endpoint(template, host string, rank int) (string, error) {
 		return "", fmt.Errorf("kv events endpoint %q: no usable port", template)
 	}
 	return "tcp://" + net.JoinHostPort(u.Hostname(), strconv.Itoa(port+max(rank, 0))), nil
+}
+
+// MaxEndpointLen bounds an endpoint a worker names for itself (an admin request's parameter, a
+// pod annotation), so that no caller makes the router hold a long string per worker.
+const MaxEndpointLen = 256
+
+// WorkerEndpoints are the endpoints one worker names for itself (the admin API, a pod
+// annotation, --kv-events-worker-endpoints), in place of the --kv-events-endpoint template's:
+// templates of their own, in which HostPlaceholder stands for the worker URL's host and whose port
+// is offset by each tenant's data-parallel rank. The zero value names none.
+type WorkerEndpoints struct {
+	Events string // the publisher's (PUB) endpoint
+	Replay string // its replay (ROUTER) endpoint; "" for none
+}
+
+// IsZero reports whether e names no endpoint.
+func (e WorkerEndpoints) IsZero() bool { return e == WorkerEndpoints{} }
+
+// Check reports why e cannot be dialled: an endpoint that is not tcp://HOST:PORT, longer than
+// MaxEndpointLen, or whose host is a wildcard (tcp://*:5557 is where a publisher binds, not where
+// the router can reach it), or a replay endpoint without an events endpoint.
+func (e WorkerEndpoints) Check() error {
+	if e.Events == "" && e.Replay != "" {
+		return fmt.Errorf("kv events replay endpoint %q: needs an events endpoint", truncated(e.Replay))
+	}
+	for _, ep := range []string{e.Events, e.Replay} {
+		if ep == "" {
+			continue
+		}
+		if len(ep) > MaxEndpointLen {
+			return fmt.Errorf("kv events endpoint %q: longer than %d bytes", truncated(ep), MaxEndpointLen)
+		}
+		got, err := Endpoint(ep, "worker", 0)
+		if err != nil {
+			return err
+		}
+		u, _ := url.Parse(got) // Endpoint made it
+		if ip, err := netip.ParseAddr(u.Hostname()); u.Hostname() == "*" || (err == nil && ip.IsUnspecified()) {
+			return fmt.Errorf("kv events endpoint %q: a wildcard is where a publisher binds; give an address the router dials (%s for the worker's own host)", ep, HostPlaceholder)
+		}
+	}
+	return nil
+}
+
+// truncated is s cut to a length fit for an error message.
+func truncated(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
 }

@@ -58,3 +58,33 @@ func TestEndpointFillsTheHostAndOffsetsThePortByRank(t *testing.T) {
 		}
 	}
 }
+
+func TestWorkerEndpointsAreCheckedLikeTheTemplateAndMustBeDialable(t *testing.T) {
+	for _, ok := range []WorkerEndpoints{
+		{},
+		{Events: "tcp://{host}:5557"},
+		{Events: "tcp://127.0.0.1:6001", Replay: "tcp://127.0.0.1:6002"},
+		{Events: "tcp://[::1]:5557"},
+	} {
+		if err := ok.Check(); err != nil {
+			t.Errorf("%+v: %v, want accepted", ok, err)
+		}
+	}
+	for _, c := range []struct {
+		e    WorkerEndpoints
+		want string
+	}{
+		{WorkerEndpoints{Events: "http://{host}:5557"}, "want tcp://HOST:PORT"},
+		{WorkerEndpoints{Events: "tcp://{host}"}, "no usable port"},
+		{WorkerEndpoints{Events: "tcp://*:5557"}, "wildcard"},
+		{WorkerEndpoints{Events: "tcp://0.0.0.0:5557"}, "wildcard"},
+		{WorkerEndpoints{Events: "tcp://[::]:5557"}, "wildcard"},
+		{WorkerEndpoints{Events: "tcp://{host}:5557", Replay: "tcp://*:5558"}, "wildcard"},
+		{WorkerEndpoints{Replay: "tcp://{host}:5558"}, "needs an events endpoint"},
+		{WorkerEndpoints{Events: "tcp://" + strings.Repeat("a", MaxEndpointLen) + ":5557"}, "longer than"},
+	} {
+		if err := c.e.Check(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want an error with %q", c.e, err, c.want)
+		}
+	}
+}
