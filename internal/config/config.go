@@ -666,6 +666,8 @@ func (c Config) Validate() error {
 			bad("kv-events-worker-endpoints", "%q: %v", worker, err)
 		} else if _, err := kvevents.Endpoint(ep, "worker", 0); err != nil {
 			bad("kv-events-worker-endpoints", "%v", err)
+		} else if err := (kvevents.WorkerEndpoints{Events: ep}).Check(); err != nil {
+			bad("kv-events-worker-endpoints", "%v", err) // as the admin API and pod annotations are checked
 		}
 	}
 	if c.KVEventsReplayEndpoint != "" && c.KVEventsEndpoint == "" {

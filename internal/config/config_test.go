@@ -596,6 +596,9 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{"kv events endpoint without a port", func(c *config.Config) { c.KVEventsEndpoint = "tcp://{host}" }, "--kv-events-endpoint"},
 		{"kv events replay alone", func(c *config.Config) { c.KVEventsReplayEndpoint = "tcp://{host}:5558" }, "--kv-events-replay-endpoint"},
 		{"zero kv events index", func(c *config.Config) { c.KVEventsIndexSize = 0 }, "--kv-events-index-size"},
+		{"kv events worker endpoint a wildcard", func(c *config.Config) {
+			c.KVEventsWorkerEndpoints = map[string]string{"http://127.0.0.1:8000": "tcp://*:5557"}
+		}, "--kv-events-worker-endpoints"},
 		{"zero tokenize timeout", func(c *config.Config) { c.TokenizeTimeoutSecs = 0 }, "--tokenize-timeout-secs"},
 		{"admin origin without a scheme", func(c *config.Config) { c.AdminAllowedOrigins = []string{"ops.example"} }, "--admin-allowed-origins"},
 		{"negative grace", func(c *config.Config) { c.ShutdownGraceSecs = -1 }, "--shutdown-grace-secs"},

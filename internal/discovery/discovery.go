@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -22,6 +23,9 @@ type Endpoint struct {
 	Name string
 	// Role is the part of requests the worker takes: the role of the source's selector.
 	Role workers.Role
+	// KVEvents are the KV-cache event endpoints the worker names for itself (a pod's
+	// annotations); zero for none.
+	KVEvents kvevents.WorkerEndpoints
 }
 
 // Source reports the wanted worker set.

@@ -7,6 +7,9 @@
 // A worker is held by the sources that joined it: one joined by two sources (a static worker that
 // a pod watch also finds, a pod matched by a watch and a DNS name) stays until every one of them
 // has left. The static list never leaves, so discovery never removes a static worker.
+//
+// A worker's record carries the KV-cache event endpoints its holders name for it (the admin API's,
+// a pod annotation's), which the event subscriptions read (KVEvents).
 package fleet
 
 import (
@@ -18,6 +21,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -48,6 +52,8 @@ var (
 	ErrNotFound = workers.ErrNotFound
 	// ErrRoleConflict: the worker is in the fleet with another role.
 	ErrRoleConflict = errors.New("worker registered with another role")
+	// ErrKVEvents: the KV-cache event endpoints named for the worker cannot be used.
+	ErrKVEvents = errors.New("invalid kv events endpoint")
 )
 
 // Options configure a Fleet.
@@ -56,7 +62,11 @@ type Options struct {
 	Allowed tenant.Allowed // --worker-url-allow
 	// Probe checks one registered worker URL now (health and models); it decides when a worker
 	// that joined takes requests.
-	Probe     func(ctx context.Context, url string)
+	Probe func(ctx context.Context, url string)
+	// KVEvents are the event endpoints the command line names for single workers
+	// (--kv-events-worker-endpoints): a worker of that URL has them whichever source joins it,
+	// unless a holder names its own.
+	KVEvents  map[tenant.URL]kvevents.WorkerEndpoints
 	Listeners []Listener
 	Log       *slog.Logger
 }
@@ -72,6 +82,7 @@ type Fleet struct {
 type member struct {
 	role    workers.Role
 	sources map[Source]bool
+	events  map[Source]kvevents.WorkerEndpoints // the endpoints each holder names, when it names any
 }
 
 // New returns an empty fleet over opts.Pool, which only the fleet must change.
@@ -95,10 +106,15 @@ type Joined struct {
 // Join registers u for src with role: allow-checked, its tenants added to the pool with the role
 // (unhealthy, so they take nothing yet), the listeners told, and its first probe started with ctx.
 // A worker another source holds in the same role gains src as a holder; in another role the join
-// is refused with ErrRoleConflict, and a second join by the same source with ErrExists.
-func (f *Fleet) Join(ctx context.Context, src Source, u tenant.URL, role workers.Role) (Joined, error) {
+// is refused with ErrRoleConflict, and a second join by the same source with ErrExists. ev are the
+// KV-cache event endpoints src names for u (zero: none); endpoints that fail their check refuse
+// the join with ErrKVEvents.
+func (f *Fleet) Join(ctx context.Context, src Source, u tenant.URL, role workers.Role, ev kvevents.WorkerEndpoints) (Joined, error) {
 	if u.IsZero() {
 		return Joined{}, errors.New("no worker URL")
+	}
+	if err := ev.Check(); err != nil {
+		return Joined{}, fmt.Errorf("%w: %w", ErrKVEvents, err)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -110,6 +126,7 @@ func (f *Fleet) Join(ctx context.Context, src Source, u tenant.URL, role workers
 			return Joined{}, fmt.Errorf("worker %s: %w", u.Redacted(), ErrExists)
 		}
 		m.sources[src] = true
+		m.name(src, ev)
 		return Joined{Probed: closed}, nil
 	}
 	if err := f.opts.Allowed.CheckURL(u.String()); err != nil {
@@ -123,7 +140,9 @@ func (f *Fleet) Join(ctx context.Context, src Source, u tenant.URL, role workers
 	for _, w := range tenants {
 		w.SetRole(role)
 	}
-	f.members[u] = &member{role: role, sources: map[Source]bool{src: true}}
+	m := &member{role: role, sources: map[Source]bool{src: true}}
+	m.name(src, ev)
+	f.members[u] = m
 	for _, l := range f.opts.Listeners {
 		l.WorkerJoined(u, tenants)
 	}
@@ -149,6 +168,7 @@ func (f *Fleet) Leave(src Source, u tenant.URL) (bool, error) {
 		return false, fmt.Errorf("worker %s (%s): %w", u.Redacted(), src, ErrNotFound)
 	}
 	delete(m.sources, src)
+	delete(m.events, src)
 	if len(m.sources) > 0 {
 		return false, nil
 	}
@@ -188,6 +208,54 @@ func (f *Fleet) Holders(u tenant.URL) []Source {
 		return slices.Sorted(maps.Keys(m.sources))
 	}
 	return nil
+}
+
+// SetKVEvents replaces the KV-cache event endpoints src names for u (zero: none), as a pod whose
+// annotation changed does; the subscriptions follow within a second. ErrNotFound: src does not
+// hold u; ErrKVEvents: ev fail their check, and the endpoints stay as they were.
+func (f *Fleet) SetKVEvents(src Source, u tenant.URL, ev kvevents.WorkerEndpoints) error {
+	if err := ev.Check(); err != nil {
+		return fmt.Errorf("%w: %w", ErrKVEvents, err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m := f.members[u]
+	if m == nil || !m.sources[src] {
+		return fmt.Errorf("worker %s (%s): %w", u.Redacted(), src, ErrNotFound)
+	}
+	m.name(src, ev)
+	return nil
+}
+
+// KVEvents are the event endpoints of worker u: those the admin API named, else those of the
+// first other holder by name that names any (a discovery source), else the command line's; zero when none does
+// (the --kv-events-endpoint template then applies) or u is not in the fleet.
+func (f *Fleet) KVEvents(u tenant.URL) kvevents.WorkerEndpoints {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m := f.members[u]
+	if m == nil {
+		return kvevents.WorkerEndpoints{}
+	}
+	if ev, ok := m.events[Admin]; ok {
+		return ev
+	}
+	for _, src := range slices.Sorted(maps.Keys(m.events)) {
+		return m.events[src]
+	}
+	return f.opts.KVEvents[u]
+}
+
+// name records the endpoints src names for the worker; f.mu is held.
+func (m *member) name(src Source, ev kvevents.WorkerEndpoints) {
+	if ev.IsZero() {
+		delete(m.events, src)
+		return
+	}
+	if m.events == nil {
+		m.events = map[Source]kvevents.WorkerEndpoints{}
+	}
+	m.events[src] = ev
 }
 
 func (m *member) holders() string {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -99,7 +100,7 @@ func TestEverySourceJoinsTheSameWay(t *testing.T) {
 			f, pool, rec := newFleet(t)
 			raw := healthyWorker(t)
 			u := mustURL(t, raw+"/") // the trailing slash is gone from the identity
-			j, err := f.Join(t.Context(), src, u, workers.RoleDecode)
+			j, err := f.Join(t.Context(), src, u, workers.RoleDecode, noEvents)
 			if err != nil || !j.New {
 				t.Fatalf("Join: %+v, %v", j, err)
 			}
@@ -117,7 +118,7 @@ func TestEverySourceJoinsTheSameWay(t *testing.T) {
 			}
 
 			outside := mustURL(t, "http://127.0.0.2:1")
-			if _, err := f.Join(t.Context(), src, outside, workers.RoleDecode); !errors.Is(err, tenant.ErrNotAllowed) {
+			if _, err := f.Join(t.Context(), src, outside, workers.RoleDecode, noEvents); !errors.Is(err, tenant.ErrNotAllowed) {
 				t.Fatalf("a worker outside the allow list: %v, want ErrNotAllowed", err)
 			}
 			if len(pool.Get(outside.String())) != 0 || f.Holders(outside) != nil {
@@ -132,12 +133,12 @@ func TestEverySourceJoinsTheSameWay(t *testing.T) {
 func TestWorkerHeldByTwoSourcesStaysUntilBothLeave(t *testing.T) {
 	f, pool, rec := newFleet(t)
 	u := mustURL(t, healthyWorker(t))
-	j, err := f.Join(t.Context(), Static, u, workers.RolePrefill)
+	j, err := f.Join(t.Context(), Static, u, workers.RolePrefill, noEvents)
 	if err != nil {
 		t.Fatal(err)
 	}
 	waitProbed(t, j)
-	again, err := f.Join(t.Context(), "kubernetes-prefill", u, workers.RolePrefill)
+	again, err := f.Join(t.Context(), "kubernetes-prefill", u, workers.RolePrefill, noEvents)
 	if err != nil || again.New {
 		t.Fatalf("second source's join: %+v, %v; want held already", again, err)
 	}
@@ -170,18 +171,18 @@ func TestWorkerHeldByTwoSourcesStaysUntilBothLeave(t *testing.T) {
 func TestJoinInAnotherRoleIsRefused(t *testing.T) {
 	f, pool, _ := newFleet(t)
 	u := mustURL(t, healthyWorker(t))
-	j, err := f.Join(t.Context(), Static, u, workers.RolePrefill)
+	j, err := f.Join(t.Context(), Static, u, workers.RolePrefill, noEvents)
 	if err != nil {
 		t.Fatal(err)
 	}
 	waitProbed(t, j)
-	if _, err := f.Join(t.Context(), Admin, u, workers.RoleDecode); !errors.Is(err, ErrRoleConflict) {
+	if _, err := f.Join(t.Context(), Admin, u, workers.RoleDecode, noEvents); !errors.Is(err, ErrRoleConflict) {
 		t.Fatalf("join as decode: %v, want ErrRoleConflict", err)
 	}
 	if got := f.Holders(u); !slices.Equal(got, []Source{Static}) || pool.Get(u.String())[0].Role() != workers.RolePrefill {
 		t.Fatalf("after the refused join: holders %v, role %v", got, pool.Get(u.String())[0].Role())
 	}
-	if _, err := f.Join(t.Context(), Static, u, workers.RolePrefill); !errors.Is(err, ErrExists) {
+	if _, err := f.Join(t.Context(), Static, u, workers.RolePrefill, noEvents); !errors.Is(err, ErrExists) {
 		t.Fatalf("the same source again: %v, want ErrExists", err)
 	}
 }
@@ -191,7 +192,7 @@ func TestRemoveTakesTheWorkerFromEverySource(t *testing.T) {
 	f, pool, rec := newFleet(t)
 	u := mustURL(t, healthyWorker(t))
 	for _, src := range []Source{Static, "dns"} {
-		j, err := f.Join(t.Context(), src, u, workers.RoleColocated)
+		j, err := f.Join(t.Context(), src, u, workers.RoleColocated, noEvents)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -208,5 +209,80 @@ func TestRemoveTakesTheWorkerFromEverySource(t *testing.T) {
 	}
 	if err := f.Remove(u); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("removing again: %v, want ErrNotFound", err)
+	}
+}
+
+// noEvents is a join that names no KV-cache event endpoint.
+var noEvents kvevents.WorkerEndpoints
+
+// A worker's event endpoints are the admin API's while it names some, else a discovery source's,
+// else the command line's, and go with the worker.
+func TestWorkersEventEndpointsAreTheAdminAPIsThenDiscoverysThenTheCommandLines(t *testing.T) {
+	f, _, _ := newFleet(t)
+	u := mustURL(t, healthyWorker(t))
+	flag := kvevents.WorkerEndpoints{Events: "tcp://127.0.0.1:6001"}
+	f.opts.KVEvents = map[tenant.URL]kvevents.WorkerEndpoints{u: flag}
+	pod := kvevents.WorkerEndpoints{Events: "tcp://{host}:6101", Replay: "tcp://{host}:6102"}
+	admin := kvevents.WorkerEndpoints{Events: "tcp://127.0.0.1:6201"}
+	step := func(what string, want kvevents.WorkerEndpoints) {
+		t.Helper()
+		if got := f.KVEvents(u); got != want {
+			t.Fatalf("%s: %+v, want %+v", what, got, want)
+		}
+	}
+	j, err := f.Join(t.Context(), Static, u, workers.RoleColocated, noEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitProbed(t, j)
+	step("joined by the static list", flag)
+	if _, err := f.Join(t.Context(), "kubernetes", u, workers.RoleColocated, pod); err != nil {
+		t.Fatal(err)
+	}
+	step("a pod annotation names its own", pod)
+	if _, err := f.Join(t.Context(), Admin, u, workers.RoleColocated, admin); err != nil {
+		t.Fatal(err)
+	}
+	step("the admin API names its own", admin)
+	changed := kvevents.WorkerEndpoints{Events: "tcp://{host}:6301"}
+	if err := f.SetKVEvents("kubernetes", u, changed); err != nil {
+		t.Fatal(err)
+	}
+	step("the annotation changed under the admin API's", admin)
+	if _, err := f.Leave(Admin, u); err != nil {
+		t.Fatal(err)
+	}
+	step("the admin API left", changed)
+	if err := f.SetKVEvents("kubernetes", u, noEvents); err != nil {
+		t.Fatal(err)
+	}
+	step("the annotation went", flag)
+	if err := f.Remove(u); err != nil {
+		t.Fatal(err)
+	}
+	step("removed", noEvents)
+	if err := f.SetKVEvents("kubernetes", u, pod); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("SetKVEvents on a removed worker: %v, want ErrNotFound", err)
+	}
+}
+
+func TestJoinWithAnUnusableEventEndpointRegistersNothing(t *testing.T) {
+	f, pool, rec := newFleet(t)
+	u := mustURL(t, healthyWorker(t))
+	if _, err := f.Join(t.Context(), Admin, u, workers.RoleColocated, kvevents.WorkerEndpoints{Events: "tcp://*:5557"}); !errors.Is(err, ErrKVEvents) {
+		t.Fatalf("a wildcard endpoint: %v, want ErrKVEvents", err)
+	}
+	if joined, _ := rec.seen(); len(pool.All()) != 0 || len(joined) != 0 || len(f.Holders(u)) != 0 {
+		t.Fatalf("refused, yet registered: pool %d, told %v, holders %v", len(pool.All()), joined, f.Holders(u))
+	}
+	good := kvevents.WorkerEndpoints{Events: "tcp://{host}:5557"}
+	if _, err := f.Join(t.Context(), Admin, u, workers.RoleColocated, good); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.SetKVEvents(Admin, u, kvevents.WorkerEndpoints{Replay: "tcp://{host}:5558"}); !errors.Is(err, ErrKVEvents) {
+		t.Fatalf("a replay endpoint alone: %v, want ErrKVEvents", err)
+	}
+	if got := f.KVEvents(u); got != good {
+		t.Fatalf("a refused change changed the endpoints: %+v", got)
 	}
 }

@@ -89,6 +89,7 @@ func (s *Set) Close() {
 // Status is one worker's stream and index, for metrics and the status page.
 type Status struct {
 	Worker                                                                      string
+	Endpoint, Replay                                                            string // dialled ("" Replay: none)
 	Complete                                                                    bool
 	Blocks                                                                      int
 	LastEvent                                                                   time.Time
@@ -103,7 +104,7 @@ func (s *Set) Status() []Status {
 	for name, r := range s.subs {
 		st := &r.sub.Stats
 		out = append(out, Status{
-			Worker: name, Complete: r.sub.Complete(), Blocks: s.index.Blocks(name), LastEvent: st.LastEvent(),
+			Worker: name, Endpoint: r.src.Endpoint, Replay: r.src.Replay, Complete: r.sub.Complete(), Blocks: s.index.Blocks(name), LastEvent: st.LastEvent(),
 			Batches: st.Batches.Load(), Events: st.Events.Load(), DecodeErrors: st.DecodeErrors.Load(),
 			Duplicates: st.Duplicates.Load(), Gaps: st.Gaps.Load(), Replays: st.Replays.Load(),
 			Resyncs: st.Resyncs.Load(), Restarts: st.Restarts.Load(),

@@ -13,6 +13,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/clientkeys"
 	"github.com/cacheroute/cacheroute/internal/fleet"
+	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -168,40 +169,49 @@ func bearerToken(v string) string {
 }
 
 func (s *Server) listWorkers(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"workers": describeWorkers(s.pool.All())})
+	writeJSON(w, http.StatusOK, map[string]any{"workers": s.describeWorkers(s.pool.All())})
+}
+
+// addRequest is what an admin request asks to add: a worker URL, its role, and the KV-cache event
+// endpoints it names for itself.
+type addRequest struct {
+	URL            string `json:"url"`
+	Role           string `json:"role"`
+	KVEvents       string `json:"kv_events_endpoint"`
+	KVEventsReplay string `json:"kv_events_replay_endpoint"`
+}
+
+// addRequestFromQuery reads an addRequest from ?url=&role=&kv_events_endpoint=&kv_events_replay_endpoint=.
+func addRequestFromQuery(q url.Values) addRequest {
+	return addRequest{URL: q.Get("url"), Role: q.Get("role"), KVEvents: q.Get("kv_events_endpoint"), KVEventsReplay: q.Get("kv_events_replay_endpoint")}
 }
 
 func (s *Server) addWorkerQuery(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	s.addWorker(w, r, q.Get("url"), q.Get("role"))
+	s.addWorker(w, r, addRequestFromQuery(r.URL.Query()))
 }
 
-// addWorkerREST takes the URL and role from ?url=&role= or from a JSON body
-// {"url": "...", "role": "..."}.
+// addWorkerREST takes the worker from the query (see addRequestFromQuery) or from a JSON body
+// {"url": "...", "role": "...", "kv_events_endpoint": "...", "kv_events_replay_endpoint": "..."}.
 func (s *Server) addWorkerREST(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	url, role := q.Get("url"), q.Get("role")
-	if url == "" {
-		var body struct {
-			URL  string `json:"url"`
-			Role string `json:"role"`
-		}
-		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&body); err != nil {
+	add := addRequestFromQuery(r.URL.Query())
+	if add.URL == "" {
+		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&add); err != nil {
 			writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "expected ?url= or a JSON body {\"url\": \"...\"}")
 			return
 		}
-		url, role = body.URL, body.Role
 	}
-	s.addWorker(w, r, url, role)
+	s.addWorker(w, r, add)
 }
 
-// addWorker joins a worker through the fleet, in role (colocated when empty), and answers once
-// its first probe is done. A worker that is unreachable stays registered and listed as
+// addWorker joins a worker through the fleet, in its role (colocated when empty), and answers
+// once its first probe is done. A worker that is unreachable stays registered and listed as
 // unhealthy; health checks bring it in when it comes up. A worker that another source (the
 // static list, discovery) holds in the same role gains the admin API as a holder, so discovery
-// no longer removes it.
-func (s *Server) addWorker(w http.ResponseWriter, r *http.Request, raw, roleName string) {
-	url, err := tenant.ParseURL(raw)
+// no longer removes it. Event endpoints of its own are subscribed to within a second, in place of
+// the --kv-events-endpoint template's, once their host passes --worker-url-allow; endpoints that
+// cannot be used, or a router that subscribes to no events, refuse the worker with 400.
+func (s *Server) addWorker(w http.ResponseWriter, r *http.Request, add addRequest) {
+	url, err := tenant.ParseURL(add.URL)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_worker_url", err.Error())
 		return
@@ -211,13 +221,22 @@ func (s *Server) addWorker(w http.ResponseWriter, r *http.Request, raw, roleName
 			"a worker URL added through the admin API may not carry user:password@ (see --admin-worker-url-credentials)")
 		return
 	}
-	role, err := workers.ParseRole(roleName)
+	role, err := workers.ParseRole(add.Role)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_worker_role", truncate(err.Error(), 300))
 		return
 	}
-	joined, err := s.fleet.Join(r.Context(), fleet.Admin, url, role)
+	ev := kvevents.WorkerEndpoints{Events: add.KVEvents, Replay: add.KVEventsReplay}
+	if !ev.IsZero() && s.opts.KVEvents == nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "kv_events_off",
+			"this router subscribes to no KV-cache events: start it with --kv-events-endpoint or --kv-events-worker-endpoints to give a worker its own")
+		return
+	}
+	joined, err := s.fleet.Join(r.Context(), fleet.Admin, url, role, ev)
 	switch {
+	case errors.Is(err, fleet.ErrKVEvents):
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_kv_events_endpoint", truncate(err.Error(), 300))
+		return
 	case errors.Is(err, fleet.ErrExists):
 		writeError(w, http.StatusConflict, "invalid_request_error", "worker_exists", "worker "+url.Redacted()+" is already registered")
 		return
@@ -235,7 +254,7 @@ func (s *Server) addWorker(w http.ResponseWriter, r *http.Request, raw, roleName
 	case <-joined.Probed:
 	case <-r.Context().Done():
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"added": url.Redacted(), "workers": describeWorkers(s.pool.Get(url.String()))})
+	writeJSON(w, http.StatusOK, map[string]any{"added": url.Redacted(), "workers": s.describeWorkers(s.pool.Get(url.String()))})
 }
 
 func (s *Server) removeWorkerQuery(w http.ResponseWriter, r *http.Request) {
@@ -276,5 +295,5 @@ func (s *Server) getWorker(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "worker_not_found", "worker "+tenant.Redact(url)+" is not registered")
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"workers": describeWorkers(tenants)})
+	writeJSON(w, http.StatusOK, map[string]any{"workers": s.describeWorkers(tenants)})
 }

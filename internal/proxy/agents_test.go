@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/cacheroute/cacheroute/internal/fleet"
+	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
 	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
@@ -497,7 +498,7 @@ type probeRecorder struct {
 	probed []string
 }
 
-func (f *probeRecorder) Join(context.Context, fleet.Source, tenant.URL, workers.Role) (fleet.Joined, error) {
+func (f *probeRecorder) Join(context.Context, fleet.Source, tenant.URL, workers.Role, kvevents.WorkerEndpoints) (fleet.Joined, error) {
 	probed := make(chan struct{})
 	close(probed)
 	return fleet.Joined{New: true, Probed: probed}, nil

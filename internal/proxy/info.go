@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -24,6 +25,18 @@ type WorkerInfo struct {
 	LastProbeError     string     `json:"last_probe_error,omitempty"`
 	LastProbeErrorTime *time.Time `json:"last_probe_error_time,omitempty"`
 	ProbeFailures      *int       `json:"consecutive_probe_failures,omitempty"`
+	// KVEvents is the tenant's KV-cache event stream, while the router subscribes to it.
+	KVEvents *WorkerKVEvents `json:"kv_events,omitempty"`
+}
+
+// WorkerKVEvents is one tenant's KV-cache event stream as the worker lists show it: where the
+// router dials it, and whether its index has every batch since the publisher's first (complete:
+// the events, not the prefix tree, speak for this worker).
+type WorkerKVEvents struct {
+	Endpoint string `json:"endpoint"`
+	Replay   string `json:"replay_endpoint,omitempty"`
+	Complete bool   `json:"complete"`
+	Blocks   int    `json:"blocks"`
 }
 
 func describeWorker(w *workers.Worker) WorkerInfo {
@@ -39,10 +52,23 @@ func describeWorker(w *workers.Worker) WorkerInfo {
 	return info
 }
 
-func describeWorkers(ws []*workers.Worker) []WorkerInfo {
+// describeWorkers shows ws, each with its event stream when the router subscribes to it.
+func (s *Server) describeWorkers(ws []*workers.Worker) []WorkerInfo {
+	var streams map[string]kvevents.Status
+	if s.opts.KVEvents != nil {
+		all := s.opts.KVEvents()
+		streams = make(map[string]kvevents.Status, len(all))
+		for _, st := range all {
+			streams[st.Worker] = st
+		}
+	}
 	out := make([]WorkerInfo, 0, len(ws))
 	for _, w := range ws {
-		out = append(out, describeWorker(w))
+		info := describeWorker(w)
+		if st, ok := streams[w.Name()]; ok {
+			info.KVEvents = &WorkerKVEvents{Endpoint: st.Endpoint, Replay: st.Replay, Complete: st.Complete, Blocks: st.Blocks}
+		}
+		out = append(out, info)
 	}
 	return out
 }
@@ -83,7 +109,7 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	body := map[string]any{"status": status, "worker_counts": counts}
 	detail := s.mayShowTopology(r)
 	if detail {
-		body["workers"] = describeWorkers(all)
+		body["workers"] = s.describeWorkers(all)
 	}
 	if s.opts.SessionStore != nil {
 		body["session_store"] = s.opts.SessionStore(r.Context(), detail)

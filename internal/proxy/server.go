@@ -26,6 +26,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/clientkeys"
 	"github.com/cacheroute/cacheroute/internal/fleet"
+	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/telemetry"
@@ -80,6 +81,9 @@ type Options struct {
 	// Dashboard, when set, answers GET /dashboard and GET /dashboard/data, under the admin
 	// endpoints' guard.
 	Dashboard http.Handler
+	// KVEvents, when set, reports the workers' KV-cache event streams, for the worker lists; nil
+	// when the router subscribes to none (and the admin API then refuses a worker's own endpoint).
+	KVEvents func() []kvevents.Status
 	// Tokenize, when set, asks an engine for the prompt tokens of the requests the policy may
 	// match against the engines' KV-cache events (tokens.go).
 	Tokenize *TokenizeOptions
@@ -97,7 +101,7 @@ type ClientKeys interface {
 // worker the admin API adds joins as every other does (allow-checked, probed, told to the policy)
 // and one it removes is forgotten by every piece of state that names it.
 type Fleet interface {
-	Join(ctx context.Context, src fleet.Source, u tenant.URL, role workers.Role) (fleet.Joined, error)
+	Join(ctx context.Context, src fleet.Source, u tenant.URL, role workers.Role, ev kvevents.WorkerEndpoints) (fleet.Joined, error)
 	Remove(u tenant.URL) error
 	// CheckWorker probes a registered worker URL now: its health and its model list.
 	CheckWorker(ctx context.Context, url string)

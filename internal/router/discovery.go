@@ -14,6 +14,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/discovery"
 	"github.com/cacheroute/cacheroute/internal/fleet"
 	"github.com/cacheroute/cacheroute/internal/kubeapi"
+	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -120,19 +121,21 @@ type reconciler struct {
 
 type member struct {
 	url        tenant.URL
-	name       string                // where it came from, for logs
-	role       workers.Role          // the role it joined with
-	sources    map[fleet.Source]bool // the discovery sources that joined it
-	registered bool                  // discovery registered it, so discovery drains it
-	draining   bool                  // wanted state; the workers' flag follows once an undrain probe is done
-	gen        int                   // changes with every drain and undrain, so a late probe knows it is stale
+	name       string                                    // where it came from, for logs
+	role       workers.Role                              // the role it joined with
+	sources    map[fleet.Source]bool                     // the discovery sources that joined it
+	kv         map[fleet.Source]kvevents.WorkerEndpoints // the event endpoints each named for it
+	registered bool                                      // discovery registered it, so discovery drains it
+	draining   bool                                      // wanted state; the workers' flag follows once an undrain probe is done
+	gen        int                                       // changes with every drain and undrain, so a late probe knows it is stale
 }
 
 // wanted is one URL as all the sources together report it.
 type wanted struct {
 	discovery.Endpoint // ready when any source says so
 	url                tenant.URL
-	sources            map[fleet.Source]bool // the sources that report it
+	sources            map[fleet.Source]bool                     // the sources that report it
+	kv                 map[fleet.Source]kvevents.WorkerEndpoints // the event endpoints each names for it
 }
 
 // apply records source's set and brings the pool in line with all the sets together: a URL
@@ -153,12 +156,14 @@ func (rc *reconciler) apply(source string, set []discovery.Endpoint) {
 			w := want[u.String()]
 			switch {
 			case w == nil:
-				want[u.String()] = &wanted{Endpoint: e, url: u, sources: map[fleet.Source]bool{fleet.Source(s): true}}
+				want[u.String()] = &wanted{Endpoint: e, url: u, sources: map[fleet.Source]bool{fleet.Source(s): true},
+					kv: map[fleet.Source]kvevents.WorkerEndpoints{fleet.Source(s): e.KVEvents}}
 			case w.Role != e.Role:
 				rc.r.log.Warn("discovery: endpoint ignored in a second role", "source", s, "endpoint", e.Name, "role", e.Role, "kept", w.Role)
 			default:
 				w.Ready = w.Ready || e.Ready
 				w.sources[fleet.Source(s)] = true
+				w.kv[fleet.Source(s)] = e.KVEvents
 			}
 		}
 	}
@@ -171,15 +176,23 @@ func (rc *reconciler) apply(source string, set []discovery.Endpoint) {
 			continue
 		}
 		for s := range w.sources {
-			if !m.sources[s] {
-				_, _ = rc.r.fleet.Join(rc.ctx, s, m.url, m.role) // held already: only adds s
+			switch {
+			case !m.sources[s]:
+				_, _ = rc.r.fleet.Join(rc.ctx, s, m.url, m.role, w.kv[s]) // held already: only adds s
 				m.sources[s] = true
+			case m.kv[s] != w.kv[s]:
+				// A pod's annotation changed: the subscription follows within a second.
+				if err := rc.r.fleet.SetKVEvents(s, m.url, w.kv[s]); err != nil {
+					rc.r.log.Warn("discovery: kv events endpoint not changed", "worker", m.url.Redacted(), "endpoint", m.name, "error", err)
+				}
 			}
+			m.kv[s] = w.kv[s]
 		}
 		for _, s := range slices.Sorted(maps.Keys(m.sources)) {
 			if !w.sources[s] {
 				_, _ = rc.r.fleet.Leave(s, m.url) // another source still holds it
 				delete(m.sources, s)
+				delete(m.kv, s)
 			}
 		}
 	}
@@ -214,14 +227,15 @@ func (rc *reconciler) apply(source string, set []discovery.Endpoint) {
 // join joins w through the fleet for each source that reports it; the fleet probes it in the
 // background, and until the probe passes it takes nothing.
 func (rc *reconciler) join(w *wanted) {
-	m := &member{url: w.url, name: w.Name, role: w.Role, sources: map[fleet.Source]bool{}}
+	m := &member{url: w.url, name: w.Name, role: w.Role, sources: map[fleet.Source]bool{}, kv: map[fleet.Source]kvevents.WorkerEndpoints{}}
 	var err error
 	for _, s := range slices.Sorted(maps.Keys(w.sources)) {
 		var j fleet.Joined
-		if j, err = rc.r.fleet.Join(rc.ctx, s, w.url, w.Role); err != nil {
+		if j, err = rc.r.fleet.Join(rc.ctx, s, w.url, w.Role, w.kv[s]); err != nil {
 			break
 		}
 		m.sources[s] = true
+		m.kv[s] = w.kv[s]
 		m.registered = m.registered || j.New
 	}
 	url := w.url.String()

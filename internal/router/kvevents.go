@@ -6,11 +6,12 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
-	"strings"
 	"time"
 
+	"github.com/cacheroute/cacheroute/internal/config"
 	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/tenant"
+	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
 // kvevents.go subscribes to the workers' KV-cache event publishers (--kv-events-endpoint): once a
@@ -42,47 +43,54 @@ func (r *Router) syncKVEvents(ctx context.Context) {
 }
 
 // resolvedEndpoints are a worker's endpoints with its host resolved and checked against
-// --worker-url-allow.
-type resolvedEndpoints struct{ events, replay string }
+// --worker-url-allow, and the templates they came from, so that new ones (a pod annotation that
+// changed) are resolved again.
+type resolvedEndpoints struct {
+	from           kvevents.WorkerEndpoints
+	events, replay string
+}
 
-// kvSources are the event streams of the fleet's workers. With --worker-url-allow, a worker
-// whose host is a name is resolved once and its address checked, as every connection to a worker
-// is; a worker outside the list is not subscribed to.
+// workerEventEndpoints are --kv-events-worker-endpoints by worker URL (validated with the
+// configuration), for the fleet to give to workers of those URLs.
+func workerEventEndpoints(cfg config.Config) map[tenant.URL]kvevents.WorkerEndpoints {
+	out := make(map[tenant.URL]kvevents.WorkerEndpoints, len(cfg.KVEventsWorkerEndpoints))
+	for worker, ep := range cfg.KVEventsWorkerEndpoints {
+		if u, err := tenant.ParseURL(worker); err == nil {
+			out[u] = kvevents.WorkerEndpoints{Events: ep}
+		}
+	}
+	return out
+}
+
+// kvSources are the event streams of the fleet's workers: each at the endpoints its record in the
+// fleet names (the admin API's, a pod annotation's, --kv-events-worker-endpoints), else at the
+// --kv-events-endpoint template's. With --worker-url-allow, an endpoint whose host is a name is
+// resolved once and its address checked, as every connection to a worker is; a worker outside the
+// list is not subscribed to.
 func (r *Router) kvSources(ctx context.Context, resolved map[string]resolvedEndpoints) []kvevents.Source {
 	ws := r.pool.All()
 	out := make([]kvevents.Source, 0, len(ws))
 	seen := make(map[string]bool, len(ws))
 	for _, w := range ws {
 		seen[w.Name()] = true
-		u, err := url.Parse(w.URL())
+		u, err := tenant.ParseURL(w.URL())
 		if err != nil {
 			continue
 		}
+		from := r.fleet.KVEvents(u)
+		if from.IsZero() {
+			from = kvevents.WorkerEndpoints{Events: r.cfg.KVEventsEndpoint, Replay: r.cfg.KVEventsReplayEndpoint}
+		}
 		ep, ok := resolved[w.Name()]
-		if !ok {
-			// A worker's own endpoint (--kv-events-worker-endpoints) names its host; the template
-			// takes the worker URL's. Either host is dialled only once checked.
-			template, host, replay := r.cfg.KVEventsEndpoint, u.Hostname(), r.cfg.KVEventsReplayEndpoint
-			if own, ok := r.kvWorkerEndpoints[w.URL()]; ok {
-				template, replay = own, ""
-				if eu, err := url.Parse(own); err == nil && eu.Hostname() != "" {
-					host = eu.Hostname()
-					template = strings.Replace(own, eu.Host, net.JoinHostPort(kvevents.HostPlaceholder, eu.Port()), 1)
-				}
-			}
-			if template == "" {
+		if !ok || ep.from != from {
+			if from.Events == "" {
+				delete(resolved, w.Name())
 				continue // no template, and no endpoint of its own
 			}
-			checked, err := r.kvEventsHost(ctx, host)
-			if err != nil {
+			if ep, err = r.workerEndpoints(ctx, w, from); err != nil {
 				r.log.Warn("kv events: worker not subscribed to", "worker", w.Name(), "error", err)
+				delete(resolved, w.Name())
 				continue
-			}
-			if ep.events, err = kvevents.Endpoint(template, checked, w.Rank()); err != nil {
-				continue // validated at start; a worker host that makes it unusable is skipped
-			}
-			if replay != "" {
-				ep.replay, _ = kvevents.Endpoint(replay, checked, w.Rank())
 			}
 			resolved[w.Name()] = ep
 		}
@@ -94,6 +102,44 @@ func (r *Router) kvSources(ctx context.Context, resolved map[string]resolvedEndp
 		}
 	}
 	return out
+}
+
+// workerEndpoints are the endpoints of from for tenant w, each dialable: its host checked (see
+// dialable) and its port offset by w's rank.
+func (r *Router) workerEndpoints(ctx context.Context, w *workers.Worker, from kvevents.WorkerEndpoints) (resolvedEndpoints, error) {
+	u, err := url.Parse(w.URL())
+	if err != nil {
+		return resolvedEndpoints{}, err
+	}
+	ep := resolvedEndpoints{from: from}
+	if ep.events, err = r.dialable(ctx, from.Events, u.Hostname(), w.Rank()); err != nil {
+		return resolvedEndpoints{}, err
+	}
+	if from.Replay != "" {
+		if ep.replay, err = r.dialable(ctx, from.Replay, u.Hostname(), w.Rank()); err != nil {
+			return resolvedEndpoints{}, err
+		}
+	}
+	return ep, nil
+}
+
+// dialable is template's endpoint for a worker on workerHost: the placeholder replaced by that
+// host, the endpoint's host then checked against --worker-url-allow (a name resolved to a
+// permitted address) before anything dials it, and the port offset by rank.
+func (r *Router) dialable(ctx context.Context, template, workerHost string, rank int) (string, error) {
+	expanded, err := kvevents.Endpoint(template, workerHost, 0)
+	if err != nil {
+		return "", err
+	}
+	eu, err := url.Parse(expanded)
+	if err != nil {
+		return "", err
+	}
+	checked, err := r.kvEventsHost(ctx, eu.Hostname())
+	if err != nil {
+		return "", err
+	}
+	return kvevents.Endpoint("tcp://"+net.JoinHostPort(kvevents.HostPlaceholder, eu.Port()), checked, rank)
 }
 
 // kvEventsResolveTimeout bounds the resolution of one worker's host.

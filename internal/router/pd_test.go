@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/cacheroute/cacheroute/internal/fleet"
+	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/proxy"
 	"github.com/cacheroute/cacheroute/internal/sim"
 	"github.com/cacheroute/cacheroute/internal/tenant"
@@ -61,7 +62,7 @@ func startPDRig(t *testing.T, prefills, decodes int, simCfg sim.Config) *pdRig {
 			if err != nil {
 				t.Fatal(err)
 			}
-			j, err := tr.Join(t.Context(), fleet.Admin, u, role)
+			j, err := tr.Join(t.Context(), fleet.Admin, u, role, kvevents.WorkerEndpoints{})
 			if err != nil {
 				t.Fatal(err)
 			}

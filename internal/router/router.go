@@ -60,8 +60,6 @@ type Router struct {
 	logFile    *os.File             // the access log's file; nil for stdout or none
 	dashboard  *dashboard.Dashboard // the status page and its counters' history
 	kvEvents   *kvevents.Set        // the workers' KV-cache event streams; nil unless --kv-events-endpoint
-	// kvWorkerEndpoints are --kv-events-worker-endpoints by normalised worker URL.
-	kvWorkerEndpoints map[string]string
 }
 
 // New builds a router from a validated configuration. Workers are registered by Start.
@@ -130,7 +128,8 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		SuccessThreshold: cfg.HealthSuccessThreshold,
 		StallTimeout:     timeouts.Stall,
 	}, r.probes, log)
-	r.fleet = fleet.New(fleet.Options{Pool: pool, Allowed: allowed, Probe: r.checker.Check, Listeners: []fleet.Listener{fleetListener{r}}, Log: log})
+	r.fleet = fleet.New(fleet.Options{Pool: pool, Allowed: allowed, Probe: r.checker.Check, KVEvents: workerEventEndpoints(cfg),
+		Listeners: []fleet.Listener{fleetListener{r}}, Log: log})
 	if cfg.LoadSignal == workers.SignalEngine {
 		r.scraper = enginemetrics.New(pool, enginemetrics.Options{
 			Interval: cfg.WorkerMetricsInterval,
@@ -140,12 +139,6 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 	}
 	var tokenize *proxy.TokenizeOptions
 	if kvIndex != nil {
-		r.kvWorkerEndpoints = map[string]string{}
-		for worker, ep := range cfg.KVEventsWorkerEndpoints {
-			if u, err := tenant.NormalizeURL(worker); err == nil {
-				r.kvWorkerEndpoints[u] = ep
-			}
-		}
 		r.kvEvents = kvevents.NewSet(kvIndex, log)
 		r.metrics.SetKVEvents(r.kvEvents)
 		tokenize = &proxy.TokenizeOptions{CacheBytes: tokenCacheBytes}
@@ -212,6 +205,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 			MaxIdlePerWorker: maxIdlePerWorker,
 		},
 		SessionStore: storeHealth,
+		KVEvents:     r.kvEventsStatus(),
 		Dashboard:    r.dashboard,
 		Tokenize:     tokenize,
 		PD:           pd,
@@ -302,7 +296,7 @@ func (r *Router) AddWorker(ctx context.Context, raw string) error {
 	if err != nil {
 		return err
 	}
-	j, err := r.fleet.Join(ctx, fleet.Admin, u, workers.RoleColocated)
+	j, err := r.fleet.Join(ctx, fleet.Admin, u, workers.RoleColocated, kvevents.WorkerEndpoints{})
 	if err != nil {
 		return err
 	}
@@ -324,8 +318,8 @@ func (r *Router) RemoveWorker(raw string) error {
 }
 
 // Join is the fleet's Join, for the admin API.
-func (r *Router) Join(ctx context.Context, src fleet.Source, u tenant.URL, role workers.Role) (fleet.Joined, error) {
-	return r.fleet.Join(ctx, src, u, role)
+func (r *Router) Join(ctx context.Context, src fleet.Source, u tenant.URL, role workers.Role, ev kvevents.WorkerEndpoints) (fleet.Joined, error) {
+	return r.fleet.Join(ctx, src, u, role, ev)
 }
 
 // Remove is the fleet's Remove, for the admin API.
@@ -381,7 +375,7 @@ func (r *Router) Start(ctx context.Context) {
 		u, err := tenant.ParseURL(w.URL)
 		var j fleet.Joined
 		if err == nil {
-			j, err = r.fleet.Join(ctx, fleet.Static, u, w.Role)
+			j, err = r.fleet.Join(ctx, fleet.Static, u, w.Role, kvevents.WorkerEndpoints{}) // --kv-events-worker-endpoints: the fleet's own
 		}
 		if err != nil {
 			r.log.Warn("worker not added", "worker", tenant.Redact(w.URL), "role", w.Role, "error", err)
@@ -603,10 +597,17 @@ func (r *Router) newDashboard(store func(context.Context, bool) any) *dashboard.
 		c := r.admission.Controller
 		opts.Queue = func() (int, int) { return c.InFlight(), c.Queued() }
 	}
-	if r.kvEvents != nil {
-		opts.KVEvents = r.kvEvents.Status
-	}
+	opts.KVEvents = r.kvEventsStatus()
 	return dashboard.New(opts)
+}
+
+// kvEventsStatus reports the event streams, for the status page and the worker lists; nil without
+// subscriptions.
+func (r *Router) kvEventsStatus() func() []kvevents.Status {
+	if r.kvEvents == nil {
+		return nil
+	}
+	return r.kvEvents.Status
 }
 
 // ownHosts are the names of this host that an admin request's Host may carry besides localhost and
