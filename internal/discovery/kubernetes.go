@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/kubeapi"
+	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -42,7 +43,18 @@ type Kubernetes struct {
 	opts KubernetesOptions
 	sel  kubeapi.Selector
 	log  *slog.Logger
+	// badEvents are the pods whose event annotations were refused, with the error, so that each
+	// is logged once, not at every report; only pods still held are kept.
+	badEvents map[string]string
 }
+
+// The pod annotations that name a worker's own KV-cache event endpoints, in place of the
+// --kv-events-endpoint template: tcp://HOST:PORT, HOST the pod's IP or kvevents.HostPlaceholder
+// for it, the port offset by each data-parallel rank as the template's is.
+const (
+	AnnotationKVEventsEndpoint       = "cacheroute.io/kv-events-endpoint"
+	AnnotationKVEventsReplayEndpoint = "cacheroute.io/kv-events-replay-endpoint"
+)
 
 // The pace of the list and watch. Each watch asks the API server to end it after a random time
 // between watchTimeout and twice that, so that replicas started together do not come back in
@@ -74,7 +86,7 @@ func NewKubernetes(opts KubernetesOptions) (*Kubernetes, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	k := &Kubernetes{opts: opts, sel: sel}
+	k := &Kubernetes{opts: opts, sel: sel, badEvents: map[string]string{}}
 	k.log = opts.Log.With("discovery", k.Name())
 	return k, nil
 }
@@ -261,7 +273,7 @@ func (k *Kubernetes) watch(ctx context.Context, rv string, pods map[string]kubea
 // nothing.
 func (k *Kubernetes) endpoints(pods map[string]kubeapi.Pod) []Endpoint {
 	eps := make([]Endpoint, 0, len(pods))
-	for _, p := range pods {
+	for name, p := range pods {
 		if p.Metadata.Namespace != k.opts.Namespace || !k.sel.Matches(p.Metadata.Labels) {
 			continue
 		}
@@ -269,29 +281,68 @@ func (k *Kubernetes) endpoints(pods map[string]kubeapi.Pod) []Endpoint {
 			e.Role = k.opts.Role
 			eps = append(eps, e)
 		}
+		if _, err := PodKVEvents(&p); err == nil {
+			delete(k.badEvents, name)
+		} else if k.badEvents[name] != err.Error() {
+			k.badEvents[name] = err.Error()
+			k.log.Warn("discovery: the pod's kv events annotation is refused; the worker joins without events of its own",
+				"pod", p.Metadata.Namespace+"/"+name, "error", err)
+		}
+	}
+	for name := range k.badEvents {
+		if _, ok := pods[name]; !ok {
+			delete(k.badEvents, name)
+		}
 	}
 	return normalize(eps)
 }
 
 // PodEndpoint is the worker a pod stands for, on port: none while the pod has no IP or once it
-// has finished; draining while it is not Ready or is being deleted.
+// has finished; draining while it is not Ready or is being deleted. Its event endpoints are the
+// pod's annotations', when they pass their check (PodKVEvents), else none.
 func PodEndpoint(p *kubeapi.Pod, port int) (Endpoint, bool) {
 	if p.Status.PodIP == "" || p.Finished() {
 		return Endpoint{}, false
 	}
+	ev, _ := PodKVEvents(p)
 	return Endpoint{
-		URL:   "http://" + net.JoinHostPort(p.Status.PodIP, strconv.Itoa(port)),
-		Ready: p.Ready() && p.Metadata.DeletionTimestamp == nil,
-		Name:  p.Metadata.Namespace + "/" + p.Metadata.Name,
+		URL:      "http://" + net.JoinHostPort(p.Status.PodIP, strconv.Itoa(port)),
+		Ready:    p.Ready() && p.Metadata.DeletionTimestamp == nil,
+		Name:     p.Metadata.Namespace + "/" + p.Metadata.Name,
+		KVEvents: ev,
 	}, true
 }
 
+// PodKVEvents are the event endpoints p's annotations name (AnnotationKVEventsEndpoint,
+// AnnotationKVEventsReplayEndpoint), checked as every worker's own are (kvevents.WorkerEndpoints);
+// zero without the annotations, and with an error when they cannot be used.
+func PodKVEvents(p *kubeapi.Pod) (kvevents.WorkerEndpoints, error) {
+	ev := kvevents.WorkerEndpoints{
+		Events: p.Metadata.Annotations[AnnotationKVEventsEndpoint],
+		Replay: p.Metadata.Annotations[AnnotationKVEventsReplayEndpoint],
+	}
+	if err := ev.Check(); err != nil {
+		return kvevents.WorkerEndpoints{}, err
+	}
+	return ev, nil
+}
+
 // slimPod keeps only what PodEndpoint and the selector read (the decoder has dropped the rest
-// of the pod already), so the source holds little more than a pod's labels per pod.
+// of the pod already), so the source holds little more than a pod's labels per pod: of its
+// annotations only the event endpoints', each cut one byte past kvevents.MaxEndpointLen, so that
+// one too long is still refused as too long.
 func slimPod(p kubeapi.Pod) kubeapi.Pod {
 	var s kubeapi.Pod
 	s.Metadata.Name, s.Metadata.Namespace = p.Metadata.Name, p.Metadata.Namespace
 	s.Metadata.Labels, s.Metadata.DeletionTimestamp = p.Metadata.Labels, p.Metadata.DeletionTimestamp
+	for _, key := range []string{AnnotationKVEventsEndpoint, AnnotationKVEventsReplayEndpoint} {
+		if v, ok := p.Metadata.Annotations[key]; ok {
+			if s.Metadata.Annotations == nil {
+				s.Metadata.Annotations = map[string]string{}
+			}
+			s.Metadata.Annotations[key] = strings.Clone(v[:min(len(v), kvevents.MaxEndpointLen+1)])
+		}
+	}
 	s.Status.Phase, s.Status.PodIP = p.Status.Phase, p.Status.PodIP
 	for _, c := range p.Status.Conditions {
 		if c.Type == "Ready" {

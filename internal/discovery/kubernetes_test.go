@@ -13,6 +13,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/kubeapi"
 	"github.com/cacheroute/cacheroute/internal/kubeapi/kubetest"
+	"github.com/cacheroute/cacheroute/internal/kvevents"
 )
 
 var pod = kubetest.Pod
@@ -373,7 +374,8 @@ func TestPodEndpoint(t *testing.T) {
 // deletion mark and Ready condition.
 func TestSlimPodKeepsWhatTheSourceReads(t *testing.T) {
 	wire := `{"metadata":{"name":"vllm-0","namespace":"llm","uid":"u1","resourceVersion":"7","labels":{"app":"vllm"},
-	"annotations":{"big":"` + strings.Repeat("y", 4096) + `"},"deletionTimestamp":"2026-01-02T03:04:05Z",
+	"annotations":{"big":"` + strings.Repeat("y", 4096) + `","cacheroute.io/kv-events-endpoint":"tcp://{host}:5557",
+	"cacheroute.io/kv-events-replay-endpoint":"tcp://` + strings.Repeat("r", 4096) + `:5558"},"deletionTimestamp":"2026-01-02T03:04:05Z",
 	"managedFields":[{"manager":"kubelet"}]},
 	"spec":{"containers":[{"name":"vllm","image":"vllm/vllm-openai","args":["` + strings.Repeat("x", 4096) + `"]}]},
 	"status":{"phase":"Running","podIP":"10.0.0.1","conditions":[{"type":"PodScheduled","status":"True"},{"type":"Ready","status":"True","lastTransitionTime":"2026-01-02T03:04:05Z"}]}}`
@@ -385,8 +387,14 @@ func TestSlimPodKeepsWhatTheSourceReads(t *testing.T) {
 	if len(s.Status.Conditions) != 1 || s.Metadata.UID != "" || s.Metadata.ResourceVersion != "" {
 		t.Fatalf("slim pod keeps %d conditions, uid %q, version %q", len(s.Status.Conditions), s.Metadata.UID, s.Metadata.ResourceVersion)
 	}
-	if b, _ := json.Marshal(s); len(b) > 300 {
+	if b, _ := json.Marshal(s); len(b) > 300+kvevents.MaxEndpointLen+100 {
 		t.Fatalf("slim pod is %d bytes: %s", len(b), b)
+	}
+	if s.Metadata.Annotations[AnnotationKVEventsEndpoint] != "tcp://{host}:5557" || len(s.Metadata.Annotations) != 2 {
+		t.Fatalf("slim pod's annotations %v, want the event endpoints' only", s.Metadata.Annotations)
+	}
+	if _, err := PodKVEvents(&s); err == nil || !strings.Contains(err.Error(), "longer than") {
+		t.Fatalf("an overlong annotation, cut when kept: %v, want refused as too long", err)
 	}
 	want, _ := PodEndpoint(&p, 8000)
 	if got, _ := PodEndpoint(&s, 8000); got != want || want.Ready || s.Metadata.Labels["app"] != "vllm" {
@@ -471,4 +479,42 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+func annotate(p *kubeapi.Pod, kv ...string) {
+	p.Metadata.Annotations = map[string]string{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		p.Metadata.Annotations[kv[i]] = kv[i+1]
+	}
+}
+
+// A pod's annotations name its worker's event endpoints; a later change of them is reported; one
+// that cannot be used is logged once and the pod is still wanted, without endpoints of its own.
+func TestKubernetesPodAnnotationsNameTheWorkersEventEndpoints(t *testing.T) {
+	s := newCluster(t)
+	var buf syncBuffer
+	rec := watchPods(t, s.Client(t), slog.New(slog.NewTextHandler(&buf, nil)))
+	events := func(want kvevents.WorkerEndpoints, ready bool) func([]Endpoint) bool {
+		return func(set []Endpoint) bool {
+			return is("http://10.0.0.1:8000", ready)(set) && set[0].KVEvents == want
+		}
+	}
+	p := pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm")
+	annotate(&p, AnnotationKVEventsEndpoint, "tcp://{host}:5557", AnnotationKVEventsReplayEndpoint, "tcp://{host}:5558")
+	s.Create(p)
+	rec.waitFor(t, "the pod with its endpoints", events(kvevents.WorkerEndpoints{Events: "tcp://{host}:5557", Replay: "tcp://{host}:5558"}, true))
+
+	annotate(&p, AnnotationKVEventsEndpoint, "tcp://10.0.0.1:6557")
+	s.Update(p)
+	rec.waitFor(t, "the pod with its changed endpoint", events(kvevents.WorkerEndpoints{Events: "tcp://10.0.0.1:6557"}, true))
+
+	annotate(&p, AnnotationKVEventsEndpoint, "tcp://*:5557")
+	s.Update(p)
+	rec.waitFor(t, "the pod without endpoints of its own", events(kvevents.WorkerEndpoints{}, true))
+	kubetest.SetReady(&p, false)
+	s.Update(p)
+	rec.waitFor(t, "the pod draining, still without", events(kvevents.WorkerEndpoints{}, false))
+	if n := strings.Count(buf.String(), "kv events annotation is refused"); n != 1 || !strings.Contains(buf.String(), "wildcard") {
+		t.Fatalf("the refused annotation was logged %d times, want once with why; log: %s", n, buf.String())
+	}
 }

@@ -13,6 +13,7 @@ type Pod struct {
 		UID               string            `json:"uid,omitempty"`
 		ResourceVersion   string            `json:"resourceVersion,omitempty"`
 		Labels            map[string]string `json:"labels,omitempty"`
+		Annotations       map[string]string `json:"annotations,omitempty"`
 		DeletionTimestamp *string           `json:"deletionTimestamp,omitempty"`
 	} `json:"metadata"`
 	Status PodStatus `json:"status"`

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/cacheroute/cacheroute/internal/config"
+	"github.com/cacheroute/cacheroute/internal/discovery"
 	"github.com/cacheroute/cacheroute/internal/fleet"
 	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/kvevents/kvtest"
@@ -152,4 +154,48 @@ func TestWorkersOwnEndpointOutsideTheAllowListIsNotDialled(t *testing.T) {
 			t.Fatalf("%s: %+v, want one subscription at %s", c.endpoint, srcs, c.want)
 		}
 	}
+}
+
+// A pod annotated with its engine's endpoint is subscribed to there rather than at the template;
+// when the annotation changes, the subscription follows; an annotation that cannot be used leaves
+// the worker in the fleet, at the template's endpoint.
+func TestAnnotatedPodIsSubscribedAtItsEndpointAndFollowsItsChanges(t *testing.T) {
+	pub1, pub2 := kvtest.New(t, "", false), kvtest.New(t, "", false)
+	w := newTokenizingWorker(t, "127.0.0.1")
+	port, err := strconv.Atoi(w.url[strings.LastIndex(w.url, ":")+1:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newFakeCluster(t)
+	template := "tcp://{host}:" + unusedPort(t)
+	cfg := discoveryConfig("cache_aware", port)
+	cfg.KVEventsEndpoint = template
+	portOf := func(ep string) string { return ep[strings.LastIndex(ep, ":")+1:] }
+	pod := newPod("vllm-0", "127.0.0.1", true)
+	pod.Metadata.Annotations = map[string]string{discovery.AnnotationKVEventsEndpoint: "tcp://{host}:" + portOf(pub1.Endpoint)}
+	c.create(t, pod)
+	tr, _ := startDiscovering(t, cfg, c.env())
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	tr.Start(ctx)
+	subscribed := func(pub *kvtest.Publisher) {
+		t.Helper()
+		h := 0
+		waitFor(t, "blocks from "+pub.Endpoint, func() bool {
+			h++
+			pub.Send(storedBatch(t, h), false) // until the subscription has joined
+			st := tr.kvEvents.Status()
+			return len(st) == 1 && st[0].Endpoint == pub.Endpoint && st[0].Blocks >= 1
+		})
+	}
+	subscribed(pub1)
+	pod.Metadata.Annotations[discovery.AnnotationKVEventsEndpoint] = pub2.Endpoint
+	c.updateStatus(t, pod)
+	subscribed(pub2)
+	pod.Metadata.Annotations[discovery.AnnotationKVEventsEndpoint] = "tcp://*:5557"
+	c.updateStatus(t, pod)
+	waitFor(t, "the subscription back at the template", func() bool {
+		st := tr.kvEvents.Status()
+		return len(st) == 1 && st[0].Endpoint == "tcp://127.0.0.1:"+portOf(template) && tr.available(w.url)
+	})
 }
