@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -67,6 +68,8 @@ With --workers N it starts N independent workers on ports port .. port+N-1.`,
 	f.IntVar(&port, "port", port, "listen port of the first worker")
 	f.IntVar(&workers, "workers", workers, "number of independent workers, on ports port .. port+N-1")
 	f.StringSliceVar(&cfg.Models, "model", cfg.Models, "served model name (repeat or comma-separate for several; the first labels the metrics)")
+	f.Var(loraModulesFlag{&cfg.LoRAModules}, "lora-modules", "a LoRA adapter to serve, as vLLM's --lora-modules: name=path or {\"name\": ..., \"path\": ..., \"base_model_name\": ...} (repeat for several)")
+	f.IntVar(&cfg.MaxLoRAs, "max-loras", cfg.MaxLoRAs, "the most LoRA adapters a worker serves at once, given at start or loaded by POST /v1/load_lora_adapter; a load past it is refused with 400")
 	f.IntVar(&cfg.BlockSize, "block-size", cfg.BlockSize, "tokens per KV block")
 	f.IntVar(&cfg.KVCacheBlocks, "kv-cache-blocks", cfg.KVCacheBlocks, "KV cache capacity in blocks")
 	f.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", cfg.MaxNumSeqs, "requests running at once; the rest wait in arrival order")
@@ -125,3 +128,28 @@ func runSim(ctx context.Context, log *slog.Logger, addrs []string, cfg sim.Confi
 	}
 	return serveErr
 }
+
+// loraModulesFlag is --lora-modules: each value one adapter, in either of vLLM's forms.
+type loraModulesFlag struct{ mods *[]sim.LoRAModule }
+
+func (f loraModulesFlag) String() string {
+	if f.mods == nil {
+		return ""
+	}
+	parts := make([]string, len(*f.mods))
+	for i, m := range *f.mods {
+		parts[i] = m.Name + "=" + m.Path
+	}
+	return strings.Join(parts, " ")
+}
+
+func (f loraModulesFlag) Set(s string) error {
+	m, err := sim.ParseLoRAModule(s)
+	if err != nil {
+		return err
+	}
+	*f.mods = append(*f.mods, m)
+	return nil
+}
+
+func (loraModulesFlag) Type() string { return "lora" }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -90,5 +91,53 @@ func TestSimPublishesKVEventsToTheSubscriberItDials(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("sim: %v", err)
+	}
+}
+
+// TestSimServesTheLoRAModulesItIsGiven runs `cacheroute sim` with an adapter in each of vLLM's
+// --lora-modules forms and reads them back from /v1/models.
+func TestSimServesTheLoRAModulesItIsGiven(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	port := strconv.Itoa(freePort(t))
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := run(ctx, "sim", "--port", port, "--time-scale", "0", "--lora-modules", "sql=/adapters/sql",
+			"--lora-modules", `{"name": "chat", "path": "/adapters/chat"}`)
+		done <- err
+	}()
+	var body string
+	deadline := time.Now().Add(10 * time.Second)
+	for body == "" {
+		if resp, err := http.Get("http://127.0.0.1:" + port + "/v1/models"); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			body = string(b)
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("sim ended: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("timed out waiting for the sim")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, want := range []string{`"id":"sql","object":"model"`, `"root":"/adapters/sql","parent":"sim-model"`, `"id":"chat"`, `"root":"/adapters/chat","parent":"sim-model"`} {
+		if !strings.Contains(body, want) {
+			t.Fatalf("/v1/models = %s, want %s in it", body, want)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("sim: %v", err)
+	}
+}
+
+func TestSimRefusesAMalformedLoRAModule(t *testing.T) {
+	_, _, err := run(context.Background(), "sim", "--port", "0", "--lora-modules", "sql")
+	if err == nil || !strings.Contains(err.Error(), "lora module") {
+		t.Fatalf("err = %v, want the module refused", err)
 	}
 }

@@ -79,6 +79,12 @@ type Config struct {
 	MaxModelLen int
 	// Seed seeds the output text and the failure draws.
 	Seed int64
+	// LoRAModules are the LoRA adapters served from the start (vLLM's --lora-modules); more
+	// can be loaded at run time (lora.go).
+	LoRAModules []LoRAModule
+	// MaxLoRAs bounds the adapters served at once, those given at start and those loaded
+	// since; a load past it is refused. 0 means DefaultMaxLoRAs.
+	MaxLoRAs int
 	// KVEvents, when its endpoint is set, publishes the cache's KV-cache events (kvevents.go).
 	KVEvents KVEventsConfig
 
@@ -126,6 +132,7 @@ func DefaultConfig() Config {
 		FailureMode:         FailHTTP500,
 		MaxModelLen:         131072,
 		Seed:                0,
+		MaxLoRAs:            DefaultMaxLoRAs,
 
 		KVTransferTimePerToken: 10 * time.Microsecond,
 		KVTransferHold:         30 * time.Second,
@@ -208,6 +215,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxModelLen < 2 {
 		bad("max model len %d must be at least 2", c.MaxModelLen)
+	}
+	if err := c.validateLoRAs(); err != nil {
+		errs = append(errs, err)
 	}
 	if err := c.KVEvents.validate(); err != nil {
 		errs = append(errs, err)

@@ -141,7 +141,9 @@ func (w *Worker) generate(ctx context.Context, j *job, emit func(tok string) err
 
 	hp := hashPool.Get().(*[]uint64)
 	defer hashPool.Put(hp)
-	hashes := kvcache.BlockHashes((*hp)[:0], j.seq.Text, j.seq.Ends, cfg.BlockSize)
+	lora := w.lora(j.model)
+	root := kvcache.Root(lora.name)
+	hashes := kvcache.BlockHashes((*hp)[:0], root, j.seq.Text, j.seq.Ends, cfg.BlockSize)
 	var gen *textGen
 	n, finish := len(j.script), "stop"
 	if j.script == nil {
@@ -165,7 +167,7 @@ func (w *Worker) generate(ctx context.Context, j *job, emit func(tok string) err
 	maxHit := (res.PromptTokens - 1) / cfg.BlockSize
 	w.eng.mu.Lock()
 	hit, pin := w.eng.cache.Acquire(hashes, maxHit)
-	w.publishChanges(j.seq, hashes)
+	w.publishChanges(j.seq, hashes, lora)
 	res.CachedTokens = hit * cfg.BlockSize
 	j.cached = res.CachedTokens
 	s := &w.eng.stats
@@ -217,7 +219,7 @@ func (w *Worker) generate(ctx context.Context, j *job, emit func(tok string) err
 	}
 	w.eng.mu.Lock()
 	w.eng.cache.Computed(&pin)
-	w.publishChanges(j.seq, hashes)
+	w.publishChanges(j.seq, hashes, lora)
 	w.eng.stats.TTFT += res.TTFT
 	w.eng.mu.Unlock()
 	w.metrics.ttft.Observe(res.TTFT.Seconds())
@@ -258,11 +260,11 @@ func (w *Worker) generate(ctx context.Context, j *job, emit func(tok string) err
 	if j.chat {
 		j.seq.AppendText(prompt.AssistantEnd)
 	}
-	hashes = kvcache.BlockHashes(hashes[:0], j.seq.Text, j.seq.Ends, cfg.BlockSize)
+	hashes = kvcache.BlockHashes(hashes[:0], root, j.seq.Text, j.seq.Ends, cfg.BlockSize)
 	*hp = hashes
 	w.eng.mu.Lock()
 	w.eng.cache.Commit(&pin, hashes)
-	w.publishChanges(j.seq, hashes)
+	w.publishChanges(j.seq, hashes, lora)
 	w.eng.mu.Unlock()
 	committed = true
 

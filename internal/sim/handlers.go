@@ -496,7 +496,7 @@ func (w *Worker) handleModels(rw http.ResponseWriter, _ *http.Request) {
 		OwnedBy     string `json:"owned_by"`
 		Root        string `json:"root"`
 		Parent      any    `json:"parent"`
-		MaxModelLen int    `json:"max_model_len"`
+		MaxModelLen any    `json:"max_model_len"`
 		Permission  []any  `json:"permission"`
 	}
 	resp := struct {
@@ -507,6 +507,12 @@ func (w *Worker) handleModels(rw http.ResponseWriter, _ *http.Request) {
 	for _, m := range w.cfg.Models {
 		resp.Data = append(resp.Data, model{ID: m, Object: "model", Created: now, OwnedBy: "vllm",
 			Root: w.cfg.Models[0], MaxModelLen: w.cfg.MaxModelLen, Permission: []any{}})
+	}
+	// Adapters after the base models, as vLLM lists them: the path as root, the base model as
+	// parent, no context length of their own.
+	for _, ad := range w.loras.all() {
+		resp.Data = append(resp.Data, model{ID: ad.name, Object: "model", Created: now, OwnedBy: "vllm",
+			Root: ad.path, Parent: ad.parent, Permission: []any{}})
 	}
 	writeJSON(rw, http.StatusOK, resp)
 }

@@ -158,6 +158,7 @@ type kvEvent struct {
 	parent    uint64
 	hasParent bool
 	tokens    []uint32
+	lora      adapter // the adapter the blocks were computed with; no name for the base model
 }
 
 // pubBatch is one numbered batch; its payload is encoded once, by whoever needs it first.
@@ -384,7 +385,9 @@ func (p *eventPublisher) encoded(b *pubBatch) []byte {
 }
 
 // encodeBatch writes one EventBatch as vLLM's msgspec encoder does. The optional fields at their
-// defaults (data_parallel_rank, extra_keys) are left out, as msgspec's omit_defaults does.
+// defaults (data_parallel_rank; extra_keys of base-model blocks) are left out, as msgspec's
+// omit_defaults does. An adapter's blocks carry its name and id, and, per block, the extra hash
+// keys vLLM folded in: the adapter's name.
 func encodeBatch(b *pubBatch, maps bool, blockSize int) []byte {
 	// The payload's size, about: the header, then per event its fields (their names too in a
 	// map), 9 bytes a hash and 5 a token at most.
@@ -429,11 +432,15 @@ func encodeEvent(enc *msgpack.Encoder, e *kvEvent, maps bool, blockSize int) {
 	}
 	switch e.kind {
 	case kvcache.Stored:
+		n := 8
+		if e.lora.name != "" {
+			n = 9 // and extra_keys
+		}
 		if maps {
-			_ = enc.EncodeMapLen(8)
+			_ = enc.EncodeMapLen(n)
 			_ = enc.EncodeString("type")
 		} else {
-			_ = enc.EncodeArrayLen(8)
+			_ = enc.EncodeArrayLen(n)
 		}
 		_ = enc.EncodeString("BlockStored")
 		field("block_hashes")
@@ -452,11 +459,25 @@ func encodeEvent(enc *msgpack.Encoder, e *kvEvent, maps bool, blockSize int) {
 		field("block_size")
 		_ = enc.EncodeInt(int64(blockSize))
 		field("lora_id")
-		_ = enc.EncodeNil()
+		if e.lora.id > 0 {
+			_ = enc.EncodeInt(int64(e.lora.id))
+		} else {
+			_ = enc.EncodeNil()
+		}
 		field("medium")
 		_ = enc.EncodeString("GPU")
 		field("lora_name")
-		_ = enc.EncodeNil()
+		if e.lora.name == "" {
+			_ = enc.EncodeNil()
+			break
+		}
+		_ = enc.EncodeString(e.lora.name)
+		field("extra_keys")
+		_ = enc.EncodeArrayLen(len(e.hashes))
+		for range e.hashes {
+			_ = enc.EncodeArrayLen(1)
+			_ = enc.EncodeString(e.lora.name)
+		}
 	case kvcache.Evicted:
 		if maps {
 			_ = enc.EncodeMapLen(3)
@@ -481,10 +502,11 @@ func encodeEvent(enc *msgpack.Encoder, e *kvEvent, maps bool, blockSize int) {
 }
 
 // publishChanges turns the cache changes recorded by the last call into events. seq and hashes
-// are the stream that call was about (nil for Reset); eng.mu is held. Consecutive blocks stored
+// are the stream that call was about (nil for Reset), lora the adapter it ran with; eng.mu is
+// held. Consecutive blocks stored
 // together become one BlockStored chained to the block before the first, consecutive evictions
 // one BlockRemoved.
-func (w *Worker) publishChanges(seq *prompt.Sequence, hashes []uint64) {
+func (w *Worker) publishChanges(seq *prompt.Sequence, hashes []uint64, lora adapter) {
 	if w.events == nil {
 		return
 	}
@@ -514,7 +536,7 @@ func (w *Worker) publishChanges(seq *prompt.Sequence, hashes []uint64) {
 				j++
 			}
 			first, last := c.Pos, changes[j-1].Pos
-			e := kvEvent{kind: kvcache.Stored, hashes: make([]uint64, 0, j-i)}
+			e := kvEvent{kind: kvcache.Stored, hashes: make([]uint64, 0, j-i), lora: lora}
 			for _, c := range changes[i:j] {
 				e.hashes = append(e.hashes, c.Hash)
 			}

@@ -126,12 +126,13 @@ func (w *Worker) CachedChatPrefix(body []byte) (cached, promptTokens int, err er
 	if err := decodeJSON(body, &req); err != nil {
 		return 0, 0, err
 	}
+	model, _ := w.resolveModel(req.Model) // a model not served holds nothing here
 	var seq prompt.Sequence
 	if err := renderChatRequest(&seq, &req, true); err != nil {
 		return 0, 0, err
 	}
 	bs := w.cfg.BlockSize
-	hashes := kvcache.BlockHashes(nil, seq.Text, seq.Ends, bs)
+	hashes := kvcache.BlockHashes(nil, kvcache.Root(w.lora(model).name), seq.Text, seq.Ends, bs)
 	maxHit := (seq.Len() - 1) / bs
 	w.eng.mu.Lock()
 	hit := min(w.eng.cache.Match(hashes), maxHit)

@@ -3,6 +3,7 @@ package sim
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -33,7 +34,8 @@ type Worker struct {
 	eng     engine
 	metrics *workerMetrics
 	mux     *http.ServeMux
-	models  map[string]bool
+	models  map[string]bool // the base models
+	loras   *adapters
 	stored  *responseStore
 	events  *eventPublisher // nil unless cfg.KVEvents.Endpoint is set
 
@@ -60,12 +62,14 @@ func NewWorker(cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	cfg.Models = append([]string(nil), cfg.Models...)
+	cfg.LoRAModules = append([]LoRAModule(nil), cfg.LoRAModules...)
 	w := &Worker{
 		cfg:      cfg,
 		clock:    cfg.Clock,
 		sched:    newScheduler(cfg.MaxNumSeqs),
 		eng:      engine{cache: kvcache.New(cfg.KVCacheBlocks)},
 		models:   make(map[string]bool, len(cfg.Models)),
+		loras:    &adapters{max: cfg.maxLoRAs()},
 		stored:   newResponseStore(maxStoredResponses, maxStoredBytes),
 		faultRNG: rand.New(rand.NewPCG(uint64(cfg.Seed), 0x5eed)),
 		done:     make(chan struct{}),
@@ -76,6 +80,15 @@ func NewWorker(cfg Config) (*Worker, error) {
 	}
 	for _, m := range cfg.Models {
 		w.models[m] = true
+	}
+	for _, m := range cfg.LoRAModules {
+		parent := m.Base
+		if parent == "" {
+			parent = cfg.Models[0]
+		}
+		if _, err := w.loras.load(m.Name, m.Path, parent); err != nil {
+			return nil, fmt.Errorf("sim: lora module %q: %w", m.Name, err) // Validate rules it out
+		}
 	}
 	w.metrics = newWorkerMetrics(w)
 	if err := w.startEvents(); err != nil {
@@ -95,6 +108,8 @@ func NewWorker(cfg Config) (*Worker, error) {
 	mux.HandleFunc("POST /v1/messages", w.handleMessages)
 	mux.HandleFunc("POST /v1/messages/count_tokens", w.handleCountTokens)
 	mux.HandleFunc("GET /v1/models", w.handleModels)
+	mux.HandleFunc("POST /v1/load_lora_adapter", w.handleLoadLoRA)
+	mux.HandleFunc("POST /v1/unload_lora_adapter", w.handleUnloadLoRA)
 	mux.HandleFunc("POST /tokenize", w.handleTokenize)
 	mux.HandleFunc("POST /v1/chat/completions/render", w.handleChatRender)
 	mux.HandleFunc("GET /health", func(http.ResponseWriter, *http.Request) {})
@@ -142,7 +157,7 @@ func (w *Worker) workerName(r *http.Request) string {
 func (w *Worker) ResetPrefixCache() {
 	w.eng.mu.Lock()
 	w.eng.cache.Reset()
-	w.publishChanges(nil, nil)
+	w.publishChanges(nil, nil, adapter{})
 	w.eng.mu.Unlock()
 }
 
@@ -206,7 +221,23 @@ func (w *Worker) resolveModel(name string) (string, bool) {
 	if name == "" {
 		return w.cfg.Models[0], true
 	}
-	return name, w.models[name]
+	if w.models[name] {
+		return name, true
+	}
+	_, ok := w.loras.get(name)
+	return name, ok
+}
+
+// lora returns the adapter a request for model runs with; the zero adapter (no name) for a base
+// model. The block hashes of its prompt chain from kvcache.Root of its name.
+func (w *Worker) lora(model string) adapter {
+	if w.models[model] {
+		return adapter{}
+	}
+	if ad, ok := w.loras.get(model); ok {
+		return ad
+	}
+	return adapter{name: model} // unloaded since the request was admitted: still its own blocks
 }
 
 // fitContext checks a prompt against MaxModelLen and shortens maxTokens to

@@ -179,21 +179,41 @@ func TestCache_ResetEmptiesAndDetachesPinned(t *testing.T) {
 func TestBlockHashes_ChainCoversEarlierBlocks(t *testing.T) {
 	text := []byte("aaaabbbbccccdddd")
 	ends := []int32{4, 8, 12, 16}
-	h1 := BlockHashes(nil, text, ends, 2)
+	h1 := BlockHashes(nil, Root(""), text, ends, 2)
 	if len(h1) != 2 {
 		t.Fatalf("got %d hashes, want 2", len(h1))
 	}
 	text2 := []byte("xaaabbbbccccdddd")
-	h2 := BlockHashes(nil, text2, ends, 2)
+	h2 := BlockHashes(nil, Root(""), text2, ends, 2)
 	if h1[0] == h2[0] || h1[1] == h2[1] {
 		t.Fatal("a change in block 0 must change every later hash")
 	}
 	text3 := []byte("aaaabbbbccccdddx")
-	h3 := BlockHashes(nil, text3, ends, 2)
+	h3 := BlockHashes(nil, Root(""), text3, ends, 2)
 	if h1[0] != h3[0] || h1[1] == h3[1] {
 		t.Fatal("a change in block 1 must change only block 1 onwards")
 	}
-	if got := BlockHashes(nil, text, ends[:3], 2); len(got) != 1 {
+	if got := BlockHashes(nil, Root(""), text, ends[:3], 2); len(got) != 1 {
 		t.Fatalf("partial trailing block hashed: %d hashes", len(got))
+	}
+}
+
+func TestBlockHashes_EachAdapterChainsFromARootOfItsOwn(t *testing.T) {
+	text := []byte("aaaabbbbccccdddd")
+	ends := []int32{4, 8, 12, 16}
+	base := BlockHashes(nil, Root(""), text, ends, 2)
+	a := BlockHashes(nil, Root("sql-lora"), text, ends, 2)
+	b := BlockHashes(nil, Root("chat-lora"), text, ends, 2)
+	seen := map[uint64]string{}
+	for name, hs := range map[string][]uint64{"base": base, "sql-lora": a, "chat-lora": b} {
+		for _, h := range hs {
+			if other, ok := seen[h]; ok {
+				t.Fatalf("%s and %s share block hash %x", name, other, h)
+			}
+			seen[h] = name
+		}
+	}
+	if again := BlockHashes(nil, Root("sql-lora"), text, ends, 2); again[1] != a[1] {
+		t.Fatal("one adapter's hashes of one text differ between calls")
 	}
 }

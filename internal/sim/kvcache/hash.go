@@ -37,12 +37,25 @@ func foldBytes(h uint64, b []byte) uint64 {
 	return h
 }
 
+// Root is where the chain of a stream's block hashes starts: the same for every
+// base-model stream, and one of its own for each LoRA adapter, by name, as vLLM
+// folds the adapter's name into every block hash of a request for it. So an
+// adapter's blocks never serve the base model or another adapter, and an adapter
+// unloaded and loaded again under its name finds its blocks still cached.
+func Root(lora string) uint64 {
+	if lora == "" {
+		return hashSeed
+	}
+	return HashBytes([]byte(lora))
+}
+
 // BlockHashes appends to dst the chained hash of every full block of the
 // token stream whose bytes are text and whose token end offsets are ends
-// (token i covers text[ends[i-1]:ends[i]]). A trailing partial block is not
-// hashed: like vLLM, the cache holds full blocks only.
-func BlockHashes(dst []uint64, text []byte, ends []int32, blockSize int) []uint64 {
-	h := uint64(hashSeed)
+// (token i covers text[ends[i-1]:ends[i]]), the chain starting at root (Root).
+// A trailing partial block is not hashed: like vLLM, the cache holds full
+// blocks only.
+func BlockHashes(dst []uint64, root uint64, text []byte, ends []int32, blockSize int) []uint64 {
+	h := root
 	start := 0
 	for k := blockSize; k <= len(ends); k += blockSize {
 		end := int(ends[k-1])
