@@ -190,8 +190,9 @@ func (c *Checker) Check(ctx context.Context, url string) {
 	probeErr := c.probe(ctx, url)
 	ok := probeErr == nil
 	var models []string
+	var adapters map[string]string
 	if ok {
-		models = c.fetchModels(ctx, url)
+		models, adapters = c.fetchModels(ctx, url)
 	}
 	tenants := c.pool.Get(url)
 	if len(tenants) == 0 {
@@ -259,6 +260,7 @@ func (c *Checker) Check(ctx context.Context, url string) {
 	for _, w := range tenants {
 		w.SetHealthy(healthy)
 		if models != nil {
+			w.adapters.Store(&adapters)
 			w.models.Store(&models)
 		}
 		if !ok {
@@ -333,31 +335,42 @@ func statusText(code int) string {
 	return fmt.Sprint(code)
 }
 
-// fetchModels reads the ids of GET /v1/models; nil when the worker does not say.
-func (c *Checker) fetchModels(ctx context.Context, url string) []string {
+// fetchModels reads the ids of GET /v1/models, and the parent of each that has one: vLLM lists a
+// LoRA adapter with "parent" its base model (and a base model with parent null). nil when the
+// worker does not say.
+func (c *Checker) fetchModels(ctx context.Context, url string) ([]string, map[string]string) {
 	resp, err := c.get(ctx, url+"/v1/models")
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil
+		return nil, nil
 	}
 	var list struct {
 		Data []struct {
-			ID string `json:"id"`
+			ID     string `json:"id"`
+			Parent any    `json:"parent"` // a string, or null; anything else is no parent
 		} `json:"data"`
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&list); err != nil {
-		return nil
+		return nil, nil
 	}
 	models := make([]string, 0, len(list.Data))
+	var adapters map[string]string
 	for _, m := range list.Data {
-		if m.ID != "" {
-			models = append(models, m.ID)
+		if m.ID == "" {
+			continue
+		}
+		models = append(models, m.ID)
+		if parent, _ := m.Parent.(string); parent != "" && parent != m.ID {
+			if adapters == nil {
+				adapters = map[string]string{}
+			}
+			adapters[m.ID] = parent
 		}
 	}
-	return models
+	return models, adapters
 }
 
 func (c *Checker) get(ctx context.Context, url string) (*http.Response, error) {

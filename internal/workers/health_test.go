@@ -7,11 +7,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/cacheroute/cacheroute/internal/sim"
 	"github.com/cacheroute/cacheroute/internal/upstream"
 )
 
@@ -336,5 +338,49 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("not within 10s: %s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestCheckerReadsWhichModelsAreAdaptersOfWhichBase runs a simulated vLLM worker serving a base
+// model and two LoRA adapters: the checker reads each adapter's parent from /v1/models, and an
+// adapter unloaded since is no longer one at the next check.
+func TestCheckerReadsWhichModelsAreAdaptersOfWhichBase(t *testing.T) {
+	cfg := sim.DefaultConfig()
+	cfg.LoRAModules = []sim.LoRAModule{{Name: "sql", Path: "/adapters/sql"}, {Name: "chat", Path: "/adapters/chat"}}
+	sw, err := sim.NewWorker(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sw.Close)
+	srv := httptest.NewServer(sw)
+	t.Cleanup(srv.Close)
+	p := NewPool(Options{})
+	_, _ = p.Add(srv.URL)
+	c := newTestChecker(p, HealthOptions{})
+	ctx := context.Background()
+	c.Check(ctx, srv.URL)
+	w := p.Get(srv.URL)[0]
+	if got := w.Models(); !slices.Equal(got, []string{"sim-model", "sql", "chat"}) {
+		t.Fatalf("models %v", got)
+	}
+	for _, a := range []string{"sql", "chat"} {
+		if base, ok := w.Adapter(a); !ok || base != "sim-model" {
+			t.Fatalf("Adapter(%q) = %q, %v; want sim-model, true", a, base, ok)
+		}
+	}
+	if _, ok := w.Adapter("sim-model"); ok {
+		t.Fatal("the base model reads as an adapter")
+	}
+	resp, err := http.Post(srv.URL+"/v1/unload_lora_adapter", "application/json", strings.NewReader(`{"lora_name":"sql"}`))
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("unload: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	c.Check(ctx, srv.URL)
+	if _, ok := w.Adapter("sql"); ok || slices.Contains(w.Models(), "sql") {
+		t.Fatalf("an unloaded adapter is still listed: %v", w.Models())
+	}
+	if base, ok := w.Adapter("chat"); !ok || base != "sim-model" {
+		t.Fatalf("Adapter(chat) = %q, %v after the unload of another", base, ok)
 	}
 }

@@ -28,7 +28,8 @@ type Worker struct {
 	// probe request answered, or the start of an attempt when it had none in flight.
 	progress atomic.Int64
 	models   atomic.Pointer[[]string]
-	probe    atomic.Pointer[ProbeStatus] // nil until a health probe fails (see Probe)
+	adapters atomic.Pointer[map[string]string] // LoRA adapter → its base model, as /v1/models said
+	probe    atomic.Pointer[ProbeStatus]       // nil until a health probe fails (see Probe)
 	breaker  *Breaker
 	lc       *loadConfig // the pool's load signal, shared by its workers
 
@@ -106,6 +107,16 @@ func (w *Worker) Breaker() *Breaker { return w.breaker }
 
 // Models are the model ids the worker serves, as its /v1/models said; empty when unknown.
 func (w *Worker) Models() []string { return *w.models.Load() }
+
+// Adapter reports whether model is a LoRA adapter the worker serves, and the base model it
+// adapts, as its /v1/models said (vLLM's "parent"). A request for an adapter computes KV blocks
+// of its own, which never serve the base model or another adapter.
+func (w *Worker) Adapter(model string) (base string, ok bool) {
+	if a := w.adapters.Load(); a != nil {
+		base, ok = (*a)[model]
+	}
+	return base, ok
+}
 
 // Serves reports whether the worker serves model. A worker whose models are unknown serves any.
 func (w *Worker) Serves(model string) bool {
