@@ -81,6 +81,12 @@ type Input struct {
 	// (WantsTokens) whose body renders exactly as a chat, with the workers' KV-cache events
 	// subscribed to. nil otherwise.
 	Tokens []uint32
+	// LoRA is the LoRA adapter Tokens were asked for, "" for a base model: the request's own
+	// model when the worker that tokenized it lists it as an adapter. Engines compute an
+	// adapter's KV blocks apart (vLLM hashes the adapter's name into them), so a policy matches
+	// the tokens against the KV-cache events under it: an adapter's blocks never serve the base
+	// model or another adapter.
+	LoRA string
 	// Size is the request body's length in bytes: the prompt's size when the request has no
 	// routing text.
 	Size int

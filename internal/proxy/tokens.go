@@ -23,10 +23,11 @@ import (
 //
 // It costs a round trip, so it is asked only where the events can decide, as the policy says
 // (policy.Policy.WantsTokens): cache_aware wants a request without a session id or a previous
-// response, and a session it has no first block for or whose worker's engine evicted
-// it (the others follow their session); and only for the base model a worker lists first (an
-// adapter's blocks are keyed by the adapter, which the router does not tell from a base model;
-// such requests route by the prefix tree). The wait is bounded by
+// response, and a session it has no first block for or whose worker's engine evicted it (the
+// others follow their session); and only for the base model a worker lists first or a LoRA
+// adapter the worker lists (its /v1/models "parent"), asked with the request's own model so that
+// the engine renders it as it will serve it. An adapter's tokens go to the policy with the
+// adapter's name (policy.Input.LoRA): engines key an adapter's blocks apart. The wait is bounded by
 // --tokenize-timeout, after which the request routes as it would without events. Answers are
 // kept by route and history key, so a retried or repeated prompt is not tokenized twice.
 //
@@ -80,12 +81,13 @@ func (c *tokenCache) put(key string, ts []uint32) {
 	c.used += size
 }
 
-// promptTokens returns the request's prompt tokens when they are worth asking for, else nil.
-func (s *Server) promptTokens(rt *route, in policy.Input, body []byte) []uint32 {
+// promptTokens returns the request's prompt tokens when they are worth asking for, else nil, and
+// the LoRA adapter they are for ("" for a base model).
+func (s *Server) promptTokens(rt *route, in policy.Input, body []byte) ([]uint32, string) {
 	req := in.Request
 	if s.tokenCache == nil || rt.tokenChat == nil || !req.Chat || req.Text == "" ||
 		len(in.Candidates) == 0 || !s.policy.WantsTokens(in) {
-		return nil
+		return nil, ""
 	}
 	w := in.Candidates[0]
 	for _, c := range in.Candidates[1:] {
@@ -93,36 +95,54 @@ func (s *Server) promptTokens(rt *route, in policy.Input, body []byte) []uint32 
 			w = c
 		}
 	}
-	models := w.Models()
-	if len(models) == 0 || (req.Model != "" && req.Model != models[0]) {
-		return nil
+	model, lora, ok := tokenizeModel(w, req.Model)
+	if !ok {
+		return nil, ""
 	}
 	// The history keys of the three APIs share one framing, and their prompts may still render
 	// apart (a Messages tool_use input is rewritten as Python writes JSON): the path keeps them apart.
-	key := rt.path + "\x00" + models[0] + "\x00" + req.Text
+	key := rt.path + "\x00" + model + "\x00" + req.Text
 	if ts, ok := s.tokenCache.get(key); ok {
 		s.metrics.TokenizeRequests.WithLabelValues(metrics.TokenizeCached).Inc()
-		return ts
+		return ts, lora
 	}
 	messages, tools, ok := rt.tokenChat(body)
 	if !ok {
-		return nil // not rendered exactly: routed as without events
+		return nil, "" // not rendered exactly: routed as without events
 	}
 	start := time.Now()
-	ts, err := s.tokenize(w, models[0], messages, tools)
+	ts, err := s.tokenize(w, model, messages, tools)
 	s.metrics.TokenizeDuration.Observe(time.Since(start).Seconds())
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
 		s.metrics.TokenizeRequests.WithLabelValues(metrics.TokenizeTimeout).Inc()
-		return nil
+		return nil, ""
 	case err != nil:
 		s.metrics.TokenizeRequests.WithLabelValues(metrics.TokenizeError).Inc()
 		s.log.Debug("tokenize failed", "worker", w.Name(), "error", err)
-		return nil
+		return nil, ""
 	}
 	s.metrics.TokenizeRequests.WithLabelValues(metrics.TokenizeOK).Inc()
 	s.tokenCache.put(key, ts)
-	return ts
+	return ts, lora
+}
+
+// tokenizeModel is the model to ask w's /tokenize for a request for model, and the LoRA adapter
+// the tokens are for: w's first base model for a request naming it or no model, the adapter
+// itself for one of w's adapters. Any other model w lists (a second name without parent) is not
+// asked: it routes by the prefix tree.
+func tokenizeModel(w *workers.Worker, model string) (ask, lora string, ok bool) {
+	models := w.Models()
+	switch {
+	case len(models) == 0:
+		return "", "", false
+	case model == "" || model == models[0]:
+		return models[0], "", true
+	}
+	if _, ok := w.Adapter(model); ok {
+		return model, model, true
+	}
+	return "", "", false
 }
 
 // tokenChat turns a route's body into the messages and tools of its /tokenize request; ok is

@@ -352,8 +352,8 @@ func (p *Policy) choose(d *decision) (*workers.Worker, string) {
 // tokens it would still prefill, in units of LoadUnitTokens, as the cost mode weighs the tree's
 // matches. The cheapest takes the request when it holds part of the prompt; when the cheapest
 // holds none, the events decide nothing and the tree is asked. A worker whose engine publishes no
-// events holds nothing here. Only base-model requests come with tokens (the proxy asks for no
-// others), so the keys carry no adapter: an adapter's blocks never match them.
+// events holds nothing here. The keys carry the request's LoRA adapter, if any (eventKeys), so a
+// request matches only blocks computed for its own adapter or base model.
 func (p *Policy) byEvents(d *decision) (*workers.Worker, bool) {
 	tokens := d.in.Tokens
 	if p.opts.KVIndex == nil || len(tokens) == 0 {
@@ -368,7 +368,7 @@ func (p *Policy) byEvents(d *decision) (*workers.Worker, bool) {
 		if bs := p.opts.KVIndex.BlockSize(w.Name()); bs > 0 {
 			k, ok := keys[bs]
 			if !ok {
-				k = kvevents.Keys("", "", "", tokens, bs)
+				k = eventKeys(d.in, tokens, bs)
 				keys[bs] = k
 			}
 			held = p.opts.KVIndex.Match(w.Name(), k).Blocks * bs
@@ -383,6 +383,15 @@ func (p *Policy) byEvents(d *decision) (*workers.Worker, bool) {
 	}
 	d.eventsHeld = bestHeld
 	return best, true
+}
+
+// eventKeys are the index keys of tokens, a prefix of in's prompt, cut at block size bs: chained
+// from the root of in's LoRA adapter ("" for a base model), as the index roots each stored block
+// at the adapter its BlockStored names. The model is "" on both sides: the index keeps each
+// worker's blocks apart, and the proxy asks for tokens only of the base model a worker lists
+// first and of its adapters.
+func eventKeys(in policy.Input, tokens []uint32, bs int) []uint64 {
+	return kvevents.Keys("", in.LoRA, "", tokens, bs)
 }
 
 // byHistory probes the tree with the request's text; hit, stale and low are the labels of the

@@ -126,11 +126,17 @@ func store(x *kvevents.Index, worker string, ts []uint32, blocks, base int) {
 // asks for them, as the proxy does; the decision is accepted.
 func sessionTurn(t *testing.T, p *Policy, pool *workers.Pool, ts []uint32) (policy.Decision, bool) {
 	t.Helper()
+	return adapterSessionTurn(t, p, pool, ts, "")
+}
+
+// adapterSessionTurn is sessionTurn for a request whose tokens are for LoRA adapter lora.
+func adapterSessionTurn(t *testing.T, p *Policy, pool *workers.Pool, ts []uint32, lora string) (policy.Decision, bool) {
+	t.Helper()
 	in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
 		Candidates: pool.All(), All: pool.All()}
 	asked := p.WantsTokens(in)
 	if asked {
-		in.Tokens = ts
+		in.Tokens, in.LoRA = ts, lora
 	}
 	d := p.Select(in)
 	p.Accepted(in, d)
@@ -257,5 +263,64 @@ func TestSessionBlocksAreBounded(t *testing.T) {
 	}
 	if b, ok := s.get("m", "9"); !ok || b.first != 9 {
 		t.Fatalf("the last session recorded: %+v %v", b, ok)
+	}
+}
+
+// storeFor is store for blocks computed with LoRA adapter lora.
+func storeFor(x *kvevents.Index, worker, lora string, ts []uint32, blocks, base int) {
+	e := kvevents.Event{Kind: kvevents.Stored, BlockSize: 16, TokenIDs: ts[:blocks*16], LoRA: lora}
+	for i := range blocks {
+		e.BlockHashes = append(e.BlockHashes, kvevents.Hash(base+i+1))
+	}
+	x.Apply(worker, "", kvevents.Batch{Events: []kvevents.Event{e}})
+}
+
+func TestEventsMatchARequestOnlyAgainstTheBlocksOfItsOwnAdapter(t *testing.T) {
+	pool, ws := fleet(t, 3)
+	prompt := tokens(1000, 4*16)
+	x := kvevents.NewIndex(1 << 20)
+	storeFor(x, ws[0].Name(), "", prompt, 4, 0)
+	storeFor(x, ws[1].Name(), "sql", prompt, 4, 100)
+	opts := defaultOptions()
+	opts.KVIndex = x
+	p := newPolicy(opts)
+	sel := func(lora string) policy.Decision {
+		r := req(t, `{"messages":[{"role":"user","content":"a prompt the tree has never seen"}]}`)
+		return p.Select(policy.Input{Request: r, Candidates: pool.All(), All: pool.All(), Tokens: prompt, LoRA: lora})
+	}
+	for lora, want := range map[string]*workers.Worker{"": ws[0], "sql": ws[1]} {
+		if d := sel(lora); d.Worker != want || d.Label != LabelKVEventsMatch {
+			t.Fatalf("adapter %q: %s on %s, want %s on %s", lora, d.Label, d.Worker.Name(), LabelKVEventsMatch, want.Name())
+		}
+	}
+	if d := sel("chat"); d.Label == LabelKVEventsMatch {
+		t.Fatalf("adapter chat matched another model's blocks: %s on %s", d.Label, d.Worker.Name())
+	}
+}
+
+// An adapter's session records its first block keyed with the adapter: its worker is seen
+// holding it, and when that worker's engine clears it, the session moves, placed by the events
+// of its adapter alone, where the base model's blocks of the same tokens count for nothing.
+func TestAnAdaptersSessionIsCheckedAgainstItsAdaptersBlocks(t *testing.T) {
+	pool, ws := fleet(t, 2)
+	prompt := tokens(1000, 4*16)
+	x := kvevents.NewIndex(1 << 20)
+	storeFor(x, ws[0].Name(), "sql", prompt, 4, 0)
+	storeFor(x, ws[1].Name(), "", prompt, 4, 100)
+	opts := defaultOptions()
+	opts.KVIndex = x
+	p := newPolicy(opts)
+	in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
+		Candidates: pool.All(), All: pool.All(), Tokens: prompt, LoRA: "sql"}
+	p.Accepted(in, policy.Decision{Worker: ws[0], Label: LabelFullHistoryMatch})
+	if d, asked := adapterSessionTurn(t, p, pool, prompt, "sql"); asked || d.Label != LabelSessionMatch || d.Worker != ws[0] {
+		t.Fatalf("its worker holds it: %s on %s (tokens asked: %v), want %s on %s", d.Label, d.Worker.Name(), asked,
+			LabelSessionMatch, ws[0].Name())
+	}
+	x.Apply(ws[0].Name(), "", kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.Cleared}}})
+	d, asked := adapterSessionTurn(t, p, pool, prompt, "sql")
+	if !asked || d.Label != LabelSessionEvicted || d.Match != 0 {
+		t.Fatalf("after AllBlocksCleared: %s on %s, match %v (tokens asked: %v), want %s matching nothing",
+			d.Label, d.Worker.Name(), d.Match, asked, LabelSessionEvicted)
 	}
 }

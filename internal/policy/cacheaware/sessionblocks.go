@@ -4,7 +4,6 @@ import (
 	"hash/maphash"
 	"sync"
 
-	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/session"
 	"github.com/cacheroute/cacheroute/internal/workers"
@@ -92,12 +91,14 @@ func (p *Policy) eventsChecked() bool {
 	return p.opts.KVIndex != nil && p.opts.CacheIndex != IndexText
 }
 
-// firstBlock is the key of the first block of tokens at block size bs, if they fill one.
-func firstBlock(tokens []uint32, bs int) (uint64, bool) {
-	if bs <= 0 || len(tokens) < bs {
+// firstBlock is the key of the first block of in's tokens at block size bs, if they fill one:
+// keyed with its LoRA adapter, as every block of the request is (eventKeys), so an adapter's
+// session is checked against its adapter's blocks.
+func firstBlock(in policy.Input, bs int) (uint64, bool) {
+	if bs <= 0 || len(in.Tokens) < bs {
 		return 0, false
 	}
-	return kvevents.Keys("", "", "", tokens[:bs], bs)[0], true
+	return eventKeys(in, in.Tokens[:bs], bs)[0], true
 }
 
 // sessionEvicted reports whether the events show that w, the worker the session map names, holds
@@ -110,7 +111,7 @@ func (p *Policy) sessionEvicted(d *decision, w *workers.Worker) bool {
 		return false
 	}
 	bs := p.opts.KVIndex.BlockSize(w.Name())
-	first, ok := firstBlock(d.in.Tokens, bs)
+	first, ok := firstBlock(d.in, bs)
 	if !ok && len(d.in.Tokens) == 0 {
 		var b sessionBlock
 		b, ok = p.blocks.get(d.model, d.key)
@@ -138,7 +139,7 @@ func (p *Policy) recordSession(d *decision, w *workers.Worker) {
 		return
 	}
 	bs := p.opts.KVIndex.BlockSize(w.Name())
-	if first, ok := firstBlock(d.in.Tokens, bs); ok {
+	if first, ok := firstBlock(d.in, bs); ok {
 		seen := p.holds(w, first) || p.seenBefore(d, w, first)
 		p.blocks.put(d.model, d.key, sessionBlock{first: first, blockSize: bs, worker: w.Name(), seen: seen})
 		return
