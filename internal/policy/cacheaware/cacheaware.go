@@ -351,7 +351,11 @@ func (p *Policy) choose(d *decision) (*workers.Worker, string) {
 // byEvents weighs each candidate by the KV-cache events of its engine: its load plus the prompt
 // tokens it would still prefill, in units of LoadUnitTokens, as the cost mode weighs the tree's
 // matches. The cheapest takes the request when it holds part of the prompt; when the cheapest
-// holds none, the events decide nothing and the tree is asked. A worker whose engine publishes no
+// holds none, the events decide nothing and the tree is asked. In the auto index one candidate
+// comes first: the worker the tree saw this conversation placed on (continuation), while its
+// engine holds as much of the prompt as any. Under a small cache every copy is partial, and a
+// conversation moved for a little load leaves one partial copy behind and starts another, which
+// evicts a third; staying keeps one. A worker whose engine publishes no
 // events holds nothing here. The keys carry the request's LoRA adapter, if any (eventKeys), so a
 // request matches only blocks computed for its own adapter or base model.
 func (p *Policy) byEvents(d *decision) (*workers.Worker, bool) {
@@ -361,21 +365,38 @@ func (p *Policy) byEvents(d *decision) (*workers.Worker, bool) {
 	}
 	keys := map[int][]uint64{} // by block size
 	unit := float64(p.opts.LoadUnitTokens)
+	held := make([]int, len(d.in.Candidates))
+	most := 0
 	var best *workers.Worker
 	bestHeld, bestCost := 0, 0.0
-	for _, w := range d.in.Candidates {
-		held := 0
+	for i, w := range d.in.Candidates {
 		if bs := p.opts.KVIndex.BlockSize(w.Name()); bs > 0 {
 			k, ok := keys[bs]
 			if !ok {
 				k = eventKeys(d.in, tokens, bs)
 				keys[bs] = k
 			}
-			held = p.opts.KVIndex.Match(w.Name(), k).Blocks * bs
+			held[i] = p.opts.KVIndex.Match(w.Name(), k).Blocks * bs
 		}
-		cost := float64(w.Load()) + float64(len(tokens)-held)/unit
-		if best == nil || cost < bestCost || (cost == bestCost && held > bestHeld) {
-			best, bestHeld, bestCost = w, held, cost
+		most = max(most, held[i])
+		cost := float64(w.Load()) + float64(len(tokens)-held[i])/unit
+		if best == nil || cost < bestCost || (cost == bestCost && held[i] > bestHeld) {
+			best, bestHeld, bestCost = w, held[i], cost
+		}
+	}
+	if most == 0 {
+		return nil, false
+	}
+	// With the tree beside the events, a conversation the tree saw placed stays on its worker
+	// while that worker's engine holds as much of it as any: its cache is this conversation's own.
+	if p.opts.CacheIndex == IndexAuto && d.text != "" {
+		if continued, _ := p.continuation(d); continued != nil {
+			for i, w := range d.in.Candidates {
+				if held[i] == most && slices.Contains(continued, w.Tenant()) {
+					d.eventsHeld = most
+					return w, true
+				}
+			}
 		}
 	}
 	if bestHeld == 0 {
@@ -414,19 +435,8 @@ func eventKeys(in policy.Input, tokens []uint32, bs int) []uint64 {
 // When no holder of the deciding match is a candidate, the holders that are gone or unavailable
 // are removed from the tree and the least-loaded candidate takes the request.
 func (p *Policy) byHistory(d *decision, hit, stale, low string) (*workers.Worker, string) {
-	m, taught := p.tree.Matches(d.model, d.text)
+	continued, m := p.continuation(d)
 	above := func(n int) bool { return float64(n)/float64(len(d.text)) > p.opts.CacheThreshold }
-	// A continuation: a whole earlier request is a prefix of this one, or the match runs well
-	// past the last point where the tree's conversations diverge. A whole earlier request is
-	// followed to wherever it was sent, even if that worker has since lost part of it (its
-	// horizon): it is this conversation's own past, and no other worker holds more of it.
-	var continued []string
-	switch {
-	case above(taught.Whole):
-		continued = taught.WholeHolders
-	case above(m.Matched - m.Branch):
-		continued = m.Holders
-	}
 	if continued != nil {
 		if holders := p.candidateHolders(d, continued); len(holders) > 0 {
 			return p.leastLoaded(d, holders), hit
@@ -455,6 +465,23 @@ func (p *Policy) byHistory(d *decision, hit, stale, low string) (*workers.Worker
 		return p.leastLoaded(d, tiedHolders), hit
 	}
 	return p.leastLoaded(d, tied), low
+}
+
+// continuation returns the holders of the conversation the request continues, by the tree: a
+// whole earlier request is a prefix of this one, or the match runs well past the last point where
+// the tree's conversations diverge; nil when it continues none. A whole earlier request is
+// followed to wherever it was sent, even if that worker has since lost part of it (its horizon):
+// it is this conversation's own past, and no other worker holds more of it. m is the text's match.
+func (p *Policy) continuation(d *decision) (holders []string, m prefixtree.Match) {
+	m, taught := p.tree.Matches(d.model, d.text)
+	above := func(n int) bool { return float64(n)/float64(len(d.text)) > p.opts.CacheThreshold }
+	switch {
+	case above(taught.Whole):
+		return taught.WholeHolders, m
+	case above(m.Matched - m.Branch):
+		return m.Holders, m
+	}
+	return nil, m
 }
 
 // byCost chooses the candidate with the least cost: its load, in units of LoadUnitTokens, plus

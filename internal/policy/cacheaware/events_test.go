@@ -324,3 +324,48 @@ func TestAnAdaptersSessionIsCheckedAgainstItsAdaptersBlocks(t *testing.T) {
 			d.Label, d.Worker.Name(), d.Match, asked, LabelSessionEvicted)
 	}
 }
+
+// With the tree beside the events (auto), a conversation the tree saw placed stays on its worker
+// while that worker's engine holds as much of the prompt as any other, even when another holder
+// is less busy: under a small cache, where every worker's copy is partial, staying keeps one copy
+// of it instead of two. A worker whose engine holds less than another's is weighed by cost again,
+// and --cache-index events does not ask the tree.
+func TestAConversationTheTreeSawPlacedStaysWhileItsEngineHoldsAsMuchAsAny(t *testing.T) {
+	pool, ws := fleet(t, 2)
+	prompt := tokens(0, 4*16)
+	body := `{"messages":[{"role":"user","content":"` + strings.Repeat("one conversation's own history ", 40) + `"}]}`
+	index := func(held0, held1 int) *kvevents.Index {
+		x := kvevents.NewIndex(1 << 20)
+		for i, n := range []int{held0, held1} {
+			e := kvevents.Event{Kind: kvevents.Stored, BlockSize: 16, TokenIDs: prompt[:n*16]}
+			for b := range n {
+				e.BlockHashes = append(e.BlockHashes, kvevents.Hash(b+1))
+			}
+			x.Apply(ws[i].Name(), "", kvevents.Batch{Events: []kvevents.Event{e}})
+		}
+		return x
+	}
+	if pool.Acquire(ws[0]) == nil { // the conversation's worker is the busier one
+		t.Fatal("breaker refused")
+	}
+	place := func(cacheIndex string, idx *kvevents.Index) policy.Decision {
+		opts := defaultOptions()
+		opts.LoadUnitTokens, opts.BalanceAbsThreshold = 16, 1000
+		opts.KVIndex, opts.CacheIndex = idx, cacheIndex
+		p := newPolicy(opts)
+		in := policy.Input{Request: req(t, body), Candidates: pool.All(), All: pool.All(), Tokens: prompt}
+		teach := in
+		teach.Tokens = nil
+		p.Accepted(teach, policy.Decision{Worker: ws[0], Label: LabelCacheAffinity}) // the tree: ws[0] has it
+		return p.Select(in)
+	}
+	if d := place(IndexAuto, index(2, 2)); d.Worker != ws[0] || d.Label != LabelKVEventsMatch {
+		t.Errorf("auto, both engines hold as much: %s on %s, want the conversation's worker", d.Label, d.Worker.Name())
+	}
+	if d := place(IndexEvents, index(2, 2)); d.Worker != ws[1] {
+		t.Errorf("events alone, both engines hold as much: %s on %s, want the less busy", d.Label, d.Worker.Name())
+	}
+	if d := place(IndexAuto, index(1, 3)); d.Worker != ws[1] || d.Label != LabelKVEventsMatch {
+		t.Errorf("auto, the other engine holds more: %s on %s, want it by cost", d.Label, d.Worker.Name())
+	}
+}
