@@ -87,6 +87,10 @@ type Input struct {
 	// the tokens against the KV-cache events under it: an adapter's blocks never serve the base
 	// model or another adapter.
 	LoRA string
+	// CacheSalt is the request's cache_salt when it came with Tokens, "" for none. vLLM folds it
+	// into a request's first block, so a salted request matches only blocks computed with the same
+	// salt.
+	CacheSalt string
 	// Size is the request body's length in bytes: the prompt's size when the request has no
 	// routing text.
 	Size int

@@ -276,7 +276,7 @@ func (s *Server) prepareByPolicy(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		return false
 	}
 	ex.in = policy.Input{Context: context.Background(), Request: req, Model: served, Candidates: candidates, All: s.pool.All(), Size: len(ctx.PostBody())}
-	ex.in.Tokens, ex.in.LoRA = s.promptTokens(ex.route, ex.in, ctx.PostBody())
+	s.addPromptTokens(ex.route, &ex.in, ctx.PostBody())
 	ex.trace.Request(req.Model, req.SessionKey)
 	return true
 }

@@ -81,14 +81,47 @@ func (c *tokenCache) put(key string, ts []uint32) {
 	c.used += size
 }
 
-// promptTokens returns the request's prompt tokens when they are worth asking for, else nil, and
-// the LoRA adapter they are for ("" for a base model).
+// addPromptTokens gives in the request's prompt tokens when they are worth asking for (else it
+// leaves in.Tokens nil), with the LoRA adapter they are for ("" for a base model) and the
+// request's cache_salt.
+func (s *Server) addPromptTokens(rt *route, in *policy.Input, body []byte) {
+	if s.tokenCache == nil || rt.tokenChat == nil || !in.Request.Chat || in.Request.Text == "" ||
+		len(in.Candidates) == 0 || !s.policy.WantsTokens(*in) {
+		return
+	}
+	salt, ok := cacheSalt(body)
+	if !ok {
+		return // an engine refuses the request: it routes as without events, and is answered
+	}
+	in.Tokens, in.LoRA = s.promptTokens(rt, *in, body)
+	if in.Tokens != nil {
+		in.CacheSalt = salt
+	}
+}
+
+// cacheSalt is the body's top-level cache_salt, "" without one; ok is false when it is not a
+// string. vLLM folds the salt into a request's first block, so that requests of different salts
+// never share cached blocks.
+func cacheSalt(body []byte) (salt string, ok bool) {
+	if !bytes.Contains(body, []byte(`"cache_salt"`)) {
+		return "", true // inside a JSON string the name's quotes would be escaped
+	}
+	var b struct {
+		CacheSalt *string `json:"cache_salt"`
+	}
+	if err := json.Unmarshal(body, &b); err != nil {
+		return "", false
+	}
+	if b.CacheSalt == nil {
+		return "", true // the name stood in a nested object
+	}
+	return *b.CacheSalt, true
+}
+
+// promptTokens returns the request's prompt tokens, else nil, and the LoRA adapter they are for
+// ("" for a base model).
 func (s *Server) promptTokens(rt *route, in policy.Input, body []byte) ([]uint32, string) {
 	req := in.Request
-	if s.tokenCache == nil || rt.tokenChat == nil || !req.Chat || req.Text == "" ||
-		len(in.Candidates) == 0 || !s.policy.WantsTokens(in) {
-		return nil, ""
-	}
 	w := in.Candidates[0]
 	for _, c := range in.Candidates[1:] {
 		if c.Load() < w.Load() {

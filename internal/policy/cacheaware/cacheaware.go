@@ -408,11 +408,11 @@ func (p *Policy) byEvents(d *decision) (*workers.Worker, bool) {
 
 // eventKeys are the index keys of tokens, a prefix of in's prompt, cut at block size bs: chained
 // from the root of in's LoRA adapter ("" for a base model), as the index roots each stored block
-// at the adapter its BlockStored names. The model is "" on both sides: the index keeps each
+// at the adapter its BlockStored names, with in's cache_salt in the first block, as vLLM hashes it. The model is "" on both sides: the index keeps each
 // worker's blocks apart, and the proxy asks for tokens only of the base model a worker lists
 // first and of its adapters.
 func eventKeys(in policy.Input, tokens []uint32, bs int) []uint64 {
-	return kvevents.Keys("", in.LoRA, "", tokens, bs)
+	return kvevents.Keys("", in.LoRA, in.CacheSalt, tokens, bs)
 }
 
 // byHistory probes the tree with the request's text; hit, stale and low are the labels of the

@@ -1,0 +1,75 @@
+package router
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/kvevents/kvtest"
+	"github.com/cacheroute/cacheroute/internal/sim"
+)
+
+// vLLM folds a request's cache_salt into its first KV block, so a salted request is never served
+// from blocks computed without that salt. A simulated worker (which salts nothing) publishes the
+// blocks of an unsalted prompt; the same prompt with a cache_salt is not credited with them,
+// while the unsalted prompt again is.
+func TestASaltedRequestIsNotCreditedWithUnsaltedBlocks(t *testing.T) {
+	simCfg := sim.DefaultConfig()
+	simCfg.TimeScale = 0
+	simCfg.KVEvents = sim.KVEventsConfig{Endpoint: kvtest.FreeEndpoint(t), Bind: true}
+	fleet, err := sim.StartLocal(1, simCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fleet.Close)
+	u := fleet.URLs()[0]
+	cfg := testConfig()
+	cfg.Policy = "cache_aware"
+	cfg.TokenizeTimeoutSecs = 10 // a shared machine: the test is about the keys, not the timeout
+	cfg.KVEventsWorkerEndpoints = map[string]string{u: simCfg.KVEvents.Endpoint}
+	tr := startRouter(t, cfg)
+	if err := tr.AddWorker(t.Context(), u); err != nil {
+		t.Fatal(err)
+	}
+	tr.CheckHealth(t.Context())
+	tr.Start(t.Context())
+	waitFor(t, "the worker's event stream", func() bool {
+		for _, st := range tr.kvEvents.Status() {
+			if st.Batches > 0 {
+				return true
+			}
+		}
+		if resp, err := http.Post(u+"/reset_prefix_cache", "application/json", nil); err == nil {
+			resp.Body.Close() // publishes an AllBlocksCleared, which the subscriber hears once joined
+		}
+		return false
+	})
+
+	prompt := strings.Repeat("the schema of the orders table, its keys and its indexes. ", 200)
+	send := func(salt string) string {
+		t.Helper()
+		req := map[string]any{"model": "sim-model", "max_tokens": 1,
+			"messages": []map[string]string{{"role": "user", "content": prompt}}}
+		if salt != "" {
+			req["cache_salt"] = salt
+		}
+		body, _ := json.Marshal(req)
+		resp := tr.post(t, "/v1/chat/completions", string(body))
+		if raw := readAll(t, resp); resp.StatusCode != http.StatusOK {
+			t.Fatalf("salt %q: %d %s", salt, resp.StatusCode, raw)
+		}
+		return resp.Header.Get("x-vllm-router-decision")
+	}
+	send("")
+	waitFor(t, "the prompt's blocks in the index", func() bool {
+		st := tr.kvEvents.Status()
+		return len(st) == 1 && st[0].Blocks >= 150
+	})
+	if decision := send("tenant-a"); decision == "kv_events_match" {
+		t.Fatalf("a salted request: %s, want no credit for the unsalted blocks", decision)
+	}
+	if decision := send(""); decision != "kv_events_match" {
+		t.Fatalf("the unsalted prompt again: %s, want kv_events_match", decision)
+	}
+}
