@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -119,5 +120,59 @@ func TestSubscriberCountsGarbageAndKeepsGoing(t *testing.T) {
 	waitUntil(t, "the block after the garbage", func() bool { return x.Blocks("w1") == 1 })
 	if s.Stats.DecodeErrors.Load() != 1 {
 		t.Fatalf("decode errors %d, want 1", s.Stats.DecodeErrors.Load())
+	}
+}
+
+// publishChain publishes n batches of two blocks each, batch i extending batch i-1, starting at block
+// base; drop keeps them from the stream. It returns the next block number.
+func publishChain(t *testing.T, p *kvtest.Publisher, base, n int, drop bool) int {
+	for range n {
+		var parent any
+		if base > 0 {
+			parent = base
+		}
+		p.Send(stores(t, parent, base, 2), drop)
+		base += 2
+	}
+	return base
+}
+
+// join runs a subscriber of p that joins after the publisher sent batches 0..live-1 and waits
+// until it has taken batch live, the first it hears: live is sent again until the subscriber
+// counts a repeat of it as a duplicate, which it does only once its first message is handled.
+func join(t *testing.T, p *kvtest.Publisher, live int64) (*Subscriber, *Index) {
+	t.Helper()
+	x := NewIndex(1 << 20)
+	s := NewSubscriber(Source{Worker: "w1", Model: "m", Endpoint: p.Endpoint, Replay: p.Replay, Topic: "kv@"}, x, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitUntil(t, "the subscriber to handle the first batch it hears", func() bool {
+		if s.Stats.Duplicates.Load() > 0 {
+			return true
+		}
+		p.Resend(live)
+		return false
+	})
+	return s, x
+}
+
+func TestSubscriberJoiningLateReplaysTheBatchesItMissed(t *testing.T) {
+	for _, missed := range []int{5, 40, 100} {
+		t.Run(strconv.Itoa(missed), func(t *testing.T) {
+			p := kvtest.New(t, "", true)
+			next := publishChain(t, p, 0, missed, true) // sent before the subscriber listened
+			publishChain(t, p, next, 1, true)           // the first it hears, once join sends it
+			s, x := join(t, p, int64(missed))
+			want := 2 * (missed + 1)
+			if x.Blocks("w1") != want || x.Match("w1", keysOf(0, want)).Blocks != want {
+				t.Fatalf("%d blocks indexed, match %+v, want all %d", x.Blocks("w1"), x.Match("w1", keysOf(0, want)), want)
+			}
+			if !s.Complete() || s.Stats.Replays.Load() != 1 || s.Stats.Batches.Load() != int64(missed+1) {
+				t.Fatalf("complete %v, replays %d, batches %d: want true, 1, %d",
+					s.Complete(), s.Stats.Replays.Load(), s.Stats.Batches.Load(), missed+1)
+			}
+		})
 	}
 }
