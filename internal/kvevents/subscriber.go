@@ -19,9 +19,12 @@ import (
 //   - the last one again: a duplicate (vLLM promises at-least-once delivery), skipped;
 //   - a jump ahead: batches were dropped. With a replay endpoint (the engine's ROUTER socket) the
 //     missing ones are asked for, from the first missing number: the engine answers each stored
-//     (sequence, payload) pair and then the end marker -1. Without one, or when the replay does
-//     not cover the gap, the worker's index is forgotten: it would credit blocks the engine may
-//     have evicted in the dropped batches.
+//     (sequence, payload) pair from that number on, or from its oldest when it no longer holds
+//     that one, and then the end marker -1. Without one, or when the replay does not cover the
+//     gap, the worker's index is forgotten: it would credit blocks the engine may have evicted in
+//     the dropped batches; what the replay did bring, from its first batch on, is applied after.
+//   - the first message heard, numbered N > 0 (the router started after the engine): 0..N-1 are
+//     asked for the same way, and whatever run up to N-1 the engine still holds is applied.
 //   - any other number behind: the publisher restarted (its count began again); its cache did too.
 // A forgotten index fills again from the blocks stored afterwards, which is never more than the
 // engine holds; Complete says whether it has every batch since the publisher's first.
@@ -57,7 +60,8 @@ type Subscriber struct {
 	dec   *Decoder
 	Stats Stats
 
-	next     int64 // the sequence number expected next; -1 before the first
+	next     int64    // the sequence number expected next; -1 before the first
+	pending  [][]byte // a replay's run of payloads not applied yet
 	complete atomic.Bool
 }
 
@@ -125,25 +129,32 @@ func (s *Subscriber) receive(ctx context.Context, frames [][]byte) {
 	}
 	seq := int64(binary.BigEndian.Uint64(frames[1]))
 	switch {
-	case s.next < 0: // the first message heard
-		s.complete.Store(seq == 0)
-		if seq > 0 && s.src.Replay != "" && s.replay(ctx, 0, seq) {
-			s.complete.Store(true)
+	case s.next < 0: // the first message heard: what came before it is asked for too
+		first := seq
+		if seq > 0 && s.src.Replay != "" {
+			first = s.replay(ctx, 0, seq)
 		}
+		s.complete.Store(first == 0)
 	case seq == s.next:
 	case seq == s.next-1:
 		s.Stats.Duplicates.Add(1)
 		return
 	case seq > s.next:
 		s.Stats.Gaps.Add(1)
-		if s.src.Replay == "" || !s.replay(ctx, s.next, seq) {
-			s.resync()
+		first := seq
+		if s.src.Replay != "" {
+			first = s.replay(ctx, s.next, seq)
+		}
+		if first > s.next {
+			s.resync() // the batches s.next..first-1 are lost; the index is forgotten before the replayed ones apply
+			s.applyAll(s.pending)
 		}
 	default: // behind: the publisher started counting again
 		s.Stats.Restarts.Add(1)
 		s.resync()
 		s.complete.Store(seq == 0)
 	}
+	s.pending = nil
 	s.apply(frames[2])
 	s.next = seq + 1
 }
@@ -171,63 +182,84 @@ func (s *Subscriber) resync() {
 
 var errReplayShort = errors.New("the replay ended before the gap was filled")
 
-// replay asks the replay endpoint for the batches from..upto-1 and applies them, in order. It
-// reports whether all of them arrived; on false the caller forgets the index.
-func (s *Subscriber) replay(ctx context.Context, from, upto int64) bool {
+// replay asks the replay endpoint for the batches from..upto-1 and returns the number of the first
+// one it got: they are the run first..upto-1, which the engine's answer holds whole and in order.
+// An engine answers from the oldest batch it still keeps when it no longer has from (its buffer
+// holds the last buffer_steps), so first may be past from; on failure it is upto, nothing. When
+// first is from the run is applied here; otherwise it is left in s.pending for the caller, who
+// must first forget what the lost batches may have changed.
+func (s *Subscriber) replay(ctx context.Context, from, upto int64) int64 {
 	s.Stats.Replays.Add(1)
-	err := s.fetch(ctx, from, upto)
+	first, err := s.fetch(ctx, from, upto)
 	if err != nil {
 		s.log.Warn("kv events: replay failed", "endpoint", s.src.Replay, "from", from, "upto", upto, "error", err)
-		return false
+		s.pending = nil
+		return upto
 	}
-	return true
+	if first > from {
+		s.log.Info("kv events: the replay began after the batch asked for", "endpoint", s.src.Replay, "from", from, "first", first)
+	}
+	if first == from || s.next < 0 { // nothing lost, or nothing indexed that the lost ones changed
+		s.applyAll(s.pending)
+		s.pending = nil
+	}
+	return first
 }
 
-func (s *Subscriber) fetch(ctx context.Context, from, upto int64) error {
+// applyAll applies payloads in order.
+func (s *Subscriber) applyAll(payloads [][]byte) {
+	for _, p := range payloads {
+		s.apply(p)
+	}
+}
+
+// fetch collects into s.pending the replay's answers for from..upto-1, the last run of consecutive
+// numbers that ends at upto-1, and returns the run's first number. Answers before from (the engine
+// kept more) or from upto on (the stream brings them) are passed over. Nothing is applied here, so
+// that a replay that breaks off or times out leaves the index as it was; the run holds at most
+// upto-from payloads.
+func (s *Subscriber) fetch(ctx context.Context, from, upto int64) (int64, error) {
 	rctx, cancel := context.WithTimeout(ctx, replayTimeout)
 	defer cancel()
 	d := zmq4.NewDealer(rctx, zmq4.WithDialerTimeout(replayTimeout))
 	defer d.Close()
 	if err := d.Dial(s.src.Replay); err != nil {
-		return err
+		return upto, err
 	}
 	var start [8]byte
 	binary.BigEndian.PutUint64(start[:], uint64(from))
 	if err := d.Send(zmq4.NewMsgFrom([]byte{}, start[:])); err != nil {
-		return err
+		return upto, err
 	}
-	// The answers are applied only once the gap is filled whole, so that a replay that breaks off
-	// leaves nothing half applied; they are at most the gap's batches.
-	var payloads [][]byte
-	want := from
+	s.pending = nil
+	first, want := from, from
 	for {
 		msg, err := d.Recv()
 		if err != nil {
-			return err
+			return upto, err
 		}
 		frames := msg.Frames
 		if len(frames) == 3 && len(frames[0]) == 0 {
 			frames = frames[1:] // the empty delimiter the ROUTER sent back
 		}
 		if len(frames) != 2 || len(frames[0]) != 8 {
-			return fmt.Errorf("a replay answer of %d frames", len(msg.Frames))
+			return upto, fmt.Errorf("a replay answer of %d frames", len(msg.Frames))
 		}
 		seq := int64(binary.BigEndian.Uint64(frames[0]))
 		switch {
 		case seq == -1:
 			if want < upto {
-				return errReplayShort
+				return upto, errReplayShort
 			}
-			for _, p := range payloads {
-				s.apply(p)
-			}
-			return nil
+			return first, nil
 		case seq < want || seq >= upto:
-			continue // before the gap (the engine kept more), or what the stream brings anyway
-		case seq > want:
-			return fmt.Errorf("the replay skipped from %d to %d", want, seq)
+			continue
+		case seq > want: // the engine no longer holds want..seq-1: the run starts again here
+			clear(s.pending)
+			s.pending = nil
+			first = seq
 		}
-		payloads = append(payloads, frames[1])
-		want++
+		s.pending = append(s.pending, frames[1])
+		want = seq + 1
 	}
 }

@@ -176,3 +176,52 @@ func TestSubscriberJoiningLateReplaysTheBatchesItMissed(t *testing.T) {
 		})
 	}
 }
+
+// publishRoots publishes n batches of one first block each (no parent), blocks base+1 … base+n;
+// drop keeps them from the stream.
+func publishRoots(t *testing.T, p *kvtest.Publisher, base, n int, drop bool) {
+	for i := range n {
+		p.Send(stores(t, nil, base+i, 1), drop)
+	}
+}
+
+func TestSubscriberJoiningLateTakesWhatTheReplayBufferStillHolds(t *testing.T) {
+	p := kvtest.New(t, "", true)
+	publishRoots(t, p, 0, 40, true) // sent before the subscriber listened
+	publishRoots(t, p, 40, 1, true) // the first it hears, once join sends it
+	p.Keep(11)                      // the engine holds batches 30..40 alone, as a long-running one does
+	s, x := join(t, p, 40)
+	for b := range 41 {
+		want := 0
+		if b >= 30 {
+			want = 1
+		}
+		if m := x.Match("w1", keysOf(b, 1)); m.Blocks != want {
+			t.Fatalf("block of batch %d: %d matched, want %d (batches 30..40 the replay and the stream brought)", b, m.Blocks, want)
+		}
+	}
+	if s.Complete() || s.Stats.Replays.Load() != 1 || s.Stats.Batches.Load() != 11 || s.Stats.Resyncs.Load() != 0 {
+		t.Fatalf("complete %v, replays %d, batches %d, resyncs %d: want false (batches 0..29 are gone), 1, 11, 0",
+			s.Complete(), s.Stats.Replays.Load(), s.Stats.Batches.Load(), s.Stats.Resyncs.Load())
+	}
+}
+
+func TestSubscriberForgetsTheWorkerWhenTheReplayBeginsPastTheGapAndKeepsWhatItBrought(t *testing.T) {
+	p := kvtest.New(t, "", true)
+	s, x := subscribe(t, p)
+	publishRoots(t, p, 0, 1, false) // batch 1
+	waitUntil(t, "the first block indexed", func() bool { return x.Blocks("w1") == 1 })
+	publishRoots(t, p, 1, 5, true) // batches 2..6, dropped from the stream
+	p.Keep(3)                      // and 2 and 3 gone from the engine's buffer too
+	publishRoots(t, p, 6, 1, false)
+	waitUntil(t, "the batch after the gap", func() bool { return x.Match("w1", keysOf(6, 1)).Blocks == 1 })
+	for b, want := range []int{0, 0, 0, 1, 1, 1} {
+		if m := x.Match("w1", keysOf(b, 1)); m.Blocks != want {
+			t.Fatalf("block %d: %d matched, want %d: the index forgotten, then batches 4..6 from the replay", b, m.Blocks, want)
+		}
+	}
+	if s.Complete() || s.Stats.Gaps.Load() != 1 || s.Stats.Replays.Load() != 1 || s.Stats.Resyncs.Load() != 1 {
+		t.Fatalf("complete %v, gaps %d, replays %d, resyncs %d: want false, 1, 1, 1",
+			s.Complete(), s.Stats.Gaps.Load(), s.Stats.Replays.Load(), s.Stats.Resyncs.Load())
+	}
+}

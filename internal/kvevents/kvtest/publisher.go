@@ -125,6 +125,18 @@ func (p *Publisher) Resend(seq int64) {
 	}
 }
 
+// Keep drops all but the last n batches from the replay buffer, as vLLM's buffer (buffer_steps
+// long) does on an engine that has published more: a replay then starts after the number asked.
+func (p *Publisher) Keep(n int64) {
+	p.mu.Lock()
+	for seq := range p.buffer {
+		if seq < p.seq-n {
+			delete(p.buffer, seq)
+		}
+	}
+	p.mu.Unlock()
+}
+
 // Restart starts the count again, as a restarted engine's publisher does.
 func (p *Publisher) Restart() {
 	p.mu.Lock()
