@@ -223,7 +223,7 @@ func (s *Subscriber) fetch(ctx context.Context, from, upto int64) (int64, error)
 	defer cancel()
 	d := zmq4.NewDealer(rctx, zmq4.WithDialerTimeout(replayTimeout))
 	defer d.Close()
-	if err := d.Dial(s.src.Replay); err != nil {
+	if err := d.Dial(bounded(s.src.Replay)); err != nil {
 		return upto, err
 	}
 	var start [8]byte

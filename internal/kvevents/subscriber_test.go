@@ -2,7 +2,9 @@ package kvevents
 
 import (
 	"context"
+	"net"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -138,16 +140,29 @@ func publishChain(t *testing.T, p *kvtest.Publisher, base, n int, drop bool) int
 }
 
 // join runs a subscriber of p that joins after the publisher sent batches 0..live-1 and waits
-// until it has taken batch live, the first it hears: live is sent again until the subscriber
-// counts a repeat of it as a duplicate, which it does only once its first message is handled.
+// until it has taken batch live, the first it hears.
 func join(t *testing.T, p *kvtest.Publisher, live int64) (*Subscriber, *Index) {
 	t.Helper()
+	s, x := run(t, Source{Worker: "w1", Model: "m", Endpoint: p.Endpoint, Replay: p.Replay, Topic: "kv@"})
+	hearFirst(t, s, p, live)
+	return s, x
+}
+
+// run runs a subscriber of src into a fresh index until the test ends.
+func run(t *testing.T, src Source) (*Subscriber, *Index) {
 	x := NewIndex(1 << 20)
-	s := NewSubscriber(Source{Worker: "w1", Model: "m", Endpoint: p.Endpoint, Replay: p.Replay, Topic: "kv@"}, x, nil)
+	s := NewSubscriber(src, x, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = s.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
+	return s, x
+}
+
+// hearFirst sends batch live until s counts a repeat of it as a duplicate, which it does only
+// once the first message it heard is handled.
+func hearFirst(t *testing.T, s *Subscriber, p *kvtest.Publisher, live int64) {
+	t.Helper()
 	waitUntil(t, "the subscriber to handle the first batch it hears", func() bool {
 		if s.Stats.Duplicates.Load() > 0 {
 			return true
@@ -155,7 +170,6 @@ func join(t *testing.T, p *kvtest.Publisher, live int64) (*Subscriber, *Index) {
 		p.Resend(live)
 		return false
 	})
-	return s, x
 }
 
 func TestSubscriberJoiningLateReplaysTheBatchesItMissed(t *testing.T) {
@@ -223,5 +237,50 @@ func TestSubscriberForgetsTheWorkerWhenTheReplayBeginsPastTheGapAndKeepsWhatItBr
 	if s.Complete() || s.Stats.Gaps.Load() != 1 || s.Stats.Replays.Load() != 1 || s.Stats.Resyncs.Load() != 1 {
 		t.Fatalf("complete %v, gaps %d, replays %d, resyncs %d: want false, 1, 1, 1",
 			s.Complete(), s.Stats.Gaps.Load(), s.Stats.Replays.Load(), s.Stats.Resyncs.Load())
+	}
+}
+
+// silentListener accepts TCP connections on loopback and never answers on them, as a port held
+// by something that is not a replay socket, or an engine too busy to speak, does. closeAll
+// closes the listener and what it accepted.
+func silentListener(t *testing.T) (endpoint string, closeAll func()) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	return "tcp://" + ln.Addr().String(), func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	}
+}
+
+func TestSubscriberGivesUpAReplayWhoseEndpointNeverAnswers(t *testing.T) {
+	p := kvtest.New(t, "", false)
+	publishRoots(t, p, 0, 5, true)
+	publishRoots(t, p, 5, 1, true)
+	replay, closeAll := silentListener(t)
+	s, x := run(t, Source{Worker: "w1", Model: "m", Endpoint: p.Endpoint, Replay: replay, Topic: "kv@"})
+	t.Cleanup(closeAll) // before the subscriber's cleanup, which waits for it to stop
+	hearFirst(t, s, p, 5)
+	if x.Match("w1", keysOf(5, 1)).Blocks != 1 || s.Complete() || s.Stats.Replays.Load() != 1 {
+		t.Fatalf("match %+v, complete %v, replays %d: want the batch heard applied once the replay was given up, incomplete",
+			x.Match("w1", keysOf(5, 1)), s.Complete(), s.Stats.Replays.Load())
 	}
 }
