@@ -21,8 +21,9 @@ type Set struct {
 	index *Index
 	log   *slog.Logger
 
-	mu   sync.Mutex
-	subs map[string]*running
+	mu    sync.Mutex
+	subs  map[string]*running
+	bound *Bound // the publishers that dial the router; nil without --kv-events-bind
 }
 
 type running struct {
@@ -38,6 +39,24 @@ func NewSet(index *Index, log *slog.Logger) *Set {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Set{index: index, log: log, subs: map[string]*running{}}
+}
+
+// Bind adds the streams of b, read from the endpoint publishers dial, to the set's Status and
+// Close; b's workers follow b.Sync.
+func (s *Set) Bind(b *Bound) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.bound = b
+}
+
+// UnknownTopics counts the messages on the bound endpoint whose topic named no worker.
+func (s *Set) UnknownTopics() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.bound == nil {
+		return 0
+	}
+	return s.bound.UnknownTopics.Load()
 }
 
 // Index is the index the set feeds.
@@ -84,6 +103,9 @@ func (s *Set) Close() {
 	for name, r := range s.subs {
 		s.stop(name, r)
 	}
+	if s.bound != nil {
+		s.bound.Sync(nil)
+	}
 }
 
 // Status is one worker's stream and index, for metrics and the status page.
@@ -102,16 +124,24 @@ func (s *Set) Status() []Status {
 	defer s.mu.Unlock()
 	out := make([]Status, 0, len(s.subs))
 	for name, r := range s.subs {
-		st := &r.sub.Stats
-		out = append(out, Status{
-			Worker: name, Endpoint: r.src.Endpoint, Replay: r.src.Replay, Complete: r.sub.Complete(), Blocks: s.index.Blocks(name), LastEvent: st.LastEvent(),
-			Batches: st.Batches.Load(), Events: st.Events.Load(), DecodeErrors: st.DecodeErrors.Load(),
-			Duplicates: st.Duplicates.Load(), Gaps: st.Gaps.Load(), Replays: st.Replays.Load(),
-			Resyncs: st.Resyncs.Load(), Restarts: st.Restarts.Load(),
-		})
+		out = append(out, r.sub.status(name, r.src.Endpoint, s.index))
+	}
+	if s.bound != nil {
+		out = append(out, s.bound.Status()...)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Worker < out[j].Worker })
 	return out
+}
+
+// status is the subscriber's Status as worker name's stream from endpoint.
+func (sub *Subscriber) status(name, endpoint string, index *Index) Status {
+	st := &sub.Stats
+	return Status{
+		Worker: name, Endpoint: endpoint, Replay: sub.src.Replay, Complete: sub.Complete(), Blocks: index.Blocks(name), LastEvent: st.LastEvent(),
+		Batches: st.Batches.Load(), Events: st.Events.Load(), DecodeErrors: st.DecodeErrors.Load(),
+		Duplicates: st.Duplicates.Load(), Gaps: st.Gaps.Load(), Replays: st.Replays.Load(),
+		Resyncs: st.Resyncs.Load(), Restarts: st.Restarts.Load(),
+	}
 }
 
 // HostPlaceholder is replaced by a worker's host in an endpoint template.
