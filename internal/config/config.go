@@ -174,6 +174,11 @@ type Config struct {
 	// KVEventsWorkerEndpoints name the event endpoint of single workers (worker URL → endpoint),
 	// in place of the template: workers on one host each publish on a port of their own.
 	KVEventsWorkerEndpoints map[string]string `yaml:"kv_events_worker_endpoints"`
+	// KVEventsBind, when set, is an endpoint (tcp://HOST:PORT) the router binds for publishers
+	// that dial it, each message's topic naming its worker: through KVEventsBindTopics
+	// (topic → worker URL), else in llm-d's form kv@HOST:PORT@MODEL, the worker with that host:port.
+	KVEventsBind       string            `yaml:"kv_events_bind"`
+	KVEventsBindTopics map[string]string `yaml:"kv_events_bind_topics"`
 	// TokenizeTimeoutSecs bounds the wait for an engine's /tokenize, asked for the requests
 	// cache_aware matches against the KV-cache events.
 	TokenizeTimeoutSecs float64 `yaml:"tokenize_timeout_secs"`
@@ -380,6 +385,8 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.StringVar(&c.KVEventsEndpoint, "kv-events-endpoint", c.KVEventsEndpoint, "subscribe to every worker's KV-cache event publisher at this ZMQ endpoint template, e.g. tcp://{host}:5557 ({host}: the worker's host; the port is offset by its data-parallel rank); none: no subscription")
 	fs.StringToStringVar(&c.KVEventsWorkerEndpoints, "kv-events-worker-endpoints", c.KVEventsWorkerEndpoints, "per-worker KV-cache event endpoints, URL=tcp://HOST:PORT,…, in place of --kv-events-endpoint's template for those workers")
 	fs.StringVar(&c.KVEventsReplayEndpoint, "kv-events-replay-endpoint", c.KVEventsReplayEndpoint, "the publishers' replay (ROUTER) endpoint template, asked for batches a gap lost; none: a gap forgets that worker's index")
+	fs.StringVar(&c.KVEventsBind, "kv-events-bind", c.KVEventsBind, "bind this ZMQ endpoint, tcp://HOST:PORT, for KV-cache event publishers that dial the router; a message's topic names its worker (--kv-events-bind-topics, else kv@HOST:PORT@MODEL)")
+	fs.StringToStringVar(&c.KVEventsBindTopics, "kv-events-bind-topics", c.KVEventsBindTopics, "with --kv-events-bind: topics naming workers, TOPIC=WORKER_URL,…; ahead of the kv@HOST:PORT@MODEL form")
 	fs.StringVar(&c.KVEventsTopic, "kv-events-topic", c.KVEventsTopic, "topic prefix subscribed to on each publisher; empty: every message")
 	fs.IntVar(&c.KVEventsIndexSize, "kv-events-index-size", c.KVEventsIndexSize, "bytes of the KV-event block index, all workers together")
 	fs.Float64Var(&c.TokenizeTimeoutSecs, "tokenize-timeout-secs", c.TokenizeTimeoutSecs, "with --kv-events-endpoint: the longest wait for an engine's /tokenize of a request without session id; past it the prefix tree routes the request")
@@ -670,6 +677,20 @@ func (c Config) Validate() error {
 			bad("kv-events-worker-endpoints", "%v", err) // as the admin API and pod annotations are checked
 		}
 	}
+	if c.KVEventsBind != "" {
+		if err := kvevents.CheckBind(c.KVEventsBind); err != nil {
+			bad("kv-events-bind", "%v", err)
+		}
+	}
+	for topic, worker := range c.KVEventsBindTopics {
+		if c.KVEventsBind == "" {
+			bad("kv-events-bind-topics", "needs --kv-events-bind")
+			break
+		}
+		if _, err := tenant.NormalizeURL(worker); err != nil {
+			bad("kv-events-bind-topics", "%q: %v", topic, err)
+		}
+	}
 	if c.KVEventsReplayEndpoint != "" && c.KVEventsEndpoint == "" {
 		bad("kv-events-replay-endpoint", "needs --kv-events-endpoint")
 	}
@@ -815,5 +836,5 @@ func (c Config) TokenizeTimeout() time.Duration { return secs(c.TokenizeTimeoutS
 
 // KVEventsOn reports whether the router subscribes to the workers' KV-cache events.
 func (c Config) KVEventsOn() bool {
-	return c.KVEventsEndpoint != "" || len(c.KVEventsWorkerEndpoints) > 0
+	return c.KVEventsEndpoint != "" || len(c.KVEventsWorkerEndpoints) > 0 || c.KVEventsBind != ""
 }

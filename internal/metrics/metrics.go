@@ -224,6 +224,7 @@ func (m *Metrics) SetPolicyState(source PolicyState) { m.policyState.source.Stor
 type KVEvents interface {
 	Status() []kvevents.Status
 	Index() *kvevents.Index
+	UnknownTopics() int64
 }
 
 // SetKVEvents names the subscriptions whose state is read at scrape time.
@@ -382,6 +383,8 @@ var (
 		"1 when the index has every batch of the worker's publisher since its first, else 0.", []string{"worker"}, nil)
 	kvAgeDesc = prometheus.NewDesc(namespace+"_kv_events_last_batch_age_seconds",
 		"Seconds since the last batch of each worker's stream; no series before the first.", []string{"worker"}, nil)
+	kvUnknownTopicDesc = prometheus.NewDesc(namespace+"_kv_events_unknown_topic_total",
+		"Messages on the --kv-events-bind endpoint whose topic named no worker of the fleet, dropped.", nil, nil)
 	kvIndexBytesDesc = prometheus.NewDesc(namespace+"_kv_events_index_bytes",
 		"Bytes the KV-event block index counts against --kv-events-index-size, all workers.", nil, nil)
 )
@@ -391,7 +394,7 @@ type kvEventsCollector struct{ source atomic.Pointer[KVEvents] }
 
 func (c *kvEventsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{kvBatchesDesc, kvEventsDesc, kvDecodeErrorsDesc, kvGapsDesc, kvReplaysDesc,
-		kvResyncsDesc, kvBlocksDesc, kvCompleteDesc, kvAgeDesc, kvIndexBytesDesc} {
+		kvResyncsDesc, kvBlocksDesc, kvCompleteDesc, kvAgeDesc, kvIndexBytesDesc, kvUnknownTopicDesc} {
 		ch <- d
 	}
 }
@@ -423,4 +426,5 @@ func (c *kvEventsCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(kvIndexBytesDesc, prometheus.GaugeValue, float64((*source).Index().Bytes()))
+	ch <- prometheus.MustNewConstMetric(kvUnknownTopicDesc, prometheus.CounterValue, float64((*source).UnknownTopics()))
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"sort"
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/config"
@@ -29,10 +30,19 @@ const tokenCacheBytes = 16 << 20
 // syncKVEvents keeps the subscriptions the fleet's until ctx ends, then stops them.
 func (r *Router) syncKVEvents(ctx context.Context) {
 	resolved := map[string]resolvedEndpoints{} // by worker name, for workers whose host had to be resolved
+	if r.kvBound != nil {
+		if err := r.kvBound.Listen(ctx); err != nil {
+			r.log.Error("kv events: --kv-events-bind: cannot bind; no publisher can dial the router", "endpoint", r.kvBound.Endpoint(), "error", err)
+		}
+	}
 	tick := time.NewTicker(kvEventsSyncInterval)
 	defer tick.Stop()
 	for {
-		r.kvEvents.Sync(ctx, r.kvSources(ctx, resolved))
+		dialled := r.kvSources(ctx, resolved)
+		r.kvEvents.Sync(ctx, dialled)
+		if r.kvBound != nil {
+			r.kvBound.Sync(r.kvBoundWorkers(dialled))
+		}
 		select {
 		case <-ctx.Done():
 			r.kvEvents.Close()
@@ -169,4 +179,42 @@ func (r *Router) kvEventsHost(ctx context.Context, host string) (string, error) 
 		}
 	}
 	return "", fmt.Errorf("%s is %w", host, tenant.ErrNotAllowed)
+}
+
+// kvBoundWorkers are the fleet's workers read from the --kv-events-bind endpoint: every worker
+// not dialled, named by the topics --kv-events-bind-topics gives its URL and by its URL's
+// host:port (llm-d's kv@HOST:PORT@MODEL).
+func (r *Router) kvBoundWorkers(dialled []kvevents.Source) []kvevents.BoundWorker {
+	skip := make(map[string]bool, len(dialled))
+	for _, src := range dialled {
+		skip[src.Worker] = true
+	}
+	topics := make(map[string][]string, len(r.cfg.KVEventsBindTopics)) // by normalized worker URL
+	for topic, worker := range r.cfg.KVEventsBindTopics {
+		if u, err := tenant.NormalizeURL(worker); err == nil {
+			topics[u] = append(topics[u], topic)
+		}
+	}
+	ws := r.pool.All()
+	out := make([]kvevents.BoundWorker, 0, len(ws))
+	for _, w := range ws {
+		if skip[w.Name()] {
+			continue
+		}
+		u, err := url.Parse(w.URL())
+		if err != nil {
+			continue
+		}
+		port := u.Port()
+		if port == "" {
+			port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+		}
+		bw := kvevents.BoundWorker{Source: kvevents.Source{Worker: w.Name()}, HostPort: net.JoinHostPort(u.Hostname(), port)}
+		if n, err := tenant.NormalizeURL(w.URL()); err == nil {
+			bw.Topics = topics[n]
+			sort.Strings(bw.Topics)
+		}
+		out = append(out, bw)
+	}
+	return out
 }

@@ -60,6 +60,7 @@ type Router struct {
 	logFile    *os.File             // the access log's file; nil for stdout or none
 	dashboard  *dashboard.Dashboard // the status page and its counters' history
 	kvEvents   *kvevents.Set        // the workers' KV-cache event streams; nil unless --kv-events-endpoint
+	kvBound    *kvevents.Bound      // the streams of publishers that dial the router; nil unless --kv-events-bind
 }
 
 // New builds a router from a validated configuration. Workers are registered by Start.
@@ -140,6 +141,10 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 	var tokenize *proxy.TokenizeOptions
 	if kvIndex != nil {
 		r.kvEvents = kvevents.NewSet(kvIndex, log)
+		if cfg.KVEventsBind != "" {
+			r.kvBound = kvevents.NewBound(cfg.KVEventsBind, kvIndex, log)
+			r.kvEvents.Bind(r.kvBound)
+		}
 		r.metrics.SetKVEvents(r.kvEvents)
 		tokenize = &proxy.TokenizeOptions{CacheBytes: tokenCacheBytes}
 	}
