@@ -133,7 +133,7 @@ func LLMDTopicHostPort(topic string) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	i := strings.LastIndex(rest, "@")
+	i := strings.Index(rest, "@") // a host:port holds no @; a model name may
 	if i < 0 {
 		return "", false
 	}
@@ -214,4 +214,19 @@ func CheckBind(endpoint string) error {
 		return err
 	}
 	return nil
+}
+
+// Bindable reports whether endpoint's address can be bound now, so that a router told to bind an
+// address another process holds, or one of no interface of this host, stops at once with the
+// reason instead of running without the streams it was told to read.
+func Bindable(endpoint string) error {
+	hostPort, ok := strings.CutPrefix(endpoint, "tcp://")
+	if !ok {
+		return fmt.Errorf("kv events bind endpoint %q: want tcp://HOST:PORT", endpoint)
+	}
+	ln, err := net.Listen("tcp", hostPort)
+	if err != nil {
+		return err
+	}
+	return ln.Close()
 }

@@ -1,6 +1,8 @@
 package router
 
 import (
+	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -91,5 +93,21 @@ func TestPublishersDiallingTheBoundEndpointFeedTheWorkerTheirTopicNames(t *testi
 		if st := tr.kvEvents.Status(); len(st) != 2 {
 			t.Fatalf("%d streams %+v, want the fleet's two and nothing for the unknown topic", len(st), st)
 		}
+	}
+}
+
+// A router told to bind an address another process holds stops at once with the reason, rather
+// than running without the streams it was told to read.
+func TestRouterRefusesToStartOnABindEndpointItCannotBind(t *testing.T) {
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	cfg := testConfig()
+	cfg.Policy = "cache_aware"
+	cfg.KVEventsBind = "tcp://" + held.Addr().String()
+	if _, err := New(cfg, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "--kv-events-bind") {
+		t.Fatalf("New with a held bind address: %v, want an error naming --kv-events-bind", err)
 	}
 }

@@ -142,6 +142,9 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 	if kvIndex != nil {
 		r.kvEvents = kvevents.NewSet(kvIndex, log)
 		if cfg.KVEventsBind != "" {
+			if err := kvevents.Bindable(cfg.KVEventsBind); err != nil {
+				return nil, fmt.Errorf("--kv-events-bind %s: %w", cfg.KVEventsBind, err)
+			}
 			r.kvBound = kvevents.NewBound(cfg.KVEventsBind, kvIndex, log)
 			r.kvEvents.Bind(r.kvBound)
 		}
