@@ -369,3 +369,34 @@ func TestAConversationTheTreeSawPlacedStaysWhileItsEngineHoldsAsMuchAsAny(t *tes
 		t.Errorf("auto, the other engine holds more: %s on %s, want it by cost", d.Label, d.Worker.Name())
 	}
 }
+
+// A session that came while its worker's engine had published nothing is not tokenized again on
+// every turn until the engine publishes (its events could decide nothing), but once, when the
+// engine is known, to record its first block.
+func TestASessionPlacedBeforeItsEngineIsKnownIsTokenizedOnceTheEngineIs(t *testing.T) {
+	pool, ws := fleet(t, 2)
+	prompt := tokens(1000, 3*16)
+	x := kvevents.NewIndex(1 << 20)
+	opts := defaultOptions()
+	opts.KVIndex = x
+	p := newPolicy(opts)
+	in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
+		Candidates: pool.All(), All: pool.All(), Tokens: prompt}
+	if !p.WantsTokens(in) {
+		t.Fatal("a new session is not asked its tokens")
+	}
+	p.Accepted(in, policy.Decision{Worker: ws[1], Label: LabelFullHistoryMatch})
+	later := in
+	later.Tokens = nil
+	if p.WantsTokens(later) {
+		t.Fatal("asked again while its worker's engine has published nothing")
+	}
+	storeFor(x, ws[1].Name(), "", tokens(90000, 16), 1, 500) // the engine publishes another prompt's block
+	if !p.WantsTokens(later) {
+		t.Fatal("not asked once its worker's engine is known, so its first block is never recorded")
+	}
+	p.Accepted(in, policy.Decision{Worker: ws[1], Label: LabelSessionMatch})
+	if p.WantsTokens(later) {
+		t.Fatal("asked again after its first block was recorded")
+	}
+}

@@ -144,6 +144,12 @@ func (p *Policy) recordSession(d *decision, w *workers.Worker) {
 		p.blocks.put(d.model, d.key, sessionBlock{first: first, blockSize: bs, worker: w.Name(), seen: seen})
 		return
 	}
+	if bs == 0 && len(d.in.Tokens) > 0 {
+		// The worker's engine has published nothing yet, so its block size is unknown: the
+		// session is recorded without a key, and tokenized again once the engine is known.
+		p.blocks.put(d.model, d.key, sessionBlock{worker: w.Name()})
+		return
+	}
 	if b, ok := p.blocks.get(d.model, d.key); ok && !b.seen && b.worker == w.Name() && b.blockSize == bs && p.holds(w, b.first) {
 		b.seen = true
 		p.blocks.put(d.model, d.key, b)
@@ -152,7 +158,8 @@ func (p *Policy) recordSession(d *decision, w *workers.Worker) {
 
 // WantsTokens says which requests are worth their prompt tokens (a /tokenize round trip) when
 // the events are on: those without any id, which the events place; a session this router has no
-// first block for (a new session, or one placed by another replica, or forgotten), to record it;
+// first block for (a new session, or one placed by another replica, or forgotten, or one whose
+// worker's engine had published nothing when it came, once that engine has), to record it;
 // and a session whose worker's engine, by the events, no longer holds its first block, which moves
 // and is placed by the events. A session whose worker still holds it, and a turn that continues a
 // stored response, are decided without them.
@@ -169,6 +176,9 @@ func (p *Policy) WantsTokens(in policy.Input) bool {
 	b, ok := p.blocks.get(d.model, d.key)
 	if !ok {
 		return true
+	}
+	if b.blockSize == 0 { // recorded before its worker's engine published anything
+		return p.opts.KVIndex.BlockSize(b.worker) > 0
 	}
 	if bs := p.opts.KVIndex.BlockSize(b.worker); bs == 0 || bs != b.blockSize || !b.seen {
 		return false // the engine is not known, or has not yet published the block: the session map decides
