@@ -34,17 +34,7 @@ func TestASaltedRequestIsNotCreditedWithUnsaltedBlocks(t *testing.T) {
 	}
 	tr.CheckHealth(t.Context())
 	tr.Start(t.Context())
-	waitFor(t, "the worker's event stream", func() bool {
-		for _, st := range tr.kvEvents.Status() {
-			if st.Batches > 0 {
-				return true
-			}
-		}
-		if resp, err := http.Post(u+"/reset_prefix_cache", "application/json", nil); err == nil {
-			resp.Body.Close() // publishes an AllBlocksCleared, which the subscriber hears once joined
-		}
-		return false
-	})
+	waitStreamsHeard(t, []string{u}, tr)
 
 	prompt := strings.Repeat("the schema of the orders table, its keys and its indexes. ", 200)
 	send := func(salt string) string {

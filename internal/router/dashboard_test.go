@@ -125,7 +125,7 @@ func TestDashboardInBrowser(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`body[data-ready="1"]`)),
 		// The counters are sampled once a second: wait until the page shows the traffic.
 		chromedp.Poll[chromedp.Void](`document.querySelectorAll("#decisions td.count").length > 0 &&
-			document.querySelectorAll("#mix path").length > 0`, chromedp.WithPollingTimeout(30*time.Second)),
+			document.querySelectorAll("#mix path").length > 0`, chromedp.WithPollingTimeout(60*time.Second)), // a loaded machine starts a browser slowly
 	)
 	if err != nil {
 		t.Fatalf("the page did not render its data: %v (browser problems: %v)", err, browserProblems())

@@ -49,22 +49,7 @@ func TestRequestsForTwoAdaptersOfOneBaseModelNeverMatchEachOthersBlocks(t *testi
 		}
 	}
 	tr.Start(t.Context())
-	// A subscriber hears only what is published after it joined: reset both caches (each reset
-	// publishes an AllBlocksCleared) until both streams are heard.
-	waitFor(t, "both workers' event streams", func() bool {
-		heard := 0
-		for _, st := range tr.kvEvents.Status() {
-			if st.Batches > 0 {
-				heard++
-			}
-		}
-		for _, u := range urls {
-			if resp, err := http.Post(u+"/reset_prefix_cache", "application/json", nil); err == nil {
-				resp.Body.Close()
-			}
-		}
-		return heard == 2
-	})
+	waitStreamsHeard(t, urls, tr)
 
 	// About 2,900 of the sim's tokens (180 blocks of 16): worth more prefill than a request of load.
 	prompt := strings.Repeat("the schema of the orders table, its keys and its indexes. ", 200)

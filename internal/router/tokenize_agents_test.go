@@ -55,7 +55,35 @@ func eventRouters(t *testing.T) (a, b *testRouter, workers []string) {
 		tr.Start(ctx)
 		return tr
 	}
-	return start(), start(), workers
+	a, b = start(), start()
+	waitStreamsHeard(t, workers, a, b)
+	return a, b, workers
+}
+
+// waitStreamsHeard waits until each router has heard each worker's event stream. A subscriber
+// hears only what is published after it joined, so until then each worker's cache is reset,
+// which publishes an AllBlocksCleared: a test's first prompt is then published to every router.
+func waitStreamsHeard(t *testing.T, workers []string, routers ...*testRouter) {
+	t.Helper()
+	waitFor(t, "every worker's event stream heard by every router", func() bool {
+		heard := 0
+		for _, tr := range routers {
+			for _, st := range tr.kvEvents.Status() {
+				if st.Batches > 0 {
+					heard++
+				}
+			}
+		}
+		if heard == len(workers)*len(routers) {
+			return true
+		}
+		for _, u := range workers {
+			if resp, err := http.Post(u+"/reset_prefix_cache", "application/json", nil); err == nil {
+				resp.Body.Close()
+			}
+		}
+		return false
+	})
 }
 
 // waitIndexed waits until tr's index holds a block of worker's.
