@@ -106,7 +106,7 @@ func (s *Subscriber) stream(ctx context.Context) error {
 	defer cancel()
 	sub := zmq4.NewSub(sctx, zmq4.WithDialerRetry(redialDelay), zmq4.WithAutomaticReconnect(true))
 	defer sub.Close()
-	if err := sub.Dial(s.src.Endpoint); err != nil {
+	if err := sub.Dial(bounded(s.src.Endpoint)); err != nil {
 		return err
 	}
 	if err := sub.SetOption(zmq4.OptionSubscribe, s.src.Topic); err != nil {

@@ -284,3 +284,35 @@ func TestSubscriberGivesUpAReplayWhoseEndpointNeverAnswers(t *testing.T) {
 			x.Match("w1", keysOf(5, 1)), s.Complete(), s.Stats.Replays.Load())
 	}
 }
+
+// A subscriber whose events endpoint accepts the connection and never speaks stops when told to,
+// rather than waiting in the handshake for ever.
+func TestSubscriberStopsWhileItsEndpointNeverAnswers(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			accepted <- c
+		}
+	}()
+	s := NewSubscriber(Source{Worker: "w1", Model: "m", Endpoint: "tcp://" + ln.Addr().String()}, NewIndex(1<<20), nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Run(ctx) }()
+	select {
+	case c := <-accepted: // the subscriber is in the handshake, which this end never answers
+		defer c.Close()
+	case <-time.After(10 * time.Second):
+		t.Fatal("the subscriber never dialled")
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the subscriber did not stop: it is held in the handshake with a silent endpoint")
+	}
+}

@@ -10,10 +10,11 @@ import (
 	"github.com/go-zeromq/zmq4/transport"
 )
 
-// boundedTCP is the transport a replay is dialled over: TCP whose connection carries the dial
-// context's deadline. zmq4 performs the ZMTP handshake without one, so a replay endpoint that
-// accepts the connection and never speaks (a port something else holds, a stalled engine) would
-// hold the subscriber past its 2 s bound, and past its own shutdown.
+// boundedTCP is the transport streams and replays are dialled over: TCP whose connection carries
+// the dial context's deadline and is closed when that context ends. zmq4 performs the ZMTP
+// handshake without either, so an endpoint that accepts the connection and never speaks (a port
+// something else holds, a stalled engine) would hold a replay past its 2 s bound, and a stream or
+// a replay past the subscriber's own shutdown.
 const boundedTCP = "cacheroute-bounded-tcp"
 
 func init() {
@@ -35,7 +36,19 @@ func (t boundedTransport) Dial(ctx context.Context, d transport.Dialer, addr str
 			return nil, err
 		}
 	}
-	return c, nil
+	return &closedWithContext{Conn: c, stop: context.AfterFunc(ctx, func() { c.Close() })}, nil
+}
+
+// closedWithContext is a connection closed when its dial context ends; closing it first lets the
+// context go.
+type closedWithContext struct {
+	net.Conn
+	stop func() bool
+}
+
+func (c *closedWithContext) Close() error {
+	c.stop()
+	return c.Conn.Close()
 }
 
 func (boundedTransport) Listen(context.Context, string) (net.Listener, error) {
