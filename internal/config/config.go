@@ -384,7 +384,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.Float64Var(&c.ShutdownGraceSecs, "shutdown-grace-secs", c.ShutdownGraceSecs, "on SIGTERM/SIGINT, seconds to let in-flight requests finish")
 	fs.StringVar(&c.KVEventsEndpoint, "kv-events-endpoint", c.KVEventsEndpoint, "subscribe to every worker's KV-cache event publisher at this ZMQ endpoint template, e.g. tcp://{host}:5557 ({host}: the worker's host; the port is offset by its data-parallel rank); none: no subscription")
 	fs.StringToStringVar(&c.KVEventsWorkerEndpoints, "kv-events-worker-endpoints", c.KVEventsWorkerEndpoints, "per-worker KV-cache event endpoints, URL=tcp://HOST:PORT,…, in place of --kv-events-endpoint's template for those workers")
-	fs.StringVar(&c.KVEventsReplayEndpoint, "kv-events-replay-endpoint", c.KVEventsReplayEndpoint, "the publishers' replay (ROUTER) endpoint template, asked for batches a gap lost; none: a gap forgets that worker's index")
+	fs.StringVar(&c.KVEventsReplayEndpoint, "kv-events-replay-endpoint", c.KVEventsReplayEndpoint, "the publishers' replay (ROUTER) endpoint template, asked for batches a gap lost, for dialled and --kv-events-bind streams alike; none: a gap forgets that worker's index")
 	fs.StringVar(&c.KVEventsBind, "kv-events-bind", c.KVEventsBind, "bind this ZMQ endpoint, tcp://HOST:PORT, for KV-cache event publishers that dial the router; a message's topic names its worker (--kv-events-bind-topics, else kv@HOST:PORT@MODEL)")
 	fs.StringToStringVar(&c.KVEventsBindTopics, "kv-events-bind-topics", c.KVEventsBindTopics, "with --kv-events-bind: topics naming workers, TOPIC=WORKER_URL,…; ahead of the kv@HOST:PORT@MODEL form")
 	fs.StringVar(&c.KVEventsTopic, "kv-events-topic", c.KVEventsTopic, "topic prefix subscribed to on each publisher; empty: every message")
@@ -691,8 +691,8 @@ func (c Config) Validate() error {
 			bad("kv-events-bind-topics", "%q: %v", topic, err)
 		}
 	}
-	if c.KVEventsReplayEndpoint != "" && c.KVEventsEndpoint == "" {
-		bad("kv-events-replay-endpoint", "needs --kv-events-endpoint")
+	if c.KVEventsReplayEndpoint != "" && c.KVEventsEndpoint == "" && c.KVEventsBind == "" {
+		bad("kv-events-replay-endpoint", "needs --kv-events-endpoint or --kv-events-bind")
 	}
 	for _, o := range c.AdminAllowedOrigins {
 		if !isWebOrigin(o) {

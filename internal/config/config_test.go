@@ -595,6 +595,13 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{"kv events endpoint not tcp", func(c *config.Config) { c.KVEventsEndpoint = "ipc:///tmp/kv" }, "--kv-events-endpoint"},
 		{"kv events endpoint without a port", func(c *config.Config) { c.KVEventsEndpoint = "tcp://{host}" }, "--kv-events-endpoint"},
 		{"kv events replay alone", func(c *config.Config) { c.KVEventsReplayEndpoint = "tcp://{host}:5558" }, "--kv-events-replay-endpoint"},
+		{"kv events bind topics without a bind", func(c *config.Config) {
+			c.KVEventsBindTopics = map[string]string{"vllm-a": "http://127.0.0.1:8000"}
+		}, "--kv-events-bind-topics"},
+		{"kv events bind with a host placeholder", func(c *config.Config) { c.KVEventsBind = "tcp://{host}:5557" }, "--kv-events-bind"},
+		{"kv events bind topic naming no URL", func(c *config.Config) {
+			c.KVEventsBind, c.KVEventsBindTopics = "tcp://127.0.0.1:5557", map[string]string{"vllm-a": "not a url"}
+		}, "--kv-events-bind-topics"},
 		{"zero kv events index", func(c *config.Config) { c.KVEventsIndexSize = 0 }, "--kv-events-index-size"},
 		{"kv events worker endpoint a wildcard", func(c *config.Config) {
 			c.KVEventsWorkerEndpoints = map[string]string{"http://127.0.0.1:8000": "tcp://*:5557"}
@@ -668,6 +675,10 @@ func TestValidateAccepts(t *testing.T) {
 		{"no body total", func(c *config.Config) { c.MaxBodyBytesTotal = 0 }},
 		{"kv events endpoints", func(c *config.Config) {
 			c.KVEventsEndpoint, c.KVEventsReplayEndpoint = "tcp://{host}:5557", "tcp://{host}:5558"
+		}},
+		{"a bound kv events endpoint with replays", func(c *config.Config) {
+			c.KVEventsBind, c.KVEventsReplayEndpoint = "tcp://127.0.0.1:5557", "tcp://{host}:5558"
+			c.KVEventsBindTopics = map[string]string{"vllm-a": "http://127.0.0.1:8000"}
 		}},
 		{"admin origins with and without ports", func(c *config.Config) {
 			c.AdminAllowedOrigins = []string{"https://ops.example", "http://127.0.0.1:8080"}

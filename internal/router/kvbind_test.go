@@ -111,3 +111,49 @@ func TestRouterRefusesToStartOnABindEndpointItCannotBind(t *testing.T) {
 		t.Fatalf("New with a held bind address: %v, want an error naming --kv-events-bind", err)
 	}
 }
+
+// A publisher that dials the bound endpoint may still serve replays from a socket of its own, as
+// vLLM's engine binds its replay endpoint whichever way its events go: with
+// --kv-events-replay-endpoint, what the router missed before it bound (here the batches of a
+// request sent before the router started) is asked for, and the worker's index is complete.
+func TestAWorkerReadFromTheBoundEndpointReplaysWhatTheRouterMissed(t *testing.T) {
+	bind := kvtest.FreeEndpoint(t)
+	replayPort := strings.TrimPrefix(kvtest.FreeEndpoint(t), "tcp://127.0.0.1:")
+	hostPort := strings.TrimPrefix(kvtest.FreeEndpoint(t), "tcp://")
+	cfg := sim.DefaultConfig()
+	cfg.TimeScale = 0
+	cfg.KVEvents = sim.KVEventsConfig{Endpoint: bind, ReplayEndpoint: "tcp://127.0.0.1:" + replayPort, Topic: "kv@" + hostPort + "@sim-model"}
+	fleet, err := sim.Start([]string{hostPort}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fleet.Close)
+	u := fleet.URLs()[0]
+	body := `{"model":"sim-model","max_tokens":1,"messages":[{"role":"user","content":"` + strings.Repeat("before the router listened. ", 40) + `"}]}`
+	resp, err := http.Post(u+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close() // its blocks are published before anyone listens, and kept for replay
+
+	rcfg := testConfig()
+	rcfg.Policy = "cache_aware"
+	rcfg.KVEventsBind = bind
+	rcfg.KVEventsReplayEndpoint = "tcp://{host}:" + replayPort
+	tr := startRouter(t, rcfg)
+	if err := tr.AddWorker(t.Context(), u); err != nil {
+		t.Fatal(err)
+	}
+	tr.CheckHealth(t.Context())
+	tr.Start(t.Context())
+	waitFor(t, "the missed batches replayed", func() bool {
+		st := tr.kvEvents.Status()
+		if len(st) == 1 && st[0].Complete && st[0].Replays > 0 {
+			return true
+		}
+		if resp, err := http.Post(u+"/reset_prefix_cache", "application/json", nil); err == nil {
+			resp.Body.Close() // a batch heard, past the ones missed
+		}
+		return false
+	})
+}

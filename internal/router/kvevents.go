@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"slices"
 	"sort"
 	"time"
 
@@ -30,6 +31,7 @@ const tokenCacheBytes = 16 << 20
 // syncKVEvents keeps the subscriptions the fleet's until ctx ends, then stops them.
 func (r *Router) syncKVEvents(ctx context.Context) {
 	resolved := map[string]resolvedEndpoints{} // by worker name, for workers whose host had to be resolved
+	replays := map[string]string{}             // by worker name: the replay endpoint of a worker read from the bound endpoint
 	if r.kvBound != nil {
 		if err := r.kvBound.Listen(ctx); err != nil {
 			r.log.Error("kv events: --kv-events-bind: cannot bind; no publisher can dial the router", "endpoint", r.kvBound.Endpoint(), "error", err)
@@ -41,7 +43,7 @@ func (r *Router) syncKVEvents(ctx context.Context) {
 		dialled := r.kvSources(ctx, resolved)
 		r.kvEvents.Sync(ctx, dialled)
 		if r.kvBound != nil {
-			r.kvBound.Sync(r.kvBoundWorkers(dialled))
+			r.kvBound.Sync(r.kvBoundWorkers(ctx, dialled, replays))
 		}
 		select {
 		case <-ctx.Done():
@@ -184,7 +186,7 @@ func (r *Router) kvEventsHost(ctx context.Context, host string) (string, error) 
 // kvBoundWorkers are the fleet's workers read from the --kv-events-bind endpoint: every worker
 // not dialled, named by the topics --kv-events-bind-topics gives its URL and by its URL's
 // host:port (llm-d's kv@HOST:PORT@MODEL).
-func (r *Router) kvBoundWorkers(dialled []kvevents.Source) []kvevents.BoundWorker {
+func (r *Router) kvBoundWorkers(ctx context.Context, dialled []kvevents.Source, replays map[string]string) []kvevents.BoundWorker {
 	skip := make(map[string]bool, len(dialled))
 	for _, src := range dialled {
 		skip[src.Worker] = true
@@ -209,12 +211,37 @@ func (r *Router) kvBoundWorkers(dialled []kvevents.Source) []kvevents.BoundWorke
 		if port == "" {
 			port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
 		}
-		bw := kvevents.BoundWorker{Source: kvevents.Source{Worker: w.Name()}, HostPort: net.JoinHostPort(u.Hostname(), port)}
+		bw := kvevents.BoundWorker{Source: kvevents.Source{Worker: w.Name(), Replay: r.boundReplay(ctx, w, u, replays)},
+			HostPort: net.JoinHostPort(u.Hostname(), port)}
 		if n, err := tenant.NormalizeURL(w.URL()); err == nil {
 			bw.Topics = topics[n]
 			sort.Strings(bw.Topics)
 		}
 		out = append(out, bw)
 	}
+	for name := range replays {
+		if !slices.ContainsFunc(ws, func(w *workers.Worker) bool { return w.Name() == name }) {
+			delete(replays, name) // gone from the fleet
+		}
+	}
 	return out
+}
+
+// boundReplay is the replay endpoint of worker w read from the bound endpoint: the
+// --kv-events-replay-endpoint template at its host (vLLM's replay socket binds on the engine,
+// whichever way its events go), checked as every endpoint dialled is, once per worker; "" without
+// a template or when the check refuses it.
+func (r *Router) boundReplay(ctx context.Context, w *workers.Worker, u *url.URL, replays map[string]string) string {
+	if r.cfg.KVEventsReplayEndpoint == "" {
+		return ""
+	}
+	if ep, ok := replays[w.Name()]; ok {
+		return ep
+	}
+	ep, err := r.dialable(ctx, r.cfg.KVEventsReplayEndpoint, u.Hostname(), w.Rank())
+	if err != nil {
+		r.log.Warn("kv events: no replay for a worker read from the bound endpoint", "worker", w.Name(), "error", err)
+	}
+	replays[w.Name()] = ep
+	return ep
 }
