@@ -603,6 +603,7 @@ func TestValidateNamesTheFlag(t *testing.T) {
 			c.KVEventsBind, c.KVEventsBindTopics = "tcp://127.0.0.1:5557", map[string]string{"vllm-a": "not a url"}
 		}, "--kv-events-bind-topics"},
 		{"zero kv events index", func(c *config.Config) { c.KVEventsIndexSize = 0 }, "--kv-events-index-size"},
+		{"offloaded block weight above one", func(c *config.Config) { cacheaware.KnobsIn(c.PolicyOptions).OffloadedBlockWeight = 2 }, "--kv-offloaded-block-weight"},
 		{"kv events worker endpoint a wildcard", func(c *config.Config) {
 			c.KVEventsWorkerEndpoints = map[string]string{"http://127.0.0.1:8000": "tcp://*:5557"}
 		}, "--kv-events-worker-endpoints"},

@@ -85,6 +85,9 @@ type Options struct {
 	// else the prefix tree), IndexEvents (the events alone), IndexText (the prefix tree alone).
 	// "" is IndexAuto.
 	CacheIndex string
+	// OffloadedWeight is what a block an engine holds offloaded (its BlockStored medium not the
+	// GPU) is worth against a GPU block when the events weigh candidates, 0 to 1.
+	OffloadedWeight float64
 }
 
 // Reporter receives the policy's state events (policy.Reporter).
@@ -350,7 +353,7 @@ func (p *Policy) choose(d *decision) (*workers.Worker, string) {
 
 // byEvents weighs each candidate by the KV-cache events of its engine: its load plus the prompt
 // tokens it would still prefill, in units of LoadUnitTokens, as the cost mode weighs the tree's
-// matches. The cheapest takes the request when it holds part of the prompt; when the cheapest
+// matches; a block its engine holds offloaded saves OffloadedWeight of a GPU block's prefill. The cheapest takes the request when it holds part of the prompt; when the cheapest
 // holds none, the events decide nothing and the tree is asked. In the auto index one candidate
 // comes first: the worker the tree saw this conversation placed on (continuation), while its
 // engine holds as much of the prompt as any. Under a small cache every copy is partial, and a
@@ -365,8 +368,9 @@ func (p *Policy) byEvents(d *decision) (*workers.Worker, bool) {
 	}
 	keys := map[int][]uint64{} // by block size
 	unit := float64(p.opts.LoadUnitTokens)
-	held := make([]int, len(d.in.Candidates))
-	most := 0
+	held := make([]int, len(d.in.Candidates))       // tokens of the prompt each engine holds
+	worth := make([]float64, len(d.in.Candidates)) // the same, offloaded blocks at their weight
+	most := 0.0
 	var best *workers.Worker
 	bestHeld, bestCost := 0, 0.0
 	for i, w := range d.in.Candidates {
@@ -376,10 +380,12 @@ func (p *Policy) byEvents(d *decision) (*workers.Worker, bool) {
 				k = eventKeys(d.in, tokens, bs)
 				keys[bs] = k
 			}
-			held[i] = p.opts.KVIndex.Match(w.Name(), k).Blocks * bs
+			m := p.opts.KVIndex.Match(w.Name(), k)
+			held[i] = m.Blocks * bs
+			worth[i] = (float64(m.GPUBlocks) + p.opts.OffloadedWeight*float64(m.Blocks-m.GPUBlocks)) * float64(bs)
 		}
-		most = max(most, held[i])
-		cost := float64(w.Load()) + float64(len(tokens)-held[i])/unit
+		most = max(most, worth[i])
+		cost := float64(w.Load()) + (float64(len(tokens))-worth[i])/unit
 		if best == nil || cost < bestCost || (cost == bestCost && held[i] > bestHeld) {
 			best, bestHeld, bestCost = w, held[i], cost
 		}
@@ -392,8 +398,8 @@ func (p *Policy) byEvents(d *decision) (*workers.Worker, bool) {
 	if p.opts.CacheIndex == IndexAuto && d.text != "" {
 		if continued, _ := p.continuation(d); continued != nil {
 			for i, w := range d.in.Candidates {
-				if held[i] == most && slices.Contains(continued, w.Tenant()) {
-					d.eventsHeld = most
+				if worth[i] == most && slices.Contains(continued, w.Tenant()) {
+					d.eventsHeld = held[i]
 					return w, true
 				}
 			}

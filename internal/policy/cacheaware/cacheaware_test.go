@@ -36,7 +36,7 @@ func fleet(t testing.TB, n int) (*workers.Pool, []*workers.Worker) {
 
 func defaultOptions() Options {
 	return Options{CacheThreshold: 0.3, BalanceAbsThreshold: 64, BalanceRelThreshold: 1.5, MaxTreeSize: 1 << 20,
-		EvictionInterval: time.Minute, SessionTTL: time.Hour, MaxSessions: 1000}
+		EvictionInterval: time.Minute, SessionTTL: time.Hour, MaxSessions: 1000, OffloadedWeight: DefaultOffloadedBlockWeight}
 }
 
 func newPolicy(opts Options) *Policy {

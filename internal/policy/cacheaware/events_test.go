@@ -400,3 +400,33 @@ func TestASessionPlacedBeforeItsEngineIsKnownIsTokenizedOnceTheEngineIs(t *testi
 		t.Fatal("asked again after its first block was recorded")
 	}
 }
+
+// A block an engine holds offloaded (CPU, disk) saves its prefill at --kv-offloaded-block-weight
+// of a GPU block's: three offloaded blocks at half weight are worth less than two on a GPU, and
+// as much as three at full weight.
+func TestOffloadedBlocksCountAtTheirWeight(t *testing.T) {
+	pool, ws := fleet(t, 2)
+	prompt := tokens(0, 4*16)
+	for _, c := range []struct {
+		weight float64
+		want   int
+	}{{0.5, 1}, {1, 0}} {
+		x := kvevents.NewIndex(1 << 20)
+		for i, held := range []struct {
+			blocks    int
+			offloaded bool
+		}{{3, true}, {2, false}} {
+			e := kvevents.Event{Kind: kvevents.Stored, BlockSize: 16, TokenIDs: prompt[:held.blocks*16], Offloaded: held.offloaded}
+			for b := range held.blocks {
+				e.BlockHashes = append(e.BlockHashes, kvevents.Hash(b+1))
+			}
+			x.Apply(ws[i].Name(), "", kvevents.Batch{Events: []kvevents.Event{e}})
+		}
+		opts := defaultOptions()
+		opts.LoadUnitTokens, opts.BalanceAbsThreshold = 16, 1000
+		opts.KVIndex, opts.OffloadedWeight = x, c.weight
+		if d := selectWith(t, newPolicy(opts), pool, prompt); d.Worker != ws[c.want] || d.Label != LabelKVEventsMatch {
+			t.Errorf("weight %v: %s on %s, want kv_events_match on %s", c.weight, d.Label, d.Worker.Name(), ws[c.want].Name())
+		}
+	}
+}

@@ -23,6 +23,11 @@ const (
 	IndexText   = "text"   // the prefix tree alone, the events not routed on
 )
 
+// DefaultOffloadedBlockWeight is what an offloaded block is worth against a GPU one by default:
+// it saves its prefill, but the engine first copies it back to the GPU (over PCIe from CPU
+// memory, slower from disk), and an offloading tier evicts on its own terms.
+const DefaultOffloadedBlockWeight = 0.5
+
 // CacheIndexes lists the accepted --cache-index values.
 var CacheIndexes = []string{IndexAuto, IndexEvents, IndexText}
 
@@ -35,6 +40,7 @@ type Knobs struct {
 	HistoryMatchMode     string
 	DisableCorrection    bool
 	CacheIndex           string
+	OffloadedBlockWeight float64
 	MaxTreeSize          int
 	EvictionIntervalSecs float64
 }
@@ -47,6 +53,7 @@ func DefaultKnobs() *Knobs {
 		BalanceRelThreshold:  1.5,
 		HistoryMatchMode:     HistoryCost,
 		CacheIndex:           IndexAuto,
+		OffloadedBlockWeight: DefaultOffloadedBlockWeight,
 		MaxTreeSize:          64 << 20,
 		EvictionIntervalSecs: 120,
 	}
@@ -61,6 +68,7 @@ func (k *Knobs) Bind(fs *pflag.FlagSet) {
 	fs.Float64Var(&k.EvictionIntervalSecs, "eviction-interval-secs", k.EvictionIntervalSecs, "cache_aware: seconds between tree and session sweeps")
 	fs.StringVar(&k.HistoryMatchMode, "history-match-mode", k.HistoryMatchMode, "cache_aware: how a match below --cache-threshold counts: cost (the prefill it saves against the holder's load) or threshold (not at all)")
 	fs.StringVar(&k.CacheIndex, "cache-index", k.CacheIndex, "cache_aware, with --kv-events-endpoint: what places a request without session id: auto (the engines' events when one holds part of the prompt, else the prefix tree), events (the events alone) or text (the prefix tree alone)")
+	fs.Float64Var(&k.OffloadedBlockWeight, "kv-offloaded-block-weight", k.OffloadedBlockWeight, "cache_aware, with KV-cache events: what a block an engine holds offloaded (CPU, disk) is worth against one on its GPU, 0 to 1")
 	fs.BoolVar(&k.DisableCorrection, "disable-cache-correction", k.DisableCorrection, "cache_aware: keep predicting a worker holds what it was taught even when its answers report far fewer cached tokens (by default its older holds then stop counting)")
 }
 
@@ -85,6 +93,9 @@ func (k *Knobs) Validate() []error {
 	if k.CacheThreshold < 0 || k.CacheThreshold > 1 {
 		bad("cache-threshold", "must be within [0, 1], got %v", k.CacheThreshold)
 	}
+	if !(k.OffloadedBlockWeight >= 0 && k.OffloadedBlockWeight <= 1) {
+		bad("kv-offloaded-block-weight", "must be within [0, 1], got %v", k.OffloadedBlockWeight)
+	}
 	if !slices.Contains(CacheIndexes, k.CacheIndex) {
 		bad("cache-index", "unknown index %q (want %s)", k.CacheIndex, strings.Join(CacheIndexes, ", "))
 	}
@@ -108,6 +119,7 @@ func (k *Knobs) Options(env policy.Env) Options {
 		HistoryMatchMode:    k.HistoryMatchMode,
 		DisableCorrection:   k.DisableCorrection,
 		CacheIndex:          k.CacheIndex,
+		OffloadedWeight:     k.OffloadedBlockWeight,
 		LoadUnitTokens:      env.LoadUnitTokens,
 		MaxTreeSize:         k.MaxTreeSize,
 		EvictionInterval:    k.EvictionInterval(),
