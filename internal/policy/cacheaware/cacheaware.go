@@ -368,7 +368,7 @@ func (p *Policy) byEvents(d *decision) (*workers.Worker, bool) {
 	}
 	keys := map[int][]uint64{} // by block size
 	unit := float64(p.opts.LoadUnitTokens)
-	held := make([]int, len(d.in.Candidates))       // tokens of the prompt each engine holds
+	held := make([]int, len(d.in.Candidates))      // tokens of the prompt each engine holds
 	worth := make([]float64, len(d.in.Candidates)) // the same, offloaded blocks at their weight
 	most := 0.0
 	var best *workers.Worker
