@@ -182,6 +182,10 @@ type Config struct {
 	// TokenizeTimeoutSecs bounds the wait for an engine's /tokenize, asked for the requests
 	// cache_aware matches against the KV-cache events.
 	TokenizeTimeoutSecs float64 `yaml:"tokenize_timeout_secs"`
+	// TokenizeURL, when set, is the base URL of a render service (an engine of the same model and
+	// chat template, GPU or not) asked for every /tokenize in place of a worker, so routing adds
+	// no work to the workers.
+	TokenizeURL string `yaml:"tokenize_url"`
 
 	// Prefill/decode disaggregation (internal/proxy/pd.go): PDDisaggregation turns it on for the
 	// workers whose role is prefill or decode; PrefillPolicy and DecodePolicy choose each side
@@ -389,6 +393,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.StringToStringVar(&c.KVEventsBindTopics, "kv-events-bind-topics", c.KVEventsBindTopics, "with --kv-events-bind: topics naming workers, TOPIC=WORKER_URL,…; ahead of the kv@HOST:PORT@MODEL form")
 	fs.StringVar(&c.KVEventsTopic, "kv-events-topic", c.KVEventsTopic, "topic prefix subscribed to on each publisher; empty: every message")
 	fs.IntVar(&c.KVEventsIndexSize, "kv-events-index-size", c.KVEventsIndexSize, "bytes of the KV-event block index, all workers together")
+	fs.StringVar(&c.TokenizeURL, "tokenize-url", c.TokenizeURL, "with KV-cache events: ask this render service's /tokenize (an engine of the workers' model and chat template) instead of the least loaded worker's")
 	fs.Float64Var(&c.TokenizeTimeoutSecs, "tokenize-timeout-secs", c.TokenizeTimeoutSecs, "with --kv-events-endpoint: the longest wait for an engine's /tokenize of a request without session id; past it the prefix tree routes the request")
 	fs.BoolVar(&c.PDDisaggregation, "vllm-pd-disaggregation", c.PDDisaggregation, "prefill/decode disaggregation: chat completions and completions are prefilled on a prefill worker and decoded on a decode worker, over vLLM's KV transfer")
 	fs.StringVar(&c.PrefillPolicy, "prefill-policy", c.PrefillPolicy, "with --vllm-pd-disaggregation: the policy that chooses the prefill worker (default: --policy)")
@@ -689,6 +694,13 @@ func (c Config) Validate() error {
 		}
 		if _, err := tenant.NormalizeURL(worker); err != nil {
 			bad("kv-events-bind-topics", "%q: %v", topic, err)
+		}
+	}
+	if c.TokenizeURL != "" {
+		if _, err := tenant.NormalizeURL(c.TokenizeURL); err != nil {
+			bad("tokenize-url", "%v", err)
+		} else if !c.KVEventsOn() {
+			bad("tokenize-url", "tokens are asked only with KV-cache events (--kv-events-endpoint, --kv-events-worker-endpoints or --kv-events-bind)")
 		}
 	}
 	if c.KVEventsReplayEndpoint != "" && c.KVEventsEndpoint == "" && c.KVEventsBind == "" {

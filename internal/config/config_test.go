@@ -603,6 +603,10 @@ func TestValidateNamesTheFlag(t *testing.T) {
 			c.KVEventsBind, c.KVEventsBindTopics = "tcp://127.0.0.1:5557", map[string]string{"vllm-a": "not a url"}
 		}, "--kv-events-bind-topics"},
 		{"zero kv events index", func(c *config.Config) { c.KVEventsIndexSize = 0 }, "--kv-events-index-size"},
+		{"tokenize url without events", func(c *config.Config) { c.TokenizeURL = "http://127.0.0.1:8100" }, "--tokenize-url"},
+		{"tokenize url not http", func(c *config.Config) {
+			c.KVEventsEndpoint, c.TokenizeURL = "tcp://{host}:5557", "ftp://127.0.0.1:8100"
+		}, "--tokenize-url"},
 		{"offloaded block weight above one", func(c *config.Config) { cacheaware.KnobsIn(c.PolicyOptions).OffloadedBlockWeight = 2 }, "--kv-offloaded-block-weight"},
 		{"kv events worker endpoint a wildcard", func(c *config.Config) {
 			c.KVEventsWorkerEndpoints = map[string]string{"http://127.0.0.1:8000": "tcp://*:5557"}
@@ -676,6 +680,9 @@ func TestValidateAccepts(t *testing.T) {
 		{"no body total", func(c *config.Config) { c.MaxBodyBytesTotal = 0 }},
 		{"kv events endpoints", func(c *config.Config) {
 			c.KVEventsEndpoint, c.KVEventsReplayEndpoint = "tcp://{host}:5557", "tcp://{host}:5558"
+		}},
+		{"a render service for the tokens", func(c *config.Config) {
+			c.KVEventsEndpoint, c.TokenizeURL = "tcp://{host}:5557", "http://127.0.0.1:8100/"
 		}},
 		{"a bound kv events endpoint with replays", func(c *config.Config) {
 			c.KVEventsBind, c.KVEventsReplayEndpoint = "tcp://127.0.0.1:5557", "tcp://{host}:5558"

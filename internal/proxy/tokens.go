@@ -39,6 +39,9 @@ import (
 type TokenizeOptions struct {
 	// CacheBytes bounds the remembered answers (their keys and tokens), all together.
 	CacheBytes int
+	// URL, when set, is the base URL of a render service asked in place of the least loaded
+	// candidate (--tokenize-url).
+	URL string
 }
 
 // maxTokenizeAnswer bounds the answer read from /tokenize.
@@ -207,8 +210,13 @@ func convertedTokenChat(convert func([]byte) (*chatform.Chat, error)) tokenChat 
 	}
 }
 
-// tokenize asks w's /tokenize for the tokens of the chat of messages and tools.
+// tokenize asks the render service (--tokenize-url), else w, for the tokens of the chat of
+// messages and tools.
 func (s *Server) tokenize(w *workers.Worker, model string, messages, tools json.RawMessage) ([]uint32, error) {
+	base := w.URL()
+	if s.opts.Tokenize != nil && s.opts.Tokenize.URL != "" {
+		base = s.opts.Tokenize.URL
+	}
 	// Without HTML escaping: an engine reads the JSON either way, and one that renders the tools
 	// as sent (the simulator) sees them as the client wrote them.
 	var ask bytes.Buffer
@@ -228,7 +236,7 @@ func (s *Server) tokenize(w *workers.Worker, model string, messages, tools json.
 		ctx, cancel = context.WithTimeout(ctx, t)
 	}
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL()+"/tokenize", &ask)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/tokenize", &ask)
 	if err != nil {
 		return nil, err
 	}

@@ -150,6 +150,10 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		}
 		r.metrics.SetKVEvents(r.kvEvents)
 		tokenize = &proxy.TokenizeOptions{CacheBytes: tokenCacheBytes}
+		if cfg.TokenizeURL != "" {
+			u, _ := tenant.NormalizeURL(cfg.TokenizeURL) // validated with the configuration
+			tokenize.URL = u
+		}
 	}
 	if r.admission, err = r.newAdmission(cfg); err != nil {
 		return nil, err

@@ -1,0 +1,79 @@
+package router
+
+import (
+	"encoding/json"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/kvevents/kvtest"
+	"github.com/cacheroute/cacheroute/internal/sim"
+)
+
+// With --tokenize-url the router asks a render service, not a worker, for a request's tokens: a
+// simulated engine outside the fleet tokenizes as the workers do, and a request for a prompt a
+// worker's engine published is placed there by the events; with the URL at a port nothing listens
+// on, every ask fails (the workers are not asked instead) and the request still routes.
+func TestTokensAreAskedOfTheRenderServiceWhenOneIsGiven(t *testing.T) {
+	simCfg := sim.DefaultConfig()
+	simCfg.TimeScale = 0
+	render, err := sim.StartLocal(1, simCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(render.Close)
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nobody := "http://" + closed.Addr().String()
+	closed.Close()
+
+	prompt := strings.Repeat("the deployment runbook, every step of it. ", 120)
+	body, _ := json.Marshal(map[string]any{"model": "sim-model", "max_tokens": 1,
+		"messages": []map[string]string{{"role": "user", "content": prompt}}})
+	for _, c := range []struct {
+		url, result string
+	}{{render.URLs()[0], "ok"}, {nobody, "error"}} {
+		workerCfg := simCfg
+		workerCfg.KVEvents = sim.KVEventsConfig{Endpoint: kvtest.FreeEndpoint(t), Bind: true}
+		fleet, err := sim.StartLocal(1, workerCfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(fleet.Close)
+		u := fleet.URLs()[0]
+		cfg := testConfig()
+		cfg.Policy = "cache_aware"
+		cfg.TokenizeTimeoutSecs = 10
+		cfg.TokenizeURL = c.url
+		cfg.KVEventsWorkerEndpoints = map[string]string{u: workerCfg.KVEvents.Endpoint}
+		tr := startRouter(t, cfg)
+		if err := tr.AddWorker(t.Context(), u); err != nil {
+			t.Fatal(err)
+		}
+		tr.CheckHealth(t.Context())
+		tr.Start(t.Context())
+		waitStreamsHeard(t, []string{u}, tr)
+		resp, err := http.Post(u+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close() // the worker's engine holds the prompt now, and publishes it
+		waitFor(t, "the prompt's blocks in the index", func() bool {
+			st := tr.kvEvents.Status()
+			return len(st) == 1 && st[0].Blocks >= 50
+		})
+		routed := tr.post(t, "/v1/chat/completions", string(body))
+		if raw := readAll(t, routed); routed.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d %s", c.url, routed.StatusCode, raw)
+		}
+		if v, _ := metricValue(t, tr, `vllm_router_tokenize_requests_total{result="`+c.result+`"}`); v != 1 {
+			t.Fatalf("%s: tokenize %s = %v, want 1", c.url, c.result, v)
+		}
+		if d := routed.Header.Get("x-vllm-router-decision"); (c.result == "ok") != (d == "kv_events_match") {
+			t.Fatalf("%s: decision %s", c.url, d)
+		}
+	}
+}
