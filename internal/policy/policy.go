@@ -77,7 +77,7 @@ type Input struct {
 	// when a worker is briefly unavailable (the hash ring).
 	All []*workers.Worker
 	// Tokens are the request's prompt tokens as the engines render them (their /tokenize), when
-	// the proxy asked for them: a chat, Responses or Messages request the policy wants them for
+	// the proxy asked for them: a chat, completion, Responses or Messages request the policy wants them for
 	// (WantsTokens) whose body renders exactly as a chat, with the workers' KV-cache events
 	// subscribed to. nil otherwise.
 	Tokens []uint32

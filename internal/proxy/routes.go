@@ -45,9 +45,9 @@ type route struct {
 	// pd says that vLLM takes kv_transfer_params on the route, so that it can be prefilled and
 	// decoded on two workers (pd.go).
 	pd bool
-	// tokenChat turns the body into the chat /tokenize is asked for when the policy wants the
+	// tokenAsk turns the body into what /tokenize is asked for when the policy wants the
 	// request's prompt tokens (tokens.go); nil: the route's requests are never tokenized.
-	tokenChat tokenChat
+	tokenAsk tokenAsk
 
 	requests map[string]prometheus.Counter // by status class
 	duration prometheus.Observer
@@ -58,11 +58,11 @@ var post = []string{"POST"}
 
 // routeTable lists every routed endpoint.
 var routeTable = []route{
-	{path: chatCompletionsPath, read: reqkey.Parse, pd: true, tokenChat: chatTokenChat},
-	{path: "/v1/completions", read: reqkey.Parse, pd: true},
+	{path: chatCompletionsPath, read: reqkey.Parse, pd: true, tokenAsk: chatTokenAsk},
+	{path: "/v1/completions", read: reqkey.Parse, pd: true, tokenAsk: completionTokenAsk},
 	{path: "/generate", read: reqkey.Parse},
-	{path: "/v1/responses", read: reqkey.ParseResponses, storesResponses: true, tokenChat: convertedTokenChat(chatform.Responses)},
-	{path: "/v1/messages", read: reqkey.ParseMessages, errors: anthropicErrors, tokenChat: convertedTokenChat(chatform.Messages)},
+	{path: "/v1/responses", read: reqkey.ParseResponses, storesResponses: true, tokenAsk: convertedTokenAsk(chatform.Responses)},
+	{path: "/v1/messages", read: reqkey.ParseMessages, errors: anthropicErrors, tokenAsk: convertedTokenAsk(chatform.Messages)},
 	{path: "/v1/messages/count_tokens", read: reqkey.ParseModel, errors: anthropicErrors},
 	{path: "/tokenize", read: reqkey.ParseModel},
 	{path: "/detokenize", read: reqkey.ParseModel},

@@ -18,8 +18,9 @@ import (
 )
 
 // tokens.go asks an engine for a request's prompt tokens, as it will render them: vLLM's POST
-// /tokenize with the chat's messages and tools and add_generation_prompt, on the least loaded
-// candidate. A policy that matches requests against the engines' KV-cache events needs them.
+// /tokenize with the chat's messages and tools and add_generation_prompt, or a completion's
+// prompt, on the least loaded candidate or the render service (--tokenize-url). A policy that
+// matches requests against the engines' KV-cache events needs them.
 //
 // It costs a round trip, so it is asked only where the events can decide, as the policy says
 // (policy.Policy.WantsTokens): cache_aware wants a request without a session id or a previous
@@ -28,7 +29,7 @@ import (
 // adapter the worker lists (its /v1/models "parent"), asked with the request's own model so that
 // the engine renders it as it will serve it. An adapter's tokens go to the policy with the
 // adapter's name (policy.Input.LoRA): engines key an adapter's blocks apart. The wait is bounded by
-// --tokenize-timeout, after which the request routes as it would without events. Answers are
+// --tokenize-timeout-secs, after which the request routes as it would without events. Answers are
 // kept by route and history key, so a retried or repeated prompt is not tokenized twice.
 //
 // A chat is asked with its messages and tools as sent. A Responses or Messages body is asked as
@@ -88,7 +89,7 @@ func (c *tokenCache) put(key string, ts []uint32) {
 // leaves in.Tokens nil), with the LoRA adapter they are for ("" for a base model) and the
 // request's cache_salt.
 func (s *Server) addPromptTokens(rt *route, in *policy.Input, body []byte) {
-	if s.tokenCache == nil || rt.tokenChat == nil || !in.Request.Chat || in.Request.Text == "" ||
+	if s.tokenCache == nil || rt.tokenAsk == nil || in.Request.Text == "" ||
 		len(in.Candidates) == 0 || !s.policy.WantsTokens(*in) {
 		return
 	}
@@ -142,12 +143,12 @@ func (s *Server) promptTokens(rt *route, in policy.Input, body []byte) ([]uint32
 		s.metrics.TokenizeRequests.WithLabelValues(metrics.TokenizeCached).Inc()
 		return ts, lora
 	}
-	messages, tools, ok := rt.tokenChat(body)
+	q, ok := rt.tokenAsk(body)
 	if !ok {
 		return nil, "" // not rendered exactly: routed as without events
 	}
 	start := time.Now()
-	ts, err := s.tokenize(w, model, messages, tools)
+	ts, err := s.tokenize(w, model, q)
 	s.metrics.TokenizeDuration.Observe(time.Since(start).Seconds())
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
@@ -181,38 +182,59 @@ func tokenizeModel(w *workers.Worker, model string) (ask, lora string, ok bool) 
 	return "", "", false
 }
 
-// tokenChat turns a route's body into the messages and tools of its /tokenize request; ok is
-// false when the body does not render exactly as a chat, and is not tokenized.
-type tokenChat func(body []byte) (messages, tools json.RawMessage, ok bool)
+// tokenQuery is what /tokenize is asked for a request: a chat's messages and tools, or a
+// completion's prompt.
+type tokenQuery struct {
+	Messages, Tools  json.RawMessage
+	Prompt           *string
+	AddSpecialTokens *bool // a completion's own add_special_tokens, passed on as it came
+}
 
-// chatTokenChat takes a chat's messages and tools as sent.
-func chatTokenChat(body []byte) (messages, tools json.RawMessage, ok bool) {
+// tokenAsk turns a route's body into its /tokenize query; ok is false when the body does not
+// render exactly as the query says, and is not tokenized.
+type tokenAsk func(body []byte) (q tokenQuery, ok bool)
+
+// chatTokenAsk takes a chat's messages and tools as sent.
+func chatTokenAsk(body []byte) (tokenQuery, bool) {
 	var chat struct {
 		Messages json.RawMessage `json:"messages"`
 		Tools    json.RawMessage `json:"tools,omitempty"`
 	}
 	if err := json.Unmarshal(body, &chat); err != nil {
-		return nil, nil, false
+		return tokenQuery{}, false
 	}
-	return chat.Messages, chat.Tools, true
+	return tokenQuery{Messages: chat.Messages, Tools: chat.Tools}, true
 }
 
-// convertedTokenChat takes the chat that convert renders a Responses or Messages body as
+// completionTokenAsk takes a completion's prompt when it is one string; a list of prompts (a
+// batch) or of token ids is not asked.
+func completionTokenAsk(body []byte) (tokenQuery, bool) {
+	var c struct {
+		Prompt           json.RawMessage `json:"prompt"`
+		AddSpecialTokens *bool           `json:"add_special_tokens"`
+	}
+	var prompt string
+	if json.Unmarshal(body, &c) != nil || json.Unmarshal(c.Prompt, &prompt) != nil {
+		return tokenQuery{}, false
+	}
+	return tokenQuery{Prompt: &prompt, AddSpecialTokens: c.AddSpecialTokens}, true
+}
+
+// convertedTokenAsk takes the chat that convert renders a Responses or Messages body as
 // (chatform), or refuses the body when convert cannot render it exactly.
-func convertedTokenChat(convert func([]byte) (*chatform.Chat, error)) tokenChat {
-	return func(body []byte) (json.RawMessage, json.RawMessage, bool) {
+func convertedTokenAsk(convert func([]byte) (*chatform.Chat, error)) tokenAsk {
+	return func(body []byte) (tokenQuery, bool) {
 		chat, err := convert(body)
 		if err != nil {
-			return nil, nil, false
+			return tokenQuery{}, false
 		}
 		messages, tools, err := chat.Encode()
-		return messages, tools, err == nil
+		return tokenQuery{Messages: messages, Tools: tools}, err == nil
 	}
 }
 
-// tokenize asks the render service (--tokenize-url), else w, for the tokens of the chat of
-// messages and tools.
-func (s *Server) tokenize(w *workers.Worker, model string, messages, tools json.RawMessage) ([]uint32, error) {
+// tokenize asks the render service (--tokenize-url), else w, for the tokens of q.
+func (s *Server) tokenize(w *workers.Worker, model string, q tokenQuery) ([]uint32, error) {
 	base := w.URL()
 	if s.opts.Tokenize != nil && s.opts.Tokenize.URL != "" {
 		base = s.opts.Tokenize.URL
@@ -222,12 +244,21 @@ func (s *Server) tokenize(w *workers.Worker, model string, messages, tools json.
 	var ask bytes.Buffer
 	enc := json.NewEncoder(&ask)
 	enc.SetEscapeHTML(false)
-	err := enc.Encode(struct {
-		Model               string          `json:"model"`
-		Messages            json.RawMessage `json:"messages"`
-		Tools               json.RawMessage `json:"tools,omitempty"`
-		AddGenerationPrompt bool            `json:"add_generation_prompt"`
-	}{model, messages, tools, true})
+	var err error
+	if q.Prompt != nil {
+		err = enc.Encode(struct {
+			Model            string `json:"model"`
+			Prompt           string `json:"prompt"`
+			AddSpecialTokens *bool  `json:"add_special_tokens,omitempty"`
+		}{model, *q.Prompt, q.AddSpecialTokens})
+	} else {
+		err = enc.Encode(struct {
+			Model               string          `json:"model"`
+			Messages            json.RawMessage `json:"messages"`
+			Tools               json.RawMessage `json:"tools,omitempty"`
+			AddGenerationPrompt bool            `json:"add_generation_prompt"`
+		}{model, q.Messages, q.Tools, true})
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -186,3 +186,41 @@ func TestBodiesNotRenderedExactlyAreNotTokenizedAndStillRoute(t *testing.T) {
 		}
 	}
 }
+
+// A completion's prompt is tokenized as the engine tokenizes it (/tokenize with the prompt), so a
+// second router that shares nothing with the first places the same prompt where the first did,
+// by the events; a batch of prompts is not tokenized, and still routes.
+func TestCompletionsWithOnePromptRouteByTheEnginesEvents(t *testing.T) {
+	a, b, _ := eventRouters(t)
+	ask := func(tr *testRouter, prompt any) (worker, decision string) {
+		client := openai.NewClient(option.WithBaseURL(tr.url+"/v1"), option.WithAPIKey("sk-test"), option.WithMaxRetries(0))
+		var raw *http.Response
+		params := openai.CompletionNewParams{Model: "sim-model", MaxTokens: openai.Int(4)}
+		switch p := prompt.(type) {
+		case string:
+			params.Prompt.OfString = openai.String(p)
+		case []string:
+			params.Prompt.OfArrayOfStrings = p
+		}
+		if _, err := client.Completions.New(t.Context(), params, option.WithResponseInto(&raw)); err != nil {
+			t.Fatal(err)
+		}
+		return raw.Header.Get(proxy.HeaderWorker), raw.Header.Get(proxy.HeaderDecision)
+	}
+	first, _ := ask(a, agentPrompt("completion"))
+	waitIndexed(t, b, first)
+	before := tokenizeCount(t, b)
+	if w, d := ask(b, agentPrompt("completion")); w != first || d != cacheaware.LabelKVEventsMatch {
+		t.Fatalf("the second router sent it to %s (%s); the engine of %s holds its prefix", w, d, first)
+	}
+	if after := tokenizeCount(t, b); after != before+1 {
+		t.Fatalf("the second router's /tokenize calls went from %v to %v, want one more", before, after)
+	}
+	before = tokenizeCount(t, b)
+	if _, d := ask(b, []string{agentPrompt("batch one"), agentPrompt("batch two")}); d == cacheaware.LabelKVEventsMatch {
+		t.Fatalf("a batch of prompts: %s", d)
+	}
+	if after := tokenizeCount(t, b); after != before {
+		t.Fatalf("a batch of prompts was tokenized: %v calls, then %v", before, after)
+	}
+}
