@@ -77,9 +77,9 @@ type Input struct {
 	// when a worker is briefly unavailable (the hash ring).
 	All []*workers.Worker
 	// Tokens are the request's prompt tokens as the engines render them (their /tokenize), when
-	// the proxy asked for them: a chat, completion, Responses or Messages request the policy wants them for
-	// (WantsTokens) whose body renders exactly as a chat, with the workers' KV-cache events
-	// subscribed to. nil otherwise.
+	// the proxy asked for them: a chat, Responses or Messages request whose body renders exactly
+	// as a chat, or a completion of one prompt string, that the policy wants them for
+	// (WantsTokens), with the workers' KV-cache events subscribed to. nil otherwise.
 	Tokens []uint32
 	// LoRA is the LoRA adapter Tokens were asked for, "" for a base model: the request's own
 	// model when the worker that tokenized it lists it as an adapter. Engines compute an
