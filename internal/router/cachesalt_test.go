@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cacheroute/cacheroute/internal/kvevents/kvtest"
 	"github.com/cacheroute/cacheroute/internal/sim"
 )
 
@@ -15,26 +14,8 @@ import (
 // blocks of an unsalted prompt; the same prompt with a cache_salt is not credited with them,
 // while the unsalted prompt again is.
 func TestASaltedRequestIsNotCreditedWithUnsaltedBlocks(t *testing.T) {
-	simCfg := sim.DefaultConfig()
-	simCfg.TimeScale = 0
-	simCfg.KVEvents = sim.KVEventsConfig{Endpoint: kvtest.FreeEndpoint(t), Bind: true}
-	fleet, err := sim.StartLocal(1, simCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(fleet.Close)
-	u := fleet.URLs()[0]
-	cfg := testConfig()
-	cfg.Policy = "cache_aware"
-	cfg.TokenizeTimeoutSecs = 10 // a shared machine: the test is about the keys, not the timeout
-	cfg.KVEventsWorkerEndpoints = map[string]string{u: simCfg.KVEvents.Endpoint}
-	tr := startRouter(t, cfg)
-	if err := tr.AddWorker(t.Context(), u); err != nil {
-		t.Fatal(err)
-	}
-	tr.CheckHealth(t.Context())
-	tr.Start(t.Context())
-	waitStreamsHeard(t, []string{u}, tr)
+	u, endpoint := eventWorker(t, sim.DefaultConfig())
+	tr := startEventRouter(t, testConfig(), map[string]string{u: endpoint})
 
 	prompt := strings.Repeat("the schema of the orders table, its keys and its indexes. ", 200)
 	send := func(salt string) string {

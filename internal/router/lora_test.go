@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cacheroute/cacheroute/internal/kvevents/kvtest"
 	"github.com/cacheroute/cacheroute/internal/sim"
 )
 
@@ -18,38 +17,18 @@ import (
 // adapter's blocks serve its own requests only.
 func TestRequestsForTwoAdaptersOfOneBaseModelNeverMatchEachOthersBlocks(t *testing.T) {
 	simCfg := sim.DefaultConfig()
-	simCfg.TimeScale = 0
 	simCfg.LoRAModules = []sim.LoRAModule{{Name: "lora-a", Path: "/adapters/a"}, {Name: "lora-b", Path: "/adapters/b"}}
-	cfg := testConfig()
-	cfg.Policy = "cache_aware"
-	cfg.TokenizeTimeoutSecs = 10 // a shared machine: the test is about the keys, not the timeout
-	cfg.KVEventsWorkerEndpoints = map[string]string{}
-	var urls []string
+	workers := map[string]string{}
 	for range 2 {
-		c := simCfg
-		c.KVEvents = sim.KVEventsConfig{Endpoint: kvtest.FreeEndpoint(t), Bind: true}
-		fleet, err := sim.StartLocal(1, c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(fleet.Close)
-		urls = append(urls, fleet.URLs()[0])
-		cfg.KVEventsWorkerEndpoints[fleet.URLs()[0]] = c.KVEvents.Endpoint
+		u, endpoint := eventWorker(t, simCfg)
+		workers[u] = endpoint
 	}
-	tr := startRouter(t, cfg)
-	for _, u := range urls {
-		if err := tr.AddWorker(t.Context(), u); err != nil {
-			t.Fatal(err)
-		}
-	}
-	tr.CheckHealth(t.Context()) // each worker's models, adapters among them
+	tr := startEventRouter(t, testConfig(), workers)
 	for _, w := range tr.Pool().All() {
 		if base, ok := w.Adapter("lora-b"); !ok || base != "sim-model" {
 			t.Fatalf("%s: Adapter(lora-b) = %q, %v", w.Name(), base, ok)
 		}
 	}
-	tr.Start(t.Context())
-	waitStreamsHeard(t, urls, tr)
 
 	// About 2,900 of the sim's tokens (180 blocks of 16): worth more prefill than a request of load.
 	prompt := strings.Repeat("the schema of the orders table, its keys and its indexes. ", 200)

@@ -3,7 +3,6 @@ package router
 import (
 	"context"
 	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -13,6 +12,8 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
 
+	"github.com/cacheroute/cacheroute/internal/config"
+	"github.com/cacheroute/cacheroute/internal/kvevents/kvtest"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
 	"github.com/cacheroute/cacheroute/internal/proxy"
@@ -26,17 +27,9 @@ func eventRouters(t *testing.T) (a, b *testRouter, workers []string) {
 	t.Helper()
 	endpoints := map[string]string{}
 	for range 2 {
-		cfg := sim.DefaultConfig()
-		cfg.TimeScale = 0
-		ep := "tcp://127.0.0.1:" + strconv.Itoa(freePort(t))
-		cfg.KVEvents = sim.KVEventsConfig{Endpoint: ep, Bind: true}
-		fleet, err := sim.StartLocal(1, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(fleet.Close)
-		workers = append(workers, fleet.URLs()...)
-		endpoints[fleet.URLs()[0]] = ep
+		u, ep := eventWorker(t, sim.DefaultConfig())
+		workers = append(workers, u)
+		endpoints[u] = ep
 	}
 	start := func() *testRouter {
 		cfg := testConfig()
@@ -58,6 +51,41 @@ func eventRouters(t *testing.T) (a, b *testRouter, workers []string) {
 	a, b = start(), start()
 	waitStreamsHeard(t, workers, a, b)
 	return a, b, workers
+}
+
+// eventWorker starts one simulated worker of cfg (time scale 0) publishing its KV-cache events on
+// a free loopback endpoint, which it returns with the worker's URL.
+func eventWorker(t *testing.T, cfg sim.Config) (url, endpoint string) {
+	t.Helper()
+	cfg.TimeScale = 0
+	cfg.KVEvents = sim.KVEventsConfig{Endpoint: kvtest.FreeEndpoint(t), Bind: true}
+	fleet, err := sim.StartLocal(1, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fleet.Close)
+	return fleet.URLs()[0], cfg.KVEvents.Endpoint
+}
+
+// startEventRouter starts a cache_aware router of cfg in front of the workers (URL → event
+// endpoint), subscribed to their events and probed once, and waits until it heard every stream.
+func startEventRouter(t *testing.T, cfg config.Config, workers map[string]string) *testRouter {
+	t.Helper()
+	cfg.Policy = "cache_aware"
+	cfg.TokenizeTimeoutSecs = 10 // a shared machine: the tests are about what is asked, not the timeout
+	cfg.KVEventsWorkerEndpoints = workers
+	tr := startRouter(t, cfg)
+	urls := make([]string, 0, len(workers))
+	for u := range workers {
+		if err := tr.AddWorker(t.Context(), u); err != nil {
+			t.Fatal(err)
+		}
+		urls = append(urls, u)
+	}
+	tr.CheckHealth(t.Context()) // each worker's models, adapters among them
+	tr.Start(t.Context())
+	waitStreamsHeard(t, urls, tr)
+	return tr
 }
 
 // waitStreamsHeard waits until each router has heard each worker's event stream. A subscriber

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cacheroute/cacheroute/internal/kvevents/kvtest"
 	"github.com/cacheroute/cacheroute/internal/sim"
 )
 
@@ -36,26 +35,10 @@ func TestTokensAreAskedOfTheRenderServiceWhenOneIsGiven(t *testing.T) {
 	for _, c := range []struct {
 		url, result string
 	}{{render.URLs()[0], "ok"}, {nobody, "error"}} {
-		workerCfg := simCfg
-		workerCfg.KVEvents = sim.KVEventsConfig{Endpoint: kvtest.FreeEndpoint(t), Bind: true}
-		fleet, err := sim.StartLocal(1, workerCfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(fleet.Close)
-		u := fleet.URLs()[0]
+		u, endpoint := eventWorker(t, simCfg)
 		cfg := testConfig()
-		cfg.Policy = "cache_aware"
-		cfg.TokenizeTimeoutSecs = 10
 		cfg.TokenizeURL = c.url
-		cfg.KVEventsWorkerEndpoints = map[string]string{u: workerCfg.KVEvents.Endpoint}
-		tr := startRouter(t, cfg)
-		if err := tr.AddWorker(t.Context(), u); err != nil {
-			t.Fatal(err)
-		}
-		tr.CheckHealth(t.Context())
-		tr.Start(t.Context())
-		waitStreamsHeard(t, []string{u}, tr)
+		tr := startEventRouter(t, cfg, map[string]string{u: endpoint})
 		resp, err := http.Post(u+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
 		if err != nil {
 			t.Fatal(err)
