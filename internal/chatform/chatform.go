@@ -431,6 +431,31 @@ func toolResult(blk map[string]json.RawMessage) (Message, error) {
 // anthropicTools converts client tools ({name, description, input_schema}, no type or type
 // custom); a server tool is refused.
 func anthropicTools(raw json.RawMessage) ([]Tool, error) {
+	return convertTools(raw, "input_schema", func(t map[string]json.RawMessage, typ string) error {
+		if typ != "" && typ != "custom" {
+			return inexact("a tool of type %q", typ)
+		}
+		if !absent(t["defer_loading"]) {
+			return inexact("a tool with defer_loading")
+		}
+		return nil
+	})
+}
+
+// responsesTools converts function tools ({type: function, name, description, parameters});
+// any other tool is refused.
+func responsesTools(raw json.RawMessage) ([]Tool, error) {
+	return convertTools(raw, "parameters", func(_ map[string]json.RawMessage, typ string) error {
+		if typ != "function" {
+			return inexact("a tool of type %q", typ)
+		}
+		return nil
+	})
+}
+
+// convertTools converts a list of tools, each with a name, a description and its JSON schema in
+// the member schema, once accept (given the tool and its type) lets it through.
+func convertTools(raw json.RawMessage, schema string, accept func(t map[string]json.RawMessage, typ string) error) ([]Tool, error) {
 	list, err := array(raw)
 	if err != nil {
 		return nil, err
@@ -445,13 +470,10 @@ func anthropicTools(raw json.RawMessage) ([]Tool, error) {
 		if err != nil {
 			return nil, err
 		}
-		if typ != "" && typ != "custom" {
-			return nil, inexact("a tool of type %q", typ)
+		if err := accept(t, typ); err != nil {
+			return nil, err
 		}
-		if !absent(t["defer_loading"]) {
-			return nil, inexact("a tool with defer_loading")
-		}
-		fn, err := function(t["name"], t["description"], t["input_schema"])
+		fn, err := function(t["name"], t["description"], t[schema])
 		if err != nil {
 			return nil, err
 		}
@@ -681,33 +703,4 @@ func inputContent(raw json.RawMessage) (json.RawMessage, error) {
 		parts = append(parts, textPart{"text", t})
 	}
 	return encode(parts)
-}
-
-// responsesTools converts function tools ({type: function, name, description, parameters});
-// any other tool is refused.
-func responsesTools(raw json.RawMessage) ([]Tool, error) {
-	list, err := array(raw)
-	if err != nil {
-		return nil, err
-	}
-	var tools []Tool
-	for _, r := range list {
-		t, err := object(r)
-		if err != nil {
-			return nil, err
-		}
-		typ, err := str(t["type"])
-		if err != nil {
-			return nil, err
-		}
-		if typ != "function" {
-			return nil, inexact("a tool of type %q", typ)
-		}
-		fn, err := function(t["name"], t["description"], t["parameters"])
-		if err != nil {
-			return nil, err
-		}
-		tools = append(tools, Tool{Type: "function", Function: fn})
-	}
-	return tools, nil
 }
