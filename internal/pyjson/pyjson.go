@@ -135,18 +135,8 @@ func (d *decoder) object(depth int) (value, error) {
 			v.keys = append(v.keys, k)
 			v.elems = append(v.elems, e)
 		}
-		d.space()
-		if d.pos >= len(d.in) {
-			return value{}, ErrSyntax
-		}
-		switch d.in[d.pos] {
-		case ',':
-			d.pos++
-		case '}':
-			d.pos++
-			return v, nil
-		default:
-			return value{}, ErrSyntax
+		if done, err := d.after('}'); done || err != nil {
+			return v, err
 		}
 	}
 }
@@ -166,20 +156,28 @@ func (d *decoder) array(depth int) (value, error) {
 			return value{}, err
 		}
 		v.elems = append(v.elems, e)
-		d.space()
-		if d.pos >= len(d.in) {
-			return value{}, ErrSyntax
-		}
-		switch d.in[d.pos] {
-		case ',':
-			d.pos++
-		case ']':
-			d.pos++
-			return v, nil
-		default:
-			return value{}, ErrSyntax
+		if done, err := d.after(']'); done || err != nil {
+			return v, err
 		}
 	}
+}
+
+// after reads what follows a member or element: a comma, or close, which ends the container
+// (done). Anything else is ErrSyntax.
+func (d *decoder) after(close byte) (done bool, err error) {
+	d.space()
+	if d.pos >= len(d.in) {
+		return false, ErrSyntax
+	}
+	switch d.in[d.pos] {
+	case ',':
+		d.pos++
+		return false, nil
+	case close:
+		d.pos++
+		return true, nil
+	}
+	return false, ErrSyntax
 }
 
 // str reads a string at d.pos (its opening quote).
