@@ -179,9 +179,8 @@ type loraRequest struct {
 	LoRAPath string `json:"lora_path"`
 }
 
-// handleLoadLoRA serves POST /v1/load_lora_adapter {lora_name, lora_path}: the adapter of the
-// first base model is served from then on.
-func (w *Worker) handleLoadLoRA(rw http.ResponseWriter, r *http.Request) {
+// readLoRARequest decodes a load or unload body; on failure it has answered the client.
+func (w *Worker) readLoRARequest(rw http.ResponseWriter, r *http.Request) (loraRequest, bool) {
 	var req loraRequest
 	body, err := readBody(rw, r)
 	if err == nil {
@@ -189,6 +188,16 @@ func (w *Worker) handleLoadLoRA(rw http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		w.writeClientError(rw, err)
+		return req, false
+	}
+	return req, true
+}
+
+// handleLoadLoRA serves POST /v1/load_lora_adapter {lora_name, lora_path}: the adapter of the
+// first base model is served from then on.
+func (w *Worker) handleLoadLoRA(rw http.ResponseWriter, r *http.Request) {
+	req, ok := w.readLoRARequest(rw, r)
+	if !ok {
 		return
 	}
 	if req.LoRAName == "" || req.LoRAPath == "" {
@@ -213,13 +222,8 @@ func (w *Worker) handleLoadLoRA(rw http.ResponseWriter, r *http.Request) {
 // handleUnloadLoRA serves POST /v1/unload_lora_adapter {lora_name}. The adapter's blocks stay in
 // the cache until evicted, as in vLLM; loaded again under its name, it hits them again.
 func (w *Worker) handleUnloadLoRA(rw http.ResponseWriter, r *http.Request) {
-	var req loraRequest
-	body, err := readBody(rw, r)
-	if err == nil {
-		err = decodeJSON(body, &req)
-	}
-	if err != nil {
-		w.writeClientError(rw, err)
+	req, ok := w.readLoRARequest(rw, r)
+	if !ok {
 		return
 	}
 	if req.LoRAName == "" {
