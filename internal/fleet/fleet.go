@@ -228,8 +228,8 @@ func (f *Fleet) SetKVEvents(src Source, u tenant.URL, ev kvevents.WorkerEndpoint
 }
 
 // KVEvents are the event endpoints of worker u: those the admin API named, else those of the
-// first other holder by name that names any (a discovery source), else the command line's; zero when none does
-// (the --kv-events-endpoint template then applies) or u is not in the fleet.
+// first other holder by name that names any (a discovery source), else the command line's; zero
+// when none does (the --kv-events-endpoint template then applies) or u is not in the fleet.
 func (f *Fleet) KVEvents(u tenant.URL) kvevents.WorkerEndpoints {
 	f.mu.Lock()
 	defer f.mu.Unlock()
