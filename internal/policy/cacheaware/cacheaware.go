@@ -329,7 +329,14 @@ func (p *Policy) choose(d *decision) (*workers.Worker, string) {
 			}
 			// A stale entry needs no deleting: Accepted points the session at the new worker.
 		}
-		// 3. History fallback, 4. empty history.
+		// 3. A session this router does not know (its first turn, or placed by a replica that
+		// shares no session store): what the engines hold, when it came with its tokens, as for a
+		// request without session key; else the history fallback. 4. Empty history.
+		if p.opts.CacheIndex != IndexText {
+			if w, ok := p.byEvents(d); ok {
+				return w, LabelKVEventsMatch
+			}
+		}
 		if d.text == "" {
 			return p.minLoad(d), LabelEmptyHistory
 		}
@@ -353,8 +360,9 @@ func (p *Policy) choose(d *decision) (*workers.Worker, string) {
 
 // byEvents weighs each candidate by the KV-cache events of its engine: its load plus the prompt
 // tokens it would still prefill, in units of LoadUnitTokens, as the cost mode weighs the tree's
-// matches; a block its engine holds offloaded saves OffloadedWeight of a GPU block's prefill. The cheapest takes the request when it holds part of the prompt; when the cheapest
-// holds none, the events decide nothing and the tree is asked. In the auto index one candidate
+// matches; a block its engine holds offloaded saves OffloadedWeight of a GPU block's prefill.
+// The cheapest takes the request when it holds part of the prompt; when the cheapest holds none,
+// the events decide nothing and the tree is asked. In the auto index one candidate
 // comes first: the worker the tree saw this conversation placed on (continuation), while its
 // engine holds as much of the prompt as any. Under a small cache every copy is partial, and a
 // conversation moved for a little load leaves one partial copy behind and starts another, which

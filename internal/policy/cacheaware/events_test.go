@@ -430,3 +430,27 @@ func TestOffloadedBlocksCountAtTheirWeight(t *testing.T) {
 		}
 	}
 }
+
+// A session the router does not know (its first turn here) that came with its tokens is placed by
+// what the engines hold, as a request without session key is, ahead of the prefix tree; with
+// --cache-index text, by the tree.
+func TestAnUnknownSessionIsPlacedByTheEventsBeforeTheTree(t *testing.T) {
+	pool, ws := fleet(t, 3)
+	prompt := tokens(1000, 5*16)
+	body := chat("", []string{strings.Repeat("a document the tree has seen on one worker ", 40)}, "")
+	for _, c := range []struct {
+		index string
+		want  int
+		label string
+	}{{IndexAuto, 2, LabelKVEventsMatch}, {IndexText, 0, LabelFullHistoryMatch}} {
+		opts := defaultOptions()
+		opts.KVIndex, opts.CacheIndex = holding(ws[2].Name(), prompt, 4), c.index
+		p := newPolicy(opts)
+		teach := policy.Input{Request: req(t, body, "x-session-id", "other"), Candidates: pool.All(), All: pool.All()}
+		p.Accepted(teach, policy.Decision{Worker: ws[0], Label: LabelCacheAffinity}) // the tree: ws[0] holds the text
+		in := policy.Input{Request: req(t, body, "x-session-id", "new"), Candidates: pool.All(), All: pool.All(), Tokens: prompt}
+		if d := p.Select(in); d.Worker != ws[c.want] || d.Label != c.label {
+			t.Errorf("%s: %s on %s, want %s on %s", c.index, d.Label, d.Worker.Name(), c.label, ws[c.want].Name())
+		}
+	}
+}
