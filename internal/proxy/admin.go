@@ -229,7 +229,7 @@ func (s *Server) addWorker(w http.ResponseWriter, r *http.Request, add addReques
 	ev := kvevents.WorkerEndpoints{Events: add.KVEvents, Replay: add.KVEventsReplay}
 	if !ev.IsZero() && s.opts.KVEvents == nil {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "kv_events_off",
-			"this router subscribes to no KV-cache events: start it with --kv-events-endpoint or --kv-events-worker-endpoints to give a worker its own")
+			"this router subscribes to no KV-cache events: start it with --kv-events-endpoint, --kv-events-worker-endpoints or --kv-events-bind to give a worker its own")
 		return
 	}
 	joined, err := s.fleet.Join(r.Context(), fleet.Admin, url, role, ev)

@@ -67,7 +67,7 @@ func (k *Knobs) Bind(fs *pflag.FlagSet) {
 	fs.IntVar(&k.MaxTreeSize, "max-tree-size", k.MaxTreeSize, "cache_aware: heap bytes of the prefix tree, all models together (node overhead included)")
 	fs.Float64Var(&k.EvictionIntervalSecs, "eviction-interval-secs", k.EvictionIntervalSecs, "cache_aware: seconds between tree and session sweeps")
 	fs.StringVar(&k.HistoryMatchMode, "history-match-mode", k.HistoryMatchMode, "cache_aware: how a match below --cache-threshold counts: cost (the prefill it saves against the holder's load) or threshold (not at all)")
-	fs.StringVar(&k.CacheIndex, "cache-index", k.CacheIndex, "cache_aware, with --kv-events-endpoint: what places a request without session id: auto (the engines' events when one holds part of the prompt, else the prefix tree), events (the events alone) or text (the prefix tree alone)")
+	fs.StringVar(&k.CacheIndex, "cache-index", k.CacheIndex, "cache_aware, with KV-cache events: what places a request without session id: auto (the engines' events when one holds part of the prompt, else the prefix tree), events (the events alone) or text (the prefix tree alone)")
 	fs.Float64Var(&k.OffloadedBlockWeight, "kv-offloaded-block-weight", k.OffloadedBlockWeight, "cache_aware, with KV-cache events: what a block an engine holds offloaded (CPU, disk) is worth against one on its GPU, 0 to 1")
 	fs.BoolVar(&k.DisableCorrection, "disable-cache-correction", k.DisableCorrection, "cache_aware: keep predicting a worker holds what it was taught even when its answers report far fewer cached tokens (by default its older holds then stop counting)")
 }
