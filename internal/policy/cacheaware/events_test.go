@@ -336,13 +336,8 @@ func TestAConversationTheTreeSawPlacedStaysWhileItsEngineHoldsAsMuchAsAny(t *tes
 	body := `{"messages":[{"role":"user","content":"` + strings.Repeat("one conversation's own history ", 40) + `"}]}`
 	index := func(held0, held1 int) *kvevents.Index {
 		x := kvevents.NewIndex(1 << 20)
-		for i, n := range []int{held0, held1} {
-			e := kvevents.Event{Kind: kvevents.Stored, BlockSize: 16, TokenIDs: prompt[:n*16]}
-			for b := range n {
-				e.BlockHashes = append(e.BlockHashes, kvevents.Hash(b+1))
-			}
-			x.Apply(ws[i].Name(), "", kvevents.Batch{Events: []kvevents.Event{e}})
-		}
+		storeFor(x, ws[0].Name(), "", prompt, held0, 0)
+		storeFor(x, ws[1].Name(), "", prompt, held1, 0)
 		return x
 	}
 	if pool.Acquire(ws[0]) == nil { // the conversation's worker is the busier one
