@@ -199,13 +199,18 @@ func (x *Index) remove(h *held, ek engineKey) bool {
 	return true
 }
 
-// compact drops the places in the order of blocks removed since, once they outnumber the live
-// ones, so the order stays within twice the live blocks.
+// compact drops the places in the order of blocks removed or evicted since (all those before
+// head among them), once they outnumber the live ones, so that the order stays within twice the
+// live blocks however many were stored: it is rewritten in place, and given back only when it grew
+// for far more blocks than are left.
 func (h *held) compact() {
-	if len(h.order)-h.head <= 2*len(h.engine)+64 {
+	if len(h.order) <= 2*len(h.engine)+64 {
 		return
 	}
-	live := make([]place, 0, len(h.engine))
+	live := h.order[:0]
+	if cap(h.order) > 8*len(h.engine)+512 {
+		live = make([]place, 0, 2*len(h.engine)+64)
+	}
 	for _, s := range h.order[h.head:] {
 		if en, ok := h.engine[s.ek]; ok && en.seq == s.seq {
 			live = append(live, s)

@@ -168,3 +168,22 @@ func TestIndexStaysWithinItsBudgetUnderAFlood(t *testing.T) {
 		t.Fatal("the newest blocks were evicted first")
 	}
 }
+
+// Blocks evicted for the budget leave the eviction order too: under a flood that stores a hundred
+// times what the budget holds, the order stays within twice the live blocks, not one place for
+// every block ever stored.
+func TestIndexEvictionOrderStaysBoundedUnderAFlood(t *testing.T) {
+	const live = 500
+	x := NewIndex(live * perBlockBytes)
+	for round := range 100 {
+		base := round * live
+		chain(t, x, "w1", "m", nil, base, base, live)
+	}
+	h := x.workers["w1"]
+	if len(h.engine) != live {
+		t.Fatalf("%d blocks held, want the budget's %d", len(h.engine), live)
+	}
+	if len(h.order) > 2*live+64 || cap(h.order) > 8*live+512 {
+		t.Fatalf("the eviction order holds %d places (capacity %d) for %d live blocks", len(h.order), cap(h.order), live)
+	}
+}
