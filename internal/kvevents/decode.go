@@ -68,10 +68,17 @@ type Batch struct {
 // ErrMalformed wraps every decoding error: the payload is not an EventBatch.
 var ErrMalformed = errors.New("kvevents: malformed event batch")
 
+// maxNesting bounds how deep arrays and maps nest in a payload: the batch is at depth 0, its
+// events array at 1, an event at 2, its fields at 3, a block's extra-key tuple at 4. A value
+// nested deeper is refused before it is walked: msgpack's own Skip recurses once per level, and a
+// payload of millions of nested maps overflowed the stack.
+const maxNesting = 16
+
 // Decoder decodes payloads; one is reused for many, by one goroutine at a time.
 type Decoder struct {
-	r bytes.Reader
-	d *msgpack.Decoder
+	payload []byte
+	r       bytes.Reader
+	d       *msgpack.Decoder
 }
 
 // NewDecoder returns a decoder.
@@ -86,6 +93,8 @@ var hashSeed = maphash.MakeSeed()
 
 // Decode decodes one payload. Nothing in the result aliases payload.
 func (dec *Decoder) Decode(payload []byte) (Batch, error) {
+	dec.payload = payload
+	defer func() { dec.payload = nil }()
 	dec.r.Reset(payload)
 	dec.d.Reset(&dec.r)
 	var b Batch
@@ -134,7 +143,7 @@ func (dec *Decoder) batch(b *Batch) error {
 			case "data_parallel_rank":
 				b.DPRank, b.HasDPRank, err = dec.optInt()
 			default:
-				err = dec.d.Skip()
+				err = dec.skip(1)
 			}
 			if err != nil {
 				return fmt.Errorf("batch field %q: %w", key, err)
@@ -161,7 +170,7 @@ func (dec *Decoder) batch(b *Batch) error {
 		}
 	}
 	for i := 3; i < n; i++ {
-		if err := dec.d.Skip(); err != nil {
+		if err := dec.skip(1); err != nil {
 			return err
 		}
 	}
@@ -173,7 +182,7 @@ func (dec *Decoder) events(b *Batch) error {
 	if err != nil {
 		return err
 	}
-	b.Events = make([]Event, 0, n)
+	b.Events = make([]Event, 0, min(n, 256)) // n is only a claim; append grows by the events there are
 	for range n {
 		var e Event
 		known, err := dec.event(&e)
@@ -239,7 +248,7 @@ func (dec *Decoder) event(e *Event) (bool, error) {
 		case "group_idx":
 			e.Group, _, err = dec.optInt()
 		default:
-			err = dec.d.Skip()
+			err = dec.skip(3)
 		}
 		if err != nil {
 			return fmt.Errorf("event field %q: %w", name, err)
@@ -372,7 +381,7 @@ func (dec *Decoder) extraKeys() ([][]byte, error) {
 	}
 	out := make([][]byte, n)
 	for i := range out {
-		raw, err := dec.d.DecodeRaw()
+		raw, err := dec.raw(4)
 		if err != nil {
 			return nil, err
 		}
@@ -397,6 +406,49 @@ func (dec *Decoder) optString() (string, error) {
 		return "", dec.d.DecodeNil()
 	}
 	return dec.d.DecodeString()
+}
+
+// skip passes over one value at depth depth, refusing arrays and maps nested past maxNesting.
+func (dec *Decoder) skip(depth int) error {
+	code, err := dec.d.PeekCode()
+	if err != nil {
+		return err
+	}
+	if !isMap(code) && !isArray(code) {
+		return dec.d.Skip() // a scalar: msgpack skips it without recursing
+	}
+	if depth >= maxNesting {
+		return fmt.Errorf("arrays and maps nested deeper than %d", maxNesting)
+	}
+	var n int
+	if isMap(code) {
+		n, err = dec.length(dec.d.DecodeMapLen())
+		n *= 2 // keys and values
+	} else {
+		n, err = dec.length(dec.d.DecodeArrayLen())
+	}
+	if err != nil {
+		return err
+	}
+	for range n {
+		if err := dec.skip(depth + 1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// raw is the next value, at depth depth, as its msgpack bytes, copied out of the payload.
+func (dec *Decoder) raw(depth int) ([]byte, error) {
+	start := len(dec.payload) - dec.r.Len()
+	if err := dec.skip(depth); err != nil {
+		return nil, err
+	}
+	return bytes.Clone(dec.payload[start : len(dec.payload)-dec.r.Len()]), nil
+}
+
+func isArray(code byte) bool {
+	return msgpcode.IsFixedArray(code) || code == msgpcode.Array16 || code == msgpcode.Array32
 }
 
 func isMap(code byte) bool {

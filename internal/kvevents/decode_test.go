@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"bytes"
 	"errors"
 	"reflect"
 	"testing"
@@ -101,7 +102,61 @@ func TestDecodedBatchSharesNoMemoryWithThePayload(t *testing.T) {
 	}
 }
 
-func mustMarshal(t *testing.T, v any) []byte {
+// nested is n arrays, each holding the next, around a nil.
+func nested(n int) msgpack.RawMessage {
+	return append(bytes.Repeat([]byte{0x91}, n), 0xc0)
+}
+
+// Arrays and maps may nest maxNesting deep wherever the decoder meets them (a field it skips, an
+// extra key it keeps raw); one level more is refused, whichever the encoding.
+func TestDecodeRefusesNestingPastItsLimit(t *testing.T) {
+	cases := map[string]struct {
+		depth   int // where the nested value sits: the batch is at 0
+		payload func(v msgpack.RawMessage) []byte
+	}{
+		"a batch field of the map encoding": {1, func(v msgpack.RawMessage) []byte {
+			return mustMarshal(t, map[string]any{"ts": 1.0, "events": []any{}, "extra": v})
+		}},
+		"a batch element past the third": {1, func(v msgpack.RawMessage) []byte {
+			return mustMarshal(t, []any{1.0, []any{}, 0, v})
+		}},
+		"an event field of the map encoding": {3, func(v msgpack.RawMessage) []byte {
+			return encodeMaps(t, nil, map[string]any{"type": "BlockRemoved", "block_hashes": []any{1}, "extra": v})
+		}},
+		"an event element past the known fields": {3, func(v msgpack.RawMessage) []byte {
+			return encodeArrays(t, nil, []any{"BlockRemoved", []any{1}, nil, 0, v})
+		}},
+		"an event of a kind not known": {3, func(v msgpack.RawMessage) []byte {
+			return encodeArrays(t, nil, []any{"BlockPinned", v})
+		}},
+		"a block's extra keys": {4, func(v msgpack.RawMessage) []byte {
+			return encodeArrays(t, nil, wireStored{hashes: []any{1}, tokens: seq(0, 4), blockSize: 4, extraKeys: []any{v}})
+		}},
+	}
+	for name, c := range cases {
+		deepest := maxNesting - c.depth // arrays that fit from c.depth on
+		if _, err := NewDecoder().Decode(c.payload(nested(deepest))); err != nil {
+			t.Errorf("%s: %d arrays nested, within the limit: %v", name, deepest, err)
+		}
+		if _, err := NewDecoder().Decode(c.payload(nested(deepest + 1))); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: %d arrays nested, one past the limit: err %v, want ErrMalformed", name, deepest+1, err)
+		}
+	}
+}
+
+// A payload of eight million nested maps (24 MB) overflowed the stack in msgpack's recursive Skip,
+// a fatal error no recover catches; it is refused at the limit.
+func TestDecodeRefusesEightMillionNestedMapsWithoutOverflowingTheStack(t *testing.T) {
+	const levels = 8 << 20
+	payload := append([]byte{0x83, 0xa2, 't', 's', 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xa6, 'e', 'v', 'e', 'n', 't', 's', 0x90, 0xa1, 'x'},
+		bytes.Repeat([]byte{0x81, 0xa1, 'k'}, levels)...)
+	payload = append(payload, 0xc0)
+	if _, err := NewDecoder().Decode(payload); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("err %v, want ErrMalformed", err)
+	}
+}
+
+func mustMarshal(t testing.TB, v any) []byte {
 	t.Helper()
 	b, err := msgpack.Marshal(v)
 	if err != nil {
@@ -114,6 +169,11 @@ func FuzzDecode(f *testing.F) {
 	f.Add(encodeArrays(f, 1, wireStored{hashes: []any{1, 2}, parent: 9, tokens: seq(0, 8), blockSize: 4, medium: "GPU"}, wireRemoved{hashes: []any{1}}, wireCleared{}))
 	f.Add(encodeMaps(f, nil, wireStored{hashes: []any{[]byte("ab")}, tokens: seq(0, 4), blockSize: 4, loraName: "x", extraKeys: []any{[]any{"x", "s"}}}))
 	f.Add([]byte{0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0x7f, 0xff, 0xff, 0xff})
+	// Nesting at the limit and past it, where values are skipped and where extra keys are kept raw.
+	f.Add(mustMarshal(f, map[string]any{"ts": 1.0, "events": []any{}, "x": nested(maxNesting - 1)}))
+	f.Add(mustMarshal(f, []any{1.0, []any{}, 0, nested(maxNesting)}))
+	f.Add(encodeArrays(f, nil, wireStored{hashes: []any{1}, tokens: seq(0, 4), blockSize: 4, extraKeys: []any{nested(maxNesting - 4)}}))
+	f.Add(append([]byte{0x82, 0xa6, 'e', 'v', 'e', 'n', 't', 's', 0x90, 0xa1, 'x'}, bytes.Repeat([]byte{0x81, 0xa1, 'k'}, 100_000)...))
 	dec := NewDecoder()
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		b, err := dec.Decode(payload)
