@@ -230,7 +230,7 @@ func (dec *Decoder) event(e *Event) (bool, error) {
 		case "block_hashes":
 			e.BlockHashes, err = dec.hashes()
 		case "parent_block_hash":
-			e.Parent, e.HasParent, err = dec.optHash()
+			e.Parent, e.HasParent, err = dec.parent()
 		case "token_ids":
 			e.TokenIDs, err = dec.tokens()
 		case "block_size":
@@ -344,12 +344,16 @@ func (dec *Decoder) hash() (Hash, error) {
 	}
 }
 
-func (dec *Decoder) optHash() (Hash, bool, error) {
-	if code, err := dec.d.PeekCode(); err != nil || code == msgpcode.Nil {
+// parent reads parent_block_hash. A sequence's first block has none: vLLM sends nil, and llm-d's
+// simulator the integer 0, which llm-d's own consumers read as none too.
+func (dec *Decoder) parent() (Hash, bool, error) {
+	code, err := dec.d.PeekCode()
+	if err != nil || code == msgpcode.Nil {
 		return 0, false, dec.d.DecodeNil()
 	}
+	integer := !msgpcode.IsBin(code) && !msgpcode.IsString(code)
 	h, err := dec.hash()
-	return h, err == nil, err
+	return h, err == nil && !(integer && h == 0), err
 }
 
 func (dec *Decoder) tokens() ([]uint32, error) {

@@ -174,6 +174,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add(mustMarshal(f, []any{1.0, []any{}, 0, nested(maxNesting)}))
 	f.Add(encodeArrays(f, nil, wireStored{hashes: []any{1}, tokens: seq(0, 4), blockSize: 4, extraKeys: []any{nested(maxNesting - 4)}}))
 	f.Add(append([]byte{0x82, 0xa6, 'e', 'v', 'e', 'n', 't', 's', 0x90, 0xa1, 'x'}, bytes.Repeat([]byte{0x81, 0xa1, 'k'}, 100_000)...))
+	// A first block whose parent is 0, as llm-d's simulator sends it.
+	f.Add(encodeArrays(f, nil, wireStored{hashes: []any{1, 2}, parent: 0, tokens: seq(0, 8), blockSize: 4}))
 	dec := NewDecoder()
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		b, err := dec.Decode(payload)

@@ -144,6 +144,21 @@ func TestIndexDoesNotIndexBlocksWhoseParentItNeverSaw(t *testing.T) {
 	}
 }
 
+// llm-d's simulator sends parent_block_hash 0 for a sequence's first block where vLLM sends nil:
+// its blocks are a first block's, not orphans of a block 0 never stored. Every block of such a
+// stream was dropped before, and nothing was indexed.
+func TestIndexTakesParentZeroForASequencesFirstBlock(t *testing.T) {
+	for name, encode := range map[string]func(testing.TB, any, ...any) []byte{"arrays": encodeArrays, "maps": encodeMaps} {
+		x := NewIndex(1 << 20)
+		first := wireStored{hashes: []any{1, 2}, parent: 0, tokens: seq(0, 2*bs), blockSize: bs, medium: "GPU"}
+		next := wireStored{hashes: []any{3}, parent: 2, tokens: seq(2*bs, bs), blockSize: bs, medium: "GPU"}
+		r := x.Apply("w1", "m", decode(t, encode(t, nil, first, next)))
+		if m := x.Match("w1", Keys("m", "", "", u32(seq(0, 3*bs)), bs)); r.Stored != 3 || r.Orphans != 0 || m.Blocks != 3 {
+			t.Errorf("%s: %+v, match %+v: want all 3 blocks indexed and matched", name, r, m)
+		}
+	}
+}
+
 func TestIndexStaysWithinItsBudgetUnderAFlood(t *testing.T) {
 	const budget = 500 * perBlockBytes
 	x := NewIndex(budget)
