@@ -116,6 +116,7 @@ type Status struct {
 	Blocks                                                                      int
 	LastEvent                                                                   time.Time
 	Batches, Events, DecodeErrors, Duplicates, Gaps, Replays, Resyncs, Restarts int64
+	Orphans                                                                     int64 // stored blocks not indexed
 }
 
 // Status reports every running subscriber, by worker name.
@@ -140,7 +141,7 @@ func (sub *Subscriber) status(name, endpoint string, index *Index) Status {
 		Worker: name, Endpoint: endpoint, Replay: sub.src.Replay, Complete: sub.Complete(), Blocks: index.Blocks(name), LastEvent: st.LastEvent(),
 		Batches: st.Batches.Load(), Events: st.Events.Load(), DecodeErrors: st.DecodeErrors.Load(),
 		Duplicates: st.Duplicates.Load(), Gaps: st.Gaps.Load(), Replays: st.Replays.Load(),
-		Resyncs: st.Resyncs.Load(), Restarts: st.Restarts.Load(),
+		Resyncs: st.Resyncs.Load(), Restarts: st.Restarts.Load(), Orphans: st.Orphans.Load(),
 	}
 }
 

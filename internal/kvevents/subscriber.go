@@ -41,7 +41,10 @@ type Source struct {
 // Stats count what a subscriber saw; they only grow.
 type Stats struct {
 	Batches, Events, DecodeErrors, Duplicates, Gaps, Replays, Resyncs, Restarts atomic.Int64
-	lastEvent                                                                   atomic.Int64 // unix nanoseconds
+	// Orphans counts stored blocks not indexed: their parent was never seen (stored before the
+	// router listened, or forgotten since), or they came without their tokens.
+	Orphans   atomic.Int64
+	lastEvent atomic.Int64 // unix nanoseconds
 }
 
 // LastEvent is when the last batch arrived; zero before the first.
@@ -63,6 +66,12 @@ type Subscriber struct {
 	next     int64    // the sequence number expected next; -1 before the first
 	pending  [][]byte // a replay's run of payloads not applied yet
 	complete atomic.Bool
+
+	now func() time.Time
+	// orphanedSince is when the batches began to store blocks of which none could be indexed
+	// (zero while blocks are indexed), and orphanedLogged whether that run has been logged.
+	orphanedSince  time.Time
+	orphanedLogged bool
 }
 
 // NewSubscriber returns a subscriber of src into index; Run starts it.
@@ -70,7 +79,7 @@ func NewSubscriber(src Source, index *Index, log *slog.Logger) *Subscriber {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Subscriber{src: src, index: index, log: log.With("worker", src.Worker), dec: NewDecoder(), next: -1}
+	return &Subscriber{src: src, index: index, log: log.With("worker", src.Worker), dec: NewDecoder(), next: -1, now: time.Now}
 }
 
 // Complete reports whether the index holds every batch the publisher sent since its first: the
@@ -167,10 +176,34 @@ func (s *Subscriber) apply(payload []byte) {
 		s.log.Debug("kv events: a batch that does not decode", "error", err)
 		return
 	}
-	s.index.Apply(s.src.Worker, s.src.Model, b)
+	res := s.index.Apply(s.src.Worker, s.src.Model, b)
+	now := s.now()
 	s.Stats.Batches.Add(1)
 	s.Stats.Events.Add(int64(len(b.Events)))
-	s.Stats.lastEvent.Store(time.Now().UnixNano())
+	s.Stats.Orphans.Add(int64(res.Orphans))
+	s.Stats.lastEvent.Store(now.UnixNano())
+	s.watchOrphans(res, now)
+}
+
+// orphanedLogAfter is how long a worker's batches may store blocks of which none is indexed
+// before it is logged.
+const orphanedLogAfter = time.Minute
+
+// watchOrphans logs, once, a worker whose batches have stored blocks for orphanedLogAfter without
+// one of them indexed: its events index nothing while every other count looks healthy. A block
+// indexed again ends the run, and a later run is logged again.
+func (s *Subscriber) watchOrphans(res ApplyResult, now time.Time) {
+	switch {
+	case res.Stored > 0:
+		s.orphanedSince, s.orphanedLogged = time.Time{}, false
+	case res.Orphans == 0:
+	case s.orphanedSince.IsZero():
+		s.orphanedSince = now
+	case !s.orphanedLogged && now.Sub(s.orphanedSince) >= orphanedLogAfter:
+		s.orphanedLogged = true
+		s.log.Warn("kv events: the worker's batches have stored blocks and indexed none for a minute: each stored block's parent is one the router never saw, or the blocks came without their tokens",
+			"since", s.orphanedSince, "orphaned_blocks", s.Stats.Orphans.Load())
+	}
 }
 
 // resync forgets the worker's index: batches it depends on were lost.

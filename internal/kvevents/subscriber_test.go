@@ -1,9 +1,12 @@
 package kvevents
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -314,5 +317,45 @@ func TestSubscriberStopsWhileItsEndpointNeverAnswers(t *testing.T) {
 	case <-done:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the subscriber did not stop: it is held in the handshake with a silent endpoint")
+	}
+}
+
+// A worker whose batches store only blocks after a parent the router never saw indexes nothing
+// while batches, events and sequence numbers all look healthy: its orphaned blocks are counted,
+// and it is logged once a minute into such a run, and again only after blocks were indexed
+// in between.
+func TestSubscriberCountsOrphansAndLogsOnceWhenItsEventsIndexNothing(t *testing.T) {
+	var logs bytes.Buffer
+	s := NewSubscriber(Source{Worker: "w1", Model: "m"}, NewIndex(1<<20), slog.New(slog.NewTextHandler(&logs, nil)))
+	clock := time.Unix(1_700_000_000, 0)
+	s.now = func() time.Time { return clock }
+	var next int64
+	send := func(payload []byte) {
+		s.receive(context.Background(), [][]byte{[]byte("kv@"), kvtest.BigEndian(next), payload})
+		next++
+		clock = clock.Add(10 * time.Second)
+	}
+	logged := func() int { return strings.Count(logs.String(), "indexed none") }
+	for range 6 { // 0 s to 50 s
+		send(stores(t, 999_999, 0, 2))
+	}
+	if logged() != 0 || s.Stats.Orphans.Load() != 12 {
+		t.Fatalf("after 50 s: logged %d times, %d orphans; want 0 and 12", logged(), s.Stats.Orphans.Load())
+	}
+	for range 6 { // 60 s to 110 s
+		send(stores(t, 999_999, 0, 2))
+	}
+	if logged() != 1 {
+		t.Fatalf("after a minute and more of orphans: logged %d times, want once\n%s", logged(), logs.String())
+	}
+	send(stores(t, nil, 100, 1)) // a first block: indexed
+	for range 7 {
+		send(stores(t, 999_999, 0, 2))
+	}
+	if logged() != 2 || s.Stats.Orphans.Load() != 38 {
+		t.Fatalf("a second run of orphans after an indexed block: logged %d times, %d orphans; want 2 and 38", logged(), s.Stats.Orphans.Load())
+	}
+	if st := s.status("w1", "", s.index); st.Orphans != 38 || st.Blocks != 1 {
+		t.Fatalf("status %+v, want 38 orphans and 1 block", st)
 	}
 }

@@ -377,6 +377,8 @@ var (
 		"Replays asked of each worker's replay endpoint.", []string{"worker"}, nil)
 	kvResyncsDesc = prometheus.NewDesc(namespace+"_kv_events_resyncs_total",
 		"Times each worker's index was forgotten: a gap not repaired, or its publisher restarted.", []string{"worker"}, nil)
+	kvOrphansDesc = prometheus.NewDesc(namespace+"_kv_events_orphaned_blocks_total",
+		"Blocks each worker's stream stored that were not indexed: their parent block was never seen, or they came without their tokens.", []string{"worker"}, nil)
 	kvBlocksDesc = prometheus.NewDesc(namespace+"_kv_events_index_blocks",
 		"Blocks the index holds for each worker.", []string{"worker"}, nil)
 	kvCompleteDesc = prometheus.NewDesc(namespace+"_kv_events_complete",
@@ -394,7 +396,7 @@ type kvEventsCollector struct{ source atomic.Pointer[KVEvents] }
 
 func (c *kvEventsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{kvBatchesDesc, kvEventsDesc, kvDecodeErrorsDesc, kvGapsDesc, kvReplaysDesc,
-		kvResyncsDesc, kvBlocksDesc, kvCompleteDesc, kvAgeDesc, kvIndexBytesDesc, kvUnknownTopicDesc} {
+		kvResyncsDesc, kvOrphansDesc, kvBlocksDesc, kvCompleteDesc, kvAgeDesc, kvIndexBytesDesc, kvUnknownTopicDesc} {
 		ch <- d
 	}
 }
@@ -415,6 +417,7 @@ func (c *kvEventsCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(kvGapsDesc, st.Gaps)
 		counter(kvReplaysDesc, st.Replays)
 		counter(kvResyncsDesc, st.Resyncs)
+		counter(kvOrphansDesc, st.Orphans)
 		ch <- prometheus.MustNewConstMetric(kvBlocksDesc, prometheus.GaugeValue, float64(st.Blocks), st.Worker)
 		complete := 0.0
 		if st.Complete {

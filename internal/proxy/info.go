@@ -30,13 +30,15 @@ type WorkerInfo struct {
 }
 
 // WorkerKVEvents is one tenant's KV-cache event stream as the worker lists show it: where the
-// router dials it, and whether its index has every batch since the publisher's first (complete:
-// the events, not the prefix tree, speak for this worker).
+// router dials it, whether its index has every batch since the publisher's first (complete: the
+// events, not the prefix tree, speak for this worker), and the stored blocks it could not index
+// (orphaned: a stream of orphans alone indexes nothing while every other count looks healthy).
 type WorkerKVEvents struct {
-	Endpoint string `json:"endpoint"`
-	Replay   string `json:"replay_endpoint,omitempty"`
-	Complete bool   `json:"complete"`
-	Blocks   int    `json:"blocks"`
+	Endpoint       string `json:"endpoint"`
+	Replay         string `json:"replay_endpoint,omitempty"`
+	Complete       bool   `json:"complete"`
+	Blocks         int    `json:"blocks"`
+	OrphanedBlocks int64  `json:"orphaned_blocks"`
 }
 
 func describeWorker(w *workers.Worker) WorkerInfo {
@@ -66,7 +68,7 @@ func (s *Server) describeWorkers(ws []*workers.Worker) []WorkerInfo {
 	for _, w := range ws {
 		info := describeWorker(w)
 		if st, ok := streams[w.Name()]; ok {
-			info.KVEvents = &WorkerKVEvents{Endpoint: st.Endpoint, Replay: st.Replay, Complete: st.Complete, Blocks: st.Blocks}
+			info.KVEvents = &WorkerKVEvents{Endpoint: st.Endpoint, Replay: st.Replay, Complete: st.Complete, Blocks: st.Blocks, OrphanedBlocks: st.Orphans}
 		}
 		out = append(out, info)
 	}
