@@ -38,6 +38,10 @@ type Bound struct {
 
 	// UnknownTopics counts messages whose topic named no worker.
 	UnknownTopics atomic.Int64
+	// Drops count the connections closed for breaking a bound, the replays of its workers' included.
+	Drops PeerDrops
+	// connLimit is the most connections the endpoint holds open at once (boundConnections).
+	connLimit atomic.Int64
 
 	// apply is held while a message is applied and while a worker is removed, so that a removed
 	// worker's blocks are forgotten after its last message, never before.
@@ -59,9 +63,17 @@ func NewBound(endpoint string, index *Index, log *slog.Logger) *Bound {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Bound{endpoint: endpoint, index: index, log: log, workers: map[string]*boundSub{},
+	b := &Bound{endpoint: endpoint, index: index, log: log, workers: map[string]*boundSub{},
 		byTopic: map[string]*boundSub{}, byHostPort: map[string]*boundSub{}}
+	b.connLimit.Store(boundConnections(0))
+	return b
 }
+
+// boundConnections is the most connections the bound endpoint holds open for the workers'
+// publishers: each holds one, two for a moment while it dials again before the router has seen
+// its old connection end, and a few more are allowed for publishers of workers the fleet does not
+// have yet. Each connection may hold a message of up to MaxMessageBytes.
+func boundConnections(workers int) int64 { return int64(2*workers + 16) }
 
 // Endpoint is where the socket is bound.
 func (b *Bound) Endpoint() string { return b.endpoint }
@@ -70,8 +82,10 @@ func (b *Bound) Endpoint() string { return b.endpoint }
 // error, if any.
 func (b *Bound) Listen(ctx context.Context) error {
 	// No automatic reconnect: zmq4 makes a listening socket that reconnects dial its own endpoint.
-	sub := zmq4.NewSub(ctx)
-	if err := sub.Listen(b.endpoint); err != nil {
+	// zmq4 logs each connection whose handshake failed; those are the router's debug lines.
+	g := &guard{drops: &b.Drops, limit: func() int { return int(b.connLimit.Load()) }}
+	sub := zmq4.NewSub(guarded(ctx, g), zmq4.WithLogger(slog.NewLogLogger(b.log.Handler(), slog.LevelDebug)))
+	if err := sub.Listen(bounded(b.endpoint)); err != nil {
 		sub.Close()
 		return err
 	}
@@ -83,11 +97,14 @@ func (b *Bound) Listen(ctx context.Context) error {
 		defer sub.Close()
 		for {
 			msg, err := sub.Recv()
-			if err != nil {
-				if ctx.Err() == nil {
-					b.log.Warn("kv events: the bound socket failed", "endpoint", b.endpoint, "error", err)
-				}
+			if ctx.Err() != nil {
 				return
+			}
+			if err != nil {
+				// One publisher's connection ended (it went away, or broke a bound); zmq4 reports it
+				// here, and the others' messages go on.
+				b.log.Debug("kv events: a connection to the bound endpoint ended", "endpoint", b.endpoint, "error", err)
+				continue
 			}
 			b.receive(ctx, msg.Frames)
 		}
@@ -164,10 +181,13 @@ func (b *Bound) Sync(want []BoundWorker) {
 	}
 	for name, w := range wanted {
 		if _, ok := b.workers[name]; !ok {
-			b.workers[name] = &boundSub{w: w, sub: NewSubscriber(w.Source, b.index, b.log)}
+			s := &boundSub{w: w, sub: NewSubscriber(w.Source, b.index, b.log)}
+			s.sub.drops = &b.Drops
+			b.workers[name] = s
 			b.log.Info("kv events: reading from the bound endpoint", "worker", name, "endpoint", b.endpoint, "topics", w.Topics)
 		}
 	}
+	b.connLimit.Store(boundConnections(len(b.workers)))
 	clear(b.byTopic)
 	clear(b.byHostPort)
 	for _, s := range b.workers {

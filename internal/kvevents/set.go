@@ -23,7 +23,8 @@ type Set struct {
 
 	mu    sync.Mutex
 	subs  map[string]*running
-	bound *Bound // the publishers that dial the router; nil without --kv-events-bind
+	bound *Bound    // the publishers that dial the router; nil without --kv-events-bind
+	drops PeerDrops // of the dialled streams and their replays
 }
 
 type running struct {
@@ -59,6 +60,19 @@ func (s *Set) UnknownTopics() int64 {
 	return s.bound.UnknownTopics.Load()
 }
 
+// DroppedConnections are the event connections closed for breaking a bound, dialled and bound
+// alike, since the set began.
+func (s *Set) DroppedConnections() DroppedConnections {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := s.drops.load()
+	if s.bound != nil {
+		b := s.bound.Drops.load()
+		d.Oversized, d.Handshake, d.OverLimit = d.Oversized+b.Oversized, d.Handshake+b.Handshake, d.OverLimit+b.OverLimit
+	}
+	return d
+}
+
 // Index is the index the set feeds.
 func (s *Set) Index() *Index { return s.index }
 
@@ -82,6 +96,7 @@ func (s *Set) Sync(ctx context.Context, want []Source) {
 		}
 		sctx, cancel := context.WithCancel(ctx)
 		r := &running{src: src, sub: NewSubscriber(src, s.index, s.log), cancel: cancel, done: make(chan struct{})}
+		r.sub.drops = &s.drops
 		s.subs[name] = r
 		go func() { defer close(r.done); _ = r.sub.Run(sctx) }()
 		s.log.Info("kv events: subscribed", "worker", name, "endpoint", src.Endpoint, "replay", src.Replay != "")

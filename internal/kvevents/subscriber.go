@@ -63,8 +63,9 @@ type Subscriber struct {
 	dec   *Decoder
 	Stats Stats
 
-	next     int64    // the sequence number expected next; -1 before the first
-	pending  [][]byte // a replay's run of payloads not applied yet
+	drops    *PeerDrops // where its connections closed for breaking a bound are counted
+	next     int64      // the sequence number expected next; -1 before the first
+	pending  [][]byte   // a replay's run of payloads not applied yet
 	complete atomic.Bool
 
 	now func() time.Time
@@ -79,7 +80,7 @@ func NewSubscriber(src Source, index *Index, log *slog.Logger) *Subscriber {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Subscriber{src: src, index: index, log: log.With("worker", src.Worker), dec: NewDecoder(), next: -1, now: time.Now}
+	return &Subscriber{src: src, index: index, log: log.With("worker", src.Worker), dec: NewDecoder(), drops: new(PeerDrops), next: -1, now: time.Now}
 }
 
 // Complete reports whether the index holds every batch the publisher sent since its first: the
@@ -113,7 +114,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 func (s *Subscriber) stream(ctx context.Context) error {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	sub := zmq4.NewSub(sctx, zmq4.WithDialerRetry(redialDelay), zmq4.WithAutomaticReconnect(true))
+	sub := zmq4.NewSub(guarded(sctx, &guard{drops: s.drops}), zmq4.WithDialerRetry(redialDelay), zmq4.WithAutomaticReconnect(true))
 	defer sub.Close()
 	if err := sub.Dial(bounded(s.src.Endpoint)); err != nil {
 		return err
@@ -254,7 +255,7 @@ func (s *Subscriber) applyAll(payloads [][]byte) {
 func (s *Subscriber) fetch(ctx context.Context, from, upto int64) (int64, error) {
 	rctx, cancel := context.WithTimeout(ctx, replayTimeout)
 	defer cancel()
-	d := zmq4.NewDealer(rctx, zmq4.WithDialerTimeout(replayTimeout))
+	d := zmq4.NewDealer(guarded(rctx, &guard{drops: s.drops}), zmq4.WithDialerTimeout(replayTimeout))
 	defer d.Close()
 	if err := d.Dial(bounded(s.src.Replay)); err != nil {
 		return upto, err

@@ -225,6 +225,7 @@ type KVEvents interface {
 	Status() []kvevents.Status
 	Index() *kvevents.Index
 	UnknownTopics() int64
+	DroppedConnections() kvevents.DroppedConnections
 }
 
 // SetKVEvents names the subscriptions whose state is read at scrape time.
@@ -387,6 +388,8 @@ var (
 		"Seconds since the last batch of each worker's stream; no series before the first.", []string{"worker"}, nil)
 	kvUnknownTopicDesc = prometheus.NewDesc(namespace+"_kv_events_unknown_topic_total",
 		"Messages on the --kv-events-bind endpoint whose topic named no worker of the fleet, dropped.", nil, nil)
+	kvDroppedDesc = prometheus.NewDesc(namespace+"_kv_events_dropped_connections_total",
+		"Event publishers' connections the router closed, dialled or accepted on --kv-events-bind, by reason: oversized (a frame or message over its bound), handshake_timeout (no ZMTP handshake within 5 s), connection_limit (accepted while the bound endpoint held its most).", []string{"reason"}, nil)
 	kvIndexBytesDesc = prometheus.NewDesc(namespace+"_kv_events_index_bytes",
 		"Bytes the KV-event block index counts against --kv-events-index-size, all workers.", nil, nil)
 )
@@ -396,7 +399,7 @@ type kvEventsCollector struct{ source atomic.Pointer[KVEvents] }
 
 func (c *kvEventsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{kvBatchesDesc, kvEventsDesc, kvDecodeErrorsDesc, kvGapsDesc, kvReplaysDesc,
-		kvResyncsDesc, kvOrphansDesc, kvBlocksDesc, kvCompleteDesc, kvAgeDesc, kvIndexBytesDesc, kvUnknownTopicDesc} {
+		kvResyncsDesc, kvOrphansDesc, kvBlocksDesc, kvCompleteDesc, kvAgeDesc, kvIndexBytesDesc, kvUnknownTopicDesc, kvDroppedDesc} {
 		ch <- d
 	}
 }
@@ -430,4 +433,8 @@ func (c *kvEventsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(kvIndexBytesDesc, prometheus.GaugeValue, float64((*source).Index().Bytes()))
 	ch <- prometheus.MustNewConstMetric(kvUnknownTopicDesc, prometheus.CounterValue, float64((*source).UnknownTopics()))
+	d := (*source).DroppedConnections()
+	for reason, n := range map[string]int64{"oversized": d.Oversized, "handshake_timeout": d.Handshake, "connection_limit": d.OverLimit} {
+		ch <- prometheus.MustNewConstMetric(kvDroppedDesc, prometheus.CounterValue, float64(n), reason)
+	}
 }
