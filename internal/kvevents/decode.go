@@ -182,7 +182,9 @@ func (dec *Decoder) events(b *Batch) error {
 	if err != nil {
 		return err
 	}
-	b.Events = make([]Event, 0, min(n, 256)) // n is only a claim; append grows by the events there are
+	// Every event of a known kind takes at least minEventBytes, so this is room for all there can
+	// be, and no more: n is only a claim, and an Event is ten times its smallest encoding.
+	b.Events = make([]Event, 0, min(n, dec.r.Len()/minEventBytes+1))
 	for range n {
 		var e Event
 		known, err := dec.event(&e)
@@ -197,6 +199,10 @@ func (dec *Decoder) events(b *Batch) error {
 	}
 	return nil
 }
+
+// minEventBytes is the smallest encoding of an event of a known kind: an array holding the tag
+// "BlockStored" alone (a map holds "type" besides).
+const minEventBytes = 1 + 1 + len("BlockStored")
 
 // Field names, in the positional order of each event after its tag.
 var (
@@ -385,14 +391,15 @@ func (dec *Decoder) extraKeys() ([][]byte, error) {
 	}
 	out := make([][]byte, n)
 	for i := range out {
-		raw, err := dec.raw(4)
-		if err != nil {
-			return nil, err
-		}
-		if len(raw) == 1 && raw[0] == msgpcode.Nil {
+		if code, err := dec.d.PeekCode(); err != nil || code == msgpcode.Nil {
+			if err := dec.d.DecodeNil(); err != nil {
+				return nil, err
+			}
 			continue // no extra key for this block
 		}
-		out[i] = raw
+		if out[i], err = dec.raw(4); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }

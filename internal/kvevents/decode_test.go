@@ -2,8 +2,10 @@ package kvevents
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"reflect"
+	"runtime"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -153,6 +155,41 @@ func TestDecodeRefusesEightMillionNestedMapsWithoutOverflowingTheStack(t *testin
 	payload = append(payload, 0xc0)
 	if _, err := NewDecoder().Decode(payload); !errors.Is(err, ErrMalformed) {
 		t.Fatalf("err %v, want ErrMalformed", err)
+	}
+}
+
+// array32 is a msgpack array of n elements, given already encoded.
+func array32(n int, elements []byte) msgpack.RawMessage {
+	return append(binary.BigEndian.AppendUint32([]byte{0xdd}, uint32(n)), elements...)
+}
+
+// A batch is at most MaxMessageBytes, and what decoding one allocates is bounded by its size: an
+// array of one-byte values, each decoded into an entry of its own, is the worst, 24 times (a
+// slice's header for each of a block's extra keys). An event array of many events of no known
+// kind no longer sizes the batch's events by its length (136 bytes each), nor does a block's
+// missing extra key cost a copy.
+func TestDecodeAllocatesAtMost24TimesThePayload(t *testing.T) {
+	const n = 1 << 18
+	tag := append([]byte{0x91, 0xab}, "BlockStored"...)
+	cases := map[string][]byte{
+		"extra keys, all nil": mustMarshal(t, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, []any{}, 4, nil, nil, nil,
+			array32(n, bytes.Repeat([]byte{0xc0}, n))}}}),
+		"block hashes of one byte":               mustMarshal(t, []any{1.0, []any{[]any{"BlockRemoved", array32(n, bytes.Repeat([]byte{0x01}, n))}}}),
+		"token ids of one byte":                  mustMarshal(t, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, array32(n, bytes.Repeat([]byte{0x01}, n)), 4}}}),
+		"the smallest events":                    mustMarshal(t, []any{1.0, array32(n/len(tag), bytes.Repeat(tag, n/len(tag)))}),
+		"events of unknown kinds, one byte each": mustMarshal(t, []any{1.0, array32(1+n, append(tag, bytes.Repeat([]byte{0x80}, n)...))}),
+	}
+	for name, payload := range cases {
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		if _, err := NewDecoder().Decode(payload); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		runtime.ReadMemStats(&after)
+		if got := after.TotalAlloc - before.TotalAlloc; got > 24*uint64(len(payload))+64<<10 {
+			t.Errorf("%s: %d bytes allocated for a payload of %d, %.1f times", name, got, len(payload), float64(got)/float64(len(payload)))
+		}
 	}
 }
 
