@@ -248,10 +248,10 @@ func (s *Subscriber) applyAll(payloads [][]byte) {
 }
 
 // fetch collects into s.pending the replay's answers for from..upto-1, the last run of consecutive
-// numbers that ends at upto-1, and returns the run's first number. Answers before from (the engine
-// kept more) or from upto on (the stream brings them) are passed over. Nothing is applied here, so
-// that a replay that breaks off or times out leaves the index as it was; the run holds at most
-// upto-from payloads.
+// numbers that ends at upto-1 (its newest within maxReplayBytes), and returns the run's first
+// number. Answers before from (the engine kept more) or from upto on (the stream brings them) are
+// passed over. Nothing is applied here, so that a replay that breaks off or times out leaves the
+// index as it was; the run holds at most upto-from payloads.
 func (s *Subscriber) fetch(ctx context.Context, from, upto int64) (int64, error) {
 	rctx, cancel := context.WithTimeout(ctx, replayTimeout)
 	defer cancel()
@@ -266,7 +266,7 @@ func (s *Subscriber) fetch(ctx context.Context, from, upto int64) (int64, error)
 		return upto, err
 	}
 	s.pending = nil
-	first, want := from, from
+	run := replayRun{first: from, next: from}
 	for {
 		msg, err := d.Recv()
 		if err != nil {
@@ -282,18 +282,45 @@ func (s *Subscriber) fetch(ctx context.Context, from, upto int64) (int64, error)
 		seq := int64(binary.BigEndian.Uint64(frames[0]))
 		switch {
 		case seq == -1:
-			if want < upto {
+			if run.next < upto {
 				return upto, errReplayShort
 			}
-			return first, nil
-		case seq < want || seq >= upto:
+			s.pending = run.payloads
+			return run.first, nil
+		case seq < run.next || seq >= upto:
 			continue
-		case seq > want: // the engine no longer holds want..seq-1: the run starts again here
-			clear(s.pending)
-			s.pending = nil
-			first = seq
 		}
-		s.pending = append(s.pending, frames[1])
-		want = seq + 1
+		run.add(seq, frames[1])
+	}
+}
+
+// maxReplayBytes bounds the payloads one replay holds before they are applied: an engine keeps its
+// last 10,000 batches (vLLM's buffer_steps), and a replay endpoint could send for all of its 2 s.
+const maxReplayBytes = 4 * MaxMessageBytes
+
+// replayRun is the last run of consecutive batches a replay brought, first..next-1: its newest
+// within maxReplayBytes.
+type replayRun struct {
+	first, next int64
+	payloads    [][]byte
+	bytes       int
+}
+
+// add takes batch seq: the next of the run or, past a hole (the engine no longer holds the batches
+// between), the first of a new run. While the run is over its bound its oldest batches are let go,
+// and it starts later, as it does when the engine no longer holds them.
+func (r *replayRun) add(seq int64, payload []byte) {
+	if seq != r.next {
+		clear(r.payloads)
+		r.payloads, r.bytes, r.first = nil, 0, seq
+	}
+	r.payloads = append(r.payloads, payload)
+	r.bytes += len(payload)
+	r.next = seq + 1
+	for r.bytes > maxReplayBytes {
+		r.bytes -= len(r.payloads[0])
+		r.payloads[0] = nil
+		r.payloads = r.payloads[1:]
+		r.first++
 	}
 }

@@ -359,3 +359,21 @@ func TestSubscriberCountsOrphansAndLogsOnceWhenItsEventsIndexNothing(t *testing.
 		t.Fatalf("status %+v, want 38 orphans and 1 block", st)
 	}
 }
+
+// A replay's run holds at most maxReplayBytes of payloads before they are applied: past it the
+// oldest are let go and the run starts after them, as when the engine no longer holds them. A
+// replay endpoint could otherwise make the router hold all it can send in the replay's 2 s.
+func TestReplayRunKeepsItsNewestWithinItsBound(t *testing.T) {
+	payload := make([]byte, maxReplayBytes/5) // five fit, six do not
+	r := replayRun{first: 10, next: 10}
+	for seq := int64(10); seq < 16; seq++ {
+		r.add(seq, payload)
+	}
+	if r.first != 11 || r.next != 16 || len(r.payloads) != 5 || r.bytes != 5*len(payload) {
+		t.Fatalf("run %d..%d of %d payloads, %d bytes; want 11..15, the newest five", r.first, r.next-1, len(r.payloads), r.bytes)
+	}
+	r.add(20, payload[:1]) // the engine no longer held 16..19
+	if r.first != 20 || len(r.payloads) != 1 || r.bytes != 1 {
+		t.Fatalf("after a hole: run from %d of %d payloads, %d bytes; want 20 alone", r.first, len(r.payloads), r.bytes)
+	}
+}
