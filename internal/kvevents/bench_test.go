@@ -78,6 +78,40 @@ func BenchmarkIndexBytesPerBlock(b *testing.B) {
 	}
 }
 
+// BenchmarkIndexBytesPerBlockAtTheBudget measures the heap one indexed block takes once the index
+// is at its budget and evicting, as under a flood: a worker stores ten times what its budget of
+// 2^18 blocks holds, in chains of four blocks, and the heap is read at eight points of the last
+// two budgets' worth, over which the eviction order fills up and is compacted. It reports the
+// largest and the mean.
+func BenchmarkIndexBytesPerBlockAtTheBudget(b *testing.B) {
+	const held = 1 << 18
+	tokens := make([]uint32, 16)
+	for b.Loop() {
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		x := NewIndex(held * perBlockBytes)
+		var most, sum float64
+		for i := range 10 * held {
+			tokens[0] = uint32(i)
+			e := Event{Kind: Stored, BlockHashes: []Hash{Hash(i)}, Parent: Hash(i - 1), HasParent: i%4 != 0, TokenIDs: tokens, BlockSize: 16}
+			x.Apply("w", "m", Batch{Events: []Event{e}})
+			if i >= 8*held && (i+1)%(held/4) == 0 {
+				runtime.GC()
+				runtime.ReadMemStats(&after)
+				perBlock := float64(after.HeapAlloc-before.HeapAlloc) / float64(x.Blocks("w"))
+				most, sum = max(most, perBlock), sum+perBlock
+			}
+		}
+		if x.Blocks("w") != held {
+			b.Fatalf("%d blocks indexed, want the budget's %d", x.Blocks("w"), held)
+		}
+		b.ReportMetric(most, "max-heap-bytes/block")
+		b.ReportMetric(sum/8, "mean-heap-bytes/block")
+		runtime.KeepAlive(x)
+	}
+}
+
 // BenchmarkMatch is one lookup of a 64-block request on a worker holding it.
 func BenchmarkMatch(b *testing.B) {
 	x := NewIndex(1 << 30)

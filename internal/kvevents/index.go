@@ -24,9 +24,12 @@ import (
 // image matches no request (the router does not know images' hashes): never a false match.
 
 // perBlockBytes is what one indexed block costs in memory: its entry in the engine-hash map and
-// in the key map, and its place in the eviction order. BenchmarkIndexBytesPerBlock measured 165
-// heap bytes a block over a million blocks on 8 workers; the budget counts a little more.
-const perBlockBytes = 168
+// in the key map, and its place in the eviction order. BenchmarkIndexBytesPerBlock measured 144
+// heap bytes a block over a million blocks stored on 8 workers, and
+// BenchmarkIndexBytesPerBlockAtTheBudget 170 once the index is at its budget and evicting (the
+// order then holds up to two places a block, and the maps were grown for more entries than they
+// hold); the budget counts a little more.
+const perBlockBytes = 176
 
 // Match is how much of a request's prefix a worker holds: the run of consecutive blocks from
 // the first, and how many of them are on the GPU (the others are offloaded, slower to load).
@@ -51,8 +54,12 @@ func NewIndex(budget int64) *Index {
 
 type engineKey struct {
 	hash      Hash
+	group     int32 // 16 bytes with offloaded, as a key in the engine map and a place in the order
 	offloaded bool
-	group     int
+}
+
+func keyOf(hash Hash, offloaded bool, group int) engineKey {
+	return engineKey{hash: hash, group: int32(group), offloaded: offloaded}
 }
 
 type entry struct {
@@ -118,7 +125,7 @@ func (x *Index) Apply(worker, model string, b Batch) ApplyResult {
 			res.Cleared = true
 		case Removed:
 			for _, hash := range e.BlockHashes {
-				if x.remove(h, engineKey{hash, e.Offloaded, e.Group}) {
+				if x.remove(h, keyOf(hash, e.Offloaded, e.Group)) {
 					res.Removed++
 				}
 			}
@@ -135,9 +142,9 @@ func (x *Index) Apply(worker, model string, b Batch) ApplyResult {
 func (x *Index) store(h *held, model string, e *Event) (indexed, orphans int) {
 	parent := rootKey(model, e.LoRA)
 	if e.HasParent {
-		p, ok := h.engine[engineKey{e.Parent, e.Offloaded, e.Group}]
+		p, ok := h.engine[keyOf(e.Parent, e.Offloaded, e.Group)]
 		if !ok {
-			p, ok = h.engine[engineKey{e.Parent, !e.Offloaded, e.Group}]
+			p, ok = h.engine[keyOf(e.Parent, !e.Offloaded, e.Group)]
 		}
 		if !ok {
 			return 0, len(e.BlockHashes)
@@ -157,7 +164,7 @@ func (x *Index) store(h *held, model string, e *Event) (indexed, orphans int) {
 			extra = e.ExtraKeys[i]
 		}
 		key := chainKey(parent, extraKey(extra, e.LoRA), e.TokenIDs[i*bs:(i+1)*bs])
-		ek := engineKey{hash, e.Offloaded, e.Group}
+		ek := keyOf(hash, e.Offloaded, e.Group)
 		x.remove(h, ek) // stored again: its old key, if any, goes
 		h.seq++
 		h.engine[ek] = entry{key: key, seq: h.seq}
@@ -202,7 +209,9 @@ func (x *Index) remove(h *held, ek engineKey) bool {
 // compact drops the places in the order of blocks removed or evicted since (all those before
 // head among them), once they outnumber the live ones, so that the order stays within twice the
 // live blocks however many were stored: it is rewritten in place, and given back only when it grew
-// for far more blocks than are left.
+// for far more blocks than are left. The maps are copied afresh too: a Go map keeps the slots of
+// the entries deleted from it, and under a flood of stores and evictions the engine map grew to
+// four times its entries, its lookups probing through the deleted ones.
 func (h *held) compact() {
 	if len(h.order) <= 2*len(h.engine)+64 {
 		return
@@ -217,6 +226,17 @@ func (h *held) compact() {
 		}
 	}
 	h.order, h.head = live, 0
+	h.engine = copied(h.engine)
+	h.keys = copied(h.keys)
+}
+
+// copied is m in a map of its own, sized for its entries.
+func copied[K comparable, V any](m map[K]V) map[K]V {
+	out := make(map[K]V, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
 }
 
 // evict forgets blocks, the oldest of the worker holding the most first, until the index is

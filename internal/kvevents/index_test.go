@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"runtime"
 	"testing"
 )
 
@@ -201,4 +202,27 @@ func TestIndexEvictionOrderStaysBoundedUnderAFlood(t *testing.T) {
 	if len(h.order) > 2*live+64 || cap(h.order) > 8*live+512 {
 		t.Fatalf("the eviction order holds %d places (capacity %d) for %d live blocks", len(h.order), cap(h.order), live)
 	}
+}
+
+// The budget bounds the index's real heap, not only its count, once it is full and evicting under
+// a flood: the eviction order and the maps had grown to up to 1.8 times the budget (a Go map keeps
+// the slots of the entries deleted from it).
+func TestIndexHeapStaysWithinItsBudgetUnderAFlood(t *testing.T) {
+	const held = 1 << 14
+	tokens := make([]uint32, bs)
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	x := NewIndex(held * perBlockBytes)
+	for i := range 6 * held {
+		tokens[0] = uint32(i)
+		e := Event{Kind: Stored, BlockHashes: []Hash{Hash(i)}, Parent: Hash(i - 1), HasParent: i%4 != 0, TokenIDs: tokens, BlockSize: bs}
+		x.Apply("w1", "m", Batch{Events: []Event{e}})
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if heap := after.HeapAlloc - before.HeapAlloc; x.Blocks("w1") != held || heap > held*perBlockBytes*21/20 {
+		t.Fatalf("%d blocks in %d heap bytes, %.2f times the budget of %d", x.Blocks("w1"), heap, float64(heap)/(held*perBlockBytes), held*perBlockBytes)
+	}
+	runtime.KeepAlive(x)
 }
