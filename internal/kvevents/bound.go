@@ -72,8 +72,9 @@ func NewBound(endpoint string, index *Index, log *slog.Logger) *Bound {
 // boundConnections is the most connections the bound endpoint holds open for the workers'
 // publishers: each holds one, two for a moment while it dials again before the router has seen
 // its old connection end, and a few more are allowed for publishers of workers the fleet does not
-// have yet. Each connection may hold a message of up to MaxMessageBytes.
-func boundConnections(workers int) int64 { return int64(2*workers + 16) }
+// have yet (one refused dials again: ZMQ publishers do). Each connection may hold a message of up
+// to MaxMessageBytes, so these are what a peer can make the endpoint hold.
+func boundConnections(workers int) int64 { return int64(2*workers + 4) }
 
 // Endpoint is where the socket is bound.
 func (b *Bound) Endpoint() string { return b.endpoint }
