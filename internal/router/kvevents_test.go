@@ -116,13 +116,7 @@ func TestRouterDoesNotSubscribeToAWorkerOutsideTheAllowList(t *testing.T) {
 func TestDashboardShowsEachWorkersKVEventIndex(t *testing.T) {
 	exe := browser(t)
 	pub := kvtest.New(t, "", false)
-	w := newFakeWorker(t)
-	cfg := testConfig()
-	cfg.KVEventsEndpoint = "tcp://{host}:" + pub.Endpoint[strings.LastIndex(pub.Endpoint, ":")+1:]
-	tr := startRouter(t, cfg, w)
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	tr.Start(ctx)
+	tr, w := startSubscribed(t, pub)
 	h := 0
 	waitFor(t, "a published block in the index", func() bool {
 		h++

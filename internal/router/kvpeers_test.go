@@ -13,17 +13,25 @@ import (
 	"github.com/cacheroute/cacheroute/internal/kvevents/kvtest"
 )
 
-// A worker whose engine stores blocks after a parent the router never saw indexes nothing; those
-// blocks are counted per worker in the metrics and named in the worker list.
-func TestRouterCountsAndListsAWorkersOrphanedBlocks(t *testing.T) {
-	pub := kvtest.New(t, "", false)
+// startSubscribed starts a router in front of one worker, subscribed to pub's events at the
+// worker's host, until the test ends.
+func startSubscribed(t *testing.T, pub *kvtest.Publisher) (*testRouter, *fakeWorker) {
+	t.Helper()
 	w := newFakeWorker(t)
 	cfg := testConfig()
 	cfg.KVEventsEndpoint = "tcp://{host}:" + pub.Endpoint[strings.LastIndex(pub.Endpoint, ":")+1:]
 	tr := startRouter(t, cfg, w)
 	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
+	t.Cleanup(cancel)
 	tr.Start(ctx)
+	return tr, w
+}
+
+// A worker whose engine stores blocks after a parent the router never saw indexes nothing; those
+// blocks are counted per worker in the metrics and named in the worker list.
+func TestRouterCountsAndListsAWorkersOrphanedBlocks(t *testing.T) {
+	pub := kvtest.New(t, "", false)
+	tr, w := startSubscribed(t, pub)
 	tokens := make([]int, 32)
 	orphans, err := msgpack.Marshal([]any{2.5, []any{[]any{"BlockStored", []any{7, 8}, 999_999, tokens, 16, nil, "GPU", nil, nil}}, nil})
 	if err != nil {
