@@ -54,7 +54,7 @@ func NewIndex(budget int64) *Index {
 
 type engineKey struct {
 	hash      Hash
-	group     int32 // 16 bytes with offloaded, as a key in the engine map and a place in the order
+	group     int32 // not int: the key is 16 bytes, in the engine map and in each place of the order
 	offloaded bool
 }
 

@@ -67,8 +67,7 @@ func (s *Set) DroppedConnections() DroppedConnections {
 	defer s.mu.Unlock()
 	d := s.drops.load()
 	if s.bound != nil {
-		b := s.bound.Drops.load()
-		d.Oversized, d.Handshake, d.OverLimit = d.Oversized+b.Oversized, d.Handshake+b.Handshake, d.OverLimit+b.OverLimit
+		d = d.plus(s.bound.Drops.load())
 	}
 	return d
 }

@@ -47,6 +47,10 @@ func (d *PeerDrops) load() DroppedConnections {
 	return DroppedConnections{Oversized: d.Oversized.Load(), Handshake: d.Handshake.Load(), OverLimit: d.OverLimit.Load()}
 }
 
+func (d DroppedConnections) plus(o DroppedConnections) DroppedConnections {
+	return DroppedConnections{Oversized: d.Oversized + o.Oversized, Handshake: d.Handshake + o.Handshake, OverLimit: d.OverLimit + o.OverLimit}
+}
+
 // guard is what a socket's connections report to, carried by the context the socket is made with
 // (zmq4 passes it on to the transport): where drops are counted and, for a bound endpoint, the
 // most connections it holds open at once.
@@ -83,9 +87,7 @@ func (t boundedTransport) Dial(ctx context.Context, d transport.Dialer, addr str
 		}
 	}
 	pc := newPeerConn(c, guardOf(ctx), nil)
-	pc.mu.Lock()
-	pc.stop = context.AfterFunc(ctx, func() { pc.Close() })
-	pc.mu.Unlock()
+	pc.closeWith(ctx)
 	return pc, nil
 }
 
@@ -147,6 +149,13 @@ func newPeerConn(c net.Conn, g *guard, closed func()) *peerConn {
 	})
 	pc.mu.Unlock()
 	return pc
+}
+
+// closeWith closes c when ctx ends; closing c first lets ctx go.
+func (c *peerConn) closeWith(ctx context.Context) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stop = context.AfterFunc(ctx, func() { c.Close() })
 }
 
 func (c *peerConn) Read(p []byte) (int, error) {
