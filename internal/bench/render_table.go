@@ -74,8 +74,12 @@ func millis(v float64) string {
 }
 
 // summaryLine describes the workload in one line.
-func summaryLine(r *Report) string {
-	s := fmt.Sprintf("workload %s: %d sessions, %d requests per target, concurrency %d", r.Workload, r.Sessions, r.Requests, r.Concurrency)
+func summaryLine(r *Report) string { return "workload " + r.Workload + ": " + runLine(r) }
+
+// runLine describes the run's settings in one line: the sessions, requests, concurrency, API and
+// time scale.
+func runLine(r *Report) string {
+	s := fmt.Sprintf("%d sessions, %d requests per target, concurrency %d", r.Sessions, r.Requests, r.Concurrency)
 	if r.API != "" && r.API != APIChat {
 		s += "; api " + r.API
 	}
