@@ -42,6 +42,19 @@ func optPct(v *float64) string {
 	return pct(*v)
 }
 
+// noPrediction is the predicted cell of a router that predicted no cached token at all: the
+// baseline policies, which know nothing of the workers' caches, send a prefix match of 0.
+const noPrediction = "—"
+
+// predictedCell is the predicted hit rate: n/a when the router sent no prediction, noPrediction
+// when it predicted nothing cached.
+func predictedCell(v *float64) string {
+	if v != nil && *v == 0 {
+		return noPrediction
+	}
+	return optPct(v)
+}
+
 // tableRow is one target's cells, in tableHeader order.
 func tableRow(t *TargetReport) []string {
 	worker := "n/a"
@@ -52,7 +65,7 @@ func tableRow(t *TargetReport) []string {
 	if t.Imbalance != nil {
 		imb = fmt.Sprintf("%.2f / %.2f", t.Imbalance.Peak, t.Imbalance.Mean)
 	}
-	return []string{t.Name, pct(t.HitRate), optPct(t.PredictedHitRate), worker, millis(t.TTFT.P50), millis(t.TTFT.P90), millis(t.TTFT.P99),
+	return []string{t.Name, pct(t.HitRate), predictedCell(t.PredictedHitRate), worker, millis(t.TTFT.P50), millis(t.TTFT.P90), millis(t.TTFT.P99),
 		millis(t.E2E.P50), millis(t.E2E.P99), millis(t.ITL.P50), millis(t.ITL.P99), fmt.Sprintf("%.2f", t.RequestsPerSec), fmt.Sprintf("%.0f", t.OutputTokensPerSec),
 		fmt.Sprint(t.Errors + t.Skipped), imb}
 }

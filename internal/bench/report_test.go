@@ -167,3 +167,34 @@ func TestChainColumnsOnlyForResponsesChain(t *testing.T) {
 		}
 	}
 }
+
+// A router that predicted no cached token at all (a baseline policy sends a prefix match of 0)
+// shows a dash in the predicted column, not 0.0%; one that sent no prediction shows n/a.
+func TestPredictedColumnShowsADashForARouterThatPredictsNothing(t *testing.T) {
+	withMatch := func(match float64) []Record {
+		recs := testRecords()
+		for i := range recs {
+			recs[i].PrefixMatch, recs[i].HasPrefixMatch = match, true
+		}
+		return recs
+	}
+	rep := &Report{Workload: "agent", Targets: []TargetReport{
+		summarize(&Target{Name: "round_robin"}, runResult{records: withMatch(0), wall: time.Second}, 1),
+		summarize(&Target{Name: "cache_aware"}, runResult{records: withMatch(0.5), wall: time.Second}, 1),
+		summarize(&Target{Name: "external"}, runResult{records: testRecords(), wall: time.Second}, 1),
+	}}
+	var table, md bytes.Buffer
+	_ = WriteTable(&table, rep)
+	_ = WriteMarkdown(&md, rep)
+	for _, want := range []string{"| round_robin | 46.1% | — |", "| cache_aware | 46.1% | 50.0% |", "| external | 46.1% | n/a |"} {
+		if !strings.Contains(md.String(), want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md.String())
+		}
+	}
+	if !strings.Contains(table.String(), "\nround_robin  46.1%     —          n/a") {
+		t.Errorf("table:\n%s", table.String())
+	}
+	if p := rep.Targets[0].PredictedHitRate; p == nil || *p != 0 {
+		t.Errorf("the JSON's predicted_hit_rate is %v, want 0: the figure the router sent", p)
+	}
+}
