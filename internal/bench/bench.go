@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -131,6 +129,11 @@ type Options struct {
 	Concurrency int
 	Timeout     time.Duration // per request
 	Progress    *Progress
+
+	// Ports confines every port the in-process run listens on (workers, their event publishers,
+	// routers, the oracle) to a range; the zero value lets the system choose.
+	Ports PortRange
+	ports *ports // hands out Ports' ports during the run
 }
 
 // Run runs the workload against every in-process policy, then every external target, and
@@ -150,6 +153,15 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	if _, err := apiFor(o.API); err != nil {
 		return nil, err
+	}
+	if o.Ports.Set() {
+		if o.Replicas > 1 {
+			return nil, errors.New("--port-range does not confine the redis-server that --replicas starts")
+		}
+		if need := o.listeners(); need > o.Ports.Size() {
+			return nil, fmt.Errorf("--port-range %s holds %d ports; this run listens on %d", o.Ports, o.Ports.Size(), need)
+		}
+		o.ports = newPorts(o.Ports)
 	}
 	rep := &Report{
 		Workload: o.Workload.Name, API: o.API, Params: o.Params, Sessions: len(o.Workload.Sessions),
@@ -198,12 +210,16 @@ func runPolicies(ctx context.Context, o Options, rep *Report) error {
 	base := 0
 	if o.KVEvents {
 		var err error
-		if base, err = freePorts(o.Workers); err != nil {
-			return err
+		if base, err = o.ports.consecutive(o.Workers); err != nil {
+			return fmt.Errorf("the workers' KV-cache events: %w", err)
 		}
 		simCfg.KVEvents = sim.KVEventsConfig{Endpoint: "tcp://127.0.0.1:" + strconv.Itoa(base), Bind: true} // worker n: base+n
 	}
-	fleet, err := sim.StartLocal(o.Workers, simCfg)
+	addrs, err := o.ports.addrs(o.Workers)
+	if err != nil {
+		return fmt.Errorf("the simulated workers: %w", err)
+	}
+	fleet, err := sim.Start(addrs, simCfg)
 	if err != nil {
 		return err
 	}
@@ -274,7 +290,7 @@ func runEntry(ctx context.Context, o *Options, rep *Report, p PolicySpec, cfg co
 		urls := fleet.URLs()
 		cfg.WorkerURLs, cfg.Prefill, cfg.Decode = nil, urls[:o.PrefillWorkers], urls[o.PrefillWorkers:]
 	}
-	rs, err := startReplicas(ctx, cfg, p.Name+suffix, replicas)
+	rs, err := startReplicas(ctx, cfg, p.Name+suffix, replicas, o.ports)
 	if err != nil {
 		return err
 	}
@@ -299,7 +315,7 @@ func runOracle(ctx context.Context, o *Options, rep *Report, p PolicySpec, fleet
 	if o.API != "" && o.API != APIChat {
 		return fmt.Errorf("--policies %s: the oracle routes chat completions only, not --api %s", p.Name, o.API)
 	}
-	or, err := startOracle(fleet)
+	or, err := startOracle(fleet, o.ports)
 	if err != nil {
 		return err
 	}
@@ -394,23 +410,28 @@ func runOne(ctx context.Context, o *Options, t *Target, model string) (TargetRep
 	return tr, nil
 }
 
-// freePorts finds n consecutive loopback ports free when asked, for the simulated workers' event
-// publishers (each binds base+n); it returns the first.
-func freePorts(n int) (int, error) {
-	for range 50 {
-		base := 20000 + rand.IntN(40000-n)
-		free := true
-		for p := base; p < base+n && free; p++ {
-			ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
-			if err != nil {
-				free = false
-				continue
-			}
-			ln.Close()
-		}
-		if free {
-			return base, nil
+// listeners is the number of loopback ports an in-process run listens on: each simulated worker
+// (and its event publisher, with KVEvents), and each entry's routers (twice over for P/D) or its
+// oracle.
+func (o *Options) listeners() int {
+	workers := o.Workers
+	pd := o.PrefillWorkers > 0 && o.DecodeWorkers > 0
+	if pd {
+		workers = o.PrefillWorkers + o.DecodeWorkers
+	}
+	n := workers
+	if o.KVEvents {
+		n += workers
+	}
+	for _, p := range o.Policies {
+		switch {
+		case p.Policy == OraclePolicy:
+			n++
+		case pd:
+			n += 2 * max(o.Replicas, 1)
+		default:
+			n += max(o.Replicas, 1)
 		}
 	}
-	return 0, fmt.Errorf("no %d consecutive free loopback ports for the workers' KV-cache events", n)
+	return n
 }

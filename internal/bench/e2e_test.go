@@ -260,11 +260,11 @@ func TestReplicaLoadsAreSummedPerWorker(t *testing.T) {
 	}
 	b := a
 	b.WorkerURLs = []string{urls[1], urls[0]}
-	ra, err := startReplicas(t.Context(), a, "a", 1)
+	ra, err := startReplicas(t.Context(), a, "a", 1, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rb, err := startReplicas(t.Context(), b, "b", 1)
+	rb, err := startReplicas(t.Context(), b, "b", 1, nil)
 	if err != nil {
 		ra.stop()
 		t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/config"
@@ -21,16 +20,16 @@ type localRouter struct {
 	done   chan error
 }
 
-// startRouter starts a router with configuration cfg (its workers included) and returns once
-// every worker has been probed. name names the router in errors.
-func startRouter(ctx context.Context, cfg config.Config, name string) (*localRouter, error) {
+// startRouter starts a router with configuration cfg (its workers included), listening on a
+// port of ps, and returns once every worker has been probed. name names the router in errors.
+func startRouter(ctx context.Context, cfg config.Config, name string, ps *ports) (*localRouter, error) {
 	r, err := router.New(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		return nil, fmt.Errorf("router %s: %w", name, err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := ps.listen()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("router %s: %w", name, err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	r.Start(ctx)
@@ -48,15 +47,15 @@ func startRouter(ctx context.Context, cfg config.Config, name string) (*localRou
 // replicaSet is the routers of one --policies entry, in front of the same workers.
 type replicaSet []*localRouter
 
-// startReplicas starts n routers with configuration cfg, or none if one fails.
-func startReplicas(ctx context.Context, cfg config.Config, name string, n int) (replicaSet, error) {
+// startReplicas starts n routers with configuration cfg on ports of ps, or none if one fails.
+func startReplicas(ctx context.Context, cfg config.Config, name string, n int, ps *ports) (replicaSet, error) {
 	var rs replicaSet
 	for i := range n {
 		rname := name
 		if n > 1 {
 			rname = fmt.Sprintf("%s (replica %d)", name, i+1)
 		}
-		lr, err := startRouter(ctx, cfg, rname)
+		lr, err := startRouter(ctx, cfg, rname, ps)
 		if err != nil {
 			rs.stop()
 			return nil, err

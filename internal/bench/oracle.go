@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -37,8 +36,8 @@ type oracle struct {
 // maxOracleBody bounds the request bodies the oracle reads, as a router bounds them.
 const maxOracleBody = 64 << 20
 
-// startOracle serves the oracle for fleet on a loopback port.
-func startOracle(fleet *sim.Fleet) (*oracle, error) {
+// startOracle serves the oracle for fleet on a loopback port of ps.
+func startOracle(fleet *sim.Fleet, ps *ports) (*oracle, error) {
 	o := &oracle{workers: fleet.Workers(), urls: fleet.URLs()}
 	for _, u := range o.urls {
 		target, err := url.Parse(u)
@@ -49,7 +48,7 @@ func startOracle(fleet *sim.Fleet) (*oracle, error) {
 		p.FlushInterval = -1 // stream every event as it comes
 		o.proxies = append(o.proxies, p)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := ps.listen()
 	if err != nil {
 		return nil, err
 	}

@@ -19,7 +19,7 @@ func TestOracleSendsATurnToTheWorkerThatHoldsItsConversation(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer fleet.Close()
-	or, err := startOracle(fleet)
+	or, err := startOracle(fleet, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 // newDemoCommand returns `cacheroute demo`: simulated workers, one router per policy and a short
 // agent workload, all in this process, ending with the comparison table.
 func newDemoCommand() *cobra.Command {
-	var outChart, outJSON, outMD string
+	var outChart, outJSON, outMD, portRange string
 	var quiet bool
 	cmd := &cobra.Command{
 		Use:   "demo",
@@ -38,6 +38,11 @@ It is 'cacheroute bench --policies ...' with fixed settings; see docs/benchmarks
 			opts, err := demoOptions()
 			if err != nil {
 				return err
+			}
+			if portRange != "" {
+				if opts.Ports, err = bench.ParsePortRange(portRange); err != nil {
+					return err
+				}
 			}
 			if !quiet {
 				opts.Progress = bench.NewProgress(cmd.ErrOrStderr(), bench.IsTerminal(os.Stderr))
@@ -64,6 +69,8 @@ It is 'cacheroute bench --policies ...' with fixed settings; see docs/benchmarks
 	fs.StringVar(&outJSON, "out-json", "", "also write the report as JSON to this file")
 	fs.StringVar(&outMD, "out-md", "", "also write the report as a Markdown table to this file")
 	fs.BoolVar(&quiet, "quiet", false, "no progress on stderr")
+	fs.StringVar(&portRange, "port-range", "", fmt.Sprintf("listen only on the loopback ports LO-HI, e.g. 20000-20100: the simulated workers, their KV-cache event publishers and the routers, %d ports (default: ports the system picks)",
+		2*bench.DemoWorkers+len(bench.DemoPolicies)))
 	return cmd
 }
 
