@@ -8,6 +8,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -96,16 +99,54 @@ func TestVersionShowsModuleVersionRevisionTimeAndGoVersion(t *testing.T) {
 			{Key: "vcs.modified", Value: "true"},
 		}}
 	want := "cacheroute v0.4.0\nrevision 0217f5d1c2e4b6a8d0f1e3c5a7b9d1f3e5a7c9b1 (2026-12-01T05:34:14Z, modified)\ngo1.26.8 " + runtime.GOOS + "/" + runtime.GOARCH
-	if got := formatVersion(info); got != want {
+	if got := formatVersion(info, nil); got != want {
 		t.Errorf("formatVersion =\n%s\nwant\n%s", got, want)
 	}
-	// A build without VCS stamps (go run, go test) has no revision line.
-	info.Settings = nil
-	if got := formatVersion(info); strings.Contains(got, "revision") {
-		t.Errorf("formatVersion without VCS settings = %q", got)
+	// The toolchain's stamps win over the linker's, which a build without stamps shows instead.
+	linker := []debug.BuildSetting{{Key: "vcs.revision", Value: "5a84c9a0"}, {Key: "vcs.time", Value: "2026-12-02T10:00:00Z"}, {Key: "vcs.modified", Value: ""}}
+	if got := formatVersion(info, linker); got != want {
+		t.Errorf("formatVersion with both =\n%s\nwant\n%s", got, want)
 	}
-	if got := formatVersion(nil); !strings.Contains(got, "cacheroute unknown") || !strings.Contains(got, runtime.Version()) {
+	info.Settings = nil
+	if got, want := formatVersion(info, linker), "\nrevision 5a84c9a0 (2026-12-02T10:00:00Z)\n"; !strings.Contains(got, want) {
+		t.Errorf("formatVersion with the linker's revision = %q, want %q in it", got, want)
+	}
+	// A build that recorded nothing says so.
+	if got := formatVersion(info, nil); !strings.Contains(got, "\nrevision unknown: this build recorded none") {
+		t.Errorf("formatVersion without a revision = %q", got)
+	}
+	if got := formatVersion(nil, nil); !strings.Contains(got, "cacheroute unknown") || !strings.Contains(got, runtime.Version()) {
 		t.Errorf("formatVersion(nil) = %q", got)
+	}
+}
+
+// `make build` records the checkout's revision in the binary whatever the toolchain stamps: in a
+// git worktree, or with GOFLAGS=-buildvcs=false, `go build` records none by itself.
+func TestMakeBuildRecordsTheRevision(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	for _, tool := range []string{"make", "git"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skip("needs " + tool)
+		}
+	}
+	head, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		t.Skip("not in a git checkout")
+	}
+	bin := filepath.Join(t.TempDir(), "cacheroute")
+	build := exec.Command("make", "-s", "-C", filepath.Join("..", ".."), "build", "OUT="+bin)
+	build.Env = append(os.Environ(), "GOFLAGS=-buildvcs=false")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("make build: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "version").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "\nrevision " + strings.TrimSpace(string(head)) + " (20"; !strings.Contains(string(out), want) {
+		t.Errorf("version of the binary make built:\n%s\nwant %q in it", out, want)
 	}
 }
 

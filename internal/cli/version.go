@@ -24,27 +24,48 @@ func newVersionCommand() *cobra.Command {
 	}
 }
 
-// version describes this binary from the build information the Go toolchain embeds in it.
+// The source the binary was built from, as the linker records it with -X (`make build` and
+// deploy/Dockerfile do) for builds the Go toolchain does not stamp: `go build` stamps vcs.revision
+// only in a git clone whose .git is a directory (not in a git worktree, nor with
+// -buildvcs=false), and `go run` only with -buildvcs=true. Reading .git when the binary runs
+// would describe wherever it runs, not what it was built from, so it is never done.
+var (
+	sourceRevision string // the commit
+	sourceTime     string // its commit time, RFC 3339 in UTC
+	sourceModified string // "true" when the tree had changes not committed
+)
+
+// version describes this binary from the build information the Go toolchain embeds in it, or
+// the revision the linker was given.
 func version() string {
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
 		info = nil
 	}
-	return formatVersion(info)
+	return formatVersion(info, linkerSource())
 }
 
-// formatVersion is three lines at most: the module version ("(devel)" for a build from a working
-// tree), the source revision with its commit time and whether the tree had uncommitted changes
-// (when the build recorded them: `go build` in a git checkout does, `go run` and `go test` do not),
-// and the Go version and platform.
+// linkerSource is the revision the linker was given, as the toolchain's vcs settings; nil when
+// none was.
+func linkerSource() []debug.BuildSetting {
+	if sourceRevision == "" {
+		return nil
+	}
+	return []debug.BuildSetting{{Key: "vcs.revision", Value: sourceRevision}, {Key: "vcs.time", Value: sourceTime},
+		{Key: "vcs.modified", Value: sourceModified}}
+}
+
+// formatVersion is three lines: the module version ("(devel)" for a build from a working tree),
+// the source revision with its commit time and whether the tree had uncommitted changes, and
+// the Go version and platform. The revision is the toolchain's vcs settings in info, else
+// fallback (the linker's); without either the line says the build recorded none.
 //
 //	cacheroute v0.4.0
 //	revision 0217f5d1c2e4b6a8d0f1e3c5a7b9d1f3e5a7c9b1 (2026-12-01T05:34:14Z, modified)
 //	go1.26.8 linux/amd64
-func formatVersion(info *debug.BuildInfo) string {
+func formatVersion(info *debug.BuildInfo, fallback []debug.BuildSetting) string {
 	mod, goVersion := "unknown", runtime.Version()
-	var revision, when string
-	var modified bool
+	settings := fallback
 	if info != nil {
 		if v := info.Main.Version; v != "" {
 			mod = v
@@ -53,17 +74,24 @@ func formatVersion(info *debug.BuildInfo) string {
 			goVersion = info.GoVersion
 		}
 		for _, s := range info.Settings {
-			switch s.Key {
-			case "vcs.revision":
-				revision = s.Value
-			case "vcs.time":
-				when = s.Value
-			case "vcs.modified":
-				modified = s.Value == "true"
+			if s.Key == "vcs.revision" && s.Value != "" {
+				settings = info.Settings
 			}
 		}
 	}
-	lines := []string{"cacheroute " + mod}
+	var revision, when string
+	var modified bool
+	for _, s := range settings {
+		switch s.Key {
+		case "vcs.revision":
+			revision = s.Value
+		case "vcs.time":
+			when = s.Value
+		case "vcs.modified":
+			modified = s.Value == "true"
+		}
+	}
+	line := "revision unknown: this build recorded none (`make build` records it)"
 	if revision != "" {
 		var notes []string
 		if when != "" {
@@ -72,12 +100,10 @@ func formatVersion(info *debug.BuildInfo) string {
 		if modified {
 			notes = append(notes, "modified")
 		}
-		line := "revision " + revision
+		line = "revision " + revision
 		if len(notes) > 0 {
 			line += " (" + strings.Join(notes, ", ") + ")"
 		}
-		lines = append(lines, line)
 	}
-	lines = append(lines, goVersion+" "+runtime.GOOS+"/"+runtime.GOARCH)
-	return strings.Join(lines, "\n")
+	return strings.Join([]string{"cacheroute " + mod, line, goVersion + " " + runtime.GOOS + "/" + runtime.GOARCH}, "\n")
 }
