@@ -182,10 +182,18 @@ const (
 var TokenizeResults = []string{TokenizeOK, TokenizeCached, TokenizeError, TokenizeTimeout}
 
 // WorkerAdded creates the counters of a worker tenant that joined, given by its shown name, at 0
-// (ForgetWorker deletes them when it leaves); policy is the routing policy's name.
-func (m *Metrics) WorkerAdded(policy, name string) {
+// (ForgetWorker deletes them when it leaves): its answers and decisions, its corrections, and its
+// prompt and cached tokens under each of labels, the decision labels the policy gives (the
+// policy's name for one without labels). policy is the routing policy's name.
+func (m *Metrics) WorkerAdded(policy string, labels []string, name string) {
 	m.Processed.WithLabelValues(name)
 	m.PolicyDecisions.WithLabelValues(policy, name)
+	m.CacheCorrections.WithLabelValues(name)
+	for _, label := range labels {
+		m.PromptTokens.WithLabelValues(name, label)
+		m.CachedTokensPredicted.WithLabelValues(name, label)
+		m.CachedTokensAchieved.WithLabelValues(name, label)
+	}
 }
 
 // AdmissionReporter is the admission controller's reporter: queue lengths and waits. Refusals

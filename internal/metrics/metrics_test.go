@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/cacheroute/cacheroute/internal/workers"
@@ -31,16 +32,31 @@ func TestNew_EveryUpstreamErrorKindHasASeriesFromTheStart(t *testing.T) {
 // alert on a worker that never served anything has a series; ForgetWorker takes them away again.
 func TestWorkerAdded_CreatesTheWorkersSeriesAndForgetWorkerRemovesThem(t *testing.T) {
 	m := New(workers.NewPool(workers.Options{}))
-	m.WorkerAdded("round_robin", "http://w:8000")
-	if got := testutil.CollectAndCount(m.Processed); got != 1 {
-		t.Errorf("processed_requests_total has %d series, want 1", got)
+	m.WorkerAdded("cache_aware", []string{"session_id_match", "full_history_match"}, "http://w:8000")
+	m.WorkerAdded("cache_aware", []string{"session_id_match", "full_history_match"}, "http://v:8000")
+	perWorker := map[string]struct {
+		vec  *prometheus.CounterVec
+		want int
+	}{
+		"processed_requests_total": {m.Processed, 1}, "policy_decisions_total": {m.PolicyDecisions, 1},
+		"cache_aware_corrections_total": {m.CacheCorrections, 1},
+		// one per decision label: the status page and the alert rules sum them by worker
+		"prompt_tokens_total": {m.PromptTokens, 2}, "cached_tokens_predicted_total": {m.CachedTokensPredicted, 2},
+		"cached_tokens_achieved_total": {m.CachedTokensAchieved, 2},
 	}
-	if got := testutil.CollectAndCount(m.PolicyDecisions); got != 1 {
-		t.Errorf("policy_decisions_total has %d series, want 1", got)
+	for name, c := range perWorker {
+		if got := testutil.CollectAndCount(c.vec); got != 2*c.want {
+			t.Errorf("%s has %d series for 2 workers, want %d", name, got, 2*c.want)
+		}
+	}
+	if got := testutil.ToFloat64(m.PromptTokens.WithLabelValues("http://w:8000", "full_history_match")); got != 0 {
+		t.Errorf("prompt_tokens_total starts at %v", got)
 	}
 	m.ForgetWorker("http://w:8000")
-	if got := testutil.CollectAndCount(m.Processed) + testutil.CollectAndCount(m.PolicyDecisions); got != 0 {
-		t.Errorf("%d series left after ForgetWorker", got)
+	for name, c := range perWorker {
+		if got := testutil.CollectAndCount(c.vec); got != c.want {
+			t.Errorf("%s has %d series after ForgetWorker of one of 2 workers, want %d", name, got, c.want)
+		}
 	}
 }
 

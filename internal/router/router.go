@@ -348,8 +348,12 @@ func (l fleetListener) WorkerJoined(u tenant.URL, tenants []*workers.Worker) {
 	if l.r.prefill != nil {
 		l.r.prefill.WorkerAdded(u.String())
 	}
+	labels := l.r.policy.Labels()
+	if len(labels) == 0 {
+		labels = []string{l.r.policy.Name()} // a policy without labels gives its name
+	}
 	for _, w := range tenants {
-		l.r.metrics.WorkerAdded(l.r.policy.Name(), w.Name())
+		l.r.metrics.WorkerAdded(l.r.policy.Name(), labels, w.Name())
 	}
 }
 

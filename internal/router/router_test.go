@@ -634,6 +634,46 @@ func TestMetricsEndpointExposesRouterSeries(t *testing.T) {
 	}
 }
 
+// The series the status page, the Grafana dashboard and the alert rules read exist, at 0, as soon
+// as the router runs and its workers joined, before any request: the prompt and cached tokens
+// under every decision label and the corrections of each worker, and every kind of eviction. A
+// worker that leaves takes its series with it.
+func TestMetricsTheDashboardsReadExistBeforeTheFirstRequest(t *testing.T) {
+	a, b := newFakeWorker(t), newFakeWorker(t)
+	cfg := testConfig()
+	cfg.Policy = "cache_aware"
+	tr := startRouter(t, cfg, a, b)
+	body := readAll(t, mustGet(t, tr.url+"/metrics"))
+	var want []string
+	for _, w := range []*fakeWorker{a, b} {
+		worker := `worker="` + w.URL() + `"`
+		want = append(want, `vllm_router_cache_aware_corrections_total{`+worker+`} 0`)
+		for _, label := range tr.policy.Labels() {
+			for _, name := range []string{"prompt_tokens_total", "cached_tokens_predicted_total", "cached_tokens_achieved_total"} {
+				want = append(want, `vllm_router_`+name+`{decision="`+label+`",`+worker+`} 0`)
+			}
+		}
+	}
+	for _, kind := range []string{"tree", "session_ttl", "session_capacity", "worker_removed"} {
+		want = append(want, `vllm_router_cache_aware_evictions_total{kind="`+kind+`"} 0`)
+	}
+	for _, line := range want {
+		if !strings.Contains(body, "\n"+line+"\n") {
+			t.Errorf("/metrics before any request lacks %s", line)
+		}
+	}
+	if err := tr.RemoveWorker(a.URL()); err != nil {
+		t.Fatal(err)
+	}
+	body = readAll(t, mustGet(t, tr.url+"/metrics"))
+	if strings.Contains(body, `worker="`+a.URL()+`"`) {
+		t.Errorf("the removed worker's series are still there")
+	}
+	if !strings.Contains(body, `vllm_router_prompt_tokens_total{decision="session_id_match",worker="`+b.URL()+`"} 0`) {
+		t.Errorf("the other worker's series went too")
+	}
+}
+
 func mustGet(t *testing.T, u string) *http.Response {
 	t.Helper()
 	resp, err := http.Get(u)

@@ -129,8 +129,22 @@ func New(opts Options, r Reporter, log *slog.Logger) *Policy {
 		p.store = p.memory
 		p.sweep = p.memory.Sweep
 	}
+	if r != nil {
+		// Every kind of eviction is reported once, as none, from the start: its counter then has
+		// a series, at 0, for rate() and alerts before the first eviction.
+		for _, kind := range evictionKinds {
+			r.Evicted(kind, 0)
+		}
+	}
 	return p
 }
+
+// evictionKinds are every kind of state the policy reports evicted: bytes of the prefix tree, and
+// sessions by the reason they went.
+var evictionKinds = []string{evictedTree, session.SessionTTL.String(), session.SessionCapacity.String(), session.WorkerRemoved.String()}
+
+// evictedTree is the kind of prefix-tree bytes evicted.
+const evictedTree = "tree"
 
 // Name is the policy's --policy name.
 const Name = "cache_aware"
@@ -254,13 +268,13 @@ func (p *Policy) Accepted(in policy.Input, dec policy.Decision) {
 	}
 	d := newDecision(in)
 	for _, t := range choiceOf(dec).forget {
-		p.report("tree", p.tree.RemoveTenant(t))
+		p.report(evictedTree, p.tree.RemoveTenant(t))
 	}
 	if d.key != "" && dec.Label != LabelSessionMatch {
 		_ = p.store.Set(d.ctx, d.model, d.key, dec.Worker.Tenant())
 	}
 	if d.text != "" {
-		p.report("tree", p.tree.Insert(d.model, d.text, dec.Worker.Tenant()))
+		p.report(evictedTree, p.tree.Insert(d.model, d.text, dec.Worker.Tenant()))
 	}
 	p.recordSession(d, dec.Worker)
 }

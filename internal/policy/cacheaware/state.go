@@ -39,7 +39,7 @@ func (p *Policy) State() policy.State { return p }
 
 // Sweep runs one eviction pass now.
 func (p *Policy) Sweep() {
-	p.report("tree", p.tree.Evict())
+	p.report(evictedTree, p.tree.Evict())
 	if p.sweep != nil {
 		p.sweep()
 	}
