@@ -8,6 +8,28 @@ import (
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
+// DashboardPath is the status page's path; its JSON is under DashboardPath+"/data".
+const DashboardPath = "/dashboard"
+
+// index answers GET /: what the router serves, for a person or a script that asks its root (a
+// browser pointed at the router's address finds the status page from here). allow holds every
+// path the router answers itself with its methods; the routed paths are forwarded to workers.
+func (s *Server) index(allow map[string][]string) http.HandlerFunc {
+	type index struct {
+		Service     string              `json:"service"`
+		StatusPage  string              `json:"status_page,omitempty"`
+		RoutedPaths []string            `json:"routed_paths"`
+		Endpoints   map[string][]string `json:"endpoints"`
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		body := index{Service: "cacheroute", RoutedPaths: RoutedPaths(), Endpoints: allow}
+		if s.opts.Dashboard != nil {
+			body.StatusPage = DashboardPath
+		}
+		writeJSON(w, http.StatusOK, body)
+	}
+}
+
 // WorkerInfo is one tenant as the health and admin endpoints show it.
 type WorkerInfo struct {
 	URL     string   `json:"url"`

@@ -202,9 +202,11 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 	handleAdmin("GET", workerPattern, s.getWorker)
 	handleAdmin("DELETE", workerPattern, s.deleteWorker)
 	if opts.Dashboard != nil {
-		handleAdmin("GET", "/dashboard", opts.Dashboard.ServeHTTP)
-		handleAdmin("GET", "/dashboard/data", opts.Dashboard.ServeHTTP)
+		handleAdmin("GET", DashboardPath, opts.Dashboard.ServeHTTP)
+		handleAdmin("GET", DashboardPath+"/data", opts.Dashboard.ServeHTTP)
 	}
+	s.mux.HandleFunc("GET /{$}", s.index(allow))
+	allow["/"] = []string{"GET"}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { notFound(w, r, allow) })
 	s.plain = servePlain(s.mux)
 	return s

@@ -4,10 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -346,5 +350,76 @@ func checkWorkerCacheAndLoad(t *testing.T, ctx context.Context, tr *testRouter) 
 			`(Array.from(document.querySelectorAll("#workers tr.worker")).find(r => r.dataset.name === %q) || {}).innerText`, busiest.Name)))
 		head, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector("#workers thead").innerText`))
 		t.Fatalf("the row of %s does not show its hit rates and load (want %s): %v\nheader: %s\nrow: %s", busiest.Name, want, err, head, row)
+	}
+}
+
+// GET / names the status page beside the routed paths and the router's own endpoints, so that a
+// browser pointed at the router's address finds it; other methods on / get 405.
+func TestRootListsTheStatusPage(t *testing.T) {
+	tr := startRouter(t, testConfig(), newFakeWorker(t))
+	resp := mustGet(t, tr.url+"/")
+	var index struct {
+		StatusPage  string              `json:"status_page"`
+		RoutedPaths []string            `json:"routed_paths"`
+		Endpoints   map[string][]string `json:"endpoints"`
+	}
+	if err := json.Unmarshal([]byte(readAll(t, resp)), &index); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /: %d %v", resp.StatusCode, err)
+	}
+	if index.StatusPage != "/dashboard" || !slices.Contains(index.RoutedPaths, "/v1/chat/completions") ||
+		!slices.Equal(index.Endpoints["/dashboard"], []string{"GET"}) || !slices.Equal(index.Endpoints["/health"], []string{"GET"}) {
+		t.Fatalf("GET / lists %+v", index)
+	}
+	if page := mustGet(t, tr.url+index.StatusPage); page.StatusCode != http.StatusOK || !strings.Contains(readAll(t, page), "<title>cacheroute status</title>") {
+		t.Errorf("the status page it names answers %d", page.StatusCode)
+	}
+	post := tr.post(t, "/", "{}")
+	if readAll(t, post); post.StatusCode != http.StatusMethodNotAllowed || post.Header.Get("Allow") != "GET" {
+		t.Errorf("POST /: %d, Allow %q", post.StatusCode, post.Header.Get("Allow"))
+	}
+}
+
+// The start-up log line gives the status page's URL, which a browser on the router's host opens.
+func TestStartUpLogGivesTheStatusPageURL(t *testing.T) {
+	w := newFakeWorker(t)
+	cfg := testConfig()
+	cfg.Host, cfg.Port, cfg.WorkerURLs = "127.0.0.1", 0, []string{w.URL()}
+	var logs syncBuffer
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg, slog.New(slog.NewTextHandler(&logs, nil))) }()
+	defer func() { cancel(); <-done }()
+	re := regexp.MustCompile(`msg="cacheroute listening" .* status_page=(http://127\.0\.0\.1:[0-9]+/dashboard)\n`)
+	var url string
+	for range 200 {
+		if m := re.FindStringSubmatch(logs.String()); m != nil {
+			url = m[1]
+			break
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	if url == "" {
+		t.Fatalf("no status page URL in the start-up log:\n%s", logs.String())
+	}
+	if page := mustGet(t, url); page.StatusCode != http.StatusOK || !strings.Contains(readAll(t, page), "<title>cacheroute status</title>") {
+		t.Errorf("%s answers %d", url, page.StatusCode)
+	}
+}
+
+func TestStatusPageURLNamesLocalhostForAWildcardAddress(t *testing.T) {
+	for addr, want := range map[string]string{
+		"0.0.0.0:30000": "http://localhost:30000/dashboard", "[::]:30000": "http://localhost:30000/dashboard",
+		"10.0.0.5:8080": "http://10.0.0.5:8080/dashboard", "[::1]:30000": "http://[::1]:30000/dashboard",
+	} {
+		tcp, err := net.ResolveTCPAddr("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := statusPageURL(tcp, false); got != want {
+			t.Errorf("%s: %s, want %s", addr, got, want)
+		}
+	}
+	if got := statusPageURL(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 443}, true); got != "https://127.0.0.1:443/dashboard" {
+		t.Errorf("TLS: %s", got)
 	}
 }

@@ -585,10 +585,29 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			return listenError(err, "--prometheus-port", "--prometheus-host", "; 0 disables the metrics listener")
 		}
 	}
-	log.Info("cacheroute listening", "addr", ln.Addr().String(), "tls", cfg.TLSCertFile != "", "policy", cfg.Policy, "workers", len(cfg.WorkerURLs))
+	log.Info("cacheroute listening", "addr", ln.Addr().String(), "tls", cfg.TLSCertFile != "", "policy", cfg.Policy, "workers", len(cfg.WorkerURLs),
+		"status_page", statusPageURL(ln.Addr(), cfg.TLSCertFile != ""))
 	r.Start(ctx)
 	go r.reloadOnHangup(ctx)
 	return r.Serve(ctx, ln, metricsLn)
+}
+
+// statusPageURL is where a browser on this host opens the status page of a router listening on
+// addr: localhost for a wildcard address (the page answers loopback callers unless an admin key
+// is set).
+func statusPageURL(addr net.Addr, tls bool) string {
+	host, port, err := net.SplitHostPort(addr.String())
+	if err != nil {
+		return ""
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		host = "localhost"
+	}
+	scheme := "http"
+	if tls {
+		scheme = "https"
+	}
+	return scheme + "://" + net.JoinHostPort(host, port) + proxy.DashboardPath
 }
 
 // listenError names the flags behind a listener that could not be opened, so that a user who never
