@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -21,43 +20,48 @@ import (
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
+	"github.com/cacheroute/cacheroute/internal/browsertest"
 	"github.com/cacheroute/cacheroute/internal/dashboard"
 )
 
 // The status page is opened in a real headless Chromium in front of a router and simulated
-// workers; its rendered DOM is checked, and with UPDATE_SCREENSHOT=1 its screenshot is written to
-// docs/images/dashboard.png.
+// workers, in windows 1,280 and 1,920 pixels wide; its rendered DOM is checked, and with
+// UPDATE_SCREENSHOT=1 its screenshots are written to docs/images/dashboard-1280.png and
+// dashboard-1920.png.
 
 // browser returns the path of a Chromium-family browser. Without one the test fails in CI and is
 // skipped elsewhere.
-func browser(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "headless-shell"} {
-		if path, err := exec.LookPath(name); err == nil {
-			return path
-		}
-	}
-	const why = "no chromium on PATH: the status page test needs a real browser (apt-get install -y chromium)"
-	if os.Getenv("CI") == "true" {
-		t.Fatal(why)
-	}
-	t.Skip(why)
-	return ""
-}
+func browser(t *testing.T) string { return browsertest.Path(t) }
 
-// newBrowser starts a headless browser for the test, closed at its end; every action on it must
-// end within a minute.
-func newBrowser(t *testing.T, exe string) context.Context {
+// newBrowser starts a headless browser with a window of 1,280 × 900 pixels for the test.
+func newBrowser(t *testing.T, exe string) context.Context { return browsertest.New(t, exe, 1280, 900) }
+
+// pageWidths are the window widths the status page is checked at: a laptop's and a desktop's.
+var pageWidths = []int{1280, 1920}
+
+// checkPageFits fails the test when the page in ctx cuts something off: when the workers table is
+// wider than the box that holds it (so part of it needs scrolling to see) or a column of it ends
+// past the box's edge, when another table spills out of its section, or when the page itself
+// scrolls sideways.
+func checkPageFits(t *testing.T, ctx context.Context, width int) {
 	t.Helper()
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(exe), chromedp.WindowSize(1280, 900))
-	if os.Geteuid() == 0 {
-		opts = append(opts, chromedp.NoSandbox) // Chromium refuses its sandbox as root
+	problems, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`(() => {
+		const box = document.querySelector("#workers").parentElement, edge = box.getBoundingClientRect().right, out = [];
+		if (box.scrollWidth > box.clientWidth) out.push("the table is " + box.scrollWidth + " px wide in a box of " + box.clientWidth + " px");
+		const cut = Array.from(document.querySelectorAll("#workers thead tr:last-child th")).filter(th => th.getBoundingClientRect().right > edge + 0.5);
+		if (cut.length) out.push("the columns " + cut.map(th => JSON.stringify(th.textContent)).join(", ") + " end past the box");
+		for (const table of document.querySelectorAll("section table:not(#workers)")) {
+			if (table.getBoundingClientRect().right > table.closest("section").getBoundingClientRect().right + 0.5) out.push("the table #" + table.id + " spills out of its section");
+		}
+		if (document.documentElement.scrollWidth > window.innerWidth) out.push("the page is " + document.documentElement.scrollWidth + " px wide in a window of " + window.innerWidth);
+		return out;
+	})()`))
+	if err != nil {
+		t.Fatal(err)
 	}
-	actx, cancelAlloc := chromedp.NewExecAllocator(t.Context(), opts...)
-	ctx, cancel := chromedp.NewContext(actx)
-	ctx, cancelTimeout := context.WithTimeout(ctx, 60*time.Second)
-	t.Cleanup(func() { cancelTimeout(); cancel(); cancelAlloc() })
-	return ctx
+	for _, p := range problems {
+		t.Errorf("at %d px: %s", width, p)
+	}
 }
 
 func TestDashboardInBrowser(t *testing.T) {
@@ -79,9 +83,102 @@ func TestDashboardInBrowser(t *testing.T) {
 			c.turn(t, tr)
 		}
 	}
+	screenshots := os.Getenv("UPDATE_SCREENSHOT") == "1"
+	if screenshots {
+		// A few more seconds of traffic, new sessions among it, so the charts have a shape.
+		for i := range 12 {
+			fresh := newConversation(fmt.Sprintf("dash-late-%d", i))
+			for range 1 + i%3 {
+				fresh.turn(t, tr)
+			}
+			for _, c := range convs[:1+i%len(convs)] {
+				c.turn(t, tr)
+			}
+			time.Sleep(time.Second)
+		}
+	}
+	for _, width := range pageWidths {
+		ctx := browsertest.New(t, exe, width, 900)
+		browserProblems := watchBrowser(t, ctx)
+		err := chromedp.Do(ctx,
+			chromedp.Navigate(tr.url+"/dashboard"),
+			chromedp.WaitVisible(chromedp.CSS(`body[data-ready="1"]`)),
+			// The counters are sampled once a second: wait until the page shows the traffic.
+			chromedp.Poll[chromedp.Void](`document.querySelectorAll("#decisions td.count").length > 0 &&
+				document.querySelectorAll("#mix path").length > 0`, chromedp.WithPollingTimeout(60*time.Second)), // a loaded machine starts a browser slowly
+		)
+		if err != nil {
+			t.Fatalf("at %d px the page did not render its data: %v (browser problems: %v)", width, err, browserProblems())
+		}
+		if width == pageWidths[0] {
+			checkDashboardContent(t, ctx, tr, 4*len(convs))
+		}
+		checkPageFits(t, ctx, width)
+		if screenshots {
+			if err := chromedp.Do(ctx, chromedp.Poll[chromedp.Void](`document.querySelectorAll("#rate-legend span").length > 0 &&
+				document.getElementById("kpis").textContent.includes("requests since start")`, chromedp.WithPollingTimeout(10*time.Second))); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(1500 * time.Millisecond) // one more poll of the page, which shows the last second
+			png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join("..", "..", "docs", "images", fmt.Sprintf("dashboard-%d.png", width))
+			if err := os.WriteFile(path, png, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if p := browserProblems(); len(p) > 0 {
+			t.Errorf("at %d px the browser reported: %v", width, p)
+		}
+	}
+}
 
-	ctx := newBrowser(t, exe)
+// checkDashboardContent: the page lists every worker of the pool, counts the decisions of the
+// requests sent, shows no session id, and a worker's row shows its cache and load.
+func checkDashboardContent(t *testing.T, ctx context.Context, tr *testRouter, requests int) {
+	t.Helper()
+	names := map[string]bool{}
+	for _, w := range tr.Pool().All() {
+		names[w.Name()] = false
+	}
+	rows, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`Array.from(document.querySelectorAll("#workers tr.worker")).map(r => r.dataset.name)`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	decisions, err := chromedp.Run(ctx, chromedp.Evaluate[int](`Array.from(document.querySelectorAll("#decisions td.count")).reduce((s, td) => s + Number(td.textContent), 0)`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range rows {
+		if _, ok := names[name]; !ok {
+			t.Errorf("the page lists %q, not a worker of the pool", name)
+		}
+		names[name] = true
+	}
+	for name, listed := range names {
+		if !listed {
+			t.Errorf("worker %s is not listed", name)
+		}
+	}
+	if decisions <= 0 {
+		t.Errorf("the page counts %d decisions after %d requests", decisions, requests)
+	}
+	text, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS("body")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(text, "dash-session-") {
+		t.Error("the page shows a session id")
+	}
+	checkWorkerCacheAndLoad(t, ctx, tr)
+}
 
+// watchBrowser collects the console errors, exceptions and error log entries of the page in ctx;
+// the function it returns gives those seen so far.
+func watchBrowser(t *testing.T, ctx context.Context) func() []string {
+	t.Helper()
 	var mu sync.Mutex
 	var problems []string
 	report := func(p string) {
@@ -112,90 +209,12 @@ func TestDashboardInBrowser(t *testing.T) {
 		}
 	})
 	if err != nil {
-		t.Fatalf("starting %s: %v", exe, err)
+		t.Fatalf("starting the browser: %v", err)
 	}
-	browserProblems := func() []string {
+	return func() []string {
 		mu.Lock()
 		defer mu.Unlock()
 		return append([]string(nil), problems...)
-	}
-
-	names := map[string]bool{}
-	for _, w := range tr.Pool().All() {
-		names[w.Name()] = false
-	}
-	err = chromedp.Do(ctx,
-		chromedp.Navigate(tr.url+"/dashboard"),
-		chromedp.WaitVisible(chromedp.CSS(`body[data-ready="1"]`)),
-		// The counters are sampled once a second: wait until the page shows the traffic.
-		chromedp.Poll[chromedp.Void](`document.querySelectorAll("#decisions td.count").length > 0 &&
-			document.querySelectorAll("#mix path").length > 0`, chromedp.WithPollingTimeout(60*time.Second)), // a loaded machine starts a browser slowly
-	)
-	if err != nil {
-		t.Fatalf("the page did not render its data: %v (browser problems: %v)", err, browserProblems())
-	}
-	rows, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`Array.from(document.querySelectorAll("#workers tr.worker")).map(r => r.dataset.name)`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	decisions, err := chromedp.Run(ctx, chromedp.Evaluate[int](`Array.from(document.querySelectorAll("#decisions td.count")).reduce((s, td) => s + Number(td.textContent), 0)`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range rows {
-		if _, ok := names[name]; !ok {
-			t.Errorf("the page lists %q, not a worker of the pool", name)
-		}
-		names[name] = true
-	}
-	for name, listed := range names {
-		if !listed {
-			t.Errorf("worker %s is not listed", name)
-		}
-	}
-	if decisions <= 0 {
-		t.Errorf("the page counts %d decisions after %d requests", decisions, 4*len(convs))
-	}
-	text, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS("body")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(text, "dash-session-") {
-		t.Error("the page shows a session id")
-	}
-	checkWorkerCacheAndLoad(t, ctx, tr)
-
-	if os.Getenv("UPDATE_SCREENSHOT") == "1" {
-		// A few more seconds of traffic, new sessions among it, so the charts have a shape.
-		for i := range 12 {
-			fresh := newConversation(fmt.Sprintf("dash-late-%d", i))
-			for range 1 + i%3 {
-				fresh.turn(t, tr)
-			}
-			for _, c := range convs[:1+i%len(convs)] {
-				c.turn(t, tr)
-			}
-			time.Sleep(time.Second)
-		}
-		if err := chromedp.Do(ctx, chromedp.Poll[chromedp.Void](`document.querySelectorAll("#rate-legend span").length > 0 &&
-			document.getElementById("kpis").textContent.includes("requests since start")`, chromedp.WithPollingTimeout(10*time.Second))); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(1500 * time.Millisecond) // one more poll of the page, which shows the last second
-		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
-		if err != nil {
-			t.Fatal(err)
-		}
-		path := filepath.Join("..", "..", "docs", "images", "dashboard.png")
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, png, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if p := browserProblems(); len(p) > 0 {
-		t.Errorf("the browser reported: %v", p)
 	}
 }
 
@@ -267,6 +286,7 @@ func TestDashboardManyWorkers(t *testing.T) {
 	if height > 600 {
 		t.Errorf("the worker table is %.0f px high; it should scroll within its box", height)
 	}
+	checkPageFits(t, ctx, 1280)
 }
 
 // settledData polls tr's /dashboard/data until two of its samples, a second or more apart, show
@@ -341,7 +361,7 @@ func checkWorkerCacheAndLoad(t *testing.T, ctx context.Context, tr *testRouter) 
 		return near(cell("hit-predicted"), want.predicted) && near(cell("hit-achieved"), want.achieved) &&
 			/%%$/.test(cell("hit-predicted-recent")) && /%%$/.test(cell("hit-achieved-recent")) &&
 			/^[0-9]+$/.test(cell("corrections")) && /^[0-9]+$/.test(cell("load")) && cell("in-flight") === "0" &&
-			/ \/ /.test(cell("engine")) && / ago$/.test(cell("scrape")) &&
+			/ \/ /.test(cell("engine")) && / ago(, [0-9]+ failed)?$/.test(cell("scrape")) &&
 			document.getElementById("load-head").textContent === "load, signal engine" &&
 			document.getElementById("policy").textContent.includes("load signal engine");
 	})()`, want)
