@@ -74,11 +74,7 @@ func TestPortRangeConfinesEveryListenerOfTheRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := PortRange{Lo: base, Hi: base + 39}
-	w, err := Agent(AgentConfig{Sessions: 4, Turns: 3, SharedPrefixTokens: 64, ToolSets: 1, TaskTokens: 100,
-		ToolResult: Dist{Kind: "fixed", A: 50}, OutputTokens: 8, Seed: 5})
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := tinyAgent(t, 4, 3)
 	simCfg := sim.DefaultConfig()
 	simCfg.TimeScale = 0.05
 	policies, err := ParsePolicies([]string{"round_robin,cache_aware," + OraclePolicy}, SessionHeader)
@@ -139,15 +135,21 @@ func TestPortRangeConfinesEveryListenerOfTheRun(t *testing.T) {
 
 // A range too small for the run is refused before anything starts, naming both sizes.
 func TestPortRangeTooSmallIsRefusedBeforeTheRun(t *testing.T) {
-	w, err := Agent(AgentConfig{Sessions: 1, Turns: 1, SharedPrefixTokens: 64, ToolSets: 1, TaskTokens: 100,
-		ToolResult: Dist{Kind: "fixed", A: 50}, OutputTokens: 8, Seed: 5})
-	if err != nil {
-		t.Fatal(err)
-	}
 	policies, _ := ParsePolicies(DemoPolicies, SessionHeader)
-	_, err = Run(t.Context(), Options{Workload: w, Policies: policies, Workers: DemoWorkers, Sim: DemoSim(), KVEvents: true,
+	_, err := Run(t.Context(), Options{Workload: tinyAgent(t, 1, 1), Policies: policies, Workers: DemoWorkers, Sim: DemoSim(), KVEvents: true,
 		Concurrency: 1, Ports: PortRange{Lo: 20000, Hi: 20009}})
 	if err == nil || !strings.Contains(err.Error(), "holds 10 ports; this run listens on 12") {
 		t.Fatalf("err %v", err)
 	}
+}
+
+// tinyAgent is an agent workload of short sessions with little shared prefix.
+func tinyAgent(t *testing.T, sessions, turns int) Workload {
+	t.Helper()
+	w, err := Agent(AgentConfig{Sessions: sessions, Turns: turns, SharedPrefixTokens: 64, ToolSets: 1, TaskTokens: 100,
+		ToolResult: Dist{Kind: "fixed", A: 50}, OutputTokens: 8, Seed: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
 }
