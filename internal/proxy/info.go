@@ -15,14 +15,14 @@ const DashboardPath = "/dashboard"
 // browser pointed at the router's address finds the status page from here). allow holds every
 // path the router answers itself with its methods; the routed paths are forwarded to workers.
 func (s *Server) index(allow map[string][]string) http.HandlerFunc {
-	type index struct {
+	type rootIndex struct {
 		Service     string              `json:"service"`
 		StatusPage  string              `json:"status_page,omitempty"`
 		RoutedPaths []string            `json:"routed_paths"`
 		Endpoints   map[string][]string `json:"endpoints"`
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
-		body := index{Service: "cacheroute", RoutedPaths: RoutedPaths(), Endpoints: allow}
+		body := rootIndex{Service: "cacheroute", RoutedPaths: RoutedPaths(), Endpoints: allow}
 		if s.opts.Dashboard != nil {
 			body.StatusPage = DashboardPath
 		}
