@@ -132,13 +132,9 @@ func (f *Fleet) Join(ctx context.Context, src Source, u tenant.URL, role workers
 	if err := f.opts.Allowed.CheckURL(u.String()); err != nil {
 		return Joined{}, err
 	}
-	tenants, err := f.opts.Pool.Add(u.String())
+	tenants, err := f.opts.Pool.AddAs(u.String(), role)
 	if err != nil {
 		return Joined{}, err
-	}
-	// The tenants are not healthy before their probe, so no request sees them before their role.
-	for _, w := range tenants {
-		w.SetRole(role)
 	}
 	m := &member{role: role, sources: map[Source]bool{src: true}}
 	m.name(src, ev)

@@ -92,7 +92,7 @@ func (w *Worker) SetEngine(mark ScrapeMark, stats EngineStats, ok bool) {
 		total = 0
 	}
 	share := total
-	if n := int64(w.lc.ranks); n > 1 && w.rank >= 0 {
+	if n := int64(w.ranks); n > 1 && w.rank >= 0 {
 		share = total / n
 		if int64(w.rank) < total%n {
 			share++

@@ -14,6 +14,9 @@ type Options struct {
 	CBFailureThreshold    int
 	CBTimeout             time.Duration
 	DisableCircuitBreaker bool
+	// RoleDPSize gives the workers of a role their own ranks per URL, in place of DPSize
+	// (prefill and decode engines are often scaled apart: prefill at DP 4, decode at DP 2).
+	RoleDPSize map[Role]int
 
 	// LoadSignal is what Worker.Load returns: SignalRequests (the default when empty),
 	// SignalTokens or SignalEngine.
@@ -47,7 +50,7 @@ func NewPool(opts Options) *Pool {
 	if opts.DPSize < 1 {
 		opts.DPSize = 1
 	}
-	lc := &loadConfig{signal: signalRequests, unitTokens: DefaultLoadUnitTokens, maxAge: opts.EngineMaxAge, ranks: opts.DPSize}
+	lc := &loadConfig{signal: signalRequests, unitTokens: DefaultLoadUnitTokens, maxAge: opts.EngineMaxAge}
 	switch opts.LoadSignal {
 	case SignalTokens:
 		lc.signal = signalTokens
@@ -79,9 +82,18 @@ func (p *Pool) LoadSignal() string {
 // All returns every tenant, in registration order. The slice must not be modified.
 func (p *Pool) All() []*Worker { return *p.snapshot.Load() }
 
-// Add registers url as one tenant, or DPSize tenants with data parallelism. New tenants start
-// unhealthy; the health checker's first probe decides.
-func (p *Pool) Add(url string) ([]*Worker, error) {
+// Add registers url as one colocated tenant, or DPSize tenants with data parallelism. New
+// tenants start unhealthy; the health checker's first probe decides.
+func (p *Pool) Add(url string) ([]*Worker, error) { return p.AddAs(url, RoleColocated) }
+
+// AddAs registers url in role: one tenant, or a tenant per data-parallel rank (the role's
+// RoleDPSize, else DPSize). Its tenants have the role before any request can see them; they start
+// unhealthy, and the health checker's first probe decides.
+func (p *Pool) AddAs(url string, role Role) ([]*Worker, error) {
+	ranks := p.opts.DPSize
+	if n := p.opts.RoleDPSize[role]; n >= 1 {
+		ranks = n
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	old := p.All()
@@ -92,12 +104,15 @@ func (p *Pool) Add(url string) ([]*Worker, error) {
 	}
 	breaker := NewBreaker(p.opts.CBFailureThreshold, p.opts.CBTimeout, p.opts.DisableCircuitBreaker)
 	var added []*Worker
-	if p.opts.DPSize == 1 {
-		added = []*Worker{newWorker(url, -1, breaker, p.lc)}
+	if ranks == 1 {
+		added = []*Worker{newWorker(url, -1, 1, breaker, p.lc)}
 	} else {
-		for r := range p.opts.DPSize {
-			added = append(added, newWorker(url, r, breaker, p.lc))
+		for r := range ranks {
+			added = append(added, newWorker(url, r, ranks, breaker, p.lc))
 		}
+	}
+	for _, w := range added {
+		w.SetRole(role)
 	}
 	next := append(slices.Clip(old), added...)
 	p.snapshot.Store(&next)

@@ -16,6 +16,7 @@ import (
 type Worker struct {
 	url    string
 	rank   int // -1 without data parallelism
+	ranks  int // the URL's data-parallel ranks, this one among them (1 without)
 	tenant string
 	name   string // tenant without credentials: what clients, logs and metrics see
 
@@ -45,11 +46,10 @@ type loadConfig struct {
 	signal     signal
 	unitTokens int64
 	maxAge     time.Duration
-	ranks      int
 }
 
-func newWorker(url string, rank int, breaker *Breaker, lc *loadConfig) *Worker {
-	w := &Worker{url: url, rank: rank, tenant: tenant.Name(url, rank), breaker: breaker, lc: lc}
+func newWorker(url string, rank, ranks int, breaker *Breaker, lc *loadConfig) *Worker {
+	w := &Worker{url: url, rank: rank, ranks: ranks, tenant: tenant.Name(url, rank), breaker: breaker, lc: lc}
 	w.name = tenant.Redact(w.tenant)
 	w.models.Store(&[]string{})
 	return w
