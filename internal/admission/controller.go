@@ -72,7 +72,8 @@ const (
 	// QueueFull: the queue held QueueSize requests and none of them was less deserving, or the
 	// request was waiting and was displaced by a more deserving arrival. Answer 429.
 	QueueFull Reason = "queue_full"
-	// QueueTimeout: the request waited QueueTimeout without starting. Answer 429.
+	// QueueTimeout: the request waited QueueTimeout without starting. Answer 408, as the vLLM
+	// router does (429 is for a full queue: the request did not wait).
 	QueueTimeout Reason = "queue_timeout"
 	// ClientGone: the request's context ended before it started. Nobody is left to answer.
 	ClientGone Reason = "client_gone"
@@ -85,7 +86,8 @@ func (r Reason) String() string { return string(r) }
 type Rejection struct {
 	Reason   Reason
 	Priority string
-	// RetryAfter is the hint for the Retry-After header of the 429 answer; 0 for ClientGone.
+	// RetryAfter is the hint for the Retry-After header of the 429 or 408 answer; 0 for
+	// ClientGone.
 	RetryAfter time.Duration
 	cause      error // the context's error, for ClientGone
 }
@@ -184,8 +186,8 @@ func (c *Controller) Priorities() []string {
 }
 
 // Admit returns when t may start, holding a Permit that must be released once the request is
-// over, or with an error and nothing to release: a *Rejection (QueueFull and QueueTimeout
-// mean 429 with Retry-After; ClientGone means nobody is waiting for an answer), or
+// over, or with an error and nothing to release: a *Rejection (QueueFull means 429 with
+// Retry-After, QueueTimeout 408; ClientGone means nobody is waiting for an answer), or
 // ErrUnknownPriority. A request starts at once when nothing is waiting and the limits allow;
 // otherwise it waits until the queue lets it start, the queue is full and nothing in it is
 // less deserving (answered at once), QueueTimeout passes, or ctx ends (it leaves the queue at

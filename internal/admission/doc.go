@@ -34,8 +34,8 @@
 //   - QueueTimeout after Options.QueueTimeout;
 //   - ClientGone as soon as ctx ends; the request leaves the queue at once.
 //
-// QueueFull and QueueTimeout become 429 with Retry-After (Rejection.RetryAfter); ClientGone has
-// nobody to answer.
+// QueueFull becomes 429 with Retry-After (Rejection.RetryAfter), QueueTimeout 408 (the request
+// did wait, and the vLLM router answers so); ClientGone has nobody to answer.
 //
 // The order of the queue: priority levels first (Options.Priorities, highest first, such as
 // "interactive", "default", "batch"); within a level the tenants with waiting requests take
@@ -74,6 +74,7 @@
 //		switch {
 //		case !errors.As(err, &rej): // ErrUnknownPriority: 400
 //		case rej.Reason == admission.ClientGone: // nobody to answer
+//		case rej.Reason == admission.QueueTimeout: // 408
 //		default: // 429 with Retry-After rej.RetryAfter
 //		}
 //		return

@@ -117,6 +117,31 @@ func TestRequestsBeyondTheConcurrencyLimitWaitTheirTurn(t *testing.T) {
 	}
 }
 
+// A request that waited out the queue timeout gets 408, as from the vLLM router (a full queue is
+// 429), in its route's shape, with Retry-After.
+func TestQueueTimeoutIsAnswered408InTheRoutesShape(t *testing.T) {
+	w := newGateWorker(t)
+	defer close(w.gate)
+	tp := admittingProxy(t, w, admission.Options{MaxInFlight: 1, QueueSize: 4, QueueTimeout: 50 * time.Millisecond}, nil, false)
+	first := background(t, tp, embed("first"))
+	eventually(t, 5*time.Second, "the first request at the worker", func() bool { return w.inFlight.Load() == 1 })
+	status, h, body := tp.post(t, "/v1/embeddings", embed("second"))
+	if status != http.StatusRequestTimeout || errorCode(t, body) != "queue_timeout" || h.Get(HeaderRetryAfter) == "" {
+		t.Fatalf("%d %s (Retry-After %q), want 408 queue_timeout with Retry-After", status, body, h.Get(HeaderRetryAfter))
+	}
+	status, _, body = tp.post(t, "/v1/messages", `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`)
+	if status != http.StatusRequestTimeout || anthropicErrorType(t, body) == "" {
+		t.Fatalf("messages: %d %s, want 408 in Anthropic's shape", status, body)
+	}
+	if n := tp.Metrics.AdmissionRejections.WithLabelValues("queue_timeout"); testutil.ToFloat64(n) != 2 {
+		t.Fatalf("admission_rejections_total{queue_timeout} = %v, want 2", testutil.ToFloat64(n))
+	}
+	w.gate <- struct{}{}
+	if s := <-first; s != http.StatusOK {
+		t.Fatalf("the admitted request ended %d", s)
+	}
+}
+
 func TestFullQueueIsRefusedAtOnceWith429InTheRoutesShape(t *testing.T) {
 	w := newGateWorker(t)
 	defer close(w.gate)

@@ -42,8 +42,8 @@ const (
 func (s *Server) EndQueue() { s.closeQueue() }
 
 // admit applies the rate limits and admission control to a request whose worker candidates are
-// known. It reports false when the request was answered (429, or 400 for an unknown priority)
-// or its client left while it waited; otherwise the request holds ex.permit, if any, until it
+// known. It reports false when the request was answered (429, 408 after a wait that outlasted
+// the queue timeout, or 400 for an unknown priority) or its client left while it waited; otherwise the request holds ex.permit, if any, until it
 // ends.
 func (s *Server) admit(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	a := s.opts.Admission
@@ -107,6 +107,12 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 			"unknown priority level "+strconv.Quote(truncate(priority, 64))))
 	case errors.As(err, &rej) && rej.Reason == admission.ClientGone:
 		s.finish(ctx, ex, statusClientGone)
+	case errors.As(err, &rej) && rej.Reason == admission.QueueTimeout:
+		// 408, as the vLLM router answers a request that waited out its queue timeout; 429 is for
+		// a full queue. Clients retry both.
+		ctx.Response.Header.Set(HeaderRetryAfter, retryAfter(rej.RetryAfter))
+		s.finish(ctx, ex, s.fail(ctx, ex, fasthttp.StatusRequestTimeout, "timeout_error", string(rej.Reason),
+			"the request waited --queue-timeout-secs for admission without starting; try again later"))
 	case errors.As(err, &rej):
 		ctx.Response.Header.Set(HeaderRetryAfter, retryAfter(rej.RetryAfter))
 		s.finish(ctx, ex, s.fail(ctx, ex, fasthttp.StatusTooManyRequests, "rate_limit_error", string(rej.Reason),
