@@ -27,7 +27,7 @@ func (s *Server) logAccess(ctx *fasthttp.RequestCtx, ex *exchange, status int, c
 		}
 	}
 	if req := ex.in.Request; req != nil {
-		e.Model, e.Session = req.Model, telemetry.SessionHash(req.SessionKey)
+		e.Model, e.Session = truncate(req.Model, maxShownModel), telemetry.SessionHash(req.SessionKey)
 	}
 	if !firstByte.IsZero() {
 		e.TTFBSeconds = firstByte.Sub(ex.start).Seconds()

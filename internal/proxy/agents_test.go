@@ -419,14 +419,6 @@ func TestClientsAnthropicKeyIsNotReplacedByTheRoutersKey(t *testing.T) {
 	}
 }
 
-func TestUnknownPathListsTheRoutedPaths(t *testing.T) {
-	tp := newTestProxy(t, setup{urls: []string{okWorker(t, "w").URL}})
-	status, _, body := tp.post(t, "/v1/nothing", `{}`)
-	if status != http.StatusNotFound || !strings.Contains(body, "/v1/responses") || !strings.Contains(body, "/v1/messages") {
-		t.Fatalf("%d %s", status, body)
-	}
-}
-
 // chain sends turns Responses requests, each continuing the previous one's response, and returns
 // their statuses and the workers that answered.
 func chain(t *testing.T, tp *testProxy, turns int) (statuses []int, served []string) {

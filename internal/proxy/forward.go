@@ -269,15 +269,15 @@ func (s *Server) prepareByPolicy(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		s.finish(ctx, ex, s.fail(ctx, ex, fasthttp.StatusBadRequest, "invalid_request_error", "invalid_json", err.Error()))
 		return false
 	}
-	candidates, served, known := s.pool.Candidates(req.Model)
-	if !known {
+	candidates, served, ok := s.candidates(req.Model)
+	if !ok {
 		s.finish(ctx, ex, s.fail(ctx, ex, fasthttp.StatusNotFound, "invalid_request_error", "model_not_found",
 			fmt.Sprintf("model %q is not served here; available models: %s", truncate(req.Model, 200), strings.Join(s.pool.Models(), ", "))))
 		return false
 	}
 	ex.in = policy.Input{Context: context.Background(), Request: req, Model: served, Candidates: candidates, All: s.pool.All(), Size: len(ctx.PostBody())}
 	s.addPromptTokens(ex.route, &ex.in, ctx.PostBody())
-	ex.trace.Request(req.Model, req.SessionKey)
+	ex.trace.Request(truncate(req.Model, maxShownModel), req.SessionKey)
 	return true
 }
 
@@ -456,6 +456,7 @@ func (s *Server) exchangeOn(pool *connPool, w *workers.Worker, out *fasthttp.Req
 	_ = c.conn.SetReadDeadline(readDeadline)
 	resp := fasthttp.AcquireResponse()
 	resp.StreamBody = true
+	resp.SkipBody = out.Header.IsHead() // an answer to HEAD has headers only, whatever its Content-Length
 	if err := resp.Read(c.br); err != nil {
 		fasthttp.ReleaseResponse(resp)
 		return fail(err)

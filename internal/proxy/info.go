@@ -11,8 +11,10 @@ import (
 // DashboardPath is the status page's path; its JSON is under DashboardPath+"/data".
 const DashboardPath = "/dashboard"
 
-// index answers GET /: what the router serves, for a person or a script that asks its root (a
-// browser pointed at the router's address finds the status page from here). allow holds every
+// index answers GET and HEAD / with 200: what the router serves, for a person or a script that
+// asks its root (a browser pointed at the router's address finds the status page from here;
+// clients check that a base URL is up with it, as Claude Code sends HEAD / at every start). A
+// router's root is its own, never a worker's. allow holds every
 // path the router answers itself with its methods; the routed paths are forwarded to workers.
 func (s *Server) index(allow map[string][]string) http.HandlerFunc {
 	type rootIndex struct {

@@ -120,7 +120,7 @@ func (s *Server) decidePD(ctx *fasthttp.RequestCtx, ex *exchange, dec policy.Dec
 		st.path = PDPrefillFailed
 		return
 	}
-	candidates, _, _ := s.pool.Candidates(ex.in.Request.Model)
+	candidates, _, _ := s.candidates(ex.in.Request.Model)
 	prefillers := workers.OfRole(candidates, workers.RolePrefill)
 	if len(prefillers) == 0 {
 		st.path = PDNoPrefill

@@ -33,6 +33,9 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, ex *exchange, resp *fasthttp.Re
 		s.metrics.PrefixMatchRatio.Observe(dec.Match)
 	}
 	size := resp.Header.ContentLength() // -1 chunked, -2 until the connection closes
+	if resp.SkipBody {
+		size = 0 // HEAD: the length is the GET answer's; no body follows
+	}
 	r := &relayBody{s: s, ex: ex, ctx: ctx, resp: resp, conn: conn, body: resp.BodyStream(), dec: dec, at: at, status: status, size: int64(size)}
 	if s.opts.AccessLog != nil || (ex.route.place == byPolicy && status/100 == 2) {
 		r.usage = newUsageSniffer()

@@ -13,7 +13,8 @@ import (
 )
 
 // routes.go is the route table: every path the router forwards to one worker, how its body is
-// read, what the router's own errors on it look like, and how its worker is found.
+// read, what the router's own errors on it look like, and how its worker is found; and the
+// pass-through route that takes every other path the router does not serve itself.
 
 // placement says how a routed request's worker is found.
 type placement uint8
@@ -39,6 +40,8 @@ type route struct {
 	read    bodyReader
 	errors  errorShape
 	place   placement
+	// anyMethod: the route takes every method (the pass-through route).
+	anyMethod bool
 	// storesResponses says that a 2xx answer carries the id of a response stored on its worker
 	// (POST /v1/responses): the policy is told where it lives.
 	storesResponses bool
@@ -80,6 +83,17 @@ var routeTable = []route{
 	{path: responsePattern + "/input_items", methods: []string{"GET"}, place: byResponseID},
 }
 
+// passThrough is the route of every path that is neither in the table nor one of the router's
+// own endpoints: vLLM's /version, /ping, /invocations, /v2/rerank and whatever vLLM serves next.
+// Such a request is forwarded as it came, whatever its method, to the worker the policy's load
+// step chooses among the workers of the model its JSON body names (any available worker when it
+// names none); nothing is learned from it. All such paths share one metrics label, never the path
+// itself, so that clients cannot make series.
+var passThrough = route{path: passThroughPattern, read: readPassThrough, anyMethod: true}
+
+// passThroughPattern is the pass-through route's label in metrics, the access log and traces.
+const passThroughPattern = "/{path}"
+
 const (
 	chatCompletionsPath = "/v1/chat/completions"
 	responsesPrefix     = "/v1/responses/"
@@ -110,8 +124,8 @@ func RoutedPaths() []string {
 
 // newRoutes returns the route table with each route's metric series, by path or pattern.
 func newRoutes(m *metrics.Metrics) map[string]*route {
-	routes := make(map[string]*route, len(routeTable))
-	for _, spec := range routeTable {
+	routes := make(map[string]*route, len(routeTable)+1)
+	for _, spec := range append(slices.Clip(routeTable), passThrough) {
 		rt := spec
 		if rt.methods == nil {
 			rt.methods = post
@@ -146,5 +160,31 @@ func lookup(routes map[string]*route, path string) (rt *route, id string) {
 	return routes[pattern], id
 }
 
+// routeOf finds the route of path, and the response id a byResponseID path names: a routed
+// endpoint's, else the pass-through route for a path that is not one of the router's own
+// endpoints (the admin API, health, models, metrics, the status page), unless
+// RefuseUnknownPaths. nil: the net/http handlers answer (404 for an unknown path).
+func (s *Server) routeOf(path string) (*route, string) {
+	if rt, id := lookup(s.routes, path); rt != nil {
+		return rt, id
+	}
+	if s.opts.RefuseUnknownPaths || s.ownPaths[path] != nil || strings.HasPrefix(path, workersPrefix) {
+		return nil, ""
+	}
+	return s.routes[passThroughPattern], ""
+}
+
+// readPassThrough reads what it can of a pass-through request: a JSON object's model and stream,
+// as the load-only routes do. Any other body (none, not JSON) is forwarded as it came, for the
+// worker to answer; it is not refused here.
+func readPassThrough(h reqkey.Header, body []byte) (*reqkey.Request, error) {
+	if r, err := reqkey.ParseModel(h, body); err == nil {
+		return r, nil
+	}
+	return &reqkey.Request{}, nil
+}
+
 // allows reports whether the route takes method.
-func (rt *route) allows(method string) bool { return slices.Contains(rt.methods, method) }
+func (rt *route) allows(method string) bool {
+	return rt.anyMethod || slices.Contains(rt.methods, method)
+}

@@ -64,6 +64,12 @@ type Options struct {
 	Tracer *telemetry.Tracer
 	// CORSOrigins are the web origins whose pages may call the router ("*": any); none: no CORS.
 	CORSOrigins []string
+	// StrictModels refuses a request naming a model no healthy worker lists (404) rather than
+	// forwarding it (models.go).
+	StrictModels bool
+	// RefuseUnknownPaths answers 404 on a path the router neither routes nor serves itself,
+	// rather than forwarding it to a worker (routes.go).
+	RefuseUnknownPaths bool
 
 	ClientHeaderTimeout time.Duration // a new connection's first request line and any request's headers
 	ClientBodyTimeout   time.Duration // a request's whole body, once its headers arrived
@@ -126,7 +132,8 @@ type Server struct {
 	searches     *searchBudget
 	bodies       *bodyBudget // nil without --max-request-body-bytes-total
 	plain        fasthttp.RequestHandler
-	adminPaths   map[string]bool // the admin endpoints' paths and patterns
+	adminPaths   map[string]bool     // the admin endpoints' paths and patterns
+	ownPaths     map[string][]string // the router's own endpoints' paths, with their methods
 
 	// queueClosed ends when the shutdown grace does: requests still waiting for admission are
 	// then answered 503 (EndQueue).
@@ -176,6 +183,7 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 		m.AdmissionRejections.WithLabelValues(reason) // at 0 from the start, for rate() and alerts
 	}
 	allow := map[string][]string{} // path → methods, for 405 answers
+	s.ownPaths = allow
 	handle := func(method, path string, h http.HandlerFunc) {
 		s.mux.HandleFunc(method+" "+path, h)
 		allow[path] = append(allow[path], method)
@@ -205,8 +213,8 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 		handleAdmin("GET", DashboardPath, opts.Dashboard.ServeHTTP)
 		handleAdmin("GET", DashboardPath+"/data", opts.Dashboard.ServeHTTP)
 	}
-	s.mux.HandleFunc("GET /{$}", s.index(allow))
-	allow["/"] = []string{"GET"}
+	s.mux.HandleFunc("GET /{$}", s.index(allow)) // HEAD too
+	allow["/"] = []string{"GET", "HEAD"}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { notFound(w, r, allow) })
 	s.plain = servePlain(s.mux)
 	return s
@@ -260,7 +268,7 @@ var afterRequest func(*fasthttp.RequestCtx)
 // held is the request's count in the body budget; answer reports whether an exchange took it
 // over (and so gives it back at its end, which for a streamed answer comes after serve returns).
 func (s *Server) answer(ctx *fasthttp.RequestCtx, held int64) bool {
-	if rt, id := lookup(s.routes, string(ctx.Path())); rt != nil {
+	if rt, id := s.routeOf(string(ctx.Path())); rt != nil {
 		if method := string(ctx.Method()); !rt.allows(method) {
 			allow := strings.Join(rt.methods, ", ")
 			ctx.Response.Header.Set("Allow", allow)

@@ -62,11 +62,12 @@ func (r *Router) newAdmission(cfg config.Config) (*proxy.Admission, error) {
 }
 
 // servingWorkers counts the available worker tenants serving model: with the per-worker limit,
-// they bound the requests of the model admitted at once.
+// they bound the requests of the model admitted at once. The requests kept under no model (they
+// name none on a fleet of several, or a name no worker lists) may go to any available worker.
 func servingWorkers(pool *workers.Pool, model string) int {
 	n := 0
 	for _, w := range pool.All() {
-		if w.Available() && w.Serves(model) {
+		if w.Available() && (model == "" || w.Serves(model)) {
 			n++
 		}
 	}
