@@ -20,19 +20,19 @@ import (
 
 // Main runs the command line and returns the process exit code.
 func Main(args []string) int {
-	if err := execute(context.Background(), args, os.Stdout, os.Stderr); err != nil {
+	if err := Execute(context.Background(), args, os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "cacheroute:", err)
 		return 1
 	}
 	return 0
 }
 
-// spaceSeparatedFlags take their values as separate arguments after the flag, as the vLLM
-// router's do (`--worker-urls a b`), besides the comma-separated and repeated forms.
-var spaceSeparatedFlags = []string{"worker-urls", "prefill", "decode", "selector", "prefill-selector", "decode-selector"}
+// spaceSeparatedFlags take their values as separate arguments after the flag.
+var spaceSeparatedFlags = config.SpaceSeparatedFlags()
 
-// execute runs the command line args with ctx, writing to stdout and stderr.
-func execute(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// Execute runs the command line args (without the program's name) with ctx, writing to stdout
+// and stderr: the router until ctx ends or a signal stops it, or a subcommand.
+func Execute(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	root := newRootCommand()
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -85,7 +85,11 @@ across vLLM-style workers, sending each request where its prompt prefix is most 
 without letting any worker drown.
 
 Run without a subcommand it is the router. Every flag can also be set in a YAML file given with
---config, using the flag name in snake_case as the key; flags on the command line win.`,
+--config, using the flag name in snake_case as the key; flags on the command line win.
+
+The vLLM router's command lines work as they are: its flags that do something here do the
+same, and the others are accepted with a warning at start that says what cacheroute does
+instead (docs/migrating-from-vllm-router.md lists them all).`,
 		Example: `  cacheroute --worker-urls http://127.0.0.1:8000 http://127.0.0.1:8001
   cacheroute --config router.yaml --port 8080
   cacheroute --allow-empty        # workers added later: POST /workers {"url": "http://..."}`,
@@ -102,6 +106,9 @@ Run without a subcommand it is the router. Every flag can also be set in a YAML 
 				return err
 			}
 			log := newLogger(cmd.ErrOrStderr(), final.LogLevel, final.LogFormat)
+			for _, f := range config.IgnoredFlags(cmd.Flags(), cfg) {
+				log.Warn("a vLLM router flag with no effect here", "flag", f.Flag, "value", f.Value, "instead", f.Instead)
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			return router.Run(ctx, final, log)
@@ -109,11 +116,14 @@ Run without a subcommand it is the router. Every flag can also be set in a YAML 
 	}
 	cmd.SetContext(context.Background())
 	config.BindFlags(cmd.Flags(), &cfg)
+	config.BindVLLMRouterFlags(cmd.Flags())
 	cmd.Flags().StringVar(&configFile, "config", "", "YAML file with the same keys as the flags (snake_case); flags override it")
 	// -V as the vLLM router spells it; cobra prints Version when the flag is set.
 	cmd.Flags().BoolP("version", "V", false, "print the version (module, source revision, Go) and exit")
 	cmd.Flags().SortFlags = false
 	cmd.SetVersionTemplate("{{.Version}}\n")
+	cmd.SetFlagErrorFunc(suggestFlag)
+	cmd.SuggestionsMinimumDistance = 2 // cobra's own default, which SuggestionsFor does not apply
 	cmd.AddCommand(
 		newSimCommand(),
 		newBenchCommand(),
@@ -135,8 +145,12 @@ func noArguments(cmd *cobra.Command, args []string) error {
 			names = append(names, c.Name())
 		}
 	}
-	return fmt.Errorf("unexpected argument %q: the router takes flags only (see --help), and the subcommands are %s",
+	err := fmt.Errorf("unexpected argument %q: the router takes flags only (see --help), and the subcommands are %s",
 		args[0], strings.Join(names, ", "))
+	if near := cmd.SuggestionsFor(args[0]); len(near) > 0 {
+		err = fmt.Errorf("%w\n\nDid you mean this?\n\t%s", err, strings.Join(near, "\n\t"))
+	}
+	return err
 }
 
 // newLogger returns a log/slog logger at level in text or json format.

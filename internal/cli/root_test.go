@@ -55,7 +55,7 @@ func (b *syncBuffer) String() string {
 // run executes the command line in-process and returns its error and output.
 func run(ctx context.Context, args ...string) (stdout, stderr string, err error) {
 	var out, errOut syncBuffer
-	err = execute(ctx, args, &out, &errOut)
+	err = Execute(ctx, args, &out, &errOut)
 	return out.String(), errOut.String(), err
 }
 
@@ -211,7 +211,7 @@ func TestAllowEmptyStartsARouterThatTakesWorkersThroughTheAdminAPI(t *testing.T)
 	done := make(chan error, 1)
 	var logs syncBuffer
 	go func() {
-		done <- execute(ctx, []string{"--allow-empty", "--port", port, "--prometheus-port", "0", "--shutdown-grace-secs", "1"}, &logs, &logs)
+		done <- Execute(ctx, []string{"--allow-empty", "--port", port, "--prometheus-port", "0", "--shutdown-grace-secs", "1"}, &logs, &logs)
 	}()
 	base := "http://127.0.0.1:" + port
 	deadline := time.Now().Add(10 * time.Second)

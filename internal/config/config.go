@@ -33,11 +33,25 @@ type Config struct {
 	WorkerURLs []string `yaml:"worker_urls"`
 	Policy     string   `yaml:"policy"`
 	DPSize     int      `yaml:"intra_node_data_parallel_size"`
+	// PrefillDPSize and DecodeDPSize are the data-parallel ranks per URL of the prefill and
+	// decode workers, which are often scaled apart; 0: DPSize.
+	PrefillDPSize int `yaml:"prefill_data_parallel_size"`
+	DecodeDPSize  int `yaml:"decode_data_parallel_size"`
 
 	// Prefill and Decode are static workers in those roles under prefill/decode
 	// disaggregation; WorkerURLs are colocated.
 	Prefill []string `yaml:"prefill"`
 	Decode  []string `yaml:"decode"`
+	// PrefillBootstrapPorts are the bootstrap ports given after --prefill URLs in the vLLM
+	// router's form (--prefill URL 9000). The NIXL transfer needs none: they are only reported.
+	PrefillBootstrapPorts []BootstrapPort `yaml:"-"`
+
+	// StrictModelMatching refuses (404) a request naming a model no healthy worker lists; by
+	// default it is forwarded to the available workers, which answer for themselves.
+	StrictModelMatching bool `yaml:"strict_model_matching"`
+	// RefuseUnknownPaths answers 404 on a path the router neither routes nor serves itself; by
+	// default such a request is forwarded to a worker.
+	RefuseUnknownPaths bool `yaml:"refuse_unknown_paths"`
 
 	// Worker discovery (internal/discovery); workers it finds join those of WorkerURLs.
 	ServiceDiscovery          bool     `yaml:"service_discovery"`
@@ -101,6 +115,8 @@ type Config struct {
 	RetryMaxRetries       int `yaml:"retry_max_retries"`
 	RetryInitialBackoffMs int `yaml:"retry_initial_backoff_ms"`
 	RetryMaxBackoffMs     int `yaml:"retry_max_backoff_ms"`
+	// DisableRetries is --retry-max-retries 0 in the vLLM router's spelling; Load applies it.
+	DisableRetries bool `yaml:"disable_retries"`
 
 	CBFailureThreshold    int     `yaml:"cb_failure_threshold"`
 	CBTimeoutDurationSecs float64 `yaml:"cb_timeout_duration_secs"`
@@ -317,10 +333,14 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.StringVar(&c.Host, "host", c.Host, "listen address")
 	fs.IntVar(&c.Port, "port", c.Port, "listen port")
 	fs.Var(&urlList{list: &c.WorkerURLs}, "worker-urls", "worker base URLs: space-separated after the flag, comma-separated, or the flag repeated")
-	fs.Var(&urlList{list: &c.Prefill}, "prefill", "prefill worker base URLs under prefill/decode disaggregation (--vllm-pd-disaggregation), listed as --worker-urls")
+	fs.Var(&urlList{list: &c.Prefill, bootstrap: &c.PrefillBootstrapPorts}, "prefill", "prefill worker base URLs under prefill/decode disaggregation (--vllm-pd-disaggregation), listed as --worker-urls; the vLLM router's bootstrap port after a URL (--prefill URL 9000, or none) is taken and not used")
 	fs.Var(&urlList{list: &c.Decode}, "decode", "decode worker base URLs under prefill/decode disaggregation (--vllm-pd-disaggregation), listed as --worker-urls")
 	fs.StringVar(&c.Policy, "policy", c.Policy, "routing policy: "+strings.Join(registry.Names(), ", "))
 	fs.IntVar(&c.DPSize, "intra-node-data-parallel-size", c.DPSize, "data-parallel ranks per worker URL; each becomes a tenant URL@rank routed with header X-data-parallel-rank")
+	fs.IntVar(&c.PrefillDPSize, "prefill-data-parallel-size", c.PrefillDPSize, "data-parallel ranks per prefill worker URL (0: --intra-node-data-parallel-size)")
+	fs.IntVar(&c.DecodeDPSize, "decode-data-parallel-size", c.DecodeDPSize, "data-parallel ranks per decode worker URL (0: --intra-node-data-parallel-size)")
+	fs.BoolVar(&c.StrictModelMatching, "strict-model-matching", c.StrictModelMatching, "refuse (404 model_not_found) a request naming a model no healthy worker lists, instead of forwarding it to the workers")
+	fs.BoolVar(&c.RefuseUnknownPaths, "refuse-unknown-paths", c.RefuseUnknownPaths, "answer 404 on a path the router neither routes nor serves itself, instead of forwarding it to a worker")
 	fs.BoolVar(&c.ServiceDiscovery, "service-discovery", c.ServiceDiscovery, "find workers among the Kubernetes pods that match --selector: a Ready pod joins, a NotReady or terminating one is drained, a deleted one leaves")
 	fs.StringSliceVar(&c.Selector, "selector", c.Selector, "label selector of the worker pods, key=value terms (space-separated after the flag, comma-separated, or the flag repeated); all must match")
 	fs.StringSliceVar(&c.PrefillSelector, "prefill-selector", c.PrefillSelector, "label selector of the prefill worker pods under prefill/decode disaggregation, as --selector")
@@ -361,6 +381,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.IntVar(&c.RetryMaxRetries, "retry-max-retries", c.RetryMaxRetries, "retries on another worker, only while nothing was sent to the client")
 	fs.IntVar(&c.RetryInitialBackoffMs, "retry-initial-backoff-ms", c.RetryInitialBackoffMs, "backoff before the first retry in milliseconds (doubles each retry)")
 	fs.IntVar(&c.RetryMaxBackoffMs, "retry-max-backoff-ms", c.RetryMaxBackoffMs, "largest backoff between retries in milliseconds")
+	fs.BoolVar(&c.DisableRetries, "disable-retries", c.DisableRetries, "no retries: --retry-max-retries 0")
 	fs.IntVar(&c.CBFailureThreshold, "cb-failure-threshold", c.CBFailureThreshold, "consecutive request failures (connection errors, 5xx) that open a worker's circuit breaker")
 	fs.Float64Var(&c.CBTimeoutDurationSecs, "cb-timeout-duration-secs", c.CBTimeoutDurationSecs, "seconds an open breaker waits before letting one trial request through")
 	fs.BoolVar(&c.DisableCircuitBreaker, "disable-circuit-breaker", c.DisableCircuitBreaker, "never open circuit breakers")
@@ -413,11 +434,13 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	for _, name := range slices.Sorted(maps.Keys(c.PolicyOptions)) {
 		c.PolicyOptions[name].Bind(fs)
 	}
+	fs.SetNormalizeFunc(vllmRouterSpelling)
 }
 
 // Load resolves the final configuration from parsed flags: defaults, then the YAML file named by
 // --config (if any), then every flag given on the command line. The admin key falls back to its
-// environment variable. The result is validated.
+// environment variable, and the vLLM router's spellings of values are taken as it means them
+// (takeVLLMRouterValues). The result is validated.
 //
 // A --request-timeout-secs set below the default --first-byte-timeout-secs turns the first-byte
 // deadline off unless that is set too: the default could never fire before the request's own
@@ -479,6 +502,7 @@ func Load(fs *pflag.FlagSet, flagged *Config, configFile string) (Config, error)
 	if c.SessionHashSalt == "" {
 		c.SessionHashSalt = os.Getenv(SessionHashSaltEnv)
 	}
+	c.takeVLLMRouterValues()
 	return c, c.Validate()
 }
 
@@ -600,6 +624,11 @@ func (c Config) Validate() error {
 	}
 	if c.DPSize < 1 {
 		bad("intra-node-data-parallel-size", "must be at least 1, got %d", c.DPSize)
+	}
+	for flag, n := range map[string]int{"prefill-data-parallel-size": c.PrefillDPSize, "decode-data-parallel-size": c.DecodeDPSize} {
+		if n < 0 {
+			bad(flag, "must be at least 1, or 0 for --intra-node-data-parallel-size; got %d", n)
+		}
 	}
 	for flag, name := range map[string]string{"prefill-policy": c.PrefillPolicy, "decode-policy": c.DecodePolicy} {
 		if _, ok := registry.Lookup(name); name != "" && !ok {

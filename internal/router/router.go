@@ -70,6 +70,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 	}
 	pool := workers.NewPool(workers.Options{
 		DPSize:                cfg.DPSize,
+		RoleDPSize:            cfg.RoleDPSize(),
 		CBFailureThreshold:    cfg.CBFailureThreshold,
 		CBTimeout:             cfg.CBTimeout(),
 		DisableCircuitBreaker: cfg.DisableCircuitBreaker,
@@ -221,6 +222,9 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		Dashboard:    r.dashboard,
 		Tokenize:     tokenize,
 		PD:           pd,
+
+		StrictModels:       cfg.StrictModelMatching,
+		RefuseUnknownPaths: cfg.RefuseUnknownPaths,
 	}, pool, r, p, r.metrics, log)
 	return r, nil
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
 	"github.com/cacheroute/cacheroute/internal/proxy"
 )
 
@@ -97,10 +98,14 @@ func TestStreamArrivesEventByEvent(t *testing.T) {
 	waitFor(t, "load to return to zero", func() bool { return tr.totalLoad() == 0 })
 }
 
-func TestModelRoutingAndUnknownModel(t *testing.T) {
+// A request goes to the workers of its model; with --strict-model-matching a model no worker
+// lists is refused, naming the served ones.
+func TestModelRoutingAndUnknownModelWhenStrict(t *testing.T) {
 	a := newFakeWorker(t, "model-a")
 	b := newFakeWorker(t, "model-b")
-	tr := startRouter(t, testConfig(), a, b)
+	cfg := testConfig()
+	cfg.StrictModelMatching = true
+	tr := startRouter(t, cfg, a, b)
 	for range 4 {
 		readAll(t, tr.post(t, "/v1/chat/completions", `{"model":"model-b","messages":[{"role":"user","content":"x"}]}`))
 	}
@@ -122,10 +127,11 @@ func TestModelRoutingAndUnknownModel(t *testing.T) {
 	}
 }
 
-func TestModelNoWorkerServesIs404AndLeavesNoState(t *testing.T) {
+func TestModelNoWorkerServesIs404AndLeavesNoStateWhenStrict(t *testing.T) {
 	w := newFakeWorker(t, "only")
 	cfg := testConfig()
 	cfg.Policy = "cache_aware"
+	cfg.StrictModelMatching = true
 	tr := startRouter(t, cfg, w)
 	for i := range 200 {
 		body := fmt.Sprintf(`{"model":"bogus-%d","messages":[{"role":"user","content":"x"}]}`, i)
@@ -151,6 +157,39 @@ func TestModelNoWorkerServesIs404AndLeavesNoState(t *testing.T) {
 	}
 	if !strings.Contains(metrics, `vllm_router_cache_aware_sessions{model="only"} 1`) {
 		t.Fatalf("sessions are not keyed under the served model:\n%s", grepLines(metrics, "cache_aware_sessions"))
+	}
+}
+
+// By default a model no worker lists is forwarded, as the vLLM router forwards it: the workers
+// answer for themselves. Whatever names clients send, they leave no per-name state behind: no
+// metric series, sessions kept under no model, admission counts under none; with a per-worker
+// limit such requests are admitted by the room of every available worker.
+func TestModelNoWorkerListsIsForwardedAndLeavesNoPerNameState(t *testing.T) {
+	a, b := newFakeWorker(t, "only"), newFakeWorker(t, "only")
+	cfg := testConfig()
+	cfg.Policy = "cache_aware"
+	cfg.MaxInflightPerWorker = 1
+	tr := startRouter(t, cfg, a, b)
+	const names = 200
+	for i := range names {
+		body := fmt.Sprintf(`{"model":"bogus-%d","messages":[{"role":"user","content":"x %d"}]}`, i, i)
+		resp := tr.post(t, "/v1/chat/completions", body, "x-session-id", fmt.Sprint(i))
+		if got := readAll(t, resp); resp.StatusCode != 200 {
+			t.Fatalf("model no worker lists: %d %s", resp.StatusCode, got)
+		}
+	}
+	if a.hits.Load()+b.hits.Load() != names || a.hits.Load() == 0 || b.hits.Load() == 0 {
+		t.Fatalf("the workers got %d and %d of %d requests, want all of them, on both", a.hits.Load(), b.hits.Load(), names)
+	}
+	metrics := readAll(t, mustGet(t, tr.url+"/metrics"))
+	if strings.Contains(metrics, "bogus") {
+		t.Fatalf("a forwarded model name reached the metrics:\n%s", grepLines(metrics, "bogus"))
+	}
+	if got := grepLines(metrics, "vllm_router_cache_aware_sessions{"); got != fmt.Sprintf(`vllm_router_cache_aware_sessions{model="%s"} %d`, cacheaware.DefaultModel, names) {
+		t.Fatalf("sessions of forwarded names are not kept under no model:\n%s", got)
+	}
+	if c := tr.admission.Controller; c.InFlight() != 0 || c.Queued() != 0 {
+		t.Fatalf("admission: %d in flight, %d queued after every request ended", c.InFlight(), c.Queued())
 	}
 }
 
@@ -416,6 +455,7 @@ func TestBadRequestsNeverReachAWorker(t *testing.T) {
 	w := newFakeWorker(t)
 	cfg := testConfig()
 	cfg.MaxPayloadSize = 1024
+	cfg.RefuseUnknownPaths = true
 	tr := startRouter(t, cfg, w)
 	cases := []struct {
 		name, path, body string
