@@ -290,3 +290,27 @@ func TestBindErrorsNameTheFlagOfTheListener(t *testing.T) {
 		t.Fatalf("error %v, want --host named", err)
 	}
 }
+
+// A mistyped flag is answered with the closest flags of its command, and a mistyped subcommand
+// with the closest subcommand, as cobra answers an unknown subcommand of a command that has no
+// flags of its own to parse.
+func TestMistypedFlagsAndSubcommandsGetTheClosestNames(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--polcy", "round_robin"}, "Did you mean this?\n\t--policy"},
+		{[]string{"--worker-url", "http://127.0.0.1:1"}, "\t--worker-urls"},
+		{[]string{"sim", "--prot", "1"}, "\t--port"},
+		{[]string{"bnech"}, "Did you mean this?\n\tbench"},
+	} {
+		_, _, err := run(context.Background(), tc.args...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want %q in it", tc.args, err, tc.want)
+		}
+	}
+	// Nothing near: the error alone, no empty suggestion.
+	if _, _, err := run(context.Background(), "--zzzzzzzzzzzz"); err == nil || strings.Contains(err.Error(), "Did you mean") {
+		t.Errorf("--zzzzzzzzzzzz: %v", err)
+	}
+}
