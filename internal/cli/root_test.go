@@ -199,14 +199,7 @@ func TestAllowEmptyStartsARouterThatTakesWorkersThroughTheAdminAPI(t *testing.T)
 		}
 	}))
 	t.Cleanup(worker.Close)
-	port := func() string { // a free port for the router, released for it to take
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-	}()
+	port := strconv.Itoa(freePort(t)) // free a moment ago, released for the router to take
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	var logs syncBuffer
