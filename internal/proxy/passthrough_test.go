@@ -178,3 +178,23 @@ func metricText(t *testing.T, tp *testProxy) string {
 	}
 	return body
 }
+
+// A forwarded path is closed by client keys as the routed ones are: 401 without a valid key, no
+// worker asked; with one, forwarded without the client's key.
+func TestForwardedPathsTakeClientKeys(t *testing.T) {
+	tp, w := keyedProxy(t, false)
+	if status, _, body := tp.do(t, http.MethodGet, "/version"); status != http.StatusUnauthorized || errorCode(t, body) != "invalid_api_key" {
+		t.Fatalf("GET /version without a key: %d %s, want 401 invalid_api_key", status, body)
+	}
+	if w.hits.Load() != 0 {
+		t.Fatalf("the worker was asked %d times", w.hits.Load())
+	}
+	if status, _, _ := tp.do(t, http.MethodGet, "/version", "Authorization", "Bearer sk-alice"); status != http.StatusOK {
+		t.Fatalf("GET /version with a key: %d", status)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.auth) != 1 || w.auth[0] != "Bearer worker-key" {
+		t.Fatalf("the worker got Authorization %q, want the worker key", w.auth)
+	}
+}
