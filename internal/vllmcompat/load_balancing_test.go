@@ -11,6 +11,15 @@ import (
 // system prompt and tools stay, on one worker, and spreads unrelated prompts; power_of_two sends
 // fewer requests to the busier worker. Every request names "test-model", which no worker lists.
 
+// tally counts the answers of each worker.
+func tally(ids []string) map[string]int {
+	counts := map[string]int{}
+	for _, id := range ids {
+		counts[id]++
+	}
+	return counts
+}
+
 // maxCount is the largest count of counts.
 func maxCount(counts map[string]int) int {
 	top := 0
@@ -83,10 +92,7 @@ func TestCacheAwareDiversePromptsBalances(t *testing.T) {
 		}
 		return a.workerID()
 	})
-	counts := map[string]int{}
-	for _, id := range ids {
-		counts[id]++
-	}
+	counts := tally(ids)
 	if len(counts) < 2 {
 		t.Fatalf("unrelated prompts went to %v, want at least two workers", counts)
 	}
@@ -100,36 +106,8 @@ func TestPowerOfTwoPrefersLessLoaded(t *testing.T) {
 	r := startRouter(t, routerArgs{workerURLs: append(slowURLs, fastURLs...), policy: "power_of_two",
 		extra: []extra{{"worker_startup_check_interval", 1}}})
 	concurrently(64, 16, func(i int) answer { return post(r.url+"/v1/completions", completion(fmt.Sprintf("warm-%d", i), 1)) })
-	// Load on the slow worker from elsewhere, for as long as the measured requests run.
-	stop := make(chan struct{})
-	background := make(chan struct{})
-	go func() {
-		defer close(background)
-		concurrently(8, 8, func(i int) int {
-			for n := 0; ; n++ {
-				select {
-				case <-stop:
-					return n
-				default:
-				}
-				post(slow[0].URL+"/v1/completions", completion(fmt.Sprintf("bg-%d-%d", i, n), 1))
-			}
-		})
-	}()
-	waitUntil(t, "the direct load on the slow worker", func() bool { return slow[0].inFlight.Load() >= 4 })
-	ids := concurrently(100, 16, func(i int) string {
-		a := post(r.url+"/v1/completions", completion(fmt.Sprintf("p%d", i), 1))
-		if a.status != 200 {
-			t.Errorf("status %d %v", a.status, a.body)
-		}
-		return a.workerID()
-	})
-	close(stop)
-	<-background
-	counts := map[string]int{}
-	for _, id := range ids {
-		counts[id]++
-	}
+	ids := underDirectLoad(t, slow[0], 8, func() []string { return workerIDs(t, r, 100) })
+	counts := tally(ids)
 	if counts[slowIDs[0]] >= counts[fastIDs[0]] {
 		t.Fatalf("slow worker %d, fast worker %d of 100: want fewer on the slow one", counts[slowIDs[0]], counts[fastIDs[0]])
 	}
@@ -137,6 +115,45 @@ func TestPowerOfTwoPrefersLessLoaded(t *testing.T) {
 	if got := r.logs.lines("level=WARN", "--worker-startup-check-interval"); len(got) != 1 {
 		t.Errorf("warnings about --worker-startup-check-interval: %q, want one", got)
 	}
+}
+
+// underDirectLoad runs measure while n clients keep sending requests to w itself, past the router,
+// as the vLLM router's tests load a worker from elsewhere; it returns measure's result once the
+// clients have stopped.
+func underDirectLoad[T any](t *testing.T, w *mockWorker, n int, measure func() T) T {
+	t.Helper()
+	stop := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		concurrently(n, n, func(i int) int {
+			for k := 0; ; k++ {
+				select {
+				case <-stop:
+					return k
+				default:
+				}
+				post(w.URL+"/v1/completions", completion(fmt.Sprintf("bg-%d-%d", i, k), 1))
+			}
+		})
+	}()
+	defer func() {
+		close(stop)
+		<-stopped
+	}()
+	waitUntil(t, "the direct load on "+w.id, func() bool { return w.inFlight.Load() >= int64(n)/2 })
+	return measure()
+}
+
+// workerIDs sends n completions through the router, 16 at a time, and returns who answered each.
+func workerIDs(t *testing.T, r *router, n int) []string {
+	return concurrently(n, 16, func(i int) string {
+		a := post(r.url+"/v1/completions", completion(fmt.Sprintf("p%d", i), 1))
+		if a.status != 200 {
+			t.Errorf("status %d %v", a.status, a.body)
+		}
+		return a.workerID()
+	})
 }
 
 // waitUntil polls cond every 10 ms until it holds, failing the test after 10 s: an upper bound

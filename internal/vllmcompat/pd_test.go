@@ -107,35 +107,8 @@ func TestPDPowerOfTwoSkewsToFasterDecode(t *testing.T) {
 		prefill: []prefillWorker{{url: prefillURLs[0]}, {url: prefillURLs[1]}}, decode: []string{slow.URL, fast.URL},
 		extra: []extra{{"worker_startup_check_interval", 1}}})
 	concurrently(32, 16, func(i int) answer { return post(r.url+"/v1/completions", completion(fmt.Sprintf("warm-%d", i), 1)) })
-	stop := make(chan struct{})
-	background := make(chan struct{})
-	go func() {
-		defer close(background)
-		concurrently(4, 4, func(i int) int {
-			for n := 0; ; n++ {
-				select {
-				case <-stop:
-					return n
-				default:
-				}
-				post(slow.URL+"/v1/completions", completion(fmt.Sprintf("bg-%d-%d", i, n), 1))
-			}
-		})
-	}()
-	waitUntil(t, "the direct load on the slow decode worker", func() bool { return slow.inFlight.Load() >= 3 })
-	ids := concurrently(100, 16, func(i int) string {
-		a := post(r.url+"/v1/completions", completion(fmt.Sprintf("p%d", i), 1))
-		if a.status != 200 {
-			t.Errorf("status %d %v", a.status, a.body)
-		}
-		return a.workerID()
-	})
-	close(stop)
-	<-background
-	counts := map[string]int{}
-	for _, id := range ids {
-		counts[id]++
-	}
+	ids := underDirectLoad(t, slow, 4, func() []string { return workerIDs(t, r, 100) })
+	counts := tally(ids)
 	if counts[fast.id] < counts[slow.id]*6/5 || counts[fast.id] <= counts[slow.id] {
 		t.Fatalf("fast decode worker %d, slow %d of 100: want at least 20 %% more on the fast one", counts[fast.id], counts[slow.id])
 	}
