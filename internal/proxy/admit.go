@@ -43,8 +43,8 @@ func (s *Server) EndQueue() { s.closeQueue() }
 
 // admit applies the rate limits and admission control to a request whose worker candidates are
 // known. It reports false when the request was answered (429, 408 after a wait that outlasted
-// the queue timeout, or 400 for an unknown priority) or its client left while it waited; otherwise the request holds ex.permit, if any, until it
-// ends.
+// the queue timeout, or 400 for an unknown priority) or its client left while it waited;
+// otherwise the request holds ex.permit, if any, until it ends.
 func (s *Server) admit(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	a := s.opts.Admission
 	tenant := ex.caller.Tenant

@@ -180,10 +180,11 @@ func (p *Pool) Models() []string {
 // Candidates returns the tenants that may take a request for model: available (healthy, breaker
 // not open) and serving it, and the served model the request's state belongs to.
 //
-// The model rule: a request may only name a model a healthy worker serves, as the workers' own
-// /v1/models lists say, so that no client can create state (prefix trees, sessions, metric
-// series) for a model nobody serves. known is false for any other name, and the caller answers
-// 404 as a worker would. An empty model goes to every available tenant and, on a one-model
+// The model rule: state (prefix trees, sessions, metric series) is kept only under a model a
+// healthy worker serves, as the workers' own /v1/models lists say, so that no client can create
+// it for a model nobody serves. known is false for any other name: the caller either answers
+// 404, as a worker would, or forwards the request to every available tenant, keeping its state
+// under no model. An empty model goes to every available tenant and, on a one-model
 // fleet, belongs to that model. Workers that list no models (their /v1/models failed) serve any
 // name; requests that only they can take belong to no model (served is "").
 func (p *Pool) Candidates(model string) (candidates []*Worker, served string, known bool) {
