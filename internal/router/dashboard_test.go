@@ -394,7 +394,7 @@ func TestRootListsTheStatusPage(t *testing.T) {
 		t.Errorf("the status page it names answers %d", page.StatusCode)
 	}
 	post := tr.post(t, "/", "{}")
-	if readAll(t, post); post.StatusCode != http.StatusMethodNotAllowed || post.Header.Get("Allow") != "GET" {
+	if readAll(t, post); post.StatusCode != http.StatusMethodNotAllowed || post.Header.Get("Allow") != "GET, HEAD" {
 		t.Errorf("POST /: %d, Allow %q", post.StatusCode, post.Header.Get("Allow"))
 	}
 }
