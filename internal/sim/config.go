@@ -116,7 +116,7 @@ func DefaultConfig() Config {
 	return Config{
 		Models:              []string{"sim-model"},
 		BlockSize:           16,
-		KVCacheBlocks:       4096,
+		KVCacheBlocks:       8192,
 		MaxNumSeqs:          8,
 		PrefillOverhead:     5 * time.Millisecond,
 		PrefillTimePerToken: 100 * time.Microsecond,

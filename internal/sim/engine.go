@@ -25,10 +25,14 @@ type Result struct {
 	// FinishReason is "length", "stop", or empty when the request did not
 	// finish (its client left, or it stalled).
 	FinishReason string
-	// Queued reports whether the request waited for a running slot.
+	// Queued reports whether the request waited to be admitted: for a running slot, or for KV
+	// blocks (scheduler.go).
 	Queued bool
-	// QueueTime is the time spent waiting for a running slot.
+	// QueueTime is the time spent waiting to be admitted the first time.
 	QueueTime time.Duration
+	// Preemptions counts how often the request was preempted to free KV blocks for another
+	// running request (and computed again when readmitted).
+	Preemptions int
 	// PrefillTime is PrefillOverhead + uncached prompt tokens × PrefillTimePerToken; on a decode
 	// leg, PrefillOverhead + one token computed + TransferredTokens × KVTransferTimePerToken.
 	PrefillTime time.Duration
@@ -37,11 +41,12 @@ type Result struct {
 	// TransferFailed says that a decode leg found its prefill worker's blocks gone and computed
 	// the prompt itself.
 	TransferFailed bool
-	// TTFT is QueueTime + PrefillTime.
+	// TTFT is QueueTime + PrefillTime, and, when the request was preempted before its first
+	// token, the time it waited again and recomputed.
 	TTFT time.Duration
 	// E2E is TTFT + the decode steps after the first token: (CompletionTokens-1) ×
 	// InterTokenLatency, each step longer by the prompt tokens other requests computed in it
-	// when MaxNumBatchedTokens is set.
+	// when MaxNumBatchedTokens is set; and what preemptions after the first token cost.
 	E2E time.Duration
 	// Err is nil for a finished request.
 	Err error
@@ -59,8 +64,11 @@ type Stats struct {
 	Failed int64
 	// Rejected counts requests refused with a 4xx status.
 	Rejected int64
-	// Queued counts requests that waited for a running slot.
+	// Queued counts requests that waited to be admitted.
 	Queued int64
+	// Preemptions counts running requests preempted for want of KV blocks
+	// (vllm:num_preemptions_total).
+	Preemptions int64
 
 	// PromptTokens is the sum of prompt_tokens over admitted requests; it is
 	// also the prefix cache's query count (vllm:prefix_cache_queries_total).
@@ -74,7 +82,8 @@ type Stats struct {
 	// QueueTime and TTFT are sums over admitted requests, in simulated time.
 	QueueTime, TTFT time.Duration
 
-	// Running and Waiting are the requests holding and awaiting a slot now.
+	// Running and Waiting are the requests admitted and awaiting admission now (preempted
+	// ones wait again).
 	Running, Waiting int
 	// CachedBlocks is the number of KV blocks holding data, PinnedBlocks
 	// those held by running requests, CapacityBlocks the total.
@@ -108,7 +117,8 @@ type job struct {
 	transfer transfer
 }
 
-// engine state shared by every request of a worker, guarded by mu.
+// engine state shared by every request of a worker, guarded by mu: the KV cache, the
+// scheduler that allocates from it, and the counters.
 type engine struct {
 	mu    sync.Mutex
 	cache *kvcache.Cache
@@ -144,6 +154,7 @@ func (w *Worker) generate(ctx context.Context, j *job, emit func(tok string) err
 	lora := w.lora(j.model)
 	root := kvcache.Root(lora.name)
 	hashes := kvcache.BlockHashes((*hp)[:0], root, j.seq.Text, j.seq.Ends, cfg.BlockSize)
+	*hp = hashes
 	var gen *textGen
 	n, finish := len(j.script), "stop"
 	if j.script == nil {
@@ -153,40 +164,35 @@ func (w *Worker) generate(ctx context.Context, j *job, emit func(tok string) err
 
 	w.count(func(s *Stats) { s.Requests++ })
 	arrival := w.clock.Now()
-	queued, err := w.sched.acquire(ctx)
-	res.Queued = queued
-	if err != nil {
-		res.QueueTime = w.unscale(w.clock.Now().Sub(arrival))
-		return w.finish(res, err, 0)
+	s := &sequence{ctx: ctx, hashes: hashes, maxHit: (res.PromptTokens - 1) / cfg.BlockSize, tokens: res.PromptTokens}
+	if res.Queued = !w.enqueue(s); res.Queued {
+		if err := w.awaitAdmission(s); err != nil {
+			res.QueueTime = w.unscale(w.clock.Now().Sub(arrival))
+			return w.finish(res, err, 0)
+		}
 	}
-	defer w.sched.release()
+	ended := false
+	defer func() {
+		if !ended {
+			w.end(s)
+		}
+	}()
 	res.QueueTime = w.unscale(w.clock.Now().Sub(arrival))
 	w.metrics.queueTime.Observe(res.QueueTime.Seconds())
 
-	// Admission: look the prompt up and pin its blocks.
-	maxHit := (res.PromptTokens - 1) / cfg.BlockSize
+	// Admission looked the prompt up and pinned its blocks: the hit is what it found computed.
 	w.eng.mu.Lock()
-	hit, pin := w.eng.cache.Acquire(hashes, maxHit)
-	w.publishChanges(j.seq, hashes, lora)
-	res.CachedTokens = hit * cfg.BlockSize
+	res.CachedTokens = s.hit * cfg.BlockSize
 	j.cached = res.CachedTokens
-	s := &w.eng.stats
-	s.PromptTokens += int64(res.PromptTokens)
-	s.CachedTokens += int64(res.CachedTokens)
-	s.QueueTime += res.QueueTime
-	if queued {
-		s.Queued++
+	st := &w.eng.stats
+	st.PromptTokens += int64(res.PromptTokens)
+	st.CachedTokens += int64(res.CachedTokens)
+	st.QueueTime += res.QueueTime
+	if res.Queued {
+		st.Queued++
 	}
 	w.eng.mu.Unlock()
 	w.metrics.admitted(res.PromptTokens, res.CachedTokens)
-	committed := false
-	defer func() {
-		if !committed {
-			w.eng.mu.Lock()
-			w.eng.cache.Release(&pin)
-			w.eng.mu.Unlock()
-		}
-	}()
 
 	perToken, itl := cfg.PrefillTimePerToken, cfg.InterTokenLatency
 	overhead := cfg.PrefillOverhead
@@ -210,18 +216,28 @@ func (w *Worker) generate(ctx context.Context, j *job, emit func(tok string) err
 		computed -= res.TransferredTokens
 	}
 	res.PrefillTime = overhead + time.Duration(computed)*perToken + time.Duration(res.TransferredTokens)*cfg.KVTransferTimePerToken
-	res.TTFT = res.QueueTime + res.PrefillTime
-	w.prefilling.Add(int64(computed))
-	err = w.sleep(ctx, res.PrefillTime)
-	w.prefilling.Add(-int64(computed))
-	if err != nil {
-		return w.finish(res, err, 0)
+	// resume brings s back after a preemption: it waits for admission again and computes its
+	// prompt and generated tokens again, then its next token is out. lost adds up that time.
+	var lost time.Duration
+	resume := func() error {
+		d, err := w.resume(s, j.seq, lora, overhead, perToken)
+		lost += d
+		return err
 	}
-	w.eng.mu.Lock()
-	w.eng.cache.Computed(&pin)
-	w.publishChanges(j.seq, hashes, lora)
-	w.eng.stats.TTFT += res.TTFT
-	w.eng.mu.Unlock()
+	w.prefilling.Add(int64(computed))
+	prefilled, err := w.sleepFor(s.run, res.PrefillTime)
+	w.prefilling.Add(-int64(computed))
+	if err != nil && ctx.Err() != nil {
+		return w.finish(res, ctx.Err(), 0)
+	}
+	if err != nil || !w.computed(s, j.seq, lora) {
+		if err := resume(); err != nil {
+			return w.finish(res, err, 0)
+		}
+	}
+	res.TTFT = res.QueueTime + prefilled + lost
+	lostBeforeFirst := lost
+	w.count(func(st *Stats) { st.TTFT += res.TTFT })
 	w.metrics.ttft.Observe(res.TTFT.Seconds())
 
 	stallAt := -1
@@ -238,10 +254,23 @@ func (w *Worker) generate(ctx context.Context, j *job, emit func(tok string) err
 			return w.finish(res, errStalled, i)
 		}
 		if i > 0 {
-			step := itl + w.prefillInStep(perToken)
-			decodeTime += step
-			if err := w.sleep(ctx, step); err != nil {
-				return w.finish(res, err, i)
+			// The step that makes token i+1 stores the KV of the i tokens generated so far. A
+			// preempted request gets its next token from the recomputation instead.
+			preempted := !w.reserve(s, res.PromptTokens+i)
+			if !preempted {
+				stepped, err := w.sleepFor(s.run, itl+w.prefillInStep(perToken))
+				decodeTime += stepped
+				if err != nil {
+					if ctx.Err() != nil {
+						return w.finish(res, ctx.Err(), i)
+					}
+					preempted = true
+				}
+			}
+			if preempted {
+				if err := resume(); err != nil {
+					return w.finish(res, err, i)
+				}
 			}
 		}
 		var tok string
@@ -255,28 +284,79 @@ func (w *Worker) generate(ctx context.Context, j *job, emit func(tok string) err
 			return w.finish(res, err, i+1)
 		}
 	}
-
 	// The request is done: cache its prompt and its reply.
 	if j.chat {
 		j.seq.AppendText(prompt.AssistantEnd)
 	}
-	hashes = kvcache.BlockHashes(hashes[:0], root, j.seq.Text, j.seq.Ends, cfg.BlockSize)
-	*hp = hashes
-	w.eng.mu.Lock()
-	w.eng.cache.Commit(&pin, hashes)
-	w.publishChanges(j.seq, hashes, lora)
-	w.eng.mu.Unlock()
-	committed = true
+	sp := hashPool.Get().(*[]uint64)
+	defer hashPool.Put(sp)
+	stream := kvcache.BlockHashes((*sp)[:0], root, j.seq.Text, j.seq.Ends, cfg.BlockSize)
+	*sp = stream
+	w.commit(s, j.seq, stream, lora)
+	ended = true
+	res.Preemptions = s.preemptions // s is out of the scheduler: nobody else writes it now
 
 	if j.transfer.role == prefillLeg {
-		j.transfer.heldBlocks = w.hold(j.transfer.holdID, hashes[:min(len(hashes), res.PromptTokens/cfg.BlockSize)])
+		j.transfer.heldBlocks = w.hold(j.transfer.holdID, stream[:min(len(stream), res.PromptTokens/cfg.BlockSize)])
 	}
 
 	res.FinishReason = finish
-	res.E2E = res.TTFT + decodeTime
+	res.E2E = res.TTFT + decodeTime + lost - lostBeforeFirst
 	w.metrics.e2e.Observe(res.E2E.Seconds())
 	w.metrics.success.WithLabelValues(finish).Inc()
 	return w.finish(res, nil, n)
+}
+
+// computed marks the blocks of the prompt s computed once its prefill ended, and reports
+// whether s still ran: a request preempted during its prefill computes it again when readmitted.
+func (w *Worker) computed(s *sequence, seq *prompt.Sequence, lora adapter) bool {
+	w.eng.mu.Lock()
+	defer w.eng.mu.Unlock()
+	if s.state != seqRunning {
+		return false
+	}
+	w.eng.cache.Computed(&s.pin)
+	w.publishChanges(seq, s.hashes, lora)
+	return true
+}
+
+// resume brings preempted request s back: it waits for admission again, then computes every token
+// it holds again (its prompt less what the cache still has, and what it generated), as vLLM
+// recomputes a preempted request, until that runs to its end without another preemption. It
+// returns the simulated time this took.
+func (w *Worker) resume(s *sequence, seq *prompt.Sequence, lora adapter, overhead, perToken time.Duration) (time.Duration, error) {
+	start := w.clock.Now()
+	var computing time.Duration
+	lost := func() time.Duration {
+		if w.cfg.TimeScale == 0 {
+			return computing
+		}
+		return w.unscale(w.clock.Now().Sub(start))
+	}
+	for {
+		if err := w.awaitAdmission(s); err != nil {
+			return lost(), err
+		}
+		w.eng.mu.Lock()
+		if s.state != seqRunning {
+			w.eng.mu.Unlock()
+			continue // preempted again before it looked
+		}
+		recompute := s.tokens - s.hit*w.cfg.BlockSize
+		run := s.run
+		w.eng.mu.Unlock()
+		d := overhead + time.Duration(recompute)*perToken
+		computing += d
+		w.prefilling.Add(int64(recompute))
+		err := w.sleep(run, d)
+		w.prefilling.Add(-int64(recompute))
+		if s.ctx.Err() != nil {
+			return lost(), s.ctx.Err()
+		}
+		if err == nil && w.computed(s, seq, lora) {
+			return lost(), nil
+		}
+	}
 }
 
 // finish records the end of a request, hands its Result to the observer and
@@ -324,6 +404,16 @@ func (w *Worker) sleep(ctx context.Context, d time.Duration) error {
 		return nil
 	}
 	return w.clock.Sleep(ctx, time.Duration(float64(d)*w.cfg.TimeScale))
+}
+
+// sleepFor sleeps as sleep does and returns the simulated time it slept: d, or when ctx ended
+// first, the part of d that had passed on the clock.
+func (w *Worker) sleepFor(ctx context.Context, d time.Duration) (time.Duration, error) {
+	start := w.clock.Now()
+	if err := w.sleep(ctx, d); err != nil {
+		return min(d, w.unscale(w.clock.Now().Sub(start))), err
+	}
+	return d, nil
 }
 
 // unscale turns a duration measured on the clock into simulated time.

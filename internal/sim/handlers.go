@@ -506,7 +506,7 @@ func (w *Worker) handleModels(rw http.ResponseWriter, _ *http.Request) {
 	now := unixNow()
 	for _, m := range w.cfg.Models {
 		resp.Data = append(resp.Data, model{ID: m, Object: "model", Created: now, OwnedBy: "vllm",
-			Root: w.cfg.Models[0], MaxModelLen: w.cfg.MaxModelLen, Permission: []any{}})
+			Root: w.cfg.Models[0], MaxModelLen: w.maxModelLen(), Permission: []any{}})
 	}
 	// Adapters after the base models, as vLLM lists them: the path as root, the base model as
 	// parent, no context length of their own.

@@ -452,7 +452,7 @@ func tokenize(t *testing.T, w *Worker, msgs []msg) []uint32 {
 	if err := json.Unmarshal(rec.Body.Bytes(), &r); err != nil {
 		t.Fatal(err)
 	}
-	if r.Count != len(r.Tokens) || r.MaxModelLen != w.cfg.MaxModelLen {
+	if r.Count != len(r.Tokens) || r.MaxModelLen != w.maxModelLen() {
 		t.Fatalf("count %d for %d tokens, max_model_len %d", r.Count, len(r.Tokens), r.MaxModelLen)
 	}
 	return r.Tokens

@@ -436,11 +436,11 @@ func (w *Worker) handleMessages(rw http.ResponseWriter, r *http.Request) {
 		w.writeMessagesError(rw, badf("max_tokens: Input should be greater than or equal to 1"))
 		return
 	}
-	if limit := w.cfg.MaxModelLen; seq.Len() >= limit {
+	if limit := w.maxModelLen(); seq.Len() >= limit {
 		w.writeMessagesError(rw, badf("prompt is too long: %d tokens > %d maximum", seq.Len(), limit-1))
 		return
 	}
-	maxTokens = min(maxTokens, w.cfg.MaxModelLen-seq.Len())
+	maxTokens = min(maxTokens, w.maxModelLen()-seq.Len())
 	plan := w.planToolCall(seq, msgs, req.lastUser, specs, choice, maxTokens)
 	fault := w.drawFault()
 	if w.injectFault(rw, fault, func(rw http.ResponseWriter, msg string) {

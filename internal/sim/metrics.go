@@ -35,6 +35,7 @@ type workerMetrics struct {
 	ttft             prometheus.Observer
 	e2e              prometheus.Observer
 	queueTime        prometheus.Observer
+	preemptions      prometheus.Counter
 }
 
 func newWorkerMetrics(w *Worker) *workerMetrics {
@@ -64,6 +65,7 @@ func newWorkerMetrics(w *Worker) *workerMetrics {
 		"Prompt tokens a decode leg pulled from a prefill engine instead of computing them.")
 	m.promptTokens = counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.")
 	m.generationTokens = counter("vllm:generation_tokens_total", "Number of generation tokens processed.")
+	m.preemptions = counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.")
 	m.success = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "vllm:request_success_total", Help: "Count of successfully processed requests.", ConstLabels: labels,
 	}, []string{"finished_reason"})
@@ -75,11 +77,11 @@ func newWorkerMetrics(w *Worker) *workerMetrics {
 		"Histogram of time spent in WAITING phase for request.", requestLatencyBuckets)
 
 	gauge("vllm:num_requests_running", "Number of requests in model execution batches.", func() float64 {
-		r, _ := w.sched.load()
+		r, _ := w.load()
 		return float64(r)
 	})
 	gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", func() float64 {
-		_, q := w.sched.load()
+		_, q := w.load()
 		return float64(q)
 	})
 	gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", func() float64 {

@@ -98,7 +98,7 @@ func TestMetrics_VLLMNamesTypesAndValues(t *testing.T) {
 	for _, l := range info.GetMetric()[0].GetLabel() {
 		labels[l.GetName()] = l.GetValue()
 	}
-	if labels["block_size"] != "16" || labels["num_gpu_blocks"] != "4096" {
+	if labels["block_size"] != "16" || labels["num_gpu_blocks"] != "8192" {
 		t.Fatalf("cache_config_info labels %v", labels)
 	}
 }

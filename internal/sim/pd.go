@@ -159,6 +159,7 @@ func (w *Worker) release(id string) bool {
 	h.cancel()
 	w.eng.mu.Lock()
 	w.eng.cache.Release(&h.pin)
+	w.scheduleLocked() // the blocks may let a waiting request in
 	w.eng.mu.Unlock()
 	return true
 }

@@ -492,12 +492,12 @@ func (w *Worker) handleResponses(rw http.ResponseWriter, r *http.Request) {
 	seq.Reset()
 	defer seqPool.Put(seq)
 	prompt.RenderChat(seq, tools, msgs, true)
-	if limit := w.cfg.MaxModelLen; seq.Len() >= limit {
+	if limit := w.maxModelLen(); seq.Len() >= limit {
 		w.writeOpenAIError(rw, http.StatusBadRequest, "invalid_request_error",
 			fmt.Sprintf("The engine prompt length %d exceeds the max_model_len %d. Please reduce prompt.", seq.Len(), limit))
 		return
 	}
-	maxTokens = min(maxTokens, w.cfg.MaxModelLen-seq.Len())
+	maxTokens = min(maxTokens, w.maxModelLen()-seq.Len())
 	plan := w.planToolCall(seq, msgs, lastUserMessage(msgs), specs, choice, maxTokens)
 	fault := w.drawFault()
 	if w.injectFault(rw, fault, func(rw http.ResponseWriter, msg string) {

@@ -76,7 +76,7 @@ func (w *Worker) handleTokenize(rw http.ResponseWriter, r *http.Request) {
 		w.writeError(rw, http.StatusBadRequest, "prompt or messages: field required")
 		return
 	}
-	resp := tokenizeResponse{Count: seq.Len(), MaxModelLen: w.cfg.MaxModelLen, Tokens: seq.AppendIDs(make([]uint32, 0, seq.Len()), 0, seq.Len())}
+	resp := tokenizeResponse{Count: seq.Len(), MaxModelLen: w.maxModelLen(), Tokens: seq.AppendIDs(make([]uint32, 0, seq.Len()), 0, seq.Len())}
 	if req.ReturnTokenStrs {
 		resp.TokenStrs = make([]string, seq.Len())
 		for i := range resp.TokenStrs {

@@ -30,8 +30,8 @@ const maxBodyBytes = 64 << 20
 type Worker struct {
 	cfg     Config
 	clock   Clock
-	sched   *scheduler
 	eng     engine
+	sched   scheduler // guarded by eng.mu
 	metrics *workerMetrics
 	mux     *http.ServeMux
 	models  map[string]bool // the base models
@@ -169,8 +169,8 @@ func (w *Worker) Stats() Stats {
 	s.PinnedBlocks = w.eng.cache.Pinned()
 	s.CapacityBlocks = w.eng.cache.Capacity()
 	s.Evictions = w.eng.cache.Evictions()
+	s.Running, s.Waiting = len(w.sched.running), len(w.sched.waiting)
 	w.eng.mu.Unlock()
-	s.Running, s.Waiting = w.sched.load()
 	s.StoredResponses = w.stored.len()
 	return s
 }
@@ -240,10 +240,18 @@ func (w *Worker) lora(model string) adapter {
 	return adapter{name: model} // unloaded since the request was admitted: still its own blocks
 }
 
-// fitContext checks a prompt against MaxModelLen and shortens maxTokens to
+// maxModelLen is the context length the worker serves: MaxModelLen, or what its KV cache holds
+// when that is less. vLLM does not start with a max_model_len its KV cache cannot hold for one
+// request (it names the length that would fit), so a prompt longer than the whole cache gets the
+// context-length error there too, never a wait that could not end.
+func (w *Worker) maxModelLen() int {
+	return min(w.cfg.MaxModelLen, w.cfg.KVCacheBlocks*w.cfg.BlockSize)
+}
+
+// fitContext checks a prompt against maxModelLen and shortens maxTokens to
 // the room left.
 func (w *Worker) fitContext(promptTokens, maxTokens int) (int, error) {
-	limit := w.cfg.MaxModelLen
+	limit := w.maxModelLen()
 	if promptTokens >= limit {
 		return 0, badf("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.", limit, promptTokens)
 	}

@@ -78,6 +78,30 @@ func (c *Cache) Pinned() int { return c.pinned }
 // Evictions returns how many cached blocks were evicted to make room.
 func (c *Cache) Evictions() int64 { return c.evictions }
 
+// Available returns the number of blocks an allocation can take now: the free ones and the
+// computed ones no running request holds (evicted, least recently used first, when taken).
+func (c *Cache) Available() int { return c.Capacity() - c.pinned }
+
+// Fits reports whether Acquire(hashes) followed by extra calls to Grow would find every block it
+// needs without evicting a block that a running request holds: the prompt's blocks already cached
+// (computed or pending) are shared, and the others, plus extra, come out of Available, less the
+// cached blocks the prompt itself takes off the LRU list. It is vLLM's admission check: a waiting
+// request is scheduled only when its uncached blocks can be allocated.
+func (c *Cache) Fits(hashes []uint64, extra int) bool {
+	need := extra
+	avail := c.Available()
+	for _, h := range hashes {
+		i, ok := c.index[h]
+		switch {
+		case !ok:
+			need++
+		case c.blocks[i].refs == 0:
+			avail-- // cached and evictable: the prompt pins it, so nobody else can take it
+		}
+	}
+	return need <= avail
+}
+
 // Contains reports whether a computed block with hash h is cached.
 func (c *Cache) Contains(h uint64) bool {
 	i, ok := c.index[h]
@@ -97,13 +121,30 @@ func (c *Cache) Match(hashes []uint64) int {
 	return n
 }
 
-// Pin is the set of blocks one running request holds, in prompt order.
+// Pin is the set of blocks one running request holds: those of its prompt's full blocks, in
+// prompt order, and the blocks Grow gave it for the tokens after them (the prompt's last partial
+// block and the generated tokens), which hold no hash until Commit caches the request's stream.
 type Pin struct {
 	blocks []int32
+	grown  []int32
 }
 
 // Len returns the number of blocks p holds.
-func (p *Pin) Len() int { return len(p.blocks) }
+func (p *Pin) Len() int { return len(p.blocks) + len(p.grown) }
+
+// Grow gives p one more block, for tokens that do not fill a block of the prompt: taken from the
+// free stack, or by evicting the least recently used unpinned block. It reports false, and
+// changes nothing, when every block is pinned: vLLM then preempts a running request.
+func (c *Cache) Grow(p *Pin) bool {
+	i := c.take()
+	if i == none {
+		return false
+	}
+	c.blocks[i] = block{refs: 1, prev: none, next: none, state: statePending, detached: true}
+	c.pinned++
+	p.grown = append(p.grown, i)
+	return true
+}
 
 // Acquire pins the blocks of a prompt whose full-block hashes are hashes and
 // returns how many leading blocks were already computed (the cache hit),
@@ -156,7 +197,12 @@ func (c *Cache) Computed(p *Pin) {
 // chained from the first block) are computed and cached, and its pins are
 // released. Blocks are released last block first, so within one request the
 // tail is evicted before the head, as vLLM does.
+//
+// The blocks Grow gave p are freed first: the reply's full blocks are cached under their hashes
+// in their place.
 func (c *Cache) Commit(p *Pin, hashes []uint64) {
+	c.unrefAll(p.grown)
+	p.grown = nil
 	c.Computed(p)
 	extra := make([]int32, 0, len(hashes))
 	for k, h := range hashes {
@@ -184,8 +230,9 @@ func (c *Cache) Commit(p *Pin, hashes []uint64) {
 // that was cancelled or failed gives its blocks back: pending blocks it
 // allocated are freed, computed ones become evictable.
 func (c *Cache) Release(p *Pin) {
+	c.unrefAll(p.grown)
 	c.unrefAll(p.blocks)
-	p.blocks = nil
+	p.blocks, p.grown = nil, nil
 }
 
 // Reset empties the cache as vLLM's /reset_prefix_cache does: every cached
@@ -240,23 +287,32 @@ func (c *Cache) unrefAll(blocks []int32) {
 // alloc takes a free block, or evicts the least recently used cached one, and
 // pins it under hash h. It returns none when every block is pinned.
 func (c *Cache) alloc(h uint64, state uint8) int32 {
-	var i int32
-	if n := len(c.free); n > 0 {
-		i = c.free[n-1]
-		c.free = c.free[:n-1]
-	} else {
-		i = c.blocks[c.sent].next
-		if i == c.sent {
-			return none
-		}
-		c.unlink(i)
-		delete(c.index, c.blocks[i].hash)
-		c.evictions++
-		c.record(Evicted, c.blocks[i].hash, -1)
+	i := c.take()
+	if i == none {
+		return none
 	}
 	c.blocks[i] = block{hash: h, refs: 1, prev: none, next: none, state: state}
 	c.pinned++
 	c.index[h] = i
+	return i
+}
+
+// take removes a block from the free stack, or evicts the least recently used cached one, and
+// returns it for the caller to fill; none when every block is pinned.
+func (c *Cache) take() int32 {
+	if n := len(c.free); n > 0 {
+		i := c.free[n-1]
+		c.free = c.free[:n-1]
+		return i
+	}
+	i := c.blocks[c.sent].next
+	if i == c.sent {
+		return none
+	}
+	c.unlink(i)
+	delete(c.index, c.blocks[i].hash)
+	c.evictions++
+	c.record(Evicted, c.blocks[i].hash, -1)
 	return i
 }
 
