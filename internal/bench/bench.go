@@ -108,6 +108,10 @@ type Options struct {
 	Workers  int
 	Replicas int // 0 is 1
 	Sim      sim.Config
+	// KVOversubscription, when positive, sizes the simulated workers' KV caches (Sim's
+	// KVCacheBlocks) so that the workload's planned working set (Workload.PlannedWorkingSet at
+	// Concurrency) is that many times their total capacity.
+	KVOversubscription float64
 	// KVEvents has the simulated workers publish their KV-cache events and the routers
 	// subscribe, each worker on a loopback port of its own.
 	KVEvents bool
@@ -165,7 +169,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	rep := &Report{
 		Workload: o.Workload.Name, API: o.API, Params: o.Params, Sessions: len(o.Workload.Sessions),
-		Requests: o.Workload.Requests(), Concurrency: o.Concurrency, TimeScale: 1,
+		Requests: o.Workload.Requests(), Concurrency: o.Concurrency, TimeScale: 1, ReuseCeiling: o.Workload.ReuseCeiling,
 	}
 	if len(o.Policies) > 0 {
 		rep.TimeScale = o.Sim.TimeScale
@@ -195,6 +199,17 @@ func runPolicies(ctx context.Context, o Options, rep *Report) error {
 	}
 	if o.Workers < 1 {
 		return fmt.Errorf("--workers must be at least 1, got %d", o.Workers)
+	}
+	if o.KVOversubscription > 0 {
+		blocks, err := o.Workload.KVBlocksFor(o.KVOversubscription, o.Concurrency, o.Workers, o.Sim.BlockSize)
+		if err != nil {
+			return err
+		}
+		o.Sim.KVCacheBlocks = blocks
+		if rep.Params == nil {
+			rep.Params = map[string]any{}
+		}
+		rep.Params["kv_cache_blocks"] = blocks
 	}
 	replicas := max(o.Replicas, 1)
 	var store *redisproc.Server
@@ -279,6 +294,11 @@ func runPolicies(ctx context.Context, o Options, rep *Report) error {
 	return nil
 }
 
+// kvCapacity is the KV cache of the whole simulated fleet, in tokens.
+func (o *Options) kvCapacity() int64 {
+	return int64(o.Workers) * int64(o.Sim.KVCacheBlocks) * int64(o.Sim.BlockSize)
+}
+
 // pdSuffix names an entry's P/D run.
 const pdSuffix = "/pd"
 
@@ -297,7 +317,7 @@ func runEntry(ctx context.Context, o *Options, rep *Report, p PolicySpec, cfg co
 	defer rs.stop()
 	t := &Target{Name: p.Name + suffix, URLs: rs.urls(), SessionMode: p.SessionMode, Policy: p.Policy,
 		RouterArgs: p.Args, Replicas: replicas, SessionStore: cfg.SessionStore,
-		Loads: rs.loads, Workers: o.Workers, WorkerMetrics: fleet.URLs(), TimeScale: o.Sim.TimeScale}
+		Loads: rs.loads, Workers: o.Workers, WorkerMetrics: fleet.URLs(), TimeScale: o.Sim.TimeScale, KVCapacityTokens: o.kvCapacity()}
 	calls0, cached0 := rs.tokenizeCalls()
 	tr, err := runOne(ctx, o, t, model)
 	if err != nil {
@@ -321,7 +341,7 @@ func runOracle(ctx context.Context, o *Options, rep *Report, p PolicySpec, fleet
 	}
 	defer or.stop()
 	t := &Target{Name: p.Name, URLs: []string{or.url}, SessionMode: p.SessionMode, Policy: p.Policy,
-		Loads: or.loads, Workers: o.Workers, WorkerMetrics: fleet.URLs(), TimeScale: o.Sim.TimeScale}
+		Loads: or.loads, Workers: o.Workers, WorkerMetrics: fleet.URLs(), TimeScale: o.Sim.TimeScale, KVCapacityTokens: o.kvCapacity()}
 	tr, err := runOne(ctx, o, t, model)
 	if err != nil {
 		return err
@@ -383,10 +403,10 @@ func atScale(d time.Duration, scale float64) time.Duration {
 func runOne(ctx context.Context, o *Options, t *Target, model string) (TargetReport, error) {
 	hc := newHTTPClient(4, 10*time.Second)
 	defer hc.CloseIdleConnections()
-	var h0, q0 float64
+	var c0 workerCounters
 	var metricsErr error
 	if len(t.WorkerMetrics) > 0 {
-		h0, q0, metricsErr = cacheCounters(ctx, hc, t.WorkerMetrics)
+		c0, metricsErr = cacheCounters(ctx, hc, t.WorkerMetrics)
 	}
 	interval := time.Duration(0)
 	if t.Policy == "" {
@@ -402,9 +422,15 @@ func runOne(ctx context.Context, o *Options, t *Target, model string) (TargetRep
 	scale := t.TimeScale
 	tr := summarize(t, res, scale)
 	if len(t.WorkerMetrics) > 0 && metricsErr == nil {
-		if h1, q1, err := cacheCounters(ctx, hc, t.WorkerMetrics); err == nil && q1 > q0 {
-			v := (h1 - h0) / (q1 - q0)
-			tr.WorkerHitRate = &v
+		if c1, err := cacheCounters(ctx, hc, t.WorkerMetrics); err == nil {
+			if c1.queries > c0.queries {
+				v := (c1.hits - c0.hits) / (c1.queries - c0.queries)
+				tr.WorkerHitRate = &v
+			}
+			if c0.hasPreemptions && c1.hasPreemptions {
+				p := c1.preemptions - c0.preemptions
+				tr.Preemptions = &p
+			}
 		}
 	}
 	return tr, nil

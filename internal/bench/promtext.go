@@ -17,6 +17,7 @@ const (
 	metricPrefixQueries = "vllm:prefix_cache_queries_total"
 	metricRunning       = "vllm:num_requests_running"
 	metricWaiting       = "vllm:num_requests_waiting"
+	metricPreemptions   = "vllm:num_preemptions_total"
 )
 
 // sumMetrics reads Prometheus text exposition from r and returns, for each name asked for, the
@@ -80,20 +81,32 @@ func scrape(ctx context.Context, client *http.Client, base string, names ...stri
 	return sumMetrics(io.LimitReader(resp.Body, 16<<20), names...)
 }
 
-// cacheCounters sums prefix-cache hits and queries over the workers at urls.
-func cacheCounters(ctx context.Context, client *http.Client, urls []string) (hits, queries float64, err error) {
+// workerCounters are counters summed over workers.
+type workerCounters struct {
+	hits, queries float64
+	// preemptions is vllm:num_preemptions_total, when every worker exports it (hasPreemptions).
+	preemptions    float64
+	hasPreemptions bool
+}
+
+// cacheCounters sums prefix-cache hits and queries, and preemptions, over the workers at urls.
+func cacheCounters(ctx context.Context, client *http.Client, urls []string) (workerCounters, error) {
+	c := workerCounters{hasPreemptions: true}
 	for _, u := range urls {
-		m, err := scrape(ctx, client, u, metricPrefixHits, metricPrefixQueries)
+		m, err := scrape(ctx, client, u, metricPrefixHits, metricPrefixQueries, metricPreemptions)
 		if err != nil {
-			return 0, 0, err
+			return c, err
 		}
 		if _, ok := m[metricPrefixQueries]; !ok {
-			return 0, 0, fmt.Errorf("%s/metrics has no %s", u, metricPrefixQueries)
+			return c, fmt.Errorf("%s/metrics has no %s", u, metricPrefixQueries)
 		}
-		hits += m[metricPrefixHits]
-		queries += m[metricPrefixQueries]
+		c.hits += m[metricPrefixHits]
+		c.queries += m[metricPrefixQueries]
+		p, ok := m[metricPreemptions]
+		c.preemptions += p
+		c.hasPreemptions = c.hasPreemptions && ok
 	}
-	return hits, queries, nil
+	return c, nil
 }
 
 // scrapedLoads returns a load source that reads running + waiting requests from every worker's

@@ -106,6 +106,9 @@ func runLine(r *Report) string {
 // labels and worker shares.
 func WriteTable(w io.Writer, r *Report) error {
 	fmt.Fprintln(w, summaryLine(r))
+	if l := ceilingLine(r); l != "" {
+		fmt.Fprintln(w, l)
+	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, strings.Join(columns(r), "\t"))
@@ -134,6 +137,9 @@ func WriteTable(w io.Writer, r *Report) error {
 				fmt.Fprintf(w, "; %s of later turns skipped the transfer on their decode worker", pct(*t.PDSkipped))
 			}
 			fmt.Fprintln(w)
+		}
+		for _, l := range pressureLines(t) {
+			fmt.Fprintf(w, "  %s\n", l)
 		}
 		for _, e := range t.ErrorSamples {
 			fmt.Fprintf(w, "  error:     %s\n", e)

@@ -17,8 +17,11 @@ type Report struct {
 	Concurrency int            `json:"concurrency"`
 	// TimeScale is the simulated workers' time scale; latencies and throughputs in the report
 	// are converted to full scale (measured time ÷ time scale).
-	TimeScale float64        `json:"time_scale"`
-	Targets   []TargetReport `json:"targets"`
+	TimeScale float64 `json:"time_scale"`
+	// ReuseCeiling is the workload's own reuse: the hit rate of one infinite cache (see
+	// Workload.ReuseCeiling); absent when the workload does not know its blocks.
+	ReuseCeiling *float64       `json:"reuse_ceiling,omitempty"`
+	Targets      []TargetReport `json:"targets"`
 }
 
 // TargetReport is what one target did with the workload. Latencies are in milliseconds.
@@ -89,6 +92,15 @@ type TargetReport struct {
 	Imbalance *Imbalance `json:"imbalance"`
 	// ErrorSamples holds the first few distinct error messages.
 	ErrorSamples []string `json:"error_samples,omitempty"`
+
+	// Pressure is the achieved KV oversubscription; nil unless the workload knows its working
+	// sets and the target its KV capacity.
+	Pressure *Pressure `json:"pressure,omitempty"`
+	// Preemptions is Δ vllm:num_preemptions_total over the workers scraped; nil when not scraped.
+	Preemptions *float64 `json:"preemptions,omitempty"`
+	// WorkerSessions is, per worker, the distinct sessions it served and the most in progress on
+	// it at once.
+	WorkerSessions map[string]WorkerSessions `json:"worker_sessions,omitempty"`
 }
 
 // Latency holds percentiles in milliseconds.
@@ -176,6 +188,8 @@ func summarize(t *Target, res runResult, scale float64) TargetReport {
 		r.WorkerShare[w] = float64(workers[w]) / float64(r.Requests)
 	}
 	r.Imbalance = imbalance(res.samples, ImbalanceWindow)
+	r.Pressure = measuredPressure(res.samples, t.KVCapacityTokens)
+	r.WorkerSessions = workerSessions(res.records)
 	r.SameWorker = sameWorker(res.records)
 	r.PDSkipped = pdSkipped(res.records)
 	return r

@@ -32,6 +32,9 @@ type Target struct {
 	// TimeScale is the simulated workers' time scale (1 for real workers): workload times are
 	// multiplied by it and measured times divided by it, so reports read at full scale.
 	TimeScale float64
+	// KVCapacityTokens is the KV cache of all the workers behind the target, in tokens, when
+	// known (the bench's own simulated workers): the denominator of the oversubscription.
+	KVCapacityTokens int64
 }
 
 // RunOptions are the knobs of one run that do not depend on the target.
@@ -77,6 +80,7 @@ func run(ctx context.Context, w *Workload, t *Target, o RunOptions) runResult {
 		rr       atomic.Uint64 // round-robin over t.URLs
 		inflight atomic.Int64
 		active   atomic.Int64 // closed loop: sessions in progress
+		working  atomic.Int64 // Σ the working sets (Turn.Tokens) of the sessions in progress
 		skipped  atomic.Int64
 		mu       sync.Mutex
 		records  = make([]Record, 0, w.Requests())
@@ -88,7 +92,7 @@ func run(ctx context.Context, w *Workload, t *Target, o RunOptions) runResult {
 		}
 		return active.Load() >= int64(min(o.Concurrency, len(w.Sessions)))
 	}
-	sampler := startSampler(t.Loads, steady, o.SampleInterval)
+	sampler := startSampler(t.Loads, steady, working.Load, o.SampleInterval)
 
 	sem := make(chan struct{}, max(1, o.Concurrency))
 	runSession := func(si int) {
@@ -100,8 +104,14 @@ func run(ctx context.Context, w *Workload, t *Target, o RunOptions) runResult {
 		}
 		tools, terr := a.tools(s.Tools)
 		previousID := ""
+		var held int64 // this session's part of working
+		defer func() { working.Add(-held) }()
 		for ti := range s.Turns {
 			turn := &s.Turns[ti]
+			if turn.Tokens > 0 {
+				working.Add(int64(turn.Tokens) - held)
+				held = int64(turn.Tokens)
+			}
 			if w.Paced {
 				if !sleepUntil(ctx, began.Add(time.Duration(float64(turn.At)*scale))) {
 					skipped.Add(int64(len(s.Turns) - ti))

@@ -5,11 +5,13 @@ import (
 	"time"
 )
 
-// loadSample is the in-flight count of every worker at one instant, and whether the workload
-// was in its steady state then (see Imbalance).
+// loadSample is the in-flight count of every worker at one instant, whether the workload was in
+// its steady state then (see Imbalance), and the working sets of the sessions in progress, in
+// tokens (see Pressure).
 type loadSample struct {
-	loads  []float64
-	steady bool
+	loads   []float64
+	steady  bool
+	working int64
 }
 
 // maxSamples bounds a run's samples (about 2.7 hours at the default interval).
@@ -22,8 +24,9 @@ type sampler struct {
 	samples []loadSample
 }
 
-// startSampler samples loads every interval (default 10ms); with a nil loads it does nothing.
-func startSampler(loads func() []float64, steady func() bool, interval time.Duration) *sampler {
+// startSampler samples loads and working every interval (default 10ms); with a nil loads it does
+// nothing.
+func startSampler(loads func() []float64, steady func() bool, working func() int64, interval time.Duration) *sampler {
 	s := &sampler{stopc: make(chan struct{})}
 	if loads == nil {
 		return s
@@ -41,7 +44,7 @@ func startSampler(loads func() []float64, steady func() bool, interval time.Dura
 			case <-tick.C:
 				st := steady()
 				if l := loads(); l != nil {
-					s.samples = append(s.samples, loadSample{loads: l, steady: st})
+					s.samples = append(s.samples, loadSample{loads: l, steady: st, working: working()})
 				}
 			}
 		}

@@ -23,6 +23,9 @@ type Turn struct {
 	Think time.Duration
 	// At is the earliest send time, measured from the start of the run (paced workloads).
 	At time.Duration
+	// Tokens is the request's working set, its prompt and output tokens, when the workload
+	// knows them (trace replays): the KV its session holds from this turn on. 0 when unknown.
+	Tokens int
 }
 
 // Session is a sequence of turns sent in order: a turn starts when the previous response ends.
@@ -39,6 +42,11 @@ type Workload struct {
 	// Paced workloads send each turn no earlier than its At; closed-loop workloads keep a
 	// fixed number of sessions running at once.
 	Paced bool
+	// ReuseCeiling is the hit rate of one infinite prefix cache that saw every request in
+	// workload order (sessions in start order, each session's turns in order): the share of
+	// the requests' blocks that lead their prompt and were in an earlier request. nil when the
+	// workload does not know its blocks.
+	ReuseCeiling *float64
 }
 
 // Requests is the number of requests the workload sends when every turn succeeds.

@@ -25,6 +25,7 @@ type benchFlags struct {
 	toolResult  string
 	input       string
 	mooncake    bench.MooncakeConfig
+	cctrace     bench.CCTraceConfig
 	sessionMode string
 	api         string
 
@@ -38,6 +39,8 @@ type benchFlags struct {
 	decodeWorkers   int
 	workerMetrics   []string
 	targetTimeScale float64
+	oversubscribe   float64
+	sessionsSet     bool // --sessions was given: cctrace replays all sessions otherwise
 
 	model       string
 	concurrency int
@@ -74,7 +77,14 @@ Beside the hit rate the report gives "predicted": the share of prompt tokens the
 its worker to hold (x-vllm-router-prefix-match × prompt tokens), n/a for routers without it.
 
 Workloads: agent (generated multi-turn agent sessions), mooncake (a Mooncake JSONL trace given
-with --input) and conversations (vLLM multi-turn benchmark JSON given with --input).
+with --input), conversations (vLLM multi-turn benchmark JSON given with --input) and cctrace
+(hash-only agent session traces in kv-cache-tester's format, real Claude Code sessions: --input
+is a directory of their JSON files, or one file; each trace block becomes one KV block of
+--block-size tokens, sub-agents are sessions of their own, --think-scale scales the pauses,
+--max-blocks ends a session before its first longer request, --sessions N draws N files by
+--seed). With cctrace the report gives the trace's reuse ceiling (the hit rate of one infinite
+cache) and, for --policies, the KV oversubscription achieved; --kv-oversubscription X sizes the
+simulated workers' KV caches so that the sessions in progress need X times what they hold.
 
 --api chooses how each turn is sent: chat (/v1/chat/completions), responses (/v1/responses,
 the whole conversation every turn), responses-chain (/v1/responses with previous_response_id and
@@ -85,12 +95,14 @@ later turns on the previous turn's worker) or messages (Anthropic's /v1/messages
   cacheroute bench --replicas 2 --policies redis=cache_aware,memory=cache_aware --router-arg memory=--session-store=memory
   cacheroute bench --target router=http://127.0.0.1:30000 --worker-metrics http://127.0.0.1:8000,http://127.0.0.1:8001
   cacheroute bench --workload mooncake --input conversation_trace.jsonl --limit 2000 --block-scale 0.0625 --speedup 0 --policies cache_aware
+  cacheroute bench --workload cctrace --input /tmp/cctrace/cc_traces_v6_global --sessions 100 --max-blocks 2048 --kv-oversubscription 3 --concurrency 32 --policies round_robin,cache_aware
   cacheroute bench --api responses-chain --policies round_robin,cache_aware
   cacheroute bench --target two-replicas=http://127.0.0.1:30000,http://127.0.0.1:30001 --out-json run.json`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			f.sessionsSet = cmd.Flags().Changed("sessions")
 			opts, err := f.options(simCfg)
 			if err != nil {
 				return err
@@ -111,8 +123,8 @@ later turns on the previous turn's worker) or messages (Anthropic's /v1/messages
 	}
 	fs := cmd.Flags()
 	fs.SortFlags = false
-	fs.StringVar(&f.workload, "workload", "agent", "agent, mooncake or conversations")
-	fs.IntVar(&f.agent.Sessions, "sessions", f.agent.Sessions, "agent: sessions")
+	fs.StringVar(&f.workload, "workload", "agent", "agent, mooncake, conversations or cctrace")
+	fs.IntVar(&f.agent.Sessions, "sessions", f.agent.Sessions, "agent: sessions; cctrace: trace files (sessions, each with its sub-agents) drawn by --seed (default: all)")
 	fs.IntVar(&f.agent.Turns, "turns", f.agent.Turns, "agent: turns per session")
 	fs.IntVar(&f.agent.SharedPrefixTokens, "shared-prefix-tokens", f.agent.SharedPrefixTokens, "agent: system prompt plus tool schemas, in tokens")
 	fs.IntVar(&f.agent.ToolSets, "tool-sets", f.agent.ToolSets, "agent: tool-set variants sessions choose from")
@@ -120,8 +132,10 @@ later turns on the previous turn's worker) or messages (Anthropic's /v1/messages
 	fs.StringVar(&f.toolResult, "tool-result-dist", f.agent.ToolResult.String(), "agent: tool result size in tokens: fixed:N, uniform:MIN,MAX or lognormal:MEDIAN,SIGMA")
 	fs.IntVar(&f.agent.OutputTokens, "output-tokens", f.agent.OutputTokens, "agent, conversations: max_tokens of every request")
 	fs.DurationVar(&f.agent.Think, "think-time", f.agent.Think, "agent, conversations: pause between a response and the session's next turn")
-	fs.Uint64Var(&f.agent.Seed, "seed", f.agent.Seed, "agent: seed of the generated workload")
-	fs.StringVar(&f.input, "input", "", "mooncake: the JSONL trace; conversations: the JSON file")
+	fs.Uint64Var(&f.agent.Seed, "seed", f.agent.Seed, "agent: seed of the generated workload; cctrace: of the files drawn")
+	fs.StringVar(&f.input, "input", "", "mooncake: the JSONL trace; conversations: the JSON file; cctrace: a directory of trace files, or one")
+	fs.Float64Var(&f.cctrace.ThinkScale, "think-scale", 0, "cctrace: factor on the trace's pauses between a session's requests; 0 sends them back to back")
+	fs.IntVar(&f.cctrace.MaxBlocks, "max-blocks", 0, "cctrace: end a session before its first request of more trace blocks (0: no limit)")
 	fs.Float64Var(&f.mooncake.BlockScale, "block-scale", f.mooncake.BlockScale, "mooncake: scale of the 512-token blocks (0.0625 = 32 tokens)")
 	fs.Float64Var(&f.mooncake.OutputScale, "output-scale", f.mooncake.OutputScale, "mooncake: scale of output_length")
 	fs.Float64Var(&f.mooncake.Speedup, "speedup", f.mooncake.Speedup, "mooncake: divide timestamps by this; 0 replays closed-loop")
@@ -140,6 +154,7 @@ later turns on the previous turn's worker) or messages (Anthropic's /v1/messages
 	fs.IntVar(&simCfg.MaxNumBatchedTokens, "max-num-batched-tokens", simCfg.MaxNumBatchedTokens, "--policies: the workers' step token budget; prompt tokens computed beside a decode step lengthen it (0: never)")
 	fs.BoolVar(&f.kvEvents, "kv-events", true, "--policies: the simulated workers publish their KV-cache events and the routers subscribe (each worker on a loopback port of its own); --kv-events=false routes on the routers' own picture alone")
 	fs.IntVar(&simCfg.KVCacheBlocks, "kv-cache-blocks", simCfg.KVCacheBlocks, "--policies: KV cache capacity per worker, in blocks")
+	fs.Float64Var(&f.oversubscribe, "kv-oversubscription", 0, "--policies, cctrace: size the workers' KV caches (instead of --kv-cache-blocks) so that --concurrency sessions' mean working set is this many times the fleet's KV")
 	fs.IntVar(&simCfg.BlockSize, "block-size", simCfg.BlockSize, "--policies: tokens per KV block")
 	fs.IntVar(&simCfg.MaxNumSeqs, "max-num-seqs", simCfg.MaxNumSeqs, "--policies: requests a worker runs at once")
 	fs.DurationVar(&simCfg.PrefillOverhead, "prefill-overhead", simCfg.PrefillOverhead, "--policies: fixed time of every prefill")
@@ -161,7 +176,7 @@ later turns on the previous turn's worker) or messages (Anthropic's /v1/messages
 
 // options turns the flags into bench options.
 func (f *benchFlags) options(simCfg sim.Config) (bench.Options, error) {
-	o := bench.Options{Workers: f.workers, Replicas: f.replicas, KVEvents: f.kvEvents, PrefillWorkers: f.prefillWorkers, DecodeWorkers: f.decodeWorkers, Sim: simCfg, SessionMode: f.sessionMode, WorkerMetrics: f.workerMetrics,
+	o := bench.Options{Workers: f.workers, Replicas: f.replicas, KVEvents: f.kvEvents, KVOversubscription: f.oversubscribe, PrefillWorkers: f.prefillWorkers, DecodeWorkers: f.decodeWorkers, Sim: simCfg, SessionMode: f.sessionMode, WorkerMetrics: f.workerMetrics,
 		TargetTimeScale: f.targetTimeScale, API: f.api, Model: f.model, Concurrency: f.concurrency, Timeout: f.timeout}
 	if !slices.Contains(bench.SessionModes, f.sessionMode) {
 		return o, fmt.Errorf("--session-id %q: want one of %s", f.sessionMode, strings.Join(bench.SessionModes, ", "))
@@ -203,12 +218,16 @@ func (f *benchFlags) options(simCfg sim.Config) (bench.Options, error) {
 			return o, err
 		}
 	}
-	o.Workload, o.Params, err = f.buildWorkload()
+	if f.oversubscribe < 0 {
+		return o, fmt.Errorf("--kv-oversubscription must not be negative")
+	}
+	o.Workload, o.Params, err = f.buildWorkload(simCfg.BlockSize)
 	return o, err
 }
 
-// buildWorkload generates or loads the workload and records its parameters.
-func (f *benchFlags) buildWorkload() (bench.Workload, map[string]any, error) {
+// buildWorkload generates or loads the workload and records its parameters. blockSize is the
+// simulated workers' block size, the tokens of each block of a cctrace replay.
+func (f *benchFlags) buildWorkload(blockSize int) (bench.Workload, map[string]any, error) {
 	switch f.workload {
 	case "agent":
 		d, err := bench.ParseDist(f.toolResult)
@@ -240,8 +259,25 @@ func (f *benchFlags) buildWorkload() (bench.Workload, map[string]any, error) {
 		w, err := bench.Mooncake(recs, f.mooncake)
 		return w, map[string]any{"input": filepath.Base(f.input), "offset": f.mooncake.Offset, "limit": f.mooncake.Limit,
 			"block_scale": f.mooncake.BlockScale, "output_scale": f.mooncake.OutputScale, "speedup": f.mooncake.Speedup}, err
+	case "cctrace":
+		if f.input == "" {
+			return bench.Workload{}, nil, fmt.Errorf("--workload cctrace needs --input DIR (the trace files, unpacked)")
+		}
+		draw := 0
+		if f.sessionsSet {
+			draw = f.agent.Sessions
+		}
+		files, err := bench.ReadCCTraces(f.input, draw, f.agent.Seed)
+		if err != nil {
+			return bench.Workload{}, nil, err
+		}
+		c := f.cctrace
+		c.BlockTokens = blockSize
+		w, err := bench.CCTrace(files, c)
+		return w, map[string]any{"input": filepath.Base(f.input), "files": len(files), "seed": f.agent.Seed,
+			"block_tokens": c.BlockTokens, "think_scale": c.ThinkScale, "max_blocks": c.MaxBlocks, "kv_oversubscription": f.oversubscribe}, err
 	default:
-		return bench.Workload{}, nil, fmt.Errorf("--workload %q: want agent, mooncake or conversations", f.workload)
+		return bench.Workload{}, nil, fmt.Errorf("--workload %q: want agent, mooncake, conversations or cctrace", f.workload)
 	}
 }
 

@@ -1,0 +1,124 @@
+package bench
+
+import (
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cacheroute/cacheroute/internal/sim"
+)
+
+// cctraceSample is the one session of the real trace set kept uncompressed beside the set: a
+// Claude Code session with a sub-agent, its s/n twins, about 20 requests of up to 76k tokens.
+const cctraceSample = "sample_v6_trace_0287_with_subagent.json"
+
+// cctraceData returns the directory of the real trace set (shared/data/cctrace-v6, in a folder
+// beside the repository or beside one of its parents), or skips the test when there is none.
+// The data is not part of the repository.
+func cctraceData(t *testing.T) string {
+	t.Helper()
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := wd
+	for root != filepath.Dir(root) {
+		if _, err := os.Stat(filepath.Join(root, "go.mod")); err == nil {
+			break
+		}
+		root = filepath.Dir(root)
+	}
+	for dir := filepath.Dir(root); ; dir = filepath.Dir(dir) {
+		data := filepath.Join(dir, "shared", "data", "cctrace-v6")
+		if _, err := os.Stat(filepath.Join(data, cctraceSample)); err == nil {
+			return data
+		}
+		if dir == filepath.Dir(dir) {
+			t.Skipf("the real trace set (shared/data/cctrace-v6/%s beside the repository) is not here", cctraceSample)
+		}
+	}
+}
+
+// The real session replayed through 2 simulated workers with room for everything: cache_aware
+// with session ids keeps each session on its worker and reaches the trace's own reuse ceiling,
+// and the router's prediction agrees; round_robin, which spreads each session over both workers,
+// stays below. Then the same fleet with KV for half the working sets reports its pressure.
+func TestCCTraceReplayOfARealSessionReachesItsCeilingWhenNothingIsEvicted(t *testing.T) {
+	files, err := ReadCCTraces(filepath.Join(cctraceData(t), cctraceSample), 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := CCTrace(files, CCTraceConfig{BlockTokens: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Sessions) != 2 || w.ReuseCeiling == nil {
+		t.Fatalf("%d sessions, ceiling %v; want the session and its sub-agent", len(w.Sessions), w.ReuseCeiling)
+	}
+	simCfg := sim.DefaultConfig()
+	simCfg.TimeScale = 0.002
+	simCfg.BlockSize = 16
+	simCfg.KVCacheBlocks = 8192
+	simCfg.MaxNumSeqs = 64
+	policies, err := ParsePolicies([]string{"round_robin,cache_aware"}, SessionHeader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Run(t.Context(), Options{Workload: w, Policies: policies, Workers: 2, Sim: simCfg,
+		Concurrency: 2, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.ReuseCeiling == nil || *rep.ReuseCeiling != *w.ReuseCeiling {
+		t.Fatalf("report's ceiling %v, workload's %v", rep.ReuseCeiling, *w.ReuseCeiling)
+	}
+	ceiling := *w.ReuseCeiling
+	rr, ca := rep.Targets[0], rep.Targets[1]
+	for _, tr := range rep.Targets {
+		if tr.Errors != 0 || tr.Requests != w.Requests() {
+			t.Fatalf("%s: %d of %d requests, errors %v", tr.Name, tr.Requests, w.Requests(), tr.ErrorSamples)
+		}
+		if tr.HitRate > ceiling {
+			t.Fatalf("%s: hit rate %.4f above the ceiling %.4f", tr.Name, tr.HitRate, ceiling)
+		}
+		if tr.Pressure == nil || tr.Pressure.KVCapacityTokens != 2*8192*16 || tr.Preemptions == nil || *tr.Preemptions != 0 {
+			t.Fatalf("%s: pressure %+v, preemptions %v; want the capacity known and nothing preempted", tr.Name, tr.Pressure, tr.Preemptions)
+		}
+	}
+	// The hit rate counts the few template tokens after the last block of every prompt; the
+	// ceiling counts blocks: they agree within a thousandth.
+	if math.Abs(ca.HitRate-ceiling) > 0.001 {
+		t.Fatalf("cache_aware hit rate %.4f, ceiling %.4f: want the ceiling, nothing being evicted", ca.HitRate, ceiling)
+	}
+	if ca.PredictedHitRate == nil || math.Abs(*ca.PredictedHitRate-ca.HitRate) > 0.02 {
+		t.Fatalf("cache_aware predicted %v, achieved %.4f: the router's history keys should see the reuse", ca.PredictedHitRate, ca.HitRate)
+	}
+	if !(rr.HitRate < ca.HitRate-0.05) {
+		t.Fatalf("round_robin %.4f, cache_aware %.4f: want round_robin well below", rr.HitRate, ca.HitRate)
+	}
+	for wk, ws := range ca.WorkerSessions {
+		if ws.Sessions != 1 {
+			t.Fatalf("cache_aware: worker %s served %d sessions, want 1 (one session each)", wk, ws.Sessions)
+		}
+	}
+
+	// Cut at 300 blocks, one session at a time on one worker whose KV is twice the mean working
+	// set: the report says how much of the KV the session in progress asked for.
+	w, err = CCTrace(files, CCTraceConfig{BlockTokens: 16, MaxBlocks: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	policies, _ = ParsePolicies([]string{"cache_aware"}, SessionHeader)
+	rep, err = Run(t.Context(), Options{Workload: w, Policies: policies, Workers: 1, Sim: simCfg, KVOversubscription: 0.5,
+		Concurrency: 1, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := rep.Targets[0]
+	blocks, _ := rep.Params["kv_cache_blocks"].(int)
+	if tr.Errors != 0 || tr.Pressure == nil || tr.Pressure.KVCapacityTokens != int64(16*blocks) || !(tr.Pressure.Mean > 0 && tr.Pressure.Mean <= tr.Pressure.Peak && tr.Pressure.Peak <= 1) {
+		t.Fatalf("errors %v, pressure %+v, params %v; want the oversubscription measured, below 1", tr.ErrorSamples, tr.Pressure, rep.Params)
+	}
+}
