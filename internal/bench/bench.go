@@ -49,8 +49,8 @@ func ParsePolicies(list []string, defaultMode string) ([]PolicySpec, error) {
 			if !hasMode {
 				mode = defaultMode
 			}
-			if _, ok := registry.Lookup(pol); !ok && pol != OraclePolicy {
-				return nil, fmt.Errorf("--policies: unknown policy %q (want one of %s, or %s)", pol, strings.Join(registry.Names(), ", "), OraclePolicy)
+			if _, ok := registry.Lookup(pol); !ok && !routerless(pol) {
+				return nil, fmt.Errorf("--policies: unknown policy %q (want one of %s, %s or %s)", pol, strings.Join(registry.Names(), ", "), OraclePolicy, HAProxyPolicy)
 			}
 			if !slices.Contains(SessionModes, mode) {
 				return nil, fmt.Errorf("--policies %s: session id mode %q is not one of %s", e, mode, strings.Join(SessionModes, ", "))
@@ -263,6 +263,12 @@ func runPolicies(ctx context.Context, o Options, rep *Report) error {
 		}
 		if p.Policy == OraclePolicy {
 			if err := runOracle(ctx, &o, rep, p, fleet, model); err != nil {
+				return err
+			}
+			continue
+		}
+		if p.Policy == HAProxyPolicy {
+			if err := runHAProxy(ctx, &o, rep, p, fleet, model); err != nil {
 				return err
 			}
 			continue

@@ -61,14 +61,7 @@ func startOracle(fleet *sim.Fleet, ps *ports) (*oracle, error) {
 func (o *oracle) stop() { _ = o.srv.Shutdown(context.Background()) }
 
 // loads are the workers' running and waiting requests.
-func (o *oracle) loads() []float64 {
-	out := make([]float64, len(o.workers))
-	for i, w := range o.workers {
-		s := w.Stats()
-		out[i] = float64(s.Running + s.Waiting)
-	}
-	return out
-}
+func (o *oracle) loads() []float64 { return simLoads(o.workers) }
 
 func (o *oracle) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost || r.URL.Path != "/v1/chat/completions" {

@@ -43,9 +43,9 @@ func ApplyRouterArgs(specs []PolicySpec, args []string) error {
 		found := false
 		for i := range specs {
 			switch {
-			case specs[i].Policy == OraclePolicy && specs[i].Name == entry:
-				return fmt.Errorf("--router-arg %s: entry %s is the oracle, which runs no router", a, entry)
-			case specs[i].Policy == OraclePolicy:
+			case routerless(specs[i].Policy) && specs[i].Name == entry:
+				return fmt.Errorf("--router-arg %s: entry %s is %s, which runs no router", a, entry, specs[i].Policy)
+			case routerless(specs[i].Policy):
 			case entry == "" || specs[i].Name == entry:
 				specs[i].Args = append(specs[i].Args, arg)
 				found = true
@@ -63,7 +63,7 @@ func ApplyRouterArgs(specs []PolicySpec, args []string) error {
 		}
 	}
 	for _, p := range specs {
-		if p.Policy == OraclePolicy {
+		if routerless(p.Policy) {
 			continue
 		}
 		// Placeholders stand for the fleet and the redis-server, which do not exist yet.

@@ -64,7 +64,9 @@ worker's share of requests and the in-flight imbalance across workers.
 
 Targets are external endpoints (--target NAME=URL; several comma-separated URLs are used
 round-robin) or routers bench starts itself in front of its own simulated workers, one per
-entry of --policies, with the workers' caches emptied between runs. A --policies entry may carry
+entry of --policies, with the workers' caches emptied between runs. The entry haproxy puts HAProxy
+(haproxy on PATH) in front of the same workers instead of a router: round robin with a stick
+table on x-session-id (haproxy:none balances every request). A --policies entry may carry
 a session id mode (cache_aware:none runs cache_aware without session ids) and a name
 (engine=cache_aware). --router-arg passes router flags to every in-process router, or with
 ENTRY=--flag=value to the entry named ENTRY only (the bench owns the listen address, workers,
