@@ -25,8 +25,8 @@ import (
 //     one block of the simulator's cache: equal leading ids are equal leading messages, for the
 //     workers' prefix caches and the routers' history keys alike, and a request that extends the
 //     previous one extends its conversation;
-//   - a "subagent" entry, with its own requests, is a session of its own, replayed right after
-//     its parent's;
+//   - a "subagent" entry, with its own requests, is a session of its own, next after its
+//     parent's in the start order;
 //   - of each adjacent pair of requests with identical hash ids (the capturing proxy sent every
 //     turn twice, streamed then not), one is replayed: the second, after the first one's pause;
 //   - a session ends before its first request longer than the block limit;
@@ -36,8 +36,8 @@ import (
 // CCTraceBlockTokens is the number of tokens one hash id stands for in the traces.
 const CCTraceBlockTokens = 64
 
-// MaxCCTraceFileBytes bounds a trace file: a larger one is refused before it is read. The set's
-// files are below 4 MiB; upstream's longest sessions reach tens.
+// MaxCCTraceFileBytes bounds a trace file: a larger one is refused before it is read. (The set
+// in shared data keeps upstream's files below 4 MiB; the bound leaves room for longer sessions.)
 const MaxCCTraceFileBytes = 64 << 20
 
 // ccTemplateTokens are the tokens the simulator's chat template adds around a message's content
@@ -168,8 +168,7 @@ type ccSession struct {
 
 type ccRequest struct {
 	ids   []int64
-	in    int // trace tokens
-	out   int
+	out   int           // output tokens, in the trace's tokens
 	think time.Duration // pause after the previous request's end
 }
 
@@ -238,7 +237,7 @@ func ccRequests(reqs []CCTraceRequest, maxBlocks int) []ccRequest {
 			pending, hasPending = think, true
 			continue
 		}
-		out = append(out, ccRequest{ids: r.HashIDs, in: r.In, out: r.Out, think: think})
+		out = append(out, ccRequest{ids: r.HashIDs, out: r.Out, think: think})
 	}
 	if len(out) > 0 {
 		out[0].think = 0 // a session's start is the replay's to choose
