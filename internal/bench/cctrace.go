@@ -31,7 +31,7 @@ import (
 //     turn twice, streamed then not), one is replayed: the second, after the first one's pause;
 //   - a session ends before its first request longer than the block limit;
 //   - each request's pause before it (think_time, or its gap after the previous request's end)
-//     is scaled by a factor, 0 for back to back.
+//     is capped, then scaled by a factor, 0 for back to back.
 
 // CCTraceBlockTokens is the number of tokens one hash id stands for in the traces.
 const CCTraceBlockTokens = 64
@@ -53,6 +53,9 @@ type CCTraceConfig struct {
 	BlockTokens int
 	// ThinkScale multiplies every pause between a session's requests; 0 sends them back to back.
 	ThinkScale float64
+	// MaxThink caps every pause, in the trace's time, before ThinkScale: a session left open for
+	// days would otherwise hold the replay that long. 0 leaves the pauses as they are.
+	MaxThink time.Duration
 	// MaxBlocks ends a session before its first request of more hash ids; 0 keeps every request.
 	MaxBlocks int
 }
@@ -273,8 +276,8 @@ func CCTrace(files []CCTraceFile, c CCTraceConfig) (Workload, error) {
 	if c.BlockTokens <= ccTemplateTokens {
 		return Workload{}, fmt.Errorf("cctrace: %d tokens per block leave no room for text beside the chat template's %d; give --block-size above %d", c.BlockTokens, ccTemplateTokens, ccTemplateTokens)
 	}
-	if c.ThinkScale < 0 || math.IsNaN(c.ThinkScale) || math.IsInf(c.ThinkScale, 0) || c.MaxBlocks < 0 {
-		return Workload{}, errors.New("cctrace: --think-scale and --max-blocks must not be negative")
+	if c.ThinkScale < 0 || math.IsNaN(c.ThinkScale) || math.IsInf(c.ThinkScale, 0) || c.MaxBlocks < 0 || c.MaxThink < 0 {
+		return Workload{}, errors.New("cctrace: --think-scale, --max-think and --max-blocks must not be negative")
 	}
 	var all []ccSession
 	for i := range files {
@@ -321,8 +324,12 @@ func CCTrace(files []CCTraceFile, c CCTraceConfig) (Workload, error) {
 				seen[ccBlock{s.namespace, id}] = true
 			}
 			out := max(1, int(math.Round(float64(r.out)*scale)))
+			think := r.think
+			if c.MaxThink > 0 {
+				think = min(think, c.MaxThink)
+			}
 			ws.Turns = append(ws.Turns, Turn{Append: msgs, Fresh: true, IgnoreEOS: true, MaxTokens: out,
-				Think: time.Duration(float64(r.think) * c.ThinkScale), Tokens: len(r.ids)*c.BlockTokens + out})
+				Think: time.Duration(float64(think) * c.ThinkScale), Tokens: len(r.ids)*c.BlockTokens + out})
 		}
 		w.Sessions = append(w.Sessions, ws)
 	}

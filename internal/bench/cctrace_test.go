@@ -76,17 +76,18 @@ func TestCCTrace_OfAPairWithIdenticalHashIDsOneIsSentAfterTheFirstsPause(t *test
 	}
 }
 
-func TestCCTrace_ThinkScaleMultipliesThePausesAndZeroSendsBackToBack(t *testing.T) {
+func TestCCTrace_ThinkScaleMultipliesThePausesCappedAtMaxThinkAndZeroSendsBackToBack(t *testing.T) {
 	for _, c := range []struct {
 		scale float64
+		max   time.Duration
 		want  time.Duration
-	}{{0, 0}, {0.1, 1500 * time.Millisecond}} {
-		w, err := CCTrace([]CCTraceFile{parseHand(t, handCCTrace)}, CCTraceConfig{BlockTokens: 16, ThinkScale: c.scale})
+	}{{0, 0, 0}, {0.1, 0, 1500 * time.Millisecond}, {0.1, 10 * time.Second, time.Second}} {
+		w, err := CCTrace([]CCTraceFile{parseHand(t, handCCTrace)}, CCTraceConfig{BlockTokens: 16, ThinkScale: c.scale, MaxThink: c.max})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if got := w.Sessions[0].Turns[1].Think; got != c.want {
-			t.Fatalf("think scale %v: pause %v, want %v", c.scale, got, c.want)
+			t.Fatalf("think scale %v, cap %v: pause %v, want %v", c.scale, c.max, got, c.want)
 		}
 		if got := w.Sessions[0].Turns[0].Think; got != 0 {
 			t.Fatalf("think scale %v: the session's first request waits %v", c.scale, got)

@@ -82,7 +82,8 @@ Workloads: agent (generated multi-turn agent sessions), mooncake (a Mooncake JSO
 with --input), conversations (vLLM multi-turn benchmark JSON given with --input) and cctrace
 (hash-only agent session traces in kv-cache-tester's format, real Claude Code sessions: --input
 is a directory of their JSON files, or one file; each trace block becomes one KV block of
---block-size tokens, sub-agents are sessions of their own, --think-scale scales the pauses,
+--block-size tokens, sub-agents are sessions of their own, --think-scale scales the pauses
+(capped at --max-think first),
 --max-blocks ends a session before its first longer request, --sessions N draws N files by
 --seed). With cctrace the report gives the trace's reuse ceiling (the hit rate of one infinite
 cache) and, for --policies, the KV oversubscription achieved; --kv-oversubscription X sizes the
@@ -137,6 +138,7 @@ later turns on the previous turn's worker) or messages (Anthropic's /v1/messages
 	fs.Uint64Var(&f.agent.Seed, "seed", f.agent.Seed, "agent: seed of the generated workload; cctrace: of the files drawn")
 	fs.StringVar(&f.input, "input", "", "mooncake: the JSONL trace; conversations: the JSON file; cctrace: a directory of trace files, or one")
 	fs.Float64Var(&f.cctrace.ThinkScale, "think-scale", 0, "cctrace: factor on the trace's pauses between a session's requests; 0 sends them back to back")
+	fs.DurationVar(&f.cctrace.MaxThink, "max-think", 0, "cctrace: cap every pause at this much of the trace's time before --think-scale (0: no cap; some sessions pause for days)")
 	fs.IntVar(&f.cctrace.MaxBlocks, "max-blocks", 0, "cctrace: end a session before its first request of more trace blocks (0: no limit)")
 	fs.Float64Var(&f.mooncake.BlockScale, "block-scale", f.mooncake.BlockScale, "mooncake: scale of the 512-token blocks (0.0625 = 32 tokens)")
 	fs.Float64Var(&f.mooncake.OutputScale, "output-scale", f.mooncake.OutputScale, "mooncake: scale of output_length")
@@ -277,7 +279,7 @@ func (f *benchFlags) buildWorkload(blockSize int) (bench.Workload, map[string]an
 		c.BlockTokens = blockSize
 		w, err := bench.CCTrace(files, c)
 		return w, map[string]any{"input": filepath.Base(f.input), "files": len(files), "seed": f.agent.Seed,
-			"block_tokens": c.BlockTokens, "think_scale": c.ThinkScale, "max_blocks": c.MaxBlocks, "kv_oversubscription": f.oversubscribe}, err
+			"block_tokens": c.BlockTokens, "think_scale": c.ThinkScale, "max_think": c.MaxThink.String(), "max_blocks": c.MaxBlocks, "kv_oversubscription": f.oversubscribe}, err
 	default:
 		return bench.Workload{}, nil, fmt.Errorf("--workload %q: want agent, mooncake, conversations or cctrace", f.workload)
 	}
