@@ -98,7 +98,9 @@ func (p *Proxy) config(c Config) (string, error) {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "global\n  maxconn 4096\n\n")
-	fmt.Fprintf(&b, "defaults\n  mode http\n  timeout connect 5s\n  timeout client %dms\n  timeout server %dms\n  timeout http-request 60s\n\n",
+	// http-no-delay: forward every piece of a streamed answer at once (an SSE token is a few
+	// bytes), instead of merging small sends, which holds a stream's tokens back.
+	fmt.Fprintf(&b, "defaults\n  mode http\n  option http-no-delay\n  timeout connect 5s\n  timeout client %dms\n  timeout server %dms\n  timeout http-request 60s\n\n",
 		timeout.Milliseconds(), timeout.Milliseconds())
 	fmt.Fprintf(&b, "frontend front\n  bind 127.0.0.1:%d\n  default_backend workers\n\n", p.port)
 	fmt.Fprintf(&b, "backend workers\n  balance roundrobin\n")
