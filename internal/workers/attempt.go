@@ -30,6 +30,7 @@ func (o Outcome) String() string {
 // Attempt is one accepted try of a request on a worker: the breaker's permission and one unit of
 // the worker's load, taken together by Pool.Acquire and given back together by Close.
 type Attempt struct {
+	pool   *Pool
 	worker *Worker
 	lease  Lease
 	closed atomic.Bool
@@ -48,7 +49,7 @@ func (p *Pool) Acquire(w *Worker) *Attempt {
 	}
 	w.busy()
 	w.sent.Add(1)
-	return &Attempt{worker: w, lease: Lease{worker: w}}
+	return &Attempt{pool: p, worker: w, lease: Lease{worker: w}}
 }
 
 // Worker is the worker the attempt was sent to.

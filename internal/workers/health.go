@@ -23,7 +23,8 @@ type HealthOptions struct {
 	FailureThreshold int // consecutive failed probes that mark a healthy worker unhealthy
 	SuccessThreshold int // consecutive passed probes that mark an unhealthy worker healthy
 	// StallTimeout is how long a worker with requests in flight may send no byte before it is
-	// sent a probe request, and how long that may take (stall.go); 0: no stall checks.
+	// sent a probe request, and how long that may take (stall.go); 0: no stall checks (a worker
+	// found stalled by a missed first byte is still probed, within Timeout).
 	StallTimeout time.Duration
 }
 
@@ -108,12 +109,8 @@ func (c *Checker) Run(ctx context.Context) {
 	defer t.Stop()
 	startup := time.NewTimer(0)
 	defer startup.Stop()
-	var stalls <-chan time.Time
-	if c.opts.StallTimeout > 0 {
-		st := time.NewTicker(stallCheckEvery)
-		defer st.Stop()
-		stalls = st.C
-	}
+	stalls := time.NewTicker(stallCheckEvery) // a missed first byte finds a stall without stall checks too
+	defer stalls.Stop()
 	var probes sync.WaitGroup
 	defer probes.Wait()
 	defer c.stallProbes.Wait()
@@ -123,7 +120,7 @@ func (c *Checker) Run(ctx context.Context) {
 			return
 		case <-t.C:
 			c.CheckAll(ctx)
-		case <-stalls:
+		case <-stalls.C:
 			c.checkStalls(ctx)
 			continue
 		case <-startup.C:

@@ -21,10 +21,17 @@ import (
 // of them is sent a probe request, a one-token chat completion. One that does not answer it
 // within the stall timeout is stalled: out of rotation like an unhealthy worker (its sessions
 // move at their next turn), and the proxy fails the attempts still waiting on it for their first
-// byte, which may go elsewhere since nothing reached their clients. It is probed again every
-// stall check and comes back at the first probe request answered. A busy worker answers its
-// probe, and its long generations are never cut. The probe needs a model to name: a worker whose
-// /v1/models said none is never found stalled.
+// byte, which may go elsewhere since nothing reached their clients. A busy worker answers its
+// probe, and its long generations are never cut.
+//
+// A worker is also found stalled at once, without that wait, when a request's first-byte
+// deadline passed on it and it sent no byte of any answer for as long (Attempt.MissedFirstByte):
+// the request that saw it could not be served in time, and the following ones should not wait
+// on the same worker.
+//
+// A stalled worker, however it was found, is probed again every stall check and comes back at the
+// first probe request answered. The probe needs a model to name: a worker whose /v1/models said
+// none is never held stalled.
 
 // stallCheckEvery is how often the checker looks for stalled workers.
 const stallCheckEvery = time.Second
@@ -38,13 +45,42 @@ func (w *Worker) Stalled() bool { return w.stalled.Load() }
 // SetStalled records a stall verdict; the checker sets it, tests use it.
 func (w *Worker) SetStalled(stalled bool) { w.stalled.Store(stalled) }
 
-// checkStalls starts a probe request, each on its own goroutine and one at a time per worker
-// URL, to every worker that is suspect (requests in flight, no byte for the stall timeout) or
-// stalled.
-func (c *Checker) checkStalls(ctx context.Context) {
-	if c.opts.StallTimeout <= 0 {
-		return
+// MissedFirstByte is told by the proxy that the attempt got no byte of its answer before its
+// request's first-byte deadline. A worker that has sent no byte on any request for timeout (the
+// first-byte timeout) is then taken for stalled at once, with every tenant of its URL: the
+// following requests go elsewhere, and the attempts still waiting on it for a first byte fail
+// over. One that sent bytes meanwhile is busy, not stalled, and stays. It reports whether this
+// call marked the worker.
+func (a *Attempt) MissedFirstByte(timeout time.Duration) bool {
+	tenants := a.pool.Get(a.worker.URL())
+	if len(tenants) == 0 || tenants[0].Stalled() {
+		return false // removed meanwhile, or already out
 	}
+	silentSince := monoNow() - int64(timeout)
+	for _, w := range tenants {
+		if w.progress.Load() > silentSince {
+			return false
+		}
+	}
+	for _, w := range tenants {
+		w.SetStalled(true)
+	}
+	return true
+}
+
+// probeTimeout bounds a probe request: the stall timeout, or without stall checks (a worker is
+// then found stalled only by a missed first byte) the health check's timeout.
+func (c *Checker) probeTimeout() time.Duration {
+	if c.opts.StallTimeout > 0 {
+		return c.opts.StallTimeout
+	}
+	return c.opts.Timeout
+}
+
+// checkStalls starts a probe request, each on its own goroutine and one at a time per worker
+// URL, to every worker that is suspect (requests in flight, no byte for the stall timeout; only
+// with stall checks on) or stalled.
+func (c *Checker) checkStalls(ctx context.Context) {
 	now := monoNow()
 	for _, url := range c.pool.URLs() {
 		tenants := c.pool.Get(url)
@@ -57,7 +93,7 @@ func (c *Checker) checkStalls(ctx context.Context) {
 			last = max(last, w.progress.Load())
 		}
 		stalled := tenants[0].Stalled()
-		if !stalled && (inFlight == 0 || time.Duration(now-last) < c.opts.StallTimeout) {
+		if !stalled && (c.opts.StallTimeout <= 0 || inFlight == 0 || time.Duration(now-last) < c.opts.StallTimeout) {
 			continue
 		}
 		c.mu.Lock()
@@ -100,8 +136,8 @@ func (c *Checker) stallVerdict(url string, tenants []*Worker, err error) {
 	}
 }
 
-// probeRequest asks the worker at url for one token of a chat completion, within the stall
-// timeout, and returns nil when it answered 2xx. models are the worker's models; the probe names
+// probeRequest asks the worker at url for one token of a chat completion, within probeTimeout,
+// and returns nil when it answered 2xx. models are the worker's models; the probe names
 // the first. A worker whose models are unknown is not asked: nil.
 func (c *Checker) probeRequest(ctx context.Context, base string, models []string) error {
 	if len(models) == 0 {
@@ -110,7 +146,7 @@ func (c *Checker) probeRequest(ctx context.Context, base string, models []string
 	}
 	req := map[string]any{"model": models[0], "messages": []map[string]string{{"role": "user", "content": "ping"}}, "max_tokens": 1, "stream": false}
 	body, _ := json.Marshal(req)
-	ctx, cancel := context.WithTimeout(ctx, c.opts.StallTimeout)
+	ctx, cancel := context.WithTimeout(ctx, c.probeTimeout())
 	defer cancel()
 	r, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(string(body)))
 	if err != nil {
@@ -120,7 +156,7 @@ func (c *Checker) probeRequest(ctx context.Context, base string, models []string
 	resp, err := c.client.Do(r)
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
-			return fmt.Errorf("probe request POST /v1/chat/completions: no answer within %s (--stall-timeout-secs)", c.opts.StallTimeout)
+			return fmt.Errorf("probe request POST /v1/chat/completions: no answer within %s", c.probeTimeout())
 		}
 		var uerr *url.Error
 		if errors.As(err, &uerr) {

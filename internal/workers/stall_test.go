@@ -132,3 +132,69 @@ func TestStall_IdleOrProgressingWorkerIsNeverProbed(t *testing.T) {
 		t.Errorf("%d probe requests, stalled=%v; want none and false", got, w.Stalled())
 	}
 }
+
+// A request whose first-byte deadline passed on a worker that sent no byte of any answer for as
+// long marks the worker stalled at once, with every tenant of its URL, without waiting for the
+// stall checks: the next request does not go there.
+func TestStall_MissedFirstByteOnASilentWorkerMarksItStalledAtOnce(t *testing.T) {
+	p := NewPool(Options{DPSize: 2})
+	tenants, err := p.Add("http://127.0.0.1:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range tenants {
+		w.SetHealthy(true)
+	}
+	at := p.Acquire(tenants[0])
+	defer at.Close(Failed)
+	if !at.MissedFirstByte(0) { // no byte since it was sent
+		t.Fatal("the silent worker was not marked")
+	}
+	for _, w := range tenants {
+		if !w.Stalled() || w.Available() {
+			t.Errorf("%s: stalled=%v available=%v, want stalled and out of rotation", w.Name(), w.Stalled(), w.Available())
+		}
+	}
+	if at.MissedFirstByte(0) {
+		t.Error("an already stalled worker was marked again")
+	}
+}
+
+// A worker that sent a byte of any answer within the first-byte timeout is busy, not stalled: a
+// request that missed its deadline there leaves it in rotation.
+func TestStall_MissedFirstByteOnAProgressingWorkerLeavesItInRotation(t *testing.T) {
+	p := NewPool(Options{})
+	added, err := p.Add("http://127.0.0.1:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := added[0]
+	w.SetHealthy(true)
+	at := p.Acquire(w)
+	defer at.Close(Failed)
+	w.Progressed() // another request's answer moved just now
+	if at.MissedFirstByte(time.Minute) || w.Stalled() {
+		t.Fatal("a worker that sent a byte within the timeout was marked stalled")
+	}
+}
+
+// Without stall checks (stall timeout 0) a worker marked stalled by a missed first byte is still
+// probed, within the health check's timeout, and comes back at the first probe request answered.
+func TestStall_WorkerMarkedByAMissedFirstByteComesBackWithoutStallChecks(t *testing.T) {
+	h := newHungWorker(t)
+	p, w, c := stallRig(t, h, 0)
+	ctx := context.Background()
+	at := p.Acquire(w)
+	if !at.MissedFirstByte(0) {
+		t.Fatal("not marked")
+	}
+	at.Close(Failed)
+	h.answering.Store(true)
+	waitFor(t, "the marked worker is back once a probe request is answered", func() bool {
+		c.checkStalls(ctx)
+		return !w.Stalled()
+	})
+	if got := h.posts.Load(); got < 1 {
+		t.Errorf("%d probe requests, want at least one", got)
+	}
+}
