@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -28,8 +29,11 @@ type exchange struct {
 	route    *route
 	start    time.Time
 	deadline time.Time // --request-timeout-secs after start: the whole exchange, stream included
-	rid      string
-	in       policy.Input
+	// headersBy is when the first attempt's --first-byte-timeout-secs ends: the one deadline of
+	// every attempt for the worker's response headers, streamed or not (never after deadline).
+	headersBy time.Time
+	rid       string
+	in        policy.Input
 	// responseID is the stored response a byResponseID path names; label and searching say how
 	// its worker is found: the known holder, or a search of the healthy workers (search.go).
 	responseID string
@@ -143,6 +147,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string, bodyByt
 	ex := &exchange{route: rt, start: time.Now(), client: ctx.Conn(), responseID: id, method: string(ctx.Method()),
 		bodyBytes: bodyBytes}
 	ex.deadline = ex.start.Add(s.opts.RequestTimeout)
+	ex.headersBy = ex.deadline
 	ex.rid = requestID(ctx.Request.Header.Peek(HeaderRequestID))
 	ctx.Response.Header.Set(HeaderRequestID, ex.rid)
 	ex.trace = s.opts.Tracer.Start(&ctx.Request.Header, ex.method, rt.path, ex.rid, ex.start)
@@ -176,9 +181,20 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string, bodyByt
 		return
 	}
 
+	// The first-byte timeout runs from the first attempt, once admission and any search are
+	// done, and every attempt waits within it: a fleet of hung workers costs one timeout, not one
+	// per attempt.
+	if fb := s.opts.Upstream.Timeouts.FirstByte; fb > 0 {
+		if t := time.Now().Add(fb); t.Before(ex.headersBy) {
+			ex.headersBy = t
+		}
+	}
 	backoff := s.opts.InitialBackoff
 	var last failure
 	for attempt := 0; ; {
+		// A worker found stalled since the request began (by another request's missed first
+		// byte, or the stall checks) is not tried: the attempt would only wait to fail.
+		ex.in.Candidates = withoutStalled(ex.in.Candidates)
 		if len(ex.in.Candidates) == 0 {
 			s.finish(ctx, ex, s.noWorker(ctx, ex, last))
 			return
@@ -223,6 +239,10 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string, bodyByt
 			s.finish(ctx, ex, statusClientGone)
 			return
 		}
+		if f.kind == metrics.ErrFirstByte && at.MissedFirstByte(s.opts.Upstream.Timeouts.FirstByte) {
+			s.log.Warn("worker stalled: no byte of any answer within the first-byte timeout; out of rotation until it answers a probe request",
+				"worker", dec.Worker.Name())
+		}
 		at.Close(workers.Failed)
 		ex.pdFailed(f)
 		ex.trace.AttemptFailed(f.kind, f.message)
@@ -230,7 +250,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string, bodyByt
 		s.metrics.UpstreamErrors.WithLabelValues(f.kind).Inc()
 		s.log.Warn("upstream attempt failed", "request_id", ex.rid, "worker", dec.Worker.Name(), "attempt", attempt, "kind", f.kind)
 		last = f
-		if !f.retryable || final || time.Now().After(ex.deadline) {
+		if !f.retryable || final || !time.Now().Before(ex.headersBy) {
 			s.finish(ctx, ex, s.upstreamFailed(ctx, ex, f))
 			return
 		}
@@ -388,12 +408,8 @@ func (s *Server) send(ctx *fasthttp.RequestCtx, ex *exchange, w *workers.Worker,
 		out.SetBodyRaw(ex.pd.body) // the decode leg, with the prefill's kv_transfer_params
 	}
 	ex.trace.Inject(&out.Header)
-	var headerWait time.Duration // a worker sends a non-streamed answer's headers with the finished answer
-	if ex.in.Request.Stream {
-		headerWait = s.opts.Upstream.Timeouts.FirstByte
-	}
 	for fresh := false; ; fresh = true {
-		resp, c, err := s.exchangeOn(pool, w, out, ex, fresh, headerWait)
+		resp, c, err := s.exchangeOn(pool, w, out, ex, fresh, 0)
 		if err == nil {
 			status := resp.StatusCode()
 			if final || !retryableStatus(status) && !ex.pd.pullFailed(status) {
@@ -411,8 +427,10 @@ func (s *Server) send(ctx *fasthttp.RequestCtx, ex *exchange, w *workers.Worker,
 }
 
 // exchangeOn writes the request on a connection from pool (a new one when fresh) and reads the
-// answer's headers. The read deadline is headerWait from now (0: none) until the headers arrive,
-// then the request's deadline.
+// answer's headers. The read deadline is the request's first-byte deadline (ex.headersBy), or
+// headerWait from now when that comes first (0: no such bound), until the headers arrive, then
+// the request's deadline. While it waits for the first byte, the attempt ends as soon as its
+// worker is found stalled.
 func (s *Server) exchangeOn(pool *connPool, w *workers.Worker, out *fasthttp.Request, ex *exchange, fresh bool, headerWait time.Duration) (*fasthttp.Response, *upConn, error) {
 	get := pool.get
 	if fresh {
@@ -442,16 +460,14 @@ func (s *Server) exchangeOn(pool *connPool, w *workers.Worker, out *fasthttp.Req
 		return fail(err)
 	}
 	c.wrote = true
-	readDeadline := ex.deadline
+	readDeadline := ex.headersBy
 	if headerWait > 0 {
 		if t := time.Now().Add(headerWait); t.Before(readDeadline) {
 			readDeadline = t
 		}
 	}
-	if s.opts.Upstream.Timeouts.Stall > 0 {
-		if err := waitFirstByte(c, w, readDeadline); err != nil {
-			return fail(err)
-		}
+	if err := waitFirstByte(c, w, readDeadline); err != nil {
+		return fail(err)
 	}
 	_ = c.conn.SetReadDeadline(readDeadline)
 	resp := fasthttp.AcquireResponse()
@@ -557,10 +573,10 @@ func (s *Server) finish(ctx *fasthttp.RequestCtx, ex *exchange, status int) {
 	}
 }
 
-// sleep waits d before a retry, bounded by the request's deadline; it reports false when the
-// client went away meanwhile.
+// sleep waits d before a retry, bounded by the request's first-byte deadline; it reports false
+// when the client went away meanwhile.
 func sleep(ex *exchange, d time.Duration) bool {
-	if left := time.Until(ex.deadline); d > left {
+	if left := time.Until(ex.headersBy); d > left {
 		d = max(left, 0)
 	}
 	time.Sleep(d)
@@ -578,6 +594,20 @@ func without(ws []*workers.Worker, url string) []*workers.Worker {
 	out := make([]*workers.Worker, 0, len(ws))
 	for _, w := range ws {
 		if w.URL() != url {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// withoutStalled returns ws, or a copy of it without the workers found stalled.
+func withoutStalled(ws []*workers.Worker) []*workers.Worker {
+	if !slices.ContainsFunc(ws, (*workers.Worker).Stalled) {
+		return ws
+	}
+	out := make([]*workers.Worker, 0, len(ws))
+	for _, w := range ws {
+		if !w.Stalled() {
 			out = append(out, w)
 		}
 	}

@@ -19,7 +19,7 @@ func TestStall_AttemptWaitingOnAStalledWorkerIsRetriedElsewhere(t *testing.T) {
 	live := okWorker(t, "live")
 	opts := testOptions()
 	opts.RequestTimeout = time.Minute // far beyond the bounds waited on here
-	opts.Upstream.Timeouts.Stall = time.Second
+
 	tp := newTestProxy(t, setup{opts: &opts, urls: []string{hung.URL, live.URL}}) // round robin: hung first
 
 	type answer struct {
@@ -56,6 +56,37 @@ func TestStall_AttemptWaitingOnAStalledWorkerIsRetriedElsewhere(t *testing.T) {
 	}
 	if got := hung.requests.Load(); got != 1 {
 		t.Errorf("the stalled worker got %d requests, want 1", got)
+	}
+	tp.loadReturnsToZero(t)
+}
+
+// A worker found stalled while a request was under way is not among its retries: after the
+// first worker answered 503, the retry goes past the one found stalled meanwhile, which never
+// sees the request.
+func TestStall_ARetrySkipsAWorkerFoundStalledSinceTheRequestBegan(t *testing.T) {
+	hung := hangingWorker(t)
+	live := okWorker(t, "live")
+	var tp *testProxy
+	busy := newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		tp.worker(t, hung.URL).SetStalled(true) // found meanwhile, by another request or the checks
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})
+	opts := testOptions()
+	opts.RequestTimeout = time.Minute
+	// Round robin: busy first; the retry's pick among what is left would be the hung worker.
+	tp = newTestProxy(t, setup{opts: &opts, urls: []string{busy.URL, live.URL, hung.URL}})
+	tp.Client.Timeout = 15 * time.Second
+
+	status, _, body := tp.post(t, chatPath, chatBody)
+	if status != http.StatusOK || !strings.Contains(body, `"live"`) {
+		t.Fatalf("got %d %q, want 200 from the live worker", status, body)
+	}
+	if got := hung.requests.Load(); got != 0 {
+		t.Errorf("the stalled worker read %d requests, want 0", got)
+	}
+	if got := tp.upstreamErrors(metrics.ErrStalled); got != 0 {
+		t.Errorf("upstream_errors_total{kind=stalled} = %v, want 0: no attempt went there", got)
 	}
 	tp.loadReturnsToZero(t)
 }

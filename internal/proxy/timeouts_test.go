@@ -19,40 +19,79 @@ import (
 // bounds the tests wait with are upper bounds on behaviour ("closed within 5 s" when the timeout
 // is 1 s); none of them is a performance target.
 
-// A streamed request whose worker sends no response header within the first-byte timeout
-// provably generated nothing the client saw: it goes to the next worker.
-func TestTimeouts_FirstByteTimeoutFailsAStreamOverToTheNextWorker(t *testing.T) {
+// A streamed request whose worker sends no response header before the first-byte deadline is
+// answered 504 then; the worker, silent for as long, is out of rotation at once, and the next
+// request goes to another worker.
+func TestTimeouts_FirstByteDeadlineIs504AndTheSilentWorkerTakesNoNextRequest(t *testing.T) {
 	hang := hangingWorker(t)
 	live := sseWorker(t, "live", 3)
 	opts := testOptions()
 	opts.Upstream.Timeouts.FirstByte = 100 * time.Millisecond
 	tp := newTestProxy(t, setup{opts: &opts, urls: []string{hang.URL, live.URL}})
 
-	status, h, body := tp.post(t, chatPath, streamBody)
-	if status != http.StatusOK || !strings.Contains(body, `"live"`) || !strings.Contains(body, "[DONE]") {
-		t.Fatalf("got %d %q, want the live worker's whole stream", status, body)
-	}
-	if got := h.Get(HeaderWorker); got != tp.worker(t, live.URL).Name() {
-		t.Errorf("%s = %q, want the live worker", HeaderWorker, got)
-	}
-	if got := hang.requests.Load(); got != 1 {
-		t.Errorf("the hanging worker read %d requests, want 1", got)
+	status, _, body := tp.post(t, chatPath, streamBody)
+	if status != http.StatusGatewayTimeout || errorCode(t, body) != "upstream_timeout" {
+		t.Fatalf("got %d %q, want 504 upstream_timeout", status, body)
 	}
 	if got := tp.upstreamErrors(metrics.ErrFirstByte); got != 1 {
 		t.Errorf("upstream_errors_total{kind=first_byte} = %v, want 1", got)
 	}
+	for range 3 {
+		status, h, body := tp.post(t, chatPath, streamBody)
+		if status != http.StatusOK || !strings.Contains(body, `"live"`) || !strings.Contains(body, "[DONE]") {
+			t.Fatalf("next request: %d %q, want the live worker's whole stream", status, body)
+		}
+		if got := h.Get(HeaderWorker); got != tp.worker(t, live.URL).Name() {
+			t.Errorf("%s = %q, want the live worker", HeaderWorker, got)
+		}
+	}
+	if got := hang.requests.Load(); got != 1 {
+		t.Errorf("the hanging worker read %d requests, want 1", got)
+	}
 	tp.loadReturnsToZero(t)
 }
 
-// A non-streamed answer's headers come with the finished generation, so the first-byte timeout
-// does not apply to it; the request timeout does, and a request that ran out of it may have
-// generated: 504, not retried.
+// A non-streamed answer's headers come with the finished generation; the first-byte deadline
+// bounds them all the same, so a fleet of hung workers answers a non-streamed request at that
+// deadline: 504, after one attempt, instead of each worker in turn waiting out a stall check.
+func TestTimeouts_NonStreamedRequestToHungWorkersEndsAtTheFirstByteDeadline(t *testing.T) {
+	var urls []string
+	var hung []*rawWorker
+	for range 4 {
+		h := hangingWorker(t)
+		hung = append(hung, h)
+		urls = append(urls, h.URL)
+	}
+	opts := testOptions()
+	opts.RequestTimeout = time.Minute // far beyond the bound waited on here
+	opts.MaxRetries = 3
+	opts.Upstream.Timeouts.FirstByte = 200 * time.Millisecond
+	tp := newTestProxy(t, setup{opts: &opts, urls: urls})
+	tp.Client.Timeout = 15 * time.Second // an upper bound on behaviour, far above the deadline
+
+	for _, body := range []string{chatBody, streamBody} {
+		status, _, got := tp.post(t, chatPath, body)
+		if status != http.StatusGatewayTimeout || errorCode(t, got) != "upstream_timeout" {
+			t.Fatalf("%s: got %d %q, want 504 upstream_timeout", body, status, got)
+		}
+	}
+	var asked int64
+	for _, h := range hung {
+		asked += h.requests.Load()
+	}
+	if asked != 2 {
+		t.Errorf("the hung workers read %d requests, want 2: one attempt per request, all attempts within one deadline", asked)
+	}
+	tp.loadReturnsToZero(t)
+}
+
+// Without a first-byte deadline, the request timeout bounds the wait; a request that ran out of
+// it may have generated: 504, not retried.
 func TestTimeouts_RequestTimeoutIs504AndNotRetried(t *testing.T) {
 	hang := hangingWorker(t)
 	live := okWorker(t, "live")
 	opts := testOptions()
 	opts.RequestTimeout = time.Second
-	opts.Upstream.Timeouts.FirstByte = 200 * time.Millisecond // shorter, and not for this request
 	tp := newTestProxy(t, setup{opts: &opts, urls: []string{hang.URL, live.URL}})
 
 	status, _, body := tp.post(t, chatPath, chatBody)
@@ -69,7 +108,7 @@ func TestTimeouts_RequestTimeoutIs504AndNotRetried(t *testing.T) {
 		t.Errorf("upstream_errors_total{kind=timeout} = %v, want 1", got)
 	}
 	if got := tp.upstreamErrors(metrics.ErrFirstByte); got != 0 {
-		t.Errorf("upstream_errors_total{kind=first_byte} = %v, want 0: a non-streamed request has no first-byte deadline", got)
+		t.Errorf("upstream_errors_total{kind=first_byte} = %v, want 0: no first-byte deadline", got)
 	}
 	tp.loadReturnsToZero(t)
 }
@@ -314,21 +353,17 @@ func slowHeadersWorker(t *testing.T) *rawWorker {
 	})
 }
 
-// A worker that starts its headers but does not finish them within the first-byte timeout sent
-// the client nothing: the stream goes to the next worker, as when no byte came at all.
-func TestTimeouts_SlowHeadersFailAStreamOverToTheNextWorker(t *testing.T) {
+// A worker that starts its headers but does not finish them before the first-byte deadline sent
+// the client nothing: 504 as when no byte came at all, not a bad answer.
+func TestTimeouts_SlowHeadersAreAFirstByteTimeout(t *testing.T) {
 	slow := slowHeadersWorker(t)
-	live := sseWorker(t, "live", 3)
 	opts := testOptions()
 	opts.Upstream.Timeouts.FirstByte = 100 * time.Millisecond
-	tp := newTestProxy(t, setup{opts: &opts, urls: []string{slow.URL, live.URL}})
+	tp := newTestProxy(t, setup{opts: &opts, urls: []string{slow.URL}})
 
-	status, h, body := tp.post(t, chatPath, streamBody)
-	if status != http.StatusOK || !strings.Contains(body, `"live"`) || !strings.Contains(body, "[DONE]") {
-		t.Fatalf("got %d %q, want the live worker's whole stream", status, body)
-	}
-	if got := h.Get(HeaderWorker); got != tp.worker(t, live.URL).Name() {
-		t.Errorf("%s = %q, want the live worker", HeaderWorker, got)
+	status, _, body := tp.post(t, chatPath, streamBody)
+	if status != http.StatusGatewayTimeout || errorCode(t, body) != "upstream_timeout" {
+		t.Fatalf("got %d %q, want 504 upstream_timeout", status, body)
 	}
 	if got := tp.upstreamErrors(metrics.ErrFirstByte); got != 1 {
 		t.Errorf("upstream_errors_total{kind=first_byte} = %v, want 1", got)
@@ -339,20 +374,25 @@ func TestTimeouts_SlowHeadersFailAStreamOverToTheNextWorker(t *testing.T) {
 	tp.loadReturnsToZero(t)
 }
 
-// When every worker is slow with its headers, the client gets the first-byte timeout's answer:
-// 504 upstream_timeout, after each worker was tried.
-func TestTimeouts_SlowHeadersOnEveryWorkerIs504(t *testing.T) {
-	a, b := slowHeadersWorker(t), slowHeadersWorker(t)
+// Attempts share the first-byte deadline: after a worker answered 503 at once, the next attempt
+// waits only for what is left of it.
+func TestTimeouts_ARetryWaitsWithinTheFirstAttemptsFirstByteDeadline(t *testing.T) {
+	busy := statusWorker(t, http.StatusServiceUnavailable, "busy")
+	slow := slowHeadersWorker(t)
 	opts := testOptions()
-	opts.Upstream.Timeouts.FirstByte = 100 * time.Millisecond
-	tp := newTestProxy(t, setup{opts: &opts, urls: []string{a.URL, b.URL}})
+	opts.Upstream.Timeouts.FirstByte = 200 * time.Millisecond
+	tp := newTestProxy(t, setup{opts: &opts, urls: []string{busy.URL, slow.URL}})
+	tp.Client.Timeout = 15 * time.Second
 
-	status, _, body := tp.post(t, chatPath, streamBody)
+	status, _, body := tp.post(t, chatPath, chatBody)
 	if status != http.StatusGatewayTimeout || errorCode(t, body) != "upstream_timeout" {
 		t.Fatalf("got %d %s, want 504 upstream_timeout", status, body)
 	}
-	if a.requests.Load() != 1 || b.requests.Load() != 1 {
-		t.Errorf("the workers read %d and %d requests, want one each", a.requests.Load(), b.requests.Load())
+	if busy.hits.Load() != 1 || slow.requests.Load() != 1 {
+		t.Errorf("the workers got %d and %d requests, want one each", busy.hits.Load(), slow.requests.Load())
+	}
+	if got := tp.upstreamErrors(metrics.ErrFirstByte); got != 1 {
+		t.Errorf("upstream_errors_total{kind=first_byte} = %v, want 1", got)
 	}
 	tp.loadReturnsToZero(t)
 }

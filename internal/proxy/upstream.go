@@ -20,8 +20,8 @@ import (
 // UpstreamOptions shape the connections to workers.
 type UpstreamOptions struct {
 	// Dialer connects to workers (TLS, --worker-url-allow, credentials) and carries the timeouts
-	// of every call to them; the routed path reads Dial, Idle, FirstByte and Stall (an attempt
-	// waiting for its answer's first byte looks every stallPoll whether its worker was found
+	// of every call to them; the routed path reads Dial, Idle and FirstByte (an attempt waiting
+	// for its answer's first byte also looks every stallPoll whether its worker was found
 	// stalled, and gives up if so).
 	upstream.Dialer
 	MaxIdlePerWorker int // idle keep-alive connections kept per worker URL

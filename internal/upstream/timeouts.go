@@ -16,8 +16,10 @@ type Timeouts struct {
 	// Request bounds one routed request end to end, and one LoRA fan-out
 	// (--request-timeout-secs).
 	Request time.Duration
-	// FirstByte bounds the wait for the first byte of a streamed answer, after which the attempt
-	// fails over (--first-byte-timeout-secs).
+	// FirstByte bounds the wait for a worker's response headers, streamed answer or not, from the
+	// request's first attempt: every attempt waits within the same deadline. A worker that missed
+	// it without sending a byte of any answer for as long is out of rotation until it answers a
+	// probe request (--first-byte-timeout-secs).
 	FirstByte time.Duration
 	// Stall is how long a worker with requests in flight may send no byte before it is checked
 	// with a probe request, which it must answer within the same time (--stall-timeout-secs).
