@@ -226,6 +226,11 @@ type Config struct {
 	RedisTimeout   time.Duration `yaml:"redis_timeout"`
 	// RedisCAFile, with a rediss:// URL, holds the CAs trusted for Redis instead of the system roots.
 	RedisCAFile string `yaml:"redis_ca_file"`
+
+	// What one client may make the router hold: the request-body bytes its requests hold at once
+	// (a client is its key's tenant, else its address; MaxBodyBytesTotal bounds all together).
+	// 0: no bound.
+	MaxBodyBytesPerClient int64 `yaml:"max_request_body_bytes_per_client"`
 }
 
 // Secrets read from the environment when their flag is not given, so they stay out of process lists.
@@ -313,6 +318,8 @@ func Default() Config {
 
 		ResponseSearchConcurrency: 4,
 		ResponseSearchPerMinute:   600,
+
+		MaxBodyBytesPerClient: 256 << 20,
 	}
 }
 
@@ -355,7 +362,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.Float64Var(&c.FirstByteTimeoutSecs, "first-byte-timeout-secs", c.FirstByteTimeoutSecs, "seconds a request waits for a worker's response headers, streamed or not, all attempts together (from the first); past it 504, and a worker that sent no byte of any answer for as long is out of rotation until it answers a probe request (0 disables; at most --request-timeout-secs)")
 	fs.Float64Var(&c.StallTimeoutSecs, "stall-timeout-secs", c.StallTimeoutSecs, "seconds a worker with requests in flight may send no byte before it is sent a probe request; one that does not answer that as long is out of rotation, and its attempts still waiting for a first byte go elsewhere (0 disables)")
 	fs.Int64Var(&c.MaxPayloadSize, "max-payload-size", c.MaxPayloadSize, "largest accepted request body in bytes; larger bodies get 413")
-	fs.Int64Var(&c.MaxBodyBytesTotal, "max-request-body-bytes-total", c.MaxBodyBytesTotal, "request-body bytes held at once, all requests together (a body without Content-Length counts as --max-payload-size); a request over it gets 503 with Retry-After before its body is read (0: no bound)")
+	fs.Int64Var(&c.MaxBodyBytesTotal, "max-request-body-bytes-total", c.MaxBodyBytesTotal, "request-body bytes held at once, all requests together, counted as they arrive, each byte twice (the body, and the copy routing derives from it) until the request is parsed; a request over it gets 503 with Retry-After (0: no bound)")
 	fs.Float64Var(&c.ClientHeaderTimeoutSecs, "client-header-timeout-secs", c.ClientHeaderTimeoutSecs, "seconds a client has to send a request's headers (and a new connection its first request line)")
 	fs.Float64Var(&c.ClientBodyTimeoutSecs, "client-body-timeout-secs", c.ClientBodyTimeoutSecs, "seconds a client has to send the whole request body once its headers arrived")
 	fs.Float64Var(&c.KeepaliveTimeoutSecs, "keepalive-timeout-secs", c.KeepaliveTimeoutSecs, "seconds an idle keep-alive client connection is kept open")
@@ -431,6 +438,8 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.StringVar(&c.RedisKeyPrefix, "redis-key-prefix", c.RedisKeyPrefix, "prefix of the session store's Redis keys")
 	fs.DurationVar(&c.RedisTimeout, "redis-timeout", c.RedisTimeout, "longest a request waits on the session store before routing without it")
 	fs.StringVar(&c.RedisCAFile, "redis-ca-file", c.RedisCAFile, "PEM bundle of the CAs trusted for a rediss:// --redis-url, instead of the system roots")
+
+	fs.Int64Var(&c.MaxBodyBytesPerClient, "max-request-body-bytes-per-client", c.MaxBodyBytesPerClient, "request-body bytes one client's requests hold at once (a client: its key's tenant, else its address), counted as --max-request-body-bytes-total counts them; a request over it gets 429 with Retry-After (0: no bound)")
 	for _, name := range slices.Sorted(maps.Keys(c.PolicyOptions)) {
 		c.PolicyOptions[name].Bind(fs)
 	}
@@ -743,8 +752,11 @@ func (c Config) Validate() error {
 	if c.MaxPayloadSize < 1 {
 		bad("max-payload-size", "must be at least 1 byte, got %d", c.MaxPayloadSize)
 	}
-	if c.MaxBodyBytesTotal != 0 && c.MaxBodyBytesTotal < c.MaxPayloadSize {
-		bad("max-request-body-bytes-total", "must be 0 (no bound) or at least --max-payload-size %d, got %d", c.MaxPayloadSize, c.MaxBodyBytesTotal)
+	// A body counts twice its bytes while it arrives (bodies.go): a bound must hold the largest twice.
+	for flag, bound := range map[string]int64{"max-request-body-bytes-total": c.MaxBodyBytesTotal, "max-request-body-bytes-per-client": c.MaxBodyBytesPerClient} {
+		if bound != 0 && (bound < 0 || bound/2 < c.MaxPayloadSize) {
+			bad(flag, "must be 0 (no bound) or at least twice --max-payload-size %d (a body and its copy), got %d", c.MaxPayloadSize, bound)
+		}
 	}
 	if c.ShutdownGraceSecs < 0 {
 		bad("shutdown-grace-secs", "must not be negative, got %v", c.ShutdownGraceSecs)

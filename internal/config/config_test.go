@@ -614,8 +614,10 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{"zero tokenize timeout", func(c *config.Config) { c.TokenizeTimeoutSecs = 0 }, "--tokenize-timeout-secs"},
 		{"admin origin without a scheme", func(c *config.Config) { c.AdminAllowedOrigins = []string{"ops.example"} }, "--admin-allowed-origins"},
 		{"negative grace", func(c *config.Config) { c.ShutdownGraceSecs = -1 }, "--shutdown-grace-secs"},
-		{"body total below one body", func(c *config.Config) { c.MaxBodyBytesTotal = c.MaxPayloadSize - 1 }, "--max-request-body-bytes-total"},
+		{"body total below a body and its copy", func(c *config.Config) { c.MaxBodyBytesTotal = 2*c.MaxPayloadSize - 1 }, "--max-request-body-bytes-total"},
 		{"negative body total", func(c *config.Config) { c.MaxBodyBytesTotal = -1 }, "--max-request-body-bytes-total"},
+		{"client's body share below a body and its copy", func(c *config.Config) { c.MaxBodyBytesPerClient = 2*c.MaxPayloadSize - 1 }, "--max-request-body-bytes-per-client"},
+		{"negative client's body share", func(c *config.Config) { c.MaxBodyBytesPerClient = -1 }, "--max-request-body-bytes-per-client"},
 		{"endpoint without slash", func(c *config.Config) { c.HealthCheckEndpoint = "health" }, "--health-check-endpoint"},
 		{"unknown log level", func(c *config.Config) { c.LogLevel = "verbose" }, "--log-level"},
 		{"unknown log format", func(c *config.Config) { c.LogFormat = "xml" }, "--log-format"},
@@ -678,6 +680,7 @@ func TestValidateAccepts(t *testing.T) {
 		}},
 		{"one client connection", func(c *config.Config) { c.MaxClientConnections = 1 }},
 		{"no body total", func(c *config.Config) { c.MaxBodyBytesTotal = 0 }},
+		{"no client's body share", func(c *config.Config) { c.MaxBodyBytesPerClient = 0 }},
 		{"kv events endpoints", func(c *config.Config) {
 			c.KVEventsEndpoint, c.KVEventsReplayEndpoint = "tcp://{host}:5557", "tcp://{host}:5558"
 		}},

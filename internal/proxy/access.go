@@ -18,7 +18,7 @@ func (s *Server) logAccess(ctx *fasthttp.RequestCtx, ex *exchange, status int, c
 	e := telemetry.Entry{
 		Time: ex.start, RequestID: ex.rid, Route: ex.route.path, Method: ex.method, Tenant: ex.caller.Tenant,
 		Decision: ex.decision, Worker: ex.worker, Status: status, StatusClass: class, Attempts: ex.attempts,
-		Seconds: time.Since(ex.start).Seconds(), BytesIn: len(ctx.Request.Body()), BytesOut: out,
+		Seconds: time.Since(ex.start).Seconds(), BytesIn: len(ex.body.bytes), BytesOut: out,
 	}
 	if ex.pd != nil {
 		e.PD = ex.pd.path

@@ -71,12 +71,12 @@ type exchange struct {
 	// exchange instead.
 	handedOver bool
 	ended      bool
-	// bodyBytes is the request's count in the body budget (bodies.go), given back at the end.
-	bodyBytes int64
+	// body is the request's body, which the exchange holds until its end (bodies.go).
+	body *heldBody
 }
 
 // end ends the exchange, once, on every path: the client watch stops, the admission place and
-// the body budget's count are given back, and the request is counted, logged and its trace ended with the recorded result.
+// the body are given back, and the request is counted, logged and its trace ended with the recorded result.
 // forward defers it; when the relay takes the answer over, the relay's Close calls it.
 func (s *Server) end(ctx *fasthttp.RequestCtx, ex *exchange) {
 	if ex.ended {
@@ -85,7 +85,6 @@ func (s *Server) end(ctx *fasthttp.RequestCtx, ex *exchange) {
 	ex.ended = true
 	ex.stopWatch()
 	ex.release()
-	s.bodies.release(ex.bodyBytes)
 	class := ex.class
 	if class == "" {
 		class = metrics.StatusClass(ex.status)
@@ -97,6 +96,7 @@ func (s *Server) end(ctx *fasthttp.RequestCtx, ex *exchange) {
 	s.logAccess(ctx, ex, ex.status, class, ex.firstByte, ex.sent, ex.usage)
 	ex.trace.End(telemetry.Outcome{Status: ex.status, StatusClass: class, Attempts: ex.attempts, Decision: ex.decision,
 		Worker: ex.worker, Match: ex.match, Bytes: ex.sent, Err: ex.err})
+	ex.body.release()
 }
 
 // clientWatchInterval is how often a running exchange checks whether its client went away. A
@@ -141,11 +141,11 @@ func (ex *exchange) stopWatch() {
 
 // forward runs one routed request: read it and find its candidates, then choose → accept →
 // Accepted → send, again on another worker while the failure provably started nothing, and finally
-// relay the answer. id is the response id a byResponseID path names; bodyBytes is the request's
-// count in the body budget, which the exchange's end gives back.
-func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string, bodyBytes int64) {
-	ex := &exchange{route: rt, start: time.Now(), client: ctx.Conn(), responseID: id, method: string(ctx.Method()),
-		bodyBytes: bodyBytes}
+// relay the answer. id is the response id a byResponseID path names; body is the request's body,
+// which the exchange holds until its end.
+func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string, body *heldBody) {
+	body.hold()
+	ex := &exchange{route: rt, start: time.Now(), client: ctx.Conn(), responseID: id, method: string(ctx.Method()), body: body}
 	ex.deadline = ex.start.Add(s.opts.RequestTimeout)
 	ex.headersBy = ex.deadline
 	ex.rid = requestID(ctx.Request.Header.Peek(HeaderRequestID))
@@ -295,6 +295,7 @@ func (s *Server) prepareByPolicy(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 			fmt.Sprintf("model %q is not served here; available models: %s", truncate(req.Model, 200), strings.Join(s.pool.Models(), ", "))))
 		return false
 	}
+	ex.body.derived(len(req.Text)) // the history key or routing text: the copy the body counted
 	ex.in = policy.Input{Context: context.Background(), Request: req, Model: served, Candidates: candidates, All: s.pool.All(), Size: len(ctx.PostBody())}
 	s.addPromptTokens(ex.route, &ex.in, ctx.PostBody())
 	ex.trace.Request(truncate(req.Model, maxShownModel), req.SessionKey)

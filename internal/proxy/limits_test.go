@@ -12,11 +12,15 @@ import (
 	"time"
 )
 
-// bodyBudgetProxy is a router whose body budget holds one 600 KiB body but not two.
+// budgetBody is the size of the bodies the body budget tests send: bodyBudgetProxy's budget
+// holds one (twice its bytes: the body and the copy routing makes of it) but not two.
+const budgetBody = 700 << 10
+
+// bodyBudgetProxy is a router whose body budget holds one budgetBody but not two.
 func bodyBudgetProxy(t *testing.T, bodyTimeout time.Duration) *testProxy {
 	t.Helper()
 	opts := testOptions()
-	opts.MaxBodyBytesTotal = 1 << 20
+	opts.MaxBodyBytesTotal = 2 << 20
 	opts.ClientBodyTimeout = bodyTimeout
 	return newTestProxy(t, setup{opts: &opts, urls: []string{okWorker(t, "a").URL}})
 }
@@ -29,26 +33,31 @@ func chatOfSize(n int) string {
 
 // startBody sends a request's headers and the first half of its body on a new connection, and
 // leaves it there: the router holds the body's bytes until the rest comes.
-func startBody(t *testing.T, tp *testProxy, path, body string) (net.Conn, string) {
+func startBody(t *testing.T, tp *testProxy, path, body string, header ...string) (net.Conn, string) {
 	t.Helper()
 	c := tp.dial(t)
-	req := rawRequest(http.MethodPost, path, body)
+	req := rawRequest(http.MethodPost, path, body, header...)
 	half := len(req) - len(body)/2
 	if _, err := io.WriteString(c, req[:half]); err != nil {
 		t.Fatal(err)
 	}
-	// The headers are counted once the router read them; a second body of the same size is then
-	// over the budget.
-	eventually(t, 5*time.Second, "the first body counted", func() bool { return tp.Server.bodies.Held() == int64(len(body)) })
+	// The half sent is counted twice once the router read it: the bytes and their copy. A
+	// second body of the same size then cannot fit.
+	eventually(t, 5*time.Second, "the first half counted", func() bool { return tp.Server.bodies.Held() >= int64(len(body)) })
 	return c, req[half:]
 }
 
-// headersOnly sends a request's headers without its body and reads the answer.
-func headersOnly(t *testing.T, tp *testProxy, path, body string) (*http.Response, string) {
+// readAhead is what fasthttp reads of a body with its headers, before the router sees the
+// request: the router's own reading starts after it.
+const readAhead = 8 << 10
+
+// bodyStart sends a request's headers and the first readAhead bytes of its body, and reads the
+// answer: one refused for its announced length comes without the rest.
+func bodyStart(t *testing.T, tp *testProxy, path, body string, header ...string) (*http.Response, string) {
 	t.Helper()
 	c := tp.dial(t)
-	req := rawRequest(http.MethodPost, path, body)
-	if _, err := io.WriteString(c, req[:len(req)-len(body)]); err != nil {
+	req := rawRequest(http.MethodPost, path, body, header...)
+	if _, err := io.WriteString(c, req[:len(req)-len(body)+readAhead]); err != nil {
 		t.Fatal(err)
 	}
 	return readAnswer(t, c)
@@ -66,13 +75,16 @@ func readAnswer(t *testing.T, c net.Conn) (*http.Response, string) {
 	return resp, string(b)
 }
 
-func TestBodyBudget_ABodyOverTheTotalIs503WithRetryAfterBeforeItIsRead(t *testing.T) {
+// A body whose announced length cannot fit in what is left of the budget is refused before it is
+// read.
+func TestBodyBudget_ABodyThatCannotFitIs503WithRetryAfterBeforeItIsRead(t *testing.T) {
 	tp := bodyBudgetProxy(t, 20*time.Second)
-	body := chatOfSize(600 << 10)
+	body := chatOfSize(budgetBody)
 	first, rest := startBody(t, tp, chatPath, body)
 
-	// The second request sends its headers only: the refusal must come without its body.
-	resp, got := headersOnly(t, tp, chatPath, body)
+	// The second request sends its headers and the start of its body: the refusal must come
+	// without the rest.
+	resp, got := bodyStart(t, tp, chatPath, body)
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("second body: %d, Retry-After %q; want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
 	}
@@ -96,9 +108,9 @@ func TestBodyBudget_ABodyOverTheTotalIs503WithRetryAfterBeforeItIsRead(t *testin
 
 func TestBodyBudget_AnthropicRouteIsRefusedInItsOwnShape(t *testing.T) {
 	tp := bodyBudgetProxy(t, 20*time.Second)
-	body := chatOfSize(600 << 10)
+	body := chatOfSize(budgetBody)
 	startBody(t, tp, "/v1/messages", body)
-	resp, got := headersOnly(t, tp, "/v1/messages", body)
+	resp, got := bodyStart(t, tp, "/v1/messages", body)
 	if resp.StatusCode != statusOverloaded || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("%d, Retry-After %q; want 529 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
 	}
@@ -109,7 +121,7 @@ func TestBodyBudget_AnthropicRouteIsRefusedInItsOwnShape(t *testing.T) {
 
 func TestBodyBudget_EveryWayARequestEndsGivesItsBytesBackOnce(t *testing.T) {
 	tp := bodyBudgetProxy(t, 300*time.Millisecond)
-	body := chatOfSize(600 << 10)
+	body := chatOfSize(budgetBody)
 	for i := range 3 {
 		// Answered.
 		if status, _, got := tp.post(t, chatPath, body); status != http.StatusOK {
@@ -117,7 +129,7 @@ func TestBodyBudget_EveryWayARequestEndsGivesItsBytesBackOnce(t *testing.T) {
 		}
 		// Refused while another holds the budget, then that one abandoned mid-body.
 		held, _ := startBody(t, tp, chatPath, body)
-		if resp, _ := headersOnly(t, tp, chatPath, body); resp.StatusCode != http.StatusServiceUnavailable {
+		if resp, _ := bodyStart(t, tp, chatPath, body); resp.StatusCode != http.StatusServiceUnavailable {
 			t.Fatalf("round %d: over the budget got %d", i, resp.StatusCode)
 		}
 		_ = held.Close()
@@ -128,17 +140,12 @@ func TestBodyBudget_EveryWayARequestEndsGivesItsBytesBackOnce(t *testing.T) {
 			t.Fatalf("round %d: slow body got %d", i, resp.StatusCode)
 		}
 		eventually(t, 5*time.Second, "the slow body given back", func() bool { return tp.Server.bodies.Held() == 0 })
-		// Chunked, abandoned between two chunks: no answer is ever written for it.
+		// Chunked, abandoned between two chunks: its read fails at once, and no answer reaches
+		// anyone.
 		c := tp.dial(t)
 		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{\"a\"\r\n", chatPath)
 		eventually(t, 5*time.Second, "the chunked body counted", func() bool { return tp.Server.bodies.Held() > 0 })
 		_ = c.Close()
-		// An abandoned body is given back when the budget is next needed, once its read
-		// deadline has passed: a request that needs it is refused until then.
-		eventually(t, 10*time.Second, "a body accepted again", func() bool {
-			status, _, _ := tp.post(t, chatPath, chatBody)
-			return status == http.StatusOK
-		})
 		eventually(t, 5*time.Second, "every byte given back", func() bool { return tp.Server.bodies.Held() == 0 })
 	}
 	if status, _, got := tp.post(t, chatPath, body); status != http.StatusOK {
@@ -160,11 +167,12 @@ func TestBodyBudget_AStreamedAnswerHoldsItsBodyUntilTheStreamEnds(t *testing.T) 
 	})
 	t.Cleanup(finish) // runs before the worker's Close, which waits for this handler
 	opts := testOptions()
-	opts.MaxBodyBytesTotal = 1 << 20
+	opts.MaxBodyBytesTotal = 2 << 20
 	tp := newTestProxy(t, setup{opts: &opts, urls: []string{w.URL}})
 
 	head, tail := `{"model":"m","stream":true,"messages":[{"role":"user","content":"`, `"}]}`
-	body := head + strings.Repeat("x", 600<<10) + tail
+	content := strings.Repeat("x", 600<<10)
+	body := head + content + tail
 	c := tp.dial(t)
 	if _, err := io.WriteString(c, rawRequest(http.MethodPost, chatPath, body)); err != nil {
 		t.Fatal(err)
@@ -178,9 +186,10 @@ func TestBodyBudget_AStreamedAnswerHoldsItsBodyUntilTheStreamEnds(t *testing.T) 
 	if line, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil || !strings.HasPrefix(line, "data:") {
 		t.Fatalf("first event: %q %v", line, err)
 	}
-	// The handler has returned and the relay streams: the body still counts until the end.
-	if held := tp.Server.bodies.Held(); held != int64(len(body)) {
-		t.Fatalf("while streaming %d bytes held, want %d", held, len(body))
+	// The handler has returned and the relay streams: the body still counts until the end, and
+	// so does the history key routing derived from it, a copy of its content.
+	if held, want := tp.Server.bodies.Held(), int64(len(body)+len(content)); held < want {
+		t.Fatalf("while streaming %d bytes held, want at least %d: the body and its content's copy", held, want)
 	}
 	finish()
 	_, _ = io.Copy(io.Discard, resp.Body)
@@ -230,4 +239,90 @@ func TestRequestLinePathReadsOriginAndAbsoluteForms(t *testing.T) {
 			t.Errorf("requestLinePath(%q) = %q, want %q", in, got, want)
 		}
 	}
+}
+
+// Uploads that trickle hold what they sent, not what they may still send: a chunked body may
+// grow to --max-payload-size, yet eight of them that sent a byte each leave the budget to the
+// other clients.
+func TestBodyBudget_TricklingUploadsHoldWhatTheySentNotWhatTheyMaySend(t *testing.T) {
+	opts := testOptions()
+	opts.MaxPayloadSize = 1 << 20
+	opts.MaxBodyBytesTotal = 2 << 20 // two chunked bodies, were each counted as the most it may grow to
+	tp := newTestProxy(t, setup{opts: &opts, urls: []string{okWorker(t, "a").URL}})
+
+	const trickles = 8
+	for range trickles {
+		c := tp.dial(t)
+		if _, err := fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n", chatPath); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 5*time.Second, "every trickle counted", func() bool {
+		return tp.Server.bodies.Held() >= int64(trickles*2*pageSize)
+	})
+	if status, _, got := tp.post(t, chatPath, chatOfSize(100<<10)); status != http.StatusOK {
+		t.Fatalf("a body beside the trickles: %d %s, want 200", status, got)
+	}
+	if held, most := tp.Server.bodies.Held(), int64(trickles*2*2*pageSize); held > most {
+		t.Errorf("the trickles hold %d bytes, want at most %d: twice a page ahead of the byte each sent", held, most)
+	}
+}
+
+// One client's requests hold at most its share of the budget; another client's body goes through
+// meanwhile. A client is its key's tenant here (else its address).
+func TestBodyBudget_OneClientHoldsNoMoreThanItsShare(t *testing.T) {
+	opts := testOptions()
+	opts.ClientKeys = keySet(t, "sk-alice tenant=alice\nsk-bob tenant=bob\n")
+	opts.MaxBodyBytesTotal = 8 << 20
+	opts.MaxBodyBytesPerClient = 2 << 20
+	tp := newTestProxy(t, setup{opts: &opts, urls: []string{okWorker(t, "a").URL}})
+	alice := "Authorization: Bearer sk-alice"
+	body := chatOfSize(budgetBody)
+
+	first, rest := startBody(t, tp, chatPath, body, alice)
+	resp, got := bodyStart(t, tp, chatPath, body, alice)
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("alice's second body: %d, Retry-After %q; want 429 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	if code := errorCode(t, got); code != "request_bodies_over_client_budget" {
+		t.Fatalf("code %q", code)
+	}
+	if status, _, got := tp.post(t, chatPath, body, "Authorization", "Bearer sk-bob"); status != http.StatusOK {
+		t.Fatalf("bob's body beside alice's: %d %s, want 200", status, got)
+	}
+	if _, err := io.WriteString(first, rest); err != nil {
+		t.Fatal(err)
+	}
+	if resp, got := readAnswer(t, first); resp.StatusCode != http.StatusOK {
+		t.Fatalf("alice's first body: %d %s", resp.StatusCode, got)
+	}
+}
+
+// When more bodies arrive at once than the budget holds, the younger ones give way to the older:
+// a body that needs room under the total takes it from the bodies that started after it, which
+// are refused, so the first ones finish rather than all filling the budget halfway.
+func TestBodyBudget_AYoungerBodyGivesWayToAnOlderOne(t *testing.T) {
+	tp := bodyBudgetProxy(t, 20*time.Second)
+	body := chatOfSize(budgetBody)
+	older, rest := startBody(t, tp, chatPath, body)
+	before := tp.Server.bodies.Held()
+
+	younger := tp.dial(t) // chunked: no length to refuse it by; it fits beside the older one's half
+	chunk := strings.Repeat("x", budgetBody/2)
+	if _, err := fmt.Fprintf(younger, "POST %s HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", chatPath, len(chunk), chunk); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the younger body counted", func() bool { return tp.Server.bodies.Held() >= before+int64(len(chunk)) })
+
+	if _, err := io.WriteString(older, rest); err != nil {
+		t.Fatal(err)
+	}
+	if resp, got := readAnswer(t, older); resp.StatusCode != http.StatusOK {
+		t.Fatalf("the older body: %d %s, want 200", resp.StatusCode, got)
+	}
+	resp, got := readAnswer(t, younger)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || errorCode(t, got) != "request_bodies_over_budget" {
+		t.Fatalf("the younger body: %d %s, want 503 request_bodies_over_budget with Retry-After", resp.StatusCode, got)
+	}
+	eventually(t, 5*time.Second, "every byte given back", func() bool { return tp.Server.bodies.Held() == 0 })
 }

@@ -140,13 +140,9 @@ func (s *Server) notFound(ctx *fasthttp.RequestCtx, ex *exchange, id, label stri
 		"Response with id '"+truncate(id, 200)+"' not found."))
 }
 
-// searchClient is the key of the client's search budget: its key's tenant when client keys are
-// checked, else its address.
+// searchClient is the key of the client's search budget (clientName).
 func (s *Server) searchClient(ctx *fasthttp.RequestCtx, ex *exchange) string {
-	if s.opts.ClientKeys != nil {
-		return "tenant:" + ex.caller.Tenant
-	}
-	return "addr:" + ctx.RemoteIP().String()
+	return clientName(ex.caller.Tenant, ctx.RemoteIP())
 }
 
 // searchResult is how a search ended.

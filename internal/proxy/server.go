@@ -76,10 +76,13 @@ type Options struct {
 	KeepaliveTimeout    time.Duration // an idle keep-alive client connection
 	ClientWriteTimeout  time.Duration // a client's acceptance of each piece of its answer; 0: only RequestTimeout
 	MaxClientConns      int           // open client connections; more get 503
-	MaxBodyBytesTotal   int64         // request-body bytes held at once; over it 503 before the body is read (bodies.go); 0: none
+	MaxBodyBytesTotal   int64         // request-body bytes held at once, all requests together; over it 503 (bodies.go); 0: none
 	Upstream            UpstreamOptions
 	// ResponseSearch bounds the searches for stored responses the router does not know (search.go).
 	ResponseSearch SearchOptions
+	// MaxBodyBytesPerClient bounds the request-body bytes one client's requests hold at once
+	// (a client: its key's tenant, else its address); over it 429 (bodies.go); 0: none.
+	MaxBodyBytesPerClient int64
 
 	// SessionStore, when set, reports the shared session store's state for /health; with detail
 	// false it leaves out what could reveal the store's address (its last error).
@@ -130,7 +133,7 @@ type Server struct {
 	tokenCache   *tokenCache // nil unless Options.Tokenize
 	misses       *responseMisses
 	searches     *searchBudget
-	bodies       *bodyBudget // nil without --max-request-body-bytes-total
+	bodies       *bodyBudget
 	plain        fasthttp.RequestHandler
 	adminPaths   map[string]bool     // the admin endpoints' paths and patterns
 	ownPaths     map[string][]string // the router's own endpoints' paths, with their methods
@@ -158,7 +161,7 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 		upstreams: newUpstreams(opts.Upstream), routes: newRoutes(m), mux: http.NewServeMux(),
 		workerClient: opts.Upstream.Client(), misses: newResponseMisses(),
 		searches: newSearchBudget(opts.ResponseSearch.PerMinute),
-		bodies:   newBodyBudget(opts.MaxBodyBytesTotal, opts.MaxPayloadSize, bodyReadTimeout(opts))}
+		bodies:   newBodyBudget(opts.MaxBodyBytesTotal, opts.MaxBodyBytesPerClient)}
 	s.queueClosed, s.closeQueue = context.WithCancel(context.Background())
 	if opts.Tokenize != nil {
 		s.tokenCache = &tokenCache{budget: opts.Tokenize.CacheBytes, byKey: map[string][]uint32{}}
@@ -220,44 +223,29 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 	return s
 }
 
-// bodyReadTimeout is the longest a request's body may take to arrive once its headers did: the
-// client body timeout, or without one the header timeout, whose deadline then still holds.
-func bodyReadTimeout(opts Options) time.Duration {
-	if opts.ClientBodyTimeout > 0 {
-		return opts.ClientBodyTimeout
-	}
-	return opts.ClientHeaderTimeout
-}
-
-// serve is the fasthttp handler of every endpoint.
+// serve is the fasthttp handler of every endpoint. It reads the request's body first (bodies.go),
+// and lets go of it last: after afterRequest, and after taking the body off the request, since
+// the memory may go back to the system as soon as the exchange is done with it too.
 func (s *Server) serve(ctx *fasthttp.RequestCtx) {
-	if afterRequest != nil {
-		defer afterRequest(ctx)
-	}
-	held, refused := s.bodies.take(&ctx.Request.Header)
-	if refused { // a body small enough to have been read before the refusal took effect
-		shape := openAIErrors
+	body, err := s.receive(ctx, s.bodyClient(ctx))
+	if err != nil {
 		rt, _ := lookup(s.routes, string(ctx.Path()))
-		if rt != nil {
-			shape = rt.errors
+		s.answerBodyError(ctx, rt, err)
+		ctx.Request.ResetBody() // the rest of the body stays unread: nothing may read it now
+	} else {
+		ctx.Request.SetBodyRaw(body.bytes)
+		if !s.preflight(ctx) {
+			s.answer(ctx, body)
+			s.cors(ctx)
 		}
-		status := s.refuseBody(ctx, shape)
-		if rt != nil {
-			rt.count(ctx.Time(), metrics.StatusClass(status), time.Now())
-		}
-		return
 	}
-	handed := false // a routed request's body count goes to its exchange, whose end gives it back
-	defer func() {
-		if !handed {
-			s.bodies.release(held)
-		}
-	}()
-	if s.preflight(ctx) {
-		return
+	if afterRequest != nil {
+		afterRequest(ctx)
 	}
-	handed = s.answer(ctx, held)
-	s.cors(ctx)
+	if body != nil {
+		ctx.Request.SetBodyRaw(nil)
+		body.release()
+	}
 }
 
 // afterRequest, when set, runs once each request's handler has returned; only the poison test
@@ -265,9 +253,9 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 var afterRequest func(*fasthttp.RequestCtx)
 
 // answer answers one request: forwarded when its path is routed, else by the net/http handlers.
-// held is the request's count in the body budget; answer reports whether an exchange took it
-// over (and so gives it back at its end, which for a streamed answer comes after serve returns).
-func (s *Server) answer(ctx *fasthttp.RequestCtx, held int64) bool {
+// An exchange holds the body until its end, which for a streamed answer comes after serve
+// returns.
+func (s *Server) answer(ctx *fasthttp.RequestCtx, body *heldBody) {
 	if rt, id := s.routeOf(string(ctx.Path())); rt != nil {
 		if method := string(ctx.Method()); !rt.allows(method) {
 			allow := strings.Join(rt.methods, ", ")
@@ -275,34 +263,36 @@ func (s *Server) answer(ctx *fasthttp.RequestCtx, held int64) bool {
 			status := writeFastError(ctx, rt.errors, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed",
 				"method "+method+" is not allowed on "+rt.path+"; use "+allow)
 			rt.count(ctx.Time(), metrics.StatusClass(status), time.Now())
-			return false
+			return
 		}
-		s.forward(ctx, rt, id, held)
-		return true
+		s.forward(ctx, rt, id, body)
+		return
 	}
 	s.plain(ctx)
-	return false
 }
 
 // HTTPServer returns the fasthttp server of the traffic listener, with the client-side limits:
-// header, body and idle timeouts, the body size limit and the connection cap.
+// header, body and idle timeouts, the body size limit and the connection cap. Bodies are
+// streamed to the handler, which reads them itself (bodies.go), multipart ones as they came.
 func (s *Server) HTTPServer() *fasthttp.Server {
 	return &fasthttp.Server{
-		Handler:               s.serve,
-		Name:                  "cacheroute",
-		ReadTimeout:           s.opts.ClientHeaderTimeout,
-		IdleTimeout:           s.opts.KeepaliveTimeout,
-		WriteTimeout:          time.Minute, // non-routed answers; routed ones set the request's own deadline
-		Concurrency:           s.opts.MaxClientConns,
-		MaxRequestBodySize:    int(s.opts.MaxPayloadSize),
-		ReadBufferSize:        16 << 10,
-		NoDefaultServerHeader: true,
-		NoDefaultContentType:  true,
-		CloseOnShutdown:       true,
-		SecureErrorLogMessage: true,
-		Logger:                discardLogger{},
-		HeaderReceived: func(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
-			return fasthttp.RequestConfig{ReadTimeout: s.opts.ClientBodyTimeout, MaxRequestBodySize: s.bodies.reserve(h)}
+		Handler:                      s.serve,
+		Name:                         "cacheroute",
+		ReadTimeout:                  s.opts.ClientHeaderTimeout,
+		IdleTimeout:                  s.opts.KeepaliveTimeout,
+		WriteTimeout:                 time.Minute, // non-routed answers; routed ones set the request's own deadline
+		Concurrency:                  s.opts.MaxClientConns,
+		MaxRequestBodySize:           int(s.opts.MaxPayloadSize),
+		ReadBufferSize:               16 << 10,
+		NoDefaultServerHeader:        true,
+		NoDefaultContentType:         true,
+		CloseOnShutdown:              true,
+		SecureErrorLogMessage:        true,
+		Logger:                       discardLogger{},
+		StreamRequestBody:            true,
+		DisablePreParseMultipartForm: true,
+		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
+			return fasthttp.RequestConfig{ReadTimeout: s.opts.ClientBodyTimeout}
 		},
 		ErrorHandler: s.clientError,
 	}
@@ -319,12 +309,8 @@ func (s *Server) clientError(ctx *fasthttp.RequestCtx, err error) {
 	if rt != nil {
 		shape = rt.errors
 	}
-	held, refused := s.bodies.take(&ctx.Request.Header)
-	s.bodies.release(held)
 	var status int
 	switch {
-	case refused:
-		status = s.refuseBody(ctx, shape)
 	case errors.As(err, &small):
 		status = writeFastError(ctx, shape, fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "headers_too_large", "request headers are too large")
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):

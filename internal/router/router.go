@@ -213,6 +213,8 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		MaxClientConns:      cfg.MaxClientConnections,
 		ResponseSearch:      proxy.SearchOptions{Concurrency: cfg.ResponseSearchConcurrency, PerMinute: cfg.ResponseSearchPerMinute},
 		MaxBodyBytesTotal:   cfg.MaxBodyBytesTotal,
+
+		MaxBodyBytesPerClient: cfg.MaxBodyBytesPerClient,
 		Upstream: proxy.UpstreamOptions{
 			Dialer:           dialer,
 			MaxIdlePerWorker: maxIdlePerWorker,
