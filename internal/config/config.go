@@ -229,8 +229,10 @@ type Config struct {
 
 	// What one client may make the router hold: the request-body bytes its requests hold at once
 	// (a client is its key's tenant, else its address; MaxBodyBytesTotal bounds all together).
-	// 0: no bound.
-	MaxBodyBytesPerClient int64 `yaml:"max_request_body_bytes_per_client"`
+	// And the searches for unknown stored responses all clients together may start a second
+	// (ResponseSearchPerMinute bounds each client's). 0: no bound.
+	MaxBodyBytesPerClient        int64   `yaml:"max_request_body_bytes_per_client"`
+	ResponseSearchTotalPerSecond float64 `yaml:"response_search_total_per_second"`
 }
 
 // Secrets read from the environment when their flag is not given, so they stay out of process lists.
@@ -319,7 +321,8 @@ func Default() Config {
 		ResponseSearchConcurrency: 4,
 		ResponseSearchPerMinute:   600,
 
-		MaxBodyBytesPerClient: 256 << 20,
+		MaxBodyBytesPerClient:        256 << 20,
+		ResponseSearchTotalPerSecond: 50,
 	}
 }
 
@@ -440,6 +443,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.StringVar(&c.RedisCAFile, "redis-ca-file", c.RedisCAFile, "PEM bundle of the CAs trusted for a rediss:// --redis-url, instead of the system roots")
 
 	fs.Int64Var(&c.MaxBodyBytesPerClient, "max-request-body-bytes-per-client", c.MaxBodyBytesPerClient, "request-body bytes one client's requests hold at once (a client: its key's tenant, else its address), counted as --max-request-body-bytes-total counts them; a request over it gets 429 with Retry-After (0: no bound)")
+	fs.Float64Var(&c.ResponseSearchTotalPerSecond, "response-search-total-per-second", c.ResponseSearchTotalPerSecond, "searches for unknown stored responses all clients together may start a second, a second's worth at once (fractions allowed): each asks at most every worker, so the lookups they cost the fleet are at most this times its size a second; past it 503 with Retry-After (0: no bound)")
 	for _, name := range slices.Sorted(maps.Keys(c.PolicyOptions)) {
 		c.PolicyOptions[name].Bind(fs)
 	}
@@ -751,6 +755,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxPayloadSize < 1 {
 		bad("max-payload-size", "must be at least 1 byte, got %d", c.MaxPayloadSize)
+	}
+	if !(c.ResponseSearchTotalPerSecond >= 0) || math.IsInf(c.ResponseSearchTotalPerSecond, 1) {
+		bad("response-search-total-per-second", "must be a non-negative number (0: no bound), got %v", c.ResponseSearchTotalPerSecond)
 	}
 	// A body counts twice its bytes while it arrives (bodies.go): a bound must hold the largest twice.
 	for flag, bound := range map[string]int64{"max-request-body-bytes-total": c.MaxBodyBytesTotal, "max-request-body-bytes-per-client": c.MaxBodyBytesPerClient} {

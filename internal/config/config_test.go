@@ -618,6 +618,8 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{"negative body total", func(c *config.Config) { c.MaxBodyBytesTotal = -1 }, "--max-request-body-bytes-total"},
 		{"client's body share below a body and its copy", func(c *config.Config) { c.MaxBodyBytesPerClient = 2*c.MaxPayloadSize - 1 }, "--max-request-body-bytes-per-client"},
 		{"negative client's body share", func(c *config.Config) { c.MaxBodyBytesPerClient = -1 }, "--max-request-body-bytes-per-client"},
+		{"negative total searches", func(c *config.Config) { c.ResponseSearchTotalPerSecond = -1 }, "--response-search-total-per-second"},
+		{"infinite total searches", func(c *config.Config) { c.ResponseSearchTotalPerSecond = math.Inf(1) }, "--response-search-total-per-second"},
 		{"endpoint without slash", func(c *config.Config) { c.HealthCheckEndpoint = "health" }, "--health-check-endpoint"},
 		{"unknown log level", func(c *config.Config) { c.LogLevel = "verbose" }, "--log-level"},
 		{"unknown log format", func(c *config.Config) { c.LogFormat = "xml" }, "--log-format"},
@@ -681,6 +683,7 @@ func TestValidateAccepts(t *testing.T) {
 		{"one client connection", func(c *config.Config) { c.MaxClientConnections = 1 }},
 		{"no body total", func(c *config.Config) { c.MaxBodyBytesTotal = 0 }},
 		{"no client's body share", func(c *config.Config) { c.MaxBodyBytesPerClient = 0 }},
+		{"a search every ten seconds, all clients together", func(c *config.Config) { c.ResponseSearchTotalPerSecond = 0.1 }},
 		{"kv events endpoints", func(c *config.Config) {
 			c.KVEventsEndpoint, c.KVEventsReplayEndpoint = "tcp://{host}:5557", "tcp://{host}:5558"
 		}},

@@ -140,7 +140,7 @@ func New(pool *workers.Pool) *Metrics {
 		AdmissionWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: "admission_wait_seconds",
 			Help: "Time admitted requests waited in the admission queue (0 when they started at once).", Buckets: latencyBuckets}, []string{"priority"}),
 		AdmissionRejections: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "admission_rejections_total",
-			Help: "Requests refused by admission control, by reason: rate_limit, queue_full, queue_timeout, client_gone, response_search, shutdown."}, []string{"reason"}),
+			Help: "Requests refused by admission control, by reason: rate_limit, queue_full, queue_timeout, client_gone, response_search, response_search_total, shutdown."}, []string{"reason"}),
 		PDRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "pd_requests_total",
 			Help: "Requests of the routes that allow prefill/decode disaggregation, by the path they took: transfer, local_cached, local_short, prefill_failed, transfer_failed, no_prefill_worker."}, []string{"path"}),
 		TokenizeRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "tokenize_requests_total",

@@ -277,3 +277,69 @@ func metricLabels(t *testing.T, m prometheus.Metric) []string {
 	}
 	return out
 }
+
+// Searches are bounded for all clients together too: past --response-search-total-per-second,
+// each new unknown id (an id route's or a turn's previous_response_id) is answered 503 without a
+// lookup, whichever client asks, so many clients cannot each cost the fleet their own budget's
+// worth. An id found missing is still answered from memory.
+func TestSearchesPastTheTotalBudgetAreRefused503WhicheverClientAsks(t *testing.T) {
+	opts := testOptions()
+	opts.ClientKeys = keySet(t, "sk-alice tenant=alice\nsk-bob tenant=bob\n")
+	opts.ResponseSearch.PerMinute = 600
+	opts.ResponseSearch.TotalPerSecond = 0.001 // one search, then none for 1000 s
+	tp, ws := searchFleet(t, 8, &opts)
+	alice, bob := []string{"Authorization", "Bearer sk-alice"}, []string{"Authorization", "Bearer sk-bob"}
+
+	if status, _, body := tp.do(t, http.MethodGet, "/v1/responses/resp_a", alice...); status != http.StatusNotFound {
+		t.Fatalf("first search: %d %s, want the workers' 404", status, body)
+	}
+	for _, try := range []func() (int, http.Header, string){
+		func() (int, http.Header, string) { return tp.do(t, http.MethodGet, "/v1/responses/resp_b", bob...) },
+		func() (int, http.Header, string) {
+			return tp.do(t, http.MethodDelete, "/v1/responses/resp_c", alice...)
+		},
+		func() (int, http.Header, string) {
+			return tp.post(t, "/v1/responses", `{"model":"m","input":"more","previous_response_id":"resp_d"}`, bob...)
+		},
+	} {
+		status, h, body := try()
+		if status != http.StatusServiceUnavailable || errorCode(t, body) != "response_search_busy" || h.Get(HeaderRetryAfter) == "" {
+			t.Fatalf("a search past the total: %d %s (Retry-After %q), want 503 response_search_busy", status, body, h.Get(HeaderRetryAfter))
+		}
+	}
+	if got := totalHits(ws); got != 8 {
+		t.Errorf("the workers got %d calls, want the first search's 8 lookups only", got)
+	}
+	if n := testutil.ToFloat64(tp.Metrics.AdmissionRejections.WithLabelValues(rejectedByTotalSearchBudget)); n != 3 {
+		t.Errorf("admission_rejections_total{reason=%s} = %v, want 3", rejectedByTotalSearchBudget, n)
+	}
+	if status, h, _ := tp.do(t, http.MethodGet, "/v1/responses/resp_a", bob...); status != http.StatusNotFound || h.Get(HeaderDecision) != labelResponseMiss {
+		t.Errorf("the id found missing: %d %s, want 404 %s from memory", status, h.Get(HeaderDecision), labelResponseMiss)
+	}
+}
+
+func TestTotalSearchBudgetAllowsASecondsWorthThenOneEachInterval(t *testing.T) {
+	b := newTotalSearchBudget(10)
+	now := time.Now()
+	for i := range 10 {
+		if _, ok := b.allow("", now); !ok {
+			t.Fatalf("search %d of a second's worth refused", i)
+		}
+	}
+	if wait, ok := b.allow("", now); ok || wait != 100*time.Millisecond {
+		t.Fatalf("11th search: allowed %v, wait %v; want refused for 100ms", ok, wait)
+	}
+	if _, ok := b.allow("", now.Add(100*time.Millisecond)); !ok {
+		t.Fatal("100ms later, no search was back")
+	}
+	slow := newTotalSearchBudget(0.5) // fewer than one a second: one at once
+	if _, ok := slow.allow("", now); !ok {
+		t.Fatal("the first search refused")
+	}
+	if wait, ok := slow.allow("", now); ok || wait != 2*time.Second {
+		t.Fatalf("second search: allowed %v, wait %v; want refused for 2s", ok, wait)
+	}
+	if _, ok := newTotalSearchBudget(0).allow("", now); !ok {
+		t.Fatal("no bound refused a search")
+	}
+}

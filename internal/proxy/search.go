@@ -29,6 +29,9 @@ import (
 //   - each lookup counts against the caller's rate limits, as the request itself did;
 //   - each client may start SearchOptions.PerMinute searches a minute (searchBudget); past it,
 //     429 in the route's error shape;
+//   - all clients together may start SearchOptions.TotalPerSecond searches a second, so the
+//     lookups searches cost the fleet are at most that many times its size a second, however
+//     many clients ask; past it, 503 with Retry-After;
 //   - the holder found is told to the policy, so the next request for the id goes straight to it,
 //     and an id that every candidate answered 404 for is remembered as a miss (misses.go).
 //
@@ -42,6 +45,9 @@ type SearchOptions struct {
 	// once (--response-search-per-minute); 0: no bound. A client is its key's tenant when client
 	// keys are checked, else its address.
 	PerMinute int
+	// TotalPerSecond is how many searches all clients together may start a second, a second's
+	// worth at once (--response-search-total-per-second); 0: no bound.
+	TotalPerSecond float64
 }
 
 // DefaultSearchConcurrency is the workers one search asks at once when SearchOptions names none.
@@ -55,9 +61,12 @@ const lookupTimeout = 10 * time.Second
 // (a large stored response) is dropped with its connection.
 const maxLookupBody = 64 << 10
 
-// rejectedBySearchBudget is the admission_rejections_total reason of a search past its client's
-// budget.
-const rejectedBySearchBudget = "response_search"
+// The admission_rejections_total reasons of a search past its client's budget, and past the one
+// of all clients together.
+const (
+	rejectedBySearchBudget      = "response_search"
+	rejectedByTotalSearchBudget = "response_search_total"
+)
 
 // searchID is the stored response the request must find a worker for, or "" when it needs no
 // search: an id route whose id the policy does not know (prepareByResponseID said so), or a turn
@@ -97,6 +106,13 @@ func (s *Server) findResponse(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		s.metrics.AdmissionRejections.WithLabelValues(rejectedBySearchBudget).Inc()
 		s.finish(ctx, ex, s.fail(ctx, ex, fasthttp.StatusTooManyRequests, "rate_limit_error", "response_search_limit",
 			"too many searches for unknown response ids from this client; try again later"))
+		return false
+	}
+	if wait, ok := s.totalSearches.allow("", time.Now()); !ok {
+		ctx.Response.Header.Set(HeaderRetryAfter, retryAfter(wait))
+		s.metrics.AdmissionRejections.WithLabelValues(rejectedByTotalSearchBudget).Inc()
+		s.finish(ctx, ex, s.fail(ctx, ex, fasthttp.StatusServiceUnavailable, "server_error", "response_search_busy",
+			"the router searches the workers for as many unknown response ids as it may a second (--response-search-total-per-second); try again shortly"))
 		return false
 	}
 	res := s.search(ctx, ex, id)

@@ -5,34 +5,49 @@ import (
 	"time"
 )
 
-// searchbudget.go bounds the searches each client may start: a search for an id the router does
-// not know may cost a lookup on every worker, so a client that asks for ids at random (a scan, a
-// client bug, a poll of an id that never existed and keeps changing) would otherwise multiply
-// its traffic by the fleet's size.
+// searchbudget.go bounds the searches each client may start, and those all clients together may
+// start: a search for an id the router does not know may cost a lookup on every worker, so a
+// client that asks for ids at random (a scan, a client bug, a poll of an id that never existed
+// and keeps changing) would otherwise multiply its traffic by the fleet's size, and many clients
+// (or one with many addresses) would multiply it again by their number.
 
 // maxSearchClients bounds the clients whose budgets are kept; past it, one is dropped at random
 // to make room, and starts again with a full budget when it comes back.
 const maxSearchClients = 16384
 
-// searchBudget is a token bucket per client, each holding a minute's worth of searches and
+// searchBudget is a token bucket per client, each holding a window's worth of searches and
 // refilling continuously. A bucket is kept as the instant it would be full again had it no
 // bound (a theoretical arrival time): a search is allowed when that instant is at most a
-// minute less one search ahead, and moves it one search later.
+// window less one search ahead, and moves it one search later.
 type searchBudget struct {
 	every time.Duration // the time one search takes to refill; 0: no bound
-	burst time.Duration // how far ahead full may be: a minute less one search
+	burst time.Duration // how far ahead full may be: a window less one search
 	mu    sync.Mutex
 	full  map[string]time.Time
 }
 
-// newSearchBudget bounds each client to perMinute searches a minute; 0 bounds none.
+// newSearchBudget bounds each client to perMinute searches a minute, a minute's worth at once;
+// 0 bounds none.
 func newSearchBudget(perMinute int) *searchBudget {
-	b := &searchBudget{full: map[string]time.Time{}}
-	if perMinute > 0 {
-		b.every = time.Minute / time.Duration(perMinute)
-		b.burst = time.Minute - b.every
+	if perMinute <= 0 {
+		return rateBudget(0, 0)
 	}
-	return b
+	return rateBudget(time.Minute/time.Duration(perMinute), time.Minute)
+}
+
+// newTotalSearchBudget bounds all clients together (one bucket, client "") to perSecond
+// searches a second, a second's worth at once (at least one); 0 bounds none.
+func newTotalSearchBudget(perSecond float64) *searchBudget {
+	if perSecond <= 0 {
+		return rateBudget(0, 0)
+	}
+	every := time.Duration(float64(time.Second) / perSecond)
+	return rateBudget(every, max(time.Second, every))
+}
+
+// rateBudget allows one search every every, window's worth at once.
+func rateBudget(every, window time.Duration) *searchBudget {
+	return &searchBudget{every: every, burst: window - every, full: map[string]time.Time{}}
 }
 
 // allow takes one search from client's budget at now, or reports how long until one is there.

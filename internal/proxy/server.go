@@ -132,11 +132,13 @@ type Server struct {
 	workerClient *http.Client
 	tokenCache   *tokenCache // nil unless Options.Tokenize
 	misses       *responseMisses
-	searches     *searchBudget
+	searches     *searchBudget // each client's
 	bodies       *bodyBudget
 	plain        fasthttp.RequestHandler
 	adminPaths   map[string]bool     // the admin endpoints' paths and patterns
 	ownPaths     map[string][]string // the router's own endpoints' paths, with their methods
+
+	totalSearches *searchBudget // all clients' searches together
 
 	// queueClosed ends when the shutdown grace does: requests still waiting for admission are
 	// then answered 503 (EndQueue).
@@ -162,6 +164,7 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 		workerClient: opts.Upstream.Client(), misses: newResponseMisses(),
 		searches: newSearchBudget(opts.ResponseSearch.PerMinute),
 		bodies:   newBodyBudget(opts.MaxBodyBytesTotal, opts.MaxBodyBytesPerClient)}
+	s.totalSearches = newTotalSearchBudget(opts.ResponseSearch.TotalPerSecond)
 	s.queueClosed, s.closeQueue = context.WithCancel(context.Background())
 	if opts.Tokenize != nil {
 		s.tokenCache = &tokenCache{budget: opts.Tokenize.CacheBytes, byKey: map[string][]uint32{}}
@@ -182,7 +185,7 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 			m.CacheAwareDecisions.WithLabelValues(labelResponseMiss)
 		}
 	}
-	for _, reason := range []string{rejectedBySearchBudget, rejectedByShutdown} {
+	for _, reason := range []string{rejectedBySearchBudget, rejectedByTotalSearchBudget, rejectedByShutdown} {
 		m.AdmissionRejections.WithLabelValues(reason) // at 0 from the start, for rate() and alerts
 	}
 	allow := map[string][]string{} // path → methods, for 405 answers

@@ -211,7 +211,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		KeepaliveTimeout:    cfg.KeepaliveTimeout(),
 		ClientWriteTimeout:  cfg.ClientWriteTimeout(),
 		MaxClientConns:      cfg.MaxClientConnections,
-		ResponseSearch:      proxy.SearchOptions{Concurrency: cfg.ResponseSearchConcurrency, PerMinute: cfg.ResponseSearchPerMinute},
+		ResponseSearch:      proxy.SearchOptions{Concurrency: cfg.ResponseSearchConcurrency, PerMinute: cfg.ResponseSearchPerMinute, TotalPerSecond: cfg.ResponseSearchTotalPerSecond},
 		MaxBodyBytesTotal:   cfg.MaxBodyBytesTotal,
 
 		MaxBodyBytesPerClient: cfg.MaxBodyBytesPerClient,
