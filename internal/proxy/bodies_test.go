@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"runtime"
 	"runtime/debug"
@@ -137,5 +138,25 @@ func TestBodyBudget_CopiesGivenBackAreCollectedInTime(t *testing.T) {
 	})
 	if b.freed.Load() != 0 {
 		t.Errorf("%d bytes still counted as given back after the collection", b.freed.Load())
+	}
+}
+
+// BenchmarkBodyRead reads bodies the way the router does (counted as they arrive, into memory of
+// their own) and gives them back: a small chat body on the heap, and a large one in a mapping.
+func BenchmarkBodyRead(b *testing.B) {
+	for _, size := range []int{4 << 10, 4 << 20} {
+		data := bytes.Repeat([]byte("x"), size)
+		b.Run(fmt.Sprint(size), func(b *testing.B) {
+			budget := newBodyBudget(1<<30, 256<<20)
+			b.ReportAllocs()
+			b.SetBytes(int64(size))
+			for b.Loop() {
+				h := newHeld(budget, "a", size)
+				if err := h.read(&pieces{data: data, size: 64 << 10}, size, size); err != nil {
+					b.Fatal(err)
+				}
+				h.release()
+			}
+		})
 	}
 }
