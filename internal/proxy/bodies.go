@@ -28,7 +28,8 @@ import (
 // client's share over its bound ends the request: 503 request_bodies_over_budget (429
 // request_bodies_over_client_budget for the share; 529 and 429 on the Anthropic routes), with
 // Retry-After, and the connection closed. A body whose announced length cannot fit in what is
-// left right now is refused at once, before any of it is read.
+// left right now is refused at once, before any of it is read; a body that needs room under the
+// total while it arrives takes it from the bodies that started after it (makeRoom).
 //
 // A body's count covers its bytes and one copy of them: routing derives its history key from the
 // body (reqkey), which is as long as the conversation in it, and the admin endpoints copy their
@@ -37,7 +38,8 @@ import (
 // the bytes counted are the bytes held, and the router's memory follows the bound: the pieces not
 // counted are each connection's 16 KiB read buffer, the first 8 KiB of a body (read ahead with
 // its headers), and the copies made with --vllm-pd-disaggregation (the decode leg's body) and
-// KV-cache events (the /tokenize query), which docs/configuration.md names.
+// KV-cache events (the /tokenize query), which docs/configuration.md names. The copies are heap
+// memory, and a collection is started once enough of them were given back (gaveBack).
 //
 // The bytes of a request are given back once, when both its handler has returned and its
 // exchange has ended (for a streamed answer, when the stream does); a request that could not be
