@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"net/netip"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -230,9 +233,12 @@ func (s *Server) prefillOn(ctx *fasthttp.RequestCtx, ex *exchange, w *workers.Wo
 				u = policy.Usage{Known: true, Prompt: t.prompt, Cached: t.cached}
 			}
 		}
-		params := answer.KVTransferParams
-		if len(params) == 0 || string(params) == "null" {
+		if len(answer.KVTransferParams) == 0 || string(answer.KVTransferParams) == "null" {
 			return nil, u, failure{}
+		}
+		params, err := checkTransferParams(answer.KVTransferParams)
+		if err != nil {
+			return nil, u, failure{kind: metrics.ErrBadReply, message: "the prefill worker's kv_transfer_params " + err.Error()}
 		}
 		return params, u, failure{}
 	}
@@ -297,4 +303,168 @@ func withField(obj []byte, key string, value []byte) []byte {
 	out = append(out, ':')
 	out = append(out, value...)
 	return append(out, obj[end:]...)
+}
+
+// checkTransferParams checks the kv_transfer_params a prefill worker answered with before they go
+// to a decode worker, and returns them re-encoded: one member per name, compact, so that the
+// decode worker reads exactly what was checked. The prefill worker is a peer like any other: its
+// answer is bounded (maxPrefillAnswer) and must have the shape of vLLM's NIXL connector's
+// answer, which names the prefill engine and the blocks it holds:
+//
+//   - do_remote_prefill: true (do_remote_decode, when present, false);
+//   - remote_engine_id: a non-empty string; remote_request_id, when present, a string;
+//   - remote_block_ids: a list of block ids, or one such list per KV-cache group (what newer
+//     vLLM sends for hybrid models), each id a non-negative integer;
+//   - remote_host: an IP address or a host name; remote_port: an integer from 1 to 65535;
+//   - tp_size, when present, a positive integer.
+//
+// Other members (what other connectors and later versions add) pass as they came.
+func checkTransferParams(raw json.RawMessage) (json.RawMessage, error) {
+	var params map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &params); err != nil || params == nil {
+		return nil, errors.New("are not a JSON object")
+	}
+	var (
+		prefill, decode   bool
+		engine, request   string
+		blocks            json.RawMessage
+		host              string
+		port, tensorRanks json.Number
+	)
+	for _, f := range []struct {
+		name     string
+		into     any
+		required bool
+	}{
+		{"do_remote_prefill", &prefill, true},
+		{"do_remote_decode", &decode, false},
+		{"remote_engine_id", &engine, true},
+		{"remote_request_id", &request, false},
+		{"remote_block_ids", &blocks, true},
+		{"remote_host", &host, true},
+		{"remote_port", &port, true},
+		{"tp_size", &tensorRanks, false},
+	} {
+		v, ok := params[f.name]
+		switch {
+		case !ok && f.required:
+			return nil, fmt.Errorf("lack %s", f.name)
+		case !ok:
+			continue
+		}
+		if err := strictUnmarshal(v, f.into); err != nil {
+			return nil, fmt.Errorf("have a %s of the wrong type: %s", f.name, truncate(string(v), 64))
+		}
+	}
+	switch {
+	case !prefill:
+		return nil, errors.New("do not ask for a remote prefill (do_remote_prefill is not true)")
+	case decode:
+		return nil, errors.New("ask for a remote decode (do_remote_decode is true)")
+	case engine == "":
+		return nil, errors.New("name no engine (remote_engine_id is empty)")
+	case !blockIDs(blocks):
+		return nil, fmt.Errorf("have remote_block_ids that are not lists of block ids: %s", truncate(string(blocks), 64))
+	case !validHost(host):
+		return nil, fmt.Errorf("have a remote_host that is no host: %q", truncate(host, 64))
+	case !inRange(port, 1, 65535):
+		return nil, fmt.Errorf("have a remote_port out of range: %s", truncate(port.String(), 64))
+	case tensorRanks != "" && !inRange(tensorRanks, 1, 1<<20):
+		return nil, fmt.Errorf("have a tp_size that is no positive integer: %s", truncate(tensorRanks.String(), 64))
+	}
+	out, err := json.Marshal(params)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// strictUnmarshal decodes v into a bool, a string, a json.Number or a json.RawMessage, refusing a
+// value of another JSON type (null among them) where encoding/json would leave the zero value.
+func strictUnmarshal(v json.RawMessage, into any) error {
+	if string(v) == "null" {
+		return errors.New("null")
+	}
+	if n, ok := into.(*json.Number); ok {
+		if len(v) == 0 || (v[0] != '-' && (v[0] < '0' || v[0] > '9')) {
+			return errors.New("not a number")
+		}
+		*n = json.Number(v)
+		return nil
+	}
+	return json.Unmarshal(v, into)
+}
+
+// inRange reports whether n is an integer, written without fraction or exponent, in [lo, hi].
+func inRange(n json.Number, lo, hi int64) bool {
+	i, err := strconv.ParseInt(string(n), 10, 64)
+	return err == nil && i >= lo && i <= hi
+}
+
+// blockIDs reports whether raw is a list of block ids, or a list of such lists (one per KV-cache
+// group), every id a non-negative integer; lists may be empty.
+func blockIDs(raw json.RawMessage) bool {
+	var items []json.RawMessage
+	if json.Unmarshal(raw, &items) != nil || items == nil {
+		return false
+	}
+	nested := len(items) > 0 && items[0][0] == '['
+	for _, item := range items {
+		if !nested {
+			if !blockID(item) {
+				return false
+			}
+			continue
+		}
+		var ids []json.RawMessage
+		if item[0] != '[' || json.Unmarshal(item, &ids) != nil {
+			return false
+		}
+		for _, id := range ids {
+			if !blockID(id) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// blockID reports whether v is a non-negative integer of at most 18 digits, written without sign,
+// fraction or exponent.
+func blockID(v json.RawMessage) bool {
+	if len(v) == 0 || len(v) > 18 {
+		return false
+	}
+	for _, c := range v {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// validHost reports whether h is an IP address (without zone) or a DNS host name: dot-separated
+// labels of 1 to 63 letters, digits, hyphens and underscores, not starting or ending with a
+// hyphen, 253 bytes at most, an optional final dot. A transfer peer named otherwise (a URL, a
+// host:port, spaces, an empty string) is no peer a decode worker can reach.
+func validHost(h string) bool {
+	if a, err := netip.ParseAddr(h); err == nil {
+		return a.Zone() == ""
+	}
+	h = strings.TrimSuffix(h, ".")
+	if h == "" || len(h) > 253 {
+		return false
+	}
+	for label := range strings.SplitSeq(h, ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for i := 0; i < len(label); i++ {
+			c := label[i]
+			if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+				return false
+			}
+		}
+	}
+	return true
 }

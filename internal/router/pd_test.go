@@ -1,6 +1,7 @@
 package router
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -265,6 +266,63 @@ func TestPD_NoRequestIsLostWhenAPrefillWorkerDies(t *testing.T) {
 	}
 	if r.pdCount(proxy.PDTransferFailed) != 1 || r.pdCount(proxy.PDNoPrefill) != 1 || r.pdCount(proxy.PDTransfer) != 0 {
 		t.Fatalf("counts: transfer_failed %v, no_prefill_worker %v, transfer %v", r.pdCount(proxy.PDTransferFailed), r.pdCount(proxy.PDNoPrefill), r.pdCount(proxy.PDTransfer))
+	}
+}
+
+// A prefill worker's answer is a peer's answer: kv_transfer_params that are not an object, or name
+// a host that is no host or a port out of range, never reach a decode worker. The prefill counts as
+// failed (bad_response), and the decode worker computes the prompt; the client reads a whole answer.
+func TestPD_AnswerWithBadTransferParamsIsDecodedWithoutThem(t *testing.T) {
+	cfg := sim.DefaultConfig()
+	cfg.TimeScale = 0
+	decode, err := sim.StartLocal(1, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(decode.Close)
+	prefill := newFakeWorker(t, "sim-model")
+	rc := testConfig()
+	rc.Policy = "cache_aware"
+	rc.PDDisaggregation = true
+	rc.PDMinUncachedTokens = 64
+	tr := startRouter(t, rc)
+	for url, role := range map[string]workers.Role{prefill.URL(): workers.RolePrefill, decode.URLs()[0]: workers.RoleDecode} {
+		u, err := tenant.ParseURL(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		j, err := tr.Join(t.Context(), fleet.Admin, u, role, kvevents.WorkerEndpoints{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-j.Probed
+	}
+	for i, params := range []string{
+		`"do_remote_prefill"`,
+		`{"do_remote_prefill":true,"remote_engine_id":"e","remote_block_ids":[0],"remote_host":"127.0.0.1:5600/x","remote_port":70000}`,
+		`{"do_remote_prefill":true,"remote_engine_id":"e","remote_block_ids":[0],"remote_host":"127.0.0.1","remote_port":"5600"}`,
+	} {
+		prefill.setHandler(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"o"},"finish_reason":"length"}],"kv_transfer_params":`+params+`}`)
+		})
+		body, _ := json.Marshal(map[string]any{"model": "sim-model", "max_tokens": 8,
+			"messages": []map[string]string{{"role": "user", "content": fmt.Sprintf("%d %s", i, pdDocument)}}})
+		resp := tr.post(t, "/v1/chat/completions", string(body))
+		answer := readAll(t, resp)
+		if resp.StatusCode != http.StatusOK || resp.Header.Get(proxy.HeaderPD) != proxy.PDPrefillFailed {
+			t.Fatalf("prefill answered kv_transfer_params %s: %d (pd %q) %s; want 200 decoded without them (%s)",
+				params, resp.StatusCode, resp.Header.Get(proxy.HeaderPD), answer, proxy.PDPrefillFailed)
+		}
+		if got := prefill.hits.Load(); got != int64(i+1) {
+			t.Fatalf("%d prefill legs after %d requests", got, i+1)
+		}
+	}
+	if pulled := decode.Workers()[0].Stats().TransferredTokens; pulled != 0 {
+		t.Fatalf("the decode worker pulled %d tokens from peers named by bad parameters", pulled)
+	}
+	if v, _ := metricValue(t, tr, `vllm_router_upstream_errors_total{kind="bad_response"}`); v != 3 {
+		t.Fatalf("bad_response errors %v, want 3", v)
 	}
 }
 
