@@ -18,7 +18,9 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/cacheroute/cacheroute/internal/kvevents"
@@ -69,6 +71,9 @@ type Options struct {
 	KVEvents  map[tenant.URL]kvevents.WorkerEndpoints
 	Listeners []Listener
 	Log       *slog.Logger
+	// Lookup resolves a localhost name when a worker joins (tenant.LookupLoopback); nil is the
+	// system's resolver.
+	Lookup func(ctx context.Context, host string) ([]netip.Addr, error)
 }
 
 // Fleet keeps the pool's membership: who joined each worker, and in which role.
@@ -80,9 +85,10 @@ type Fleet struct {
 }
 
 type member struct {
-	role    workers.Role
-	sources map[Source]bool
-	events  map[Source]kvevents.WorkerEndpoints // the endpoints each holder names, when it names any
+	role     workers.Role
+	sources  map[Source]bool
+	events   map[Source]kvevents.WorkerEndpoints // the endpoints each holder names, when it names any
+	loopback tenant.Loopback                     // where it points on this machine, as it joined
 }
 
 // New returns an empty fleet over opts.Pool, which only the fleet must change.
@@ -109,6 +115,12 @@ type Joined struct {
 // is refused with ErrRoleConflict, and a second join by the same source with ErrExists. ev are the
 // KV-cache event endpoints src names for u (zero: none); endpoints that fail their check refuse
 // the join with ErrKVEvents.
+//
+// A worker is one worker under every spelling: tenant.NormalizeURL makes one of the spellings
+// of a URL, and a URL whose host is this machine (a loopback address, 0.0.0.0, or a localhost name
+// resolved now) that reaches a loopback address and port of a worker in the fleet under another
+// spelling ("http://localhost:8000" beside "http://127.0.0.1:8000") is refused with ErrExists,
+// naming that worker, whichever source gives it.
 func (f *Fleet) Join(ctx context.Context, src Source, u tenant.URL, role workers.Role, ev kvevents.WorkerEndpoints) (Joined, error) {
 	if u.IsZero() {
 		return Joined{}, errors.New("no worker URL")
@@ -116,6 +128,7 @@ func (f *Fleet) Join(ctx context.Context, src Source, u tenant.URL, role workers
 	if err := ev.Check(); err != nil {
 		return Joined{}, fmt.Errorf("%w: %w", ErrKVEvents, err)
 	}
+	loopback := tenant.LookupLoopback(ctx, u, f.opts.Lookup)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if m := f.members[u]; m != nil {
@@ -129,6 +142,9 @@ func (f *Fleet) Join(ctx context.Context, src Source, u tenant.URL, role workers
 		m.name(src, ev)
 		return Joined{Probed: closed}, nil
 	}
+	if other, addr, ok := f.sameLoopback(loopback); ok {
+		return Joined{}, fmt.Errorf("worker %s is %s, already in the fleet (both reach %s): %w", u.Redacted(), other.Redacted(), addr, ErrExists)
+	}
 	if err := f.opts.Allowed.CheckURL(u.String()); err != nil {
 		return Joined{}, err
 	}
@@ -136,7 +152,7 @@ func (f *Fleet) Join(ctx context.Context, src Source, u tenant.URL, role workers
 	if err != nil {
 		return Joined{}, err
 	}
-	m := &member{role: role, sources: map[Source]bool{src: true}}
+	m := &member{role: role, sources: map[Source]bool{src: true}, loopback: loopback}
 	m.name(src, ev)
 	f.members[u] = m
 	for _, l := range f.opts.Listeners {
@@ -149,6 +165,20 @@ func (f *Fleet) Join(ctx context.Context, src Source, u tenant.URL, role workers
 		f.opts.Log.Info("worker joined", "worker", u.Redacted(), "source", src, "role", role, "healthy", tenants[0].Healthy())
 	}()
 	return Joined{New: true, Probed: probed}, nil
+}
+
+// sameLoopback finds the member that l reaches under another spelling, and the loopback address
+// they share; f.mu is held.
+func (f *Fleet) sameLoopback(l tenant.Loopback) (tenant.URL, netip.Addr, bool) {
+	if l.IsZero() {
+		return tenant.URL{}, netip.Addr{}, false
+	}
+	for _, u := range slices.SortedFunc(maps.Keys(f.members), func(a, b tenant.URL) int { return strings.Compare(a.String(), b.String()) }) {
+		if addr, ok := l.Shares(f.members[u].loopback); ok {
+			return u, addr, true
+		}
+	}
+	return tenant.URL{}, netip.Addr{}, false
 }
 
 // closed is the Probed of a worker that was there already.

@@ -1,11 +1,14 @@
 package fleet
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -125,6 +128,47 @@ func TestEverySourceJoinsTheSameWay(t *testing.T) {
 				t.Fatal("a refused worker was registered")
 			}
 		})
+	}
+}
+
+// One worker joins once under every spelling: the URL's canonical form makes one identity of
+// "127.0.0.1:P", "http://127.0.0.1:P/x/.." and "HTTP://127.0.0.1:0P/", and "localhost:P", a name of
+// the same loopback address, is refused as the worker already in the fleet, from any source.
+func TestOneWorkerUnderSeveralSpellingsJoinsOnce(t *testing.T) {
+	f, pool, _ := newFleet(t)
+	f.opts.Lookup = func(context.Context, string) ([]netip.Addr, error) {
+		return []netip.Addr{netip.MustParseAddr("::1"), netip.MustParseAddr("127.0.0.1")}, nil
+	}
+	raw := healthyWorker(t)
+	_, port, _ := strings.Cut(strings.TrimPrefix(raw, "http://"), ":")
+	j, err := f.Join(t.Context(), Admin, mustURL(t, raw), workers.RoleColocated, noEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitProbed(t, j)
+	for _, c := range []struct {
+		src      Source
+		spelling string
+	}{
+		{Admin, raw + "/x/.."},
+		{Admin, "HTTP://127.0.0.1:0" + port + "/"},
+		{Admin, "http://localhost:" + port},
+		{Admin, "http://LOCALHOST:" + port + "/./"},
+		{"dns", "http://0.0.0.0:" + port},
+		{Static, "http://localhost:" + port},
+	} {
+		_, err := f.Join(t.Context(), c.src, mustURL(t, c.spelling), workers.RoleColocated, noEvents)
+		if !errors.Is(err, ErrExists) {
+			t.Errorf("%s joined %s again: %v, want ErrExists", c.src, c.spelling, err)
+		}
+	}
+	if n := len(pool.All()); n != 2 { // the worker's two ranks
+		t.Fatalf("%d tenants in the pool, want the one worker's 2", n)
+	}
+	// Another port of the same address is another worker.
+	other := mustURL(t, healthyWorker(t))
+	if _, err := f.Join(t.Context(), Admin, other, workers.RoleColocated, noEvents); err != nil {
+		t.Fatalf("another worker on the loopback: %v", err)
 	}
 }
 

@@ -6,7 +6,9 @@ package tenant
 
 import (
 	"fmt"
+	"net/netip"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
 )
@@ -47,11 +49,23 @@ func isRank(s string) bool {
 	return s != "" && err == nil
 }
 
-// NormalizeURL is the one place a worker URL given by a user (flag, config file, admin API) is
-// checked and put in canonical form: surrounding spaces and trailing slashes removed; then it must
-// be an absolute http or https URL with a host and no query or fragment. The result is the
-// worker's identity everywhere (pool, prefix tree, session map), so "http://h:8000/" and
-// "http://h:8000" are one worker.
+// NormalizeURL is the one place a worker URL given by a user (flag, config file, admin API,
+// discovery) is checked and put in canonical form, so that every spelling of one worker is one
+// worker: it must be an absolute http or https URL with a host, a port from 1 to 65535 if any, and
+// no query or fragment; then
+//
+//   - surrounding spaces are removed, and the scheme and a host name are lower-cased;
+//   - an IP address is written in its canonical form ("[0:0::1]" → "[::1]", an IPv4-mapped IPv6
+//     address as IPv4);
+//   - the scheme's default port (80 for http, 443 for https) is left out, and leading zeros of a
+//     port;
+//   - the path is cleaned ("/x/../" → "", "//a/./b/" → "/a/b") and written with the standard
+//     percent-encoding, and a trailing slash removed.
+//
+// The result is the worker's identity everywhere (pool, prefix tree, session map, header values,
+// metric labels), so "http://H:80/x/../" and "http://h" are one worker. Names are not resolved
+// here: "localhost" and "127.0.0.1" stay two spellings, which the fleet recognises as one
+// worker when they join (Loopback).
 //
 // A URL whose path ends in /v1 (the OpenAI base URL a client is configured with) is refused with
 // a message naming the URL to give instead: the router appends /v1/chat/completions, /health and
@@ -59,20 +73,64 @@ func isRank(s string) bool {
 // refused rather than silently trimmed so that the configured URL stays the worker's name in
 // every header, metric label and log line, and so that a warning cannot scroll by unseen.
 func NormalizeURL(raw string) (string, error) {
-	s := strings.TrimRight(strings.TrimSpace(raw), "/")
-	u, err := url.Parse(s)
+	u, err := url.Parse(strings.TrimSpace(raw))
 	if err != nil {
 		return "", fmt.Errorf("malformed worker URL %q: %v", Redact(raw), err)
 	}
-	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" {
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Hostname() == "" || u.RawQuery != "" || u.ForceQuery ||
+		u.Fragment != "" || u.Opaque != "" {
 		return "", fmt.Errorf("malformed worker URL %q: want http(s)://host[:port][/path]", Redact(raw))
 	}
-	if u.Path != "" && len(s) > 3 && strings.EqualFold(s[len(s)-3:], "/v1") { // no query or fragment: the path ends s
+	port := u.Port()
+	if port != "" {
+		n, err := strconv.ParseUint(port, 10, 16)
+		if err != nil || n == 0 {
+			return "", fmt.Errorf("malformed worker URL %q: port %s is not from 1 to 65535", Redact(raw), port)
+		}
+		port = strconv.FormatUint(n, 10)
+		if port == map[string]string{"http": "80", "https": "443"}[u.Scheme] {
+			port = ""
+		}
+	}
+	var b strings.Builder
+	b.WriteString(u.Scheme + "://")
+	if u.User != nil && u.User.String() != "" {
+		b.WriteString(u.User.String() + "@")
+	}
+	b.WriteString(canonicalHost(u.Hostname()))
+	if port != "" {
+		b.WriteString(":" + port)
+	}
+	p := ""
+	if u.Path != "" {
+		p = strings.TrimSuffix(path.Clean("/"+u.Path), "/")
+	}
+	b.WriteString((&url.URL{Path: p}).EscapedPath())
+	s := b.String()
+	if len(p) >= 3 && strings.EqualFold(p[len(p)-3:], "/v1") {
 		base := s[:len(s)-3]
 		return "", fmt.Errorf("worker URL %q ends in /v1: give the server's base URL %q instead (the router adds /v1/chat/completions and the other API paths itself)",
 			Redact(s), Redact(base))
 	}
 	return s, nil
+}
+
+// canonicalHost writes a URL's host: an IP address in its canonical form (IPv6 in brackets, its
+// zone escaped), a name lower-cased.
+func canonicalHost(h string) string {
+	a, err := netip.ParseAddr(h)
+	if err != nil {
+		return strings.ToLower(h)
+	}
+	a = a.Unmap()
+	if !a.Is6() {
+		return a.String()
+	}
+	zone := a.Zone()
+	if zone == "" {
+		return "[" + a.String() + "]"
+	}
+	return "[" + a.WithZone("").String() + "%25" + url.PathEscape(zone) + "]"
 }
 
 // Redact returns a tenant name or worker URL without its userinfo ("http://user:pw@h:1@2" →
