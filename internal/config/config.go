@@ -198,6 +198,9 @@ type Config struct {
 	// TokenizeTimeoutSecs bounds the wait for an engine's /tokenize, asked for the requests
 	// cache_aware matches against the KV-cache events.
 	TokenizeTimeoutSecs float64 `yaml:"tokenize_timeout_secs"`
+	// TokenizeTimeoutPerKiBMs is added to that bound for each KiB of the /tokenize request, so
+	// that a long prompt, which takes the engine longer to render and tokenize, gets its answer.
+	TokenizeTimeoutPerKiBMs float64 `yaml:"tokenize_timeout_per_kib_ms"`
 	// TokenizeURL, when set, is the base URL of a render service (an engine of the same model and
 	// chat template, GPU or not) asked for every /tokenize in place of a worker, so routing adds
 	// no work to the workers.
@@ -306,6 +309,7 @@ func Default() Config {
 		ShutdownGraceSecs:       30,
 		KVEventsIndexSize:       67108864,
 		TokenizeTimeoutSecs:     0.1,
+		TokenizeTimeoutPerKiBMs: 0.5,
 		PDMinUncachedTokens:     256,
 		KVConnector:             KVConnectorNIXL,
 		SessionTTL:              time.Hour,
@@ -425,7 +429,8 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.StringVar(&c.KVEventsTopic, "kv-events-topic", c.KVEventsTopic, "topic prefix subscribed to on each publisher; empty: every message")
 	fs.IntVar(&c.KVEventsIndexSize, "kv-events-index-size", c.KVEventsIndexSize, "bytes of the KV-event block index, all workers together")
 	fs.StringVar(&c.TokenizeURL, "tokenize-url", c.TokenizeURL, "with KV-cache events: ask this render service's /tokenize (an engine of the workers' model and chat template) instead of the least loaded worker's")
-	fs.Float64Var(&c.TokenizeTimeoutSecs, "tokenize-timeout-secs", c.TokenizeTimeoutSecs, "with KV-cache events: the longest wait for an engine's /tokenize of a request without session id; past it the prefix tree routes the request")
+	fs.Float64Var(&c.TokenizeTimeoutSecs, "tokenize-timeout-secs", c.TokenizeTimeoutSecs, "with KV-cache events: the longest wait for an engine's /tokenize of a request without session id, plus --tokenize-timeout-per-kib-ms; past it the prefix tree routes the request")
+	fs.Float64Var(&c.TokenizeTimeoutPerKiBMs, "tokenize-timeout-per-kib-ms", c.TokenizeTimeoutPerKiBMs, "with KV-cache events: milliseconds added to --tokenize-timeout-secs for each KiB of the /tokenize request, so that long prompts are not cut off")
 	fs.BoolVar(&c.PDDisaggregation, "vllm-pd-disaggregation", c.PDDisaggregation, "prefill/decode disaggregation: chat completions and completions are prefilled on a prefill worker and decoded on a decode worker, over vLLM's KV transfer")
 	fs.StringVar(&c.PrefillPolicy, "prefill-policy", c.PrefillPolicy, "with --vllm-pd-disaggregation: the policy that chooses the prefill worker (default: --policy)")
 	fs.StringVar(&c.DecodePolicy, "decode-policy", c.DecodePolicy, "with --vllm-pd-disaggregation: the policy that chooses the decode worker (default: --policy)")
@@ -693,6 +698,9 @@ func (c Config) Validate() error {
 		"response-search-per-minute": c.ResponseSearchPerMinute,
 	}
 	checkEach(bad, nonNegative, func(v int) bool { return v >= 0 }, "must not be negative")
+	if !(c.TokenizeTimeoutPerKiBMs >= 0) {
+		bad("tokenize-timeout-per-kib-ms", "must not be negative (0: no allowance), got %v", c.TokenizeTimeoutPerKiBMs)
+	}
 	if !(c.StallTimeoutSecs >= 0) {
 		bad("stall-timeout-secs", "must not be negative (0 disables it), got %v", c.StallTimeoutSecs)
 	}
@@ -893,6 +901,11 @@ func isWebOrigin(o string) bool {
 
 // TokenizeTimeout is --tokenize-timeout-secs.
 func (c Config) TokenizeTimeout() time.Duration { return secs(c.TokenizeTimeoutSecs) }
+
+// TokenizeTimeoutPerKiB is --tokenize-timeout-per-kib-ms.
+func (c Config) TokenizeTimeoutPerKiB() time.Duration {
+	return time.Duration(c.TokenizeTimeoutPerKiBMs * float64(time.Millisecond))
+}
 
 // KVEventsOn reports whether the router subscribes to the workers' KV-cache events.
 func (c Config) KVEventsOn() bool {

@@ -150,7 +150,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 			r.kvEvents.Bind(r.kvBound)
 		}
 		r.metrics.SetKVEvents(r.kvEvents)
-		tokenize = &proxy.TokenizeOptions{CacheBytes: tokenCacheBytes}
+		tokenize = &proxy.TokenizeOptions{CacheBytes: tokenCacheBytes, PerKiB: cfg.TokenizeTimeoutPerKiB()}
 		if cfg.TokenizeURL != "" {
 			u, _ := tenant.NormalizeURL(cfg.TokenizeURL) // validated with the configuration
 			tokenize.URL = u

@@ -14,6 +14,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/cacheroute/cacheroute/internal/config"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/sim"
 )
@@ -36,18 +37,36 @@ import (
 // request. --tokenize-timeout-secs is raised to 10 s so that the whole round trip is measured
 // rather than cut at the default 100 ms. Run on a quiet machine:
 //
-//	go test ./internal/router/ -run '^$' -bench Tokenize -benchtime=200x
+//	go test ./internal/router/ -run '^$' -bench 'Tokenize$' -benchtime=200x
 func BenchmarkTokenize(b *testing.B) {
 	for _, kib := range []int{4, 64, 512} {
 		for _, mode := range []string{"off", "new", "repeated"} {
 			b.Run(fmt.Sprintf("size=%dKiB/events=%s", kib, mode), func(b *testing.B) {
-				benchTokenize(b, kib<<10, mode)
+				benchTokenize(b, kib<<10, mode, 10, 0)
 			})
 		}
 	}
 }
 
-func benchTokenize(b *testing.B, size int, mode string) {
+// BenchmarkTokenizeDefaultTimeout is BenchmarkTokenize's events=new under the default
+// --tokenize-timeout-secs (0.1), with no allowance per KiB and with the default
+// --tokenize-timeout-per-kib-ms (0.5), up to the largest real prompts (about 700 KiB), and reports
+// the share of /tokenize calls cut off (timeouts/op):
+//
+//	go test ./internal/router/ -run '^$' -bench TokenizeDefaultTimeout -benchtime=100x
+func BenchmarkTokenizeDefaultTimeout(b *testing.B) {
+	for _, kib := range []int{64, 512, 700} {
+		for _, perKiB := range []float64{0, config.Default().TokenizeTimeoutPerKiBMs} {
+			b.Run(fmt.Sprintf("size=%dKiB/per-kib-ms=%g", kib, perKiB), func(b *testing.B) {
+				benchTokenize(b, kib<<10, "new", 0, perKiB)
+			})
+		}
+	}
+}
+
+// benchTokenize runs one case; timeoutSecs 0 keeps the default tokenize timeout, with perKiBMs
+// its allowance per KiB.
+func benchTokenize(b *testing.B, size int, mode string, timeoutSecs, perKiBMs float64) {
 	simCfg := sim.DefaultConfig()
 	simCfg.TimeScale = 0
 	simCfg.MaxModelLen = 1 << 20   // a 512 KiB message is about 130k of the sim's tokens
@@ -65,7 +84,10 @@ func benchTokenize(b *testing.B, size int, mode string) {
 	cfg := testConfig()
 	cfg.Policy = "cache_aware"
 	cfg.WorkerURLs = fleet.URLs()
-	cfg.TokenizeTimeoutSecs = 10
+	if timeoutSecs > 0 {
+		cfg.TokenizeTimeoutSecs = timeoutSecs
+	}
+	cfg.TokenizeTimeoutPerKiBMs = perKiBMs
 	if endpoint != "" {
 		cfg.KVEventsWorkerEndpoints = map[string]string{fleet.URLs()[0]: endpoint}
 	}
@@ -103,6 +125,7 @@ func benchTokenize(b *testing.B, size int, mode string) {
 	}
 	send(0) // connections up, and for "repeated" the prompt's tokens in the cache
 	calls0 := tokenizeCalls(b, r)
+	timeouts0 := tokenizeResults(b, r, metrics.TokenizeTimeout)
 	var took []time.Duration
 	n := 0
 	for b.Loop() {
@@ -123,13 +146,19 @@ func benchTokenize(b *testing.B, size int, mode string) {
 	b.ReportMetric(ms(0.50), "p50-ms")
 	b.ReportMetric(ms(0.99), "p99-ms")
 	b.ReportMetric(calls/float64(n), "tokenize/op")
+	b.ReportMetric((tokenizeResults(b, r, metrics.TokenizeTimeout)-timeouts0)/float64(n), "timeouts/op")
 }
 
 // tokenizeCalls is the router's calls to an engine's /tokenize: results ok, error and timeout.
 func tokenizeCalls(b *testing.B, r *Router) float64 {
+	return tokenizeResults(b, r, metrics.TokenizeOK, metrics.TokenizeError, metrics.TokenizeTimeout)
+}
+
+// tokenizeResults sums the router's tokenize requests of the given results.
+func tokenizeResults(b *testing.B, r *Router, results ...string) float64 {
 	b.Helper()
 	var sum float64
-	for _, result := range []string{metrics.TokenizeOK, metrics.TokenizeError, metrics.TokenizeTimeout} {
+	for _, result := range results {
 		var m dto.Metric
 		if err := r.Metrics().TokenizeRequests.WithLabelValues(result).Write(&m); err != nil {
 			b.Fatal(err)
