@@ -52,30 +52,39 @@ func startPDRig(t *testing.T, prefills, decodes int, simCfg sim.Config) *pdRig {
 	}
 	t.Cleanup(ref.Close)
 
-	cfg := testConfig()
-	cfg.Policy = "cache_aware"
-	cfg.PDDisaggregation = true
-	cfg.PDMinUncachedTokens = 64
-	tr := startRouter(t, cfg)
-	join := func(urls []string, role workers.Role) {
-		for _, raw := range urls {
-			u, err := tenant.ParseURL(raw)
-			if err != nil {
-				t.Fatal(err)
-			}
-			j, err := tr.Join(t.Context(), fleet.Admin, u, role, kvevents.WorkerEndpoints{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			<-j.Probed
-		}
-	}
-	join(pf.URLs(), workers.RolePrefill)
-	join(df.URLs(), workers.RoleDecode)
+	tr := startPDRouter(t)
+	joinAs(t, tr, workers.RolePrefill, pf.URLs()...)
+	joinAs(t, tr, workers.RoleDecode, df.URLs()...)
 	transport := &http.Transport{Proxy: nil, DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext}
 	t.Cleanup(transport.CloseIdleConnections)
 	return &pdRig{tr: tr, prefill: pf.Workers(), decode: df.Workers(), prefillURLs: pf.URLs(), decodeURLs: df.URLs(),
 		reference: ref.URLs()[0], client: &http.Client{Transport: transport}}
+}
+
+// startPDRouter starts a cache_aware router in P/D mode, without workers.
+func startPDRouter(t *testing.T) *testRouter {
+	t.Helper()
+	cfg := testConfig()
+	cfg.Policy = "cache_aware"
+	cfg.PDDisaggregation = true
+	cfg.PDMinUncachedTokens = 64
+	return startRouter(t, cfg)
+}
+
+// joinAs joins the workers at urls in role, as the admin API does, and waits for their first probe.
+func joinAs(t *testing.T, tr *testRouter, role workers.Role, urls ...string) {
+	t.Helper()
+	for _, raw := range urls {
+		u, err := tenant.ParseURL(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		j, err := tr.Join(t.Context(), fleet.Admin, u, role, kvevents.WorkerEndpoints{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-j.Probed
+	}
 }
 
 func (r *pdRig) openAI(base string) *openai.Client {
@@ -281,22 +290,9 @@ func TestPD_AnswerWithBadTransferParamsIsDecodedWithoutThem(t *testing.T) {
 	}
 	t.Cleanup(decode.Close)
 	prefill := newFakeWorker(t, "sim-model")
-	rc := testConfig()
-	rc.Policy = "cache_aware"
-	rc.PDDisaggregation = true
-	rc.PDMinUncachedTokens = 64
-	tr := startRouter(t, rc)
-	for url, role := range map[string]workers.Role{prefill.URL(): workers.RolePrefill, decode.URLs()[0]: workers.RoleDecode} {
-		u, err := tenant.ParseURL(url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		j, err := tr.Join(t.Context(), fleet.Admin, u, role, kvevents.WorkerEndpoints{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		<-j.Probed
-	}
+	tr := startPDRouter(t)
+	joinAs(t, tr, workers.RolePrefill, prefill.URL())
+	joinAs(t, tr, workers.RoleDecode, decode.URLs()...)
 	for i, params := range []string{
 		`"do_remote_prefill"`,
 		`{"do_remote_prefill":true,"remote_engine_id":"e","remote_block_ids":[0],"remote_host":"127.0.0.1:5600/x","remote_port":70000}`,
