@@ -429,7 +429,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.StringVar(&c.KVEventsTopic, "kv-events-topic", c.KVEventsTopic, "topic prefix subscribed to on each publisher; empty: every message")
 	fs.IntVar(&c.KVEventsIndexSize, "kv-events-index-size", c.KVEventsIndexSize, "bytes of the KV-event block index, all workers together")
 	fs.StringVar(&c.TokenizeURL, "tokenize-url", c.TokenizeURL, "with KV-cache events: ask this render service's /tokenize (an engine of the workers' model and chat template) instead of the least loaded worker's")
-	fs.Float64Var(&c.TokenizeTimeoutSecs, "tokenize-timeout-secs", c.TokenizeTimeoutSecs, "with KV-cache events: the longest wait for an engine's /tokenize of a request without session id, plus --tokenize-timeout-per-kib-ms; past it the prefix tree routes the request")
+	fs.Float64Var(&c.TokenizeTimeoutSecs, "tokenize-timeout-secs", c.TokenizeTimeoutSecs, "with KV-cache events: the wait for an engine's /tokenize of a request without session id, plus --tokenize-timeout-per-kib-ms for each KiB asked; past it the prefix tree routes the request")
 	fs.Float64Var(&c.TokenizeTimeoutPerKiBMs, "tokenize-timeout-per-kib-ms", c.TokenizeTimeoutPerKiBMs, "with KV-cache events: milliseconds added to --tokenize-timeout-secs for each KiB of the /tokenize request, so that long prompts are not cut off")
 	fs.BoolVar(&c.PDDisaggregation, "vllm-pd-disaggregation", c.PDDisaggregation, "prefill/decode disaggregation: chat completions and completions are prefilled on a prefill worker and decoded on a decode worker, over vLLM's KV transfer")
 	fs.StringVar(&c.PrefillPolicy, "prefill-policy", c.PrefillPolicy, "with --vllm-pd-disaggregation: the policy that chooses the prefill worker (default: --policy)")

@@ -8,13 +8,13 @@ import (
 	"io"
 	"net/netip"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -443,28 +443,12 @@ func blockID(v json.RawMessage) bool {
 	return true
 }
 
-// validHost reports whether h is an IP address (without zone) or a DNS host name: dot-separated
-// labels of 1 to 63 letters, digits, hyphens and underscores, not starting or ending with a
-// hyphen, 253 bytes at most, an optional final dot. A transfer peer named otherwise (a URL, a
-// host:port, spaces, an empty string) is no peer a decode worker can reach.
+// validHost reports whether h is an IP address (without zone) or a DNS host name
+// (tenant.IsHostName). A transfer peer named otherwise (a URL, a host:port, spaces, an empty
+// string) is no peer a decode worker can reach.
 func validHost(h string) bool {
 	if a, err := netip.ParseAddr(h); err == nil {
 		return a.Zone() == ""
 	}
-	h = strings.TrimSuffix(h, ".")
-	if h == "" || len(h) > 253 {
-		return false
-	}
-	for label := range strings.SplitSeq(h, ".") {
-		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
-			return false
-		}
-		for i := 0; i < len(label); i++ {
-			c := label[i]
-			if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
-				return false
-			}
-		}
-	}
-	return true
+	return tenant.IsHostName(h)
 }

@@ -30,8 +30,8 @@ import (
 // the engine renders it as it will serve it. An adapter's tokens go to the policy with the
 // adapter's name (policy.Input.LoRA): engines key an adapter's blocks apart. The wait is bounded by
 // --tokenize-timeout-secs plus --tokenize-timeout-per-kib-ms for each KiB asked (tokenizeTimeout),
-// after which the request routes as it would without events. Answers are
-// kept by route and history key, so a retried or repeated prompt is not tokenized twice.
+// after which the request routes as it would without events. Answers are kept by route and
+// history key, so a retried or repeated prompt is not tokenized twice.
 //
 // A chat is asked with its messages and tools as sent. A Responses or Messages body is asked as
 // the chat vLLM converts it to (package chatform); one that cannot be converted exactly (images,
@@ -239,10 +239,10 @@ func convertedTokenAsk(convert func([]byte) (*chatform.Chat, error)) tokenAsk {
 
 // tokenizeTimeout bounds one /tokenize call of size bytes: base, plus perKiB for each KiB begun.
 // An engine renders and tokenizes the whole prompt, and the router reads one number per token,
-// so the call's time grows with the prompt (about 0.2 ms per KiB against the simulator, more with
-// a real chat template and tokenizer): a fixed bound would cut every long prompt off, and route
-// exactly the requests whose placement matters most (the longest prefills) without the events.
-// The body's bound (--max-payload-size) bounds the wait.
+// so the call's time grows with the prompt (about 0.2 ms per KiB against the simulator; a real
+// engine's template and tokenizer take their own time): a fixed bound would cut every long prompt
+// off, and route exactly the requests whose placement matters most (the longest prefills)
+// without the events. The body's bound (--max-payload-size) bounds the wait.
 func tokenizeTimeout(base, perKiB time.Duration, size int) time.Duration {
 	return base + perKiB*time.Duration((size+1023)/1024)
 }

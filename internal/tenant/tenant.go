@@ -51,8 +51,8 @@ func isRank(s string) bool {
 
 // NormalizeURL is the one place a worker URL given by a user (flag, config file, admin API,
 // discovery) is checked and put in canonical form, so that every spelling of one worker is one
-// worker: it must be an absolute http or https URL with a host, a port from 1 to 65535 if any, and
-// no query or fragment; then
+// worker: it must be an absolute http or https URL with a host (an IP address or a host name,
+// IsHostName), a port from 1 to 65535 if any, and no query or fragment; then
 //
 //   - surrounding spaces are removed, and the scheme and a host name are lower-cased;
 //   - an IP address is written in its canonical form ("[0:0::1]" → "[::1]", an IPv4-mapped IPv6
@@ -80,6 +80,9 @@ func NormalizeURL(raw string) (string, error) {
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Hostname() == "" || u.RawQuery != "" || u.ForceQuery ||
 		u.Fragment != "" || u.Opaque != "" {
 		return "", fmt.Errorf("malformed worker URL %q: want http(s)://host[:port][/path]", Redact(raw))
+	}
+	if _, err := netip.ParseAddr(u.Hostname()); err != nil && !IsHostName(u.Hostname()) {
+		return "", fmt.Errorf("malformed worker URL %q: %q is neither an IP address nor a host name", Redact(raw), u.Hostname())
 	}
 	port := u.Port()
 	if port != "" {
@@ -113,6 +116,28 @@ func NormalizeURL(raw string) (string, error) {
 			Redact(s), Redact(base))
 	}
 	return s, nil
+}
+
+// IsHostName reports whether h is a DNS host name: dot-separated labels of 1 to 63 letters,
+// digits, hyphens and underscores, none starting or ending with a hyphen, 253 bytes at most, and
+// an optional final dot.
+func IsHostName(h string) bool {
+	h = strings.TrimSuffix(h, ".")
+	if h == "" || len(h) > 253 {
+		return false
+	}
+	for label := range strings.SplitSeq(h, ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for i := 0; i < len(label); i++ {
+			c := label[i]
+			if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // canonicalHost writes a URL's host: an IP address in its canonical form (IPv6 in brackets, its

@@ -44,7 +44,8 @@ func TestParseURLSpellsEachWorkerOneWay(t *testing.T) {
 
 func TestParseURLRefusesWhatNormalizeURLRefuses(t *testing.T) {
 	for _, raw := range []string{"", "127.0.0.1:8000", "localhost:8000", "ftp://127.0.0.1", "http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/x/../v1/",
-		"http://127.0.0.1:8000?x=1", "http://127.0.0.1:8000/?", "http://127.0.0.1:0", "http://127.0.0.1:65536", "http://:8000"} {
+		"http://127.0.0.1:8000?x=1", "http://127.0.0.1:8000/?", "http://127.0.0.1:0", "http://127.0.0.1:65536", "http://:8000",
+		"http://%25:8000", "http://a..b:8000", "http://-a:8000"} {
 		if u, err := ParseURL(raw); err == nil || !u.IsZero() {
 			t.Errorf("ParseURL(%q) = %q, %v; want the zero URL and an error", raw, u, err)
 		}
@@ -59,4 +60,23 @@ func TestURLRedactedHidesCredentials(t *testing.T) {
 	if !u.HasCredentials() || u.Redacted() != "http://127.0.0.1:8000" || u.String() != "http://user:pw@127.0.0.1:8000" {
 		t.Fatalf("credentials %v, redacted %q, string %q", u.HasCredentials(), u.Redacted(), u.String())
 	}
+}
+
+// The canonical form is its own canonical form: a worker's identity, given again, is the same
+// worker.
+func FuzzNormalizeURLIsIdempotent(f *testing.F) {
+	for _, seed := range []string{"http://127.0.0.1:8000/x/..", "HTTPS://User:P%40ss@LOCALHOST:0443//a/./b/", "http://[0:0::1]:80/%61 b",
+		"http://[fe80::1%25eth0]:1/", "http://h:8000/a@3", "http://h/%2F/x", "http://%25"} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		once, err := NormalizeURL(raw)
+		if err != nil {
+			return
+		}
+		twice, err := NormalizeURL(once)
+		if err != nil || twice != once {
+			t.Fatalf("%q → %q → %q, %v", raw, once, twice, err)
+		}
+	})
 }
