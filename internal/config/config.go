@@ -21,6 +21,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/policy/registry"
+	"github.com/cacheroute/cacheroute/internal/telemetry"
 	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 	"go.yaml.in/yaml/v3"
@@ -140,9 +141,9 @@ type Config struct {
 	// SessionHashSalt keys the session hash of the access log, traces and debug logs; "" draws a
 	// random one per process. Replicas given the same salt write the same hash for a session.
 	SessionHashSalt string `yaml:"session_hash_salt"`
-	// OTLPTracesEndpoint turns tracing on: where spans are exported, its scheme picking the
-	// protocol (http(s):// OTLP/HTTP, grpc:// or grpcs:// OTLP/gRPC). Empty: off, unless the
-	// OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT environment variables name one.
+	// OTLPTracesEndpoint turns tracing on: the http(s):// URL spans are exported to over
+	// OTLP/HTTP. Empty: off, unless the OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT environment
+	// variables name one.
 	OTLPTracesEndpoint string `yaml:"otlp_traces_endpoint"`
 	// TraceSampleRatio is the fraction of new traces recorded; requests that bring a trace
 	// context follow its sampled flag.
@@ -405,7 +406,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.StringVar(&c.AdminAPIKey, "admin-api-key", c.AdminAPIKey, "when set, admin endpoints require 'Authorization: Bearer <key>' (env "+AdminAPIKeyEnv+")")
 	fs.StringVar(&c.AccessLog, "access-log", c.AccessLog, "write one JSON line per routed request to this file (appended), or stdout; none by default")
 	fs.StringVar(&c.SessionHashSalt, "session-hash-salt", c.SessionHashSalt, "salt of the session hash in the access log, traces and debug logs; give replicas the same one for hashes that agree (default: random per process; env "+SessionHashSaltEnv+")")
-	fs.StringVar(&c.OTLPTracesEndpoint, "otlp-traces-endpoint", c.OTLPTracesEndpoint, "export OpenTelemetry traces here: http(s)://host:4318 (OTLP/HTTP, path /v1/traces by default) or grpc://host:4317 (OTLP/gRPC; grpcs:// with TLS); off by default (the OTEL_EXPORTER_OTLP_* variables also turn it on)")
+	fs.StringVar(&c.OTLPTracesEndpoint, "otlp-traces-endpoint", c.OTLPTracesEndpoint, "export OpenTelemetry traces here over OTLP/HTTP: http(s)://host:4318 (path /v1/traces by default); off by default (the OTEL_EXPORTER_OTLP_* variables also turn it on)")
 	fs.Float64Var(&c.TraceSampleRatio, "trace-sample-ratio", c.TraceSampleRatio, "fraction of new traces recorded (0..1); a request with a traceparent follows its caller's decision")
 	fs.StringSliceVar(&c.CORSAllowedOrigins, "cors-allowed-origins", c.CORSAllowedOrigins, "web origins (scheme://host[:port], or *) whose pages may call the router from a browser; none: no CORS headers")
 	fs.StringSliceVar(&c.AdminAllowedOrigins, "admin-allowed-origins", c.AdminAllowedOrigins, "web origins (scheme://host[:port]) whose pages may send admin requests that change the router; none: every such request that carries an Origin or Referer is refused")
@@ -816,8 +817,10 @@ func (c Config) Validate() error {
 	if c.TraceSampleRatio < 0 || c.TraceSampleRatio > 1 {
 		bad("trace-sample-ratio", "%v is not between 0 and 1", c.TraceSampleRatio)
 	}
-	if e := c.OTLPTracesEndpoint; e != "" && !slices.ContainsFunc([]string{"http://", "https://", "grpc://", "grpcs://"}, func(p string) bool { return strings.HasPrefix(e, p) }) {
-		bad("otlp-traces-endpoint", "%q: want http(s)://host:port[/path] or grpc(s)://host:port", e)
+	if e := c.OTLPTracesEndpoint; e != "" {
+		if err := telemetry.CheckEndpoint(e); err != nil {
+			bad("otlp-traces-endpoint", "%v", err)
+		}
 	}
 	if !slices.Contains([]string{"text", "json"}, c.LogFormat) {
 		bad("log-format", "unknown format %q (want text or json)", c.LogFormat)

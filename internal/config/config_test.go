@@ -623,6 +623,10 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{"endpoint without slash", func(c *config.Config) { c.HealthCheckEndpoint = "health" }, "--health-check-endpoint"},
 		{"unknown log level", func(c *config.Config) { c.LogLevel = "verbose" }, "--log-level"},
 		{"unknown log format", func(c *config.Config) { c.LogFormat = "xml" }, "--log-format"},
+		{"otlp endpoint without a scheme", func(c *config.Config) { c.OTLPTracesEndpoint = "127.0.0.1:4318" }, "--otlp-traces-endpoint"},
+		{"otlp endpoint over grpc", func(c *config.Config) { c.OTLPTracesEndpoint = "grpc://127.0.0.1:4317" }, "--otlp-traces-endpoint"},
+		{"otlp endpoint over grpc with tls", func(c *config.Config) { c.OTLPTracesEndpoint = "grpcs://127.0.0.1:4317" }, "--otlp-traces-endpoint"},
+		{"otlp http endpoint on the grpc port", func(c *config.Config) { c.OTLPTracesEndpoint = "http://127.0.0.1:4317" }, "--otlp-traces-endpoint"},
 		{"zero tree size", func(c *config.Config) { cacheaware.KnobsIn(c.PolicyOptions).MaxTreeSize = 0 }, "--max-tree-size"},
 		{"zero sessions", func(c *config.Config) { c.MaxSessions = 0 }, "--max-sessions"},
 		{"zero session ttl", func(c *config.Config) { c.SessionTTL = 0 }, "--session-ttl"},
@@ -698,6 +702,7 @@ func TestValidateAccepts(t *testing.T) {
 			c.AdminAllowedOrigins = []string{"https://ops.example", "http://127.0.0.1:8080"}
 		}},
 		{"client write timeout disabled", func(c *config.Config) { c.ClientWriteTimeoutSecs = 0 }},
+		{"an otlp/http endpoint", func(c *config.Config) { c.OTLPTracesEndpoint = "https://127.0.0.1:4318/v1/traces" }},
 		{"stall checks disabled", func(c *config.Config) { c.StallTimeoutSecs = 0 }},
 		{"sub-second client timeouts", func(c *config.Config) {
 			c.ClientHeaderTimeoutSecs, c.ClientBodyTimeoutSecs, c.KeepaliveTimeoutSecs = 0.25, 0.5, 0.1

@@ -33,17 +33,15 @@ func vllmRouterSpelling(_ *pflag.FlagSet, name string) pflag.NormalizedName {
 var logLevelSpellings = map[string]string{"warning": "warn", "critical": "error"}
 
 // takeVLLMRouterValues rewrites the values the vLLM router gives in forms of its own into
-// cacheroute's: --disable-retries, the Python launcher's log levels, and an OTLP endpoint
-// written host:port (the vLLM router exports OTLP over gRPC).
+// cacheroute's: --disable-retries and the Python launcher's log levels. (Its OTLP endpoint
+// written host:port is OTLP/gRPC, which is not exported: Validate refuses it with the OTLP/HTTP
+// URL to give.)
 func (c *Config) takeVLLMRouterValues() {
 	if c.DisableRetries {
 		c.RetryMaxRetries = 0
 	}
 	if to, ok := logLevelSpellings[strings.ToLower(c.LogLevel)]; ok {
 		c.LogLevel = to
-	}
-	if e := c.OTLPTracesEndpoint; e != "" && !strings.Contains(e, "://") {
-		c.OTLPTracesEndpoint = "grpc://" + e
 	}
 }
 

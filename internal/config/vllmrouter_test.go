@@ -87,18 +87,17 @@ func TestVLLMRoutersOtherFlagsAreAcceptedAndReported(t *testing.T) {
 }
 
 // The vLLM router's flags that do something here do the same: its spellings of cacheroute's
-// flags, --disable-retries, the per-role data-parallel sizes, the Python launcher's log levels
-// and an OTLP endpoint written host:port.
+// flags, --disable-retries, the per-role data-parallel sizes and the Python launcher's log levels.
 func TestVLLMRoutersSpellingsMeanWhatTheyMeanThere(t *testing.T) {
 	flagged, c, fs := loadVLLMRouter(t, "--worker-urls", "http://127.0.0.1:8000",
 		"--eviction-interval", "7", "--otel-sampling-ratio", "0.25", "--disable-retries", "--retry-max-retries", "5",
 		"--prefill-data-parallel-size", "4", "--decode-data-parallel-size", "2", "--log-level", "warning",
-		"--otlp-traces-endpoint", "collector:4317", "--cors-allowed-origins", "https://a.example", "https://b.example")
+		"--cors-allowed-origins", "https://a.example", "https://b.example")
 	if v := fs.Lookup("eviction-interval-secs").Value.String(); v != "7" {
 		t.Errorf("--eviction-interval 7 set --eviction-interval-secs to %s", v)
 	}
-	if c.TraceSampleRatio != 0.25 || c.RetryMaxRetries != 0 || c.LogLevel != "warn" || c.OTLPTracesEndpoint != "grpc://collector:4317" {
-		t.Errorf("sample ratio %v, retries %d, log level %q, OTLP endpoint %q", c.TraceSampleRatio, c.RetryMaxRetries, c.LogLevel, c.OTLPTracesEndpoint)
+	if c.TraceSampleRatio != 0.25 || c.RetryMaxRetries != 0 || c.LogLevel != "warn" {
+		t.Errorf("sample ratio %v, retries %d, log level %q", c.TraceSampleRatio, c.RetryMaxRetries, c.LogLevel)
 	}
 	if got := c.RoleDPSize(); got[workers.RolePrefill] != 4 || got[workers.RoleDecode] != 2 || len(got) != 2 {
 		t.Errorf("RoleDPSize() = %v", got)
@@ -112,6 +111,29 @@ func TestVLLMRoutersSpellingsMeanWhatTheyMeanThere(t *testing.T) {
 	for _, l := range []string{"critical", "CRITICAL"} {
 		if _, c, _ := loadVLLMRouter(t, "--worker-urls", "http://127.0.0.1:8000", "--log-level", l); c.LogLevel != "error" {
 			t.Errorf("--log-level %s is %q, want error", l, c.LogLevel)
+		}
+	}
+}
+
+// The vLLM router's OTLP endpoints are OTLP/gRPC, host:port or a URL on 4317, which cacheroute
+// does not export: the start stops with the OTLP/HTTP form to give, rather than sending spans
+// to a gRPC listener.
+func TestVLLMRoutersOTLPEndpointsStopTheStartWithTheOTLPHTTPURL(t *testing.T) {
+	for ep, want := range map[string]string{
+		"127.0.0.1:4317":        "http://127.0.0.1:4318",
+		"localhost:4317":        "http://localhost:4318",
+		"http://127.0.0.1:4317": "port (4318",
+	} {
+		flagged := config.Default()
+		fs := pflag.NewFlagSet("cacheroute", pflag.ContinueOnError)
+		config.BindFlags(fs, &flagged)
+		config.BindVLLMRouterFlags(fs)
+		if err := fs.Parse([]string{"--worker-urls", "http://127.0.0.1:8000", "--otlp-traces-endpoint", ep}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := config.Load(fs, &flagged, "")
+		if err == nil || !strings.Contains(err.Error(), "--otlp-traces-endpoint:") || !strings.Contains(err.Error(), want) {
+			t.Errorf("--otlp-traces-endpoint %s: %v; want an error naming the flag and %q", ep, err, want)
 		}
 	}
 }

@@ -2,7 +2,6 @@ package telemetry
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -11,7 +10,6 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -22,9 +20,8 @@ import (
 // TraceOptions configure the OTLP trace export. With neither Endpoint nor one of the
 // OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT variables set, tracing is off.
 type TraceOptions struct {
-	// Endpoint is where spans go. Its scheme picks the protocol: http:// or https:// is OTLP over
-	// HTTP (the path defaults to /v1/traces), grpc:// is OTLP over gRPC in plaintext and grpcs://
-	// over TLS. Empty: the OTEL_* variables decide (their protocol variable, else http/protobuf).
+	// Endpoint is where spans go, over OTLP/HTTP: http:// or https://, the path defaulting to
+	// /v1/traces. Empty: the OTEL_EXPORTER_OTLP_* variables decide.
 	Endpoint string
 	// SampleRatio is the fraction of new traces recorded; a request that arrives with a trace
 	// context follows its caller's sampling decision.
@@ -91,33 +88,19 @@ func (t *Tracer) Shutdown(ctx context.Context) error {
 }
 
 func newExporter(ctx context.Context, endpoint string) (sdktrace.SpanExporter, error) {
+	if err := checkEnvironment(); err != nil {
+		return nil, err
+	}
 	if endpoint == "" {
-		proto := os.Getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-		if proto == "" {
-			proto = os.Getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
-		}
-		if proto == "grpc" {
-			return otlptracegrpc.New(ctx)
-		}
 		return otlptracehttp.New(ctx)
 	}
-	u, err := url.Parse(endpoint)
-	if err != nil || u.Host == "" {
-		return nil, fmt.Errorf("--otlp-traces-endpoint %q: want http(s)://host:port[/path] or grpc(s)://host:port", endpoint)
+	if err := CheckEndpoint(endpoint); err != nil {
+		return nil, fmt.Errorf("--otlp-traces-endpoint %w", err)
 	}
-	switch u.Scheme {
-	case "http", "https":
-		opts := []otlptracehttp.Option{otlptracehttp.WithEndpointURL(endpoint)}
-		if u.Path == "" || u.Path == "/" {
-			opts = []otlptracehttp.Option{otlptracehttp.WithEndpointURL(strings.TrimSuffix(endpoint, "/") + "/v1/traces")}
-		}
-		return otlptracehttp.New(ctx, opts...)
-	case "grpc":
-		return otlptracegrpc.New(ctx, otlptracegrpc.WithEndpoint(u.Host), otlptracegrpc.WithInsecure())
-	case "grpcs":
-		return otlptracegrpc.New(ctx, otlptracegrpc.WithEndpoint(u.Host))
+	if u, _ := url.Parse(endpoint); u.Path == "" || u.Path == "/" {
+		endpoint = strings.TrimSuffix(endpoint, "/") + "/v1/traces"
 	}
-	return nil, errors.New("--otlp-traces-endpoint: the scheme must be http, https, grpc or grpcs")
+	return otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(endpoint))
 }
 
 // Headers reads and writes request headers for trace context propagation.

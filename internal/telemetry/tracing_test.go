@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 )
@@ -13,7 +14,7 @@ func (h fakeHeaders) Peek(k string) []byte { return []byte(h[k]) }
 func (h fakeHeaders) Set(k, v string)      { h[k] = v }
 
 func clearOTLPEnv(t *testing.T) {
-	for _, k := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"} {
+	for _, k := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"} {
 		t.Setenv(k, "")
 	}
 }
@@ -49,7 +50,7 @@ func TestTracer_OffIsNilAndCostsNoAllocation(t *testing.T) {
 
 func TestTracer_EndpointSchemes(t *testing.T) {
 	clearOTLPEnv(t)
-	for _, ep := range []string{"http://127.0.0.1:4318", "https://collector.example:4318/custom/path", "grpc://127.0.0.1:4317", "grpcs://collector.example:4317"} {
+	for _, ep := range []string{"http://127.0.0.1:4318", "https://127.0.0.1:4318/custom/path", "http://[::1]:4318/"} {
 		tr, err := NewTracer(t.Context(), TraceOptions{Endpoint: ep, SampleRatio: 1})
 		if err != nil || tr == nil {
 			t.Errorf("%s: tracer %v, error %v", ep, tr, err)
@@ -59,11 +60,77 @@ func TestTracer_EndpointSchemes(t *testing.T) {
 		_ = tr.Shutdown(ctx) // nothing queued: nothing to send
 		cancel()
 	}
-	for _, ep := range []string{"ftp://127.0.0.1:21", "localhost:4318"} {
+	for _, ep := range []string{"ftp://127.0.0.1:21", "localhost:4318", "http://", "http://127.0.0.1:4318/%zz"} {
 		if _, err := NewTracer(t.Context(), TraceOptions{Endpoint: ep, SampleRatio: 1}); err == nil {
 			t.Errorf("%s: accepted", ep)
 		}
 	}
+}
+
+// OTLP/gRPC is not exported: an endpoint that asks for it stops the start with the OTLP/HTTP
+// port to use, rather than sending OTLP/HTTP to a gRPC listener that refuses every export.
+func TestTracer_GRPCEndpointIsRefusedWithTheHTTPPort(t *testing.T) {
+	clearOTLPEnv(t)
+	for _, ep := range []string{"grpc://127.0.0.1:4317", "grpcs://127.0.0.1:4317", "http://127.0.0.1:4317", "https://localhost:4317/v1/traces", "127.0.0.1:4317"} {
+		_, err := NewTracer(t.Context(), TraceOptions{Endpoint: ep, SampleRatio: 1})
+		if err == nil {
+			t.Errorf("%s: accepted", ep)
+			continue
+		}
+		if msg := err.Error(); !strings.Contains(msg, "--otlp-traces-endpoint") || !strings.Contains(msg, "OTLP/HTTP") || !strings.Contains(msg, "4318") {
+			t.Errorf("%s: error %q does not name the flag and point to OTLP/HTTP on 4318", ep, msg)
+		}
+	}
+}
+
+func TestTracer_GRPCAskedForByTheEnvironmentIsRefused(t *testing.T) {
+	tests := []struct {
+		name string
+		env  map[string]string
+		want string // the variable the error names
+	}{
+		{"protocol grpc", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "OTEL_EXPORTER_OTLP_PROTOCOL=grpc"},
+		{"traces protocol grpc", map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/v1/traces", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"}, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=grpc"},
+		{"protocol grpc beside the flag", map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "OTEL_EXPORTER_OTLP_PROTOCOL=grpc"},
+		{"endpoint on the grpc port", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"}, "OTEL_EXPORTER_OTLP_ENDPOINT"},
+		{"traces endpoint on the grpc port", map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4317/v1/traces"}, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"},
+		{"unknown protocol", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/proto"}, "OTEL_EXPORTER_OTLP_PROTOCOL=http/proto"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clearOTLPEnv(t)
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			opts := TraceOptions{SampleRatio: 1}
+			if !opts.Enabled() {
+				opts.Endpoint = "http://127.0.0.1:4318"
+			}
+			_, err := NewTracer(t.Context(), opts)
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %q does not name %s", err, tt.want)
+			}
+		})
+	}
+}
+
+// The traces' own protocol variable overrides the general one, as the OTel SDKs read them: a
+// general grpc for other signals leaves traces on OTLP/HTTP.
+func TestTracer_TracesProtocolOverridesTheGeneralOne(t *testing.T) {
+	clearOTLPEnv(t)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
+	tr, err := NewTracer(t.Context(), TraceOptions{SampleRatio: 1})
+	if err != nil || tr == nil {
+		t.Fatalf("tracer %v, error %v", tr, err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+	defer cancel()
+	_ = tr.Shutdown(ctx)
 }
 
 func TestTracer_EnvironmentEndpointTurnsTracingOn(t *testing.T) {
