@@ -2,15 +2,11 @@ package telemetry
 
 import (
 	"context"
-	"fmt"
-	"net/url"
-	"os"
-	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -32,7 +28,8 @@ type TraceOptions struct {
 
 // Enabled reports whether o, with the process environment, asks for traces.
 func (o TraceOptions) Enabled() bool {
-	return o.Endpoint != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != ""
+	_, env := firstSet("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+	return o.Endpoint != "" || env != ""
 }
 
 // Tracer makes the spans of routed requests. A nil *Tracer is tracing off: its methods do
@@ -48,7 +45,11 @@ func NewTracer(ctx context.Context, o TraceOptions) (*Tracer, error) {
 	if !o.Enabled() {
 		return nil, nil
 	}
-	exp, err := newExporter(ctx, o.Endpoint)
+	settings, err := readExportSettings(o.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	exp, err := otlptrace.New(ctx, newOTLPClient(settings))
 	if err != nil {
 		return nil, err
 	}
@@ -85,22 +86,6 @@ func (t *Tracer) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	return t.shutdown(ctx)
-}
-
-func newExporter(ctx context.Context, endpoint string) (sdktrace.SpanExporter, error) {
-	if err := checkEnvironment(); err != nil {
-		return nil, err
-	}
-	if endpoint == "" {
-		return otlptracehttp.New(ctx)
-	}
-	if err := CheckEndpoint(endpoint); err != nil {
-		return nil, fmt.Errorf("--otlp-traces-endpoint %w", err)
-	}
-	if u, _ := url.Parse(endpoint); u.Path == "" || u.Path == "/" {
-		endpoint = strings.TrimSuffix(endpoint, "/") + "/v1/traces"
-	}
-	return otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(endpoint))
 }
 
 // Headers reads and writes request headers for trace context propagation.

@@ -13,9 +13,11 @@ type fakeHeaders map[string]string
 func (h fakeHeaders) Peek(k string) []byte { return []byte(h[k]) }
 func (h fakeHeaders) Set(k, v string)      { h[k] = v }
 
+// clearOTLPEnv unsets, for the test, every variable the exporter reads.
 func clearOTLPEnv(t *testing.T) {
-	for _, k := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"} {
-		t.Setenv(k, "")
+	for _, suffix := range []string{"ENDPOINT", "PROTOCOL", "HEADERS", "TIMEOUT", "COMPRESSION", "CERTIFICATE", "CLIENT_CERTIFICATE", "CLIENT_KEY"} {
+		t.Setenv("OTEL_EXPORTER_OTLP_"+suffix, "")
+		t.Setenv("OTEL_EXPORTER_OTLP_TRACES_"+suffix, "")
 	}
 }
 
