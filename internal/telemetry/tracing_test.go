@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -85,7 +86,10 @@ func TestTracer_GRPCEndpointIsRefusedWithTheHTTPPort(t *testing.T) {
 	}
 }
 
-func TestTracer_GRPCAskedForByTheEnvironmentIsRefused(t *testing.T) {
+// A variable that asks for OTLP/gRPC, or for anything else the exporter cannot honour, stops the
+// start with an error naming it, rather than being ignored.
+func TestTracer_EnvironmentItCannotHonourStopsTheStart(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "missing.pem")
 	tests := []struct {
 		name string
 		env  map[string]string
@@ -97,6 +101,16 @@ func TestTracer_GRPCAskedForByTheEnvironmentIsRefused(t *testing.T) {
 		{"endpoint on the grpc port", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"}, "OTEL_EXPORTER_OTLP_ENDPOINT"},
 		{"traces endpoint on the grpc port", map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4317/v1/traces"}, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"},
 		{"unknown protocol", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/proto"}, "OTEL_EXPORTER_OTLP_PROTOCOL=http/proto"},
+		{"json", map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "OTEL_EXPORTER_OTLP_PROTOCOL=http/json"},
+		{"timeout with a unit", map[string]string{"OTEL_EXPORTER_OTLP_TIMEOUT": "10s"}, "OTEL_EXPORTER_OTLP_TIMEOUT=10s"},
+		{"zero timeout", map[string]string{"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "0"}, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT=0"},
+		{"unknown compression", map[string]string{"OTEL_EXPORTER_OTLP_COMPRESSION": "zstd"}, "OTEL_EXPORTER_OTLP_COMPRESSION=zstd"},
+		{"header without a value", map[string]string{"OTEL_EXPORTER_OTLP_HEADERS": "authorization"}, "OTEL_EXPORTER_OTLP_HEADERS"},
+		{"header name with a space", map[string]string{"OTEL_EXPORTER_OTLP_TRACES_HEADERS": "bad key=v"}, "OTEL_EXPORTER_OTLP_TRACES_HEADERS"},
+		{"header value badly encoded", map[string]string{"OTEL_EXPORTER_OTLP_HEADERS": "k=%zz"}, "OTEL_EXPORTER_OTLP_HEADERS"},
+		{"header value with a line break", map[string]string{"OTEL_EXPORTER_OTLP_HEADERS": "k=a%0D%0Ab"}, "OTEL_EXPORTER_OTLP_HEADERS"},
+		{"missing certificate", map[string]string{"OTEL_EXPORTER_OTLP_CERTIFICATE": missing}, "OTEL_EXPORTER_OTLP_CERTIFICATE"},
+		{"client certificate without its key", map[string]string{"OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": missing}, "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -123,26 +137,12 @@ func TestTracer_GRPCAskedForByTheEnvironmentIsRefused(t *testing.T) {
 // general grpc for other signals leaves traces on OTLP/HTTP.
 func TestTracer_TracesProtocolOverridesTheGeneralOne(t *testing.T) {
 	clearOTLPEnv(t)
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+	rc := newOTLPReceiver(t)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rc.URL)
 	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
 	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
-	tr, err := NewTracer(t.Context(), TraceOptions{SampleRatio: 1})
-	if err != nil || tr == nil {
-		t.Fatalf("tracer %v, error %v", tr, err)
+	traceOneRequest(t, TraceOptions{})
+	if got := rc.received(); len(got) != 1 {
+		t.Errorf("%d exports reached the OTLP/HTTP receiver, want 1", len(got))
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
-	defer cancel()
-	_ = tr.Shutdown(ctx)
-}
-
-func TestTracer_EnvironmentEndpointTurnsTracingOn(t *testing.T) {
-	clearOTLPEnv(t)
-	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:4318/v1/traces")
-	tr, err := NewTracer(t.Context(), TraceOptions{SampleRatio: 1})
-	if err != nil || tr == nil {
-		t.Fatalf("tracer %v, error %v", tr, err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
-	defer cancel()
-	_ = tr.Shutdown(ctx)
 }
