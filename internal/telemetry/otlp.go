@@ -25,11 +25,12 @@ const (
 const defaultExportTimeout = 10 * time.Second
 
 // CheckEndpoint reports whether endpoint is an OTLP/HTTP URL the router can export spans to:
-// http:// or https://, a host, and not the OTLP/gRPC port. Its errors start with the endpoint
-// and say what to give instead.
+// http:// or https://, a host, and not the OTLP/gRPC port. A host:port with no scheme, the
+// vLLM router's form, names an OTLP/gRPC collector there and is refused too. Its errors start
+// with the endpoint and say what to give instead.
 func CheckEndpoint(endpoint string) error {
 	if host, _, err := net.SplitHostPort(endpoint); err == nil && !strings.Contains(endpoint, "://") {
-		return fmt.Errorf("%q: a host:port is the vLLM router's form, which exports OTLP over gRPC, and traces are exported over OTLP/HTTP only; give the collector's OTLP/HTTP URL: http://%s", endpoint, net.JoinHostPort(host, otlpHTTPPort))
+		return fmt.Errorf("%q: a host:port with no scheme names an OTLP/gRPC collector (the vLLM router's form), and traces are exported over OTLP/HTTP only; give the collector's OTLP/HTTP URL: http://%s", endpoint, net.JoinHostPort(host, otlpHTTPPort))
 	}
 	u, err := url.Parse(endpoint)
 	switch {
