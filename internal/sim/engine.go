@@ -225,7 +225,7 @@ func (w *Worker) generate(ctx context.Context, j *job, emit func(tok string) err
 		return err
 	}
 	w.prefilling.Add(int64(computed))
-	prefilled, err := w.sleepFor(s.run, res.PrefillTime)
+	prefilled, err := w.sleepFor(s, res.PrefillTime)
 	w.prefilling.Add(-int64(computed))
 	if err != nil && ctx.Err() != nil {
 		return w.finish(res, ctx.Err(), 0)
@@ -258,7 +258,7 @@ func (w *Worker) generate(ctx context.Context, j *job, emit func(tok string) err
 			// preempted request gets its next token from the recomputation instead.
 			preempted := !w.reserve(s, res.PromptTokens+i)
 			if !preempted {
-				stepped, err := w.sleepFor(s.run, itl+w.prefillInStep(perToken))
+				stepped, err := w.sleepFor(s, itl+w.prefillInStep(perToken))
 				decodeTime += stepped
 				if err != nil {
 					if ctx.Err() != nil {
@@ -325,7 +325,9 @@ func (w *Worker) computed(s *sequence, seq *prompt.Sequence, lora adapter) bool 
 // recomputes a preempted request, until that runs to its end without another preemption. It
 // returns the simulated time this took.
 func (w *Worker) resume(s *sequence, seq *prompt.Sequence, lora adapter, overhead, perToken time.Duration) (time.Duration, error) {
-	start := w.clock.Now()
+	w.eng.mu.Lock()
+	start := s.preemptedAt
+	w.eng.mu.Unlock()
 	var computing time.Duration
 	lost := func() time.Duration {
 		if w.cfg.TimeScale == 0 {
@@ -406,14 +408,22 @@ func (w *Worker) sleep(ctx context.Context, d time.Duration) error {
 	return w.clock.Sleep(ctx, time.Duration(float64(d)*w.cfg.TimeScale))
 }
 
-// sleepFor sleeps as sleep does and returns the simulated time it slept: d, or when ctx ended
-// first, the part of d that had passed on the clock.
-func (w *Worker) sleepFor(ctx context.Context, d time.Duration) (time.Duration, error) {
+// sleepFor sleeps d in s's current admission and returns the simulated time it slept: d, or
+// when the admission or the request ended first, the part of d that had passed by then (by the
+// preemption, when one ended it, however late the goroutine woke).
+func (w *Worker) sleepFor(s *sequence, d time.Duration) (time.Duration, error) {
 	start := w.clock.Now()
-	if err := w.sleep(ctx, d); err != nil {
-		return min(d, w.unscale(w.clock.Now().Sub(start))), err
+	err := w.sleep(s.run, d)
+	if err == nil {
+		return d, nil
 	}
-	return d, nil
+	end := w.clock.Now()
+	w.eng.mu.Lock()
+	if s.preemptedAt.After(start) {
+		end = s.preemptedAt
+	}
+	w.eng.mu.Unlock()
+	return min(d, w.unscale(end.Sub(start))), err
 }
 
 // unscale turns a duration measured on the clock into simulated time.

@@ -57,14 +57,28 @@ func drive(t *testing.T, w *Worker, clock *ManualClock, done <-chan struct{}, st
 			return
 		default:
 		}
+		idle := false
 		waitFor(t, "every running request to sleep", func() bool {
 			select {
 			case <-done:
 				return true
 			default:
 			}
-			return clock.Sleepers() == w.Stats().Running
+			s := w.Stats()
+			idle = s.Running+s.Waiting == 0
+			return clock.Sleepers() == s.Running
 		})
+		if idle { // nothing left to schedule: the requests are writing their answers
+			waitFor(t, "the requests to return", func() bool {
+				select {
+				case <-done:
+					return true
+				default:
+					return false
+				}
+			})
+			return
+		}
 		clock.Advance(step)
 	}
 	t.Fatalf("requests still running after %d steps", limit)

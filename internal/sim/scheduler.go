@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"time"
 
 	"github.com/cacheroute/cacheroute/internal/sim/kvcache"
 	"github.com/cacheroute/cacheroute/internal/sim/prompt"
@@ -65,6 +66,9 @@ type sequence struct {
 	run         context.Context
 	stop        context.CancelCauseFunc
 	preemptions int
+	// preemptedAt is when the last preemption took s's blocks: the time it lost is counted from
+	// then, not from when its goroutine next ran.
+	preemptedAt time.Time
 }
 
 func newScheduler(max int) scheduler { return scheduler{max: max} }
@@ -159,6 +163,7 @@ func (w *Worker) preemptLocked(s *sequence) {
 	s.state, s.ready = seqWaiting, make(chan struct{})
 	sc.waiting = slices.Insert(sc.waiting, 0, s)
 	s.preemptions++
+	s.preemptedAt = w.clock.Now()
 	w.eng.stats.Preemptions++
 	w.metrics.preemptions.Inc()
 	s.stop(errPreempted)
