@@ -40,9 +40,9 @@ func filtered(p []byte) []byte {
 func TestParseReadsVLLMSummedOverEngines(t *testing.T) {
 	for _, p := range [][]byte{page(t, "vllm.txt"), filtered(page(t, "vllm.txt"))} {
 		st, ok := Parse(p)
-		want := workers.EngineStats{Running: 12, Waiting: 3, KVCacheUsage: 0.5, HasKVCacheUsage: true}
+		want := workers.EngineStats{Running: 12, Waiting: 3, KVCacheUsage: 0.5, HasKVCacheUsage: true, KVCapacityTokens: 27000 * 16}
 		if !ok || st != want {
-			t.Fatalf("Parse = %+v, %v; want %+v (running and waiting summed over engines, usage averaged)", st, ok, want)
+			t.Fatalf("Parse = %+v, %v; want %+v (running and waiting summed over engines, usage averaged, capacity from cache_config_info)", st, ok, want)
 		}
 	}
 }
@@ -57,9 +57,28 @@ func TestParseReadsOlderVLLMGPUCacheUsage(t *testing.T) {
 
 func TestParseReadsSGLang(t *testing.T) {
 	st, ok := Parse(page(t, "sglang.txt"))
-	want := workers.EngineStats{Running: 11, Waiting: 4, KVCacheUsage: 0.41, HasKVCacheUsage: true}
+	want := workers.EngineStats{Running: 11, Waiting: 4, KVCacheUsage: 0.41, HasKVCacheUsage: true, KVCapacityTokens: 161721}
 	if !ok || st != want {
 		t.Fatalf("Parse = %+v, %v; want %+v", st, ok, want)
+	}
+}
+
+func TestParseReadsTheKVCapacityFromTheCacheConfigLabels(t *testing.T) {
+	for _, c := range []struct {
+		labels string
+		want   float64
+	}{
+		{`{num_gpu_blocks="100",block_size="16"}`, 1600},
+		{`{block_size="32", num_gpu_blocks="10",cache_dtype="a\"}b"}`, 320},
+		{`{swap_space="4",name="x=\"num_gpu_blocks\"",num_gpu_blocks="8",block_size="16"}`, 128},
+		{`{num_gpu_blocks="None",block_size="16"}`, 0}, // before the engine profiled its memory
+		{`{block_size="16"}`, 0},
+		{`{num_gpu_blocks="-5",block_size="16"}`, 0},
+	} {
+		st, _ := Parse([]byte("vllm:cache_config_info" + c.labels + " 1.0\n"))
+		if st.KVCapacityTokens != c.want {
+			t.Errorf("labels %s: capacity %v, want %v", c.labels, st.KVCapacityTokens, c.want)
+		}
 	}
 }
 

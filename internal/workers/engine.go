@@ -52,6 +52,10 @@ type EngineStats struct {
 	// meaningful only when HasKVCacheUsage.
 	KVCacheUsage    float64
 	HasKVCacheUsage bool
+	// KVCapacityTokens is the tokens the worker's KV caches hold together (vLLM's
+	// cache_config_info num_gpu_blocks × block_size, SGLang's max_total_num_tokens); 0 when its
+	// page does not say.
+	KVCapacityTokens float64
 }
 
 // engineState is one successful scrape of a worker, as a tenant holds it.
@@ -99,6 +103,22 @@ func (w *Worker) SetEngine(mark ScrapeMark, stats EngineStats, ok bool) {
 		}
 	}
 	w.engine.Store(&engineState{stats: stats, share: share, sent: mark.sent, at: mark.at})
+	if stats.KVCapacityTokens > 0 && !w.kvCapacitySet.Load() {
+		ranks := max(int64(w.ranks), 1)
+		w.kvCapacity.Store(int64(stats.KVCapacityTokens) / ranks)
+	}
+}
+
+// KVCapacity is the tokens the tenant's KV cache holds: as set (SetKVCapacity), else as its
+// engine's last page that said (each data-parallel rank an even share of the URL's), else 0 for
+// unknown. A capacity once read stays while later pages do not say.
+func (w *Worker) KVCapacity() int64 { return w.kvCapacity.Load() }
+
+// SetKVCapacity fixes the tenant's KV capacity in tokens (--kv-capacity-tokens), whatever its
+// engine's page says; 0 lets the page say again.
+func (w *Worker) SetKVCapacity(tokens int64) {
+	w.kvCapacity.Store(max(tokens, 0))
+	w.kvCapacitySet.Store(tokens > 0)
 }
 
 // ScrapeFailed counts one failed scrape of the tenant's worker URL. The last figures stay in use

@@ -250,3 +250,22 @@ func BenchmarkLoad(b *testing.B) {
 		})
 	}
 }
+
+func TestTheKVCapacityIsTheEnginesSplitOverItsRanksUntilSetByHand(t *testing.T) {
+	ranks := poolWith(t, Options{DPSize: 2}, "http://w")
+	for _, w := range ranks {
+		w.SetEngine(w.BeginScrape(), EngineStats{Running: 1, KVCapacityTokens: 20000}, true)
+		if w.KVCapacity() != 10000 {
+			t.Fatalf("rank capacity %d, want 10000 (20000 over 2 ranks)", w.KVCapacity())
+		}
+		w.SetEngine(w.BeginScrape(), EngineStats{Running: 1}, true) // a page that does not say
+		if w.KVCapacity() != 10000 {
+			t.Fatalf("capacity %d after a page without it, want 10000 kept", w.KVCapacity())
+		}
+		w.SetKVCapacity(4000)
+		w.SetEngine(w.BeginScrape(), EngineStats{Running: 1, KVCapacityTokens: 20000}, true)
+		if w.KVCapacity() != 4000 {
+			t.Fatalf("capacity %d, want the 4000 set by hand", w.KVCapacity())
+		}
+	}
+}

@@ -39,6 +39,8 @@ type Worker struct {
 	engine        atomic.Pointer[engineState] // last successful scrape with load metrics; nil if none
 	lastScrape    atomic.Int64                // monoNow of the last successful scrape's start; 0 if none
 	scrapeErrors  atomic.Int64
+	kvCapacity    atomic.Int64 // tokens the tenant's KV cache holds, by its engine's page or SetKVCapacity; 0: unknown
+	kvCapacitySet atomic.Bool  // SetKVCapacity fixed it: scrapes leave it alone
 }
 
 // loadConfig is the part of the pool's Options that Load reads.
