@@ -24,7 +24,12 @@ import (
 
 // SessionRecheck is how often the waiting requests are offered room while any wait, besides every
 // Offer: room also appears when a session's pause outlasts its horizon, which nothing announces.
-const SessionRecheck = 100 * time.Millisecond
+// Every SessionRetry the first waiting request is offered a try whatever Fits says, since room
+// can also appear where the policy has not looked yet (a worker that joined the fleet).
+const (
+	SessionRecheck = 100 * time.Millisecond
+	SessionRetry   = time.Second
+)
 
 // sessionTransit bounds how long a request offered a try holds the next back: it chooses at once,
 // so one that has neither placed itself nor waited again by then is not waited for.
@@ -164,7 +169,9 @@ func (q *SessionQueue) Done(t *SessionTicket) {
 
 // Offer offers a try to the first waiting request, in the queue's order, whose need fits, unless
 // one offered before has not settled yet. Call it when room may have appeared.
-func (q *SessionQueue) Offer() {
+func (q *SessionQueue) Offer() { q.offer(q.opts.Fits) }
+
+func (q *SessionQueue) offer(fits func(int) bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	now := q.opts.Now()
@@ -181,7 +188,7 @@ func (q *SessionQueue) Offer() {
 		return 1
 	})
 	for _, t := range order {
-		if q.opts.Fits(t.Need) {
+		if fits(t.Need) {
 			heap.Remove(&q.waiting, t.index)
 			q.transit, q.offered = t, now
 			close(t.ready)
@@ -202,7 +209,8 @@ func (q *SessionQueue) startTicker() {
 
 func (q *SessionQueue) recheck(t *time.Ticker, stop chan struct{}) {
 	defer t.Stop()
-	for {
+	anyway := func(int) bool { return true }
+	for tick := 1; ; tick++ {
 		select {
 		case <-stop:
 			return
@@ -218,7 +226,11 @@ func (q *SessionQueue) recheck(t *time.Ticker, stop chan struct{}) {
 		if idle {
 			return
 		}
-		q.Offer()
+		if tick%int(SessionRetry/SessionRecheck) == 0 {
+			q.offer(anyway)
+		} else {
+			q.Offer()
+		}
 	}
 }
 

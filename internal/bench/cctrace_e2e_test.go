@@ -93,7 +93,7 @@ func TestCCTraceReplayOfARealSessionReachesItsCeilingWhenNothingIsEvicted(t *tes
 		t.Fatalf("cache_aware hit rate %.4f, ceiling %.4f: want the ceiling, nothing being evicted", ca.HitRate, ceiling)
 	}
 	if ca.PredictedHitRate == nil || math.Abs(*ca.PredictedHitRate-ca.HitRate) > 0.02 {
-		t.Fatalf("cache_aware predicted %v, achieved %.4f: the router's history keys should see the reuse", ca.PredictedHitRate, ca.HitRate)
+		t.Fatalf("cache_aware predicted %s, achieved %.4f: the router's history keys should see the reuse", optPct(ca.PredictedHitRate), ca.HitRate)
 	}
 	if !(rr.HitRate < ca.HitRate-0.05) {
 		t.Fatalf("round_robin %.4f, cache_aware %.4f: want round_robin well below", rr.HitRate, ca.HitRate)

@@ -222,6 +222,7 @@ type Config struct {
 	LoadSignal            string        `yaml:"load_signal"`
 	WorkerMetricsInterval time.Duration `yaml:"worker_metrics_interval"`
 	LoadUnitTokens        int           `yaml:"load_unit_tokens"`
+	KVCapacityTokens      int64         `yaml:"kv_capacity_tokens"`
 
 	// Shared session store.
 	SessionStore   string        `yaml:"session_store"`
@@ -442,6 +443,7 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.StringVar(&c.LoadSignal, "load-signal", c.LoadSignal, "the load policies balance on: requests (this router's in flight), tokens (in flight weighted by uncached prompt tokens) or engine (the workers' own running and waiting requests from /metrics, plus this router's sent since)")
 	fs.DurationVar(&c.WorkerMetricsInterval, "worker-metrics-interval", c.WorkerMetricsInterval, "with --load-signal engine: period of each worker's /metrics scrape")
 	fs.IntVar(&c.LoadUnitTokens, "load-unit-tokens", c.LoadUnitTokens, "uncached prompt tokens worth one request in flight: a match's saving against a holder's load (cost mode), and a prefill's weight in the tokens signal")
+	fs.Int64Var(&c.KVCapacityTokens, "kv-capacity-tokens", c.KVCapacityTokens, "tokens each worker's (each data-parallel rank's) KV cache holds, for the engines whose /metrics do not say it (vLLM's cache_config_info, SGLang's max_total_num_tokens); 0: read from the engines")
 	fs.StringVar(&c.SessionStore, "session-store", c.SessionStore, "cache_aware session map: memory (this process) or redis (shared by every replica)")
 	fs.StringVar(&c.RedisURL, "redis-url", c.RedisURL, "redis:// or rediss:// URL of the shared session store (env "+RedisURLEnv+")")
 	fs.StringVar(&c.RedisKeyPrefix, "redis-key-prefix", c.RedisKeyPrefix, "prefix of the session store's Redis keys")
@@ -643,6 +645,9 @@ func (c Config) Validate() error {
 	}
 	if c.DPSize < 1 {
 		bad("intra-node-data-parallel-size", "must be at least 1, got %d", c.DPSize)
+	}
+	if c.KVCapacityTokens < 0 {
+		bad("kv-capacity-tokens", "must not be negative, got %d", c.KVCapacityTokens)
 	}
 	for flag, n := range map[string]int{"prefill-data-parallel-size": c.PrefillDPSize, "decode-data-parallel-size": c.DecodeDPSize} {
 		if n < 0 {

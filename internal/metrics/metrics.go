@@ -44,6 +44,14 @@ type Metrics struct {
 	CachedTokensPredicted *prometheus.CounterVec // worker, decision
 	CachedTokensAchieved  *prometheus.CounterVec // worker, decision
 	CacheCorrections      *prometheus.CounterVec // worker
+	// Time to first token of the streamed answers whose policy predicted one, summed: predicted
+	// and achieved, the prediction checked as the cached tokens are.
+	TTFTPredicted *prometheus.CounterVec // worker
+	TTFTAchieved  *prometheus.CounterVec // worker
+	// Requests that waited for KV room for their session (cache_aware's session admission).
+	SessionAdmissionWaiting prometheus.Gauge
+	SessionAdmissionWait    prometheus.Histogram
+	SessionAdmissionWaits   *prometheus.CounterVec // outcome
 
 	SessionStoreRequests *prometheus.CounterVec   // op, result
 	SessionStoreLatency  *prometheus.HistogramVec // op
@@ -147,6 +155,16 @@ func New(pool *workers.Pool) *Metrics {
 			Help: "Prompt tokens asked for routing on KV-cache events, by result: ok, cached (the same prompt was tokenized before), error, timeout (past --tokenize-timeout: the prefix tree routes)."}, []string{"result"}),
 		TokenizeDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: "tokenize_duration_seconds",
 			Help: "Duration of the calls to an engine's /tokenize, failed ones included.", Buckets: storeLatencyBuckets}),
+		TTFTPredicted: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "ttft_predicted_seconds_total",
+			Help: "Time to first token the policy predicted, summed over the streamed answers it predicted one for."}, []string{"worker"}),
+		TTFTAchieved: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "ttft_achieved_seconds_total",
+			Help: "Time to first token those answers took, from the attempt's send to the answer's first byte."}, []string{"worker"}),
+		SessionAdmissionWaiting: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: "session_admission_waiting",
+			Help: "Requests waiting for KV room for their session (cache_aware, --session-admission)."}),
+		SessionAdmissionWait: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: "session_admission_wait_seconds",
+			Help: "Each wait of a request for KV room for its session, until it was offered room, its wait was over, or its client left.", Buckets: latencyBuckets}),
+		SessionAdmissionWaits: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "session_admission_waits_total",
+			Help: "Waits for KV room, by how they ended: offered (room may have appeared: chosen again), timeout (--session-admission-timeout-secs: placed anyway), queue_full (placed anyway), client_gone."}, []string{"outcome"}),
 	}
 	m.Registry.MustRegister(
 		m.Requests, m.RequestDuration, m.TimeToFirstByte, m.Processed, m.PolicyDecisions, m.Retries,
@@ -154,7 +172,8 @@ func New(pool *workers.Pool) *Metrics {
 		m.PromptTokens, m.CachedTokensPredicted, m.CachedTokensAchieved, m.CacheCorrections,
 		m.SessionStoreRequests, m.SessionStoreLatency, m.SessionStoreErrors,
 		m.TenantRequests, m.AccessLogDropped, m.AdmissionQueue, m.AdmissionWait, m.AdmissionRejections, m.PDRequests,
-		m.TokenizeRequests, m.TokenizeDuration,
+		m.TokenizeRequests, m.TokenizeDuration, m.TTFTPredicted, m.TTFTAchieved,
+		m.SessionAdmissionWaiting, m.SessionAdmissionWait, m.SessionAdmissionWaits,
 		poolCollector{pool}, &m.policyState, &m.kvEvents,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -167,6 +186,9 @@ func New(pool *workers.Pool) *Metrics {
 	for _, result := range TokenizeResults {
 		m.TokenizeRequests.WithLabelValues(result)
 	}
+	for _, outcome := range SessionAdmissionOutcomes {
+		m.SessionAdmissionWaits.WithLabelValues(outcome)
+	}
 	return m
 }
 
@@ -177,6 +199,9 @@ const (
 	TokenizeError   = "error"
 	TokenizeTimeout = "timeout"
 )
+
+// SessionAdmissionOutcomes are every outcome label of SessionAdmissionWaits.
+var SessionAdmissionOutcomes = []string{"offered", "timeout", "queue_full", "client_gone"}
 
 // TokenizeResults are every result label of TokenizeRequests.
 var TokenizeResults = []string{TokenizeOK, TokenizeCached, TokenizeError, TokenizeTimeout}
@@ -189,6 +214,8 @@ func (m *Metrics) WorkerAdded(policy string, labels []string, name string) {
 	m.Processed.WithLabelValues(name)
 	m.PolicyDecisions.WithLabelValues(policy, name)
 	m.CacheCorrections.WithLabelValues(name)
+	m.TTFTPredicted.WithLabelValues(name)
+	m.TTFTAchieved.WithLabelValues(name)
 	for _, label := range labels {
 		m.PromptTokens.WithLabelValues(name, label)
 		m.CachedTokensPredicted.WithLabelValues(name, label)
@@ -257,7 +284,8 @@ func (m *Metrics) SessionStoreError(op string) { m.SessionStoreErrors.WithLabelV
 func (m *Metrics) ForgetWorker(name string) {
 	m.Processed.DeleteLabelValues(name)
 	byWorker := prometheus.Labels{"worker": name}
-	for _, vec := range []*prometheus.CounterVec{m.PolicyDecisions, m.PromptTokens, m.CachedTokensPredicted, m.CachedTokensAchieved, m.CacheCorrections} {
+	for _, vec := range []*prometheus.CounterVec{m.PolicyDecisions, m.PromptTokens, m.CachedTokensPredicted, m.CachedTokensAchieved, m.CacheCorrections,
+		m.TTFTPredicted, m.TTFTAchieved} {
 		vec.DeletePartialMatch(byWorker)
 	}
 }

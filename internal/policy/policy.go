@@ -13,11 +13,17 @@
 //     request is worth its prompt tokens (a /tokenize round trip), which Select then sees.
 //   - Select(in) decides without changing any state; the proxy may call it again (without the
 //     refused worker) when the worker's breaker refuses the attempt. What the policy needs to
-//     remember about its choice goes in Decision.State, which only the policy reads.
+//     remember about its choice goes in Decision.State, which only the policy reads. A policy
+//     that admits sessions by KV room may answer a Hold instead of a worker: the proxy waits
+//     where the Hold says, then asks Select again (Input.Held, Input.HoldOver).
 //   - Accepted(in, d) says the proxy accepted the decision (the breaker granted the attempt and
 //     the load is counted): affinity state (a session map, a prefix tree) is taught only here.
-//   - Done(in, d, outcome, usage) says how the attempt ended, with the prompt and cached tokens
-//     the worker reported when its answer said: the only way a policy learns from results.
+//   - FirstByte(in, d, ttft) says the answer's first byte came, ttft after the attempt was sent:
+//     a streamed answer's time to first token (a non-streamed answer's first byte is its end, and
+//     is not told).
+//   - Done(in, d, outcome, usage) says how the attempt ended, with the prompt, output and cached
+//     tokens the worker reported when its answer said: with FirstByte, the only way a policy
+//     learns from results.
 //   - WorkerAdded(url) and WorkerRemoved(url) follow the fleet; Run(ctx) runs the policy's
 //     background loop (a sweep) until ctx ends; Labels, Responses and State describe the policy
 //     to the router (decision labels to count, the map of stored responses, state sizes).
@@ -55,7 +61,9 @@ package policy
 import (
 	"context"
 	"math/rand/v2"
+	"time"
 
+	"github.com/cacheroute/cacheroute/internal/admission"
 	"github.com/cacheroute/cacheroute/internal/reqkey"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -94,6 +102,10 @@ type Input struct {
 	// Size is the request body's length in bytes: the prompt's size when the request has no
 	// routing text.
 	Size int
+	// Held says the request has waited for KV room (a Decision.Hold) at least once; HoldOver says
+	// it may wait no more (its wait's deadline passed, or the queue of waiting requests was full):
+	// the policy places it now.
+	Held, HoldOver bool
 }
 
 // PrefillTokens estimates the prompt tokens a worker that holds held bytes of the request's
@@ -123,12 +135,29 @@ type Decision struct {
 	// Prefill is the prompt tokens the chosen worker is expected to compute (Input.PrefillTokens):
 	// the tokens load signal weighs the attempt by it until the answer's first byte.
 	Prefill int
+	// TTFT is the time to first token the policy predicts on the chosen worker, or 0 when it
+	// predicts none; the router sets it beside the achieved one.
+	TTFT time.Duration
 	// State is the policy's own record of the choice, handed back to it in Accepted and Done;
 	// nothing else reads it.
 	State any
 	// Refusal, when set, says that no worker may take the request (Worker is then nil): the
 	// proxy answers it in the route's error shape, and nothing is accepted.
 	Refusal *Refusal
+	// Hold, when set, says that no worker has KV room for the request's session now (Worker is
+	// then nil): the proxy waits in Hold.Queue, then asks Select again.
+	Hold *Hold
+}
+
+// Hold is a policy's answer that the request should wait for KV room: placed now, its session's
+// working set would make an engine evict the cache of a session that is coming back.
+type Hold struct {
+	// Queue is where requests wait their turn (least attained service first).
+	Queue *admission.SessionQueue
+	// Need is the working set the request brings, in tokens; Served the prompt tokens its session
+	// was served so far.
+	Need   int
+	Served int64
 }
 
 // PredictedCached is the prompt tokens the decision predicts the worker serves from its cache,
@@ -143,12 +172,13 @@ type Refusal struct {
 	Message string // safe to show the client
 }
 
-// Usage is what a worker's answer said about the prompt: its tokens, and how many of them the
-// worker served from its prefix cache. Known is false when the answer did not say (a failure,
-// an answer without usage), and then the counts are 0.
+// Usage is what a worker's answer said about its tokens: the prompt's, how many of them the worker
+// served from its prefix cache, and the output's. Known says the answer reported the prompt and
+// what was cached (vLLM reports cached tokens only with --enable-prompt-tokens-details); Prompt
+// and Output may be set without it. A failure, or an answer without usage, reports nothing.
 type Usage struct {
-	Known          bool
-	Prompt, Cached int
+	Known                  bool
+	Prompt, Cached, Output int
 }
 
 // Policy is the contract every policy follows; see the package doc for the order of the hooks.
@@ -166,6 +196,8 @@ type Policy interface {
 	Select(in Input) Decision
 	// Accepted records a decision the proxy carried out.
 	Accepted(in Input, d Decision)
+	// FirstByte tells that a streamed answer's first byte came ttft after its attempt was sent.
+	FirstByte(in Input, d Decision, ttft time.Duration)
 	// Done tells how the attempt of an accepted decision ended, with what the answer reported.
 	// It returns whether the policy corrected its model of the worker from u (the worker had
 	// evicted what the policy counted on).
@@ -196,6 +228,7 @@ func (Base) WantsTokens(in Input) bool {
 }
 
 func (Base) Accepted(Input, Decision)                          {}
+func (Base) FirstByte(Input, Decision, time.Duration)          {}
 func (Base) Done(Input, Decision, workers.Outcome, Usage) bool { return false }
 func (Base) WorkerAdded(string)                                {}
 func (Base) WorkerRemoved(string)                              {}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/admission"
 	"github.com/cacheroute/cacheroute/internal/clientkeys"
+	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/reqkey"
 )
 
@@ -145,4 +146,68 @@ func rateLimitHeaders(h *fasthttp.ResponseHeader, dim string, q admission.Quota)
 // retryAfter is a Retry-After value in whole seconds, at least 1.
 func retryAfter(d time.Duration) string {
 	return strconv.Itoa(max(1, int((d+time.Second-1)/time.Second)))
+}
+
+// Outcomes of a wait for KV room (session_admission_waits_total; metrics.SessionAdmissionOutcomes).
+const (
+	holdOffered = "offered"     // room may have appeared: the policy chose again
+	holdTimeout = "timeout"     // the wait's deadline passed: placed anyway
+	holdFull    = "queue_full"  // too many waited already: placed anyway
+	holdGone    = "client_gone" // the client left while it waited
+)
+
+// hold waits, as the policy's Hold says, for KV room for the request's session: its place in the
+// session queue is kept across its waits, so a request that lost the room to another waits again
+// where it was. It reports false when the client left; otherwise the policy chooses again, told
+// in ex.in that the request waited, and that it may wait no more when the wait is over.
+func (s *Server) hold(ex *exchange, h *policy.Hold) bool {
+	if ex.held == nil {
+		ex.held, ex.heldIn = &admission.SessionTicket{}, h.Queue
+	}
+	ex.held.Need, ex.held.Served = h.Need, h.Served
+	wait, stop := context.WithDeadline(ex.in.Context, ex.deadline)
+	defer stop()
+	ex.cancelWait.Store(&stop)
+	defer ex.cancelWait.Store(nil)
+	if ex.gone.Load() {
+		stop()
+	}
+	s.metrics.SessionAdmissionWaiting.Inc()
+	start := time.Now()
+	err := h.Queue.Wait(wait, ex.held)
+	s.metrics.SessionAdmissionWaiting.Dec()
+	s.metrics.SessionAdmissionWait.Observe(time.Since(start).Seconds())
+	ex.in.Held = true
+	outcome := holdOffered
+	switch {
+	case err == nil:
+	case errors.Is(err, admission.ErrSessionWaitTimeout):
+		outcome, ex.in.HoldOver = holdTimeout, true
+	case errors.Is(err, admission.ErrSessionWaitFull):
+		outcome, ex.in.HoldOver = holdFull, true
+	case ex.gone.Load():
+		outcome = holdGone
+	default: // the request's own deadline: placed now, for its attempt to end it
+		outcome, ex.in.HoldOver = holdTimeout, true
+	}
+	s.metrics.SessionAdmissionWaits.WithLabelValues(outcome).Inc()
+	if ex.attempts == 0 {
+		// The fleet may have changed while it waited (a worker joined: room): the request's
+		// candidates are the fleet's now. After an attempt they keep the tried workers out.
+		ex.in.Candidates, _, _ = s.candidates(ex.in.Request.Model)
+		ex.in.All = s.pool.All()
+		if ex.pd != nil {
+			s.pdCandidates(ex)
+		}
+	}
+	return outcome != holdGone
+}
+
+// unhold gives the request's place in the session queue up, once it was placed or ended, so the
+// next waiting request is offered room; it may be called on every path.
+func (ex *exchange) unhold() {
+	if ex.held != nil {
+		ex.heldIn.Done(ex.held)
+		ex.held = nil
+	}
 }

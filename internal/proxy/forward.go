@@ -56,7 +56,12 @@ type exchange struct {
 	// cancelWait ends the request's wait for admission; the watch calls it when the client left.
 	cancelWait atomic.Pointer[context.CancelFunc]
 	permit     *admission.Permit // the request's place under the concurrency limits, if any
-	watch      atomic.Pointer[time.Timer]
+	// held is the request's place among the sessions waiting for KV room in heldIn, once the
+	// policy held it; given up when it is placed.
+	held   *admission.SessionTicket
+	heldIn *admission.SessionQueue
+	sentAt time.Time // when the last attempt was sent, for its time to first byte
+	watch  atomic.Pointer[time.Timer]
 
 	// The result, for the exchange's end: the status sent (or statusClientGone), its class when
 	// it is not the status's own (a cut answer), when its first byte went out (zero: none did),
@@ -85,6 +90,7 @@ func (s *Server) end(ctx *fasthttp.RequestCtx, ex *exchange) {
 	ex.ended = true
 	ex.stopWatch()
 	ex.release()
+	ex.unhold()
 	class := ex.class
 	if class == "" {
 		class = metrics.StatusClass(ex.status)
@@ -204,6 +210,13 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string, body *h
 			s.refuse(ctx, ex, dec)
 			return
 		}
+		if dec.Hold != nil {
+			if !s.hold(ex, dec.Hold) {
+				s.finish(ctx, ex, statusClientGone)
+				return
+			}
+			continue // choose again: room may have appeared, or the wait is over
+		}
 		ex.in.Candidates = without(ex.in.Candidates, dec.Worker.URL())
 		at := s.pool.Acquire(dec.Worker)
 		if at == nil {
@@ -212,6 +225,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string, body *h
 		at.Prefill(dec.Prefill)
 		if rt.place == byPolicy {
 			s.policy.Accepted(ex.in, dec)
+			ex.unhold()
 			s.metrics.PolicyDecisions.WithLabelValues(s.policy.Name(), dec.Worker.Name()).Inc()
 		}
 		attempt++
@@ -222,6 +236,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string, body *h
 			s.decidePD(ctx, ex, dec)
 		}
 
+		ex.sentAt = time.Now()
 		resp, conn, f := s.send(ctx, ex, dec.Worker, final)
 		if resp != nil {
 			if ex.pd != nil {

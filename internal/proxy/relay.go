@@ -143,6 +143,7 @@ func (r *relayBody) Read(p []byte) (int, error) {
 		r.firstByte = time.Now()
 		r.ex.trace.FirstByte()
 		r.at.Prefilled() // the prefill is over: the tokens signal stops weighing it
+		r.s.firstByte(r.ex, r.dec, r.firstByte)
 	}
 	r.relayed += int64(n)
 	if r.usage != nil {
@@ -251,18 +252,36 @@ func (r *relayBody) end(writeErr error) {
 	})
 }
 
+// firstByte tells the policy a streamed answer's time to first token (a non-streamed answer's
+// first byte is its end), and counts it beside the time the policy predicted.
+func (s *Server) firstByte(ex *exchange, dec policy.Decision, at time.Time) {
+	if !ex.in.Request.Stream || ex.route.place != byPolicy || ex.sentAt.IsZero() {
+		return
+	}
+	ttft := at.Sub(ex.sentAt)
+	s.policy.FirstByte(ex.in, dec, ttft)
+	if dec.TTFT > 0 {
+		worker := dec.Worker.Name()
+		s.metrics.TTFTPredicted.WithLabelValues(worker).Add(dec.TTFT.Seconds())
+		s.metrics.TTFTAchieved.WithLabelValues(worker).Add(ttft.Seconds())
+	}
+}
+
 // checkCache counts the cached tokens the worker reported against what the policy predicted,
-// and returns them as the policy's Done hears them: unknown when the answer did not say what it
-// served from cache.
+// and returns the usage as the policy's Done hears it: the prompt and output when the answer
+// said, and the cached tokens (Known) when it also said what it served from cache.
 func (s *Server) checkCache(ex *exchange, dec policy.Decision, u usageResult) policy.Usage {
-	if !u.cachedKnown || ex.route.place != byPolicy || u.prompt <= 0 {
+	if !u.ok || ex.route.place != byPolicy || u.prompt <= 0 {
 		return policy.Usage{}
+	}
+	if !u.cachedKnown {
+		return policy.Usage{Prompt: u.prompt, Output: u.output}
 	}
 	worker := dec.Worker.Name()
 	s.metrics.PromptTokens.WithLabelValues(worker, dec.Label).Add(float64(u.prompt))
 	s.metrics.CachedTokensPredicted.WithLabelValues(worker, dec.Label).Add(dec.PredictedCached(u.prompt))
 	s.metrics.CachedTokensAchieved.WithLabelValues(worker, dec.Label).Add(float64(u.cached))
-	return policy.Usage{Known: true, Prompt: u.prompt, Cached: u.cached}
+	return policy.Usage{Known: true, Prompt: u.prompt, Cached: u.cached, Output: u.output}
 }
 
 // learn tells the policy where a stored response lives, from an answer that succeeded: the

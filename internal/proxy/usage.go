@@ -38,11 +38,12 @@ func (u *usageSniffer) release() {
 	sniffers.Put(u)
 }
 
-// usageResult is what an answer's usage said of its prompt; ok is false when it said nothing,
-// cachedKnown when it did not say how much of the prompt came from the cache.
+// usageResult is what an answer's usage said of its prompt and output; ok is false when it said
+// nothing of the prompt, cachedKnown when it did not say how much of the prompt came from the
+// cache.
 type usageResult struct {
-	prompt, cached  int
-	ok, cachedKnown bool
+	prompt, cached, output int
+	ok, cachedKnown        bool
 }
 
 // feed looks at the next bytes of the answer.
@@ -86,6 +87,8 @@ type usage struct {
 	} `json:"input_tokens_details"`
 	CacheRead     *int `json:"cache_read_input_tokens"` // Messages
 	CacheCreation *int `json:"cache_creation_input_tokens"`
+	Completion    int  `json:"completion_tokens"` // chat, completions
+	Output        int  `json:"output_tokens"`     // Responses, Messages
 }
 
 // tokens returns what the usage reports of the prompt, if it reports a prompt. The cached count
@@ -107,6 +110,7 @@ func (u *usage) tokens() (r usageResult) {
 			r.cached = u.InputTokensDetails.CachedTokens
 		}
 	}
+	r.output = max(u.Completion, u.Output, 0)
 	return r
 }
 
@@ -119,19 +123,25 @@ func deref(p *int) int {
 
 // result returns what the answer's usage said of its prompt (ok is false when it reported none).
 func (u *usageSniffer) result() usageResult {
-	if r := lastUsage(u.tail()); r.ok {
-		return r
+	tail := lastUsage(u.tail())
+	if tail.ok {
+		return tail
 	}
-	return lastUsage(u.head)
+	r := lastUsage(u.head)
+	r.output = max(r.output, tail.output)
+	return r
 }
 
-// lastUsage reads the last "usage" object in data that reports a prompt.
+// lastUsage reads the last "usage" object in data that reports a prompt, with the output tokens
+// of the last usage object of all (an Anthropic stream counts its output once more at its end,
+// in a usage without the prompt).
 func lastUsage(data []byte) usageResult {
 	key := []byte(`"usage"`)
+	output, last := 0, true
 	for end := len(data); ; {
 		i := bytes.LastIndex(data[:end], key)
 		if i < 0 {
-			return usageResult{}
+			return usageResult{output: output} // no prompt reported: ok is false
 		}
 		end = i
 		rest := bytes.TrimLeft(data[i+len(key):], " \t\r\n")
@@ -142,7 +152,12 @@ func lastUsage(data []byte) usageResult {
 		if json.NewDecoder(bytes.NewReader(rest[1:])).Decode(&u) != nil {
 			continue
 		}
-		if r := u.tokens(); r.ok {
+		r := u.tokens()
+		if last {
+			output, last = r.output, false
+		}
+		if r.ok {
+			r.output = max(r.output, output)
 			return r
 		}
 	}

@@ -8,25 +8,25 @@ import (
 func TestUsageIsFoundInEveryAPIsAnswer(t *testing.T) {
 	filler := "data: {\"choices\":[{\"delta\":{\"content\":\"" + strings.Repeat("token ", 3000) + "\"}}]}\n\n"
 	for _, tc := range []struct {
-		name, answer    string
-		prompt, cached  int
-		ok, cachedKnown bool
+		name, answer           string
+		prompt, cached, output int
+		ok, cachedKnown        bool
 	}{
-		{"chat json", `{"id":"c","choices":[],"usage":{"prompt_tokens":100,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":64}}}`, 100, 64, true, true},
-		{"chat json without details (vLLM by default)", `{"usage":{"prompt_tokens":7,"completion_tokens":1}}`, 7, 0, true, false},
-		{"chat stream, usage chunk after a long answer", filler + "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":300,\"prompt_tokens_details\":{\"cached_tokens\":256}}}\n\ndata: [DONE]\n\n", 300, 256, true, true},
-		{"chat stream without usage", filler + "data: [DONE]\n\n", 0, 0, false, false},
+		{"chat json", `{"id":"c","choices":[],"usage":{"prompt_tokens":100,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":64}}}`, 100, 64, 5, true, true},
+		{"chat json without details (vLLM by default)", `{"usage":{"prompt_tokens":7,"completion_tokens":1}}`, 7, 0, 1, true, false},
+		{"chat stream, usage chunk after a long answer", filler + "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":300,\"completion_tokens\":3000,\"prompt_tokens_details\":{\"cached_tokens\":256}}}\n\ndata: [DONE]\n\n", 300, 256, 3000, true, true},
+		{"chat stream without usage", filler + "data: [DONE]\n\n", 0, 0, 0, false, false},
 		{"responses stream", "event: response.created\ndata: {\"response\":{\"id\":\"r\",\"usage\":null}}\n\n" +
-			"event: response.completed\ndata: {\"response\":{\"id\":\"r\",\"usage\":{\"input_tokens\":50,\"input_tokens_details\":{\"cached_tokens\":32},\"output_tokens\":3}}}\n\n", 50, 32, true, true},
+			"event: response.completed\ndata: {\"response\":{\"id\":\"r\",\"usage\":{\"input_tokens\":50,\"input_tokens_details\":{\"cached_tokens\":32},\"output_tokens\":3}}}\n\n", 50, 32, 3, true, true},
 		{"messages stream: input in message_start, only output at the end", "event: message_start\ndata: {\"message\":{\"usage\":{\"input_tokens\":20,\"cache_read_input_tokens\":80,\"cache_creation_input_tokens\":0,\"output_tokens\":1}}}\n\n" +
-			filler + "event: message_delta\ndata: {\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":9}}\n\n", 100, 80, true, true},
+			filler + "event: message_delta\ndata: {\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":9}}\n\n", 100, 80, 9, true, true},
 	} {
 		u := newUsageSniffer()
 		for chunk := range chunks(tc.answer, 333) { // in pieces, as reads deliver it
 			u.feed([]byte(chunk))
 		}
 		got := u.result()
-		if want := (usageResult{tc.prompt, tc.cached, tc.ok, tc.cachedKnown}); got != want {
+		if want := (usageResult{tc.prompt, tc.cached, tc.output, tc.ok, tc.cachedKnown}); got != want {
 			t.Errorf("%s: %+v, want %+v", tc.name, got, want)
 		}
 	}

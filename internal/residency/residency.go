@@ -86,6 +86,9 @@ type Session struct {
 	// Tokens is its working set: its last turn's prompt and output tokens, or the prompt of a
 	// turn still in flight when that is larger.
 	Tokens int
+	// Prompt is its last turn's prompt tokens: the prefix of its next turn its worker holds, while
+	// resident (its output is cached too, but a client seldom sends it back token for token).
+	Prompt int
 	// Resident says its worker's cache likely still holds it: no event reported its blocks
 	// evicted, and the working sets of the sessions its worker served since it last ran, its own
 	// included, fit the worker's capacity (an engine evicts the least recently used blocks
@@ -107,6 +110,7 @@ type session struct {
 	key      string
 	worker   *worker
 	tokens   int
+	prompt   int
 	inFlight int
 	evicted  bool
 	turns    int
@@ -194,7 +198,7 @@ func (t *Tracker) Session(key string) (Session, bool) {
 		return Session{}, false
 	}
 	now := t.opts.Now()
-	return Session{Worker: s.worker.name, Tokens: s.tokens, Resident: t.resident(s), Live: t.live(s, now),
+	return Session{Worker: s.worker.name, Tokens: s.tokens, Prompt: s.prompt, Resident: t.resident(s), Live: t.live(s, now),
 		Served: s.served, Turns: s.turns}, true
 }
 
@@ -246,17 +250,52 @@ func (t *Tracker) Room(worker string) (room int, ok bool) {
 	if w == nil || w.capacity == 0 {
 		return 0, false
 	}
-	return t.room(w, t.opts.Now()), true
+	room, _ = t.room(w, t.opts.Now())
+	return room, true
 }
 
-func (t *Tracker) room(w *worker, now time.Time) int {
-	room := int(float64(w.capacity) * (1 - t.opts.Headroom))
+// room is w's room and the count of its live sessions.
+func (t *Tracker) room(w *worker, now time.Time) (room, live int) {
+	room = int(float64(w.capacity) * (1 - t.opts.Headroom))
 	for e := w.sessions.Front(); e != nil; e = e.Next() {
 		if s := e.Value.(*session); t.live(s, now) {
 			room -= s.tokens
+			live++
 		}
 	}
-	return room
+	return room, live
+}
+
+// FitsOn reports whether worker can take a new session of need tokens: its capacity is unknown,
+// its room holds need, or none of its sessions is live (there is nothing to protect, and waiting
+// would not make a working set larger than the whole cache fit).
+func (t *Tracker) FitsOn(worker string, need int) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	w := t.workers[worker]
+	return w == nil || t.fits(w, need, t.opts.Now())
+}
+
+func (t *Tracker) fits(w *worker, need int, now time.Time) bool {
+	if w.capacity == 0 {
+		return true
+	}
+	room, live := t.room(w, now)
+	return room >= need || live == 0
+}
+
+// Fits reports whether some worker of known capacity can take a new session of need tokens
+// (FitsOn).
+func (t *Tracker) Fits(need int) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.opts.Now()
+	for _, w := range t.workers {
+		if w.capacity > 0 && t.fits(w, need, now) {
+			return true
+		}
+	}
+	return false
 }
 
 // Live is the count of worker's live sessions.
@@ -267,13 +306,8 @@ func (t *Tracker) Live(worker string) int {
 	if w == nil {
 		return 0
 	}
-	n, now := 0, t.opts.Now()
-	for e := w.sessions.Front(); e != nil; e = e.Next() {
-		if t.live(e.Value.(*session), now) {
-			n++
-		}
-	}
-	return n
+	_, live := t.room(w, t.opts.Now())
+	return live
 }
 
 // Started records a turn of key placed on worker with prompt tokens: the session moves there if
@@ -299,7 +333,7 @@ func (t *Tracker) Started(key, worker string, prompt int) {
 		}
 		s.worker = t.worker(worker)
 		s.inWorker = s.worker.sessions.PushFront(s)
-		s.tokens = 0
+		s.tokens, s.prompt = 0, 0
 	} else {
 		s.worker.sessions.MoveToFront(s.inWorker)
 	}
@@ -330,7 +364,7 @@ func (t *Tracker) Ended(key string, prompt, output int, ok bool) {
 	}
 	s.inFlight--
 	if ok && prompt > 0 {
-		s.tokens = prompt + max(output, 0)
+		s.tokens, s.prompt = prompt+max(output, 0), prompt
 	}
 	now := t.opts.Now()
 	s.lastEnd, s.lastUse = now, now

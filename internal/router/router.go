@@ -76,6 +76,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		DisableCircuitBreaker: cfg.DisableCircuitBreaker,
 		LoadSignal:            cfg.LoadSignal,
 		LoadUnitTokens:        cfg.LoadUnitTokens,
+		KVCapacityTokens:      cfg.KVCapacityTokens,
 		EngineMaxAge:          workers.EngineMaxAge(cfg.WorkerMetricsInterval),
 	})
 	allowed, err := tenant.ParseAllowed(cfg.WorkerURLAllow)

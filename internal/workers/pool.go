@@ -27,6 +27,9 @@ type Options struct {
 	// EngineMaxAge is how long scraped engine figures are routed on after their scrape began
 	// (EngineMaxAge(interval) is the rule; 1s when 0).
 	EngineMaxAge time.Duration
+	// KVCapacityTokens, when positive, is every tenant's KV capacity in tokens whatever its
+	// engine's page says (Worker.SetKVCapacity).
+	KVCapacityTokens int64
 }
 
 // Pool is the set of workers. Reads (every routed request) take an immutable snapshot without
@@ -113,6 +116,9 @@ func (p *Pool) AddAs(url string, role Role) ([]*Worker, error) {
 	}
 	for _, w := range added {
 		w.SetRole(role)
+		if p.opts.KVCapacityTokens > 0 {
+			w.SetKVCapacity(p.opts.KVCapacityTokens)
+		}
 	}
 	next := append(slices.Clip(old), added...)
 	p.snapshot.Store(&next)

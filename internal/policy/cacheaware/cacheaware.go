@@ -88,6 +88,9 @@ type Options struct {
 	// OffloadedWeight is what a block an engine holds offloaded (its BlockStored medium not the
 	// GPU) is worth against a GPU block when the events weigh candidates, 0 to 1.
 	OffloadedWeight float64
+	// Pressure, when set, places the requests with a session key by what the workers' KV caches
+	// can hold once their capacities are known (pressure.go); nil: the chain alone.
+	Pressure *PressureOptions
 }
 
 // Reporter receives the policy's state events (policy.Reporter).
@@ -106,6 +109,7 @@ type Policy struct {
 	log      *slog.Logger
 	tree     *prefixtree.Tree
 	blocks   *sessionBlocks // the first block of each session's last turn, for the events' check
+	pressure *pressure      // nil: the pressure-aware placement is off
 }
 
 // New returns the policy. r may be nil (nothing reported).
@@ -115,6 +119,12 @@ func New(opts Options, r Reporter, log *slog.Logger) *Policy {
 	}
 	p := &Policy{opts: opts, reporter: r, log: log, tree: prefixtree.New(opts.MaxTreeSize),
 		blocks: newSessionBlocks(opts.MaxSessions)}
+	if o := opts.Pressure; o != nil {
+		ro := o.Residency
+		ro.MaxSessions = opts.MaxSessions
+		o.Residency = ro
+		p.pressure = newPressure(*o)
+	}
 	if opts.Store != nil {
 		p.store = opts.Store
 		if s, ok := opts.Store.(interface{ Sweep() int }); ok {
@@ -154,7 +164,8 @@ func (p *Policy) Name() string { return Name }
 // Labels lists every label the chain gives, for the per-label decision counter.
 func (p *Policy) Labels() []string {
 	return []string{LabelResponseMatch, LabelResponseGone, LabelResponseUnavailable, LabelLoadBalance, LabelSessionMatch, LabelSessionEvicted, LabelFullHistoryMatch, LabelStaleTenant, LabelHistoryLowMatch,
-		LabelEmptyHistory, LabelCacheAffinity, LabelLowMatch, LabelFirstHealthyFallback, LabelKVEventsMatch}
+		LabelEmptyHistory, LabelCacheAffinity, LabelLowMatch, LabelFirstHealthyFallback, LabelKVEventsMatch,
+		LabelSessionMoved, LabelKVRoom, LabelKVRoomWaited, LabelKVRoomExhausted}
 }
 
 func (p *Policy) report(kind string, n int) {
@@ -208,6 +219,9 @@ func (p *Policy) Select(in policy.Input) policy.Decision {
 			return dec
 		}
 	}
+	if p.pressure.active(d) {
+		return p.place(d)
+	}
 	d.minLoad, d.maxLoad = loadRange(in.Candidates)
 
 	w, label := p.choose(d)
@@ -248,6 +262,8 @@ type choice struct {
 	// forget are tenants found gone or unavailable while choosing; Accepted drops their state,
 	// so that Select itself changes nothing.
 	forget []string
+	// session is the pressure model's record of the decision; nil when it did not place it.
+	session *sessionRecord
 }
 
 // choiceOf is the decision's record, or the zero one.
@@ -277,11 +293,25 @@ func (p *Policy) Accepted(in policy.Input, dec policy.Decision) {
 		p.report(evictedTree, p.tree.Insert(d.model, d.text, dec.Worker.Tenant()))
 	}
 	p.recordSession(d, dec.Worker)
+	if rec := choiceOf(dec).session; rec != nil {
+		p.pressure.started(rec, dec.Worker)
+	}
+}
+
+// FirstByte records the time to first token of a decision the pressure model placed, which Done
+// teaches its prediction with once the answer says what the worker computed.
+func (p *Policy) FirstByte(_ policy.Input, dec policy.Decision, ttft time.Duration) {
+	if rec := choiceOf(dec).session; rec != nil {
+		rec.ttft = ttft
+	}
 }
 
 // Done learns from the end of an attempt: a failure is unlearnt (unlearn), and the cached
 // tokens a successful answer reports check the prediction (served).
 func (p *Policy) Done(in policy.Input, dec policy.Decision, o workers.Outcome, u policy.Usage) bool {
+	if rec := choiceOf(dec).session; rec != nil && dec.Worker != nil {
+		p.pressure.ended(in, rec, dec.Worker, o, u)
+	}
 	switch {
 	case o == workers.Failed:
 		p.unlearn(in, dec)

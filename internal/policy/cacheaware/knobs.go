@@ -10,6 +10,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/policy/registry"
+	"github.com/cacheroute/cacheroute/internal/residency"
 )
 
 // HistoryModes lists the accepted --history-match-mode values.
@@ -43,6 +44,12 @@ type Knobs struct {
 	OffloadedBlockWeight float64
 	MaxTreeSize          int
 	EvictionIntervalSecs float64
+	// KV pressure (pressure.go).
+	KVPressure                  bool
+	KVHeadroom                  float64
+	SessionAdmission            bool
+	SessionAdmissionTimeoutSecs float64
+	SessionAdmissionQueueSize   int
 }
 
 // DefaultKnobs are the policy's defaults.
@@ -56,6 +63,12 @@ func DefaultKnobs() *Knobs {
 		OffloadedBlockWeight: DefaultOffloadedBlockWeight,
 		MaxTreeSize:          64 << 20,
 		EvictionIntervalSecs: 120,
+
+		KVPressure:                  true,
+		KVHeadroom:                  residency.DefaultHeadroom,
+		SessionAdmission:            true,
+		SessionAdmissionTimeoutSecs: 120,
+		SessionAdmissionQueueSize:   1024,
 	}
 }
 
@@ -69,6 +82,11 @@ func (k *Knobs) Bind(fs *pflag.FlagSet) {
 	fs.StringVar(&k.HistoryMatchMode, "history-match-mode", k.HistoryMatchMode, "cache_aware: how a match below --cache-threshold counts: cost (the prefill it saves against the holder's load) or threshold (not at all)")
 	fs.StringVar(&k.CacheIndex, "cache-index", k.CacheIndex, "cache_aware, with KV-cache events: what places a request without session id: auto (the engines' events when one holds part of the prompt, else the prefix tree), events (the events alone) or text (the prefix tree alone)")
 	fs.Float64Var(&k.OffloadedBlockWeight, "kv-offloaded-block-weight", k.OffloadedBlockWeight, "cache_aware, with KV-cache events: what a block an engine holds offloaded (CPU, disk) is worth against one on its GPU, 0 to 1")
+	fs.BoolVar(&k.KVPressure, "kv-pressure", k.KVPressure, "cache_aware: place the requests with a session id by what the workers' KV caches hold once their capacities are known (sessions stay while resident, new ones go where their working set fits, by predicted time to first token); false: the decision chain alone")
+	fs.Float64Var(&k.KVHeadroom, "kv-headroom", k.KVHeadroom, "cache_aware, --kv-pressure: share of each worker's KV capacity kept free of live sessions' working sets, for their growth and for requests without a session, above 0 and below 1")
+	fs.BoolVar(&k.SessionAdmission, "session-admission", k.SessionAdmission, "cache_aware, --kv-pressure: a session no worker has KV room for waits in the router for room (least attained service first) instead of making an engine evict a live session")
+	fs.Float64Var(&k.SessionAdmissionTimeoutSecs, "session-admission-timeout-secs", k.SessionAdmissionTimeoutSecs, "cache_aware, --session-admission: the longest a session's request waits for KV room; then it is placed anyway")
+	fs.IntVar(&k.SessionAdmissionQueueSize, "session-admission-queue-size", k.SessionAdmissionQueueSize, "cache_aware, --session-admission: requests that may wait for KV room at once; more are placed anyway")
 	fs.BoolVar(&k.DisableCorrection, "disable-cache-correction", k.DisableCorrection, "cache_aware: keep predicting a worker holds what it was taught even when its answers report far fewer cached tokens (by default its older holds then stop counting)")
 }
 
@@ -95,6 +113,15 @@ func (k *Knobs) Validate() []error {
 	}
 	if !(k.OffloadedBlockWeight >= 0 && k.OffloadedBlockWeight <= 1) {
 		bad("kv-offloaded-block-weight", "must be within [0, 1], got %v", k.OffloadedBlockWeight)
+	}
+	if !(k.KVHeadroom > 0 && k.KVHeadroom < 1) {
+		bad("kv-headroom", "must be within (0, 1), got %v", k.KVHeadroom)
+	}
+	if !(k.SessionAdmissionTimeoutSecs > 0) {
+		bad("session-admission-timeout-secs", "must be positive, got %v", k.SessionAdmissionTimeoutSecs)
+	}
+	if k.SessionAdmissionQueueSize < 1 {
+		bad("session-admission-queue-size", "must be at least 1, got %d", k.SessionAdmissionQueueSize)
 	}
 	if !slices.Contains(CacheIndexes, k.CacheIndex) {
 		bad("cache-index", "unknown index %q (want %s)", k.CacheIndex, strings.Join(CacheIndexes, ", "))
@@ -127,6 +154,20 @@ func (k *Knobs) Options(env policy.Env) Options {
 		SessionTTL:          env.SessionTTL,
 		MaxSessions:         env.MaxSessions,
 		KVIndex:             env.KVIndex,
+		Pressure:            k.pressure(),
+	}
+}
+
+// pressure is the pressure-aware placement's options, nil when --kv-pressure is off.
+func (k *Knobs) pressure() *PressureOptions {
+	if !k.KVPressure {
+		return nil
+	}
+	return &PressureOptions{
+		Residency:        residency.Options{Headroom: k.KVHeadroom},
+		Admission:        k.SessionAdmission,
+		AdmissionTimeout: time.Duration(k.SessionAdmissionTimeoutSecs * float64(time.Second)),
+		AdmissionQueue:   k.SessionAdmissionQueueSize,
 	}
 }
 
