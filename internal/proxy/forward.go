@@ -187,14 +187,6 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string, body *h
 		return
 	}
 
-	// The first-byte timeout runs from the first attempt, once admission and any search are
-	// done, and every attempt waits within it: a fleet of hung workers costs one timeout, not one
-	// per attempt.
-	if fb := s.opts.Upstream.Timeouts.FirstByte; fb > 0 {
-		if t := time.Now().Add(fb); t.Before(ex.headersBy) {
-			ex.headersBy = t
-		}
-	}
 	backoff := s.opts.InitialBackoff
 	var last failure
 	for attempt := 0; ; {
@@ -229,6 +221,16 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string, body *h
 			s.metrics.PolicyDecisions.WithLabelValues(s.policy.Name(), dec.Worker.Name()).Inc()
 		}
 		attempt++
+		if attempt == 1 {
+			// The first-byte timeout runs from the first attempt, once admission, any search and
+			// any wait for KV room are done, and every attempt waits within it: a fleet of hung
+			// workers costs one timeout, not one per attempt.
+			if fb := s.opts.Upstream.Timeouts.FirstByte; fb > 0 {
+				if t := time.Now().Add(fb); t.Before(ex.headersBy) {
+					ex.headersBy = t
+				}
+			}
+		}
 		ex.attempts, ex.decision, ex.worker, ex.match = attempt, dec.Label, dec.Worker.Name(), dec.Match
 		ex.trace.Attempt(attempt, ex.worker)
 		final := len(ex.in.Candidates) == 0 || attempt > s.opts.MaxRetries

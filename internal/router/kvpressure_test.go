@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/cacheroute/cacheroute/internal/config"
 	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
 	"github.com/cacheroute/cacheroute/internal/proxy"
 	"github.com/cacheroute/cacheroute/internal/sim"
@@ -108,12 +109,16 @@ func TestSessionsSharingALongPrefixSpreadAndStay(t *testing.T) {
 
 // admissionRouter is a cache_aware router in front of the given simulated workers, its session
 // admission waiting at most timeout, with the workers' KV capacities read before it returns.
-func admissionRouter(t *testing.T, urls []string, timeout float64) *testRouter {
+// configure, if not nil, changes the rest of its configuration.
+func admissionRouter(t *testing.T, urls []string, timeout float64, configure func(*config.Config)) *testRouter {
 	t.Helper()
 	cfg := testConfig()
 	cfg.Policy = "cache_aware"
 	cfg.WorkerURLs = urls
 	cacheaware.KnobsIn(cfg.PolicyOptions).SessionAdmissionTimeoutSecs = timeout
+	if configure != nil {
+		configure(&cfg)
+	}
 	tr := startRouter(t, cfg)
 	tr.Start(t.Context())
 	waitFor(t, "the workers' KV capacities", func() bool {
@@ -151,9 +156,10 @@ func bigTurn(id string) string {
 
 // A second session whose working set no worker has room for, with the first one live, waits in
 // the router for its --session-admission-timeout-secs, then is placed anyway: kv_room_exhausted,
-// one wait counted as timed out, nobody left waiting.
+// one wait counted as timed out, nobody left waiting. The wait is not the worker's: its first-byte
+// timeout, shorter than the wait, runs from the attempt.
 func TestASessionWithoutRoomWaitsItsTimeoutThenIsPlaced(t *testing.T) {
-	tr := admissionRouter(t, smallKVSims(t, 1).URLs(), 0.3)
+	tr := admissionRouter(t, smallKVSims(t, 1).URLs(), 0.5, func(c *config.Config) { c.FirstByteTimeoutSecs = 0.25 })
 	if resp := tr.post(t, "/v1/chat/completions", bigTurn("a"), "x-session-id", "a"); readAll(t, resp) == "" || resp.StatusCode != 200 {
 		t.Fatalf("first session: %d", resp.StatusCode)
 	}
@@ -172,7 +178,7 @@ func TestASessionWithoutRoomWaitsItsTimeoutThenIsPlaced(t *testing.T) {
 // A session waiting for room is placed as soon as a worker with room joins the fleet.
 func TestAWaitingSessionIsPlacedWhenAWorkerWithRoomJoins(t *testing.T) {
 	fleet := smallKVSims(t, 2)
-	tr := admissionRouter(t, fleet.URLs()[:1], 60)
+	tr := admissionRouter(t, fleet.URLs()[:1], 60, nil)
 	if resp := tr.post(t, "/v1/chat/completions", bigTurn("a"), "x-session-id", "a"); readAll(t, resp) == "" || resp.StatusCode != 200 {
 		t.Fatalf("first session: %d", resp.StatusCode)
 	}
@@ -195,7 +201,7 @@ func TestAWaitingSessionIsPlacedWhenAWorkerWithRoomJoins(t *testing.T) {
 
 // A client that leaves while its session waits for room leaves the queue at once.
 func TestAClientThatLeavesWhileWaitingForRoomLeavesTheQueue(t *testing.T) {
-	tr := admissionRouter(t, smallKVSims(t, 1).URLs(), 60)
+	tr := admissionRouter(t, smallKVSims(t, 1).URLs(), 60, nil)
 	if resp := tr.post(t, "/v1/chat/completions", bigTurn("a"), "x-session-id", "a"); readAll(t, resp) == "" || resp.StatusCode != 200 {
 		t.Fatalf("first session: %d", resp.StatusCode)
 	}
