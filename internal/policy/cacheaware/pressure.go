@@ -166,22 +166,23 @@ func (p *Policy) place(d *decision) policy.Decision {
 }
 
 // resident is the candidate whose cache holds the session, and the prompt tokens it holds; ok is
-// false when none does. The session is resident by the residency model (s, when known), and its
-// worker's engine has not reported its first block evicted. A session this router does not
-// follow (another replica placed its turns, or it was forgotten) is taken as resident on the
-// worker the session store names, its working set unknown: the store's word is the best there is,
+// false when none does. The session store (shared by the router's replicas) names the session's
+// worker; the residency model (s, when known) says whether that worker's cache still holds it,
+// and the engine's events must not have reported its first block evicted. A session the model
+// does not follow on that worker (another replica placed or moved it, or it was forgotten here)
+// is taken as resident there, its working set unknown: the store's word is the best there is,
 // and the turn makes the session known here.
 func (p *Policy) resident(d *decision, rec *sessionRecord, s residency.Session, known bool) (*workers.Worker, int, bool) {
-	tenant, held := s.Worker, min(s.Prompt, rec.prompt)
-	switch {
-	case known && !s.Resident:
+	tenant, ok, err := p.store.Get(d.ctx, d.model, d.key)
+	if err != nil || !ok {
 		return nil, 0, false
-	case !known:
-		t, ok, err := p.store.Get(d.ctx, d.model, d.key)
-		if err != nil || !ok {
+	}
+	held := 0
+	if known && s.Worker == tenant {
+		if !s.Resident {
 			return nil, 0, false
 		}
-		tenant, held = t, 0
+		held = min(s.Prompt, rec.prompt)
 	}
 	w := candidate(d.in.Candidates, tenant)
 	if w == nil {
