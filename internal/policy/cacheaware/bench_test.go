@@ -8,9 +8,11 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/reqkey"
+	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
 // growingChats returns bodies of sessions×turns chat requests, turn-major (turn 0 of every
@@ -236,4 +238,75 @@ func BenchmarkPlainDecode(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkDecisionUnderPressure is the cache_aware decision once the workers' KV capacities are
+// known, at about 100 KB prompts, with 1,000 sessions resident over 8 workers (125 each, sharing
+// a 30 KB system prompt): "resident" is a turn of a resident session (parse, select, accept and
+// the end that updates its working set), "new" the placement of a session not seen before (parse
+// and select: the fit of its working set on every worker and the predicted first token of each).
+func BenchmarkDecisionUnderPressure(b *testing.B) {
+	const sessions, workersN, size = 1000, 8, 100 << 10
+	pool, ws := fleet(b, workersN)
+	for _, w := range ws {
+		w.SetKVCapacity(8_000_000) // 125 sessions of about 25k tokens fit with room to spare
+	}
+	o := defaultOptions()
+	o.Pressure = &PressureOptions{Admission: true, AdmissionTimeout: time.Minute, AdmissionQueue: 16}
+	p := newPolicy(o)
+	rng := rand.New(rand.NewPCG(3, 3))
+	text := func(n int) string {
+		buf := make([]byte, n)
+		for i := range buf {
+			buf[i] = "abcdefghij klmnopqrst uvwxyz"[rng.IntN(28)]
+		}
+		return string(buf)
+	}
+	system := text(30 << 10)
+	body := func(s int, turns ...string) []byte {
+		return []byte(chat(system, append([]string{fmt.Sprintf("session %d: %s", s, text(size-(30<<10)-2<<10))}, turns...), ""))
+	}
+	turn := func(s int, body []byte, done bool) policy.Decision {
+		r, err := reqkey.Parse(http.Header{"X-Session-Id": {fmt.Sprintf("session-%d", s)}}, body)
+		if err != nil {
+			b.Fatal(err)
+		}
+		in := policy.Input{Context: b.Context(), Request: r, Model: r.Model, Candidates: pool.All(), All: pool.All(), Size: len(body)}
+		d := p.Select(in)
+		if d.Worker == nil {
+			b.Fatalf("session %d: no worker (%s)", s, d.Label)
+		}
+		if done {
+			p.Accepted(in, d)
+			p.Done(in, d, workers.Succeeded, policy.Usage{Known: true, Prompt: len(body) / 4, Output: 500})
+		}
+		return d
+	}
+	next := make([][]byte, 64) // the next turn of the first 64 sessions
+	for s := range sessions {
+		first := body(s)
+		turn(s, first, true)
+		if s < len(next) {
+			next[s] = []byte(strings.TrimSuffix(string(first), "]}") + fmt.Sprintf(`,{"role":"assistant","content":%q},{"role":"user","content":%q}]}`, text(1<<10), text(1<<10)))
+		}
+	}
+	b.Run("resident", func(b *testing.B) {
+		b.SetBytes(int64(len(next[0])))
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			if d := turn(i%len(next), next[i%len(next)], true); d.Label != LabelSessionMatch {
+				b.Fatalf("a resident session's turn was %s", d.Label)
+			}
+			i++
+		}
+	})
+	b.Run("new", func(b *testing.B) {
+		fresh := body(sessions)
+		b.SetBytes(int64(len(fresh)))
+		b.ReportAllocs()
+		for b.Loop() {
+			turn(sessions, fresh, false)
+		}
+	})
 }
