@@ -773,7 +773,7 @@ func (c Config) Validate() error {
 	if !(c.ResponseSearchTotalPerSecond >= 0) || math.IsInf(c.ResponseSearchTotalPerSecond, 1) {
 		bad("response-search-total-per-second", "must be a non-negative number (0: no bound), got %v", c.ResponseSearchTotalPerSecond)
 	}
-	// A body counts twice its bytes while it arrives (bodies.go): a bound must hold the largest twice.
+	// A body counts twice its bytes while it arrives (internal/bodies): a bound must hold the largest twice.
 	for flag, bound := range map[string]int64{"max-request-body-bytes-total": c.MaxBodyBytesTotal, "max-request-body-bytes-per-client": c.MaxBodyBytesPerClient} {
 		if bound != 0 && (bound < 0 || bound/2 < c.MaxPayloadSize) {
 			bad(flag, "must be 0 (no bound) or at least twice --max-payload-size %d (a body and its copy), got %d", c.MaxPayloadSize, bound)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/admission"
 	"github.com/cacheroute/cacheroute/internal/kvevents"
+	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -71,23 +72,6 @@ type Metrics struct {
 	policyState policyStateCollector
 	kvEvents    kvEventsCollector
 }
-
-// Upstream error kinds, the values of upstream_errors_total{kind}.
-const (
-	ErrConnect   = "connect"      // the worker could not be reached: dial refused, unreachable, timed out
-	ErrReset     = "reset"        // a connection closed or reset before the worker could have read the request
-	ErrFirstByte = "first_byte"   // no response headers within --first-byte-timeout-secs
-	ErrTimeout   = "timeout"      // --request-timeout-secs passed
-	ErrStatus    = "status_5xx"   // the worker answered 502, 503 or 504 before anything was sent
-	ErrSent      = "after_send"   // the connection failed after the request was written: not retried
-	ErrMidStream = "mid_stream"   // the response broke after bytes reached the client
-	ErrBadReply  = "bad_response" // the worker's response could not be parsed
-	ErrStalled   = "stalled"      // the worker was found stalled before any byte of the answer came
-)
-
-// UpstreamErrorKinds are every value of upstream_errors_total{kind}; each has its series from
-// the start.
-var UpstreamErrorKinds = []string{ErrConnect, ErrReset, ErrFirstByte, ErrTimeout, ErrStatus, ErrSent, ErrMidStream, ErrBadReply, ErrStalled}
 
 // StatusCut is the status_class of requests whose response was cut off after it started (the
 // worker broke off, or the request timeout passed mid-stream): neither a success nor a status.
@@ -180,7 +164,7 @@ func New(pool *workers.Pool) *Metrics {
 	)
 	// Counters with known label values start at 0, so that rate() and alerts have a series
 	// before the first event.
-	for _, kind := range UpstreamErrorKinds {
+	for _, kind := range upstream.Kinds {
 		m.UpstreamErrors.WithLabelValues(kind)
 	}
 	for _, result := range TokenizeResults {

@@ -5,20 +5,21 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/cacheroute/cacheroute/internal/sniff"
 	"github.com/cacheroute/cacheroute/internal/telemetry"
 )
 
 // logAccess writes the access log entry of a request that ended (when the log is on): status
 // and class as requests_total counts them, the worker and decision of the last attempt, the
 // bytes relayed, and the prompt and cached tokens when the answer reported its usage.
-func (s *Server) logAccess(ctx *fasthttp.RequestCtx, ex *exchange, status int, class string, firstByte time.Time, out int64, u usageResult) {
+func (s *Server) logAccess(ctx *fasthttp.RequestCtx, ex *exchange, status int, class string, firstByte time.Time, out int64, u sniff.Tokens) {
 	if s.opts.AccessLog == nil {
 		return
 	}
 	e := telemetry.Entry{
 		Time: ex.start, RequestID: ex.rid, Route: ex.route.path, Method: ex.method, Tenant: ex.caller.Tenant,
 		Decision: ex.decision, Worker: ex.worker, Status: status, StatusClass: class, Attempts: ex.attempts,
-		Seconds: time.Since(ex.start).Seconds(), BytesIn: len(ex.body.bytes), BytesOut: out,
+		Seconds: time.Since(ex.start).Seconds(), BytesIn: len(ex.body.Bytes()), BytesOut: out,
 	}
 	if ex.pd != nil {
 		e.PD = ex.pd.path
@@ -32,11 +33,11 @@ func (s *Server) logAccess(ctx *fasthttp.RequestCtx, ex *exchange, status int, c
 	if !firstByte.IsZero() {
 		e.TTFBSeconds = firstByte.Sub(ex.start).Seconds()
 	}
-	if u.ok {
-		e.PromptTokens = &u.prompt
+	if u.OK {
+		e.PromptTokens = &u.Prompt
 	}
-	if u.cachedKnown {
-		e.CachedTokens = &u.cached
+	if u.CachedKnown {
+		e.CachedTokens = &u.Cached
 	}
 	s.opts.AccessLog.Log(e)
 }

@@ -20,6 +20,8 @@ import (
 	"github.com/cacheroute/cacheroute/internal/fleet"
 	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
+	"github.com/cacheroute/cacheroute/internal/responsesearch"
+	"github.com/cacheroute/cacheroute/internal/sniff"
 	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -116,9 +118,9 @@ func (rw *responsesWorker) serve(w http.ResponseWriter, r *http.Request) {
 // responseID is the id of the response in a non-streamed answer or a stream.
 func responseID(t *testing.T, body string) string {
 	t.Helper()
-	s := newIDSniffer(strings.HasPrefix(body, "event:"))
-	s.feed([]byte(body))
-	id := s.result()
+	s := sniff.NewResponseID(strings.HasPrefix(body, "event:"))
+	s.Feed([]byte(body))
+	id := s.Result()
 	if id == "" {
 		t.Fatalf("no response id in %q", body)
 	}
@@ -262,7 +264,7 @@ func TestResponseIDNoWorkerHadIsAnsweredAtOnceForAWhile(t *testing.T) {
 	if _, h, _ := tp.do(t, http.MethodGet, "/v1/responses/resp_other"); h.Get(HeaderDecision) != labelResponseSearch {
 		t.Fatalf("another unknown id: %s, want a search", h.Get(HeaderDecision))
 	}
-	if !tp.Server.misses.has("resp_nowhere", time.Now()) || tp.Server.misses.has("resp_nowhere", time.Now().Add(responseMissTTL+time.Second)) {
+	if !tp.Server.search.Missed("resp_nowhere", time.Now()) || tp.Server.search.Missed("resp_nowhere", time.Now().Add(responsesearch.MissTTL+time.Second)) {
 		t.Fatal("a miss is not remembered, or remembered past its time")
 	}
 }
@@ -274,7 +276,7 @@ func TestResponseSearchWithAFailedWorkerIsNotRemembered(t *testing.T) {
 	if status, _, _ := tp.do(t, http.MethodGet, "/v1/responses/resp_maybe"); status != http.StatusNotFound {
 		t.Fatalf("GET: %d, want the other worker's 404", status)
 	}
-	if tp.Server.misses.has("resp_maybe", time.Now()) {
+	if tp.Server.search.Missed("resp_maybe", time.Now()) {
 		t.Fatal("a search in which a worker failed was remembered as a miss")
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/metrics"
+	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -41,8 +42,8 @@ func (s *signal) wait(t *testing.T, d time.Duration, what string) {
 // totalUpstreamErrors sums upstream_errors_total over every kind.
 func (tp *testProxy) totalUpstreamErrors() float64 {
 	n := 0.0
-	for _, kind := range []string{metrics.ErrConnect, metrics.ErrReset, metrics.ErrFirstByte, metrics.ErrTimeout,
-		metrics.ErrStatus, metrics.ErrSent, metrics.ErrMidStream, metrics.ErrBadReply} {
+	for _, kind := range []string{upstream.KindConnect, upstream.KindReset, upstream.KindFirstByte, upstream.KindTimeout,
+		upstream.KindStatus, upstream.KindSent, upstream.KindMidStream, upstream.KindBadReply} {
 		n += tp.upstreamErrors(kind)
 	}
 	return n
@@ -112,7 +113,7 @@ func TestClientDisconnect_MidStreamCancelsTheWorkersRequest(t *testing.T) {
 			if got := tp.requests(metrics.StatusCut); got != 0 {
 				t.Errorf("requests_total{status_class=cut} = %v: the client left, the worker did not break off", got)
 			}
-			if got := tp.upstreamErrors(metrics.ErrMidStream); got != 0 {
+			if got := tp.upstreamErrors(upstream.KindMidStream); got != 0 {
 				t.Errorf("upstream_errors_total{kind=mid_stream} = %v, want 0", got)
 			}
 			if st := worker.Breaker().State(); st != workers.BreakerClosed {

@@ -2,11 +2,9 @@ package proxy
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,11 +14,14 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/cacheroute/cacheroute/internal/admission"
+	"github.com/cacheroute/cacheroute/internal/bodies"
 	"github.com/cacheroute/cacheroute/internal/clientkeys"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/reqkey"
+	"github.com/cacheroute/cacheroute/internal/sniff"
 	"github.com/cacheroute/cacheroute/internal/telemetry"
+	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -49,10 +50,10 @@ type exchange struct {
 	match            float64                 // the last attempt's predicted prefix match
 	trace            *telemetry.RequestTrace // nil when tracing is off
 
-	client net.Conn               // the client's connection
-	conn   atomic.Pointer[upConn] // the worker connection in use, for the watch to close
-	gone   atomic.Bool            // the watch saw the client leave
-	done   atomic.Bool            // the exchange ended: the watch must not re-arm
+	client net.Conn      // the client's connection
+	call   upstream.Call // the call to the worker of the current attempt, for the watch to cut
+	gone   atomic.Bool   // the watch saw the client leave
+	done   atomic.Bool   // the exchange ended: the watch must not re-arm
 	// cancelWait ends the request's wait for admission; the watch calls it when the client left.
 	cancelWait atomic.Pointer[context.CancelFunc]
 	permit     *admission.Permit // the request's place under the concurrency limits, if any
@@ -70,14 +71,14 @@ type exchange struct {
 	class     string
 	firstByte time.Time
 	sent      int64
-	usage     usageResult
+	usage     sniff.Tokens
 	err       string
 	// handedOver: the relay streams the answer after forward returns; its body's Close ends the
 	// exchange instead.
 	handedOver bool
 	ended      bool
-	// body is the request's body, which the exchange holds until its end (bodies.go).
-	body *heldBody
+	// body is the request's body, which the exchange holds until its end (package bodies).
+	body *bodies.Body
 }
 
 // end ends the exchange, once, on every path: the client watch stops, the admission place and
@@ -102,7 +103,7 @@ func (s *Server) end(ctx *fasthttp.RequestCtx, ex *exchange) {
 	s.logAccess(ctx, ex, ex.status, class, ex.firstByte, ex.sent, ex.usage)
 	ex.trace.End(telemetry.Outcome{Status: ex.status, StatusClass: class, Attempts: ex.attempts, Decision: ex.decision,
 		Worker: ex.worker, Match: ex.match, Bytes: ex.sent, Err: ex.err})
-	ex.body.release()
+	ex.body.Release()
 }
 
 // clientWatchInterval is how often a running exchange checks whether its client went away. A
@@ -125,7 +126,7 @@ func (ex *exchange) check() {
 	if ex.done.Load() {
 		return
 	}
-	if !peerClosed(ex.client) {
+	if !upstream.PeerClosed(ex.client) {
 		ex.watch.Store(time.AfterFunc(clientWatchInterval, ex.check))
 		return
 	}
@@ -133,9 +134,7 @@ func (ex *exchange) check() {
 	if cancel := ex.cancelWait.Load(); cancel != nil {
 		(*cancel)()
 	}
-	if c := ex.conn.Load(); c != nil {
-		_ = c.conn.Close()
-	}
+	ex.call.Cut()
 }
 
 func (ex *exchange) stopWatch() {
@@ -149,10 +148,10 @@ func (ex *exchange) stopWatch() {
 // Accepted → send, again on another worker while the failure provably started nothing, and finally
 // relay the answer. id is the response id a byResponseID path names; body is the request's body,
 // which the exchange holds until its end.
-func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string, body *heldBody) {
-	body.hold()
+func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string, body *bodies.Body) {
+	body.Hold()
 	ex := &exchange{route: rt, start: time.Now(), client: ctx.Conn(), responseID: id, method: string(ctx.Method()), body: body}
-	ex.deadline = ex.start.Add(s.opts.RequestTimeout)
+	ex.deadline = ex.start.Add(s.opts.Upstream.Timeouts.Request)
 	ex.headersBy = ex.deadline
 	ex.rid = requestID(ctx.Request.Header.Peek(HeaderRequestID))
 	ctx.Response.Header.Set(HeaderRequestID, ex.rid)
@@ -188,7 +187,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string, body *h
 	}
 
 	backoff := s.opts.InitialBackoff
-	var last failure
+	var last upstream.Failure
 	for attempt := 0; ; {
 		// A worker found stalled since the request began (by another request's missed first
 		// byte, or the stall checks) is not tried: the attempt would only wait to fail.
@@ -256,18 +255,18 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string, body *h
 			s.finish(ctx, ex, statusClientGone)
 			return
 		}
-		if f.kind == metrics.ErrFirstByte && at.MissedFirstByte(s.opts.Upstream.Timeouts.FirstByte) {
+		if f.Kind == upstream.KindFirstByte && at.MissedFirstByte(s.opts.Upstream.Timeouts.FirstByte) {
 			s.log.Warn("worker stalled: no byte of any answer within the first-byte timeout; out of rotation until it answers a probe request",
 				"worker", dec.Worker.Name())
 		}
 		at.Close(workers.Failed)
 		ex.pdFailed(f)
-		ex.trace.AttemptFailed(f.kind, f.message)
+		ex.trace.AttemptFailed(f.Kind, f.Message)
 		s.done(ex, dec, workers.Failed, policy.Usage{})
-		s.metrics.UpstreamErrors.WithLabelValues(f.kind).Inc()
-		s.log.Warn("upstream attempt failed", "request_id", ex.rid, "worker", dec.Worker.Name(), "attempt", attempt, "kind", f.kind)
+		s.metrics.UpstreamErrors.WithLabelValues(f.Kind).Inc()
+		s.log.Warn("upstream attempt failed", "request_id", ex.rid, "worker", dec.Worker.Name(), "attempt", attempt, "kind", f.Kind)
 		last = f
-		if !f.retryable || final || !time.Now().Before(ex.headersBy) {
+		if !f.Retryable || final || !time.Now().Before(ex.headersBy) {
 			s.finish(ctx, ex, s.upstreamFailed(ctx, ex, f))
 			return
 		}
@@ -312,7 +311,7 @@ func (s *Server) prepareByPolicy(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 			fmt.Sprintf("model %q is not served here; available models: %s", truncate(req.Model, 200), strings.Join(s.pool.Models(), ", "))))
 		return false
 	}
-	ex.body.derived(len(req.Text)) // the history key or routing text: the copy the body counted
+	ex.body.Derived(len(req.Text)) // the history key or routing text: the copy the body counted
 	ex.in = policy.Input{Context: context.Background(), Request: req, Model: served, Candidates: candidates, All: s.pool.All(), Size: len(ctx.PostBody())}
 	s.addPromptTokens(ex.route, &ex.in, ctx.PostBody())
 	ex.trace.Request(truncate(req.Model, maxShownModel), req.SessionKey)
@@ -351,7 +350,7 @@ func (s *Server) prepareByResponseID(ctx *fasthttp.RequestCtx, ex *exchange) boo
 			return true
 		}
 	}
-	if s.misses.has(ex.responseID, ex.start) {
+	if s.search.Missed(ex.responseID, ex.start) {
 		ex.label = labelResponseMiss
 		ctx.Response.Header.Set(HeaderDecision, labelResponseMiss)
 		s.finish(ctx, ex, s.fail(ctx, ex, fasthttp.StatusNotFound, "invalid_request_error", "response_not_found",
@@ -405,134 +404,34 @@ const errorWriteTimeout = 10 * time.Second
 // (nginx's 499).
 const statusClientGone = 499
 
-// send forwards the request to w, again at once on a new connection when a pooled one turns out
-// to have been closed by the worker. It returns the worker's answer, with its body still to be
-// read from conn, when it is to be relayed (anything but a retryable 5xx, or any answer on the
-// final attempt); otherwise the failure.
-//
-// The re-send dials rather than taking the next pooled connection: a worker that closes its
-// keep-alive connections after each answer, or at a short idle timeout, leaves the pool full of
-// connections that die in the same way, and a re-send that picked them could fail again and
-// again. A new connection is never stale, so there is at most one re-send.
-func (s *Server) send(ctx *fasthttp.RequestCtx, ex *exchange, w *workers.Worker, final bool) (*fasthttp.Response, *upConn, failure) {
-	pool, err := s.upstreams.pool(w.URL())
+// send forwards the request to w (upstream.Pool.Send). It returns the worker's answer, with its
+// body still to be read from conn, when it is to be relayed (anything but a retryable 5xx, or any
+// answer on the final attempt); otherwise the failure.
+func (s *Server) send(ctx *fasthttp.RequestCtx, ex *exchange, w *workers.Worker, final bool) (*fasthttp.Response, *upstream.Conn, upstream.Failure) {
+	pool, err := s.upstreams.Pool(w.URL())
 	if err != nil {
-		return nil, nil, failure{kind: metrics.ErrConnect, retryable: true, message: "the worker's URL is not usable"}
+		return nil, nil, upstream.Failure{Kind: upstream.KindConnect, Retryable: true, Message: "the worker's URL is not usable"}
 	}
 	out := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(out)
-	s.buildRequest(ctx, out, w, ex.rid, pool.target.Authorization)
+	s.buildRequest(ctx, out, w, ex.rid, pool.Target.Authorization)
 	if ex.pd != nil && ex.pd.body != nil {
 		out.SetBodyRaw(ex.pd.body) // the decode leg, with the prefill's kv_transfer_params
 	}
 	ex.trace.Inject(&out.Header)
-	for fresh := false; ; fresh = true {
-		resp, c, err := s.exchangeOn(pool, w, out, ex, fresh, 0)
-		if err == nil {
-			status := resp.StatusCode()
-			if final || !retryableStatus(status) && !ex.pd.pullFailed(status) {
-				return resp, c, failure{}
-			}
-			s.discard(resp, c)
-			return nil, nil, failure{kind: metrics.ErrStatus, retryable: true, message: "the worker answered " + strconv.Itoa(status)}
-		}
-		f := classify(err, c, !time.Now().Before(ex.deadline))
-		if !f.stale || fresh || ex.gone.Load() {
-			return nil, nil, f
-		}
-		s.metrics.UpstreamErrors.WithLabelValues(f.kind).Inc() // counted, then sent again on a new connection
+	ex.call.Peer, ex.call.Deadline, ex.call.HeadersBy, ex.call.CheckStall = w, ex.deadline, ex.headersBy, true
+	resp, c, f := pool.Send(out, &ex.call)
+	if resp == nil {
+		return nil, nil, f
 	}
-}
-
-// exchangeOn writes the request on a connection from pool (a new one when fresh) and reads the
-// answer's headers. The read deadline is the request's first-byte deadline (ex.headersBy), or
-// headerWait from now when that comes first (0: no such bound), until the headers arrive, then
-// the request's deadline. While it waits for the first byte, the attempt ends as soon as its
-// worker is found stalled.
-func (s *Server) exchangeOn(pool *connPool, w *workers.Worker, out *fasthttp.Request, ex *exchange, fresh bool, headerWait time.Duration) (*fasthttp.Response, *upConn, error) {
-	get := pool.get
-	if fresh {
-		get = pool.dial
+	status := resp.StatusCode()
+	if final || !upstream.RetryableStatus(status) && !ex.pd.pullFailed(status) {
+		return resp, c, f
 	}
-	c, err := get()
-	if err != nil {
-		return nil, nil, err
-	}
-	c.worker = w
-	ex.conn.Store(c)
-	if ex.gone.Load() { // the watch fired before it could see this connection
-		_ = c.conn.Close()
-	}
-	fail := func(err error) (*fasthttp.Response, *upConn, error) {
-		ex.conn.Store(nil)
-		_ = c.conn.Close()
-		return nil, c, err
-	}
-	_ = c.conn.SetWriteDeadline(ex.deadline)
-	if err := out.Write(c.bw); err != nil {
-		c.writeFailed = true
-		return fail(err)
-	}
-	if err := c.bw.Flush(); err != nil {
-		c.writeFailed = true
-		return fail(err)
-	}
-	c.wrote = true
-	readDeadline := ex.headersBy
-	if headerWait > 0 {
-		if t := time.Now().Add(headerWait); t.Before(readDeadline) {
-			readDeadline = t
-		}
-	}
-	if err := waitFirstByte(c, w, readDeadline); err != nil {
-		return fail(err)
-	}
-	_ = c.conn.SetReadDeadline(readDeadline)
-	resp := fasthttp.AcquireResponse()
-	resp.StreamBody = true
-	resp.SkipBody = out.Header.IsHead() // an answer to HEAD has headers only, whatever its Content-Length
-	if err := resp.Read(c.br); err != nil {
-		fasthttp.ReleaseResponse(resp)
-		return fail(err)
-	}
-	_ = c.conn.SetReadDeadline(ex.deadline)
-	return resp, c, nil
-}
-
-// stallPoll is how often an attempt waiting for its answer's first byte looks whether its worker
-// was found stalled.
-const stallPoll = 250 * time.Millisecond
-
-// errStalled ends an attempt whose worker was found stalled before any byte of its answer came.
-var errStalled = errors.New("the worker was found stalled")
-
-// waitFirstByte waits until the first byte of the answer is there to read, or deadline passes,
-// or w is found stalled. It reads in stallPoll rounds: a read that times out takes no byte, and
-// the next round reads on.
-func waitFirstByte(c *upConn, w *workers.Worker, deadline time.Time) error {
-	for {
-		round := time.Now().Add(stallPoll)
-		if deadline.Before(round) {
-			round = deadline
-		}
-		_ = c.conn.SetReadDeadline(round)
-		_, err := c.br.Peek(1)
-		switch {
-		case err == nil:
-			return nil
-		case !isTimeout(err) || !time.Now().Before(deadline):
-			return err
-		case w.Stalled():
-			return errStalled
-		}
-	}
-}
-
-// discard drops an answer that will not be relayed, with its connection: reading a 5xx body to
-// its end to keep the connection is not worth waiting on a failing worker.
-func (s *Server) discard(resp *fasthttp.Response, c *upConn) {
-	_ = c.conn.Close()
-	fasthttp.ReleaseResponse(resp)
+	// An answer that will not be relayed is dropped with its connection: reading a 5xx body to
+	// its end to keep the connection is not worth waiting on a failing worker.
+	ex.call.Finish(c, resp, false)
+	return nil, nil, upstream.Failure{Kind: upstream.KindStatus, Retryable: true, Message: "the worker answered " + strconv.Itoa(status)}
 }
 
 // buildRequest writes the upstream request: the client's method, path, query and body bytes as
@@ -559,8 +458,8 @@ func (s *Server) buildRequest(ctx *fasthttp.RequestCtx, out *fasthttp.Request, w
 }
 
 // noWorker answers when no candidate is left: 502 after failed attempts, else 503.
-func (s *Server) noWorker(ctx *fasthttp.RequestCtx, ex *exchange, last failure) int {
-	if last.kind != "" {
+func (s *Server) noWorker(ctx *fasthttp.RequestCtx, ex *exchange, last upstream.Failure) int {
+	if last.Kind != "" {
 		return s.upstreamFailed(ctx, ex, last)
 	}
 	ctx.Response.Header.Set(HeaderRetryAfter, "1")
@@ -569,11 +468,11 @@ func (s *Server) noWorker(ctx *fasthttp.RequestCtx, ex *exchange, last failure) 
 
 // upstreamFailed answers the last failure: 504 when the worker ran out of time, else 502. The
 // message says what happened without naming any socket address.
-func (s *Server) upstreamFailed(ctx *fasthttp.RequestCtx, ex *exchange, f failure) int {
-	if f.kind == metrics.ErrTimeout || f.kind == metrics.ErrFirstByte {
-		return s.fail(ctx, ex, fasthttp.StatusGatewayTimeout, "server_error", "upstream_timeout", "no worker could serve the request: "+f.message)
+func (s *Server) upstreamFailed(ctx *fasthttp.RequestCtx, ex *exchange, f upstream.Failure) int {
+	if f.Kind == upstream.KindTimeout || f.Kind == upstream.KindFirstByte {
+		return s.fail(ctx, ex, fasthttp.StatusGatewayTimeout, "server_error", "upstream_timeout", "no worker could serve the request: "+f.Message)
 	}
-	return s.fail(ctx, ex, fasthttp.StatusBadGateway, "server_error", "upstream_unavailable", "no worker could serve the request: "+f.message)
+	return s.fail(ctx, ex, fasthttp.StatusBadGateway, "server_error", "upstream_unavailable", "no worker could serve the request: "+f.Message)
 }
 
 // fail answers the request with an error in its route's shape and returns the status sent.
@@ -598,13 +497,7 @@ func sleep(ex *exchange, d time.Duration) bool {
 		d = max(left, 0)
 	}
 	time.Sleep(d)
-	return !ex.gone.Load() && !peerClosed(ex.client)
-}
-
-// retryableStatus reports the worker answers that mean "try another worker": bad gateway,
-// unavailable, gateway timeout. Every other status is the worker's real answer and passes through.
-func retryableStatus(status int) bool {
-	return status == http.StatusBadGateway || status == http.StatusServiceUnavailable || status == http.StatusGatewayTimeout
+	return !ex.gone.Load() && !upstream.PeerClosed(ex.client)
 }
 
 // without returns ws minus every tenant of url (all ranks share one worker process).

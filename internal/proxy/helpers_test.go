@@ -43,15 +43,14 @@ const (
 func testOptions() Options {
 	return Options{
 		MaxPayloadSize:      1 << 20,
-		RequestTimeout:      20 * time.Second,
 		MaxRetries:          2,
 		InitialBackoff:      time.Millisecond,
 		MaxBackoff:          5 * time.Millisecond,
 		ClientHeaderTimeout: 20 * time.Second,
 		ClientBodyTimeout:   20 * time.Second,
 		KeepaliveTimeout:    20 * time.Second,
-		Upstream: UpstreamOptions{
-			Dialer:           upstream.Dialer{Timeouts: upstream.Timeouts{Dial: 2 * time.Second, Idle: time.Minute}},
+		Upstream: upstream.PoolOptions{
+			Dialer:           upstream.Dialer{Timeouts: upstream.Timeouts{Dial: 2 * time.Second, Idle: time.Minute, Request: 20 * time.Second, Lookup: upstream.DefaultLookup}},
 			MaxIdlePerWorker: 8,
 		},
 	}

@@ -146,37 +146,6 @@ func TestIDRouteSearchesPastTheClientsBudgetAreRefused429(t *testing.T) {
 	}
 }
 
-func TestSearchBudgetRefillsWithTime(t *testing.T) {
-	b := newSearchBudget(60) // one a second, sixty at once
-	now := time.Now()
-	for i := range 60 {
-		if _, ok := b.allow("a", now); !ok {
-			t.Fatalf("search %d of a minute's worth refused", i)
-		}
-	}
-	wait, ok := b.allow("a", now)
-	if ok || wait != time.Second {
-		t.Fatalf("61st search: allowed %v, wait %v; want refused for 1s", ok, wait)
-	}
-	if _, ok := b.allow("b", now); !ok {
-		t.Fatal("another client's budget was taken")
-	}
-	if _, ok := b.allow("a", now.Add(time.Second)); !ok {
-		t.Fatal("a second later, no search was back")
-	}
-}
-
-func TestSearchBudgetKeepsABoundedNumberOfClients(t *testing.T) {
-	b := newSearchBudget(1)
-	now := time.Now()
-	for i := range maxSearchClients + 100 {
-		b.allow(fmt.Sprint("client-", i), now)
-	}
-	if n := len(b.full); n > maxSearchClients {
-		t.Fatalf("%d clients kept, want at most %d", n, maxSearchClients)
-	}
-}
-
 func TestIDRouteSearchCountsEachWorkerCallAgainstTheRateLimit(t *testing.T) {
 	limiter, err := admission.NewMemoryLimiter(map[string]admission.Rate{"default": {RequestsPerMinute: 10}}, time.Now)
 	if err != nil {
@@ -315,31 +284,5 @@ func TestSearchesPastTheTotalBudgetAreRefused503WhicheverClientAsks(t *testing.T
 	}
 	if status, h, _ := tp.do(t, http.MethodGet, "/v1/responses/resp_a", bob...); status != http.StatusNotFound || h.Get(HeaderDecision) != labelResponseMiss {
 		t.Errorf("the id found missing: %d %s, want 404 %s from memory", status, h.Get(HeaderDecision), labelResponseMiss)
-	}
-}
-
-func TestTotalSearchBudgetAllowsASecondsWorthThenOneEachInterval(t *testing.T) {
-	b := newTotalSearchBudget(10)
-	now := time.Now()
-	for i := range 10 {
-		if _, ok := b.allow("", now); !ok {
-			t.Fatalf("search %d of a second's worth refused", i)
-		}
-	}
-	if wait, ok := b.allow("", now); ok || wait != 100*time.Millisecond {
-		t.Fatalf("11th search: allowed %v, wait %v; want refused for 100ms", ok, wait)
-	}
-	if _, ok := b.allow("", now.Add(100*time.Millisecond)); !ok {
-		t.Fatal("100ms later, no search was back")
-	}
-	slow := newTotalSearchBudget(0.5) // fewer than one a second: one at once
-	if _, ok := slow.allow("", now); !ok {
-		t.Fatal("the first search refused")
-	}
-	if wait, ok := slow.allow("", now); ok || wait != 2*time.Second {
-		t.Fatalf("second search: allowed %v, wait %v; want refused for 2s", ok, wait)
-	}
-	if _, ok := newTotalSearchBudget(0).allow("", now); !ok {
-		t.Fatal("no bound refused a search")
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -258,12 +259,12 @@ func TestBodyBudget_TricklingUploadsHoldWhatTheySentNotWhatTheyMaySend(t *testin
 		}
 	}
 	eventually(t, 5*time.Second, "every trickle counted", func() bool {
-		return tp.Server.bodies.Held() >= int64(trickles*2*pageSize)
+		return tp.Server.bodies.Held() >= int64(trickles*2*os.Getpagesize())
 	})
 	if status, _, got := tp.post(t, chatPath, chatOfSize(100<<10)); status != http.StatusOK {
 		t.Fatalf("a body beside the trickles: %d %s, want 200", status, got)
 	}
-	if held, most := tp.Server.bodies.Held(), int64(trickles*2*2*pageSize); held > most {
+	if held, most := tp.Server.bodies.Held(), int64(trickles*2*2*os.Getpagesize()); held > most {
 		t.Errorf("the trickles hold %d bytes, want at most %d: twice a page ahead of the byte each sent", held, most)
 	}
 }

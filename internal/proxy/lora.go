@@ -56,7 +56,7 @@ func (s *Server) lora(w http.ResponseWriter, r *http.Request) {
 			targets[c.URL()] = c
 		}
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.opts.RequestTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), s.opts.Upstream.Timeouts.Request)
 	defer cancel()
 	results := make([]loraResult, 0, len(targets))
 	var mu sync.Mutex

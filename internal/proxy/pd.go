@@ -12,9 +12,10 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/sniff"
 	"github.com/cacheroute/cacheroute/internal/tenant"
+	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -158,18 +159,18 @@ func (s *Server) runPrefill(ctx *fasthttp.RequestCtx, ex *exchange, leg []byte, 
 		at.Prefill(dec.Prefill)
 		p.Accepted(in, dec)
 		params, u, f := s.prefillOn(ctx, ex, dec.Worker, leg)
-		if f.kind == "" && params != nil {
+		if f.Kind == "" && params != nil {
 			at.Close(workers.Succeeded)
 			p.Done(in, dec, workers.Succeeded, u)
 			return params, dec.Worker.Name()
 		}
 		at.Close(workers.Failed)
 		p.Done(in, dec, workers.Failed, policy.Usage{})
-		if f.kind != "" {
-			s.metrics.UpstreamErrors.WithLabelValues(f.kind).Inc()
+		if f.Kind != "" {
+			s.metrics.UpstreamErrors.WithLabelValues(f.Kind).Inc()
 		}
-		s.log.Warn("prefill leg failed", "request_id", ex.rid, "worker", dec.Worker.Name(), "attempt", attempt, "kind", f.kind, "message", f.message)
-		if ex.gone.Load() || (f.kind != "" && !f.retryable) || time.Now().After(ex.deadline) {
+		s.log.Warn("prefill leg failed", "request_id", ex.rid, "worker", dec.Worker.Name(), "attempt", attempt, "kind", f.Kind, "message", f.Message)
+		if ex.gone.Load() || (f.Kind != "" && !f.Retryable) || time.Now().After(ex.deadline) {
 			return nil, ""
 		}
 	}
@@ -183,65 +184,58 @@ const maxPrefillAnswer = 1 << 20
 // prefillOn sends the prefill leg to w and reads its whole answer: the kv_transfer_params it
 // carries (nil when it carries none) and its usage. The leg must answer within the first-byte
 // timeout.
-func (s *Server) prefillOn(ctx *fasthttp.RequestCtx, ex *exchange, w *workers.Worker, leg []byte) (json.RawMessage, policy.Usage, failure) {
-	pool, err := s.upstreams.pool(w.URL())
+func (s *Server) prefillOn(ctx *fasthttp.RequestCtx, ex *exchange, w *workers.Worker, leg []byte) (json.RawMessage, policy.Usage, upstream.Failure) {
+	pool, err := s.upstreams.Pool(w.URL())
 	if err != nil {
-		return nil, policy.Usage{}, failure{kind: metrics.ErrConnect, retryable: true, message: "the worker's URL is not usable"}
+		return nil, policy.Usage{}, upstream.Failure{Kind: upstream.KindConnect, Retryable: true, Message: "the worker's URL is not usable"}
 	}
 	out := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(out)
-	s.buildRequest(ctx, out, w, ex.rid, pool.target.Authorization)
+	s.buildRequest(ctx, out, w, ex.rid, pool.Target.Authorization)
 	out.SetBodyRaw(leg)
 	ex.trace.Inject(&out.Header)
-	for fresh := false; ; fresh = true {
-		resp, c, err := s.exchangeOn(pool, w, out, ex, fresh, s.opts.Upstream.Timeouts.FirstByte)
-		if err != nil {
-			f := classify(err, c, !time.Now().Before(ex.deadline))
-			if !f.stale || fresh || ex.gone.Load() {
-				return nil, policy.Usage{}, f
-			}
-			s.metrics.UpstreamErrors.WithLabelValues(f.kind).Inc()
-			continue
+	headersBy := ex.headersBy
+	if fb := s.opts.Upstream.Timeouts.FirstByte; fb > 0 {
+		if t := time.Now().Add(fb); t.Before(headersBy) {
+			headersBy = t
 		}
-		status := resp.StatusCode()
-		body, err := io.ReadAll(io.LimitReader(resp.BodyStream(), maxPrefillAnswer+1))
-		complete := err == nil && len(body) <= maxPrefillAnswer
-		keep := complete && !resp.ConnectionClose()
-		ex.conn.Store(nil)
-		fasthttp.ReleaseResponse(resp)
-		if keep {
-			pool.put(c)
-		} else {
-			_ = c.conn.Close()
-		}
-		switch {
-		case !complete:
-			return nil, policy.Usage{}, failure{kind: metrics.ErrMidStream, message: "the prefill leg's answer broke off or was too large"}
-		case status/100 != 2:
-			return nil, policy.Usage{}, failure{kind: metrics.ErrStatus, retryable: retryableStatus(status), message: "the prefill worker answered " + strconv.Itoa(status)}
-		}
-		var answer struct {
-			KVTransferParams json.RawMessage `json:"kv_transfer_params"`
-			Usage            *usage          `json:"usage"`
-		}
-		if err := json.Unmarshal(body, &answer); err != nil {
-			return nil, policy.Usage{}, failure{kind: metrics.ErrBadReply, message: "the prefill leg's answer is not JSON"}
-		}
-		var u policy.Usage
-		if answer.Usage != nil {
-			if t := answer.Usage.tokens(); t.ok && t.cachedKnown {
-				u = policy.Usage{Known: true, Prompt: t.prompt, Cached: t.cached}
-			}
-		}
-		if len(answer.KVTransferParams) == 0 || string(answer.KVTransferParams) == "null" {
-			return nil, u, failure{}
-		}
-		params, err := checkTransferParams(answer.KVTransferParams)
-		if err != nil {
-			return nil, u, failure{kind: metrics.ErrBadReply, message: "the prefill worker's kv_transfer_params " + err.Error()}
-		}
-		return params, u, failure{}
 	}
+	ex.call.Peer, ex.call.Deadline, ex.call.HeadersBy, ex.call.CheckStall = w, ex.deadline, headersBy, true
+	resp, c, f := pool.Send(out, &ex.call)
+	if resp == nil {
+		return nil, policy.Usage{}, f
+	}
+	status := resp.StatusCode()
+	body, err := io.ReadAll(io.LimitReader(resp.BodyStream(), maxPrefillAnswer+1))
+	complete := err == nil && len(body) <= maxPrefillAnswer
+	ex.call.Finish(c, resp, complete)
+	switch {
+	case !complete:
+		return nil, policy.Usage{}, upstream.Failure{Kind: upstream.KindMidStream, Message: "the prefill leg's answer broke off or was too large"}
+	case status/100 != 2:
+		return nil, policy.Usage{}, upstream.Failure{Kind: upstream.KindStatus, Retryable: upstream.RetryableStatus(status), Message: "the prefill worker answered " + strconv.Itoa(status)}
+	}
+	var answer struct {
+		KVTransferParams json.RawMessage    `json:"kv_transfer_params"`
+		Usage            *sniff.UsageObject `json:"usage"`
+	}
+	if err := json.Unmarshal(body, &answer); err != nil {
+		return nil, policy.Usage{}, upstream.Failure{Kind: upstream.KindBadReply, Message: "the prefill leg's answer is not JSON"}
+	}
+	var u policy.Usage
+	if answer.Usage != nil {
+		if t := answer.Usage.Tokens(); t.OK && t.CachedKnown {
+			u = policy.Usage{Known: true, Prompt: t.Prompt, Cached: t.Cached}
+		}
+	}
+	if len(answer.KVTransferParams) == 0 || string(answer.KVTransferParams) == "null" {
+		return nil, u, upstream.Failure{}
+	}
+	params, err := checkTransferParams(answer.KVTransferParams)
+	if err != nil {
+		return nil, u, upstream.Failure{Kind: upstream.KindBadReply, Message: "the prefill worker's kv_transfer_params " + err.Error()}
+	}
+	return params, u, upstream.Failure{}
 }
 
 // pullFailed reports whether status answers a decode leg that carried a prefill's
@@ -254,8 +248,8 @@ func (st *pdState) pullFailed(status int) bool {
 
 // pdFailed records that a decode attempt of a transfer failed with an answer (a retryable 5xx,
 // perhaps the KV pull): the next decode attempt computes the prompt itself.
-func (ex *exchange) pdFailed(f failure) {
-	if st := ex.pd; st != nil && st.body != nil && f.kind == metrics.ErrStatus {
+func (ex *exchange) pdFailed(f upstream.Failure) {
+	if st := ex.pd; st != nil && st.body != nil && f.Kind == upstream.KindStatus {
 		st.body, st.path = nil, PDTransferFailed
 	}
 }

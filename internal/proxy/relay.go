@@ -11,6 +11,8 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/sniff"
+	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -23,7 +25,7 @@ import (
 // with its outcome, the policy told) and where the exchange's end is handed over: forward's
 // deferred end leaves it to the relay once the stream is set. An answer read whole ends its
 // attempt here, and the exchange when forward returns.
-func (s *Server) relay(ctx *fasthttp.RequestCtx, ex *exchange, resp *fasthttp.Response, conn *upConn, dec policy.Decision, at *workers.Attempt) {
+func (s *Server) relay(ctx *fasthttp.RequestCtx, ex *exchange, resp *fasthttp.Response, conn *upstream.Conn, dec policy.Decision, at *workers.Attempt) {
 	worker := dec.Worker
 	status := resp.StatusCode()
 	ex.trace.Answered(status)
@@ -38,10 +40,10 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, ex *exchange, resp *fasthttp.Re
 	}
 	r := &relayBody{s: s, ex: ex, ctx: ctx, resp: resp, conn: conn, body: resp.BodyStream(), dec: dec, at: at, status: status, size: int64(size)}
 	if s.opts.AccessLog != nil || (ex.route.place == byPolicy && status/100 == 2) {
-		r.usage = newUsageSniffer()
+		r.usage = sniff.NewUsage()
 	}
 	if ex.route.storesResponses && s.responses != nil && status/100 == 2 && !ex.in.Request.NoStore {
-		r.sniff = newIDSniffer(bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream")))
+		r.sniff = sniff.NewResponseID(bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream")))
 	}
 	if !ex.in.Request.Stream && size >= 0 && size <= maxBufferedAnswer {
 		// A non-streamed answer of known, modest size is read whole now and sent with the
@@ -54,7 +56,7 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, ex *exchange, resp *fasthttp.Re
 			// Nothing has reached the client: it gets a clear 502 rather than an empty reply.
 			// The answer was generated, so it is not retried elsewhere.
 			ctx.Response.ResetBody()
-			r.status = s.upstreamFailed(ctx, ex, failure{kind: metrics.ErrMidStream, message: "the worker's answer broke off before it was complete"})
+			r.status = s.upstreamFailed(ctx, ex, upstream.Failure{Kind: upstream.KindMidStream, Message: "the worker's answer broke off before it was complete"})
 			r.replaced = true
 			r.relayed = int64(len(ctx.Response.Body()))
 		} else {
@@ -113,14 +115,14 @@ type relayBody struct {
 	s      *Server
 	ex     *exchange
 	resp   *fasthttp.Response
-	conn   *upConn
+	conn   *upstream.Conn
 	body   io.Reader
 	dec    policy.Decision
 	at     *workers.Attempt
 	status int
-	size   int64         // the answer's Content-Length, or -1 (chunked), or -2 (until the connection closes)
-	sniff  *idSniffer    // looks for the id of the response the worker stored; nil when none is wanted
-	usage  *usageSniffer // looks for the answer's token usage (cache check, access log); nil when none is wanted
+	size   int64             // the answer's Content-Length, or -1 (chunked), or -2 (until the connection closes)
+	sniff  *sniff.ResponseID // looks for the id of the response the worker stored; nil when none is wanted
+	usage  *sniff.Usage      // looks for the answer's token usage (cache check, access log); nil when none is wanted
 	ctx    *fasthttp.RequestCtx
 	// learned: the policy was told where the stored response lives, as soon as its id passed.
 	learned bool
@@ -147,12 +149,12 @@ func (r *relayBody) Read(p []byte) (int, error) {
 	}
 	r.relayed += int64(n)
 	if r.usage != nil {
-		r.usage.feed(p[:n])
+		r.usage.Feed(p[:n])
 	}
 	if r.sniff != nil && !r.learned {
-		if r.sniff.feed(p[:n]); r.sniff.id != "" {
+		if r.sniff.Feed(p[:n]); r.sniff.Found() != "" {
 			r.learned = true
-			r.s.responses.ResponseStored(r.ex.in.Context, r.sniff.id, r.dec.Worker)
+			r.s.responses.ResponseStored(r.ex.in.Context, r.sniff.Found(), r.dec.Worker)
 		}
 	}
 	r.extendWriteDeadline()
@@ -193,9 +195,9 @@ func (r *relayBody) end(writeErr error) {
 			if !r.replaced {
 				class = metrics.StatusCut
 			}
-			kind := metrics.ErrMidStream
+			kind := upstream.KindMidStream
 			if !time.Now().Before(ex.deadline) {
-				kind = metrics.ErrTimeout
+				kind = upstream.KindTimeout
 			}
 			s.metrics.UpstreamErrors.WithLabelValues(kind).Inc()
 			s.log.Warn("upstream answer broke off after the first byte", "request_id", ex.rid, "worker", r.dec.Worker.Name(), "kind", kind)
@@ -205,7 +207,7 @@ func (r *relayBody) end(writeErr error) {
 			outcome = workers.Cancelled
 			// fasthttp closes the body with Close before CloseWithError, so the write's error
 			// may not be known here: a deadline that has passed tells a timed-out write.
-			if now := time.Now(); now.Before(ex.deadline) && now.Before(r.writeBy) && !isTimeout(writeErr) {
+			if now := time.Now(); now.Before(ex.deadline) && now.Before(r.writeBy) && !upstream.IsTimeout(writeErr) {
 				class = metrics.StatusClass(statusClientGone)
 			} else {
 				class = metrics.StatusCut
@@ -216,18 +218,11 @@ func (r *relayBody) end(writeErr error) {
 		}
 		// A connection whose answer was read to its end goes back to the pool; any other is closed,
 		// which is how a worker learns to stop generating for a client that left.
-		ex.conn.Store(nil)
-		if complete && writeErr == nil && r.upErr == nil && !ex.gone.Load() && r.size != -2 && !r.resp.ConnectionClose() {
-			fasthttp.ReleaseResponse(r.resp)
-			r.conn.pool.put(r.conn)
-		} else {
-			_ = r.conn.conn.Close()
-			fasthttp.ReleaseResponse(r.resp)
-		}
+		ex.call.Finish(r.conn, r.resp, complete && writeErr == nil && r.upErr == nil && !ex.gone.Load() && r.size != -2)
 		r.at.Close(outcome)
-		var u usageResult
+		var u sniff.Tokens
 		if r.usage != nil {
-			u = r.usage.result()
+			u = r.usage.Result()
 		}
 		var reported policy.Usage
 		if outcome == workers.Succeeded && r.status/100 == 2 {
@@ -240,7 +235,7 @@ func (r *relayBody) end(writeErr error) {
 		if r.firstByte.IsZero() && r.complete() {
 			r.firstByte = time.Now() // an empty body: its end is its first byte
 		}
-		r.usage.release()
+		r.usage.Release()
 		r.usage = nil
 		ex.status, ex.class, ex.firstByte, ex.sent, ex.usage = r.status, class, r.firstByte, r.relayed, u
 		if r.upErr != nil {
@@ -270,18 +265,18 @@ func (s *Server) firstByte(ex *exchange, dec policy.Decision, at time.Time) {
 // checkCache counts the cached tokens the worker reported against what the policy predicted,
 // and returns the usage as the policy's Done hears it: the prompt and output when the answer
 // said, and the cached tokens (Known) when it also said what it served from cache.
-func (s *Server) checkCache(ex *exchange, dec policy.Decision, u usageResult) policy.Usage {
-	if !u.ok || ex.route.place != byPolicy || u.prompt <= 0 {
+func (s *Server) checkCache(ex *exchange, dec policy.Decision, u sniff.Tokens) policy.Usage {
+	if !u.OK || ex.route.place != byPolicy || u.Prompt <= 0 {
 		return policy.Usage{}
 	}
-	if !u.cachedKnown {
-		return policy.Usage{Prompt: u.prompt, Output: u.output}
+	if !u.CachedKnown {
+		return policy.Usage{Prompt: u.Prompt, Output: u.Output}
 	}
 	worker := dec.Worker.Name()
-	s.metrics.PromptTokens.WithLabelValues(worker, dec.Label).Add(float64(u.prompt))
-	s.metrics.CachedTokensPredicted.WithLabelValues(worker, dec.Label).Add(dec.PredictedCached(u.prompt))
-	s.metrics.CachedTokensAchieved.WithLabelValues(worker, dec.Label).Add(float64(u.cached))
-	return policy.Usage{Known: true, Prompt: u.prompt, Cached: u.cached, Output: u.output}
+	s.metrics.PromptTokens.WithLabelValues(worker, dec.Label).Add(float64(u.Prompt))
+	s.metrics.CachedTokensPredicted.WithLabelValues(worker, dec.Label).Add(dec.PredictedCached(u.Prompt))
+	s.metrics.CachedTokensAchieved.WithLabelValues(worker, dec.Label).Add(float64(u.Cached))
+	return policy.Usage{Known: true, Prompt: u.Prompt, Cached: u.Cached, Output: u.Output}
 }
 
 // learn tells the policy where a stored response lives, from an answer that succeeded: the
@@ -294,7 +289,7 @@ func (s *Server) learn(ex *exchange, r *relayBody) {
 	ctx := ex.in.Context
 	switch {
 	case r.sniff != nil:
-		if id := r.sniff.result(); id != "" && !r.learned {
+		if id := r.sniff.Result(); id != "" && !r.learned {
 			r.learned = true
 			s.responses.ResponseStored(ctx, id, r.dec.Worker)
 		}

@@ -14,9 +14,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
+	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -41,7 +41,7 @@ func TestRetries_DialErrorGoesToNextWorker(t *testing.T) {
 	if live.hits.Load() != 1 {
 		t.Errorf("live worker hits = %d, want 1", live.hits.Load())
 	}
-	if got := tp.upstreamErrors(metrics.ErrConnect); got != 1 {
+	if got := tp.upstreamErrors(upstream.KindConnect); got != 1 {
 		t.Errorf("upstream_errors_total{kind=connect} = %v, want 1", got)
 	}
 	if got := testutil.ToFloat64(tp.Metrics.Retries); got != 1 {
@@ -62,7 +62,7 @@ func TestRetries_503IsRetriedOnTheNextWorker(t *testing.T) {
 	if busy.hits.Load() != 1 || live.hits.Load() != 1 {
 		t.Errorf("hits busy=%d live=%d, want 1 and 1", busy.hits.Load(), live.hits.Load())
 	}
-	if got := tp.upstreamErrors(metrics.ErrStatus); got != 1 {
+	if got := tp.upstreamErrors(upstream.KindStatus); got != 1 {
 		t.Errorf("upstream_errors_total{kind=status_5xx} = %v, want 1", got)
 	}
 	tp.loadReturnsToZero(t)
@@ -119,7 +119,7 @@ func TestRetries_WorkerClosingKeepAliveConnectionsAfterEachAnswer(t *testing.T) 
 	if got := w.requests.Load(); got != n {
 		t.Errorf("worker read %d requests, want %d (each exactly once)", got, n)
 	}
-	if got := tp.upstreamErrors(metrics.ErrSent); got != 0 {
+	if got := tp.upstreamErrors(upstream.KindSent); got != 0 {
 		t.Errorf("upstream_errors_total{kind=after_send} = %v, want 0", got)
 	}
 	tp.loadReturnsToZero(t)
@@ -220,7 +220,7 @@ func TestRetries_FreshConnectionClosedAfterTheRequestIsNotRetried(t *testing.T) 
 	if got := other.hits.Load(); got != 0 {
 		t.Errorf("the other worker got %d requests, want 0 (not retried)", got)
 	}
-	if got := tp.upstreamErrors(metrics.ErrSent); got != 1 {
+	if got := tp.upstreamErrors(upstream.KindSent); got != 1 {
 		t.Errorf("upstream_errors_total{kind=after_send} = %v, want 1", got)
 	}
 	if got := testutil.ToFloat64(tp.Metrics.Retries); got != 0 {
@@ -419,7 +419,7 @@ func TestRetries_StopAtMaxRetriesOnDialErrors(t *testing.T) {
 	if status != http.StatusBadGateway {
 		t.Fatalf("got %d %q, want 502", status, body)
 	}
-	if got := tp.upstreamErrors(metrics.ErrConnect); got != 2 {
+	if got := tp.upstreamErrors(upstream.KindConnect); got != 2 {
 		t.Errorf("upstream_errors_total{kind=connect} = %v, want 2 (one attempt and one retry)", got)
 	}
 	if got := testutil.ToFloat64(tp.Metrics.Retries); got != 1 {

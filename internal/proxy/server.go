@@ -24,20 +24,22 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/cacheroute/cacheroute/internal/bodies"
 	"github.com/cacheroute/cacheroute/internal/clientkeys"
 	"github.com/cacheroute/cacheroute/internal/fleet"
 	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/responsesearch"
 	"github.com/cacheroute/cacheroute/internal/telemetry"
 	"github.com/cacheroute/cacheroute/internal/tenant"
+	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
 // Options are the proxy's knobs, taken from the validated configuration.
 type Options struct {
 	MaxPayloadSize int64
-	RequestTimeout time.Duration
 	MaxRetries     int
 	InitialBackoff time.Duration
 	MaxBackoff     time.Duration
@@ -76,12 +78,12 @@ type Options struct {
 	KeepaliveTimeout    time.Duration // an idle keep-alive client connection
 	ClientWriteTimeout  time.Duration // a client's acceptance of each piece of its answer; 0: only RequestTimeout
 	MaxClientConns      int           // open client connections; more get 503
-	MaxBodyBytesTotal   int64         // request-body bytes held at once, all requests together; over it 503 (bodies.go); 0: none
-	Upstream            UpstreamOptions
+	MaxBodyBytesTotal   int64         // request-body bytes held at once, all requests together; over it 503 (package bodies); 0: none
+	Upstream            upstream.PoolOptions
 	// ResponseSearch bounds the searches for stored responses the router does not know (search.go).
-	ResponseSearch SearchOptions
+	ResponseSearch responsesearch.Options
 	// MaxBodyBytesPerClient bounds the request-body bytes one client's requests hold at once
-	// (a client: its key's tenant, else its address); over it 429 (bodies.go); 0: none.
+	// (a client: its key's tenant, else its address); over it 429 (package bodies); 0: none.
 	MaxBodyBytesPerClient int64
 
 	// SessionStore, when set, reports the shared session store's state for /health; with detail
@@ -126,19 +128,16 @@ type Server struct {
 	responses    policy.ResponseStore // the policy's map of stored responses; nil when it keeps none
 	metrics      *metrics.Metrics
 	log          *slog.Logger
-	upstreams    *upstreams
+	upstreams    *upstream.Pools
 	routes       map[string]*route
 	mux          *http.ServeMux // every endpoint that is not routed
 	workerClient *http.Client
 	tokenCache   *tokenCache // nil unless Options.Tokenize
-	misses       *responseMisses
-	searches     *searchBudget // each client's
-	bodies       *bodyBudget
+	search       *responsesearch.Searcher
+	bodies       *bodies.Budget
 	plain        fasthttp.RequestHandler
 	adminPaths   map[string]bool     // the admin endpoints' paths and patterns
 	ownPaths     map[string][]string // the router's own endpoints' paths, with their methods
-
-	totalSearches *searchBudget // all clients' searches together
 
 	// queueClosed ends when the shutdown grace does: requests still waiting for admission are
 	// then answered 503 (EndQueue).
@@ -160,11 +159,13 @@ func (s *Server) isAdminPath(path string) bool {
 // New returns a server.
 func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metrics.Metrics, log *slog.Logger) *Server {
 	s := &Server{opts: opts, pool: pool, fleet: fleet, policy: p, metrics: m, log: log,
-		upstreams: newUpstreams(opts.Upstream), routes: newRoutes(m), mux: http.NewServeMux(),
-		workerClient: opts.Upstream.Client(), misses: newResponseMisses(),
-		searches: newSearchBudget(opts.ResponseSearch.PerMinute),
-		bodies:   newBodyBudget(opts.MaxBodyBytesTotal, opts.MaxBodyBytesPerClient)}
-	s.totalSearches = newTotalSearchBudget(opts.ResponseSearch.TotalPerSecond)
+		routes: newRoutes(m), mux: http.NewServeMux(),
+		workerClient: opts.Upstream.Client(),
+		bodies:       bodies.NewBudget(opts.MaxBodyBytesTotal, opts.MaxBodyBytesPerClient)}
+	up := opts.Upstream
+	up.Resent = func(f upstream.Failure) { m.UpstreamErrors.WithLabelValues(f.Kind).Inc() } // then sent again on a new connection
+	s.upstreams = upstream.NewPools(up)
+	s.search = responsesearch.New(opts.ResponseSearch, s.upstreams, m)
 	s.queueClosed, s.closeQueue = context.WithCancel(context.Background())
 	if opts.Tokenize != nil {
 		s.tokenCache = &tokenCache{budget: opts.Tokenize.CacheBytes, byKey: map[string][]uint32{}}
@@ -226,7 +227,7 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 	return s
 }
 
-// serve is the fasthttp handler of every endpoint. It reads the request's body first (bodies.go),
+// serve is the fasthttp handler of every endpoint. It reads the request's body first (body.go),
 // and lets go of it last: after afterRequest, and after taking the body off the request, since
 // the memory may go back to the system as soon as the exchange is done with it too.
 func (s *Server) serve(ctx *fasthttp.RequestCtx) {
@@ -236,7 +237,7 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		s.answerBodyError(ctx, rt, err)
 		ctx.Request.ResetBody() // the rest of the body stays unread: nothing may read it now
 	} else {
-		ctx.Request.SetBodyRaw(body.bytes)
+		ctx.Request.SetBodyRaw(body.Bytes())
 		if !s.preflight(ctx) {
 			s.answer(ctx, body)
 			s.cors(ctx)
@@ -247,7 +248,7 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	}
 	if body != nil {
 		ctx.Request.SetBodyRaw(nil)
-		body.release()
+		body.Release()
 	}
 }
 
@@ -258,7 +259,7 @@ var afterRequest func(*fasthttp.RequestCtx)
 // answer answers one request: forwarded when its path is routed, else by the net/http handlers.
 // An exchange holds the body until its end, which for a streamed answer comes after serve
 // returns.
-func (s *Server) answer(ctx *fasthttp.RequestCtx, body *heldBody) {
+func (s *Server) answer(ctx *fasthttp.RequestCtx, body *bodies.Body) {
 	if rt, id := s.routeOf(string(ctx.Path())); rt != nil {
 		if method := string(ctx.Method()); !rt.allows(method) {
 			allow := strings.Join(rt.methods, ", ")
@@ -276,7 +277,7 @@ func (s *Server) answer(ctx *fasthttp.RequestCtx, body *heldBody) {
 
 // HTTPServer returns the fasthttp server of the traffic listener, with the client-side limits:
 // header, body and idle timeouts, the body size limit and the connection cap. Bodies are
-// streamed to the handler, which reads them itself (bodies.go), multipart ones as they came.
+// streamed to the handler, which reads them itself (body.go), multipart ones as they came.
 func (s *Server) HTTPServer() *fasthttp.Server {
 	return &fasthttp.Server{
 		Handler:                      s.serve,
@@ -319,7 +320,7 @@ func (s *Server) clientError(ctx *fasthttp.RequestCtx, err error) {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		status = writeFastError(ctx, shape, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "payload_too_large",
 			"request body exceeds the limit of "+itoa(s.opts.MaxPayloadSize)+" bytes (--max-payload-size)")
-	case isTimeout(err):
+	case upstream.IsTimeout(err):
 		status = writeFastError(ctx, shape, fasthttp.StatusRequestTimeout, "invalid_request_error", "request_timeout", "the request was not received in time")
 	default:
 		status = writeFastError(ctx, shape, fasthttp.StatusBadRequest, "invalid_request_error", "bad_request", "malformed HTTP request")
@@ -332,10 +333,10 @@ func (s *Server) clientError(ctx *fasthttp.RequestCtx, err error) {
 }
 
 // WorkerRemoved drops the connection pool of a removed worker URL.
-func (s *Server) WorkerRemoved(url string) { s.upstreams.forget(url) }
+func (s *Server) WorkerRemoved(url string) { s.upstreams.Forget(url) }
 
 // CloseIdleConnections closes idle worker connections (shutdown).
-func (s *Server) CloseIdleConnections() { s.upstreams.closeIdle() }
+func (s *Server) CloseIdleConnections() { s.upstreams.CloseIdle() }
 
 // notFound answers every request no route took: a known path asked with the wrong method gets
 // 405 with an Allow header, anything else 404, both as OpenAI error bodies.

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cacheroute/cacheroute/internal/metrics"
+	"github.com/cacheroute/cacheroute/internal/upstream"
 )
 
 // An attempt still waiting for the first byte of its answer when its worker is found stalled has
@@ -18,7 +18,7 @@ func TestStall_AttemptWaitingOnAStalledWorkerIsRetriedElsewhere(t *testing.T) {
 	hung := hangingWorker(t)
 	live := okWorker(t, "live")
 	opts := testOptions()
-	opts.RequestTimeout = time.Minute // far beyond the bounds waited on here
+	opts.Upstream.Timeouts.Request = time.Minute // far beyond the bounds waited on here
 
 	tp := newTestProxy(t, setup{opts: &opts, urls: []string{hung.URL, live.URL}}) // round robin: hung first
 
@@ -48,7 +48,7 @@ func TestStall_AttemptWaitingOnAStalledWorkerIsRetriedElsewhere(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the request still waits on the stalled worker")
 	}
-	if got := tp.upstreamErrors(metrics.ErrStalled); got != 1 {
+	if got := tp.upstreamErrors(upstream.KindStalled); got != 1 {
 		t.Errorf("upstream_errors_total{kind=stalled} = %v, want 1", got)
 	}
 	if status, _, body := tp.post(t, chatPath, chatBody); status != http.StatusOK || !strings.Contains(body, `"live"`) {
@@ -73,7 +73,7 @@ func TestStall_ARetrySkipsAWorkerFoundStalledSinceTheRequestBegan(t *testing.T) 
 		w.WriteHeader(http.StatusServiceUnavailable)
 	})
 	opts := testOptions()
-	opts.RequestTimeout = time.Minute
+	opts.Upstream.Timeouts.Request = time.Minute
 	// Round robin: busy first; the retry's pick among what is left would be the hung worker.
 	tp = newTestProxy(t, setup{opts: &opts, urls: []string{busy.URL, live.URL, hung.URL}})
 	tp.Client.Timeout = 15 * time.Second
@@ -85,7 +85,7 @@ func TestStall_ARetrySkipsAWorkerFoundStalledSinceTheRequestBegan(t *testing.T) 
 	if got := hung.requests.Load(); got != 0 {
 		t.Errorf("the stalled worker read %d requests, want 0", got)
 	}
-	if got := tp.upstreamErrors(metrics.ErrStalled); got != 0 {
+	if got := tp.upstreamErrors(upstream.KindStalled); got != 0 {
 		t.Errorf("upstream_errors_total{kind=stalled} = %v, want 0: no attempt went there", got)
 	}
 	tp.loadReturnsToZero(t)

@@ -455,7 +455,7 @@ func TestSurface_BadGatewayMessagesNameNoSocketAddress(t *testing.T) {
 // The same for the 504 of a worker that never answered within the request timeout.
 func TestSurface_GatewayTimeoutMessageNamesNoSocketAddress(t *testing.T) {
 	opts := testOptions()
-	opts.RequestTimeout = 500 * time.Millisecond
+	opts.Upstream.Timeouts.Request = 500 * time.Millisecond
 	assertNoSocketAddress(t, opts, hangingWorker(t).URL, http.StatusGatewayTimeout)
 }
 

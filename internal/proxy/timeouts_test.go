@@ -13,6 +13,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/admission"
 	"github.com/cacheroute/cacheroute/internal/metrics"
+	"github.com/cacheroute/cacheroute/internal/upstream"
 )
 
 // Every timeout of the router, each cut short so that the behaviour shows within a test. The
@@ -33,7 +34,7 @@ func TestTimeouts_FirstByteDeadlineIs504AndTheSilentWorkerTakesNoNextRequest(t *
 	if status != http.StatusGatewayTimeout || errorCode(t, body) != "upstream_timeout" {
 		t.Fatalf("got %d %q, want 504 upstream_timeout", status, body)
 	}
-	if got := tp.upstreamErrors(metrics.ErrFirstByte); got != 1 {
+	if got := tp.upstreamErrors(upstream.KindFirstByte); got != 1 {
 		t.Errorf("upstream_errors_total{kind=first_byte} = %v, want 1", got)
 	}
 	for range 3 {
@@ -63,7 +64,7 @@ func TestTimeouts_NonStreamedRequestToHungWorkersEndsAtTheFirstByteDeadline(t *t
 		urls = append(urls, h.URL)
 	}
 	opts := testOptions()
-	opts.RequestTimeout = time.Minute // far beyond the bound waited on here
+	opts.Upstream.Timeouts.Request = time.Minute // far beyond the bound waited on here
 	opts.MaxRetries = 3
 	opts.Upstream.Timeouts.FirstByte = 200 * time.Millisecond
 	tp := newTestProxy(t, setup{opts: &opts, urls: urls})
@@ -91,7 +92,7 @@ func TestTimeouts_RequestTimeoutIs504AndNotRetried(t *testing.T) {
 	hang := hangingWorker(t)
 	live := okWorker(t, "live")
 	opts := testOptions()
-	opts.RequestTimeout = time.Second
+	opts.Upstream.Timeouts.Request = time.Second
 	tp := newTestProxy(t, setup{opts: &opts, urls: []string{hang.URL, live.URL}})
 
 	status, _, body := tp.post(t, chatPath, chatBody)
@@ -104,10 +105,10 @@ func TestTimeouts_RequestTimeoutIs504AndNotRetried(t *testing.T) {
 	if got := live.hits.Load(); got != 0 {
 		t.Errorf("the other worker got %d requests, want 0 (not retried)", got)
 	}
-	if got := tp.upstreamErrors(metrics.ErrTimeout); got != 1 {
+	if got := tp.upstreamErrors(upstream.KindTimeout); got != 1 {
 		t.Errorf("upstream_errors_total{kind=timeout} = %v, want 1", got)
 	}
-	if got := tp.upstreamErrors(metrics.ErrFirstByte); got != 0 {
+	if got := tp.upstreamErrors(upstream.KindFirstByte); got != 0 {
 		t.Errorf("upstream_errors_total{kind=first_byte} = %v, want 0: no first-byte deadline", got)
 	}
 	tp.loadReturnsToZero(t)
@@ -268,7 +269,7 @@ func TestTimeouts_StreamingClientThatNeverReadsReleasesTheLoad(t *testing.T) {
 		floodStream(w, r, 20*time.Second)
 	})
 	opts := testOptions()
-	opts.RequestTimeout = time.Second
+	opts.Upstream.Timeouts.Request = time.Second
 	tp := newTestProxy(t, setup{opts: &opts, urls: []string{flood.URL}})
 	w := tp.worker(t, flood.URL)
 
@@ -317,7 +318,7 @@ func TestTimeouts_ClientThatStopsReadingIsCutAfterClientWriteTimeout(t *testing.
 		t.Fatal(err)
 	}
 	opts := testOptions()
-	opts.RequestTimeout = time.Minute // far beyond the bounds waited on here
+	opts.Upstream.Timeouts.Request = time.Minute // far beyond the bounds waited on here
 	opts.ClientWriteTimeout = time.Second
 	opts.Admission = &Admission{Controller: ctrl}
 	tp := newTestProxy(t, setup{opts: &opts, urls: []string{flood.URL}})
@@ -365,10 +366,10 @@ func TestTimeouts_SlowHeadersAreAFirstByteTimeout(t *testing.T) {
 	if status != http.StatusGatewayTimeout || errorCode(t, body) != "upstream_timeout" {
 		t.Fatalf("got %d %q, want 504 upstream_timeout", status, body)
 	}
-	if got := tp.upstreamErrors(metrics.ErrFirstByte); got != 1 {
+	if got := tp.upstreamErrors(upstream.KindFirstByte); got != 1 {
 		t.Errorf("upstream_errors_total{kind=first_byte} = %v, want 1", got)
 	}
-	if got := tp.upstreamErrors(metrics.ErrBadReply); got != 0 {
+	if got := tp.upstreamErrors(upstream.KindBadReply); got != 0 {
 		t.Errorf("upstream_errors_total{kind=bad_response} = %v, want 0", got)
 	}
 	tp.loadReturnsToZero(t)
@@ -391,7 +392,7 @@ func TestTimeouts_ARetryWaitsWithinTheFirstAttemptsFirstByteDeadline(t *testing.
 	if busy.hits.Load() != 1 || slow.requests.Load() != 1 {
 		t.Errorf("the workers got %d and %d requests, want one each", busy.hits.Load(), slow.requests.Load())
 	}
-	if got := tp.upstreamErrors(metrics.ErrFirstByte); got != 1 {
+	if got := tp.upstreamErrors(upstream.KindFirstByte); got != 1 {
 		t.Errorf("upstream_errors_total{kind=first_byte} = %v, want 1", got)
 	}
 	tp.loadReturnsToZero(t)

@@ -29,7 +29,7 @@ import (
 // adapter the worker lists (its /v1/models "parent"), asked with the request's own model so that
 // the engine renders it as it will serve it. An adapter's tokens go to the policy with the
 // adapter's name (policy.Input.LoRA): engines key an adapter's blocks apart. The wait is bounded by
-// --tokenize-timeout-secs plus --tokenize-timeout-per-kib-ms for each KiB asked (tokenizeTimeout),
+// --tokenize-timeout-secs plus --tokenize-timeout-per-kib-ms for each KiB asked (upstream.Timeouts.TokenizeFor),
 // after which the request routes as it would without events. Answers are kept by route and
 // history key, so a retried or repeated prompt is not tokenized twice.
 //
@@ -44,9 +44,6 @@ type TokenizeOptions struct {
 	// URL, when set, is the base URL of a render service asked in place of the least loaded
 	// candidate (--tokenize-url).
 	URL string
-	// PerKiB is added to the call's timeout (--tokenize-timeout-secs) for each KiB asked
-	// (--tokenize-timeout-per-kib-ms): see tokenizeTimeout.
-	PerKiB time.Duration
 }
 
 // maxTokenizeAnswer bounds the answer read from /tokenize.
@@ -237,16 +234,6 @@ func convertedTokenAsk(convert func([]byte) (*chatform.Chat, error)) tokenAsk {
 	}
 }
 
-// tokenizeTimeout bounds one /tokenize call of size bytes: base, plus perKiB for each KiB begun.
-// An engine renders and tokenizes the whole prompt, and the router reads one number per token,
-// so the call's time grows with the prompt (about 0.2 ms per KiB against the simulator; a real
-// engine's template and tokenizer take their own time): a fixed bound would cut every long prompt
-// off, and route exactly the requests whose placement matters most (the longest prefills)
-// without the events. The body's bound (--max-payload-size) bounds the wait.
-func tokenizeTimeout(base, perKiB time.Duration, size int) time.Duration {
-	return base + perKiB*time.Duration((size+1023)/1024)
-}
-
 // tokenize asks the render service (--tokenize-url), else w, for the tokens of q.
 func (s *Server) tokenize(w *workers.Worker, model string, q tokenQuery) ([]uint32, error) {
 	base := w.URL()
@@ -277,8 +264,8 @@ func (s *Server) tokenize(w *workers.Worker, model string, q tokenQuery) ([]uint
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	if t := s.opts.Upstream.Timeouts.Tokenize; t > 0 {
-		ctx, cancel = context.WithTimeout(ctx, tokenizeTimeout(t, s.opts.Tokenize.PerKiB, ask.Len()))
+	if t := s.opts.Upstream.Timeouts.TokenizeFor(ask.Len()); t > 0 {
+		ctx, cancel = context.WithTimeout(ctx, t)
 	}
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/tokenize", &ask)

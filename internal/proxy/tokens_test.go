@@ -1,9 +1,6 @@
 package proxy
 
-import (
-	"testing"
-	"time"
-)
+import "testing"
 
 // The salt is the body's top-level cache_salt only: the name in a message's text (its quotes
 // escaped) or in a nested object is no salt, and a salt that is not a string gets no tokens.
@@ -57,24 +54,5 @@ func TestCompletionTokenAskTakesOnePromptString(t *testing.T) {
 		if q.Prompt == nil || q.Messages != nil || special != c.special {
 			t.Errorf("%s: query %+v (add_special_tokens %s)", c.body, q, special)
 		}
-	}
-}
-
-// The /tokenize timeout is the base plus the allowance for each KiB begun.
-func TestTokenizeTimeoutAddsTheAllowanceOfEachKiB(t *testing.T) {
-	base, perKiB := 100*time.Millisecond, 500*time.Microsecond
-	for size, want := range map[int]time.Duration{
-		0:         base,
-		1:         base + perKiB,
-		1024:      base + perKiB,
-		1025:      base + 2*perKiB,
-		700 << 10: 450 * time.Millisecond,
-	} {
-		if got := tokenizeTimeout(base, perKiB, size); got != want {
-			t.Errorf("%d bytes: %v, want %v", size, got, want)
-		}
-	}
-	if got := tokenizeTimeout(base, 0, 32<<20); got != base {
-		t.Errorf("no allowance: %v, want %v", got, base)
 	}
 }

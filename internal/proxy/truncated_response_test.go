@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/metrics"
+	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -71,7 +72,7 @@ func TestTruncatedResponse_StreamBrokenByTheWorkerReachesTheClientTruncated(t *t
 	if got := tp.requests("2xx"); got != 0 {
 		t.Errorf("requests_total{status_class=2xx} = %v, want 0", got)
 	}
-	if got := tp.upstreamErrors(metrics.ErrMidStream); got != 1 {
+	if got := tp.upstreamErrors(upstream.KindMidStream); got != 1 {
 		t.Errorf("upstream_errors_total{kind=mid_stream} = %v, want 1", got)
 	}
 	if st := worker.Breaker().State(); st != workers.BreakerOpen {
@@ -154,7 +155,7 @@ func TestTruncatedResponse_SmallNonStreamedAnswerCutByTheWorkerIs502(t *testing.
 			if got := other.hits.Load(); got != 0 {
 				t.Errorf("the other worker got %d requests: a generated answer is not retried", got)
 			}
-			if got := tp.upstreamErrors(metrics.ErrMidStream); got != 1 {
+			if got := tp.upstreamErrors(upstream.KindMidStream); got != 1 {
 				t.Errorf("upstream_errors_total{kind=mid_stream} = %v, want 1", got)
 			}
 			eventually(t, 5*time.Second, "the breaker opens: the worker broke its answer off (threshold 1)", func() bool {

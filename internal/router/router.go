@@ -28,6 +28,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/policy"
 	_ "github.com/cacheroute/cacheroute/internal/policy/cacheaware" // registers cache_aware
 	"github.com/cacheroute/cacheroute/internal/proxy"
+	"github.com/cacheroute/cacheroute/internal/responsesearch"
 	"github.com/cacheroute/cacheroute/internal/session"
 	"github.com/cacheroute/cacheroute/internal/telemetry"
 	"github.com/cacheroute/cacheroute/internal/tenant"
@@ -151,7 +152,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 			r.kvEvents.Bind(r.kvBound)
 		}
 		r.metrics.SetKVEvents(r.kvEvents)
-		tokenize = &proxy.TokenizeOptions{CacheBytes: tokenCacheBytes, PerKiB: cfg.TokenizeTimeoutPerKiB()}
+		tokenize = &proxy.TokenizeOptions{CacheBytes: tokenCacheBytes}
 		if cfg.TokenizeURL != "" {
 			u, _ := tenant.NormalizeURL(cfg.TokenizeURL) // validated with the configuration
 			tokenize.URL = u
@@ -193,7 +194,6 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 	r.dashboard = r.newDashboard(storeHealth)
 	r.proxy = proxy.New(proxy.Options{
 		MaxPayloadSize:      cfg.MaxPayloadSize,
-		RequestTimeout:      timeouts.Request,
 		MaxRetries:          cfg.RetryMaxRetries,
 		InitialBackoff:      cfg.RetryInitialBackoff(),
 		MaxBackoff:          cfg.RetryMaxBackoff(),
@@ -212,11 +212,11 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		KeepaliveTimeout:    cfg.KeepaliveTimeout(),
 		ClientWriteTimeout:  cfg.ClientWriteTimeout(),
 		MaxClientConns:      cfg.MaxClientConnections,
-		ResponseSearch:      proxy.SearchOptions{Concurrency: cfg.ResponseSearchConcurrency, PerMinute: cfg.ResponseSearchPerMinute, TotalPerSecond: cfg.ResponseSearchTotalPerSecond},
+		ResponseSearch:      responsesearch.Options{Concurrency: cfg.ResponseSearchConcurrency, PerMinute: cfg.ResponseSearchPerMinute, TotalPerSecond: cfg.ResponseSearchTotalPerSecond},
 		MaxBodyBytesTotal:   cfg.MaxBodyBytesTotal,
 
 		MaxBodyBytesPerClient: cfg.MaxBodyBytesPerClient,
-		Upstream: proxy.UpstreamOptions{
+		Upstream: upstream.PoolOptions{
 			Dialer:           dialer,
 			MaxIdlePerWorker: maxIdlePerWorker,
 		},

@@ -29,8 +29,28 @@ type Timeouts struct {
 	// Scrape bounds one scrape of a worker's /metrics: nine tenths of --worker-metrics-interval,
 	// so that a scrape ends before the next is due.
 	Scrape time.Duration
-	// Tokenize bounds one call to a worker's /tokenize (--tokenize-timeout-secs).
-	Tokenize time.Duration
+	// Tokenize bounds one call to a worker's /tokenize (--tokenize-timeout-secs), and
+	// TokenizePerKiB is added to it for each KiB asked (--tokenize-timeout-per-kib-ms): see
+	// TokenizeFor.
+	Tokenize, TokenizePerKiB time.Duration
+	// Lookup bounds one lookup of a stored response (GET /v1/responses/{id}) in a search for a
+	// response the router does not know: a worker answers it from its memory, so one that takes
+	// longer is failing, and the search does not wait on it longer than this.
+	Lookup time.Duration
+}
+
+// TokenizeFor bounds one /tokenize call of size bytes: Tokenize, plus TokenizePerKiB for each KiB
+// begun; no bound when Tokenize is 0. An engine renders and tokenizes the whole prompt, and the
+// router reads one number per token, so the call's time grows with the prompt (about 0.2 ms per
+// KiB against the simulator; a real engine's template and tokenizer take their own time): a fixed
+// bound would cut every long prompt off, and route exactly the requests whose placement matters
+// most (the longest prefills) without the events. The body's bound (--max-payload-size) bounds
+// the wait.
+func (t Timeouts) TokenizeFor(size int) time.Duration {
+	if t.Tokenize <= 0 {
+		return 0
+	}
+	return t.Tokenize + t.TokenizePerKiB*time.Duration((size+1023)/1024)
 }
 
 // The timeouts that are not configured.
@@ -39,4 +59,6 @@ const (
 	DefaultKeepAlive = 30 * time.Second
 	// DefaultIdle is below vLLM's keep-alive; a pooled connection is checked before reuse anyway.
 	DefaultIdle = 30 * time.Second
+	// DefaultLookup is the bound of one stored-response lookup (Timeouts.Lookup).
+	DefaultLookup = 10 * time.Second
 )

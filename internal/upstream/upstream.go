@@ -1,11 +1,18 @@
 // Package upstream is the one way the router talks to workers. Every connection to a worker —
-// routed requests (the proxy's own fasthttp connection pool), health probes and probe requests,
-// engine-metric scrapes, LoRA adapter fan-out and /tokenize — is dialled by a Dialer: TCP bounded
-// by Timeouts.Dial and refused after name resolution when the address is outside
+// routed requests and response lookups (Pools: keep-alive connections the caller holds call by
+// call, pool.go and call.go), health probes and probe requests, engine-metric scrapes, LoRA
+// adapter fan-out and /tokenize (Dialer.Client) — is dialled by a Dialer: TCP bounded by
+// Timeouts.Dial and refused after name resolution when the address is outside
 // --worker-url-allow, TLS for https:// workers with the CAs and client certificate configured,
 // and the worker's credentials on every request, one way (see Dialer.Authorization). The
 // timeouts of all of those calls are one Timeouts value, built from the configuration in one
 // place (config.Config.UpstreamTimeouts) and documented in one table in docs/configuration.md.
+//
+// The routed path's rule of retries lives here too, since only the connection knows what a
+// failed call did on the wire: a Failure is Retryable when provably nothing reached a worker or
+// nothing of its answer was generated (failure.go), and a pooled connection the worker had closed
+// is replaced by a new one at once (Pool.Send). Which worker to try next, and whether to, is the
+// caller's.
 package upstream
 
 import (

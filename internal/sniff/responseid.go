@@ -1,4 +1,4 @@
-package proxy
+package sniff
 
 import (
 	"bytes"
@@ -8,23 +8,25 @@ import (
 // maxSniff bounds how much of an answer is looked at for the id of the response it stored.
 const maxSniff = 64 << 10
 
-// idSniffer finds the id of the response a worker stored, in its answer to POST /v1/responses:
+// ResponseID finds the id of the response a worker stored, in its answer to POST /v1/responses:
 // the top-level "id" of the JSON response object, or, in a stream, the response's id in the
 // first event that carries one (response.created). It reads the answer as it is relayed and keeps
 // at most maxSniff bytes of it; the relay is not held back.
-type idSniffer struct {
+type ResponseID struct {
 	stream bool
 	buf    []byte
 	id     string
 	done   bool // the id was found, or cannot be within the bytes kept
 }
 
-func newIDSniffer(stream bool) *idSniffer { return &idSniffer{stream: stream} }
+// NewResponseID returns a sniffer of an answer that is an event stream, or a JSON object.
+func NewResponseID(stream bool) *ResponseID { return &ResponseID{stream: stream} }
 
-// feed looks at the next bytes of the answer. The id is known as soon as the bytes holding it
-// have passed (a stream's first event; the head of a JSON answer, whose "id" comes first), so
-// that it is remembered before the client can have the whole answer and send its next turn.
-func (s *idSniffer) feed(p []byte) {
+// Feed looks at the next bytes of the answer. The id is known (Found) as soon as the bytes
+// holding it have passed (a stream's first event; the head of a JSON answer, whose "id" comes
+// first), so that it is remembered before the client can have the whole answer and send its next
+// turn.
+func (s *ResponseID) Feed(p []byte) {
 	if s.done {
 		return
 	}
@@ -48,7 +50,7 @@ func (s *idSniffer) feed(p []byte) {
 const maxEarlyJSON = 4 << 10
 
 // events reads the complete events in the buffer, dropping each once read.
-func (s *idSniffer) events() {
+func (s *ResponseID) events() {
 	for !s.done {
 		end, sep := bytes.Index(s.buf, []byte("\n\n")), 2
 		if crlf := bytes.Index(s.buf, []byte("\r\n\r\n")); crlf >= 0 && (end < 0 || crlf < end) {
@@ -83,8 +85,11 @@ func eventResponseID(event []byte) string {
 	return ""
 }
 
-// result is the id found; a JSON answer is read once it has ended (or its first maxSniff bytes).
-func (s *idSniffer) result() string {
+// Found is the id found so far; "" until its bytes have passed.
+func (s *ResponseID) Found() string { return s.id }
+
+// Result is the id found; a JSON answer is read once it has ended (or its first maxSniff bytes).
+func (s *ResponseID) Result() string {
 	if s.id == "" && !s.stream {
 		s.id = jsonID(s.buf)
 	}

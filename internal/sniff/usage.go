@@ -1,4 +1,9 @@
-package proxy
+// Package sniff reads what a worker's answer reports about itself while the relay passes it
+// to the client, without holding the answer back or keeping it whole: the token usage (the
+// prompt's tokens and those served from cache, for the access log and the policy's cache check)
+// and the id of the response a worker stored (for the policy's map of stored responses). It
+// knows the answers' JSON and event-stream shapes, and nothing of HTTP.
+package sniff
 
 import (
 	"bytes"
@@ -6,12 +11,12 @@ import (
 	"sync"
 )
 
-// usageSniffer finds the token usage a worker reported in its answer, for the access log: the
+// Usage finds the token usage a worker reported in its answer, for the access log: the
 // last "usage" object of a JSON answer or a stream (chat's usage chunk, the Responses API's
 // response.completed), or, for an Anthropic stream whose last usage counts only output, the one
 // in message_start. It keeps the answer's first and last few KiB as they pass, never the whole
 // answer, and never holds the relay back.
-type usageSniffer struct {
+type Usage struct {
 	head []byte // the first usageHead bytes
 	ring []byte // the last usageTail bytes, circularly from next
 	next int
@@ -25,12 +30,13 @@ const (
 
 // sniffers keeps the sniffers of finished answers: every routed answer has one, and its ring is
 // too large to allocate per request.
-var sniffers = sync.Pool{New: func() any { return &usageSniffer{ring: make([]byte, usageTail)} }}
+var sniffers = sync.Pool{New: func() any { return &Usage{ring: make([]byte, usageTail)} }}
 
-func newUsageSniffer() *usageSniffer { return sniffers.Get().(*usageSniffer) }
+// NewUsage returns an empty usage sniffer; Release gives it back.
+func NewUsage() *Usage { return sniffers.Get().(*Usage) }
 
-// release returns u to the pool, empty; u must not be used afterwards. A nil u does nothing.
-func (u *usageSniffer) release() {
+// Release returns u to the pool, empty; u must not be used afterwards. A nil u does nothing.
+func (u *Usage) Release() {
 	if u == nil {
 		return
 	}
@@ -38,16 +44,16 @@ func (u *usageSniffer) release() {
 	sniffers.Put(u)
 }
 
-// usageResult is what an answer's usage said of its prompt and output; ok is false when it said
-// nothing of the prompt, cachedKnown when it did not say how much of the prompt came from the
-// cache.
-type usageResult struct {
-	prompt, cached, output int
-	ok, cachedKnown        bool
+// Tokens is what an answer's usage said of its prompt and output: the prompt's tokens, those
+// served from the prefix cache, and the tokens generated. OK is false when it said nothing of the
+// prompt, CachedKnown when it did not say how much of the prompt came from the cache.
+type Tokens struct {
+	Prompt, Cached, Output int
+	OK, CachedKnown        bool
 }
 
-// feed looks at the next bytes of the answer.
-func (u *usageSniffer) feed(p []byte) {
+// Feed looks at the next bytes of the answer.
+func (u *Usage) Feed(p []byte) {
 	if room := usageHead - len(u.head); room > 0 {
 		u.head = append(u.head, p[:min(room, len(p))]...)
 	}
@@ -68,15 +74,16 @@ func (u *usageSniffer) feed(p []byte) {
 }
 
 // tail is the last bytes of the answer, in order.
-func (u *usageSniffer) tail() []byte {
+func (u *Usage) tail() []byte {
 	if !u.full {
 		return u.ring[:u.next]
 	}
 	return append(append([]byte(nil), u.ring[u.next:]...), u.ring[:u.next]...)
 }
 
-// usage is what a usage object says of the prompt, in any of the three APIs' spellings.
-type usage struct {
+// UsageObject is a usage object of any of the three APIs' spellings, as far as it speaks of the
+// prompt.
+type UsageObject struct {
 	PromptTokens        *int `json:"prompt_tokens"` // chat, completions
 	PromptTokensDetails *struct {
 		CachedTokens int `json:"cached_tokens"`
@@ -91,26 +98,26 @@ type usage struct {
 	Output        int  `json:"output_tokens"`     // Responses, Messages
 }
 
-// tokens returns what the usage reports of the prompt, if it reports a prompt. The cached count
+// Tokens returns what the usage reports of the prompt, if it reports a prompt. The cached count
 // is known only when the answer carries it: vLLM leaves prompt_tokens_details out unless it
 // runs with --enable-prompt-tokens-details, and no count is not zero cached.
-func (u *usage) tokens() (r usageResult) {
+func (u *UsageObject) Tokens() (r Tokens) {
 	switch {
 	case u.PromptTokens != nil:
-		r = usageResult{prompt: *u.PromptTokens, ok: true, cachedKnown: u.PromptTokensDetails != nil}
-		if r.cachedKnown {
-			r.cached = u.PromptTokensDetails.CachedTokens
+		r = Tokens{Prompt: *u.PromptTokens, OK: true, CachedKnown: u.PromptTokensDetails != nil}
+		if r.CachedKnown {
+			r.Cached = u.PromptTokensDetails.CachedTokens
 		}
 	case u.InputTokens != nil && (u.CacheRead != nil || u.CacheCreation != nil):
 		read, created := deref(u.CacheRead), deref(u.CacheCreation)
-		r = usageResult{prompt: *u.InputTokens + read + created, cached: read, ok: true, cachedKnown: u.CacheRead != nil}
+		r = Tokens{Prompt: *u.InputTokens + read + created, Cached: read, OK: true, CachedKnown: u.CacheRead != nil}
 	case u.InputTokens != nil:
-		r = usageResult{prompt: *u.InputTokens, ok: true, cachedKnown: u.InputTokensDetails != nil}
-		if r.cachedKnown {
-			r.cached = u.InputTokensDetails.CachedTokens
+		r = Tokens{Prompt: *u.InputTokens, OK: true, CachedKnown: u.InputTokensDetails != nil}
+		if r.CachedKnown {
+			r.Cached = u.InputTokensDetails.CachedTokens
 		}
 	}
-	r.output = max(u.Completion, u.Output, 0)
+	r.Output = max(u.Completion, u.Output, 0)
 	return r
 }
 
@@ -121,43 +128,44 @@ func deref(p *int) int {
 	return *p
 }
 
-// result returns what the answer's usage said of its prompt (ok is false when it reported none).
-func (u *usageSniffer) result() usageResult {
+// Result returns what the answer's usage said of its prompt and output (OK is false when it
+// reported no prompt).
+func (u *Usage) Result() Tokens {
 	tail := lastUsage(u.tail())
-	if tail.ok {
+	if tail.OK {
 		return tail
 	}
 	r := lastUsage(u.head)
-	r.output = max(r.output, tail.output)
+	r.Output = max(r.Output, tail.Output)
 	return r
 }
 
 // lastUsage reads the last "usage" object in data that reports a prompt, with the output tokens
 // of the last usage object of all (an Anthropic stream counts its output once more at its end,
 // in a usage without the prompt).
-func lastUsage(data []byte) usageResult {
+func lastUsage(data []byte) Tokens {
 	key := []byte(`"usage"`)
 	output, last := 0, true
 	for end := len(data); ; {
 		i := bytes.LastIndex(data[:end], key)
 		if i < 0 {
-			return usageResult{output: output} // no prompt reported: ok is false
+			return Tokens{Output: output} // no prompt reported: OK is false
 		}
 		end = i
 		rest := bytes.TrimLeft(data[i+len(key):], " \t\r\n")
 		if len(rest) == 0 || rest[0] != ':' {
 			continue
 		}
-		var u usage
+		var u UsageObject
 		if json.NewDecoder(bytes.NewReader(rest[1:])).Decode(&u) != nil {
 			continue
 		}
-		r := u.tokens()
+		r := u.Tokens()
 		if last {
-			output, last = r.output, false
+			output, last = r.Output, false
 		}
-		if r.ok {
-			r.output = max(r.output, output)
+		if r.OK {
+			r.Output = max(r.Output, output)
 			return r
 		}
 	}

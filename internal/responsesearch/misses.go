@@ -1,4 +1,4 @@
-package proxy
+package responsesearch
 
 import (
 	"sync"
@@ -13,25 +13,25 @@ import (
 // response stored meanwhile through another replica that shares no store with this one is found
 // again once the entry expires.
 
-// responseMissTTL is how long a miss is remembered.
-const responseMissTTL = 5 * time.Second
+// MissTTL is how long a miss is remembered.
+const MissTTL = 5 * time.Second
 
 // maxResponseMisses bounds the ids remembered; past it the oldest go first.
 const maxResponseMisses = 16384
 
-// responseMisses is the set of ids recently not found, with their expiry.
-type responseMisses struct {
+// misses is the set of ids recently not found, with their expiry.
+type misses struct {
 	mu    sync.Mutex
 	until map[string]time.Time
 	order []string // insertion order, for the bound
 }
 
-func newResponseMisses() *responseMisses {
-	return &responseMisses{until: map[string]time.Time{}}
+func newMisses() *misses {
+	return &misses{until: map[string]time.Time{}}
 }
 
-// has reports whether id was not found on any worker within responseMissTTL.
-func (m *responseMisses) has(id string, now time.Time) bool {
+// has reports whether id was not found on any worker within MissTTL of now.
+func (m *misses) has(id string, now time.Time) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	t, ok := m.until[id]
@@ -43,7 +43,7 @@ func (m *responseMisses) has(id string, now time.Time) bool {
 }
 
 // add remembers that no worker has id; id must be the caller's own string.
-func (m *responseMisses) add(id string, now time.Time) {
+func (m *misses) add(id string, now time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, ok := m.until[id]; !ok {
@@ -53,5 +53,5 @@ func (m *responseMisses) add(id string, now time.Time) {
 		}
 		m.order = append(m.order, id)
 	}
-	m.until[id] = now.Add(responseMissTTL)
+	m.until[id] = now.Add(MissTTL)
 }

@@ -1,4 +1,4 @@
-package proxy
+package sniff
 
 import (
 	"strings"
@@ -21,12 +21,13 @@ func TestUsageIsFoundInEveryAPIsAnswer(t *testing.T) {
 		{"messages stream: input in message_start, only output at the end", "event: message_start\ndata: {\"message\":{\"usage\":{\"input_tokens\":20,\"cache_read_input_tokens\":80,\"cache_creation_input_tokens\":0,\"output_tokens\":1}}}\n\n" +
 			filler + "event: message_delta\ndata: {\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":9}}\n\n", 100, 80, 9, true, true},
 	} {
-		u := newUsageSniffer()
+		u := NewUsage()
 		for chunk := range chunks(tc.answer, 333) { // in pieces, as reads deliver it
-			u.feed([]byte(chunk))
+			u.Feed([]byte(chunk))
 		}
-		got := u.result()
-		if want := (usageResult{tc.prompt, tc.cached, tc.output, tc.ok, tc.cachedKnown}); got != want {
+		got := u.Result()
+		u.Release()
+		if want := (Tokens{tc.prompt, tc.cached, tc.output, tc.ok, tc.cachedKnown}); got != want {
 			t.Errorf("%s: %+v, want %+v", tc.name, got, want)
 		}
 	}

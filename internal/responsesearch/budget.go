@@ -1,11 +1,11 @@
-package proxy
+package responsesearch
 
 import (
 	"sync"
 	"time"
 )
 
-// searchbudget.go bounds the searches each client may start, and those all clients together may
+// budget.go bounds the searches each client may start, and those all clients together may
 // start: a search for an id the router does not know may cost a lookup on every worker, so a
 // client that asks for ids at random (a scan, a client bug, a poll of an id that never existed
 // and keeps changing) would otherwise multiply its traffic by the fleet's size, and many clients
@@ -15,11 +15,11 @@ import (
 // to make room, and starts again with a full budget when it comes back.
 const maxSearchClients = 16384
 
-// searchBudget is a token bucket per client, each holding a window's worth of searches and
+// budget is a token bucket per client, each holding a window's worth of searches and
 // refilling continuously. A bucket is kept as the instant it would be full again had it no
 // bound (a theoretical arrival time): a search is allowed when that instant is at most a
 // window less one search ahead, and moves it one search later.
-type searchBudget struct {
+type budget struct {
 	every time.Duration // the time one search takes to refill; 0: no bound
 	burst time.Duration // how far ahead full may be: a window less one search
 	mu    sync.Mutex
@@ -28,16 +28,16 @@ type searchBudget struct {
 
 // newSearchBudget bounds each client to perMinute searches a minute, a minute's worth at once;
 // 0 bounds none.
-func newSearchBudget(perMinute int) *searchBudget {
+func newClientBudget(perMinute int) *budget {
 	if perMinute <= 0 {
 		return rateBudget(0, 0)
 	}
 	return rateBudget(time.Minute/time.Duration(perMinute), time.Minute)
 }
 
-// newTotalSearchBudget bounds all clients together (one bucket, client "") to perSecond
+// newTotalBudget bounds all clients together (one bucket, client "") to perSecond
 // searches a second, a second's worth at once (at least one); 0 bounds none.
-func newTotalSearchBudget(perSecond float64) *searchBudget {
+func newTotalBudget(perSecond float64) *budget {
 	if perSecond <= 0 {
 		return rateBudget(0, 0)
 	}
@@ -46,13 +46,13 @@ func newTotalSearchBudget(perSecond float64) *searchBudget {
 }
 
 // rateBudget allows one search every every, window's worth at once.
-func rateBudget(every, window time.Duration) *searchBudget {
-	return &searchBudget{every: every, burst: window - every, full: map[string]time.Time{}}
+func rateBudget(every, window time.Duration) *budget {
+	return &budget{every: every, burst: window - every, full: map[string]time.Time{}}
 }
 
 // allow takes one search from client's budget at now, or reports how long until one is there.
 // client must be the caller's own string.
-func (b *searchBudget) allow(client string, now time.Time) (wait time.Duration, ok bool) {
+func (b *budget) allow(client string, now time.Time) (wait time.Duration, ok bool) {
 	if b.every == 0 {
 		return 0, true
 	}

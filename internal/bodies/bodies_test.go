@@ -1,4 +1,4 @@
-package proxy
+package bodies
 
 import (
 	"bytes"
@@ -33,8 +33,8 @@ func (p *pieces) Read(b []byte) (int, error) {
 	return k, nil
 }
 
-func newHeld(b *bodyBudget, client string, limit int) *heldBody {
-	h := &heldBody{budget: b, client: client, area: newBodyArea(limit)}
+func newHeld(b *Budget, client string, limit int) *Body {
+	h := &Body{budget: b, client: client, area: newBodyArea(limit)}
 	h.owners.Store(1)
 	return h
 }
@@ -42,7 +42,7 @@ func newHeld(b *bodyBudget, client string, limit int) *heldBody {
 // A body is counted as it arrives: never more than twice a read ahead of what came (the bytes and
 // their copy), and once read, twice the pages it touched. Given back, it counts nothing.
 func TestBodyRead_CountsTheBytesAsTheyArrive(t *testing.T) {
-	b := newBodyBudget(0, 0)
+	b := NewBudget(0, 0)
 	data := bytes.Repeat([]byte("0123456789"), 300<<10) // 3 MB
 	h := newHeld(b, "a", len(data))
 	src := &pieces{data: data, size: 10 << 10, seen: func(sent int) {
@@ -64,11 +64,11 @@ func TestBodyRead_CountsTheBytesAsTheyArrive(t *testing.T) {
 	if held := b.Held(); held != 2*area {
 		t.Errorf("%d bytes counted for the whole body, want %d", held, 2*area)
 	}
-	h.derived(100)
+	h.Derived(100)
 	if held := b.Held(); held != area+100 {
 		t.Errorf("%d bytes counted once the copy is known, want %d", held, area+100)
 	}
-	h.release()
+	h.Release()
 	if held := b.Held(); held != 0 {
 		t.Errorf("%d bytes counted after the release", held)
 	}
@@ -78,11 +78,11 @@ func TestBodyRead_CountsTheBytesAsTheyArrive(t *testing.T) {
 // body is counted meanwhile.
 func TestBodyRead_StopsAtTheClientsShare(t *testing.T) {
 	const share = 1 << 20
-	b := newBodyBudget(0, share)
+	b := NewBudget(0, share)
 	h := newHeld(b, "a", 4<<20)
 	err := h.read(&pieces{data: make([]byte, 3<<20), size: 64 << 10}, -1, 4<<20)
-	var be *bodyError
-	if !errors.As(err, &be) || be.over != overClientShare {
+	var be *OverError
+	if !errors.As(err, &be) || be.Over != OverClientShare {
 		t.Fatalf("error %v, want the client's share passed", err)
 	}
 	if len(h.bytes) > share/2 {
@@ -92,8 +92,8 @@ func TestBodyRead_StopsAtTheClientsShare(t *testing.T) {
 	if err := other.read(&pieces{data: make([]byte, 256<<10), size: 64 << 10}, 256<<10, 256<<10); err != nil {
 		t.Errorf("another client's body: %v", err)
 	}
-	h.release()
-	other.release()
+	h.Release()
+	other.Release()
 	if held := b.Held(); held != 0 {
 		t.Errorf("%d bytes counted after the releases", held)
 	}
@@ -102,17 +102,17 @@ func TestBodyRead_StopsAtTheClientsShare(t *testing.T) {
 // A chunked body longer than the limit is too large; a body shorter than its announced length is
 // cut. Neither keeps a count.
 func TestBodyRead_TooLargeAndCutBodiesCountNothing(t *testing.T) {
-	b := newBodyBudget(0, 0)
+	b := NewBudget(0, 0)
 	h := newHeld(b, "a", 100<<10)
-	if err := h.read(&pieces{data: make([]byte, 100<<10+1), size: 4 << 10}, -1, 100<<10); !errors.Is(err, errBodyTooLarge) {
+	if err := h.read(&pieces{data: make([]byte, 100<<10+1), size: 4 << 10}, -1, 100<<10); !errors.Is(err, ErrTooLarge) {
 		t.Errorf("chunked past the limit: %v, want too large", err)
 	}
-	h.release()
+	h.Release()
 	h = newHeld(b, "a", 100<<10)
-	if err := h.read(&pieces{data: make([]byte, 50<<10), size: 4 << 10}, 100<<10, 100<<10); !errors.Is(err, errBodyCut) {
+	if err := h.read(&pieces{data: make([]byte, 50<<10), size: 4 << 10}, 100<<10, 100<<10); !errors.Is(err, ErrCut) {
 		t.Errorf("short body: %v, want cut", err)
 	}
-	h.release()
+	h.Release()
 	if held := b.Held(); held != 0 {
 		t.Errorf("%d bytes counted after the releases", held)
 	}
@@ -123,19 +123,24 @@ func TestBodyRead_TooLargeAndCutBodiesCountNothing(t *testing.T) {
 // collected.
 func TestBodyBudget_CopiesGivenBackAreCollectedInTime(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(-1)) // no collection but the one asked for
-	b := newBodyBudget(8<<20, 0)
+	b := NewBudget(8<<20, 0)
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
 	h := newHeld(b, "a", 1<<20)
-	if over := h.count(0, 2<<20, false); over != withinBudget {
+	if over := h.count(0, 2<<20, false); over != Within {
 		t.Fatal("the copy did not fit")
 	}
-	h.release()
-	eventually(t, 10*time.Second, "a collection", func() bool {
+	h.Release()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		var now runtime.MemStats
 		runtime.ReadMemStats(&now)
-		return now.NumGC > before.NumGC && !b.collecting.Load()
-	})
+		if now.NumGC > before.NumGC && !b.collecting.Load() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no collection within 10 s")
+		}
+	}
 	if b.freed.Load() != 0 {
 		t.Errorf("%d bytes still counted as given back after the collection", b.freed.Load())
 	}
@@ -147,7 +152,7 @@ func BenchmarkBodyRead(b *testing.B) {
 	for _, size := range []int{4 << 10, 4 << 20} {
 		data := bytes.Repeat([]byte("x"), size)
 		b.Run(fmt.Sprint(size), func(b *testing.B) {
-			budget := newBodyBudget(1<<30, 256<<20)
+			budget := NewBudget(1<<30, 256<<20)
 			b.ReportAllocs()
 			b.SetBytes(int64(size))
 			for b.Loop() {
@@ -155,7 +160,7 @@ func BenchmarkBodyRead(b *testing.B) {
 				if err := h.read(&pieces{data: data, size: 64 << 10}, size, size); err != nil {
 					b.Fatal(err)
 				}
-				h.release()
+				h.Release()
 			}
 		})
 	}
