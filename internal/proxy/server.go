@@ -33,6 +33,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/responsesearch"
 	"github.com/cacheroute/cacheroute/internal/telemetry"
 	"github.com/cacheroute/cacheroute/internal/tenant"
+	"github.com/cacheroute/cacheroute/internal/tokenize"
 	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -97,7 +98,7 @@ type Options struct {
 	KVEvents func() []kvevents.Status
 	// Tokenize, when set, asks an engine for the prompt tokens of the requests the policy may
 	// match against the engines' KV-cache events (tokens.go).
-	Tokenize *TokenizeOptions
+	Tokenize *tokenize.Client
 	// PD, when set, prefills and decodes the requests of the routes that allow it on two workers
 	// (pd.go).
 	PD *PDOptions
@@ -132,7 +133,6 @@ type Server struct {
 	routes       map[string]*route
 	mux          *http.ServeMux // every endpoint that is not routed
 	workerClient *http.Client
-	tokenCache   *tokenCache // nil unless Options.Tokenize
 	search       *responsesearch.Searcher
 	bodies       *bodies.Budget
 	plain        fasthttp.RequestHandler
@@ -167,9 +167,6 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 	s.upstreams = upstream.NewPools(up)
 	s.search = responsesearch.New(opts.ResponseSearch, s.upstreams, m)
 	s.queueClosed, s.closeQueue = context.WithCancel(context.Background())
-	if opts.Tokenize != nil {
-		s.tokenCache = &tokenCache{budget: opts.Tokenize.CacheBytes, byKey: map[string][]uint32{}}
-	}
 	s.responses = p.Responses()
 	if opts.PD != nil {
 		for _, path := range PDPaths {

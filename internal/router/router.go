@@ -32,6 +32,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/session"
 	"github.com/cacheroute/cacheroute/internal/telemetry"
 	"github.com/cacheroute/cacheroute/internal/tenant"
+	"github.com/cacheroute/cacheroute/internal/tokenize"
 	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -141,7 +142,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 			Dialer:   dialer,
 		}, log)
 	}
-	var tokenize *proxy.TokenizeOptions
+	var tokens *tokenize.Client
 	if kvIndex != nil {
 		r.kvEvents = kvevents.NewSet(kvIndex, log)
 		if cfg.KVEventsBind != "" {
@@ -152,11 +153,11 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 			r.kvEvents.Bind(r.kvBound)
 		}
 		r.metrics.SetKVEvents(r.kvEvents)
-		tokenize = &proxy.TokenizeOptions{CacheBytes: tokenCacheBytes}
+		opts := tokenize.Options{CacheBytes: tokenCacheBytes, Dialer: dialer, Metrics: r.metrics, Log: log}
 		if cfg.TokenizeURL != "" {
-			u, _ := tenant.NormalizeURL(cfg.TokenizeURL) // validated with the configuration
-			tokenize.URL = u
+			opts.URL, _ = tenant.NormalizeURL(cfg.TokenizeURL) // validated with the configuration
 		}
+		tokens = tokenize.New(opts)
 	}
 	if r.admission, err = r.newAdmission(cfg); err != nil {
 		return nil, err
@@ -223,7 +224,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		SessionStore: storeHealth,
 		KVEvents:     r.kvEventsStatus(),
 		Dashboard:    r.dashboard,
-		Tokenize:     tokenize,
+		Tokenize:     tokens,
 		PD:           pd,
 
 		StrictModels:       cfg.StrictModelMatching,
