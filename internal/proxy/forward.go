@@ -47,6 +47,7 @@ type exchange struct {
 	searching        bool
 	follow           *workers.Worker         // the holder a search found of the response a turn continues; its first attempt goes there
 	pd               *pdState                // a request prefilled and decoded apart (pd.go); nil otherwise
+	req              requestLeg              // the request in the attempt loop
 	match            float64                 // the last attempt's predicted prefix match
 	trace            *telemetry.RequestTrace // nil when tracing is off
 
@@ -144,9 +145,9 @@ func (ex *exchange) stopWatch() {
 	}
 }
 
-// forward runs one routed request: read it and find its candidates, then choose → accept →
-// Accepted → send, again on another worker while the failure provably started nothing, and finally
-// relay the answer. id is the response id a byResponseID path names; body is the request's body,
+// forward runs one routed request: read it, find its candidates, admit it, find the stored
+// response it names if need be, and send it through the attempt loop, whose last attempt relays
+// the answer. id is the response id a byResponseID path names; body is the request's body,
 // which the exchange holds until its end.
 func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string, body *bodies.Body) {
 	body.Hold()
@@ -186,96 +187,200 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string, body *b
 		return
 	}
 
+	ex.req = requestLeg{s: s, ctx: ctx, ex: ex}
+	switch end, dec, last := s.attempts(ex, &ex.req); end {
+	case legRefused:
+		s.refuse(ctx, ex, dec)
+	case legNoWorker:
+		s.finish(ctx, ex, s.noWorker(ctx, ex, last))
+	case legFailed:
+		s.finish(ctx, ex, s.upstreamFailed(ctx, ex, last))
+	case legClientGone:
+		s.finish(ctx, ex, statusClientGone)
+	}
+}
+
+// leg is what the attempt loop sends to one worker at a time: the request itself (requestLeg),
+// or the prefill leg of a request prefilled and decoded apart (prefillLeg, pd.go). Each leg has
+// its own policy and candidates, and takes its answers its own way; the loop is the same.
+type leg interface {
+	// input is the leg's policy input; the loop takes each worker it tries off its candidates.
+	input() *policy.Input
+	// choose decides the next attempt among the candidates.
+	choose() policy.Decision
+	// hold waits as the policy's Hold says, and reports whether to choose again; false when the
+	// client left, or when the leg does not wait (the loop then ends it as refused).
+	hold(h *policy.Hold) bool
+	// accepted records that attempt n carries dec out (the breaker granted it, the load is
+	// counted): the policy learns it.
+	accepted(dec policy.Decision, n int)
+	// send sends the leg to dec's worker and takes the answer. It reports true when the answer
+	// ends the leg, having taken over at (closed once the answer is done with), else how the
+	// attempt failed: final says that no other attempt follows whatever the answer.
+	send(dec policy.Decision, at *workers.Attempt, final bool) (bool, upstream.Failure)
+	// ended tells how attempt n on dec ended without an answer taken: cancelled (the client
+	// left), or failed with f, after which the loop tries again when retry.
+	ended(dec policy.Decision, o workers.Outcome, f upstream.Failure, n int, retry bool)
+}
+
+// legEnd is how a leg's attempt loop ended.
+type legEnd uint8
+
+const (
+	legAnswered   legEnd = iota // an answer ended it: relayed, or read
+	legRefused                  // the policy places it nowhere
+	legNoWorker                 // no candidate was left to try
+	legFailed                   // the last attempt failed, and no other may follow
+	legClientGone               // the client left
+)
+
+// attempts is the attempt loop, the one way any request, or any leg of one, reaches a worker:
+// choose a worker (the leg's policy), take an attempt on it (its breaker and its load: a refused
+// worker is left out and another chosen), send, and again on another worker while the failure
+// provably started nothing, within --retry-max-retries and the request's first-byte deadline,
+// with a growing backoff in between. It returns how the leg ended, with the last decision (the
+// refusal, when the policy refused) and the last failure.
+func (s *Server) attempts(ex *exchange, l leg) (legEnd, policy.Decision, upstream.Failure) {
+	in := l.input()
 	backoff := s.opts.InitialBackoff
 	var last upstream.Failure
-	for attempt := 0; ; {
+	for n := 0; ; {
 		// A worker found stalled since the request began (by another request's missed first
 		// byte, or the stall checks) is not tried: the attempt would only wait to fail.
-		ex.in.Candidates = withoutStalled(ex.in.Candidates)
-		if len(ex.in.Candidates) == 0 {
-			s.finish(ctx, ex, s.noWorker(ctx, ex, last))
-			return
+		in.Candidates = withoutStalled(in.Candidates)
+		if len(in.Candidates) == 0 {
+			return legNoWorker, policy.Decision{}, last
 		}
-		dec := s.choose(ex)
+		dec := l.choose()
 		if dec.Refusal != nil {
-			s.refuse(ctx, ex, dec)
-			return
+			return legRefused, dec, last
 		}
 		if dec.Hold != nil {
-			if !s.hold(ex, dec.Hold) {
-				s.finish(ctx, ex, statusClientGone)
-				return
+			if l.hold(dec.Hold) {
+				continue // choose again: room may have appeared, or the wait is over
 			}
-			continue // choose again: room may have appeared, or the wait is over
+			if ex.gone.Load() {
+				return legClientGone, dec, last
+			}
+			return legRefused, dec, last
 		}
-		ex.in.Candidates = without(ex.in.Candidates, dec.Worker.URL())
+		in.Candidates = without(in.Candidates, dec.Worker.URL())
 		at := s.pool.Acquire(dec.Worker)
 		if at == nil {
 			continue // the breaker refused (its half-open trial is taken): choose again without it
 		}
 		at.Prefill(dec.Prefill)
-		if rt.place == byPolicy {
-			s.policy.Accepted(ex.in, dec)
-			ex.unhold()
-			s.metrics.PolicyDecisions.WithLabelValues(s.policy.Name(), dec.Worker.Name()).Inc()
-		}
-		attempt++
-		if attempt == 1 {
-			// The first-byte timeout runs from the first attempt, once admission, any search and
-			// any wait for KV room are done, and every attempt waits within it: a fleet of hung
-			// workers costs one timeout, not one per attempt.
-			if fb := s.opts.Upstream.Timeouts.FirstByte; fb > 0 {
-				if t := time.Now().Add(fb); t.Before(ex.headersBy) {
-					ex.headersBy = t
-				}
-			}
-		}
-		ex.attempts, ex.decision, ex.worker, ex.match = attempt, dec.Label, dec.Worker.Name(), dec.Match
-		ex.trace.Attempt(attempt, ex.worker)
-		final := len(ex.in.Candidates) == 0 || attempt > s.opts.MaxRetries
-		if ex.pd != nil && ex.pd.path == "" {
-			s.decidePD(ctx, ex, dec)
-		}
-
-		ex.sentAt = time.Now()
-		resp, conn, f := s.send(ctx, ex, dec.Worker, final)
-		if resp != nil {
-			if ex.pd != nil {
-				ctx.Response.Header.Set(HeaderPD, ex.pd.path)
-				if ex.pd.body != nil {
-					ctx.Response.Header.Set(HeaderPrefillWorker, ex.pd.prefill)
-				}
-			}
-			s.relay(ctx, ex, resp, conn, dec, at)
-			return
+		n++
+		l.accepted(dec, n)
+		final := len(in.Candidates) == 0 || n > s.opts.MaxRetries
+		answered, f := l.send(dec, at, final)
+		if answered {
+			return legAnswered, dec, f
 		}
 		if ex.gone.Load() {
 			at.Close(workers.Cancelled)
-			s.done(ex, dec, workers.Cancelled, policy.Usage{})
-			s.finish(ctx, ex, statusClientGone)
-			return
+			l.ended(dec, workers.Cancelled, f, n, false)
+			return legClientGone, dec, f
 		}
 		if f.Kind == upstream.KindFirstByte && at.MissedFirstByte(s.opts.Upstream.Timeouts.FirstByte) {
 			s.log.Warn("worker stalled: no byte of any answer within the first-byte timeout; out of rotation until it answers a probe request",
 				"worker", dec.Worker.Name())
 		}
 		at.Close(workers.Failed)
-		ex.pdFailed(f)
-		ex.trace.AttemptFailed(f.Kind, f.Message)
-		s.done(ex, dec, workers.Failed, policy.Usage{})
-		s.metrics.UpstreamErrors.WithLabelValues(f.Kind).Inc()
-		s.log.Warn("upstream attempt failed", "request_id", ex.rid, "worker", dec.Worker.Name(), "attempt", attempt, "kind", f.Kind)
-		last = f
-		if !f.Retryable || final || !time.Now().Before(ex.headersBy) {
-			s.finish(ctx, ex, s.upstreamFailed(ctx, ex, f))
-			return
+		if f.Kind != "" {
+			s.metrics.UpstreamErrors.WithLabelValues(f.Kind).Inc()
 		}
-		s.metrics.Retries.Inc()
+		last = f
+		retry := f.Retryable && !final && time.Now().Before(ex.headersBy)
+		l.ended(dec, workers.Failed, f, n, retry)
+		if !retry {
+			return legFailed, dec, f
+		}
 		if !sleep(ex, jitter(backoff)) {
-			s.finish(ctx, ex, statusClientGone)
-			return
+			return legClientGone, dec, f
 		}
 		backoff = min(2*backoff, s.opts.MaxBackoff)
+	}
+}
+
+// requestLeg is the request itself in the attempt loop: placed by the server's policy (or at the
+// holder of the response its path names), each attempt recorded for the access log and the
+// trace, its answer relayed.
+type requestLeg struct {
+	s   *Server
+	ctx *fasthttp.RequestCtx
+	ex  *exchange
+}
+
+func (l *requestLeg) input() *policy.Input { return &l.ex.in }
+
+func (l *requestLeg) choose() policy.Decision { return l.s.choose(l.ex) }
+
+func (l *requestLeg) hold(h *policy.Hold) bool { return l.s.hold(l.ex, h) }
+
+func (l *requestLeg) accepted(dec policy.Decision, n int) {
+	s, ex := l.s, l.ex
+	if ex.route.place == byPolicy {
+		s.policy.Accepted(ex.in, dec)
+		ex.unhold()
+		s.metrics.PolicyDecisions.WithLabelValues(s.policy.Name(), dec.Worker.Name()).Inc()
+	}
+	if n == 1 {
+		// The first-byte timeout runs from the first attempt, once admission, any search and
+		// any wait for KV room are done, and every attempt (a P/D request's prefill leg's too)
+		// waits within it: a fleet of hung workers costs one timeout, not one per attempt.
+		if fb := s.opts.Upstream.Timeouts.FirstByte; fb > 0 {
+			if t := time.Now().Add(fb); t.Before(ex.headersBy) {
+				ex.headersBy = t
+			}
+		}
+	}
+	ex.attempts, ex.decision, ex.worker, ex.match = n, dec.Label, dec.Worker.Name(), dec.Match
+	ex.trace.Attempt(n, ex.worker)
+}
+
+// send sends the request (a P/D request's decode leg, once its prefill leg ran: decidePD) and
+// relays the answer: anything but a retryable 5xx, or any answer on the final attempt.
+func (l *requestLeg) send(dec policy.Decision, at *workers.Attempt, final bool) (bool, upstream.Failure) {
+	s, ctx, ex := l.s, l.ctx, l.ex
+	var body []byte // the client's
+	if ex.pd != nil {
+		if ex.pd.path == "" {
+			s.decidePD(ctx, ex, dec)
+		}
+		body = ex.pd.body
+	}
+	ex.sentAt = time.Now()
+	resp, conn, f := s.send(ctx, ex, dec.Worker, body)
+	if resp == nil {
+		return false, f
+	}
+	if status := resp.StatusCode(); !final && (upstream.RetryableStatus(status) || ex.pd.pullFailed(status)) {
+		// An answer that will not be relayed is dropped with its connection: reading a 5xx body
+		// to its end to keep the connection is not worth waiting on a failing worker.
+		ex.call.Finish(conn, resp, false)
+		return false, upstream.Failure{Kind: upstream.KindStatus, Retryable: true, Message: "the worker answered " + strconv.Itoa(status)}
+	}
+	if ex.pd != nil {
+		ctx.Response.Header.Set(HeaderPD, ex.pd.path)
+		if ex.pd.body != nil {
+			ctx.Response.Header.Set(HeaderPrefillWorker, ex.pd.prefill)
+		}
+	}
+	s.relay(ctx, ex, resp, conn, dec, at)
+	return true, f
+}
+
+func (l *requestLeg) ended(dec policy.Decision, o workers.Outcome, f upstream.Failure, n int, retry bool) {
+	s, ex := l.s, l.ex
+	if o == workers.Failed {
+		ex.pdFailed(f)
+		ex.trace.AttemptFailed(f.Kind, f.Message)
+		s.log.Warn("upstream attempt failed", "request_id", ex.rid, "worker", dec.Worker.Name(), "attempt", n, "kind", f.Kind)
+	}
+	s.done(ex, dec, o, policy.Usage{})
+	if retry {
+		s.metrics.Retries.Inc()
 	}
 }
 
@@ -404,10 +509,10 @@ const errorWriteTimeout = 10 * time.Second
 // (nginx's 499).
 const statusClientGone = 499
 
-// send forwards the request to w (upstream.Pool.Send). It returns the worker's answer, with its
-// body still to be read from conn, when it is to be relayed (anything but a retryable 5xx, or any
-// answer on the final attempt); otherwise the failure.
-func (s *Server) send(ctx *fasthttp.RequestCtx, ex *exchange, w *workers.Worker, final bool) (*fasthttp.Response, *upstream.Conn, upstream.Failure) {
+// send sends the request to w, with body in place of the client's when set (a P/D leg's), on a
+// connection the client watch can cut (upstream.Pool.Send). It returns the worker's answer, with
+// its body still to be read from conn, or how the attempt failed.
+func (s *Server) send(ctx *fasthttp.RequestCtx, ex *exchange, w *workers.Worker, body []byte) (*fasthttp.Response, *upstream.Conn, upstream.Failure) {
 	pool, err := s.upstreams.Pool(w.URL())
 	if err != nil {
 		return nil, nil, upstream.Failure{Kind: upstream.KindConnect, Retryable: true, Message: "the worker's URL is not usable"}
@@ -415,23 +520,12 @@ func (s *Server) send(ctx *fasthttp.RequestCtx, ex *exchange, w *workers.Worker,
 	out := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(out)
 	s.buildRequest(ctx, out, w, ex.rid, pool.Target.Authorization)
-	if ex.pd != nil && ex.pd.body != nil {
-		out.SetBodyRaw(ex.pd.body) // the decode leg, with the prefill's kv_transfer_params
+	if body != nil {
+		out.SetBodyRaw(body)
 	}
 	ex.trace.Inject(&out.Header)
 	ex.call.Peer, ex.call.Deadline, ex.call.HeadersBy, ex.call.CheckStall = w, ex.deadline, ex.headersBy, true
-	resp, c, f := pool.Send(out, &ex.call)
-	if resp == nil {
-		return nil, nil, f
-	}
-	status := resp.StatusCode()
-	if final || !upstream.RetryableStatus(status) && !ex.pd.pullFailed(status) {
-		return resp, c, f
-	}
-	// An answer that will not be relayed is dropped with its connection: reading a 5xx body to
-	// its end to keep the connection is not worth waiting on a failing worker.
-	ex.call.Finish(c, resp, false)
-	return nil, nil, upstream.Failure{Kind: upstream.KindStatus, Retryable: true, Message: "the worker answered " + strconv.Itoa(status)}
+	return pool.Send(out, &ex.call)
 }
 
 // buildRequest writes the upstream request: the client's method, path, query and body bytes as

@@ -1,20 +1,15 @@
 package proxy
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
-	"net/netip"
 	"strconv"
-	"time"
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/cacheroute/cacheroute/internal/kvtransfer"
 	"github.com/cacheroute/cacheroute/internal/policy"
-	"github.com/cacheroute/cacheroute/internal/sniff"
-	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -35,8 +30,11 @@ import (
 //     answer's kv_transfer_params go into the request sent to the decode worker, which pulls the
 //     prompt's KV from the prefill worker and streams the answer as the client asked.
 //
-// Each step retries as the router always does, on another worker of its role, what never
-// reached a worker. A prefill that fails on every prefill worker, or answers without
+// Both legs go through the one attempt loop (forward.go), each with its policy among the workers
+// of its role: the decode leg is the request itself, and the prefill leg runs within its first
+// attempt, once its decode worker is chosen (prefillLeg). Each retries as the router always does
+// what never reached a worker; the legs' bodies and the prefill's answer are package
+// kvtransfer's. A prefill that fails on every prefill worker, or answers without
 // kv_transfer_params, leaves the decode worker to compute the prompt: the request is slower, not
 // failed. A decode worker that answered a retryable 5xx may have failed to pull the KV (vLLM's
 // kv_load_failure_policy "fail"); the next decode attempt then goes without the parameters.
@@ -73,9 +71,6 @@ type pdState struct {
 	body    []byte // the decode leg's body: the request with the prefill's kv_transfer_params; nil: as it came
 	prefill string // the prefill worker's name, when a prefill leg succeeded
 }
-
-// prefillRequestParams are the kv_transfer_params of a prefill leg: decode elsewhere.
-var prefillRequestParams = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
 
 // pdCandidates splits a P/D route's candidates: the decode workers take the request, the prefill
 // workers its prefill leg. Without a decode worker, the request goes to the colocated workers
@@ -115,9 +110,9 @@ func (s *Server) decidePD(ctx *fasthttp.RequestCtx, ex *exchange, dec policy.Dec
 		return
 	}
 	body := ctx.PostBody()
-	leg, err := prefillBody(body)
+	legBody, err := kvtransfer.PrefillBody(body)
 	switch {
-	case errors.Is(err, errOwnTransfer):
+	case errors.Is(err, kvtransfer.ErrOwnTransfer):
 		st.path = PDLocalCached // the client runs its own transfer; leave its parameters alone
 		return
 	case err != nil:
@@ -130,112 +125,80 @@ func (s *Server) decidePD(ctx *fasthttp.RequestCtx, ex *exchange, dec policy.Dec
 		st.path = PDNoPrefill
 		return
 	}
-	params, name := s.runPrefill(ctx, ex, leg, prefillers)
-	if params == nil {
+	leg := &prefillLeg{s: s, ctx: ctx, ex: ex, in: ex.in, body: legBody}
+	leg.in.Candidates = prefillers
+	if end, _, _ := s.attempts(ex, leg); end != legAnswered {
 		st.path = PDPrefillFailed
 		return
 	}
-	st.path, st.prefill, st.body = PDTransfer, name, withField(body, "kv_transfer_params", params)
+	st.path, st.prefill, st.body = PDTransfer, leg.worker, kvtransfer.DecodeBody(body, leg.params)
 }
 
-// runPrefill sends the prefill leg to the prefill workers, one after another while the failure
-// provably started nothing, and returns the kv_transfer_params of the first that answered with
-// them, and that worker's name.
-func (s *Server) runPrefill(ctx *fasthttp.RequestCtx, ex *exchange, leg []byte, prefillers []*workers.Worker) (json.RawMessage, string) {
-	p := s.opts.PD.Prefill
-	in := ex.in
-	in.Candidates = prefillers
-	for attempt := 0; len(in.Candidates) > 0 && attempt <= s.opts.MaxRetries; {
-		dec := p.Select(in)
-		if dec.Worker == nil {
-			return nil, ""
-		}
-		in.Candidates = without(in.Candidates, dec.Worker.URL())
-		at := s.pool.Acquire(dec.Worker)
-		if at == nil {
-			continue
-		}
-		attempt++
-		at.Prefill(dec.Prefill)
-		p.Accepted(in, dec)
-		params, u, f := s.prefillOn(ctx, ex, dec.Worker, leg)
-		if f.Kind == "" && params != nil {
-			at.Close(workers.Succeeded)
-			p.Done(in, dec, workers.Succeeded, u)
-			return params, dec.Worker.Name()
-		}
-		at.Close(workers.Failed)
-		p.Done(in, dec, workers.Failed, policy.Usage{})
-		if f.Kind != "" {
-			s.metrics.UpstreamErrors.WithLabelValues(f.Kind).Inc()
-		}
-		s.log.Warn("prefill leg failed", "request_id", ex.rid, "worker", dec.Worker.Name(), "attempt", attempt, "kind", f.Kind, "message", f.Message)
-		if ex.gone.Load() || (f.Kind != "" && !f.Retryable) || time.Now().After(ex.deadline) {
-			return nil, ""
-		}
-	}
-	return nil, ""
+// prefillLeg is a P/D request's prefill leg in the attempt loop: placed among the prefill workers
+// by the prefill policy, sent as the prefill leg's body, its answer read whole for the
+// kv_transfer_params the decode leg carries. A failure of its own is never the request's: the
+// decode worker then computes the prompt itself.
+type prefillLeg struct {
+	s    *Server
+	ctx  *fasthttp.RequestCtx
+	ex   *exchange
+	in   policy.Input // the request, among the prefill workers
+	body []byte       // the prefill leg's body (kvtransfer.PrefillBody)
+	// What the leg got: the checked kv_transfer_params, and the name of the worker that holds
+	// the prompt's KV.
+	params json.RawMessage
+	worker string
 }
 
-// maxPrefillAnswer bounds the prefill leg's answer the router reads: one token and its
-// parameters.
-const maxPrefillAnswer = 1 << 20
+func (l *prefillLeg) input() *policy.Input { return &l.in }
 
-// prefillOn sends the prefill leg to w and reads its whole answer: the kv_transfer_params it
-// carries (nil when it carries none) and its usage. The leg must answer within the first-byte
-// timeout.
-func (s *Server) prefillOn(ctx *fasthttp.RequestCtx, ex *exchange, w *workers.Worker, leg []byte) (json.RawMessage, policy.Usage, upstream.Failure) {
-	pool, err := s.upstreams.Pool(w.URL())
-	if err != nil {
-		return nil, policy.Usage{}, upstream.Failure{Kind: upstream.KindConnect, Retryable: true, Message: "the worker's URL is not usable"}
-	}
-	out := fasthttp.AcquireRequest()
-	defer fasthttp.ReleaseRequest(out)
-	s.buildRequest(ctx, out, w, ex.rid, pool.Target.Authorization)
-	out.SetBodyRaw(leg)
-	ex.trace.Inject(&out.Header)
-	headersBy := ex.headersBy
-	if fb := s.opts.Upstream.Timeouts.FirstByte; fb > 0 {
-		if t := time.Now().Add(fb); t.Before(headersBy) {
-			headersBy = t
-		}
-	}
-	ex.call.Peer, ex.call.Deadline, ex.call.HeadersBy, ex.call.CheckStall = w, ex.deadline, headersBy, true
-	resp, c, f := pool.Send(out, &ex.call)
+func (l *prefillLeg) choose() policy.Decision { return l.s.opts.PD.Prefill.Select(l.in) }
+
+// hold does not wait for KV room on a prefill worker: the decode worker computes the prompt.
+func (l *prefillLeg) hold(*policy.Hold) bool { return false }
+
+func (l *prefillLeg) accepted(dec policy.Decision, _ int) { l.s.opts.PD.Prefill.Accepted(l.in, dec) }
+
+// send sends the prefill leg and reads its whole answer (at most kvtransfer.MaxAnswer bytes). An
+// answer without kv_transfer_params fails the attempt, and another prefill worker may be asked;
+// one whose parameters fail their check did compute the prompt, and is not tried elsewhere.
+func (l *prefillLeg) send(dec policy.Decision, at *workers.Attempt, _ bool) (bool, upstream.Failure) {
+	resp, conn, f := l.s.send(l.ctx, l.ex, dec.Worker, l.body)
 	if resp == nil {
-		return nil, policy.Usage{}, f
+		return false, f
 	}
 	status := resp.StatusCode()
-	body, err := io.ReadAll(io.LimitReader(resp.BodyStream(), maxPrefillAnswer+1))
-	complete := err == nil && len(body) <= maxPrefillAnswer
-	ex.call.Finish(c, resp, complete)
+	body, err := io.ReadAll(io.LimitReader(resp.BodyStream(), kvtransfer.MaxAnswer+1))
+	complete := err == nil && len(body) <= kvtransfer.MaxAnswer
+	l.ex.call.Finish(conn, resp, complete)
 	switch {
 	case !complete:
-		return nil, policy.Usage{}, upstream.Failure{Kind: upstream.KindMidStream, Message: "the prefill leg's answer broke off or was too large"}
+		return false, upstream.Failure{Kind: upstream.KindMidStream, Message: "the prefill leg's answer broke off or was too large"}
 	case status/100 != 2:
-		return nil, policy.Usage{}, upstream.Failure{Kind: upstream.KindStatus, Retryable: upstream.RetryableStatus(status), Message: "the prefill worker answered " + strconv.Itoa(status)}
+		return false, upstream.Failure{Kind: upstream.KindStatus, Retryable: upstream.RetryableStatus(status), Message: "the prefill worker answered " + strconv.Itoa(status)}
 	}
-	var answer struct {
-		KVTransferParams json.RawMessage    `json:"kv_transfer_params"`
-		Usage            *sniff.UsageObject `json:"usage"`
+	params, u, err := kvtransfer.Answer(body)
+	switch {
+	case err != nil:
+		return false, upstream.Failure{Kind: upstream.KindBadReply, Message: err.Error()}
+	case params == nil:
+		return false, upstream.Failure{Retryable: true, Message: "the prefill worker answered without kv_transfer_params"}
 	}
-	if err := json.Unmarshal(body, &answer); err != nil {
-		return nil, policy.Usage{}, upstream.Failure{Kind: upstream.KindBadReply, Message: "the prefill leg's answer is not JSON"}
+	at.Close(workers.Succeeded)
+	var used policy.Usage
+	if u.OK && u.CachedKnown {
+		used = policy.Usage{Known: true, Prompt: u.Prompt, Cached: u.Cached}
 	}
-	var u policy.Usage
-	if answer.Usage != nil {
-		if t := answer.Usage.Tokens(); t.OK && t.CachedKnown {
-			u = policy.Usage{Known: true, Prompt: t.Prompt, Cached: t.Cached}
-		}
+	l.s.opts.PD.Prefill.Done(l.in, dec, workers.Succeeded, used)
+	l.params, l.worker = params, dec.Worker.Name()
+	return true, f
+}
+
+func (l *prefillLeg) ended(dec policy.Decision, o workers.Outcome, f upstream.Failure, n int, _ bool) {
+	l.s.opts.PD.Prefill.Done(l.in, dec, o, policy.Usage{})
+	if o == workers.Failed {
+		l.s.log.Warn("prefill leg failed", "request_id", l.ex.rid, "worker", dec.Worker.Name(), "attempt", n, "kind", f.Kind, "message", f.Message)
 	}
-	if len(answer.KVTransferParams) == 0 || string(answer.KVTransferParams) == "null" {
-		return nil, u, upstream.Failure{}
-	}
-	params, err := checkTransferParams(answer.KVTransferParams)
-	if err != nil {
-		return nil, u, upstream.Failure{Kind: upstream.KindBadReply, Message: "the prefill worker's kv_transfer_params " + err.Error()}
-	}
-	return params, u, upstream.Failure{}
 }
 
 // pullFailed reports whether status answers a decode leg that carried a prefill's
@@ -252,197 +215,4 @@ func (ex *exchange) pdFailed(f upstream.Failure) {
 	if st := ex.pd; st != nil && st.body != nil && f.Kind == upstream.KindStatus {
 		st.body, st.path = nil, PDTransferFailed
 	}
-}
-
-// errOwnTransfer is prefillBody's answer for a request that carries kv_transfer_params itself.
-var errOwnTransfer = errors.New("the request carries its own kv_transfer_params")
-
-// prefillBody is the prefill leg of a request body: the same request with kv_transfer_params
-// asking for a remote decode, not streamed, generating one token.
-func prefillBody(body []byte) ([]byte, error) {
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(body, &fields); err != nil {
-		return nil, err
-	}
-	if fields == nil {
-		return nil, errors.New("the request is not a JSON object")
-	}
-	if _, own := fields["kv_transfer_params"]; own {
-		return nil, errOwnTransfer
-	}
-	one := json.RawMessage("1")
-	fields["kv_transfer_params"] = prefillRequestParams
-	fields["stream"] = json.RawMessage("false")
-	delete(fields, "stream_options")
-	fields["max_tokens"] = one
-	for _, limit := range []string{"max_completion_tokens", "min_tokens"} {
-		if _, ok := fields[limit]; ok {
-			fields[limit] = one
-		}
-	}
-	return json.Marshal(fields)
-}
-
-// withField returns a JSON object's bytes with one more member, key: value, at its end. obj is a
-// JSON object the route's reader accepted, which holds no member key.
-func withField(obj []byte, key string, value []byte) []byte {
-	end := bytes.LastIndexByte(obj, '}')
-	inner := bytes.TrimSpace(obj[bytes.IndexByte(obj, '{')+1 : end])
-	out := make([]byte, 0, len(obj)+len(key)+len(value)+4)
-	out = append(out, obj[:end]...)
-	if len(inner) > 0 {
-		out = append(out, ',')
-	}
-	out = strconv.AppendQuote(out, key)
-	out = append(out, ':')
-	out = append(out, value...)
-	return append(out, obj[end:]...)
-}
-
-// checkTransferParams checks the kv_transfer_params a prefill worker answered with before they go
-// to a decode worker, and returns them re-encoded: one member per name, compact, so that the
-// decode worker reads exactly what was checked. The prefill worker is a peer like any other: its
-// answer is bounded (maxPrefillAnswer) and must have the shape of vLLM's NIXL connector's
-// answer, which names the prefill engine and the blocks it holds:
-//
-//   - do_remote_prefill: true (do_remote_decode, when present, false);
-//   - remote_engine_id: a non-empty string; remote_request_id, when present, a string;
-//   - remote_block_ids: a list of block ids, or one such list per KV-cache group (what newer
-//     vLLM sends for hybrid models), each id a non-negative integer;
-//   - remote_host: an IP address or a host name; remote_port: an integer from 1 to 65535;
-//   - tp_size, when present, a positive integer.
-//
-// Other members (what other connectors and later versions add) pass as they came.
-func checkTransferParams(raw json.RawMessage) (json.RawMessage, error) {
-	var params map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &params); err != nil || params == nil {
-		return nil, errors.New("are not a JSON object")
-	}
-	var (
-		prefill, decode   bool
-		engine, request   string
-		blocks            json.RawMessage
-		host              string
-		port, tensorRanks json.Number
-	)
-	for _, f := range []struct {
-		name     string
-		into     any
-		required bool
-	}{
-		{"do_remote_prefill", &prefill, true},
-		{"do_remote_decode", &decode, false},
-		{"remote_engine_id", &engine, true},
-		{"remote_request_id", &request, false},
-		{"remote_block_ids", &blocks, true},
-		{"remote_host", &host, true},
-		{"remote_port", &port, true},
-		{"tp_size", &tensorRanks, false},
-	} {
-		v, ok := params[f.name]
-		switch {
-		case !ok && f.required:
-			return nil, fmt.Errorf("lack %s", f.name)
-		case !ok:
-			continue
-		}
-		if err := strictUnmarshal(v, f.into); err != nil {
-			return nil, fmt.Errorf("have a %s of the wrong type: %s", f.name, truncate(string(v), 64))
-		}
-	}
-	switch {
-	case !prefill:
-		return nil, errors.New("do not ask for a remote prefill (do_remote_prefill is not true)")
-	case decode:
-		return nil, errors.New("ask for a remote decode (do_remote_decode is true)")
-	case engine == "":
-		return nil, errors.New("name no engine (remote_engine_id is empty)")
-	case !blockIDs(blocks):
-		return nil, fmt.Errorf("have remote_block_ids that are not lists of block ids: %s", truncate(string(blocks), 64))
-	case !validHost(host):
-		return nil, fmt.Errorf("have a remote_host that is no host: %q", truncate(host, 64))
-	case !inRange(port, 1, 65535):
-		return nil, fmt.Errorf("have a remote_port out of range: %s", truncate(port.String(), 64))
-	case tensorRanks != "" && !inRange(tensorRanks, 1, 1<<20):
-		return nil, fmt.Errorf("have a tp_size that is no positive integer: %s", truncate(tensorRanks.String(), 64))
-	}
-	out, err := json.Marshal(params)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-// strictUnmarshal decodes v into a bool, a string, a json.Number or a json.RawMessage, refusing a
-// value of another JSON type (null among them) where encoding/json would leave the zero value.
-func strictUnmarshal(v json.RawMessage, into any) error {
-	if string(v) == "null" {
-		return errors.New("null")
-	}
-	if n, ok := into.(*json.Number); ok {
-		if len(v) == 0 || (v[0] != '-' && (v[0] < '0' || v[0] > '9')) {
-			return errors.New("not a number")
-		}
-		*n = json.Number(v)
-		return nil
-	}
-	return json.Unmarshal(v, into)
-}
-
-// inRange reports whether n is an integer, written without fraction or exponent, in [lo, hi].
-func inRange(n json.Number, lo, hi int64) bool {
-	i, err := strconv.ParseInt(string(n), 10, 64)
-	return err == nil && i >= lo && i <= hi
-}
-
-// blockIDs reports whether raw is a list of block ids, or a list of such lists (one per KV-cache
-// group), every id a non-negative integer; lists may be empty.
-func blockIDs(raw json.RawMessage) bool {
-	var items []json.RawMessage
-	if json.Unmarshal(raw, &items) != nil || items == nil {
-		return false
-	}
-	nested := len(items) > 0 && items[0][0] == '['
-	for _, item := range items {
-		if !nested {
-			if !blockID(item) {
-				return false
-			}
-			continue
-		}
-		var ids []json.RawMessage
-		if item[0] != '[' || json.Unmarshal(item, &ids) != nil {
-			return false
-		}
-		for _, id := range ids {
-			if !blockID(id) {
-				return false
-			}
-		}
-	}
-	return true
-}
-
-// blockID reports whether v is a non-negative integer of at most 18 digits, written without sign,
-// fraction or exponent.
-func blockID(v json.RawMessage) bool {
-	if len(v) == 0 || len(v) > 18 {
-		return false
-	}
-	for _, c := range v {
-		if c < '0' || c > '9' {
-			return false
-		}
-	}
-	return true
-}
-
-// validHost reports whether h is an IP address (without zone) or a DNS host name
-// (tenant.IsHostName). A transfer peer named otherwise (a URL, a host:port, spaces, an empty
-// string) is no peer a decode worker can reach.
-func validHost(h string) bool {
-	if a, err := netip.ParseAddr(h); err == nil {
-		return a.Zone() == ""
-	}
-	return tenant.IsHostName(h)
 }
