@@ -3,7 +3,6 @@ package proxy
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,13 +16,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/cacheroute/cacheroute/internal/fleet"
-	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
 	"github.com/cacheroute/cacheroute/internal/responsesearch"
 	"github.com/cacheroute/cacheroute/internal/sniff"
-	"github.com/cacheroute/cacheroute/internal/tenant"
-	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
 // The agent protocols through the proxy: stored responses followed to their worker, the id
@@ -483,92 +478,6 @@ func TestContinuingAResponseOfARemovedWorkerIsRefusedAt404(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(tp.Metrics.CacheAwareDecisions.WithLabelValues(cacheaware.LabelResponseGone)); n != 1 {
 		t.Fatalf("response_id_gone counted %v times, want 1", n)
-	}
-}
-
-// probeRecorder is a Fleet that records the workers probed.
-type probeRecorder struct {
-	mu     sync.Mutex
-	probed []string
-}
-
-func (f *probeRecorder) Join(context.Context, fleet.Source, tenant.URL, workers.Role, kvevents.WorkerEndpoints) (fleet.Joined, error) {
-	probed := make(chan struct{})
-	close(probed)
-	return fleet.Joined{New: true, Probed: probed}, nil
-}
-func (f *probeRecorder) Remove(tenant.URL) error { return nil }
-func (f *probeRecorder) CheckWorker(_ context.Context, url string) {
-	f.mu.Lock()
-	f.probed = append(f.probed, url)
-	f.mu.Unlock()
-}
-
-func TestLoraAdapterIsLoadedOnEveryWorkerAndTheirModelsRefreshed(t *testing.T) {
-	var mu sync.Mutex
-	var auth []string
-	lora := func(status int) *testWorker {
-		return newWorker(t, func(rw http.ResponseWriter, r *http.Request) {
-			body, _ := io.ReadAll(r.Body)
-			mu.Lock()
-			auth = append(auth, r.Header.Get("Authorization"))
-			mu.Unlock()
-			if r.URL.Path != "/v1/load_lora_adapter" || !strings.Contains(string(body), `"lora_name":"sql"`) {
-				rw.WriteHeader(http.StatusBadRequest)
-				return
-			}
-			rw.WriteHeader(status)
-			_, _ = io.WriteString(rw, "Success: LoRA adapter 'sql' added successfully.")
-		})
-	}
-	a, b := lora(http.StatusOK), lora(http.StatusOK)
-	fleet := &probeRecorder{}
-	opts := testOptions()
-	opts.AdminAPIKey, opts.Upstream.APIKey = "admin", "worker-key"
-	tp := newTestProxy(t, setup{urls: []string{a.URL, b.URL}, fleet: fleet, opts: &opts})
-	body := `{"lora_name":"sql","lora_path":"/adapters/sql"}`
-	if status, _, _ := tp.post(t, "/v1/load_lora_adapter", body); status != http.StatusUnauthorized {
-		t.Fatalf("without the admin key: %d, want 401", status)
-	}
-	status, _, answer := tp.post(t, "/v1/load_lora_adapter", body, "Authorization", "Bearer admin")
-	var got struct {
-		Results []loraResult `json:"results"`
-	}
-	if err := json.Unmarshal([]byte(answer), &got); err != nil || status != http.StatusOK || len(got.Results) != 2 {
-		t.Fatalf("%d %s (%v), want 200 with both workers' results", status, answer, err)
-	}
-	for _, r := range got.Results {
-		if r.Status != http.StatusOK || !strings.Contains(string(r.Answer), "added successfully") {
-			t.Errorf("result %+v", r)
-		}
-	}
-	if a.hits.Load() != 1 || b.hits.Load() != 1 {
-		t.Fatalf("hits %d %d, want one each", a.hits.Load(), b.hits.Load())
-	}
-	mu.Lock()
-	for _, h := range auth {
-		if h != "Bearer worker-key" {
-			t.Errorf("a worker got Authorization %q: the admin key must never leave the router", h)
-		}
-	}
-	mu.Unlock()
-	fleet.mu.Lock()
-	defer fleet.mu.Unlock()
-	if len(fleet.probed) != 2 {
-		t.Fatalf("probed %v, want both workers refreshed at once", fleet.probed)
-	}
-}
-
-func TestLoraAdapterFailingOnOneWorkerIsReportedAsSuch(t *testing.T) {
-	ok := okWorker(t, "ok")
-	bad := statusWorker(t, http.StatusBadRequest, "bad")
-	tp := newTestProxy(t, setup{urls: []string{ok.URL, bad.URL}})
-	status, _, answer := tp.post(t, "/v1/load_lora_adapter", `{"lora_name":"x","lora_path":"/x"}`)
-	if status != http.StatusBadGateway || !strings.Contains(answer, `"status": 400`) {
-		t.Fatalf("%d %s, want 502 listing the worker's 400", status, answer)
-	}
-	if status, _, _ := tp.post(t, "/v1/load_lora_adapter", `{"lora_path":"/x"}`); status != http.StatusBadRequest {
-		t.Fatalf("no lora_name: %d, want 400", status)
 	}
 }
 

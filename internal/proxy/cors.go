@@ -41,7 +41,7 @@ func (s *Server) corsOrigin(ctx *fasthttp.RequestCtx) string {
 // preflight answers a CORS preflight request, and reports whether it was one.
 func (s *Server) preflight(ctx *fasthttp.RequestCtx) bool {
 	if !ctx.IsOptions() || len(s.opts.CORSOrigins) == 0 || len(ctx.Request.Header.Peek("Access-Control-Request-Method")) == 0 ||
-		s.isAdminPath(string(ctx.Path())) {
+		s.opts.Own.IsAdmin(string(ctx.Path())) {
 		return false
 	}
 	h := &ctx.Response.Header
@@ -60,7 +60,7 @@ func (s *Server) preflight(ctx *fasthttp.RequestCtx) bool {
 
 // cors sets the CORS headers of an answer whose headers are otherwise final.
 func (s *Server) cors(ctx *fasthttp.RequestCtx) {
-	if len(s.opts.CORSOrigins) == 0 || s.isAdminPath(string(ctx.Path())) {
+	if len(s.opts.CORSOrigins) == 0 || s.opts.Own.IsAdmin(string(ctx.Path())) {
 		return
 	}
 	h := &ctx.Response.Header

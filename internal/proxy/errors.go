@@ -18,20 +18,13 @@ type apiErrorBody struct {
 	Code    string `json:"code"`
 }
 
-// writeError answers with an OpenAI-style error body.
-func writeError(w http.ResponseWriter, status int, typ, code, message string) {
+// WriteError answers a net/http request with an OpenAI error body: the router's own endpoints'
+// error shape.
+func WriteError(w http.ResponseWriter, status int, typ, code, message string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(apiError{Error: apiErrorBody{Message: message, Type: typ, Code: code}})
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
 }
 
 // errorShape is the error body of a route's protocol.

@@ -67,8 +67,12 @@ type setup struct {
 	pool   *workers.Options // breaker opens after 3 failures, for a minute, when nil
 	log    *slog.Logger     // discarded when nil
 	urls   []string         // worker URLs, registered and marked healthy in this order
-	fleet  Fleet            // none when nil: the admin add/remove endpoints are not under test
 }
+
+// OwnEndpointsForTests builds a test router's own endpoints over its pool: package routerapi's,
+// with no admin key and no fleet (their tests are routerapi's). routerapi imports this package,
+// so the external test file own_test.go sets it.
+var OwnEndpointsForTests func(pool *workers.Pool, m *metrics.Metrics, opts Options) OwnEndpoints
 
 // testProxy is a running router.
 type testProxy struct {
@@ -110,7 +114,8 @@ func newTestProxy(t *testing.T, cfg setup) *testProxy {
 		log = slog.New(slog.DiscardHandler)
 	}
 	m := metrics.New(pool)
-	s := New(opts, pool, cfg.fleet, p, m, log)
+	opts.Own = OwnEndpointsForTests(pool, m, opts)
+	s := New(opts, pool, p, m, log)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

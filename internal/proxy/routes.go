@@ -168,7 +168,7 @@ func (s *Server) routeOf(path string) (*route, string) {
 	if rt, id := lookup(s.routes, path); rt != nil {
 		return rt, id
 	}
-	if s.opts.RefuseUnknownPaths || s.ownPaths[path] != nil || strings.HasPrefix(path, workersPrefix) {
+	if s.opts.RefuseUnknownPaths || s.opts.Own.Owns(path) {
 		return nil, ""
 	}
 	return s.routes[passThroughPattern], ""

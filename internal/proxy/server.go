@@ -1,8 +1,16 @@
-// Package proxy is the router's HTTP face. The routed endpoints run on fasthttp: each request is
-// read once (bounded in size and time), parsed once, placed by the policy (choose → accept →
-// commit), forwarded as the original bytes, and its answer streamed back unbuffered, with retries
-// only for what provably never started on a worker. Health, model list, metrics and admin
-// endpoints are plain net/http handlers served on the same listener.
+// Package proxy is the router's HTTP face: HTTP in, HTTP out. The routed endpoints run on
+// fasthttp: each request is read once (bounded in size and time), parsed once by its route
+// (routes.go), admitted, and sent through the one attempt loop (forward.go), which places it by
+// the policy (choose → accept → commit), forwards the original bytes, and tries another worker
+// only for what provably never started on one; the answer is relayed unbuffered (relay.go), and
+// every answer the router makes itself has its route's error shape (errors.go).
+//
+// The proxy decides none of the rest, and holds no state of its own beyond a request's: the
+// connections to workers and what a failed call did on the wire are package upstream's; the
+// body budget is package bodies'; the search for a stored response package responsesearch's;
+// the prompt tokens package tokenize's; what an answer reports of itself package sniff's; P/D's
+// JSON package kvtransfer's; and the router's own endpoints (health, model list, metrics, admin
+// API) are package routerapi's, plain net/http handlers served on the same listener (plain.go).
 //
 // fasthttp reuses every buffer of a request, and of a worker's answer, once the request is over:
 // a string or slice that shares their memory is rewritten by the next request on the listener, so
@@ -26,13 +34,10 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/bodies"
 	"github.com/cacheroute/cacheroute/internal/clientkeys"
-	"github.com/cacheroute/cacheroute/internal/fleet"
-	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/responsesearch"
 	"github.com/cacheroute/cacheroute/internal/telemetry"
-	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/tokenize"
 	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
@@ -44,18 +49,11 @@ type Options struct {
 	MaxRetries     int
 	InitialBackoff time.Duration
 	MaxBackoff     time.Duration
-	AdminAPIKey    string // required by admin endpoints when set
-	// AdminURLCredentials lets the admin API add worker URLs with user:password@.
-	AdminURLCredentials bool
-	// AdminOrigins are the web origins (scheme://host[:port]) whose pages may send admin requests
-	// that change the router; none by default, so a page in a browser on an admin's machine
-	// cannot (--admin-allowed-origins).
-	AdminOrigins []string
-	// OwnHosts are the names of this host, besides localhost and the loopback addresses, that an
-	// admin request's Host may carry when no admin key is set: --host and the machine's name.
-	OwnHosts []string
-	// ClientKeys, when set, is asked for every routed request's and /v1/models' key: a caller
-	// without a valid one gets 401. Unless ForwardClientAuth, the client's key is then not sent
+	// Own answers every request the route table does not take: the router's own endpoints
+	// (package routerapi). Required.
+	Own OwnEndpoints
+	// ClientKeys, when set, is asked for every routed request's key: a caller without a valid
+	// one gets 401. Unless ForwardClientAuth, the client's key is then not sent
 	// to workers (they get the worker's credential, Upstream.Authorization).
 	ClientKeys        ClientKeys
 	ForwardClientAuth bool
@@ -87,15 +85,6 @@ type Options struct {
 	// (a client: its key's tenant, else its address); over it 429 (package bodies); 0: none.
 	MaxBodyBytesPerClient int64
 
-	// SessionStore, when set, reports the shared session store's state for /health; with detail
-	// false it leaves out what could reveal the store's address (its last error).
-	SessionStore func(ctx context.Context, detail bool) any
-	// Dashboard, when set, answers GET /dashboard and GET /dashboard/data, under the admin
-	// endpoints' guard.
-	Dashboard http.Handler
-	// KVEvents, when set, reports the workers' KV-cache event streams, for the worker lists; nil
-	// when the router subscribes to none (and the admin API then refuses a worker's own endpoint).
-	KVEvents func() []kvevents.Status
 	// Tokenize, when set, asks an engine for the prompt tokens of the requests the policy may
 	// match against the engines' KV-cache events (tokens.go).
 	Tokenize *tokenize.Client
@@ -109,35 +98,30 @@ type ClientKeys interface {
 	Lookup(presentedKey string) (clientkeys.Client, bool)
 }
 
-// Fleet changes the set of workers; the router implements it with its fleet.Fleet, so that a
-// worker the admin API adds joins as every other does (allow-checked, probed, told to the policy)
-// and one it removes is forgotten by every piece of state that names it.
-type Fleet interface {
-	Join(ctx context.Context, src fleet.Source, u tenant.URL, role workers.Role, ev kvevents.WorkerEndpoints) (fleet.Joined, error)
-	Remove(u tenant.URL) error
-	// CheckWorker probes a registered worker URL now: its health and its model list.
-	CheckWorker(ctx context.Context, url string)
+// OwnEndpoints are the endpoints the router answers itself, served as net/http handlers on the
+// traffic listener (plain.go).
+type OwnEndpoints interface {
+	http.Handler
+	// Owns reports whether path is one of them: never passed through to a worker.
+	Owns(path string) bool
+	// IsAdmin reports whether path is an admin endpoint: no web page gets CORS headers from it.
+	IsAdmin(path string) bool
 }
 
 // Server routes requests over a pool of workers.
 type Server struct {
-	opts         Options
-	pool         *workers.Pool
-	fleet        Fleet
-	policy       policy.Policy
-	labeled      bool                 // the policy's labels are counted per label
-	responses    policy.ResponseStore // the policy's map of stored responses; nil when it keeps none
-	metrics      *metrics.Metrics
-	log          *slog.Logger
-	upstreams    *upstream.Pools
-	routes       map[string]*route
-	mux          *http.ServeMux // every endpoint that is not routed
-	workerClient *http.Client
-	search       *responsesearch.Searcher
-	bodies       *bodies.Budget
-	plain        fasthttp.RequestHandler
-	adminPaths   map[string]bool     // the admin endpoints' paths and patterns
-	ownPaths     map[string][]string // the router's own endpoints' paths, with their methods
+	opts      Options
+	pool      *workers.Pool
+	policy    policy.Policy
+	labeled   bool                 // the policy's labels are counted per label
+	responses policy.ResponseStore // the policy's map of stored responses; nil when it keeps none
+	metrics   *metrics.Metrics
+	log       *slog.Logger
+	upstreams *upstream.Pools
+	routes    map[string]*route
+	search    *responsesearch.Searcher
+	bodies    *bodies.Budget
+	plain     fasthttp.RequestHandler // Options.Own on the traffic listener
 
 	// queueClosed ends when the shutdown grace does: requests still waiting for admission are
 	// then answered 503 (EndQueue).
@@ -145,23 +129,10 @@ type Server struct {
 	closeQueue  context.CancelFunc
 }
 
-// workerPattern is the path pattern of one worker in the admin API.
-const (
-	workersPrefix = "/workers/"
-	workerPattern = workersPrefix + "{url}"
-)
-
-// isAdminPath reports whether path is an admin endpoint's.
-func (s *Server) isAdminPath(path string) bool {
-	return s.adminPaths[path] || strings.HasPrefix(path, workersPrefix)
-}
-
 // New returns a server.
-func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metrics.Metrics, log *slog.Logger) *Server {
-	s := &Server{opts: opts, pool: pool, fleet: fleet, policy: p, metrics: m, log: log,
-		routes: newRoutes(m), mux: http.NewServeMux(),
-		workerClient: opts.Upstream.Client(),
-		bodies:       bodies.NewBudget(opts.MaxBodyBytesTotal, opts.MaxBodyBytesPerClient)}
+func New(opts Options, pool *workers.Pool, p policy.Policy, m *metrics.Metrics, log *slog.Logger) *Server {
+	s := &Server{opts: opts, pool: pool, policy: p, metrics: m, log: log, routes: newRoutes(m),
+		bodies: bodies.NewBudget(opts.MaxBodyBytesTotal, opts.MaxBodyBytesPerClient), plain: servePlain(opts.Own)}
 	up := opts.Upstream
 	up.Resent = func(f upstream.Failure) { m.UpstreamErrors.WithLabelValues(f.Kind).Inc() } // then sent again on a new connection
 	s.upstreams = upstream.NewPools(up)
@@ -186,41 +157,6 @@ func New(opts Options, pool *workers.Pool, fleet Fleet, p policy.Policy, m *metr
 	for _, reason := range []string{rejectedBySearchBudget, rejectedByTotalSearchBudget, rejectedByShutdown} {
 		m.AdmissionRejections.WithLabelValues(reason) // at 0 from the start, for rate() and alerts
 	}
-	allow := map[string][]string{} // path → methods, for 405 answers
-	s.ownPaths = allow
-	handle := func(method, path string, h http.HandlerFunc) {
-		s.mux.HandleFunc(method+" "+path, h)
-		allow[path] = append(allow[path], method)
-	}
-	// The admin endpoints, and /metrics whose series name every worker, answer only an admin (see
-	// admin); web pages get no CORS headers from them, whatever --cors-allowed-origins says.
-	s.adminPaths = map[string]bool{}
-	handleAdmin := func(method, path string, h http.HandlerFunc) {
-		handle(method, path, s.admin(h))
-		s.adminPaths[path] = true
-	}
-	handle("GET", "/v1/models", s.clientAuth(s.models))
-	handle("GET", "/health", s.health)
-	handle("GET", "/liveness", s.liveness)
-	handle("GET", "/readiness", s.readiness)
-	handleAdmin("GET", "/metrics", m.Handler().ServeHTTP)
-	handleAdmin("POST", "/add_worker", s.addWorkerQuery)
-	handleAdmin("POST", "/remove_worker", s.removeWorkerQuery)
-	handleAdmin("POST", "/v1/load_lora_adapter", s.lora)
-	handleAdmin("POST", "/v1/unload_lora_adapter", s.lora)
-	handleAdmin("GET", "/list_workers", s.listWorkers)
-	handleAdmin("GET", "/workers", s.listWorkers)
-	handleAdmin("POST", "/workers", s.addWorkerREST)
-	handleAdmin("GET", workerPattern, s.getWorker)
-	handleAdmin("DELETE", workerPattern, s.deleteWorker)
-	if opts.Dashboard != nil {
-		handleAdmin("GET", DashboardPath, opts.Dashboard.ServeHTTP)
-		handleAdmin("GET", DashboardPath+"/data", opts.Dashboard.ServeHTTP)
-	}
-	s.mux.HandleFunc("GET /{$}", s.index(allow)) // HEAD too
-	allow["/"] = []string{"GET", "HEAD"}
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { notFound(w, r, allow) })
-	s.plain = servePlain(s.mux)
 	return s
 }
 
@@ -334,22 +270,6 @@ func (s *Server) WorkerRemoved(url string) { s.upstreams.Forget(url) }
 
 // CloseIdleConnections closes idle worker connections (shutdown).
 func (s *Server) CloseIdleConnections() { s.upstreams.CloseIdle() }
-
-// notFound answers every request no route took: a known path asked with the wrong method gets
-// 405 with an Allow header, anything else 404, both as OpenAI error bodies.
-func notFound(w http.ResponseWriter, r *http.Request, allow map[string][]string) {
-	path := r.URL.Path
-	if strings.HasPrefix(path, workersPrefix) {
-		path = workerPattern
-	}
-	if methods := allow[path]; len(methods) > 0 {
-		w.Header().Set("Allow", strings.Join(methods, ", "))
-		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "method "+r.Method+" is not allowed on "+r.URL.Path)
-		return
-	}
-	writeError(w, http.StatusNotFound, "invalid_request_error", "not_found",
-		"no route for "+r.Method+" "+r.URL.Path+"; routed paths: "+strings.Join(RoutedPaths(), ", "))
-}
 
 type discardLogger struct{}
 

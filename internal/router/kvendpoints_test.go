@@ -15,19 +15,20 @@ import (
 	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/kvevents/kvtest"
 	"github.com/cacheroute/cacheroute/internal/proxy"
+	"github.com/cacheroute/cacheroute/internal/routerapi"
 	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
 // listedWorkers is GET /workers.
-func listedWorkers(t *testing.T, tr *testRouter) []proxy.WorkerInfo {
+func listedWorkers(t *testing.T, tr *testRouter) []routerapi.WorkerInfo {
 	t.Helper()
 	status, body := adminCall(t, tr, http.MethodGet, "/workers", "")
 	if status != http.StatusOK {
 		t.Fatalf("GET /workers: %d %s", status, body)
 	}
 	var page struct {
-		Workers []proxy.WorkerInfo `json:"workers"`
+		Workers []routerapi.WorkerInfo `json:"workers"`
 	}
 	if err := json.Unmarshal([]byte(body), &page); err != nil {
 		t.Fatal(err)
@@ -36,7 +37,7 @@ func listedWorkers(t *testing.T, tr *testRouter) []proxy.WorkerInfo {
 }
 
 // listed is the worker list's entry for base URL u.
-func listed(t *testing.T, tr *testRouter, u string) proxy.WorkerInfo {
+func listed(t *testing.T, tr *testRouter, u string) routerapi.WorkerInfo {
 	t.Helper()
 	for _, w := range listedWorkers(t, tr) {
 		if w.URL == u {
@@ -44,7 +45,7 @@ func listed(t *testing.T, tr *testRouter, u string) proxy.WorkerInfo {
 		}
 	}
 	t.Fatalf("%s is not listed", u)
-	return proxy.WorkerInfo{}
+	return routerapi.WorkerInfo{}
 }
 
 // unusedPort is a loopback port that no publisher binds, for a template that turns the

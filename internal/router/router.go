@@ -29,6 +29,7 @@ import (
 	_ "github.com/cacheroute/cacheroute/internal/policy/cacheaware" // registers cache_aware
 	"github.com/cacheroute/cacheroute/internal/proxy"
 	"github.com/cacheroute/cacheroute/internal/responsesearch"
+	"github.com/cacheroute/cacheroute/internal/routerapi"
 	"github.com/cacheroute/cacheroute/internal/session"
 	"github.com/cacheroute/cacheroute/internal/telemetry"
 	"github.com/cacheroute/cacheroute/internal/tenant"
@@ -193,21 +194,33 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		}
 	}
 	r.dashboard = r.newDashboard(storeHealth)
+	own := routerapi.New(routerapi.Options{
+		Pool:                pool,
+		Fleet:               r,
+		Metrics:             r.metrics.Handler(),
+		Upstream:            dialer,
+		MaxPayloadSize:      cfg.MaxPayloadSize,
+		AdminAPIKey:         cfg.AdminAPIKey,
+		AdminURLCredentials: cfg.AdminWorkerURLCredentials,
+		AdminOrigins:        cfg.AdminAllowedOrigins,
+		OwnHosts:            ownHosts(cfg.Host),
+		ClientKeys:          keys,
+		SessionStore:        storeHealth,
+		KVEvents:            r.kvEventsStatus(),
+		Dashboard:           r.dashboard,
+	})
 	r.proxy = proxy.New(proxy.Options{
 		MaxPayloadSize:      cfg.MaxPayloadSize,
 		MaxRetries:          cfg.RetryMaxRetries,
 		InitialBackoff:      cfg.RetryInitialBackoff(),
 		MaxBackoff:          cfg.RetryMaxBackoff(),
-		AdminAPIKey:         cfg.AdminAPIKey,
+		Own:                 own,
 		ClientKeys:          keys,
 		ForwardClientAuth:   cfg.ForwardClientAuth,
 		Admission:           r.admission,
 		CORSOrigins:         cfg.CORSAllowedOrigins,
 		AccessLog:           r.accessLog,
 		Tracer:              r.tracer,
-		AdminURLCredentials: cfg.AdminWorkerURLCredentials,
-		AdminOrigins:        cfg.AdminAllowedOrigins,
-		OwnHosts:            ownHosts(cfg.Host),
 		ClientHeaderTimeout: cfg.ClientHeaderTimeout(),
 		ClientBodyTimeout:   cfg.ClientBodyTimeout(),
 		KeepaliveTimeout:    cfg.KeepaliveTimeout(),
@@ -221,15 +234,12 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 			Dialer:           dialer,
 			MaxIdlePerWorker: maxIdlePerWorker,
 		},
-		SessionStore: storeHealth,
-		KVEvents:     r.kvEventsStatus(),
-		Dashboard:    r.dashboard,
-		Tokenize:     tokens,
-		PD:           pd,
+		Tokenize: tokens,
+		PD:       pd,
 
 		StrictModels:       cfg.StrictModelMatching,
 		RefuseUnknownPaths: cfg.RefuseUnknownPaths,
-	}, pool, r, p, r.metrics, log)
+	}, pool, p, r.metrics, log)
 	return r, nil
 }
 
@@ -615,7 +625,7 @@ func statusPageURL(addr net.Addr, tls bool) string {
 	if tls {
 		scheme = "https"
 	}
-	return scheme + "://" + net.JoinHostPort(host, port) + proxy.DashboardPath
+	return scheme + "://" + net.JoinHostPort(host, port) + routerapi.DashboardPath
 }
 
 // listenError names the flags behind a listener that could not be opened, so that a user who never

@@ -1,4 +1,4 @@
-package proxy
+package routerapi
 
 import (
 	"bytes"
@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/cacheroute/cacheroute/internal/proxy"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -30,10 +31,10 @@ type loraResult struct {
 	Error  string          `json:"error,omitempty"`  // the request did not get an answer
 }
 
-func (s *Server) lora(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, s.opts.MaxPayloadSize+1))
-	if err != nil || int64(len(body)) > s.opts.MaxPayloadSize {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_body", "the request body could not be read within --max-payload-size")
+func (a *API) lora(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, a.opts.MaxPayloadSize+1))
+	if err != nil || int64(len(body)) > a.opts.MaxPayloadSize {
+		proxy.WriteError(w, http.StatusBadRequest, "invalid_request_error", "invalid_body", "the request body could not be read within --max-payload-size")
 		return
 	}
 	var req struct {
@@ -41,13 +42,13 @@ func (s *Server) lora(w http.ResponseWriter, r *http.Request) {
 		LoraName string `json:"lora_name"`
 	}
 	if err := json.Unmarshal(body, &req); err != nil || req.LoraName == "" {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", `expected a JSON body with "lora_name" (and "lora_path" to load)`)
+		proxy.WriteError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", `expected a JSON body with "lora_name" (and "lora_path" to load)`)
 		return
 	}
-	candidates, _, known := s.pool.Candidates(req.Model)
+	candidates, _, known := a.opts.Pool.Candidates(req.Model)
 	if !known || len(candidates) == 0 {
-		w.Header().Set(HeaderRetryAfter, "1")
-		writeError(w, http.StatusServiceUnavailable, "server_error", "no_available_worker", "no healthy worker serves the base model")
+		w.Header().Set(proxy.HeaderRetryAfter, "1")
+		proxy.WriteError(w, http.StatusServiceUnavailable, "server_error", "no_available_worker", "no healthy worker serves the base model")
 		return
 	}
 	targets := map[string]*workers.Worker{} // one request per worker process, whatever its ranks
@@ -56,17 +57,17 @@ func (s *Server) lora(w http.ResponseWriter, r *http.Request) {
 			targets[c.URL()] = c
 		}
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.opts.Upstream.Timeouts.Request)
+	ctx, cancel := context.WithTimeout(r.Context(), a.opts.Upstream.Timeouts.Request)
 	defer cancel()
 	results := make([]loraResult, 0, len(targets))
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for url, wk := range targets {
 		wg.Go(func() {
-			res := s.sendLora(ctx, url+r.URL.Path, body)
+			res := a.sendLora(ctx, url+r.URL.Path, body)
 			res.Worker = wk.BaseName()
-			if res.Status/100 == 2 && s.fleet != nil {
-				s.fleet.CheckWorker(ctx, url)
+			if res.Status/100 == 2 && a.opts.Fleet != nil {
+				a.opts.Fleet.CheckWorker(ctx, url)
 			}
 			mu.Lock()
 			results = append(results, res)
@@ -85,13 +86,13 @@ func (s *Server) lora(w http.ResponseWriter, r *http.Request) {
 
 // sendLora posts body to one worker with the worker's credential (workerClient), never the
 // admin's key.
-func (s *Server) sendLora(ctx context.Context, url string, body []byte) loraResult {
+func (a *API) sendLora(ctx context.Context, url string, body []byte) loraResult {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return loraResult{Error: "the worker's URL is not usable"}
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := s.workerClient.Do(req)
+	resp, err := a.http.Do(req)
 	if err != nil {
 		return loraResult{Error: "the worker could not be reached"}
 	}

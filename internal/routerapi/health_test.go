@@ -1,11 +1,10 @@
-package proxy
+package routerapi
 
 import (
 	"context"
 	"encoding/json"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -16,10 +15,10 @@ import (
 // /health says why a worker is down, to the callers that may see worker URLs, and the admin API
 // refuses a worker given as its OpenAI base URL.
 
-// failProbes runs one health probe of every worker of tp's pool with the /health endpoint.
-func failProbes(t *testing.T, tp *testProxy) {
+// failProbes runs one health probe of every worker of ta's pool with the /health endpoint.
+func failProbes(t *testing.T, ta *testAPI) {
 	t.Helper()
-	c := workers.NewChecker(tp.Pool, workers.HealthOptions{Endpoint: "/health", Timeout: 5 * time.Second,
+	c := workers.NewChecker(ta.Pool, workers.HealthOptions{Endpoint: "/health", Timeout: 5 * time.Second,
 		FailureThreshold: 1, SuccessThreshold: 1}, &http.Client{}, slog.New(slog.DiscardHandler))
 	c.CheckAll(context.Background())
 }
@@ -38,10 +37,10 @@ func healthWorkers(t *testing.T, body string) []WorkerInfo {
 
 func TestHealthDetailShowsEachWorkersLastProbeError(t *testing.T) {
 	down := statusWorker(t, http.StatusNotFound, "down") // its /health answers 404
-	tp := newTestProxy(t, setup{urls: []string{down.URL}})
-	failProbes(t, tp)
+	ta := newTestAPI(t, Options{}, down.URL)
+	failProbes(t, ta)
 
-	status, _, body := tp.do(t, http.MethodGet, "/health")
+	status, _, body := ta.do(t, http.MethodGet, "/health", "")
 	if status != http.StatusServiceUnavailable {
 		t.Fatalf("/health %d, want 503 with the only worker down", status)
 	}
@@ -55,8 +54,8 @@ func TestHealthDetailShowsEachWorkersLastProbeError(t *testing.T) {
 		t.Errorf("worker %+v, want the 404, its time and 1 consecutive failure", w)
 	}
 	// A worker that never failed a probe carries none of the fields.
-	tp2 := newTestProxy(t, setup{urls: []string{okWorker(t, "up").URL}})
-	_, _, body = tp2.do(t, http.MethodGet, "/health")
+	ta2 := newTestAPI(t, Options{}, statusWorker(t, http.StatusOK, "up").URL)
+	_, _, body = ta2.do(t, http.MethodGet, "/health", "")
 	if strings.Contains(body, "probe") {
 		t.Errorf("/health of a never-failed worker mentions probes: %s", body)
 	}
@@ -64,51 +63,39 @@ func TestHealthDetailShowsEachWorkersLastProbeError(t *testing.T) {
 
 func TestHealthHidesProbeErrorsFromCallersThatMayNotSeeWorkers(t *testing.T) {
 	down := statusWorker(t, http.StatusNotFound, "down")
-	opts := testOptions()
-	opts.AdminAPIKey = "adm1n-key"
-	tp := newTestProxy(t, setup{urls: []string{down.URL}, opts: &opts})
-	failProbes(t, tp)
+	ta := newTestAPI(t, Options{AdminAPIKey: "adm1n-key"}, down.URL)
+	failProbes(t, ta)
 
-	_, _, body := tp.do(t, http.MethodGet, "/health")
+	_, _, body := ta.do(t, http.MethodGet, "/health", "")
 	if strings.Contains(body, "probe") || strings.Contains(body, "404") || strings.Contains(body, down.URL) {
 		t.Errorf("/health without the admin key shows the probe error or the worker: %s", body)
 	}
-	_, _, body = tp.do(t, http.MethodGet, "/health", "Authorization", "Bearer adm1n-key")
+	_, _, body = ta.do(t, http.MethodGet, "/health", "", "Authorization", "Bearer adm1n-key")
 	if ws := healthWorkers(t, body); len(ws) != 1 || !strings.Contains(ws[0].LastProbeError, "404") {
 		t.Errorf("/health with the admin key: %s, want the worker and its probe error", body)
 	}
 	// Nor does a remote caller see them when no admin key is set.
-	tp = newTestProxy(t, setup{urls: []string{down.URL}})
-	failProbes(t, tp)
-	req := httptest.NewRequest(http.MethodGet, "/health", nil)
-	req.RemoteAddr = "198.51.100.7:40000"
-	rec := httptest.NewRecorder()
-	tp.Server.mux.ServeHTTP(rec, req)
-	if strings.Contains(rec.Body.String(), "probe") {
+	ta = newTestAPI(t, Options{}, down.URL)
+	failProbes(t, ta)
+	if rec := ta.remote(http.MethodGet, "/health", "", "198.51.100.7:40000"); strings.Contains(rec.Body.String(), "probe") {
 		t.Errorf("/health to a remote caller shows probe errors: %s", rec.Body.String())
 	}
 }
 
 func TestAdminAPIRefusesAWorkerURLEndingInV1AndSaysWhatToGive(t *testing.T) {
-	fleet := &probeRecorder{}
-	tp := newTestProxy(t, setup{urls: []string{okWorker(t, "w").URL}, fleet: fleet})
-	for _, add := range []func() (int, string){
-		func() (int, string) {
-			status, _, body := tp.post(t, "/workers", `{"url":"http://10.0.0.9:8000/v1"}`)
-			return status, body
-		},
-		func() (int, string) {
-			status, _, body := tp.post(t, "/add_worker?url=http://10.0.0.9:8000/v1/", "")
-			return status, body
-		},
-	} {
-		status, body := add()
+	ta := newTestAPI(t, Options{Fleet: &probeRecorder{}}, statusWorker(t, http.StatusOK, "w").URL)
+	for _, path := range []string{"/workers", "/add_worker?url=http://10.0.0.9:8000/v1/"} {
+		body := ""
+		if path == "/workers" {
+			body = `{"url":"http://10.0.0.9:8000/v1"}`
+		}
+		status, _, body := ta.do(t, http.MethodPost, path, body)
 		if status != http.StatusBadRequest || errorCode(t, body) != "invalid_worker_url" ||
 			!strings.Contains(body, "ends in /v1") || !strings.Contains(body, `\"http://10.0.0.9:8000\"`) {
 			t.Errorf("%d %s, want 400 invalid_worker_url naming the base URL to give", status, body)
 		}
 	}
-	if len(tp.Pool.URLs()) != 1 {
-		t.Errorf("the pool changed: %v", tp.Pool.URLs())
+	if len(ta.Pool.URLs()) != 1 {
+		t.Errorf("the pool changed: %v", ta.Pool.URLs())
 	}
 }

@@ -1,4 +1,4 @@
-package proxy
+package routerapi
 
 import (
 	"crypto/subtle"
@@ -14,6 +14,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/clientkeys"
 	"github.com/cacheroute/cacheroute/internal/fleet"
 	"github.com/cacheroute/cacheroute/internal/kvevents"
+	"github.com/cacheroute/cacheroute/internal/proxy"
 	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -25,29 +26,29 @@ import (
 // that changes the fleet must not come from a web page (see fromBrowserPage) and must carry its
 // body, if any, as JSON: a browser can send a cross-site form or a text/plain POST without the
 // page's consent, but never a cross-site JSON one.
-func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
+func (a *API) admin(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		switch {
-		case s.opts.AdminAPIKey != "" && !s.isAdmin(r):
-			writeError(w, http.StatusUnauthorized, "authentication_error", "invalid_admin_api_key", "admin endpoints require a valid admin API key")
+		case a.opts.AdminAPIKey != "" && !a.isAdmin(r):
+			proxy.WriteError(w, http.StatusUnauthorized, "authentication_error", "invalid_admin_api_key", "admin endpoints require a valid admin API key")
 			return
-		case s.opts.AdminAPIKey == "" && !isLocal(r):
-			writeError(w, http.StatusForbidden, "permission_error", "admin_loopback_only",
+		case a.opts.AdminAPIKey == "" && !isLocal(r):
+			proxy.WriteError(w, http.StatusForbidden, "permission_error", "admin_loopback_only",
 				"without --admin-api-key the admin endpoints answer only callers on this host's loopback")
 			return
-		case s.opts.AdminAPIKey == "" && !s.ownHost(r.Host):
-			writeError(w, http.StatusForbidden, "permission_error", "admin_host_not_allowed",
+		case a.opts.AdminAPIKey == "" && !a.ownHost(r.Host):
+			proxy.WriteError(w, http.StatusForbidden, "permission_error", "admin_host_not_allowed",
 				"without --admin-api-key the admin endpoints answer only requests whose Host is localhost, a loopback address, --host or this machine's name")
 			return
 		}
 		if changesState(r) {
-			if origin, ok := s.fromBrowserPage(r); ok {
-				writeError(w, http.StatusForbidden, "permission_error", "admin_origin_not_allowed",
+			if origin, ok := a.fromBrowserPage(r); ok {
+				proxy.WriteError(w, http.StatusForbidden, "permission_error", "admin_origin_not_allowed",
 					"admin requests from the web origin "+truncate(origin, 200)+" are refused (see --admin-allowed-origins)")
 				return
 			}
 			if !jsonOrNoBodyType(r) {
-				writeError(w, http.StatusUnsupportedMediaType, "invalid_request_error", "unsupported_media_type",
+				proxy.WriteError(w, http.StatusUnsupportedMediaType, "invalid_request_error", "unsupported_media_type",
 					"an admin request's body must be sent as Content-Type: application/json")
 				return
 			}
@@ -66,7 +67,7 @@ func changesState(r *http.Request) bool {
 // one, its Referer, and reports true when that origin is not in --admin-allowed-origins. A request
 // with neither header (curl, a script, kubectl) is not from a page. Browsers send Origin with every
 // cross-origin POST and DELETE, "null" included, which is never allowed.
-func (s *Server) fromBrowserPage(r *http.Request) (string, bool) {
+func (a *API) fromBrowserPage(r *http.Request) (string, bool) {
 	origin := r.Header.Get("Origin")
 	if origin == "" {
 		ref := r.Header.Get("Referer")
@@ -79,7 +80,7 @@ func (s *Server) fromBrowserPage(r *http.Request) (string, bool) {
 		}
 		origin = u.Scheme + "://" + u.Host
 	}
-	for _, allowed := range s.opts.AdminOrigins {
+	for _, allowed := range a.opts.AdminOrigins {
 		if strings.EqualFold(allowed, origin) {
 			return origin, false
 		}
@@ -101,11 +102,11 @@ func jsonOrNoBodyType(r *http.Request) bool {
 // localCaller reports whether r comes from this host and names it: from loopback without a
 // proxy's forwarding headers (isLocal), with a Host that is this host's (ownHost). The second
 // check keeps a web page whose own name was rebound to 127.0.0.1 from reading the admin answers.
-func (s *Server) localCaller(r *http.Request) bool { return isLocal(r) && s.ownHost(r.Host) }
+func (a *API) localCaller(r *http.Request) bool { return isLocal(r) && a.ownHost(r.Host) }
 
 // ownHost reports whether the Host value names this host: localhost, a loopback address, or one
 // of Options.OwnHosts (--host, the machine's name), on any port.
-func (s *Server) ownHost(host string) bool {
+func (a *API) ownHost(host string) bool {
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
@@ -116,7 +117,7 @@ func (s *Server) ownHost(host string) bool {
 	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
 		return true
 	}
-	for _, own := range s.opts.OwnHosts {
+	for _, own := range a.opts.OwnHosts {
 		if own != "" && strings.EqualFold(own, host) {
 			return true
 		}
@@ -125,11 +126,11 @@ func (s *Server) ownHost(host string) bool {
 }
 
 // clientAuth guards a non-routed client endpoint (/v1/models) with the client keys, when set.
-func (s *Server) clientAuth(h http.HandlerFunc) http.HandlerFunc {
+func (a *API) clientAuth(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if s.opts.ClientKeys != nil {
-			if _, ok := s.opts.ClientKeys.Lookup(clientkeys.FromHeaders(r.Header.Get)); !ok {
-				writeError(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", "a valid API key is required")
+		if a.opts.ClientKeys != nil {
+			if _, ok := a.opts.ClientKeys.Lookup(clientkeys.FromHeaders(r.Header.Get)); !ok {
+				proxy.WriteError(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", "a valid API key is required")
 				return
 			}
 		}
@@ -146,16 +147,16 @@ func isLocal(r *http.Request) bool {
 		return false
 	}
 	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback() && r.Header.Get(HeaderForwardedFor) == "" && r.Header.Get("Forwarded") == ""
+	return ip != nil && ip.IsLoopback() && r.Header.Get(proxy.HeaderForwardedFor) == "" && r.Header.Get("Forwarded") == ""
 }
 
 // isAdmin reports whether r carries the admin key as a bearer token. The scheme name is matched
 // case-insensitively (RFC 9110 section 11.1).
-func (s *Server) isAdmin(r *http.Request) bool {
-	if s.opts.AdminAPIKey == "" {
+func (a *API) isAdmin(r *http.Request) bool {
+	if a.opts.AdminAPIKey == "" {
 		return false
 	}
-	return subtle.ConstantTimeCompare([]byte(bearerToken(r.Header.Get("Authorization"))), []byte(s.opts.AdminAPIKey)) == 1
+	return subtle.ConstantTimeCompare([]byte(bearerToken(r.Header.Get("Authorization"))), []byte(a.opts.AdminAPIKey)) == 1
 }
 
 // bearerToken returns the token of an Authorization header value with the Bearer scheme, in any
@@ -168,8 +169,8 @@ func bearerToken(v string) string {
 	return strings.TrimSpace(token)
 }
 
-func (s *Server) listWorkers(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"workers": s.describeWorkers(s.pool.All())})
+func (a *API) listWorkers(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"workers": a.describeWorkers(a.opts.Pool.All())})
 }
 
 // addRequest is what an admin request asks to add: a worker URL, its role, and the KV-cache event
@@ -186,21 +187,21 @@ func addRequestFromQuery(q url.Values) addRequest {
 	return addRequest{URL: q.Get("url"), Role: q.Get("role"), KVEvents: q.Get("kv_events_endpoint"), KVEventsReplay: q.Get("kv_events_replay_endpoint")}
 }
 
-func (s *Server) addWorkerQuery(w http.ResponseWriter, r *http.Request) {
-	s.addWorker(w, r, addRequestFromQuery(r.URL.Query()))
+func (a *API) addWorkerQuery(w http.ResponseWriter, r *http.Request) {
+	a.addWorker(w, r, addRequestFromQuery(r.URL.Query()))
 }
 
 // addWorkerREST takes the worker from the query (see addRequestFromQuery) or from a JSON body
 // {"url": "...", "role": "...", "kv_events_endpoint": "...", "kv_events_replay_endpoint": "..."}.
-func (s *Server) addWorkerREST(w http.ResponseWriter, r *http.Request) {
+func (a *API) addWorkerREST(w http.ResponseWriter, r *http.Request) {
 	add := addRequestFromQuery(r.URL.Query())
 	if add.URL == "" {
 		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&add); err != nil {
-			writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "expected ?url= or a JSON body {\"url\": \"...\"}")
+			proxy.WriteError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "expected ?url= or a JSON body {\"url\": \"...\"}")
 			return
 		}
 	}
-	s.addWorker(w, r, add)
+	a.addWorker(w, r, add)
 }
 
 // addWorker joins a worker through the fleet, in its role (colocated when empty), and answers
@@ -210,90 +211,98 @@ func (s *Server) addWorkerREST(w http.ResponseWriter, r *http.Request) {
 // no longer removes it. Event endpoints of its own are subscribed to within a second, in place of
 // the --kv-events-endpoint template's, once their host passes --worker-url-allow; endpoints that
 // cannot be used, or a router that subscribes to no events, refuse the worker with 400.
-func (s *Server) addWorker(w http.ResponseWriter, r *http.Request, add addRequest) {
+func (a *API) addWorker(w http.ResponseWriter, r *http.Request, add addRequest) {
 	url, err := tenant.ParseURL(add.URL)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_worker_url", err.Error())
+		proxy.WriteError(w, http.StatusBadRequest, "invalid_request_error", "invalid_worker_url", err.Error())
 		return
 	}
-	if url.HasCredentials() && !s.opts.AdminURLCredentials {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_worker_url",
+	if url.HasCredentials() && !a.opts.AdminURLCredentials {
+		proxy.WriteError(w, http.StatusBadRequest, "invalid_request_error", "invalid_worker_url",
 			"a worker URL added through the admin API may not carry user:password@ (see --admin-worker-url-credentials)")
 		return
 	}
 	role, err := workers.ParseRole(add.Role)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_worker_role", truncate(err.Error(), 300))
+		proxy.WriteError(w, http.StatusBadRequest, "invalid_request_error", "invalid_worker_role", truncate(err.Error(), 300))
 		return
 	}
 	ev := kvevents.WorkerEndpoints{Events: add.KVEvents, Replay: add.KVEventsReplay}
-	if !ev.IsZero() && s.opts.KVEvents == nil {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "kv_events_off",
+	if !ev.IsZero() && a.opts.KVEvents == nil {
+		proxy.WriteError(w, http.StatusBadRequest, "invalid_request_error", "kv_events_off",
 			"this router subscribes to no KV-cache events: start it with --kv-events-endpoint, --kv-events-worker-endpoints or --kv-events-bind to give a worker its own")
 		return
 	}
-	joined, err := s.fleet.Join(r.Context(), fleet.Admin, url, role, ev)
+	joined, err := a.opts.Fleet.Join(r.Context(), fleet.Admin, url, role, ev)
 	switch {
 	case errors.Is(err, fleet.ErrKVEvents):
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_kv_events_endpoint", truncate(err.Error(), 300))
+		proxy.WriteError(w, http.StatusBadRequest, "invalid_request_error", "invalid_kv_events_endpoint", truncate(err.Error(), 300))
 		return
 	case errors.Is(err, fleet.ErrExists):
-		writeError(w, http.StatusConflict, "invalid_request_error", "worker_exists", "worker "+url.Redacted()+" is already registered")
+		proxy.WriteError(w, http.StatusConflict, "invalid_request_error", "worker_exists", "worker "+url.Redacted()+" is already registered")
 		return
 	case errors.Is(err, fleet.ErrRoleConflict):
-		writeError(w, http.StatusConflict, "invalid_request_error", "worker_role_conflict", err.Error())
+		proxy.WriteError(w, http.StatusConflict, "invalid_request_error", "worker_role_conflict", err.Error())
 		return
 	case errors.Is(err, tenant.ErrNotAllowed):
-		writeError(w, http.StatusForbidden, "permission_error", "worker_not_allowed", err.Error())
+		proxy.WriteError(w, http.StatusForbidden, "permission_error", "worker_not_allowed", err.Error())
 		return
 	case err != nil:
-		writeError(w, http.StatusInternalServerError, "server_error", "add_worker_failed", err.Error())
+		proxy.WriteError(w, http.StatusInternalServerError, "server_error", "add_worker_failed", err.Error())
 		return
 	}
 	select {
 	case <-joined.Probed:
 	case <-r.Context().Done():
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"added": url.Redacted(), "workers": s.describeWorkers(s.pool.Get(url.String()))})
+	writeJSON(w, http.StatusOK, map[string]any{"added": url.Redacted(), "workers": a.describeWorkers(a.opts.Pool.Get(url.String()))})
 }
 
-func (s *Server) removeWorkerQuery(w http.ResponseWriter, r *http.Request) {
-	s.removeWorker(w, r.URL.Query().Get("url"))
+func (a *API) removeWorkerQuery(w http.ResponseWriter, r *http.Request) {
+	a.removeWorker(w, r.URL.Query().Get("url"))
 }
 
-func (s *Server) deleteWorker(w http.ResponseWriter, r *http.Request) {
-	s.removeWorker(w, r.PathValue("url"))
+func (a *API) deleteWorker(w http.ResponseWriter, r *http.Request) {
+	a.removeWorker(w, r.PathValue("url"))
 }
 
 // removeWorker takes a worker out of the fleet whichever sources joined it: the operator's word
 // overrides theirs. A discovery source that still reports it joins it again at its next report.
-func (s *Server) removeWorker(w http.ResponseWriter, raw string) {
+func (a *API) removeWorker(w http.ResponseWriter, raw string) {
 	url, err := tenant.ParseURL(raw)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_worker_url", err.Error())
+		proxy.WriteError(w, http.StatusBadRequest, "invalid_request_error", "invalid_worker_url", err.Error())
 		return
 	}
-	if err := s.fleet.Remove(url); err != nil {
+	if err := a.opts.Fleet.Remove(url); err != nil {
 		if errors.Is(err, fleet.ErrNotFound) {
-			writeError(w, http.StatusNotFound, "invalid_request_error", "worker_not_found", "worker "+url.Redacted()+" is not registered")
+			proxy.WriteError(w, http.StatusNotFound, "invalid_request_error", "worker_not_found", "worker "+url.Redacted()+" is not registered")
 			return
 		}
-		writeError(w, http.StatusInternalServerError, "server_error", "remove_worker_failed", err.Error())
+		proxy.WriteError(w, http.StatusInternalServerError, "server_error", "remove_worker_failed", err.Error())
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"removed": url.Redacted()})
 }
 
-func (s *Server) getWorker(w http.ResponseWriter, r *http.Request) {
+func (a *API) getWorker(w http.ResponseWriter, r *http.Request) {
 	url, err := tenant.NormalizeURL(r.PathValue("url"))
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_worker_url", err.Error())
+		proxy.WriteError(w, http.StatusBadRequest, "invalid_request_error", "invalid_worker_url", err.Error())
 		return
 	}
-	tenants := s.pool.Get(url)
+	tenants := a.opts.Pool.Get(url)
 	if len(tenants) == 0 {
-		writeError(w, http.StatusNotFound, "invalid_request_error", "worker_not_found", "worker "+tenant.Redact(url)+" is not registered")
+		proxy.WriteError(w, http.StatusNotFound, "invalid_request_error", "worker_not_found", "worker "+tenant.Redact(url)+" is not registered")
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"workers": s.describeWorkers(tenants)})
+	writeJSON(w, http.StatusOK, map[string]any{"workers": a.describeWorkers(tenants)})
+}
+
+// truncate bounds a caller's string as an error message shows it.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }

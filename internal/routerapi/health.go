@@ -1,4 +1,4 @@
-package proxy
+package routerapi
 
 import (
 	"net/http"
@@ -7,30 +7,6 @@ import (
 	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
-
-// DashboardPath is the status page's path; its JSON is under DashboardPath+"/data".
-const DashboardPath = "/dashboard"
-
-// index answers GET and HEAD / with 200: what the router serves, for a person or a script that
-// asks its root (a browser pointed at the router's address finds the status page from here;
-// clients check that a base URL is up with it, as Claude Code sends HEAD / at every start). A
-// router's root is its own, never a worker's. allow holds every
-// path the router answers itself with its methods; the routed paths are forwarded to workers.
-func (s *Server) index(allow map[string][]string) http.HandlerFunc {
-	type rootIndex struct {
-		Service     string              `json:"service"`
-		StatusPage  string              `json:"status_page,omitempty"`
-		RoutedPaths []string            `json:"routed_paths"`
-		Endpoints   map[string][]string `json:"endpoints"`
-	}
-	return func(w http.ResponseWriter, r *http.Request) {
-		body := rootIndex{Service: "cacheroute", RoutedPaths: RoutedPaths(), Endpoints: allow}
-		if s.opts.Dashboard != nil {
-			body.StatusPage = DashboardPath
-		}
-		writeJSON(w, http.StatusOK, body)
-	}
-}
 
 // WorkerInfo is one tenant as the health and admin endpoints show it.
 type WorkerInfo struct {
@@ -79,10 +55,10 @@ func describeWorker(w *workers.Worker) WorkerInfo {
 }
 
 // describeWorkers shows ws, each with its event stream when the router subscribes to it.
-func (s *Server) describeWorkers(ws []*workers.Worker) []WorkerInfo {
+func (a *API) describeWorkers(ws []*workers.Worker) []WorkerInfo {
 	var streams map[string]kvevents.Status
-	if s.opts.KVEvents != nil {
-		all := s.opts.KVEvents()
+	if a.opts.KVEvents != nil {
+		all := a.opts.KVEvents()
 		streams = make(map[string]kvevents.Status, len(all))
 		for _, st := range all {
 			streams[st.Worker] = st
@@ -99,9 +75,9 @@ func (s *Server) describeWorkers(ws []*workers.Worker) []WorkerInfo {
 	return out
 }
 
-func (s *Server) healthyCount() int {
+func (a *API) healthyCount() int {
 	n := 0
-	for _, w := range s.pool.All() {
+	for _, w := range a.opts.Pool.All() {
 		if w.Healthy() {
 			n++
 		}
@@ -114,9 +90,9 @@ func (s *Server) healthyCount() int {
 // caller with the admin key, or to anyone when no admin key is configured and the caller is on
 // loopback. With a shared session store the body gives the store's state too (which never
 // changes the status: the router routes without the store).
-func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+func (a *API) health(w http.ResponseWriter, r *http.Request) {
 	status, code := "healthy", http.StatusOK
-	all := s.pool.All()
+	all := a.opts.Pool.All()
 	counts := map[string]int{"total": len(all), "healthy": 0, "available": 0, "circuit_open": 0}
 	for _, wk := range all {
 		if wk.Healthy() {
@@ -133,34 +109,34 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 		status, code = "unhealthy", http.StatusServiceUnavailable
 	}
 	body := map[string]any{"status": status, "worker_counts": counts}
-	detail := s.mayShowTopology(r)
+	detail := a.mayShowTopology(r)
 	if detail {
-		body["workers"] = s.describeWorkers(all)
+		body["workers"] = a.describeWorkers(all)
 	}
-	if s.opts.SessionStore != nil {
-		body["session_store"] = s.opts.SessionStore(r.Context(), detail)
+	if a.opts.SessionStore != nil {
+		body["session_store"] = a.opts.SessionStore(r.Context(), detail)
 	}
 	writeJSON(w, code, body)
 }
 
 // mayShowTopology reports whether r may see worker URLs: it carries the admin key, or no admin
 // key is configured and r is a local caller (see localCaller).
-func (s *Server) mayShowTopology(r *http.Request) bool {
-	if s.opts.AdminAPIKey != "" {
-		return s.isAdmin(r)
+func (a *API) mayShowTopology(r *http.Request) bool {
+	if a.opts.AdminAPIKey != "" {
+		return a.isAdmin(r)
 	}
-	return s.localCaller(r)
+	return a.localCaller(r)
 }
 
 // liveness is always 200: the process is up and serving HTTP.
-func (s *Server) liveness(w http.ResponseWriter, r *http.Request) {
+func (a *API) liveness(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "alive"})
 }
 
 // readiness is 200 once at least one worker is healthy, so a load balancer only sends traffic to
 // a router that can place it.
-func (s *Server) readiness(w http.ResponseWriter, r *http.Request) {
-	if s.healthyCount() == 0 {
+func (a *API) readiness(w http.ResponseWriter, r *http.Request) {
+	if a.healthyCount() == 0 {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not_ready"})
 		return
 	}
@@ -168,7 +144,7 @@ func (s *Server) readiness(w http.ResponseWriter, r *http.Request) {
 }
 
 // models lists the union of models served by healthy workers in the OpenAI list format.
-func (s *Server) models(w http.ResponseWriter, r *http.Request) {
+func (a *API) models(w http.ResponseWriter, r *http.Request) {
 	type model struct {
 		ID      string `json:"id"`
 		Object  string `json:"object"`
@@ -177,7 +153,7 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 	}
 	data := []model{}
 	now := time.Now().Unix()
-	for _, m := range s.pool.Models() {
+	for _, m := range a.opts.Pool.Models() {
 		data = append(data, model{ID: m, Object: "model", Created: now, OwnedBy: "cacheroute"})
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})

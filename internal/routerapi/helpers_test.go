@@ -1,0 +1,160 @@
+package routerapi
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cacheroute/cacheroute/internal/fleet"
+	"github.com/cacheroute/cacheroute/internal/kvevents"
+	"github.com/cacheroute/cacheroute/internal/metrics"
+	"github.com/cacheroute/cacheroute/internal/tenant"
+	"github.com/cacheroute/cacheroute/internal/upstream"
+	"github.com/cacheroute/cacheroute/internal/workers"
+)
+
+// The helpers below serve the API over loopback (httptest), in front of test workers on
+// 127.0.0.1 registered healthy in the pool.
+
+// testAPI is a running API.
+type testAPI struct {
+	URL  string
+	API  *API
+	Pool *workers.Pool
+}
+
+// newTestAPI serves an API over the workers at urls until the test ends. opts' Pool, Metrics,
+// Upstream and MaxPayloadSize are filled in when unset.
+func newTestAPI(t *testing.T, opts Options, urls ...string) *testAPI {
+	t.Helper()
+	pool := workers.NewPool(workers.Options{CBFailureThreshold: 3, CBTimeout: time.Minute})
+	for _, u := range urls {
+		ws, err := pool.Add(u)
+		if err != nil {
+			t.Fatalf("add worker %s: %v", u, err)
+		}
+		for _, w := range ws {
+			w.SetHealthy(true)
+		}
+	}
+	opts.Pool = pool
+	if opts.Metrics == nil {
+		opts.Metrics = metrics.New(pool).Handler()
+	}
+	if opts.Upstream.Timeouts.Request == 0 {
+		opts.Upstream.Timeouts = upstream.Timeouts{Dial: 2 * time.Second, Idle: time.Minute, Request: 20 * time.Second}
+	}
+	if opts.MaxPayloadSize == 0 {
+		opts.MaxPayloadSize = 1 << 20
+	}
+	api := New(opts)
+	srv := httptest.NewServer(api)
+	t.Cleanup(srv.Close)
+	return &testAPI{URL: srv.URL, API: api, Pool: pool}
+}
+
+// do sends a request with an optional body and header pairs, and returns the status, headers and
+// whole body of the answer.
+func (ta *testAPI) do(t *testing.T, method, path, body string, header ...string) (int, http.Header, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, ta.URL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: reading the body: %v", method, path, err)
+	}
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+// remote answers a request as if it came from addr, which the network tests cannot do (they use
+// loopback only).
+func (ta *testAPI) remote(method, path, body, addr string, header ...string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
+	req.RemoteAddr = addr
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	rec := httptest.NewRecorder()
+	ta.API.ServeHTTP(rec, req)
+	return rec
+}
+
+// errorCode is the code of an OpenAI error body, failing the test on any other body.
+func errorCode(t *testing.T, body string) string {
+	t.Helper()
+	var e struct {
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(body), &e); err != nil || e.Error.Code == "" {
+		t.Fatalf("not an OpenAI error body (%v): %q", err, body)
+	}
+	return e.Error.Code
+}
+
+// testWorker is an httptest worker that counts the requests it receives.
+type testWorker struct {
+	*httptest.Server
+	hits atomic.Int64
+}
+
+func newWorker(t *testing.T, h http.HandlerFunc) *testWorker {
+	t.Helper()
+	w := &testWorker{}
+	w.Server = httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		w.hits.Add(1)
+		h(rw, r)
+	}))
+	t.Cleanup(w.Close)
+	return w
+}
+
+// statusWorker answers every request with status and a body naming itself.
+func statusWorker(t *testing.T, status int, name string) *testWorker {
+	return newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = fmt.Fprintf(w, `{"worker":%q}`, name)
+	})
+}
+
+// probeRecorder is a Fleet that joins every worker at once and records the workers probed.
+type probeRecorder struct {
+	mu     sync.Mutex
+	probed []string
+}
+
+func (f *probeRecorder) Join(context.Context, fleet.Source, tenant.URL, workers.Role, kvevents.WorkerEndpoints) (fleet.Joined, error) {
+	probed := make(chan struct{})
+	close(probed)
+	return fleet.Joined{New: true, Probed: probed}, nil
+}
+func (f *probeRecorder) Remove(tenant.URL) error { return nil }
+func (f *probeRecorder) CheckWorker(_ context.Context, url string) {
+	f.mu.Lock()
+	f.probed = append(f.probed, url)
+	f.mu.Unlock()
+}
