@@ -14,7 +14,7 @@
 // it arrives takes it from the bodies that started after it (makeRoom).
 //
 // A body's count covers its bytes and one copy of them: routing derives its history key from the
-// body, which is as long as the conversation in it, and the admin endpoints copy their bodies.
+// body (package protocol), which is as long as the conversation in it, and the admin endpoints copy their bodies.
 // While the body arrives both are counted; once a routed request is parsed, the copy's count
 // becomes the length of what was derived (Body.Derived; nothing for the load-only routes). So the
 // bytes counted are the bytes held, and the router's memory follows the bound: the pieces not

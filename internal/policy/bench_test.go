@@ -5,15 +5,15 @@ import (
 	"testing"
 
 	"github.com/cacheroute/cacheroute/internal/policy"
-	"github.com/cacheroute/cacheroute/internal/reqkey"
+	"github.com/cacheroute/cacheroute/internal/protocol"
 )
 
 // BenchmarkSelect measures one selection by each baseline policy over 8 and 64 idle workers,
 // with a different hash key per request.
 func BenchmarkSelect(b *testing.B) {
-	keys := make([]*reqkey.Request, 1024)
+	keys := make([]*protocol.Request, 1024)
 	for i := range keys {
-		keys[i] = &reqkey.Request{HashKey: fmt.Sprintf("session-%d", i)}
+		keys[i] = &protocol.Request{HashKey: fmt.Sprintf("session-%d", i)}
 	}
 	for _, name := range []string{"random", "round_robin", "power_of_two", "consistent_hash", "rendezvous_hash"} {
 		for _, n := range []int{8, 64} {

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/cacheroute/cacheroute/internal/policy"
-	"github.com/cacheroute/cacheroute/internal/reqkey"
+	"github.com/cacheroute/cacheroute/internal/protocol"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -21,7 +21,7 @@ func keys(n int) []string {
 }
 
 func pick(pol policy.Policy, key string, candidates, all []*workers.Worker) *workers.Worker {
-	return pol.Select(policy.Input{Request: &reqkey.Request{HashKey: key}, Candidates: candidates, All: all}).Worker
+	return pol.Select(policy.Input{Request: &protocol.Request{HashKey: key}, Candidates: candidates, All: all}).Worker
 }
 
 func without(ws []*workers.Worker, drop *workers.Worker) []*workers.Worker {
@@ -248,7 +248,7 @@ func TestRendezvousPicksTheHighestScore(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 3))
 	for _, k := range keys(500) {
 		best := policy.RendezvousPick(k, all)
-		if d := (policy.Rendezvous{}).Select(policy.Input{Request: &reqkey.Request{HashKey: k}, Candidates: all, All: all}); d.Worker != best || d.Label != "rendezvous_hash" {
+		if d := (policy.Rendezvous{}).Select(policy.Input{Request: &protocol.Request{HashKey: k}, Candidates: all, All: all}); d.Worker != best || d.Label != "rendezvous_hash" {
 			t.Fatalf("Select disagrees with RendezvousPick for %q", k)
 		}
 		// The maximum beats every other worker head to head, and any subset containing it.

@@ -64,6 +64,7 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/admission"
+	"github.com/cacheroute/cacheroute/internal/protocol"
 	"github.com/cacheroute/cacheroute/internal/reqkey"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -73,7 +74,7 @@ type Input struct {
 	// Context bounds any store access the policy makes (a shared session store); never nil when
 	// the proxy calls.
 	Context context.Context
-	Request *reqkey.Request
+	Request *protocol.Request
 	// Model names the state the request belongs to: the served model the request asked for, as a
 	// worker listed it, or "" when the fleet's workers list no models. Never the client's string
 	// unchecked, so a client cannot create state for models nobody serves.

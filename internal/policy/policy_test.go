@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/policy"
-	"github.com/cacheroute/cacheroute/internal/reqkey"
+	"github.com/cacheroute/cacheroute/internal/protocol"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -29,7 +29,7 @@ func newFleet(t testing.TB, n, dp int) *workers.Pool {
 
 func input(p *workers.Pool, hashKey string) policy.Input {
 	c, _, _ := p.Candidates("")
-	return policy.Input{Request: &reqkey.Request{HashKey: hashKey}, Candidates: c, All: p.All()}
+	return policy.Input{Request: &protocol.Request{HashKey: hashKey}, Candidates: c, All: p.All()}
 }
 
 // counts selects n times and counts the picks by tenant.
@@ -177,7 +177,7 @@ func TestPowerOfTwoOnlyCandidatesAndSpreadsTies(t *testing.T) {
 			t.Errorf("idle %s picked only %d of 3000 times", tenant, n)
 		}
 	}
-	one := policy.Input{Request: &reqkey.Request{}, Candidates: all[:1], All: all}
+	one := policy.Input{Request: &protocol.Request{}, Candidates: all[:1], All: all}
 	if w := (policy.PowerOfTwo{}).Select(one).Worker; w != all[0] {
 		t.Errorf("single candidate: picked %s", w.Tenant())
 	}

@@ -18,7 +18,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/clientkeys"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
-	"github.com/cacheroute/cacheroute/internal/reqkey"
+	"github.com/cacheroute/cacheroute/internal/protocol"
 	"github.com/cacheroute/cacheroute/internal/sniff"
 	"github.com/cacheroute/cacheroute/internal/telemetry"
 	"github.com/cacheroute/cacheroute/internal/upstream"
@@ -435,7 +435,7 @@ const (
 // knows stored it, else the one a search of the healthy workers finds (findResponse, once the
 // request is admitted).
 func (s *Server) prepareByResponseID(ctx *fasthttp.RequestCtx, ex *exchange) bool {
-	req := &reqkey.Request{Stream: string(ctx.QueryArgs().Peek("stream")) == "true"}
+	req := &protocol.Request{Stream: string(ctx.QueryArgs().Peek("stream")) == "true"}
 	candidates, _, _ := s.pool.Candidates("")
 	ex.in = policy.Input{Context: context.Background(), Request: req, Candidates: candidates, All: s.pool.All(), Size: len(ctx.PostBody())}
 	if s.responses != nil {

@@ -94,7 +94,7 @@ func addForwarded(h *fasthttp.RequestHeader, ctx *fasthttp.RequestCtx) {
 	}
 }
 
-// requestHeaders lets reqkey read the client's headers without copying them all.
+// requestHeaders lets protocol and reqkey read the client's headers without copying them all.
 type requestHeaders struct{ h *fasthttp.RequestHeader }
 
 // Get returns the first value of key, matched case-insensitively.

@@ -7,6 +7,7 @@ import (
 	"mime"
 	"mime/multipart"
 
+	"github.com/cacheroute/cacheroute/internal/protocol"
 	"github.com/cacheroute/cacheroute/internal/reqkey"
 )
 
@@ -17,12 +18,12 @@ const maxFormModel = 1 << 10
 // its "model" field, and "stream". The body is forwarded as it came; nothing else of it is read
 // or kept, and the audio file parts are passed over without being copied. Like the other
 // load-only readers it derives no session or history key.
-func readMultipart(h reqkey.Header, body []byte) (*reqkey.Request, error) {
+func readMultipart(h reqkey.Header, body []byte) (*protocol.Request, error) {
 	mediaType, params, err := mime.ParseMediaType(h.Get("Content-Type"))
 	if err != nil || mediaType != "multipart/form-data" || params["boundary"] == "" {
-		return nil, &reqkey.Error{Msg: "request body must be multipart/form-data with a boundary"}
+		return nil, &protocol.Error{Msg: "request body must be multipart/form-data with a boundary"}
 	}
-	r := &reqkey.Request{}
+	r := &protocol.Request{}
 	form := multipart.NewReader(bytes.NewReader(body), params["boundary"])
 	for {
 		part, err := form.NextPart()
@@ -30,13 +31,13 @@ func readMultipart(h reqkey.Header, body []byte) (*reqkey.Request, error) {
 			return r, nil
 		}
 		if err != nil {
-			return nil, &reqkey.Error{Msg: "malformed multipart body: " + err.Error()}
+			return nil, &protocol.Error{Msg: "malformed multipart body: " + err.Error()}
 		}
 		switch part.FormName() {
 		case "model":
 			v, err := io.ReadAll(io.LimitReader(part, maxFormModel+1))
 			if err != nil || len(v) > maxFormModel {
-				return nil, &reqkey.Error{Msg: "the multipart field \"model\" is malformed or too long"}
+				return nil, &protocol.Error{Msg: "the multipart field \"model\" is malformed or too long"}
 			}
 			r.Model = string(v)
 		case "stream":

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/chatform"
 	"github.com/cacheroute/cacheroute/internal/metrics"
+	"github.com/cacheroute/cacheroute/internal/protocol"
 	"github.com/cacheroute/cacheroute/internal/reqkey"
 )
 
@@ -30,7 +31,7 @@ const (
 )
 
 // bodyReader derives what routing needs from a request's headers and body.
-type bodyReader func(h reqkey.Header, body []byte) (*reqkey.Request, error)
+type bodyReader func(h reqkey.Header, body []byte) (*protocol.Request, error)
 
 // route is one routed endpoint, with its metric series resolved once rather than looked up by
 // label on every request.
@@ -61,21 +62,21 @@ var post = []string{"POST"}
 
 // routeTable lists every routed endpoint.
 var routeTable = []route{
-	{path: chatCompletionsPath, read: reqkey.Parse, pd: true, tokenAsk: chatTokenAsk},
-	{path: "/v1/completions", read: reqkey.Parse, pd: true, tokenAsk: completionTokenAsk},
-	{path: "/generate", read: reqkey.Parse},
-	{path: "/v1/responses", read: reqkey.ParseResponses, storesResponses: true, tokenAsk: convertedTokenAsk(chatform.Responses)},
-	{path: "/v1/messages", read: reqkey.ParseMessages, errors: anthropicErrors, tokenAsk: convertedTokenAsk(chatform.Messages)},
-	{path: "/v1/messages/count_tokens", read: reqkey.ParseModel, errors: anthropicErrors},
-	{path: "/tokenize", read: reqkey.ParseModel},
-	{path: "/detokenize", read: reqkey.ParseModel},
-	{path: "/v1/embeddings", read: reqkey.ParseModel},
-	{path: "/v1/score", read: reqkey.ParseModel},
-	{path: "/score", read: reqkey.ParseModel},
-	{path: "/v1/rerank", read: reqkey.ParseModel},
-	{path: "/rerank", read: reqkey.ParseModel},
-	{path: "/pooling", read: reqkey.ParseModel},
-	{path: "/classify", read: reqkey.ParseModel},
+	{path: chatCompletionsPath, read: protocol.Parse, pd: true, tokenAsk: chatTokenAsk},
+	{path: "/v1/completions", read: protocol.Parse, pd: true, tokenAsk: completionTokenAsk},
+	{path: "/generate", read: protocol.Parse},
+	{path: "/v1/responses", read: protocol.ParseResponses, storesResponses: true, tokenAsk: convertedTokenAsk(chatform.Responses)},
+	{path: "/v1/messages", read: protocol.ParseMessages, errors: anthropicErrors, tokenAsk: convertedTokenAsk(chatform.Messages)},
+	{path: "/v1/messages/count_tokens", read: protocol.ParseModel, errors: anthropicErrors},
+	{path: "/tokenize", read: protocol.ParseModel},
+	{path: "/detokenize", read: protocol.ParseModel},
+	{path: "/v1/embeddings", read: protocol.ParseModel},
+	{path: "/v1/score", read: protocol.ParseModel},
+	{path: "/score", read: protocol.ParseModel},
+	{path: "/v1/rerank", read: protocol.ParseModel},
+	{path: "/rerank", read: protocol.ParseModel},
+	{path: "/pooling", read: protocol.ParseModel},
+	{path: "/classify", read: protocol.ParseModel},
 	{path: "/v1/audio/transcriptions", read: readMultipart},
 	{path: "/v1/audio/translations", read: readMultipart},
 	{path: responsePattern, methods: []string{"GET", "DELETE"}, place: byResponseID},
@@ -177,11 +178,11 @@ func (s *Server) routeOf(path string) (*route, string) {
 // readPassThrough reads what it can of a pass-through request: a JSON object's model and stream,
 // as the load-only routes do. Any other body (none, not JSON) is forwarded as it came, for the
 // worker to answer; it is not refused here.
-func readPassThrough(h reqkey.Header, body []byte) (*reqkey.Request, error) {
-	if r, err := reqkey.ParseModel(h, body); err == nil {
+func readPassThrough(h reqkey.Header, body []byte) (*protocol.Request, error) {
+	if r, err := protocol.ParseModel(h, body); err == nil {
 		return r, nil
 	}
-	return &reqkey.Request{}, nil
+	return &protocol.Request{}, nil
 }
 
 // allows reports whether the route takes method.

@@ -18,7 +18,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
-	"github.com/cacheroute/cacheroute/internal/reqkey"
+	"github.com/cacheroute/cacheroute/internal/protocol"
 	"github.com/cacheroute/cacheroute/internal/session/redistest"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -79,7 +79,7 @@ func BenchmarkSessionStoreDecision(b *testing.B) {
 			}
 			bodies, headers := sessionChats(benchSessions)
 			selectOne := func(i int) string {
-				r, err := reqkey.Parse(headers[i], bodies[i])
+				r, err := protocol.Parse(headers[i], bodies[i])
 				if err != nil {
 					b.Fatal(err)
 				}

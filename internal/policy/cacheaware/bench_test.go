@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/protocol"
 	"github.com/cacheroute/cacheroute/internal/reqkey"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -141,22 +142,22 @@ var benchSizes = []struct {
 // parse the body and derive the keys, look the session up, match and insert in the prefix tree,
 // over 8 workers. Each session's history grows turn by turn.
 func BenchmarkDecision(b *testing.B) {
-	benchmarkDecision(b, reqkey.Parse, func(c conversationBodies) [][]byte { return c.chat })
+	benchmarkDecision(b, protocol.Parse, func(c conversationBodies) [][]byte { return c.chat })
 }
 
 // BenchmarkDecisionResponses is BenchmarkDecision of the same conversations sent to the Responses
 // API.
 func BenchmarkDecisionResponses(b *testing.B) {
-	benchmarkDecision(b, reqkey.ParseResponses, func(c conversationBodies) [][]byte { return c.responses })
+	benchmarkDecision(b, protocol.ParseResponses, func(c conversationBodies) [][]byte { return c.responses })
 }
 
 // BenchmarkDecisionMessages is BenchmarkDecision of the same conversations sent to the Messages
 // API.
 func BenchmarkDecisionMessages(b *testing.B) {
-	benchmarkDecision(b, reqkey.ParseMessages, func(c conversationBodies) [][]byte { return c.messages })
+	benchmarkDecision(b, protocol.ParseMessages, func(c conversationBodies) [][]byte { return c.messages })
 }
 
-func benchmarkDecision(b *testing.B, parse func(reqkey.Header, []byte) (*reqkey.Request, error), shape func(conversationBodies) [][]byte) {
+func benchmarkDecision(b *testing.B, parse func(reqkey.Header, []byte) (*protocol.Request, error), shape func(conversationBodies) [][]byte) {
 	for _, sz := range benchSizes {
 		b.Run(sz.name, func(b *testing.B) {
 			pool, _ := fleet(b, 8)
@@ -200,9 +201,9 @@ func benchmarkDecision(b *testing.B, parse func(reqkey.Header, []byte) (*reqkey.
 func TestGrowingConversationsHaveOneKeyInEveryShape(t *testing.T) {
 	c := growingConversations(4<<10, 2, 3)
 	for i := range c.chat {
-		chat, err1 := reqkey.Parse(nil, c.chat[i])
-		responses, err2 := reqkey.ParseResponses(nil, c.responses[i])
-		messages, err3 := reqkey.ParseMessages(nil, c.messages[i])
+		chat, err1 := protocol.Parse(nil, c.chat[i])
+		responses, err2 := protocol.ParseResponses(nil, c.responses[i])
+		messages, err3 := protocol.ParseMessages(nil, c.messages[i])
 		if err := errors.Join(err1, err2, err3); err != nil {
 			t.Fatal(err)
 		}
@@ -267,7 +268,7 @@ func BenchmarkDecisionUnderPressure(b *testing.B) {
 		return []byte(chat(system, append([]string{fmt.Sprintf("session %d: %s", s, text(size-(30<<10)-2<<10))}, turns...), ""))
 	}
 	turn := func(s int, body []byte, done bool) policy.Decision {
-		r, err := reqkey.Parse(http.Header{"X-Session-Id": {fmt.Sprintf("session-%d", s)}}, body)
+		r, err := protocol.Parse(http.Header{"X-Session-Id": {fmt.Sprintf("session-%d", s)}}, body)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/policy"
-	"github.com/cacheroute/cacheroute/internal/reqkey"
+	"github.com/cacheroute/cacheroute/internal/protocol"
 	"github.com/cacheroute/cacheroute/internal/session"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -44,13 +44,13 @@ func newPolicy(opts Options) *Policy {
 }
 
 // req parses a request body with optional header pairs.
-func req(t testing.TB, body string, header ...string) *reqkey.Request {
+func req(t testing.TB, body string, header ...string) *protocol.Request {
 	t.Helper()
 	h := http.Header{}
 	for i := 0; i+1 < len(header); i += 2 {
 		h.Set(header[i], header[i+1])
 	}
-	r, err := reqkey.Parse(h, []byte(body))
+	r, err := protocol.Parse(h, []byte(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func req(t testing.TB, body string, header ...string) *reqkey.Request {
 }
 
 // route selects among the available workers of pool, as the proxy does.
-func route(p *Policy, pool *workers.Pool, r *reqkey.Request) policy.Decision {
+func route(p *Policy, pool *workers.Pool, r *protocol.Request) policy.Decision {
 	var cands []*workers.Worker
 	for _, w := range pool.All() {
 		if w.Available() {
@@ -72,7 +72,7 @@ func route(p *Policy, pool *workers.Pool, r *reqkey.Request) policy.Decision {
 }
 
 // heldBy is how many bytes of r's history key the tree says tenant holds.
-func heldBy(p *Policy, r *reqkey.Request, tenant string) int {
+func heldBy(p *Policy, r *protocol.Request, tenant string) int {
 	return p.matchTenant(newDecision(policy.Input{Request: r, Model: r.Model}), tenant)
 }
 

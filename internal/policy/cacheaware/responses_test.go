@@ -5,12 +5,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cacheroute/cacheroute/internal/reqkey"
+	"github.com/cacheroute/cacheroute/internal/protocol"
 )
 
 // continuing is a Responses turn that continues the stored response id, with its new input.
-func continuing(id, session string) *reqkey.Request {
-	r := &reqkey.Request{Model: "m", Chat: true, PreviousResponseID: id, Text: "u11:next input."}
+func continuing(id, session string) *protocol.Request {
+	r := &protocol.Request{Model: "m", Chat: true, PreviousResponseID: id, Text: "u11:next input."}
 	if session != "" {
 		r.SessionKey = "session:" + session
 	}

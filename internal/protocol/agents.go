@@ -1,0 +1,494 @@
+package protocol
+
+import (
+	"net/http"
+	"slices"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/cacheroute/cacheroute/internal/reqkey"
+)
+
+// agents.go reads the bodies of the agent protocols, the OpenAI Responses API (responses.go) and
+// the Anthropic Messages API (messages.go), into the same Request as chat bodies, with the same
+// lexer, and writes their history keys with the same one-pass writer (history.go): the bound of
+// the key is found while the body is checked, and the key is written from positions in the body.
+// This file holds what the two share: their tools, how the members of an item, a part or a block
+// are read, how a content is written as it is read (streaming), and the load-only reader.
+//
+// Both protocols' bodies are read as the servers that define them read JSON: a repeated key's
+// last value is the field's value, at every level, replacing the earlier one whole, and null is
+// the field's absence. (Chat bodies keep encoding/json's rules instead, see schema.go.) Every
+// value is still checked, so a field of the wrong type is an error even where a later value
+// replaces it. Ids (user, prompt_cache_key, metadata.user_id, ...) are read as chat reads them.
+//
+// The fields that shape a conversation are typed, and a value of another type is an *Error that
+// names the field: the arrays, their elements, and an item's or a message's role and type. What
+// a content part or a block holds is free-form, as chat's content is: a member of another type
+// than the one the key writes adds nothing to it. Items, tools, parts and blocks may be written
+// as canonical JSON (canonical.go), so their numbers must fit a float64, as in chat's free-form
+// values.
+
+// ParseResponses reads a Responses API body (POST /v1/responses): model, stream, store,
+// previous_response_id, the session and hash keys, and the history key of its tools,
+// instructions and input (see writeResponses). The body carries a conversation (Chat) when it
+// has an input.
+func ParseResponses(h reqkey.Header, raw []byte) (*Request, error) {
+	if h == nil {
+		h = http.Header(nil)
+	}
+	var b responsesBody
+	if err := parseObject(raw, b.member); err != nil {
+		return nil, err
+	}
+	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.input.pos != 0, MaxTokens: b.maxTokens,
+		PreviousResponseID: string(b.previousID), NoStore: b.noStore}
+	if r.Chat {
+		r.Text, _ = b.key(raw, onePassLimit(raw))
+	}
+	conversation, cacheKey, user := string(b.conversation), string(b.cacheKey), string(b.user)
+	r.SessionKey = reqkey.SessionKey(h, string(b.paramsID), []string{conversation, cacheKey}, []string{user})
+	r.HashKey = reqkey.HashKey(h, []string{conversation, cacheKey, user}, r.Text)
+	return r, nil
+}
+
+// ParseMessages reads an Anthropic Messages API body (POST /v1/messages): model, stream, the
+// session and hash keys, and the history key of its tools, system and messages (see
+// writeMessages). The body carries a conversation (Chat) when it has messages.
+//
+// metadata.user_id is session-scoped: Anthropic's clients put a session's id in it (Claude
+// Code's is made of the user's, the account's and the session's).
+func ParseMessages(h reqkey.Header, raw []byte) (*Request, error) {
+	if h == nil {
+		h = http.Header(nil)
+	}
+	var b messagesBody
+	if err := parseObject(raw, b.member); err != nil {
+		return nil, err
+	}
+	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.messages.pos != 0, MaxTokens: b.maxTokens}
+	if r.Chat {
+		r.Text, _ = b.key(raw, onePassLimit(raw))
+	}
+	userID := string(b.userID)
+	r.SessionKey = reqkey.SessionKey(h, "", []string{userID}, nil)
+	r.HashKey = reqkey.HashKey(h, []string{userID}, r.Text)
+	return r, nil
+}
+
+// ParseModel reads only what load-only routes need of a JSON body: that it is a JSON object, its
+// model and stream. It derives no session, hash or history key, so nothing is learned from it.
+// The values of the other members are checked to be well-formed JSON, and nothing else.
+func ParseModel(_ reqkey.Header, raw []byte) (*Request, error) {
+	var model []byte
+	var stream bool
+	err := parseObject(raw, func(s *scanner, key []byte) {
+		switch string(key) {
+		case "model":
+			s.nullableString("model", &model)
+		case "stream":
+			stream = s.boolean("stream", false)
+		default:
+			s.skip(false)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Request{Model: string(model), Stream: stream}, nil
+}
+
+// field is a top-level field the history key is written from: where its value is (0 when absent
+// or null: no value starts a body), and the bound of the key it makes.
+type field struct {
+	pos int
+	keyBound
+}
+
+// historyField reads the value of a field the history key is written from, whose first byte
+// must be one of types (a string's quote, an array's bracket), with read. It returns the field:
+// this value replaces an earlier one, and null clears it.
+func (s *scanner) historyField(name, types string, read func(*scanner)) field {
+	s.in(name)
+	defer s.out()
+	switch c := s.peek(); {
+	case c == 'n':
+		s.null()
+		return field{}
+	case strings.IndexByte(types, c) < 0:
+		s.mismatch()
+		return field{}
+	}
+	f := field{pos: s.pos}
+	s.hist = keyBound{}
+	read(s)
+	f.keyBound = s.hist
+	return f
+}
+
+// kind is what an item, a content part or a block is, by its type: what the key writes of it.
+type kind uint8
+
+const (
+	kindWhole     kind = iota // anything else: written whole, as canonical JSON
+	kindNone                  // an image or a document: nothing
+	kindMessage               // a message: its role and content
+	kindText                  // a text part or block: its text
+	kindRefusal               // a refusal part: its refusal
+	kindCall                  // a function call or tool use
+	kindOutput                // a function call's output or a tool result
+	kindReasoning             // a reasoning item: its summary, content and encrypted content
+	kindThinking              // a thinking block: its thinking
+	kindRedacted              // a redacted thinking block: its data
+)
+
+// typeName reads the string at s.pos and returns its value when it is at most len(buf) bytes
+// long, else as written: a value that long names no kind.
+func (s *scanner) typeName(buf []byte) []byte {
+	raw, escaped, high := s.str()
+	return jstr{raw: raw, plain: !escaped && (!high || utf8.Valid(raw))}.name(buf)
+}
+
+// kindField reads a field typed as a string that says what its object is, and returns its value
+// as typeName does: empty for null, which makes it absent. Another type is a type error.
+func (s *scanner) kindField(name string, buf []byte) []byte {
+	var v []byte
+	s.in(name)
+	switch s.peek() {
+	case '"':
+		v = s.typeName(buf)
+	case 'n':
+		s.null()
+	default:
+		s.mismatch()
+	}
+	s.out()
+	return v
+}
+
+// textSize reads a free-form value the key writes as a field behind a tag when it is a non-empty
+// string, and returns the most bytes that takes.
+func (s *scanner) textSize() int {
+	if s.peek() != '"' {
+		s.skip(true)
+		return 0
+	}
+	grow := s.grow
+	raw, _, _ := s.str()
+	if len(raw) == 0 {
+		return 0
+	}
+	return 1 + fieldSize(len(raw)+s.grow-grow)
+}
+
+// stringSize reads a free-form value the key writes as a field when it is a string, and returns
+// the most bytes that takes beyond the end of an empty field.
+func (s *scanner) stringSize() int {
+	if s.peek() != '"' {
+		s.skip(true)
+		return 0
+	}
+	grow := s.grow
+	raw, _, _ := s.str()
+	return fieldSize(len(raw) + s.grow - grow)
+}
+
+// typedStringSize reads a field typed as a string (see stringField) that the key writes as a
+// field, and returns the most bytes that takes beyond the end of an empty field.
+func (s *scanner) typedStringSize(name string) int {
+	if _, n, ok := s.stringField(name); ok {
+		return fieldSize(n)
+	}
+	return 0
+}
+
+// canonicalSize reads a free-form value the key writes in canonical form as a field (or, a string
+// of arguments, as the string it is), and returns the most bytes that takes: none for null.
+func (s *scanner) canonicalSize() int {
+	start, grow, floats, keys := s.pos, s.grow, s.floats, s.keys
+	s.skip(true)
+	if string(s.data[start:s.pos]) == "null" {
+		return 0
+	}
+	return s.canonicalBound(start, grow, floats, keys)
+}
+
+// canonicalBound is the most bytes the canonical form of the value read from start takes behind
+// as a field, grow, floats and keys being the scanner's counts when it was at start. The
+// canonicalizer's records must hold as many members as the value has.
+func (s *scanner) canonicalBound(start, grow, floats, keys int) int {
+	s.hist.members = max(s.hist.members, s.keys-keys)
+	return fieldSize(s.pos - start + s.grow - grow + maxFloatLen*(s.floats-floats))
+}
+
+// str reads the value at val into *dst when it is a string, else the empty string (null, or
+// another type in a free-form value), and returns the position after it. The string is read once:
+// it is written from *dst, without being looked for again.
+func (h *historyWriter) str(val int, dst *jstr) int {
+	if h.v[val] != '"' {
+		*dst = jstr{plain: true}
+		return h.v.skip(val)
+	}
+	var end int
+	*dst, end = h.v.str(val)
+	return end
+}
+
+// at reads where the value at val is into *dst, 0 for null, and returns the position after it.
+func (h *historyWriter) at(val int, dst *int) int {
+	*dst = val
+	if h.v[val] == 'n' {
+		*dst = 0
+	}
+	return h.v.skip(val)
+}
+
+// textValue is a free-form value that holds text (a content, an output): where it is (0 when
+// absent or null), and the string it is, when it is one, read once.
+type textValue struct {
+	pos int
+	s   jstr
+}
+
+// textValue reads the value at val into *dst and returns the position after it.
+func (h *historyWriter) textValue(val int, dst *textValue) int {
+	if h.v[val] == '"' {
+		dst.pos = val
+		return h.str(val, &dst.s)
+	}
+	dst.s = jstr{}
+	return h.at(val, &dst.pos)
+}
+
+// fieldWhole writes the canonical JSON of the object at pos, an item, a block or a tool, without its
+// cache_control member, as a field.
+func (h *historyWriter) fieldWhole(pos int) {
+	h.c.hint = true
+	h.fieldCanonical(pos)
+	h.c.hint = false
+}
+
+// toolSchema is how a protocol shapes its tools. A tool whose type is absent or the protocol's
+// function type (function, custom) is written as chat writes a tool: "T" name· description·
+// schema· (the schema as canonical JSON; x· is the field x, see historyKey). A tool of any other
+// type (web_search, mcp, a server tool) is written whole, as "W" json· (its canonical JSON
+// without cache_control). Both are sorted by name, as chat's are, the name of a tool of another
+// type being its "name" member; tools without a name come first, in order.
+type toolSchema struct {
+	function string // the type of the tools written by name
+	schema   string // the member that holds such a tool's schema
+	// nested says that a function tool may be given in chat's shape: its name, description and
+	// schema are then those of its "function" object.
+	nested bool
+}
+
+var (
+	responsesTools = toolSchema{function: "function", schema: "parameters", nested: true}
+	messagesTools  = toolSchema{function: "custom", schema: "input_schema"}
+)
+
+func checkResponsesTools(s *scanner) { s.array(func(s *scanner) { s.tool(&responsesTools) }) }
+func checkMessagesTools(s *scanner)  { s.array(func(s *scanner) { s.tool(&messagesTools) }) }
+
+// tool reads one element of tools, of the protocol whose tools ts describes.
+func (s *scanner) tool(ts *toolSchema) {
+	switch s.peek() {
+	case 'n':
+		s.null()
+		return
+	case '{':
+	default:
+		s.mismatch()
+		return
+	}
+	start, grow, floats, keys := s.pos, s.grow, s.floats, s.keys
+	size := len("T") + 3*fieldSize(0) // a tool written by name, with no name, description or schema
+	function, named := true, false
+	var buf [nameLen]byte
+	// fn reads a member of a function tool, given flat or in a "function" object.
+	fn := func(s *scanner, key []byte) bool {
+		switch string(key) {
+		case "name":
+			if raw, n, ok := s.stringField("name"); ok {
+				size += fieldSize(n)
+				named = named || len(raw) > 0
+			}
+		case "description":
+			size += s.typedStringSize("description")
+		case ts.schema:
+			s.in(ts.schema)
+			size += s.canonicalSize()
+			s.out()
+		default:
+			return false
+		}
+		return true
+	}
+	s.object(func(s *scanner, key []byte) {
+		switch {
+		case fn(s, key):
+		case string(key) == "type":
+			typ := s.kindField("type", buf[:])
+			function = len(typ) == 0 || string(typ) == ts.function
+		case string(key) == "function" && ts.nested:
+			s.in("function")
+			s.structValue(func(s *scanner, key []byte) {
+				if !fn(s, key) {
+					s.skip(true)
+				}
+			})
+			s.out()
+		default:
+			s.skip(true)
+		}
+	})
+	if function {
+		s.hist.size += size
+	} else {
+		s.hist.size += len("W") + s.canonicalBound(start, grow, floats, keys)
+	}
+	if named {
+		s.hist.named++
+	}
+}
+
+// agentTool is one element of tools as far as the key reads it: where its name is (0 when
+// absent), and where the tool is when it is written whole, or else (whole 0) where its
+// description and schema are.
+type agentTool struct {
+	name, description, schema, whole int
+}
+
+// agentTools writes the tools of the array at pos, sorted by name, keeping tools of the same name
+// in order. Tools without a name come first, so they are written as they are read; only where
+// the others' fields are is remembered, to be sorted.
+func (h *historyWriter) agentTools(pos int, ts *toolSchema) {
+	var named []agentTool
+	if !h.w.counting() {
+		named = make([]agentTool, 0, h.named)
+	}
+	h.named = 0
+	h.elements(pos, func(e int) int {
+		t, end := h.readAgentTool(e, ts)
+		switch {
+		case h.jstr(t.name).len() == 0:
+			h.writeAgentTool(&t)
+		case h.w.counting():
+			h.named++
+			h.writeAgentTool(&t)
+		default:
+			named = append(named, t)
+		}
+		return end
+	})
+	slices.SortStableFunc(named, func(a, b agentTool) int {
+		return compareJstr(h.jstr(a.name), h.jstr(b.name))
+	})
+	for i := range named {
+		h.writeAgentTool(&named[i])
+	}
+}
+
+// readAgentTool reads the tool at pos and returns it and the position after it. A function
+// object (chat's shape) is read where it is.
+func (h *historyWriter) readAgentTool(pos int, ts *toolSchema) (agentTool, int) {
+	var flat, nested agentTool
+	var typ jstr
+	inFunction := false
+	end := h.object(pos, func(key []byte, val int) int {
+		if end, ok := h.toolField(&flat, ts, key, val); ok {
+			return end
+		}
+		switch {
+		case string(key) == "type":
+			return h.str(val, &typ)
+		case string(key) == "function" && ts.nested:
+			nested, inFunction = agentTool{}, h.v[val] == '{'
+			return h.object(val, func(key []byte, val int) int {
+				if end, ok := h.toolField(&nested, ts, key, val); ok {
+					return end
+				}
+				return h.v.skip(val)
+			})
+		}
+		return h.v.skip(val)
+	})
+	var buf [nameLen]byte
+	switch {
+	case typ.len() != 0 && string(typ.name(buf[:])) != ts.function:
+		return agentTool{name: flat.name, whole: pos}, end
+	case inFunction:
+		return nested, end
+	}
+	return flat, end
+}
+
+// toolField reads the member key of a function tool into t, if it is one of its fields, and
+// returns the position after it and true.
+func (h *historyWriter) toolField(t *agentTool, ts *toolSchema, key []byte, val int) (int, bool) {
+	var dst *int
+	switch string(key) {
+	case "name":
+		dst = &t.name
+	case "description":
+		dst = &t.description
+	case ts.schema:
+		dst = &t.schema
+	default:
+		return 0, false
+	}
+	end := h.at(val, dst)
+	if dst != &t.schema && h.v[val] != '"' {
+		*dst = 0
+	}
+	return end, true
+}
+
+func (h *historyWriter) writeAgentTool(t *agentTool) {
+	h.w.text = true
+	if t.whole != 0 {
+		h.w.byte('W')
+		h.fieldWhole(t.whole)
+		return
+	}
+	h.w.byte('T')
+	h.w.field(h.jstr(t.name))
+	h.w.field(h.jstr(t.description))
+	h.fieldCanonical(t.schema)
+}
+
+// elements calls each with the position of every object in the array at pos, which returns the
+// position after it; other elements are passed over. It returns the position after the array.
+func (h *historyWriter) elements(pos int, each func(int) int) int {
+	e, more := h.v.first(pos)
+	for more {
+		var end int
+		if h.v[e] == '{' {
+			end = each(e)
+		} else {
+			end = h.v.skip(e)
+		}
+		e, more = h.v.next(end)
+	}
+	return e
+}
+
+// streaming is a content array written as it is read, as part of an object whose members are
+// still being read: a later member may change what comes before it in the key, or replace it.
+// The writer then takes back what it wrote, and writes the object once it is read whole, reading
+// the content again. Clients send what comes first in the key first, so that is rare, and the
+// content, most of a conversation's text, is read once.
+type streaming struct {
+	at mark
+	on bool
+}
+
+func (st *streaming) start(w *keyWriter) { st.at, st.on = w.mark(), true }
+
+// undo takes back what was written since start.
+func (st *streaming) undo(w *keyWriter) {
+	if st.on {
+		w.reset(st.at)
+		st.on = false
+	}
+}

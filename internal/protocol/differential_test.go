@@ -1,0 +1,345 @@
+package protocol_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/protocol"
+)
+
+// fieldNames are every object key Parse reads, at any level.
+var fieldNames = []string{
+	"model", "stream", "messages", "tools", "prompt", "text", "input_ids", "session_params",
+	"session_id", "user_id", "user", "role", "name", "content", "tool_calls", "tool_call_id",
+	"function", "arguments", "description", "parameters", "type",
+}
+
+// exactKeys reports whether no object key in the valid JSON document body is another spelling of a
+// field name under encoding/json's case folding: the only bodies on which Parse deliberately
+// differs from the encoding/json reference. It reads tokens, not a decoded value, so that the
+// keys of a value a repeated key replaced are seen too.
+func exactKeys(body []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	type container struct{ object, wantKey bool }
+	var open []container
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			return true
+		}
+		if err != nil {
+			return false
+		}
+		if n := len(open); n > 0 && open[n-1].wantKey {
+			if k, ok := tok.(string); ok {
+				for _, name := range fieldNames {
+					if k != name && strings.EqualFold(k, name) {
+						return false
+					}
+				}
+				open[n-1].wantKey = false
+				continue
+			}
+		}
+		switch tok {
+		case json.Delim('{'):
+			open = append(open, container{object: true, wantKey: true})
+			continue
+		case json.Delim('['):
+			open = append(open, container{})
+			continue
+		case json.Delim('}'), json.Delim(']'):
+			open = open[:len(open)-1]
+		}
+		// A value ended: an object holding it expects a key next.
+		if n := len(open); n > 0 && open[n-1].object {
+			open[n-1].wantKey = true
+		}
+	}
+}
+
+const typeErrorPrefix = "invalid JSON body: field "
+
+// FuzzParseMatchesEncodingJSON: Parse accepts exactly the bodies that are valid JSON objects (but
+// for fields of the wrong type), and on a body whose keys are spelled exactly it derives the same
+// Request, or fails with the same type error, as the encoding/json reference.
+func FuzzParseMatchesEncodingJSON(f *testing.F) {
+	parseSeeds(f)
+	f.Fuzz(func(t *testing.T, body []byte, session string) {
+		h := http.Header{}
+		if session != "" {
+			h.Set("x-session-id", session)
+		}
+		got, err := protocol.Parse(h, body)
+		want, refErr := refParse(h, body)
+		trimmed := bytes.TrimLeft(body, " \t\r\n")
+		valid := json.Valid(body) && len(trimmed) > 0 && trimmed[0] == '{'
+		switch {
+		case !valid:
+			if err == nil {
+				t.Fatalf("accepted an invalid body %q: %+v", body, got)
+			}
+			if strings.HasPrefix(err.Error(), typeErrorPrefix) {
+				t.Fatalf("invalid body %q reported as a type error: %v", body, err)
+			}
+		case !exactKeys(body):
+			if err != nil && !strings.HasPrefix(err.Error(), typeErrorPrefix) {
+				t.Fatalf("valid body %q rejected: %v", body, err)
+			}
+		case (err == nil) != (refErr == nil):
+			t.Fatalf("body %q: error %v, reference error %v", body, err, refErr)
+		case err != nil:
+			if err.Error() != refErr.Error() {
+				t.Fatalf("body %q: error %q, reference error %q", body, err, refErr)
+			}
+		case *got != *want:
+			t.Fatalf("body %q:\n got  %+v\n want %+v", body, got, want)
+		}
+	})
+}
+
+// Object keys are matched exactly: another spelling is an unknown field, as vLLM reads it.
+func TestParseKeysAreCaseSensitive(t *testing.T) {
+	tests := []struct {
+		name, body string
+	}{
+		{"model", `{"Model":"m","prompt":"p"}`},
+		{"user", `{"USER":"u","prompt":"p"}`},
+		{"messages", `{"Messages":[{"role":"user","content":"hi"}],"prompt":"p"}`},
+		{"session_params", `{"session_params":{"Session_ID":"s"},"prompt":"p"}`},
+		{"wrong type under another spelling", `{"MODEL":5,"Stream":"yes","prompt":"p"}`},
+		{"folded long s", `{"ſession_id":"s","prompt":"p"}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := mustParse(t, nil, tt.body)
+			if r.Model != "" || r.Stream || r.Chat || r.SessionKey != "" || r.HashKey != "p" || r.Text != "p" {
+				t.Errorf("a key spelled otherwise was read: %+v", r)
+			}
+		})
+	}
+	r := mustParse(t, nil, `{"messages":[{"Role":"user","CONTENT":"hi"}]}`)
+	if want := mustParse(t, nil, `{"messages":[{}]}`); *r != *want {
+		t.Errorf("message keys spelled otherwise were read: %+v", r)
+	}
+}
+
+// A repeated key is decoded over what the earlier one left, as encoding/json does.
+func TestParseRepeatedKeys(t *testing.T) {
+	tests := []struct {
+		name, body, same string
+	}{
+		{"last model wins", `{"model":"a","model":"b"}`, `{"model":"b"}`},
+		{"null model clears", `{"model":"a","model":null}`, `{}`},
+		{"null id keeps", `{"user":"a","user":null}`, `{"user":"a"}`},
+		{"object id keeps", `{"user":"a","user":{"x":1}}`, `{"user":"a"}`},
+		{"messages merge element-wise",
+			`{"messages":[{"role":"user","name":"n","content":"a"}],"messages":[{"content":"b"}]}`,
+			`{"messages":[{"role":"user","name":"n","content":"b"}]}`},
+		{"a shorter repeat cuts",
+			`{"messages":[{"content":"a"},{"content":"b"}],"messages":[{"role":"tool"}]}`,
+			`{"messages":[{"role":"tool","content":"a"}]}`},
+		{"a cut element comes back",
+			`{"messages":[{"content":"a"},{"content":"b"}],"messages":[{}],"messages":[{},{"role":"user"}]}`,
+			`{"messages":[{"content":"a"},{"role":"user","content":"b"}]}`},
+		{"an empty repeat forgets",
+			`{"messages":[{"content":"a"},{"content":"b"}],"messages":[],"messages":[{},{"role":"user"}]}`,
+			`{"messages":[{},{"role":"user"}]}`},
+		{"null messages is not chat", `{"messages":[{"content":"a"}],"messages":null,"prompt":"p"}`, `{"prompt":"p"}`},
+		{"last session_params wins", `{"session_params":{"session_id":"a"},"session_params":7}`, `{}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got, want := mustParse(t, nil, tt.body), mustParse(t, nil, tt.same); *got != *want {
+				t.Errorf("%s\n got  %+v\n want %+v", tt.body, got, want)
+			}
+			ref, err := refParse(nil, []byte(tt.body))
+			if err != nil || *ref != *mustParse(t, nil, tt.body) {
+				t.Errorf("the encoding/json reference reads %s otherwise: %+v %v", tt.body, ref, err)
+			}
+		})
+	}
+}
+
+// Type errors name the field, in encoding/json's words.
+func TestParseTypeErrorMessages(t *testing.T) {
+	tests := []struct{ body, want string }{
+		{`{"model":5}`, `field "model" must not be a JSON number`},
+		{`{"messages":[{"role":true}]}`, `field "messages.role" must not be a JSON bool`},
+		{`{"tools":[{"function":{"name":{}}}]}`, `field "tools.function.name" must not be a JSON object`},
+		{`{"prompt":[1e400]}`, `field "prompt" must not be a JSON number 1e400`},
+		{`{"model":5,"stream":"x"}`, `field "model" must not be a JSON number`},
+	}
+	for _, tt := range tests {
+		_, err := protocol.Parse(nil, []byte(tt.body))
+		if err == nil || err.Error() != "invalid JSON body: "+tt.want {
+			t.Errorf("Parse(%s) = %v, want %q", tt.body, err, tt.want)
+		}
+		if _, ref := refParse(nil, []byte(tt.body)); ref == nil || ref.Error() != err.Error() {
+			t.Errorf("Parse(%s): reference error %v", tt.body, ref)
+		}
+	}
+}
+
+// randomDoc builds a JSON object biased towards the fields Parse reads, in every type, repeated,
+// nested and null, with the escapes, surrogates and invalid UTF-8 the fuzzer finds slowly.
+func randomDoc(r *rand.Rand) []byte {
+	strs := []string{`""`, `"user"`, `"assistant"`, `"tool"`, `"text"`, `"input_text"`, `"image_url"`, `"a b"`,
+		`"\u00e9\n"`, `"\ud83d\ude00"`, `"\ud83d"`, `"\ude00\ud83d x"`, "\"\xff\xc3(\"", `"\"\\\/"`, `"{\"b\":1,\"a\":2}"`, `" s "`,
+		"\"\u2028\xe2\x80\xa9\"", `"\u2028"`}
+	nums := []string{"0", "-0", "7", "-1.5e3", "1E2", "0.25", "151643", "1e400", "-1e309", "12345678901234567890",
+		"1e20", "-1.2345678901234567e-7", "5e-324", "-0.0"}
+	keys := append(slices.Clone(fieldNames), "x", "id", "image_url", "")
+	var value func(depth int, key string) string
+	object := func(depth int, names ...string) string {
+		var ms []string
+		for range r.IntN(5) {
+			k := keys[r.IntN(len(keys))]
+			if r.IntN(4) > 0 {
+				k = names[r.IntN(len(names))]
+			}
+			ms = append(ms, `"`+k+`":`+value(depth+1, k))
+		}
+		return "{" + strings.Join(ms, ",") + "}"
+	}
+	array := func(depth int, elem func() string) string {
+		var els []string
+		for range r.IntN(4) {
+			els = append(els, elem())
+		}
+		return "[" + strings.Join(els, ",") + "]"
+	}
+	value = func(depth int, key string) string {
+		if depth < 6 && r.IntN(3) > 0 {
+			// The shape the field has in a request.
+			switch key {
+			case "messages":
+				return array(depth, func() string { return object(depth+1, "role", "name", "content", "tool_calls", "tool_call_id") })
+			case "tools":
+				return array(depth, func() string { return object(depth+1, "type", "function") })
+			case "tool_calls":
+				return array(depth, func() string { return object(depth+1, "function") })
+			case "function":
+				return object(depth, "name", "arguments", "description", "parameters")
+			case "content":
+				if r.IntN(2) == 0 {
+					return array(depth, func() string { return object(depth+1, "type", "text") })
+				}
+				return strs[r.IntN(len(strs))]
+			case "session_params":
+				return object(depth, "session_id")
+			case "role", "name", "tool_call_id", "text", "type", "description", "model", "session_id", "user":
+				return strs[r.IntN(len(strs))]
+			}
+		}
+		switch n := r.IntN(10); {
+		case n < 3:
+			return strs[r.IntN(len(strs))]
+		case n < 4:
+			return nums[r.IntN(len(nums))]
+		case n < 5:
+			return []string{"true", "false", "null"}[r.IntN(3)]
+		case depth > 5:
+			return "null"
+		case n < 7:
+			return array(depth, func() string { return value(depth+1, "") })
+		default:
+			return object(depth, "x")
+		}
+	}
+	var ms []string
+	for range 1 + r.IntN(6) {
+		k := keys[r.IntN(len(keys))]
+		if r.IntN(2) == 0 {
+			k = []string{"messages", "tools", "prompt", "user"}[r.IntN(4)]
+		}
+		ms = append(ms, `"`+k+`":`+value(1, k))
+	}
+	return []byte("{" + strings.Join(ms, ",") + "}")
+}
+
+// Parse and the encoding/json reference agree on many random bodies shaped like requests.
+func TestParseMatchesReferenceOnRandomBodies(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	n := 200000
+	if testing.Short() {
+		n = 20000
+	}
+	ok, chats := 0, 0
+	for range n {
+		body := randomDoc(r)
+		got, err := protocol.Parse(nil, body)
+		want, refErr := refParse(nil, body)
+		switch {
+		case (err == nil) != (refErr == nil):
+			t.Fatalf("body %s: error %v, reference error %v", body, err, refErr)
+		case err != nil:
+			if err.Error() != refErr.Error() {
+				t.Fatalf("body %s: error %q, reference error %q", body, err, refErr)
+			}
+		case *got != *want:
+			t.Fatalf("body %s:\n got  %+v\n want %+v", body, got, want)
+		default:
+			ok++
+			if got.Chat && got.Text != "" {
+				chats++
+			}
+		}
+	}
+	if ok < n/10 || chats < n/100 {
+		t.Fatalf("only %d of %d bodies parsed, %d chats with a key: the generator is too narrow", ok, n, chats)
+	}
+	t.Logf("%d of %d bodies parsed, %d chats with a key", ok, n, chats)
+}
+
+// The Request owns its strings: the history key goes into a long-lived tree, so nothing in it may
+// point into (and keep alive) the request body, which the server reuses.
+func TestParseResultDoesNotAliasBody(t *testing.T) {
+	bodies := []string{
+		`{"model":"m","user":"u","session_id":"s","messages":[{"role":"user","name":"n","content":"hello"},{"role":"x","content":["a",{"type":"text","text":"b"}]}],"tools":[{"function":{"name":"f","description":"d","parameters":{"p":1}}}]}`,
+		`{"prompt":"a prompt","user_id":42,"session_params":{"session_id":"p"}}`,
+		`{"text":["t1","t2"]}`,
+	}
+	for _, s := range bodies {
+		body := []byte(s)
+		r, err := protocol.Parse(nil, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := protocol.Request{Model: strings.Clone(r.Model), Stream: r.Stream, Chat: r.Chat,
+			SessionKey: strings.Clone(r.SessionKey), HashKey: strings.Clone(r.HashKey), Text: strings.Clone(r.Text)}
+		for i := range body {
+			body[i] = 'Z'
+		}
+		if *r != before {
+			t.Errorf("overwriting the body changed the request parsed from %s:\n%+v\n%+v", s, before, *r)
+		}
+	}
+}
+
+func TestExactKeys(t *testing.T) {
+	tests := []struct {
+		body string
+		want bool
+	}{
+		{`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]}`, true},
+		{`{"Model":"m"}`, false},
+		{`{"x":{"y":[{"ROLE":1}]}}`, false},
+		{`{"tools":[{"fUnCtion":{}}],"tools":[{}]}`, false},
+		{`{"a":"Model","b":["USER"]}`, true},
+		{`{"ſession_id":1}`, false},
+		{`{"models":1,"":2}`, true},
+	}
+	for _, tt := range tests {
+		if got := exactKeys([]byte(tt.body)); got != tt.want {
+			t.Errorf("exactKeys(%s) = %v, want %v", tt.body, got, tt.want)
+		}
+	}
+}

@@ -1,0 +1,345 @@
+package protocol
+
+// messages.go reads an Anthropic Messages API body (see agents.go for the rules both agent
+// protocols share) and writes its history key.
+
+// messagesBody holds the top-level fields of a Messages body that routing reads. Byte slices may
+// point into the request body.
+type messagesBody struct {
+	model                   []byte
+	stream                  bool
+	maxTokens               int // max_tokens, for the rate limits
+	tools, system, messages field
+	userID                  []byte // metadata.user_id
+}
+
+// member reads one top-level member whose key has been read.
+func (b *messagesBody) member(s *scanner, key []byte) {
+	switch string(key) {
+	case "model":
+		s.nullableString("model", &b.model)
+	case "stream":
+		b.stream = s.boolean("stream", false)
+	case "max_tokens":
+		b.maxTokens = s.tokenCount()
+	case "tools":
+		b.tools = s.historyField("tools", "[", checkMessagesTools)
+	case "system":
+		b.system = s.historyField("system", `"[`, checkSystem)
+	case "messages":
+		b.messages = s.historyField("messages", "[", checkMessages)
+	case "metadata":
+		s.idIn("user_id", &b.userID)
+	default:
+		s.skip(false)
+	}
+}
+
+func checkSystem(s *scanner) {
+	s.hist.size += len("s.") + s.blocksSize()
+}
+
+func checkMessages(s *scanner) { s.array(checkMessagesMessage) }
+
+// checkMessagesMessage reads one element of messages.
+func checkMessagesMessage(s *scanner) {
+	switch s.peek() {
+	case 'n':
+		s.null()
+		return
+	case '{':
+	default:
+		s.mismatch()
+		return
+	}
+	size := len(".")
+	roleless := true // the last role may be absent (or null): "r" and an empty field are written
+	s.object(func(s *scanner, key []byte) {
+		switch string(key) {
+		case "role":
+			raw, n, ok := s.stringField("role")
+			if ok {
+				size += roleSize(raw, n)
+			}
+			roleless = !ok
+		case "content":
+			s.in("content")
+			size += s.blocksSize()
+			s.out()
+		default:
+			s.skip(false)
+		}
+	})
+	if roleless {
+		size += len("r") + fieldSize(0)
+	}
+	s.hist.size += size
+}
+
+// blocksSize reads a free-form content of blocks and returns the most bytes the key takes of it:
+// of a string, or of each block of an array.
+func (s *scanner) blocksSize() int {
+	switch s.peek() {
+	case '"':
+		return s.textSize()
+	case '[':
+		size := 0
+		s.array(func(s *scanner) { size += s.blockSize() })
+		return size
+	}
+	s.skip(true)
+	return 0
+}
+
+// blockSize reads one element of a content array and returns the most bytes the key takes of it:
+// that of its kind, known once it is read whole, summed over the members the kind reads.
+func (s *scanner) blockSize() int {
+	if s.peek() != '{' {
+		s.skip(true)
+		return 0
+	}
+	start, grow, floats, keys := s.pos, s.grow, s.floats, s.keys
+	var buf [nameLen]byte
+	var typ []byte
+	var text, id, callID, name, input, content, thinking, data int
+	hasID := false
+	streamed := 0 // what a tool result's content written as it is read may take (see block)
+	s.object(func(s *scanner, key []byte) {
+		switch string(key) {
+		case "type":
+			typ = nil
+			if s.peek() == '"' {
+				typ = s.typeName(buf[:])
+			} else {
+				s.skip(true)
+			}
+		case "text":
+			text += s.textSize()
+		case "id":
+			id += s.stringSize()
+		case "tool_use_id":
+			hasID = s.peek() == '"'
+			callID += s.stringSize()
+		case "name":
+			name += s.stringSize()
+		case "input":
+			input += s.canonicalSize()
+		case "content":
+			array := s.peek() == '['
+			size := s.blocksSize()
+			content += size
+			if array && hasID && blockKind(typ) == kindOutput {
+				streamed = max(streamed, len("o")+fieldSize(0)+callID+size)
+			}
+		case "thinking":
+			thinking += s.textSize()
+		case "data":
+			data += s.textSize()
+		default:
+			s.skip(true)
+		}
+	})
+	var size int
+	switch blockKind(typ) {
+	case kindText:
+		size = text
+	case kindNone:
+	case kindCall:
+		size = len("f") + 3*fieldSize(0) + id + name + input
+	case kindOutput:
+		return len("o;") + fieldSize(0) + callID + content
+	case kindThinking:
+		size = thinking
+	case kindRedacted:
+		size = data
+	default:
+		size = len("J") + s.canonicalBound(start, grow, floats, keys)
+	}
+	// A tool result's content written as it was read (see block) is taken back when a later type
+	// makes the block of another kind, but it was written first: the bound allows for it.
+	return size + streamed
+}
+
+// blockKind is the kind of a content block of the type typ.
+func blockKind(typ []byte) kind {
+	switch string(typ) {
+	case "text":
+		return kindText
+	case "image", "document":
+		return kindNone
+	case "tool_use":
+		return kindCall
+	case "tool_result":
+		return kindOutput
+	case "thinking":
+		return kindThinking
+	case "redacted_thinking":
+		return kindRedacted
+	}
+	return kindWhole
+}
+
+// key writes the history key of the body raw; see writeMessages.
+func (b *messagesBody) key(raw []byte, limit int) (key string, onePass bool) {
+	h := newHistoryWriter(valid(raw), max(b.tools.members, b.system.members, b.messages.members))
+	bound := keyBound{size: b.tools.size + b.system.size + b.messages.size, named: b.tools.named}
+	return h.writeKey(bound, limit, func() { h.writeMessages(b) })
+}
+
+// writeMessages writes the history key of a Messages body, in chat's framing (see historyKey)
+// extended to content blocks, so that the key of a conversation is a byte prefix of the key of
+// any continuation of it: the same tools and system, messages appended. Tools come first (see
+// toolSchema; a tool of no type or of type custom is written by name, description and
+// input_schema), then the system written as a system message, then each message in order, as
+// Anthropic's prompt cache orders them.
+//
+//	key     = {tool} ["s" {block} "."] {message}
+//	message = role {block} "."                                 role as chat's
+//	block   = "c" text·                                        text (a string content is one)
+//	        | "f" id· name· input·                             tool_use, its input as canonical JSON
+//	        | "o" tool_use_id· {block} (";" | "!")             tool_result ("!" ends an error's)
+//	        | "k" thinking·                                    thinking
+//	        | "e" data·                                        redacted_thinking
+//	        | "J" block·                                       a block of any other type, as canonical JSON
+//
+// (x· is the field x: its bytes, then 0xFF; see historyKey.)
+// Image and document blocks write nothing, as chat's images do, nor do empty texts.
+// cache_control is never written: not a tool's nor a block's. Claude Code moves its marker to the
+// newest message every turn, so a key that held it would lose the prefix property.
+func (h *historyWriter) writeMessages(b *messagesBody) {
+	if b.tools.pos != 0 {
+		h.agentTools(b.tools.pos, &messagesTools)
+	}
+	if b.system.pos != 0 {
+		h.w.byte('s')
+		h.blocks(textValue{pos: b.system.pos, s: h.jstr(b.system.pos)})
+		h.w.byte('.')
+	}
+	h.elements(b.messages.pos, h.message)
+}
+
+// message writes the message at pos and returns the position after it. A content array after a
+// role is written as it is read (see streaming).
+func (h *historyWriter) message(pos int) int {
+	var role jstr
+	var content textValue
+	var st streaming
+	hasRole := false
+	end := h.object(pos, func(key []byte, val int) int {
+		switch string(key) {
+		case "role":
+			st.undo(&h.w)
+			hasRole = h.v[val] == '"'
+			return h.str(val, &role)
+		case "content":
+			st.undo(&h.w)
+			if hasRole && h.v[val] == '[' {
+				st.start(&h.w)
+				h.role(role)
+				content = textValue{pos: val}
+				return h.elements(val, h.block)
+			}
+			return h.textValue(val, &content)
+		}
+		return h.v.skip(val)
+	})
+	if !st.on {
+		h.role(role)
+		h.blocks(content)
+	}
+	h.w.byte('.')
+	return end
+}
+
+// blocks writes the content t: a string, or the blocks of an array.
+func (h *historyWriter) blocks(t textValue) {
+	switch h.v[t.pos] {
+	case '"':
+		textPart(&h.w, t.s)
+	case '[':
+		h.elements(t.pos, h.block)
+	}
+}
+
+// block is a content block as far as the key reads it: its strings, and where its other values
+// are (0 when absent).
+type block struct {
+	typ, text, id, callID, name, thinking, data jstr
+	content                                     textValue
+	input, isError                              int
+}
+
+// block writes the content block at pos and returns the position after it. A tool result's
+// content array after its type and tool_use_id is written as it is read (see streaming).
+func (h *historyWriter) block(pos int) int {
+	var b block
+	var st streaming
+	var buf [nameLen]byte
+	hasID := false
+	end := h.object(pos, func(key []byte, val int) int {
+		switch string(key) {
+		case "type":
+			st.undo(&h.w)
+			return h.str(val, &b.typ)
+		case "text":
+			return h.str(val, &b.text)
+		case "id":
+			return h.str(val, &b.id)
+		case "tool_use_id":
+			st.undo(&h.w)
+			hasID = h.v[val] == '"'
+			return h.str(val, &b.callID)
+		case "content":
+			st.undo(&h.w)
+			if hasID && h.v[val] == '[' && blockKind(b.typ.name(buf[:])) == kindOutput {
+				st.start(&h.w)
+				h.w.byte('o')
+				h.w.field(b.callID)
+				b.content = textValue{pos: val}
+				return h.elements(val, h.block)
+			}
+			return h.textValue(val, &b.content)
+		case "name":
+			return h.str(val, &b.name)
+		case "thinking":
+			return h.str(val, &b.thinking)
+		case "data":
+			return h.str(val, &b.data)
+		case "input":
+			return h.at(val, &b.input)
+		case "is_error":
+			return h.at(val, &b.isError)
+		}
+		return h.v.skip(val)
+	})
+	switch blockKind(b.typ.name(buf[:])) {
+	case kindText:
+		textPart(&h.w, b.text)
+	case kindCall:
+		h.w.text = true
+		h.w.byte('f')
+		h.w.field(b.id)
+		h.w.field(b.name)
+		h.fieldCanonical(b.input)
+	case kindOutput:
+		if !st.on {
+			h.w.byte('o')
+			h.w.field(b.callID)
+			h.blocks(b.content)
+		}
+		if b.isError != 0 && h.v[b.isError] == 't' {
+			h.w.byte('!') // the end of an error's result
+		} else {
+			h.w.byte(';')
+		}
+	case kindThinking:
+		tagged(&h.w, 'k', b.thinking)
+	case kindRedacted:
+		tagged(&h.w, 'e', b.data)
+	case kindWhole:
+		h.w.text = true
+		h.w.byte('J')
+		h.fieldWhole(pos)
+	}
+	return end
+}

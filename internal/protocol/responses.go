@@ -1,0 +1,392 @@
+package protocol
+
+// responses.go reads an OpenAI Responses API body (see agents.go for the rules both agent
+// protocols share) and writes its history key.
+
+// responsesBody holds the top-level fields of a Responses body that routing reads. Byte slices
+// may point into the request body.
+type responsesBody struct {
+	model, previousID   []byte
+	stream, noStore     bool
+	maxTokens           int // max_output_tokens, for the rate limits
+	tools, instructions field
+	input               field // a string or an array of items
+	// paramsID is session_params.session_id; conversation is the conversation's id, given as a
+	// string or as the "id" of an object.
+	paramsID, conversation, cacheKey, user []byte
+}
+
+// member reads one top-level member whose key has been read.
+func (b *responsesBody) member(s *scanner, key []byte) {
+	switch string(key) {
+	case "model":
+		s.nullableString("model", &b.model)
+	case "stream":
+		b.stream = s.boolean("stream", false)
+	case "store":
+		b.noStore = !s.boolean("store", true)
+	case "max_output_tokens":
+		b.maxTokens = s.tokenCount()
+	case "previous_response_id":
+		s.nullableString("previous_response_id", &b.previousID)
+	case "tools":
+		b.tools = s.historyField("tools", "[", checkResponsesTools)
+	case "instructions":
+		b.instructions = s.historyField("instructions", `"`, checkInstructions)
+	case "input":
+		b.input = s.historyField("input", `"[`, checkInput)
+	case "conversation":
+		if s.peek() == '{' {
+			s.idIn("id", &b.conversation)
+		} else {
+			s.id(&b.conversation)
+		}
+	case "prompt_cache_key":
+		s.id(&b.cacheKey)
+	case "user":
+		s.id(&b.user)
+	case "session_params":
+		s.idIn("session_id", &b.paramsID)
+	default:
+		s.skip(false)
+	}
+}
+
+func checkInstructions(s *scanner) {
+	s.hist.size += len("s.") + s.textSize()
+}
+
+func checkInput(s *scanner) {
+	if s.peek() == '"' {
+		s.hist.size += len("u.") + s.textSize() // one user message
+		return
+	}
+	s.array(checkItem)
+}
+
+// checkItem reads one element of input: an item, whose type says what the key writes of it (see
+// itemKind). The bound of each kind is summed over the members it reads, repeated or not, and
+// the item's bound is that of its kind, known once it is read whole.
+func checkItem(s *scanner) {
+	switch s.peek() {
+	case 'n':
+		s.null()
+		return
+	case '{':
+	default:
+		s.mismatch()
+		return
+	}
+	start, grow, floats, keys := s.pos, s.grow, s.floats, s.keys
+	var buf [nameLen]byte
+	var typ []byte
+	roles, roleless := 0, true // the last role may be absent (or null): "r" and an empty field are written
+	var content, callID, name, args, output, summary, encrypted int
+	hasID := false
+	// What a message's content or an output written as it is read may take (see item): a later
+	// type may make the item of another kind, but they were written first.
+	var streamedContent, streamedOutput int
+	s.object(func(s *scanner, key []byte) {
+		switch string(key) {
+		case "type":
+			typ = s.kindField("type", buf[:])
+		case "role":
+			raw, n, ok := s.stringField("role")
+			if ok {
+				roles += roleSize(raw, n)
+			}
+			roleless = !ok
+		case "call_id":
+			hasID = s.peek() == '"'
+			callID += s.typedStringSize("call_id")
+		case "name":
+			name += s.typedStringSize("name")
+		case "arguments":
+			s.in("arguments")
+			args += s.canonicalSize()
+			s.out()
+		case "content":
+			array := s.peek() == '['
+			size := s.partsSize("content")
+			content += size
+			if array && !roleless && len(typ) > 0 && itemKind(typ) == kindMessage {
+				streamedContent = max(streamedContent, roles+size)
+			}
+		case "output":
+			array := s.peek() == '['
+			size := s.partsSize("output")
+			output += size
+			if array && hasID && len(typ) > 0 && itemKind(typ) == kindOutput {
+				streamedOutput = max(streamedOutput, len("o")+fieldSize(0)+callID+size)
+			}
+		case "summary":
+			summary += s.partsSize("summary")
+		case "encrypted_content":
+			s.in("encrypted_content")
+			encrypted += s.textSize()
+			s.out()
+		default:
+			s.skip(true)
+		}
+	})
+	switch k := itemKind(typ); k {
+	case kindMessage:
+		if roleless {
+			roles += len("r") + fieldSize(0)
+		}
+		s.hist.size += roles + content + len(".") + streamedOutput
+	case kindOutput:
+		s.hist.size += len("o.") + fieldSize(0) + callID + output + streamedContent
+	default:
+		s.hist.size += streamedContent + streamedOutput
+		switch k {
+		case kindCall:
+			s.hist.size += len("f.") + 3*fieldSize(0) + callID + name + args
+		case kindReasoning:
+			s.hist.size += len("z.") + summary + content + encrypted
+		default:
+			s.hist.size += len("J.") + s.canonicalBound(start, grow, floats, keys)
+		}
+	}
+}
+
+// partsSize reads a free-form value of text parts (content, output, summary) and returns the most
+// bytes the key takes of it: of a string, or of the text and refusal of each part of an array.
+func (s *scanner) partsSize(name string) int {
+	s.in(name)
+	size := 0
+	switch s.peek() {
+	case '"':
+		size = s.textSize()
+	case '[':
+		s.array(func(s *scanner) {
+			if s.peek() != '{' {
+				s.skip(true)
+				return
+			}
+			s.object(func(s *scanner, key []byte) {
+				switch string(key) {
+				case "text", "refusal":
+					size += s.textSize()
+				default:
+					s.skip(true)
+				}
+			})
+		})
+	default:
+		s.skip(true)
+	}
+	s.out()
+	return size
+}
+
+// itemKind is the kind of an input item of the type typ: a message when it has none.
+func itemKind(typ []byte) kind {
+	switch string(typ) {
+	case "", "message":
+		return kindMessage
+	case "function_call":
+		return kindCall
+	case "function_call_output":
+		return kindOutput
+	case "reasoning":
+		return kindReasoning
+	}
+	return kindWhole
+}
+
+// partKind is the kind of a content part of the type typ: text when it has none, as in chat.
+func partKind(typ []byte) kind {
+	switch string(typ) {
+	case "", "text", "input_text", "output_text", "summary_text", "reasoning_text":
+		return kindText
+	case "refusal":
+		return kindRefusal
+	}
+	return kindNone
+}
+
+// key writes the history key of the body raw; see writeResponses.
+func (b *responsesBody) key(raw []byte, limit int) (key string, onePass bool) {
+	h := newHistoryWriter(valid(raw), max(b.tools.members, b.input.members))
+	bound := keyBound{size: b.tools.size + b.instructions.size + b.input.size, named: b.tools.named}
+	return h.writeKey(bound, limit, func() { h.writeResponses(b) })
+}
+
+// writeResponses writes the history key of a Responses body, in chat's framing (see historyKey)
+// extended to the input's items, so that the key of a conversation is a byte prefix of the key of
+// any continuation of it: the same tools and instructions, items appended to its input. Tools
+// come first (see toolSchema), then the instructions written as a system message, then each item
+// in order; each item, like each of chat's messages, ends with ".".
+//
+//	key      = {tool} ["s" ["c" instructions·] "."] (user | {item})
+//	user     = "u" ["c" input·] "."                          an input string: one user message
+//	item     = role {"c" text· | "x" refusal·} "."          a message (type absent or message)
+//	         | "f" call_id· name· arguments· "."             a function_call
+//	         | "o" call_id· {"c" text· | "x" refusal·} "."   a function_call_output
+//	         | "z" {"y" summary·} {"k" text·} ["e" encrypted_content·] "."   a reasoning item
+//	         | "J" item· "."                                 an item of any other type, as canonical JSON
+//	role     = "s" | "d" | "u" | "a" | "t" | "r" other role·  as chat's
+//
+// (x· is the field x: its bytes, then 0xFF; see historyKey.)
+//
+// A content (or output, or summary) is a string, one text part, or an array of parts: a part
+// whose type is absent, text, input_text, output_text, summary_text or reasoning_text writes its
+// text, a refusal part its refusal (but in a reasoning item, where "x" would not say whether it
+// was the summary's or the content's), any other (input_image, input_file, ...) nothing, as
+// chat's images write nothing. Arguments are written as chat writes a tool call's. A reasoning item's
+// encrypted_content is written too: it is what the server decrypts into the prompt, and clients
+// resend it unchanged, so it keeps the prefix property; the summary alone is not the prompt.
+// An item's id and status are not written: they are no part of the prompt.
+func (h *historyWriter) writeResponses(b *responsesBody) {
+	if b.tools.pos != 0 {
+		h.agentTools(b.tools.pos, &responsesTools)
+	}
+	if b.instructions.pos != 0 {
+		h.w.byte('s')
+		textPart(&h.w, h.jstr(b.instructions.pos))
+		h.w.byte('.')
+	}
+	if h.v[b.input.pos] == '"' {
+		h.w.byte('u')
+		textPart(&h.w, h.jstr(b.input.pos))
+		h.w.byte('.')
+		return
+	}
+	h.elements(b.input.pos, h.item)
+}
+
+// item is an input item as far as the key reads it: its strings, and where its other values are
+// (0 when absent).
+type item struct {
+	typ, role, callID, name, encrypted jstr
+	content, output, summary           textValue
+	args                               int
+}
+
+// item writes the input item at pos and returns the position after it. A message's content
+// array after its type and role, and an output array after its type and call_id, are written as
+// they are read (see streaming).
+func (h *historyWriter) item(pos int) int {
+	var it item
+	var st streaming
+	var buf [nameLen]byte
+	hasRole, hasID := false, false
+	// streams reports whether the array at val, the value of a member that the item's kind k
+	// writes after what was read so far, can be written as it is read.
+	streams := func(val int, k kind, ready bool) bool {
+		return ready && h.v[val] == '[' && it.typ.len() > 0 && itemKind(it.typ.name(buf[:])) == k
+	}
+	end := h.object(pos, func(key []byte, val int) int {
+		switch string(key) {
+		case "type":
+			st.undo(&h.w)
+			return h.str(val, &it.typ)
+		case "role":
+			st.undo(&h.w)
+			hasRole = h.v[val] == '"'
+			return h.str(val, &it.role)
+		case "call_id":
+			st.undo(&h.w)
+			hasID = h.v[val] == '"'
+			return h.str(val, &it.callID)
+		case "content":
+			st.undo(&h.w)
+			if streams(val, kindMessage, hasRole) {
+				st.start(&h.w)
+				h.role(it.role)
+				it.content = textValue{pos: val}
+				return h.partsOf('c', 'x', val)
+			}
+			return h.textValue(val, &it.content)
+		case "output":
+			st.undo(&h.w)
+			if streams(val, kindOutput, hasID) {
+				st.start(&h.w)
+				h.w.byte('o')
+				h.w.field(it.callID)
+				it.output = textValue{pos: val}
+				return h.partsOf('c', 'x', val)
+			}
+			return h.textValue(val, &it.output)
+		case "name":
+			return h.str(val, &it.name)
+		case "encrypted_content":
+			return h.str(val, &it.encrypted)
+		case "arguments":
+			return h.at(val, &it.args)
+		case "summary":
+			return h.textValue(val, &it.summary)
+		}
+		return h.v.skip(val)
+	})
+	switch itemKind(it.typ.name(buf[:])) {
+	case kindMessage:
+		if !st.on {
+			h.role(it.role)
+			h.parts('c', 'x', it.content)
+		}
+	case kindCall:
+		h.w.text = true
+		h.w.byte('f')
+		h.w.field(it.callID)
+		h.w.field(it.name)
+		h.fieldArguments(it.args)
+	case kindOutput:
+		if !st.on {
+			h.w.byte('o')
+			h.w.field(it.callID)
+			h.parts('c', 'x', it.output)
+		}
+	case kindReasoning:
+		h.w.byte('z')
+		h.parts('y', 0, it.summary)
+		h.parts('k', 0, it.content)
+		tagged(&h.w, 'e', it.encrypted)
+	default:
+		h.w.text = true
+		h.w.byte('J')
+		h.fieldWhole(pos)
+	}
+	h.w.byte('.')
+	return end
+}
+
+// parts writes the text parts of t behind tag, and its refusal parts behind refusal unless it is
+// 0: a string, or the parts of an array (see writeResponses).
+func (h *historyWriter) parts(tag, refusal byte, t textValue) {
+	switch h.v[t.pos] {
+	case '"':
+		tagged(&h.w, tag, t.s)
+	case '[':
+		h.partsOf(tag, refusal, t.pos)
+	}
+}
+
+// partsOf writes the parts of the array at pos as parts does, and returns the position after it.
+func (h *historyWriter) partsOf(tag, refusal byte, pos int) int {
+	return h.elements(pos, func(e int) int {
+		var typ, text, refused jstr
+		end := h.object(e, func(key []byte, val int) int {
+			switch string(key) {
+			case "type":
+				return h.str(val, &typ)
+			case "text":
+				return h.str(val, &text)
+			case "refusal":
+				return h.str(val, &refused)
+			}
+			return h.v.skip(val)
+		})
+		var buf [nameLen]byte
+		switch partKind(typ.name(buf[:])) {
+		case kindText:
+			tagged(&h.w, tag, text)
+		case kindRefusal:
+			if refusal != 0 {
+				tagged(&h.w, refusal, refused)
+			}
+		}
+		return end
+	})
+}

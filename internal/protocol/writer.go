@@ -1,0 +1,112 @@
+package protocol
+
+import (
+	"unicode/utf8"
+	"unsafe"
+)
+
+// writer.go is where keys are written, into a buffer allocated once, however many parts a key is
+// made of: at the size of a bound on the key found while the body was checked (the history key,
+// see keyBound), or at the key's exact size, counted by a first pass that only counts its bytes.
+
+// onePassLimit is the largest bound on a key of the body raw under which the key is written in
+// one pass, into a buffer of the bound's size: twice the body. A buffer that size leaves parse
+// memory within three times the body, however small the key turns out (see
+// TestParseMemoryIsBoundedByBodySizeForTinyParts). Only bodies whose key outgrows them, or whose
+// free-form values are full of numbers, have a larger bound; their key is counted first.
+func onePassLimit(raw []byte) int { return 2 * len(raw) }
+
+// keyWriter writes a key into buf, or only counts its bytes in n when buf is nil.
+type keyWriter struct {
+	buf  []byte
+	n    int
+	text bool // some text was written: a key without is empty
+}
+
+// mark is where a writer is, to go back to with reset.
+type mark struct {
+	len, n int
+	text   bool
+}
+
+func (w *keyWriter) mark() mark { return mark{len: len(w.buf), n: w.n, text: w.text} }
+
+// reset forgets what was written since m.
+func (w *keyWriter) reset(m mark) {
+	w.buf, w.n, w.text = w.buf[:m.len], m.n, m.text
+}
+
+// writerOf returns a writer into a buffer of size bytes, which the key must not outgrow.
+func writerOf(size int) keyWriter { return keyWriter{buf: make([]byte, 0, size)} }
+
+func (w *keyWriter) counting() bool { return w.buf == nil }
+
+// string returns what w wrote, without a copy: w must not be written to after.
+func (w *keyWriter) string() string {
+	return unsafe.String(unsafe.SliceData(w.buf), len(w.buf))
+}
+
+func (w *keyWriter) byte(c byte) {
+	w.n++
+	if w.buf != nil {
+		w.buf = append(w.buf, c)
+	}
+}
+
+func (w *keyWriter) write(p []byte) {
+	w.n += len(p)
+	if w.buf != nil {
+		w.buf = append(w.buf, p...)
+	}
+}
+
+func (w *keyWriter) writeString(s string) {
+	w.n += len(s)
+	if w.buf != nil {
+		w.buf = append(w.buf, s...)
+	}
+}
+
+// value writes the value of the string j.
+func (w *keyWriter) value(j jstr) {
+	switch {
+	case j.plain:
+		w.write(j.raw)
+		return
+	case w.buf == nil:
+		w.n += j.len()
+		return
+	}
+	raw := j.raw
+	for i := 0; i < len(raw); {
+		// Copy the longest run of bytes that are their own value, then decode one character.
+		k := ownValue(raw, i)
+		w.write(raw[i:k])
+		if k < len(raw) {
+			var buf [utf8.UTFMax]byte
+			var r rune
+			r, k = decodeRune(raw, k)
+			w.write(utf8.AppendRune(buf[:0], r))
+		}
+		i = k
+	}
+}
+
+// fieldEnd is the byte that ends every field of a key (see historyKey): 0xFF, which no UTF-8
+// text holds. Every value a key writes is valid UTF-8 (a string's value, with each byte of
+// invalid UTF-8 and each lone surrogate escape replaced by U+FFFD, or canonical JSON), so the end
+// of a field never needs escaping inside one: a field is its content followed by fieldEnd, and
+// its content is a byte prefix of what follows its tag, however it ends.
+const fieldEnd = 0xFF
+
+// emptyField is a field without content, for the bounds the schema readers sum (see keyBound).
+const emptyField = "\xff"
+
+// fieldSize is the size of a field whose content takes n bytes: the content and its end.
+func fieldSize(n int) int { return n + len(emptyField) }
+
+// field writes the value of the string j as a field: the value, then fieldEnd.
+func (w *keyWriter) field(j jstr) {
+	w.value(j)
+	w.byte(fieldEnd)
+}

@@ -1,6 +1,0 @@
-//go:build race
-
-package reqkey_test
-
-// raceEnabled is set under the race detector, whose instrumentation makes large bodies slow.
-const raceEnabled = true
