@@ -1,12 +1,9 @@
 package protocol
 
 import (
-	"net/http"
 	"slices"
 	"strings"
 	"unicode/utf8"
-
-	"github.com/cacheroute/cacheroute/internal/reqkey"
 )
 
 // agents.go reads the bodies of the agent protocols, the OpenAI Responses API (responses.go) and
@@ -14,11 +11,11 @@ import (
 // lexer, and writes their history keys with the same one-pass writer (history.go): the bound of
 // the key is found while the body is checked, and the key is written from positions in the body.
 // This file holds what the two share: their tools, how the members of an item, a part or a block
-// are read, how a content is written as it is read (streaming), and the load-only reader.
+// are read, and how a content is written as it is read (streaming).
 //
 // Both protocols' bodies are read as the servers that define them read JSON: a repeated key's
 // last value is the field's value, at every level, replacing the earlier one whole, and null is
-// the field's absence. (Chat bodies keep encoding/json's rules instead, see schema.go.) Every
+// the field's absence. (Chat bodies keep encoding/json's rules instead, see chat.go.) Every
 // value is still checked, so a field of the wrong type is an error even where a later value
 // replaces it. Ids (user, prompt_cache_key, metadata.user_id, ...) are read as chat reads them.
 //
@@ -28,75 +25,6 @@ import (
 // than the one the key writes adds nothing to it. Items, tools, parts and blocks may be written
 // as canonical JSON (canonical.go), so their numbers must fit a float64, as in chat's free-form
 // values.
-
-// ParseResponses reads a Responses API body (POST /v1/responses): model, stream, store,
-// previous_response_id, the session and hash keys, and the history key of its tools,
-// instructions and input (see writeResponses). The body carries a conversation (Chat) when it
-// has an input.
-func ParseResponses(h reqkey.Header, raw []byte) (*Request, error) {
-	if h == nil {
-		h = http.Header(nil)
-	}
-	var b responsesBody
-	if err := parseObject(raw, b.member); err != nil {
-		return nil, err
-	}
-	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.input.pos != 0, MaxTokens: b.maxTokens,
-		PreviousResponseID: string(b.previousID), NoStore: b.noStore}
-	if r.Chat {
-		r.Text, _ = b.key(raw, onePassLimit(raw))
-	}
-	conversation, cacheKey, user := string(b.conversation), string(b.cacheKey), string(b.user)
-	r.SessionKey = reqkey.SessionKey(h, string(b.paramsID), []string{conversation, cacheKey}, []string{user})
-	r.HashKey = reqkey.HashKey(h, []string{conversation, cacheKey, user}, r.Text)
-	return r, nil
-}
-
-// ParseMessages reads an Anthropic Messages API body (POST /v1/messages): model, stream, the
-// session and hash keys, and the history key of its tools, system and messages (see
-// writeMessages). The body carries a conversation (Chat) when it has messages.
-//
-// metadata.user_id is session-scoped: Anthropic's clients put a session's id in it (Claude
-// Code's is made of the user's, the account's and the session's).
-func ParseMessages(h reqkey.Header, raw []byte) (*Request, error) {
-	if h == nil {
-		h = http.Header(nil)
-	}
-	var b messagesBody
-	if err := parseObject(raw, b.member); err != nil {
-		return nil, err
-	}
-	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.messages.pos != 0, MaxTokens: b.maxTokens}
-	if r.Chat {
-		r.Text, _ = b.key(raw, onePassLimit(raw))
-	}
-	userID := string(b.userID)
-	r.SessionKey = reqkey.SessionKey(h, "", []string{userID}, nil)
-	r.HashKey = reqkey.HashKey(h, []string{userID}, r.Text)
-	return r, nil
-}
-
-// ParseModel reads only what load-only routes need of a JSON body: that it is a JSON object, its
-// model and stream. It derives no session, hash or history key, so nothing is learned from it.
-// The values of the other members are checked to be well-formed JSON, and nothing else.
-func ParseModel(_ reqkey.Header, raw []byte) (*Request, error) {
-	var model []byte
-	var stream bool
-	err := parseObject(raw, func(s *scanner, key []byte) {
-		switch string(key) {
-		case "model":
-			s.nullableString("model", &model)
-		case "stream":
-			stream = s.boolean("stream", false)
-		default:
-			s.skip(false)
-		}
-	})
-	if err != nil {
-		return nil, err
-	}
-	return &Request{Model: string(model), Stream: stream}, nil
-}
 
 // field is a top-level field the history key is written from: where its value is (0 when absent
 // or null: no value starts a body), and the bound of the key it makes.
@@ -286,9 +214,6 @@ var (
 	responsesTools = toolSchema{function: "function", schema: "parameters", nested: true}
 	messagesTools  = toolSchema{function: "custom", schema: "input_schema"}
 )
-
-func checkResponsesTools(s *scanner) { s.array(func(s *scanner) { s.tool(&responsesTools) }) }
-func checkMessagesTools(s *scanner)  { s.array(func(s *scanner) { s.tool(&messagesTools) }) }
 
 // tool reads one element of tools, of the protocol whose tools ts describes.
 func (s *scanner) tool(ts *toolSchema) {

@@ -10,7 +10,7 @@ import (
 )
 
 // lexer.go is the JSON lexer: a single-pass scanner that checks a document against the JSON
-// grammar exactly as strictly as encoding/json does, and hands the schema reader (schema.go) the
+// grammar exactly as strictly as encoding/json does, and hands the body readers (schema.go) the
 // tokens it asks for: object keys, strings, numbers and literals. Whatever the schema reader does
 // not ask for it validates and skips without building anything. Strings without escapes or invalid
 // UTF-8 are returned as sub-slices of the document; the others are decoded as encoding/json

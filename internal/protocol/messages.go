@@ -1,7 +1,37 @@
 package protocol
 
+import (
+	"net/http"
+
+	"github.com/cacheroute/cacheroute/internal/reqkey"
+)
+
 // messages.go reads an Anthropic Messages API body (see agents.go for the rules both agent
 // protocols share) and writes its history key.
+
+// ParseMessages reads an Anthropic Messages API body (POST /v1/messages): model, stream, the
+// session and hash keys, and the history key of its tools, system and messages (see
+// writeMessages). The body carries a conversation (Chat) when it has messages.
+//
+// metadata.user_id is session-scoped: Anthropic's clients put a session's id in it (Claude
+// Code's is made of the user's, the account's and the session's).
+func ParseMessages(h reqkey.Header, raw []byte) (*Request, error) {
+	if h == nil {
+		h = http.Header(nil)
+	}
+	var b messagesBody
+	if err := parseObject(raw, b.member); err != nil {
+		return nil, err
+	}
+	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.messages.pos != 0, MaxTokens: b.maxTokens}
+	if r.Chat {
+		r.Text, _ = b.key(raw, onePassLimit(raw))
+	}
+	userID := string(b.userID)
+	r.SessionKey = reqkey.SessionKey(h, "", []string{userID}, nil)
+	r.HashKey = reqkey.HashKey(h, []string{userID}, r.Text)
+	return r, nil
+}
 
 // messagesBody holds the top-level fields of a Messages body that routing reads. Byte slices may
 // point into the request body.
@@ -343,3 +373,5 @@ func (h *historyWriter) block(pos int) int {
 	}
 	return end
 }
+
+func checkMessagesTools(s *scanner) { s.array(func(s *scanner) { s.tool(&messagesTools) }) }

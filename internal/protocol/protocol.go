@@ -6,8 +6,6 @@
 package protocol
 
 import (
-	"net/http"
-
 	"github.com/cacheroute/cacheroute/internal/reqkey"
 )
 
@@ -46,24 +44,24 @@ type Error struct{ Msg string }
 
 func (e *Error) Error() string { return e.Msg }
 
-// Parse reads a request body and headers. A body that is not a JSON object, or whose routing
-// fields have the wrong JSON type, is an *Error. Object keys are matched exactly, as vLLM does.
-func Parse(h reqkey.Header, raw []byte) (*Request, error) {
-	if h == nil {
-		h = http.Header(nil)
-	}
-	var b body
-	if err := parseBody(raw, &b); err != nil {
+// ParseModel reads only what load-only routes need of a JSON body: that it is a JSON object, its
+// model and stream. It derives no session, hash or history key, so nothing is learned from it.
+// The values of the other members are checked to be well-formed JSON, and nothing else.
+func ParseModel(_ reqkey.Header, raw []byte) (*Request, error) {
+	var model []byte
+	var stream bool
+	err := parseObject(raw, func(s *scanner, key []byte) {
+		switch string(key) {
+		case "model":
+			s.nullableString("model", &model)
+		case "stream":
+			stream = s.boolean("stream", false)
+		default:
+			s.skip(false)
+		}
+	})
+	if err != nil {
 		return nil, err
 	}
-	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.messages != nil, MaxTokens: max(b.maxTokens, b.maxCompletionTokens)}
-	if r.Chat {
-		r.Text = historyKey(b.tools, b.messages, onePassLimit(raw))
-	} else {
-		r.Text = routingText(&b, onePassLimit(raw))
-	}
-	paramsID, sessionID, userID, user := string(b.paramsID), string(b.sessionID), string(b.userID), string(b.user)
-	r.SessionKey = reqkey.SessionKey(h, paramsID, []string{sessionID}, []string{userID, user})
-	r.HashKey = reqkey.HashKey(h, []string{paramsID, user, sessionID, userID}, r.Text)
-	return r, nil
+	return &Request{Model: string(model), Stream: stream}, nil
 }

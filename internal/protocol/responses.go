@@ -1,7 +1,36 @@
 package protocol
 
+import (
+	"net/http"
+
+	"github.com/cacheroute/cacheroute/internal/reqkey"
+)
+
 // responses.go reads an OpenAI Responses API body (see agents.go for the rules both agent
 // protocols share) and writes its history key.
+
+// ParseResponses reads a Responses API body (POST /v1/responses): model, stream, store,
+// previous_response_id, the session and hash keys, and the history key of its tools,
+// instructions and input (see writeResponses). The body carries a conversation (Chat) when it
+// has an input.
+func ParseResponses(h reqkey.Header, raw []byte) (*Request, error) {
+	if h == nil {
+		h = http.Header(nil)
+	}
+	var b responsesBody
+	if err := parseObject(raw, b.member); err != nil {
+		return nil, err
+	}
+	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.input.pos != 0, MaxTokens: b.maxTokens,
+		PreviousResponseID: string(b.previousID), NoStore: b.noStore}
+	if r.Chat {
+		r.Text, _ = b.key(raw, onePassLimit(raw))
+	}
+	conversation, cacheKey, user := string(b.conversation), string(b.cacheKey), string(b.user)
+	r.SessionKey = reqkey.SessionKey(h, string(b.paramsID), []string{conversation, cacheKey}, []string{user})
+	r.HashKey = reqkey.HashKey(h, []string{conversation, cacheKey, user}, r.Text)
+	return r, nil
+}
 
 // responsesBody holds the top-level fields of a Responses body that routing reads. Byte slices
 // may point into the request body.
@@ -390,3 +419,5 @@ func (h *historyWriter) partsOf(tag, refusal byte, pos int) int {
 		return end
 	})
 }
+
+func checkResponsesTools(s *scanner) { s.array(func(s *scanner) { s.tool(&responsesTools) }) }

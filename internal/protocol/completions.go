@@ -2,10 +2,11 @@ package protocol
 
 import "strconv"
 
-// prompt.go renders the routing text of completion and generate requests from their prompt, the
-// way the history key is written: in one pass, into a buffer the size of a bound the lexer found
-// for it, or, when the bound is more than twice the body (a prompt of many numbers not written as
-// they are), measured first, then written into a buffer of its exact size.
+// completions.go reads the bodies of the OpenAI completions API (POST /v1/completions) and of
+// /generate, with the reader of chat bodies (chat.go), and renders their routing text from their
+// prompt the way the history key is written: in one pass, into a buffer the size of a bound the
+// lexer found for it, or, when the bound is more than twice the body (a prompt of many numbers not
+// written as they are), measured first, then written into a buffer of its exact size.
 
 // prompt is a free-form value that may be rendered as routing text: its raw JSON, nil for null,
 // and a bound on its rendering's size. Separators take the place of commas, and strings lose
@@ -83,4 +84,11 @@ func renderPrompt(w *keyWriter, v valid, i int) int {
 		return pos
 	}
 	return v.skip(i)
+}
+
+// prompt reads a free-form value that may be rendered as routing text (see routingText).
+func (s *scanner) prompt(name string) prompt {
+	grow, floats := s.grow, s.floats
+	raw := s.freeForm(name)
+	return prompt{raw: raw, size: len(raw) + s.grow - grow + maxRenderedFloatLen*(s.floats-floats)}
 }
