@@ -4,6 +4,8 @@ import (
 	"slices"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/cacheroute/cacheroute/internal/chatform"
 )
 
 // agents.go reads the bodies of the agent protocols, the OpenAI Responses API (responses.go) and
@@ -415,5 +417,25 @@ func (st *streaming) undo(w *keyWriter) {
 	if st.on {
 		w.reset(st.at)
 		st.on = false
+	}
+}
+
+// renderConverted writes the chat convert turns the body into.
+func renderConverted(convert func([]byte) (*chatform.Chat, error)) func(*query) bool {
+	return func(q *query) bool {
+		chat, err := convert(q.v)
+		if err != nil {
+			return false
+		}
+		messages, tools, err := chat.Encode()
+		if err != nil {
+			return false
+		}
+		q.out = append(append(q.out, `,"messages":`...), messages...)
+		if tools != nil {
+			q.out = append(append(q.out, `,"tools":`...), tools...)
+		}
+		q.out = append(q.out, `,"add_generation_prompt":true`...)
+		return true
 	}
 }

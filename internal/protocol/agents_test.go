@@ -210,7 +210,7 @@ func TestParseAgentRepeatedKeysAndNulls(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.p.name+"/"+tt.name, func(t *testing.T) {
-			if got, want := mustParseAs(t, tt.p, nil, tt.body), mustParseAs(t, tt.p, nil, tt.same); *got != *want {
+			if got, want := mustParseAs(t, tt.p, nil, tt.body), mustParseAs(t, tt.p, nil, tt.same); protocol.Routing(got) != protocol.Routing(want) {
 				t.Errorf("%s\n got  %+v\n want %+v", tt.body, got, want)
 			}
 		})
@@ -226,7 +226,7 @@ func TestParseAgentKeysAreCaseSensitive(t *testing.T) {
 		{&responsesProtocol, `{"Model":"m","INPUT":"x","Store":false,"User":"u"}`},
 		{&messagesProtocol, `{"Model":"m","Messages":[],"Metadata":{"user_id":"u"}}`},
 	} {
-		if r := mustParseAs(t, tt.p, nil, tt.body); *r != (protocol.Request{}) {
+		if r := mustParseAs(t, tt.p, nil, tt.body); protocol.Routing(r) != (protocol.Request{}) {
 			t.Errorf("%s(%s): a key spelled otherwise was read: %+v", tt.p.name, tt.body, r)
 		}
 	}
@@ -404,7 +404,7 @@ func TestParseAgentResultDoesNotAliasBody(t *testing.T) {
 		for i := range body {
 			body[i] = 'Z'
 		}
-		if *r != before {
+		if protocol.Routing(r) != before {
 			t.Errorf("%s: overwriting the body changed the request:\n%+v\n%+v", p.name, before, *r)
 		}
 	}

@@ -324,7 +324,7 @@ func benchParse(b *testing.B, h http.Header, body []byte) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {
-		r, err := protocol.Parse(h, body)
+		r, err := protocol.ParseChat(h, body)
 		if err != nil || r.Text == "" {
 			b.Fatalf("Parse: %v", err)
 		}
@@ -357,7 +357,7 @@ func TestAgentChatBodySizes(t *testing.T) {
 		if len(body) < s.size || len(body) > s.size+1024 {
 			t.Errorf("%s body is %d bytes", s.name, len(body))
 		}
-		r, err := protocol.Parse(nil, body)
+		r, err := protocol.ParseChat(nil, body)
 		if err != nil || !r.Chat || r.Text == "" {
 			t.Errorf("%s body: %v %+v", s.name, err, r)
 		}

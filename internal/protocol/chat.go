@@ -29,17 +29,22 @@ import (
 //   - Free-form values (content, arguments, parameters, prompt, text, input_ids) fail on a number
 //     that does not fit a float64, as decoding them into `any` does.
 
-// Parse reads a request body and headers. A body that is not a JSON object, or whose routing
-// fields have the wrong JSON type, is an *Error. Object keys are matched exactly, as vLLM does.
-func Parse(h reqkey.Header, raw []byte) (*Request, error) {
+// ParseChat reads a chat body (POST /v1/chat/completions) and the request's headers. A body that
+// is not a JSON object, or whose routing fields have the wrong JSON type, is an *Error. Object
+// keys are matched exactly, as vLLM does. Its /tokenize query is its messages and tools as sent.
+func ParseChat(h reqkey.Header, raw []byte) (*Request, error) { return parseBody(h, raw, chatQuery) }
+
+// parseBody reads a chat, completion or generate body, whose /tokenize query is render.
+func parseBody(h reqkey.Header, raw []byte, render rendering) (*Request, error) {
 	if h == nil {
 		h = http.Header(nil)
 	}
 	var b body
-	if err := parseBody(raw, &b); err != nil {
+	if err := parseObject(raw, b.member); err != nil {
 		return nil, err
 	}
-	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.messages != nil, MaxTokens: max(b.maxTokens, b.maxCompletionTokens)}
+	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.messages != nil, MaxTokens: max(b.maxTokens, b.maxCompletionTokens),
+		ask: ask{render: render, at: b.at}, salt: b.salt}
 	if r.Chat {
 		r.Text = historyKey(b.tools, b.messages, onePassLimit(raw))
 	} else {
@@ -49,6 +54,23 @@ func Parse(h reqkey.Header, raw []byte) (*Request, error) {
 	r.SessionKey = reqkey.SessionKey(h, paramsID, []string{sessionID}, []string{userID, user})
 	r.HashKey = reqkey.HashKey(h, []string{paramsID, user, sessionID, userID}, r.Text)
 	return r, nil
+}
+
+// Where a chat's /tokenize query is read from (see ask): the last messages and tools given.
+const (
+	atMessages = iota
+	atTools
+)
+
+// renderChat writes a chat's messages and tools as sent (messages null when absent, tools left
+// out when absent), asking for the prompt of the assistant's reply.
+func renderChat(q *query) bool {
+	q.member(`,"messages":`, q.at[atMessages])
+	if tools := q.at[atTools]; tools != 0 {
+		q.member(`,"tools":`, tools)
+	}
+	q.out = append(q.out, `,"add_generation_prompt":true`...)
+	return true
 }
 
 // body holds the top-level fields routing reads. Byte slices may point into the request body.
@@ -64,10 +86,9 @@ type body struct {
 	prompt, text, inputIDs prompt
 	// paramsID is session_params.session_id, empty unless the last session_params is an object.
 	paramsID, sessionID, userID, user []byte
+	at                                [askSlots]int // where the values of the /tokenize query are
+	salt                              salt
 }
-
-// parseBody reads the JSON object in data into b.
-func parseBody(data []byte, b *body) *Error { return parseObject(data, b.member) }
 
 // member reads one top-level member whose key has been read.
 func (b *body) member(s *scanner, key []byte) {
@@ -77,11 +98,18 @@ func (b *body) member(s *scanner, key []byte) {
 	case "stream":
 		b.stream = s.boolean("stream", false)
 	case "messages":
+		b.at[atMessages] = s.pos
 		b.messages = s.arrayField("messages", b.messages, checkMessage)
 	case "tools":
+		b.at[atTools] = s.pos
 		b.tools = s.arrayField("tools", b.tools, checkTool)
 	case "prompt":
+		b.at[atPrompt] = s.pos
 		b.prompt = s.prompt("prompt")
+	case "add_special_tokens":
+		b.specialTokens(s)
+	case "cache_salt":
+		b.salt.read(s)
 	case "text":
 		b.text = s.prompt("text")
 	case "input_ids":

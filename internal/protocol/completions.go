@@ -1,12 +1,77 @@
 package protocol
 
-import "strconv"
+import (
+	"strconv"
+
+	"github.com/cacheroute/cacheroute/internal/reqkey"
+)
 
 // completions.go reads the bodies of the OpenAI completions API (POST /v1/completions) and of
 // /generate, with the reader of chat bodies (chat.go), and renders their routing text from their
 // prompt the way the history key is written: in one pass, into a buffer the size of a bound the
 // lexer found for it, or, when the bound is more than twice the body (a prompt of many numbers not
 // written as they are), measured first, then written into a buffer of its exact size.
+
+// ParseCompletions reads a completion body (POST /v1/completions) with the reader of chat bodies
+// (see ParseChat). Its /tokenize query is its prompt, when that is one string.
+func ParseCompletions(h reqkey.Header, raw []byte) (*Request, error) {
+	return parseBody(h, raw, completionQuery)
+}
+
+// ParseGenerate reads a /generate body with the reader of chat bodies (see ParseChat). It is not
+// tokenized.
+func ParseGenerate(h reqkey.Header, raw []byte) (*Request, error) {
+	return parseBody(h, raw, notTokenized)
+}
+
+// Where a completion's /tokenize query is read from (see ask), after a chat's (the reader is
+// the same): the last prompt and add_special_tokens given, the latter -1 once one of another type
+// than bool or null is given.
+const (
+	atPrompt = atTools + 1 + iota
+	atSpecialTokens
+)
+
+// specialTokens reads a value given for add_special_tokens.
+func (b *body) specialTokens(s *scanner) {
+	switch s.peek() {
+	case 't', 'f', 'n':
+		if b.at[atSpecialTokens] >= 0 {
+			b.at[atSpecialTokens] = s.pos
+		}
+	default:
+		b.at[atSpecialTokens] = -1
+	}
+	s.skip(false)
+}
+
+// renderCompletion writes a completion's prompt when it is one string (null asks for the empty
+// one), with its own add_special_tokens; a list of prompts (a batch) or of token ids is not asked.
+func renderCompletion(q *query) bool {
+	prompt, special := q.at[atPrompt], q.at[atSpecialTokens]
+	if prompt == 0 || special < 0 {
+		return false
+	}
+	q.out = append(q.out, `,"prompt":`...)
+	switch q.v[prompt] {
+	case '"':
+		j, _ := q.v.str(prompt)
+		q.out = q.appendJstr(q.out, j)
+	case 'n':
+		q.out = append(q.out, `""`...)
+	default:
+		return false
+	}
+	if special != 0 && q.v[special] != 'n' {
+		q.out = append(q.out, `,"add_special_tokens":`...)
+		if q.v[special] == 't' {
+			q.out = append(q.out, "true"...)
+		} else {
+			q.out = append(q.out, "false"...)
+		}
+	}
+	return true
+}
 
 // prompt is a free-form value that may be rendered as routing text: its raw JSON, nil for null,
 // and a bound on its rendering's size. Separators take the place of commas, and strings lose

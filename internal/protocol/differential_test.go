@@ -17,7 +17,7 @@ import (
 var fieldNames = []string{
 	"model", "stream", "messages", "tools", "prompt", "text", "input_ids", "session_params",
 	"session_id", "user_id", "user", "role", "name", "content", "tool_calls", "tool_call_id",
-	"function", "arguments", "description", "parameters", "type",
+	"function", "arguments", "description", "parameters", "type", "add_special_tokens", "cache_salt",
 }
 
 // exactKeys reports whether no object key in the valid JSON document body is another spelling of a
@@ -77,7 +77,7 @@ func FuzzParseMatchesEncodingJSON(f *testing.F) {
 		if session != "" {
 			h.Set("x-session-id", session)
 		}
-		got, err := protocol.Parse(h, body)
+		got, err := protocol.ParseChat(h, body)
 		want, refErr := refParse(h, body)
 		trimmed := bytes.TrimLeft(body, " \t\r\n")
 		valid := json.Valid(body) && len(trimmed) > 0 && trimmed[0] == '{'
@@ -99,7 +99,7 @@ func FuzzParseMatchesEncodingJSON(f *testing.F) {
 			if err.Error() != refErr.Error() {
 				t.Fatalf("body %q: error %q, reference error %q", body, err, refErr)
 			}
-		case *got != *want:
+		case protocol.Routing(got) != protocol.Routing(want):
 			t.Fatalf("body %q:\n got  %+v\n want %+v", body, got, want)
 		}
 	})
@@ -126,7 +126,7 @@ func TestParseKeysAreCaseSensitive(t *testing.T) {
 		})
 	}
 	r := mustParse(t, nil, `{"messages":[{"Role":"user","CONTENT":"hi"}]}`)
-	if want := mustParse(t, nil, `{"messages":[{}]}`); *r != *want {
+	if want := mustParse(t, nil, `{"messages":[{}]}`); protocol.Routing(r) != protocol.Routing(want) {
 		t.Errorf("message keys spelled otherwise were read: %+v", r)
 	}
 }
@@ -157,11 +157,11 @@ func TestParseRepeatedKeys(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got, want := mustParse(t, nil, tt.body), mustParse(t, nil, tt.same); *got != *want {
+			if got, want := mustParse(t, nil, tt.body), mustParse(t, nil, tt.same); protocol.Routing(got) != protocol.Routing(want) {
 				t.Errorf("%s\n got  %+v\n want %+v", tt.body, got, want)
 			}
 			ref, err := refParse(nil, []byte(tt.body))
-			if err != nil || *ref != *mustParse(t, nil, tt.body) {
+			if err != nil || protocol.Routing(ref) != protocol.Routing(mustParse(t, nil, tt.body)) {
 				t.Errorf("the encoding/json reference reads %s otherwise: %+v %v", tt.body, ref, err)
 			}
 		})
@@ -178,7 +178,7 @@ func TestParseTypeErrorMessages(t *testing.T) {
 		{`{"model":5,"stream":"x"}`, `field "model" must not be a JSON number`},
 	}
 	for _, tt := range tests {
-		_, err := protocol.Parse(nil, []byte(tt.body))
+		_, err := protocol.ParseChat(nil, []byte(tt.body))
 		if err == nil || err.Error() != "invalid JSON body: "+tt.want {
 			t.Errorf("Parse(%s) = %v, want %q", tt.body, err, tt.want)
 		}
@@ -275,7 +275,7 @@ func TestParseMatchesReferenceOnRandomBodies(t *testing.T) {
 	ok, chats := 0, 0
 	for range n {
 		body := randomDoc(r)
-		got, err := protocol.Parse(nil, body)
+		got, err := protocol.ParseChat(nil, body)
 		want, refErr := refParse(nil, body)
 		switch {
 		case (err == nil) != (refErr == nil):
@@ -284,7 +284,7 @@ func TestParseMatchesReferenceOnRandomBodies(t *testing.T) {
 			if err.Error() != refErr.Error() {
 				t.Fatalf("body %s: error %q, reference error %q", body, err, refErr)
 			}
-		case *got != *want:
+		case protocol.Routing(got) != protocol.Routing(want):
 			t.Fatalf("body %s:\n got  %+v\n want %+v", body, got, want)
 		default:
 			ok++
@@ -303,22 +303,24 @@ func TestParseMatchesReferenceOnRandomBodies(t *testing.T) {
 // point into (and keep alive) the request body, which the server reuses.
 func TestParseResultDoesNotAliasBody(t *testing.T) {
 	bodies := []string{
-		`{"model":"m","user":"u","session_id":"s","messages":[{"role":"user","name":"n","content":"hello"},{"role":"x","content":["a",{"type":"text","text":"b"}]}],"tools":[{"function":{"name":"f","description":"d","parameters":{"p":1}}}]}`,
+		`{"model":"m","user":"u","session_id":"s","cache_salt":"salt","messages":[{"role":"user","name":"n","content":"hello"},{"role":"x","content":["a",{"type":"text","text":"b"}]}],"tools":[{"function":{"name":"f","description":"d","parameters":{"p":1}}}]}`,
 		`{"prompt":"a prompt","user_id":42,"session_params":{"session_id":"p"}}`,
 		`{"text":["t1","t2"]}`,
 	}
 	for _, s := range bodies {
 		body := []byte(s)
-		r, err := protocol.Parse(nil, body)
+		r, err := protocol.ParseChat(nil, body)
 		if err != nil {
 			t.Fatal(err)
 		}
 		before := protocol.Request{Model: strings.Clone(r.Model), Stream: r.Stream, Chat: r.Chat,
 			SessionKey: strings.Clone(r.SessionKey), HashKey: strings.Clone(r.HashKey), Text: strings.Clone(r.Text)}
+		salt, _ := r.CacheSalt()
+		salt = strings.Clone(salt)
 		for i := range body {
 			body[i] = 'Z'
 		}
-		if *r != before {
+		if after, _ := r.CacheSalt(); protocol.Routing(r) != before || after != salt {
 			t.Errorf("overwriting the body changed the request parsed from %s:\n%+v\n%+v", s, before, *r)
 		}
 	}

@@ -17,7 +17,7 @@ type KeyPasses struct {
 // false when raw does not parse or is not a chat.
 func HistoryKeyBothWays(raw []byte) (k KeyPasses, ok bool) {
 	var b body
-	if parseBody(raw, &b) != nil || b.messages == nil {
+	if parseObject(raw, b.member) != nil || b.messages == nil {
 		return k, false
 	}
 	k.OnePass, _ = writeHistoryKey(b.tools, b.messages, math.MaxInt)
@@ -35,7 +35,7 @@ func HistoryKeyBothWays(raw []byte) (k KeyPasses, ok bool) {
 // one pass, and returns the key.
 func WritesHistoryKeyInOnePass(raw []byte) (key string, onePass bool) {
 	var b body
-	if parseBody(raw, &b) != nil {
+	if parseObject(raw, b.member) != nil {
 		return "", false
 	}
 	return writeHistoryKey(b.tools, b.messages, onePassLimit(raw))
@@ -46,7 +46,7 @@ func WritesHistoryKeyInOnePass(raw []byte) (key string, onePass bool) {
 // ok is false when raw does not parse or is a chat.
 func RoutingTextBothWays(raw []byte) (onePass, twoPass string, outgrown, ok bool) {
 	var b body
-	if parseBody(raw, &b) != nil || b.messages != nil {
+	if parseObject(raw, b.member) != nil || b.messages != nil {
 		return "", "", false, false
 	}
 	onePass, twoPass = routingText(&b, math.MaxInt), routingText(&b, -1)
@@ -64,7 +64,7 @@ func RoutingTextBothWays(raw []byte) (onePass, twoPass string, outgrown, ok bool
 // raw in one pass: whether the bound of the value it renders is within the limit.
 func RendersRoutingTextInOnePass(raw []byte) bool {
 	var b body
-	if parseBody(raw, &b) != nil {
+	if parseObject(raw, b.member) != nil {
 		return false
 	}
 	for _, p := range []prompt{b.text, b.prompt, b.inputIDs} {
@@ -142,4 +142,13 @@ func WritesAgentKeyInOnePass(name string, raw []byte) (key string, onePass bool)
 		return "", false
 	}
 	return a.key(onePassLimit(raw))
+}
+
+// Routing is what r holds for the policies, without what its /tokenize query is made of (where
+// its values are in its body, its cache salt), so that two parses compare by the keys they
+// derived.
+func Routing(r *Request) Request {
+	c := *r
+	c.ask, c.salt = ask{}, salt{}
+	return c
 }

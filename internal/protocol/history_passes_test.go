@@ -53,7 +53,7 @@ func TestHistoryKeyOfTextChatsIsWrittenInOnePass(t *testing.T) {
 			if !onePass {
 				t.Errorf("the key was counted first")
 			}
-			r, err := protocol.Parse(nil, body)
+			r, err := protocol.ParseChat(nil, body)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -93,7 +93,7 @@ func TestHistoryKeyThatMayOutgrowTwiceTheBodyIsCountedFirst(t *testing.T) {
 			if tt.want != "" && key != tt.want {
 				t.Errorf("key %.60q, want %.60q", key, tt.want)
 			}
-			r, err := protocol.Parse(nil, tt.body)
+			r, err := protocol.ParseChat(nil, tt.body)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -135,7 +135,7 @@ func TestRoutingTextOfManyFloatsIsCountedFirst(t *testing.T) {
 		if !ok || one != two || outgrown || one == "" {
 			t.Fatalf("body %.60q: rendered %.40q in one pass, %.40q in two; bound outgrown %v", tt.body, one, two, outgrown)
 		}
-		if r, err := protocol.Parse(nil, tt.body); err != nil || r.Text != one {
+		if r, err := protocol.ParseChat(nil, tt.body); err != nil || r.Text != one {
 			t.Fatalf("body %.60q: Parse gives %.40q, %v", tt.body, r.Text, err)
 		}
 		if got := protocol.RendersRoutingTextInOnePass(tt.body); got != tt.onePass {

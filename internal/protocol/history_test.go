@@ -21,7 +21,7 @@ func historyOf(t testing.TB, tools, messages string) string {
 		body += `,"tools":` + tools
 	}
 	body += "}"
-	r, err := protocol.Parse(nil, []byte(body))
+	r, err := protocol.ParseChat(nil, []byte(body))
 	if err != nil {
 		t.Fatalf("Parse(%s): %v", body, err)
 	}
@@ -109,7 +109,7 @@ func TestHistoryKeyTextlessChatIsEmpty(t *testing.T) {
 			if got := historyOf(t, "", tt.messages); got != "" {
 				t.Errorf("key = %q, want empty", got)
 			}
-			r, _ := protocol.Parse(nil, []byte(`{"messages":`+tt.messages+`}`))
+			r, _ := protocol.ParseChat(nil, []byte(`{"messages":`+tt.messages+`}`))
 			if r.HashKey != "" {
 				t.Errorf("HashKey = %q, want empty", r.HashKey)
 			}
@@ -361,7 +361,7 @@ func chatBody(t testing.TB, tools []any, msgs []convMessage) []byte {
 
 func keyOf(t testing.TB, body []byte) string {
 	t.Helper()
-	r, err := protocol.Parse(nil, body)
+	r, err := protocol.ParseChat(nil, body)
 	if err != nil {
 		t.Fatalf("Parse(%s): %v", body, err)
 	}

@@ -10,7 +10,7 @@ import (
 // The output tokens a request asks for, which the rate limits add to the prompt estimate.
 func TestMaxTokensAreReadForTheRateLimitsOfEveryProtocol(t *testing.T) {
 	parsers := map[string]func(reqkey.Header, []byte) (*protocol.Request, error){
-		"chat": protocol.Parse, "responses": protocol.ParseResponses, "messages": protocol.ParseMessages,
+		"chat": protocol.ParseChat, "responses": protocol.ParseResponses, "messages": protocol.ParseMessages,
 	}
 	for _, tc := range []struct {
 		parser, body string

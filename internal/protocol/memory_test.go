@@ -118,7 +118,7 @@ var tinyShapes = []struct {
 // parseAllocs returns the bytes Parse allocates for body, and the request it returns.
 func parseAllocs(t testing.TB, body []byte) (uint64, *protocol.Request) {
 	t.Helper()
-	return parseAllocsWith(t, protocol.Parse, body)
+	return parseAllocsWith(t, protocol.ParseChat, body)
 }
 
 // parseAllocsWith returns the bytes parse allocates for body, and the request it returns.
@@ -146,7 +146,7 @@ func TestParseMemoryIsBoundedByBodySizeForTinyParts(t *testing.T) {
 			if shape.big {
 				size = bigBodySize
 			}
-			checkParseMemory(t, protocol.Parse, shape.body(size))
+			checkParseMemory(t, protocol.ParseChat, shape.body(size))
 		})
 	}
 }

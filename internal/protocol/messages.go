@@ -23,7 +23,8 @@ func ParseMessages(h reqkey.Header, raw []byte) (*Request, error) {
 	if err := parseObject(raw, b.member); err != nil {
 		return nil, err
 	}
-	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.messages.pos != 0, MaxTokens: b.maxTokens}
+	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.messages.pos != 0, MaxTokens: b.maxTokens,
+		ask: ask{render: messagesQuery}, salt: b.salt}
 	if r.Chat {
 		r.Text, _ = b.key(raw, onePassLimit(raw))
 	}
@@ -41,6 +42,7 @@ type messagesBody struct {
 	maxTokens               int // max_tokens, for the rate limits
 	tools, system, messages field
 	userID                  []byte // metadata.user_id
+	salt                    salt
 }
 
 // member reads one top-level member whose key has been read.
@@ -48,6 +50,8 @@ func (b *messagesBody) member(s *scanner, key []byte) {
 	switch string(key) {
 	case "model":
 		s.nullableString("model", &b.model)
+	case "cache_salt":
+		b.salt.read(s)
 	case "stream":
 		b.stream = s.boolean("stream", false)
 	case "max_tokens":

@@ -37,6 +37,9 @@ type Request struct {
 	// max_completion_tokens or max_output_tokens), or 0 when it names none; rate limits count
 	// it.
 	MaxTokens int
+
+	ask  ask  // how its /tokenize query is rendered (tokenize.go)
+	salt salt // the body's cache_salt
 }
 
 // Error is a client error in the request body; its message is safe to show the client.

@@ -21,7 +21,7 @@ func hdr(kv ...string) http.Header {
 
 func mustParse(t *testing.T, h http.Header, body string) *protocol.Request {
 	t.Helper()
-	r, err := protocol.Parse(h, []byte(body))
+	r, err := protocol.ParseChat(h, []byte(body))
 	if err != nil {
 		t.Fatalf("Parse(%s): %v", body, err)
 	}
@@ -396,7 +396,7 @@ func TestParseErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r, err := protocol.Parse(nil, []byte(tt.body))
+			r, err := protocol.ParseChat(nil, []byte(tt.body))
 			if err == nil {
 				t.Fatalf("Parse(%q) = %+v, want an error", tt.body, r)
 			}
@@ -415,7 +415,7 @@ func TestParseErrors(t *testing.T) {
 }
 
 func TestParseErrorNamesTheField(t *testing.T) {
-	_, err := protocol.Parse(nil, []byte(`{"model":"m","messages":"hi"}`))
+	_, err := protocol.ParseChat(nil, []byte(`{"model":"m","messages":"hi"}`))
 	if err == nil || !strings.Contains(err.Error(), "messages") {
 		t.Errorf("err = %v, want it to name the messages field", err)
 	}

@@ -22,7 +22,8 @@ func ParseResponses(h reqkey.Header, raw []byte) (*Request, error) {
 		return nil, err
 	}
 	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.input.pos != 0, MaxTokens: b.maxTokens,
-		PreviousResponseID: string(b.previousID), NoStore: b.noStore}
+		PreviousResponseID: string(b.previousID), NoStore: b.noStore,
+		ask: ask{render: responsesQuery}, salt: b.salt}
 	if r.Chat {
 		r.Text, _ = b.key(raw, onePassLimit(raw))
 	}
@@ -43,6 +44,7 @@ type responsesBody struct {
 	// paramsID is session_params.session_id; conversation is the conversation's id, given as a
 	// string or as the "id" of an object.
 	paramsID, conversation, cacheKey, user []byte
+	salt                                   salt
 }
 
 // member reads one top-level member whose key has been read.
@@ -50,6 +52,8 @@ func (b *responsesBody) member(s *scanner, key []byte) {
 	switch string(key) {
 	case "model":
 		s.nullableString("model", &b.model)
+	case "cache_salt":
+		b.salt.read(s)
 	case "stream":
 		b.stream = s.boolean("stream", false)
 	case "store":

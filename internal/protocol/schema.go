@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 )
 
 // schema.go holds the typed field readers every protocol's body reader (chat.go, responses.go,
@@ -17,10 +18,19 @@ import (
 // a sign, a point and up to six zeros after it, or an exponent.
 const maxFloatLen = 25
 
+// parses counts the bodies parseObject has read (see Parses).
+var parses atomic.Uint64
+
+// Parses is how many request bodies this package has parsed since the process started. A routed
+// request's body is parsed once, whatever its route derives or renders from it (its keys, its
+// /tokenize query): the router's tests hold it to that.
+func Parses() uint64 { return parses.Load() }
+
 // parseObject reads the request body data, which must be a JSON object, calling member with each
 // of its members' keys and the scanner at the value. A body that is empty, not an object or
 // malformed is an *Error, as is the first field member finds of the wrong type.
 func parseObject(data []byte, member func(*scanner, []byte)) *Error {
+	parses.Add(1)
 	trimmed := bytes.TrimLeft(data, " \t\r\n")
 	if len(trimmed) == 0 {
 		return &Error{"request body is empty; expected a JSON object"}

@@ -115,10 +115,10 @@ func messagesWith(r, after *rand.Rand, m map[string]any) map[string]any {
 }
 
 var sharedShapes = []sharedShape{
-	{"chat/content", protocol.Parse, func(r, after *rand.Rand, text string) map[string]any {
+	{"chat/content", protocol.ParseChat, func(r, after *rand.Rand, text string) map[string]any {
 		return chatWith(r, after, map[string]any{"role": randRole(r), "content": text})
 	}},
-	{"chat/text part", protocol.Parse, func(r, after *rand.Rand, text string) map[string]any {
+	{"chat/text part", protocol.ParseChat, func(r, after *rand.Rand, text string) map[string]any {
 		parts, _ := randContent(r)
 		before, _ := parts.([]any)
 		later, _ := randContent(after)
@@ -126,11 +126,11 @@ var sharedShapes = []sharedShape{
 		content := append(append(before, map[string]any{"type": "text", "text": text}), rest...)
 		return chatWith(r, after, map[string]any{"role": randRole(r), "name": randText(r, 1), "content": content})
 	}},
-	{"chat/tool call arguments", protocol.Parse, func(r, after *rand.Rand, text string) map[string]any {
+	{"chat/tool call arguments", protocol.ParseChat, func(r, after *rand.Rand, text string) map[string]any {
 		call := map[string]any{"id": "1", "type": "function", "function": map[string]any{"name": randText(r, 2), "arguments": text}}
 		return chatWith(r, after, map[string]any{"role": "assistant", "tool_calls": []any{call}})
 	}},
-	{"chat/tool result", protocol.Parse, func(r, after *rand.Rand, text string) map[string]any {
+	{"chat/tool result", protocol.ParseChat, func(r, after *rand.Rand, text string) map[string]any {
 		return chatWith(r, after, map[string]any{"role": "tool", "tool_call_id": randText(r, 2), "content": text})
 	}},
 	{"responses/input string", protocol.ParseResponses, func(r, after *rand.Rand, text string) map[string]any {

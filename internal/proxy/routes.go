@@ -7,7 +7,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/cacheroute/cacheroute/internal/chatform"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/protocol"
 	"github.com/cacheroute/cacheroute/internal/reqkey"
@@ -30,7 +29,9 @@ const (
 	byResponseID
 )
 
-// bodyReader derives what routing needs from a request's headers and body.
+// bodyReader derives what routing needs from a request's headers and body, in one parse: the
+// route's protocol. The Request it returns also renders the body's /tokenize query when the
+// policy wants the request's prompt tokens (tokens.go).
 type bodyReader func(h reqkey.Header, body []byte) (*protocol.Request, error)
 
 // route is one routed endpoint, with its metric series resolved once rather than looked up by
@@ -48,11 +49,7 @@ type route struct {
 	storesResponses bool
 	// pd says that vLLM takes kv_transfer_params on the route, so that it can be prefilled and
 	// decoded on two workers (pd.go).
-	pd bool
-	// tokenAsk turns the body into what /tokenize is asked for when the policy wants the
-	// request's prompt tokens (tokens.go); nil: the route's requests are never tokenized.
-	tokenAsk tokenAsk
-
+	pd       bool
 	requests map[string]prometheus.Counter // by status class
 	duration prometheus.Observer
 	ttfb     prometheus.Observer
@@ -62,11 +59,11 @@ var post = []string{"POST"}
 
 // routeTable lists every routed endpoint.
 var routeTable = []route{
-	{path: chatCompletionsPath, read: protocol.Parse, pd: true, tokenAsk: chatTokenAsk},
-	{path: "/v1/completions", read: protocol.Parse, pd: true, tokenAsk: completionTokenAsk},
-	{path: "/generate", read: protocol.Parse},
-	{path: "/v1/responses", read: protocol.ParseResponses, storesResponses: true, tokenAsk: convertedTokenAsk(chatform.Responses)},
-	{path: "/v1/messages", read: protocol.ParseMessages, errors: anthropicErrors, tokenAsk: convertedTokenAsk(chatform.Messages)},
+	{path: chatCompletionsPath, read: protocol.ParseChat, pd: true},
+	{path: "/v1/completions", read: protocol.ParseCompletions, pd: true},
+	{path: "/generate", read: protocol.ParseGenerate},
+	{path: "/v1/responses", read: protocol.ParseResponses, storesResponses: true},
+	{path: "/v1/messages", read: protocol.ParseMessages, errors: anthropicErrors},
 	{path: "/v1/messages/count_tokens", read: protocol.ParseModel, errors: anthropicErrors},
 	{path: "/tokenize", read: protocol.ParseModel},
 	{path: "/detokenize", read: protocol.ParseModel},

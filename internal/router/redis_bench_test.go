@@ -79,7 +79,7 @@ func BenchmarkSessionStoreDecision(b *testing.B) {
 			}
 			bodies, headers := sessionChats(benchSessions)
 			selectOne := func(i int) string {
-				r, err := protocol.Parse(headers[i], bodies[i])
+				r, err := protocol.ParseChat(headers[i], bodies[i])
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -1,8 +1,8 @@
 // Package tokenize asks an engine for a request's prompt tokens, as it will render them: vLLM's
 // POST /tokenize with a chat's messages and tools and add_generation_prompt, or a completion's
 // prompt. A policy that matches requests against the engines' KV-cache events needs them; the
-// policy says which requests are worth the round trip (policy.Policy.WantsTokens), the proxy
-// turns the request's body into a Query, and this package does the rest: which worker to ask
+// policy says which requests are worth the round trip (policy.Policy.WantsTokens), the request
+// renders its own query (Query: package protocol writes it), and this package does the rest: which worker to ask
 // (workers.TokenizeOn: the least loaded candidate, and the model to ask it for), or the render
 // service instead (--tokenize-url); the call, through the router's worker client and within
 // upstream.Timeouts.TokenizeFor; the answers remembered by route, model and history key, so that
@@ -44,12 +44,12 @@ type Options struct {
 	Log     *slog.Logger
 }
 
-// Query is what /tokenize is asked for a request: a chat's messages and tools, or a completion's
-// prompt.
-type Query struct {
-	Messages, Tools  json.RawMessage
-	Prompt           *string
-	AddSpecialTokens *bool // a completion's own add_special_tokens, passed on as it came
+// Query renders a request's POST /tokenize body for the model the engine is asked for; ok is
+// false when the request would not be rendered exactly as the engine will serve it, and is not
+// tokenized. A request that package protocol read renders its own (protocol.Request), from its
+// one parse of body.
+type Query interface {
+	TokenizeBody(body []byte, model string) (ask []byte, ok bool)
 }
 
 // maxAnswer bounds the answer read from /tokenize.
@@ -70,9 +70,9 @@ func New(opts Options) *Client {
 // Tokens returns the prompt tokens of a request for model (its routing text text, on the route
 // scope) as the engine of its least loaded candidate renders them, and the LoRA adapter they are
 // for ("" for a base model); nil when they are not to be had: no candidate lists the model as
-// its first base model or as an adapter, ask cannot render body exactly, or the call failed or
-// timed out. ask turns the body into the query, and runs only when the answer is not remembered.
-func (c *Client) Tokens(scope, text string, candidates []*workers.Worker, model string, body []byte, ask func([]byte) (Query, bool)) ([]uint32, string) {
+// its first base model or as an adapter, q cannot render body exactly, or the call failed or
+// timed out. q renders the query only when the answer is not remembered.
+func (c *Client) Tokens(scope, text string, candidates []*workers.Worker, model string, body []byte, q Query) ([]uint32, string) {
 	w, asked, lora, ok := workers.TokenizeOn(candidates, model)
 	if !ok {
 		return nil, ""
@@ -85,12 +85,12 @@ func (c *Client) Tokens(scope, text string, candidates []*workers.Worker, model 
 		c.opts.Metrics.TokenizeRequests.WithLabelValues(metrics.TokenizeCached).Inc()
 		return ts, lora
 	}
-	q, ok := ask(body)
+	ask, ok := q.TokenizeBody(body, asked)
 	if !ok {
 		return nil, "" // not rendered exactly: routed as without events
 	}
 	start := time.Now()
-	ts, err := c.call(w, asked, q)
+	ts, err := c.call(w, ask)
 	c.opts.Metrics.TokenizeDuration.Observe(time.Since(start).Seconds())
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
@@ -106,41 +106,18 @@ func (c *Client) Tokens(scope, text string, candidates []*workers.Worker, model 
 	return ts, lora
 }
 
-// call asks the render service (--tokenize-url), else w, for the tokens of q rendered for model.
-func (c *Client) call(w *workers.Worker, model string, q Query) ([]uint32, error) {
+// call asks the render service (--tokenize-url), else w, for the tokens of the query ask.
+func (c *Client) call(w *workers.Worker, ask []byte) ([]uint32, error) {
 	base := w.URL()
 	if c.opts.URL != "" {
 		base = c.opts.URL
 	}
-	// Without HTML escaping: an engine reads the JSON either way, and one that renders the tools
-	// as sent (the simulator) sees them as the client wrote them.
-	var ask bytes.Buffer
-	enc := json.NewEncoder(&ask)
-	enc.SetEscapeHTML(false)
-	var err error
-	if q.Prompt != nil {
-		err = enc.Encode(struct {
-			Model            string `json:"model"`
-			Prompt           string `json:"prompt"`
-			AddSpecialTokens *bool  `json:"add_special_tokens,omitempty"`
-		}{model, *q.Prompt, q.AddSpecialTokens})
-	} else {
-		err = enc.Encode(struct {
-			Model               string          `json:"model"`
-			Messages            json.RawMessage `json:"messages"`
-			Tools               json.RawMessage `json:"tools,omitempty"`
-			AddGenerationPrompt bool            `json:"add_generation_prompt"`
-		}{model, q.Messages, q.Tools, true})
-	}
-	if err != nil {
-		return nil, err
-	}
 	ctx, cancel := context.WithCancel(context.Background())
-	if t := c.opts.Dialer.Timeouts.TokenizeFor(ask.Len()); t > 0 {
+	if t := c.opts.Dialer.Timeouts.TokenizeFor(len(ask)); t > 0 {
 		ctx, cancel = context.WithTimeout(ctx, t)
 	}
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/tokenize", &ask)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/tokenize", bytes.NewReader(ask))
 	if err != nil {
 		return nil, err
 	}

@@ -79,7 +79,18 @@ func fleet(t *testing.T, opts Options, urls ...string) (*Client, []*workers.Work
 	return New(opts), pool.All(), m
 }
 
-func chat(body []byte) (Query, bool) { return Query{Messages: body}, true }
+// chatQuery renders a body of chat messages as the query asking model for their tokens.
+type chatQuery struct{}
+
+func (chatQuery) TokenizeBody(body []byte, model string) ([]byte, bool) {
+	ask, err := json.Marshal(struct {
+		Model    string          `json:"model"`
+		Messages json.RawMessage `json:"messages"`
+	}{model, body})
+	return ask, err == nil
+}
+
+var chat chatQuery
 
 // A prompt asked once is remembered: asking it again costs no call.
 func TestTokensOfARepeatedPromptAreAskedOnce(t *testing.T) {

@@ -142,7 +142,7 @@ var benchSizes = []struct {
 // parse the body and derive the keys, look the session up, match and insert in the prefix tree,
 // over 8 workers. Each session's history grows turn by turn.
 func BenchmarkDecision(b *testing.B) {
-	benchmarkDecision(b, protocol.Parse, func(c conversationBodies) [][]byte { return c.chat })
+	benchmarkDecision(b, protocol.ParseChat, func(c conversationBodies) [][]byte { return c.chat })
 }
 
 // BenchmarkDecisionResponses is BenchmarkDecision of the same conversations sent to the Responses
@@ -201,7 +201,7 @@ func benchmarkDecision(b *testing.B, parse func(reqkey.Header, []byte) (*protoco
 func TestGrowingConversationsHaveOneKeyInEveryShape(t *testing.T) {
 	c := growingConversations(4<<10, 2, 3)
 	for i := range c.chat {
-		chat, err1 := protocol.Parse(nil, c.chat[i])
+		chat, err1 := protocol.ParseChat(nil, c.chat[i])
 		responses, err2 := protocol.ParseResponses(nil, c.responses[i])
 		messages, err3 := protocol.ParseMessages(nil, c.messages[i])
 		if err := errors.Join(err1, err2, err3); err != nil {
@@ -268,7 +268,7 @@ func BenchmarkDecisionUnderPressure(b *testing.B) {
 		return []byte(chat(system, append([]string{fmt.Sprintf("session %d: %s", s, text(size-(30<<10)-2<<10))}, turns...), ""))
 	}
 	turn := func(s int, body []byte, done bool) policy.Decision {
-		r, err := protocol.Parse(http.Header{"X-Session-Id": {fmt.Sprintf("session-%d", s)}}, body)
+		r, err := protocol.ParseChat(http.Header{"X-Session-Id": {fmt.Sprintf("session-%d", s)}}, body)
 		if err != nil {
 			b.Fatal(err)
 		}

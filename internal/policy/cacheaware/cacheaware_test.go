@@ -50,7 +50,7 @@ func req(t testing.TB, body string, header ...string) *protocol.Request {
 	for i := 0; i+1 < len(header); i += 2 {
 		h.Set(header[i], header[i+1])
 	}
-	r, err := protocol.Parse(h, []byte(body))
+	r, err := protocol.ParseChat(h, []byte(body))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,206 @@
+package protocol
+
+import (
+	"unicode/utf8"
+
+	"github.com/cacheroute/cacheroute/internal/chatform"
+)
+
+// tokenize.go renders what an engine's POST /tokenize is asked for a request so that it answers
+// with the prompt tokens it will compute for the request: vLLM's tokenize API takes a chat's
+// messages and tools (with add_generation_prompt) or a completion's prompt. Each protocol renders
+// its own (chat.go, completions.go, responses.go, messages.go), from where its parse found the
+// values it reads: nothing is parsed again, the values are read from the body the lexer checked.
+//
+// The query is written as encoding/json writes it without HTML escaping, so that a text holding
+// "<" reaches the engine as it was sent, and an engine that renders the tools as sent (the
+// simulator) sees them as the client wrote them.
+
+// askSlots is the most top-level values a rendering reads (a Responses body's).
+const askSlots = 8
+
+// ask is what a request's /tokenize query is rendered from: its protocol's rendering, and where
+// in the body the top-level values it reads are, each the last given (0: absent; a null is where
+// it is). Each protocol numbers its own values.
+type ask struct {
+	render rendering
+	at     [askSlots]int
+}
+
+// rendering names the /tokenize query of a protocol, which renderings[r] writes: a value, so that
+// a Request compares with ==.
+type rendering uint8
+
+const (
+	notTokenized rendering = iota
+	chatQuery
+	completionQuery
+	responsesQuery
+	messagesQuery
+)
+
+var renderings = [...]func(*query) bool{
+	chatQuery:       renderChat,
+	completionQuery: renderCompletion,
+	responsesQuery:  renderConverted(chatform.Responses),
+	messagesQuery:   renderConverted(chatform.Messages),
+}
+
+// query is a /tokenize query being written: the body it is read from, where its values are, and
+// what is written so far.
+type query struct {
+	v   valid
+	at  *[askSlots]int
+	out []byte
+	buf []byte // scratch space for decoded strings
+}
+
+// TokenizeBody returns the body of a POST /tokenize that asks model for the prompt tokens of the
+// request read from body, as the engine will render them: a chat's messages and tools, a
+// Responses or Messages body as the chat vLLM converts it to, or a completion's prompt. ok is
+// false when the request is not tokenized (see Tokenizes), or when its body would not be rendered
+// exactly (a Responses or Messages body vLLM renders from what the router cannot see). body must
+// be the bytes the request was parsed from.
+func (r *Request) TokenizeBody(body []byte, model string) (ask []byte, ok bool) {
+	if r.ask.render == notTokenized {
+		return nil, false
+	}
+	q := query{v: valid(body), at: &r.ask.at, out: make([]byte, 0, len(body)+len(model)+64)}
+	q.out = append(q.out, `{"model":`...)
+	q.out = appendString(q.out, model)
+	if !renderings[r.ask.render](&q) {
+		return nil, false
+	}
+	return append(q.out, "}\n"...), true
+}
+
+// Tokenizes reports whether the request's protocol renders a /tokenize query for it (see
+// TokenizeBody): a chat, a completion, a Responses or a Messages request.
+func (r *Request) Tokenizes() bool { return r.ask.render != notTokenized }
+
+// CacheSalt is the body's top-level cache_salt, "" without one; ok is false when a value given for
+// it is neither a string nor null, which an engine refuses. vLLM folds the salt into a request's
+// first block, so that requests of different salts never share cached blocks.
+func (r *Request) CacheSalt() (salt string, ok bool) {
+	if r.salt.bad {
+		return "", false
+	}
+	return r.salt.value, true
+}
+
+// salt is a body's cache_salt: its last value, and whether any value given was of another type.
+type salt struct {
+	value string
+	bad   bool
+}
+
+// read reads a value given for cache_salt.
+func (c *salt) read(s *scanner) {
+	switch s.peek() {
+	case '"':
+		c.value = string(s.stringValue())
+	case 'n':
+		s.null()
+		c.value = ""
+	default:
+		c.bad = true
+		s.skip(false)
+	}
+}
+
+// member writes the member name (a JSON string with its quotes and colon, after a comma) and the
+// compact JSON of the value at pos, or null when pos is 0.
+func (q *query) member(name string, pos int) {
+	q.out = append(q.out, name...)
+	if pos == 0 {
+		q.out = append(q.out, "null"...)
+		return
+	}
+	q.out = q.v.appendCompact(q.out, pos)
+}
+
+// appendCompact appends the value at i without the whitespace between its tokens, as
+// encoding/json compacts a json.RawMessage.
+func (v valid) appendCompact(dst []byte, i int) []byte {
+	end := v.skip(i)
+	for i < end {
+		switch c := v[i]; c {
+		case ' ', '\t', '\n', '\r':
+			i++
+		case '"':
+			e := v.strEnd(i)
+			dst = append(dst, v[i:e]...)
+			i = e
+		default:
+			start := i
+			for i < end && v[i] != '"' && v[i] > ' ' {
+				i++
+			}
+			dst = append(dst, v[start:i]...)
+		}
+	}
+	return dst
+}
+
+// appendJstr appends the value of the string j as JSON (see appendString).
+func (q *query) appendJstr(dst []byte, j jstr) []byte {
+	if j.plain {
+		return appendString(dst, j.raw)
+	}
+	q.buf = j.appendTo(q.buf[:0])
+	return appendString(dst, q.buf)
+}
+
+// appendString appends s as encoding/json writes a string without HTML escaping: quoted, with a
+// quote, a backslash and control characters escaped, each byte of invalid UTF-8 written as
+// \ufffd, and U+2028 and U+2029 escaped.
+func appendString[S []byte | string](dst []byte, s S) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			dst = append(dst, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				dst = append(dst, '\\', c)
+			case '\b':
+				dst = append(dst, '\\', 'b')
+			case '\f':
+				dst = append(dst, '\\', 'f')
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xF])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRune([]byte(s[i:min(len(s), i+utf8.UTFMax)]))
+		switch {
+		case r == utf8.RuneError && size == 1:
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, `\ufffd`...)
+		case r == '\u2028' || r == '\u2029':
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, '\\', 'u', '2', '0', '2', hex[r&0xF])
+		default:
+			i += size
+			continue
+		}
+		i += size
+		start = i
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}
