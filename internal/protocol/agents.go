@@ -4,8 +4,6 @@ import (
 	"slices"
 	"strings"
 	"unicode/utf8"
-
-	"github.com/cacheroute/cacheroute/internal/chatform"
 )
 
 // agents.go reads the bodies of the agent protocols, the OpenAI Responses API (responses.go) and
@@ -420,22 +418,252 @@ func (st *streaming) undo(w *keyWriter) {
 	}
 }
 
-// renderConverted writes the chat convert turns the body into.
-func renderConverted(convert func([]byte) (*chatform.Chat, error)) func(*query) bool {
-	return func(q *query) bool {
-		chat, err := convert(q.v)
-		if err != nil {
-			return false
+// A Responses or Messages body is asked of /tokenize as the chat vLLM converts it to: vLLM serves
+// both APIs by converting them to a chat completion request (its Responses serving builds chat
+// messages from the instructions and input items; its Messages serving builds a
+// ChatCompletionRequest from the system, messages and tools) and rendering that through the
+// model's chat template. Asked with that chat's messages and tools, the engine answers with the
+// prompt tokens it will cache for the request.
+//
+// The conversion follows vLLM's exactly where it can, and refuses (renders no query) where it
+// cannot, so that a request is never matched against the engines' caches by tokens it will not
+// have: images, documents and files (whose tokens the engine computes from the media), thinking
+// blocks and reasoning items (passed to templates that may or may not render them), server and
+// built-in tools, system messages among a Messages request's messages (which vLLM places by a
+// per-model probe), a partial assistant message to continue, chat_template_kwargs, and any type
+// the conversion does not know. It reads the body as the servers that define the APIs read JSON:
+// keys match exactly, a repeated key's last value counts, and null is absence.
+
+// chat is the chat a Responses or Messages body converts to, being built: its messages and tools
+// are written as JSON into out, which the messages point into.
+type chat struct {
+	q     *query
+	msgs  []chatMessage
+	calls []toolCall
+	tools []byte // the JSON of each tool, in order, each after a comma
+	out   []byte // the JSON of contents, ids and arguments
+	parts []jstr // scratch: the texts of a content being converted
+	text  []byte // scratch: a text joined from parts
+}
+
+// chatMessage is one chat message: role, and the JSON of its content (none when empty) and of its
+// tool_call_id (none when empty), in c.out; its tool calls are c.calls[callsFrom:callsTo].
+type chatMessage struct {
+	role               string
+	content, callID    span
+	callsFrom, callsTo int
+}
+
+// toolCall is a function call of an assistant message: the JSON of its id, name and arguments.
+type toolCall struct{ id, name, args span }
+
+// span is where a piece of JSON is in c.out.
+type span struct{ from, to int }
+
+func (c *chat) json(from int) span { return span{from, len(c.out)} }
+
+// add appends a message of role with the content written at content (an empty span: none).
+func (c *chat) add(role string, content span) *chatMessage {
+	c.msgs = append(c.msgs, chatMessage{role: role, content: content, callsFrom: len(c.calls), callsTo: len(c.calls)})
+	return &c.msgs[len(c.msgs)-1]
+}
+
+// text writes the string j as JSON.
+func (c *chat) jstr(j jstr) span {
+	from := len(c.out)
+	c.out = c.q.appendJstr(c.out, j)
+	return c.json(from)
+}
+
+// joined writes the texts of c.parts, one after the other, as one JSON string.
+func (c *chat) joined() span {
+	c.text = c.text[:0]
+	for _, p := range c.parts {
+		c.text = p.appendTo(c.text)
+	}
+	from := len(c.out)
+	c.out = appendString(c.out, c.text)
+	return c.json(from)
+}
+
+// textParts writes the texts of c.parts as an array of chat text parts.
+func (c *chat) textParts() span {
+	from := len(c.out)
+	c.out = append(c.out, '[')
+	for i, p := range c.parts {
+		if i > 0 {
+			c.out = append(c.out, ',')
 		}
-		messages, tools, err := chat.Encode()
-		if err != nil {
-			return false
+		c.out = append(c.out, `{"type":"text","text":`...)
+		c.out = c.q.appendJstr(c.out, p)
+		c.out = append(c.out, '}')
+	}
+	c.out = append(c.out, ']')
+	return c.json(from)
+}
+
+// call adds a tool call to the last message, an assistant message.
+func (c *chat) call(id, name, args span) {
+	c.calls = append(c.calls, toolCall{id, name, args})
+	c.msgs[len(c.msgs)-1].callsTo = len(c.calls)
+}
+
+// write writes the chat's messages (null when there are none) and its tools (left out when there
+// are none) into the query, with add_generation_prompt.
+func (c *chat) write() bool {
+	q := c.q
+	q.out = append(q.out, `,"messages":`...)
+	if len(c.msgs) == 0 {
+		q.out = append(q.out, "null"...)
+	}
+	for i, m := range c.msgs {
+		q.out = append(q.out, "[,"[min(i, 1)])
+		q.out = append(q.out, `{"role":`...)
+		q.out = appendString(q.out, m.role)
+		if m.content.to > m.content.from {
+			q.out = append(append(q.out, `,"content":`...), c.out[m.content.from:m.content.to]...)
 		}
-		q.out = append(append(q.out, `,"messages":`...), messages...)
-		if tools != nil {
-			q.out = append(append(q.out, `,"tools":`...), tools...)
+		for k, tc := range c.calls[m.callsFrom:m.callsTo] {
+			if k == 0 {
+				q.out = append(q.out, `,"tool_calls":[`...)
+			} else {
+				q.out = append(q.out, ',')
+			}
+			q.out = append(append(q.out, `{"id":`...), c.out[tc.id.from:tc.id.to]...)
+			q.out = append(append(q.out, `,"type":"function","function":{"name":`...), c.out[tc.name.from:tc.name.to]...)
+			q.out = append(append(q.out, `,"arguments":`...), c.out[tc.args.from:tc.args.to]...)
+			q.out = append(q.out, "}}"...)
 		}
-		q.out = append(q.out, `,"add_generation_prompt":true`...)
+		if m.callsTo > m.callsFrom {
+			q.out = append(q.out, ']')
+		}
+		if m.callID.to > m.callID.from {
+			q.out = append(append(q.out, `,"tool_call_id":`...), c.out[m.callID.from:m.callID.to]...)
+		}
+		q.out = append(q.out, '}')
+		if i == len(c.msgs)-1 {
+			q.out = append(q.out, ']')
+		}
+	}
+	if len(c.tools) > 0 {
+		q.out = append(append(append(q.out, `,"tools":[`...), c.tools[1:]...), ']')
+	}
+	q.out = append(q.out, `,"add_generation_prompt":true`...)
+	return true
+}
+
+// members reads the members named names of the object at pos into at: where the last value of
+// each is, 0 when it is absent or null. ok is false when pos holds no object.
+func (q *query) members(pos int, names []string, at []int) (ok bool) {
+	if pos == 0 || q.v[pos] != '{' {
+		return false
+	}
+	clear(at)
+	var buf [nameLen]byte
+	i, more := q.v.first(pos)
+	for more {
+		key, val := q.v.member(i)
+		if k := slices.Index(names, string(key.name(buf[:]))); k >= 0 && q.v[val] != 'n' {
+			at[k] = val
+		} else if k >= 0 {
+			at[k] = 0
+		}
+		i, more = q.v.next(q.v.skip(val))
+	}
+	return true
+}
+
+// str reads the string-typed member at pos: the empty string when it is absent (0); ok is false
+// when it holds another type.
+func (q *query) str(pos int) (j jstr, ok bool) {
+	switch {
+	case pos == 0:
+		return jstr{plain: true}, true
+	case q.v[pos] == '"':
+		j, _ = q.v.str(pos)
+		return j, true
+	}
+	return jstr{}, false
+}
+
+// each calls f with the position of each element of the array-typed member at pos (none when it
+// is absent), while f returns true; ok is false when pos holds another type or f returned false.
+func (q *query) each(pos int, f func(e int) bool) (ok bool) {
+	if pos == 0 {
 		return true
 	}
+	if q.v[pos] != '[' {
+		return false
+	}
+	e, more := q.v.first(pos)
+	for more {
+		if !f(e) {
+			return false
+		}
+		e, more = q.v.next(q.v.skip(e))
+	}
+	return true
+}
+
+// present drops the nulls of the top-level values a conversion reads: null is absence.
+func (q *query) present() {
+	for i, pos := range q.at {
+		if pos != 0 && q.v[pos] == 'n' {
+			q.at[i] = 0
+		}
+	}
+}
+
+// convertTools converts the tools at pos, each of a type accept lets through, to chat function
+// tools: its name, its description and its JSON schema (the member schema), which must be an
+// object. A tool that names no function is refused.
+func (c *chat) convertTools(pos int, schema string, accept func(typ jstr, t []int) bool) bool {
+	q := c.q
+	names := []string{"type", "name", "description", schema, "defer_loading"}
+	var t [5]int
+	return q.each(pos, func(e int) bool {
+		if !q.members(e, names, t[:]) {
+			return false
+		}
+		typ, ok := q.str(t[0])
+		if !ok || !accept(typ, t[:]) {
+			return false
+		}
+		name, ok := q.str(t[1])
+		if !ok || name.len() == 0 {
+			return false
+		}
+		c.tools = append(c.tools, `,{"type":"function","function":{"name":`...)
+		c.tools = q.appendJstr(c.tools, name)
+		if t[2] != 0 {
+			description, ok := q.str(t[2])
+			if !ok {
+				return false
+			}
+			c.tools = append(c.tools, `,"description":`...)
+			c.tools = q.appendJstr(c.tools, description)
+		}
+		if params := t[3]; params != 0 {
+			if q.v[params] != '{' {
+				return false
+			}
+			c.tools = q.v.appendCompact(append(c.tools, `,"parameters":`...), params)
+		}
+		c.tools = append(c.tools, "}}"...)
+		return true
+	})
+}
+
+// noToolsWhenNone refuses tools with tool_choice "none": vLLM can be started to leave the tools
+// out of the prompt then (--exclude-tools-when-tool-choice-none), which a router cannot see.
+func (c *chat) noToolsWhenNone(none bool) bool { return !(none && len(c.tools) > 0) }
+
+// oneOf returns the name among names that j is.
+func oneOf(j jstr, names ...string) string {
+	for _, n := range names {
+		if j.is(n) {
+			return n
+		}
+	}
+	return ""
 }

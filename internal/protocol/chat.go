@@ -56,7 +56,10 @@ func parseBody(h reqkey.Header, raw []byte, render rendering) (*Request, error) 
 	return r, nil
 }
 
-// Where a chat's /tokenize query is read from (see ask): the last messages and tools given.
+// chatAsks are the values a chat's or a completion's /tokenize query is written from (see ask).
+var chatAsks = [...]string{atMessages: "messages", atTools: "tools", atPrompt: "prompt"}
+
+// Where a chat's /tokenize query is read from: the last messages and tools given.
 const (
 	atMessages = iota
 	atTools
@@ -92,19 +95,17 @@ type body struct {
 
 // member reads one top-level member whose key has been read.
 func (b *body) member(s *scanner, key []byte) {
+	noteAsked(&b.at, chatAsks[:], key, s.pos)
 	switch string(key) {
 	case "model":
 		s.nullableString("model", &b.model)
 	case "stream":
 		b.stream = s.boolean("stream", false)
 	case "messages":
-		b.at[atMessages] = s.pos
 		b.messages = s.arrayField("messages", b.messages, checkMessage)
 	case "tools":
-		b.at[atTools] = s.pos
 		b.tools = s.arrayField("tools", b.tools, checkTool)
 	case "prompt":
-		b.at[atPrompt] = s.pos
 		b.prompt = s.prompt("prompt")
 	case "add_special_tokens":
 		b.specialTokens(s)

@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"bytes"
 	"net/http"
 
 	"github.com/cacheroute/cacheroute/internal/reqkey"
@@ -24,7 +25,7 @@ func ParseMessages(h reqkey.Header, raw []byte) (*Request, error) {
 		return nil, err
 	}
 	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.messages.pos != 0, MaxTokens: b.maxTokens,
-		ask: ask{render: messagesQuery}, salt: b.salt}
+		ask: ask{render: messagesQuery, at: b.at}, salt: b.salt}
 	if r.Chat {
 		r.Text, _ = b.key(raw, onePassLimit(raw))
 	}
@@ -41,12 +42,14 @@ type messagesBody struct {
 	stream                  bool
 	maxTokens               int // max_tokens, for the rate limits
 	tools, system, messages field
-	userID                  []byte // metadata.user_id
+	userID                  []byte        // metadata.user_id
+	at                      [askSlots]int // where the values of the /tokenize query are
 	salt                    salt
 }
 
 // member reads one top-level member whose key has been read.
 func (b *messagesBody) member(s *scanner, key []byte) {
+	noteAsked(&b.at, messagesAsks[:], key, s.pos)
 	switch string(key) {
 	case "model":
 		s.nullableString("model", &b.model)
@@ -379,3 +382,219 @@ func (h *historyWriter) block(pos int) int {
 }
 
 func checkMessagesTools(s *scanner) { s.array(func(s *scanner) { s.tool(&messagesTools) }) }
+
+// messagesAsks are the values a Messages body's /tokenize query is converted from (see ask).
+var messagesAsks = [...]string{"chat_template_kwargs", "system", "messages", "tools", "tool_choice"}
+
+// billingHeader starts the text block Claude Code adds to its system prompt with a hash of the
+// request, which vLLM's Messages serving leaves out of the prompt.
+const billingHeader = "x-anthropic-billing-header"
+
+// renderMessages writes the chat vLLM's Messages serving converts the body to (see agents.go):
+// the system (a string, or its text blocks, Claude Code's billing header left out) as a system
+// message, then each message (see message), and the client tools ({name, description,
+// input_schema}, with no type or type custom).
+func renderMessages(q *query) bool {
+	q.present()
+	c := chat{q: q}
+	if q.at[0] != 0 || !c.system(q.at[1]) {
+		return false // chat_template_kwargs
+	}
+	n := 0
+	if !q.each(q.at[2], func(e int) bool { n++; return c.message(e) }) || n == 0 {
+		return false
+	}
+	ok := c.convertTools(q.at[3], "input_schema", func(typ jstr, t []int) bool {
+		return (typ.len() == 0 || typ.is("custom")) && t[4] == 0 // not defer_loading
+	})
+	if !ok {
+		return false
+	}
+	none := false
+	if choice := q.at[4]; choice != 0 {
+		var t [1]int
+		if !q.members(choice, []string{"type"}, t[:]) {
+			return false
+		}
+		typ, ok := q.str(t[0])
+		if !ok {
+			return false
+		}
+		none = typ.is("none")
+	}
+	return c.noToolsWhenNone(none) && c.write()
+}
+
+// system converts the system prompt at pos (0: none) into a system message when it has text.
+func (c *chat) system(pos int) bool {
+	q := c.q
+	c.parts = c.parts[:0]
+	if pos != 0 && q.v[pos] == '"' {
+		j, _ := q.v.str(pos)
+		c.parts = append(c.parts, j)
+	} else {
+		var b [2]int
+		ok := q.each(pos, func(e int) bool {
+			if !q.members(e, []string{"type", "text"}, b[:]) {
+				return false
+			}
+			typ, ok := q.str(b[0])
+			if !ok || !typ.is("text") {
+				return false
+			}
+			text, ok := q.str(b[1])
+			if c.text = text.appendTo(c.text[:0]); ok && !bytes.HasPrefix(c.text, []byte(billingHeader)) {
+				c.parts = append(c.parts, text)
+			}
+			return ok
+		})
+		if !ok {
+			return false
+		}
+	}
+	if content := c.joined(); content.to-content.from > len(`""`) {
+		c.add("system", content)
+	}
+	return true
+}
+
+// message converts the message at pos: a user message's tool results first, one tool message
+// each, then its text as a user message (none when it has no text); an assistant message's text
+// and tool_use blocks as one assistant message of text and tool calls. A text block's text and
+// redacted thinking are taken as vLLM takes them; any other block is refused.
+func (c *chat) message(pos int) bool {
+	q := c.q
+	var m [2]int
+	if !q.members(pos, []string{"role", "content"}, m[:]) {
+		return false
+	}
+	role, ok := q.str(m[0])
+	r := oneOf(role, "user", "assistant")
+	if !ok || r == "" {
+		return false
+	}
+	if m[1] != 0 && q.v[m[1]] == '"' {
+		j, _ := q.v.str(m[1])
+		c.add(r, c.jstr(j))
+		return true
+	}
+	c.parts = c.parts[:0]
+	calls := c.calls[:0:0]
+	names := []string{"type", "text", "id", "name", "input", "tool_use_id", "content"}
+	var b [7]int
+	ok = q.each(m[1], func(e int) bool {
+		if !q.members(e, names, b[:]) {
+			return false
+		}
+		typ, ok := q.str(b[0])
+		switch {
+		case !ok:
+			return false
+		case typ.is("text"):
+			text, ok := q.str(b[1])
+			if ok && text.len() > 0 {
+				c.parts = append(c.parts, text)
+			}
+			return ok
+		case typ.is("redacted_thinking"): // opaque, and left out by vLLM
+			return true
+		case typ.is("tool_use") && r == "assistant":
+			call, ok := c.toolUse(b[2], b[3], b[4])
+			calls = append(calls, call)
+			return ok
+		case typ.is("tool_result") && r == "user":
+			return c.toolResult(b[5], b[6])
+		}
+		return false
+	})
+	if !ok {
+		return false
+	}
+	if r == "user" && len(c.parts) == 0 {
+		return true
+	}
+	var content span
+	switch len(c.parts) {
+	case 0:
+	case 1:
+		content = c.jstr(c.parts[0])
+	default:
+		content = c.textParts()
+	}
+	c.add(r, content)
+	for _, call := range calls {
+		c.call(call.id, call.name, call.args)
+	}
+	return true
+}
+
+// toolUse converts a tool_use block, whose id, name and input are at the positions given, to a
+// tool call: its input becomes the call's arguments as Python's json.dumps writes it, which is
+// how vLLM writes them. A block without an id is refused: vLLM makes one up from the clock.
+func (c *chat) toolUse(idAt, nameAt, input int) (toolCall, bool) {
+	id, ok := c.q.str(idAt)
+	if !ok || id.len() == 0 {
+		return toolCall{}, false
+	}
+	name, ok := c.q.str(nameAt)
+	if !ok {
+		return toolCall{}, false
+	}
+	call := toolCall{id: c.jstr(id), name: c.jstr(name)}
+	args := []byte("{}")
+	if input != 0 {
+		if c.q.v[input] != '{' {
+			return toolCall{}, false
+		}
+		var err error
+		if args, err = appendPython(c.text[:0], c.q.v, input); err != nil {
+			return toolCall{}, false
+		}
+		c.text = args
+	}
+	from := len(c.out)
+	c.out = appendString(c.out, args)
+	call.args = c.json(from)
+	return call, true
+}
+
+// toolResult converts a tool_result block, whose tool_use_id and content are at the positions
+// given, to a tool message: its content a string, or its text blocks joined by newlines.
+func (c *chat) toolResult(idAt, content int) bool {
+	q := c.q
+	id, ok := q.str(idAt)
+	if !ok || id.len() == 0 {
+		return false
+	}
+	c.text = c.text[:0]
+	if content == 0 || q.v[content] == '"' {
+		text, _ := q.str(content)
+		c.text = text.appendTo(c.text)
+	} else {
+		var b [2]int
+		n := 0
+		ok := q.each(content, func(e int) bool {
+			if !q.members(e, []string{"type", "text"}, b[:]) {
+				return false
+			}
+			typ, ok := q.str(b[0])
+			if !ok || !typ.is("text") {
+				return false
+			}
+			text, ok := q.str(b[1])
+			if n++; n > 1 {
+				c.text = append(c.text, '\n')
+			}
+			c.text = text.appendTo(c.text)
+			return ok
+		})
+		if !ok {
+			return false
+		}
+	}
+	from := len(c.out)
+	c.out = appendString(c.out, c.text)
+	m := c.add("tool", c.json(from))
+	m.callID = c.jstr(id)
+	return true
+}

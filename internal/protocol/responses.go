@@ -23,7 +23,7 @@ func ParseResponses(h reqkey.Header, raw []byte) (*Request, error) {
 	}
 	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.input.pos != 0, MaxTokens: b.maxTokens,
 		PreviousResponseID: string(b.previousID), NoStore: b.noStore,
-		ask: ask{render: responsesQuery}, salt: b.salt}
+		ask: ask{render: responsesQuery, at: b.at}, salt: b.salt}
 	if r.Chat {
 		r.Text, _ = b.key(raw, onePassLimit(raw))
 	}
@@ -44,11 +44,13 @@ type responsesBody struct {
 	// paramsID is session_params.session_id; conversation is the conversation's id, given as a
 	// string or as the "id" of an object.
 	paramsID, conversation, cacheKey, user []byte
+	at                                     [askSlots]int // where the values of the /tokenize query are
 	salt                                   salt
 }
 
 // member reads one top-level member whose key has been read.
 func (b *responsesBody) member(s *scanner, key []byte) {
+	noteAsked(&b.at, responsesAsks[:], key, s.pos)
 	switch string(key) {
 	case "model":
 		s.nullableString("model", &b.model)
@@ -425,3 +427,183 @@ func (h *historyWriter) partsOf(tag, refusal byte, pos int) int {
 }
 
 func checkResponsesTools(s *scanner) { s.array(func(s *scanner) { s.tool(&responsesTools) }) }
+
+// responsesAsks are the values a Responses body's /tokenize query is converted from (see ask):
+// the first four, which continue what the router cannot see, are refused.
+var responsesAsks = [...]string{"previous_response_id", "conversation", "prompt", "chat_template_kwargs",
+	"instructions", "input", "tools", "tool_choice"}
+
+// renderResponses writes the chat vLLM's Responses serving converts a body that continues no
+// stored response to (see agents.go): the instructions as a system message, the input (a string:
+// one user message; else its items, see items), and the function tools ({type: function, name,
+// description, parameters}).
+func renderResponses(q *query) bool {
+	q.present()
+	for _, pos := range q.at[:4] {
+		if pos != 0 {
+			return false
+		}
+	}
+	c := chat{q: q}
+	instructions, ok := q.str(q.at[4])
+	if !ok {
+		return false
+	}
+	if instructions.len() > 0 {
+		c.add("system", c.jstr(instructions))
+	}
+	switch input := q.at[5]; {
+	case input == 0:
+		return false
+	case q.v[input] == '"':
+		j, _ := q.v.str(input)
+		c.add("user", c.jstr(j))
+	case !c.items(input):
+		return false
+	}
+	ok = c.convertTools(q.at[6], "parameters", func(typ jstr, _ []int) bool { return typ.is("function") })
+	if !ok {
+		return false
+	}
+	none := false
+	if choice := q.at[7]; choice != 0 && q.v[choice] == '"' {
+		j, _ := q.v.str(choice)
+		none = j.is("none")
+	}
+	return c.noToolsWhenNone(none) && c.write()
+}
+
+// items converts the input items of the array at pos: a message, a function call (joining the
+// assistant message just before it: an assistant text, or other calls) and a function call's
+// output (a tool message). As in vLLM, an assistant text fills the content of an assistant message
+// of calls only just before it, and neither reaches back before the input's first item. A last
+// message that is partial (to be continued, not answered) is refused.
+func (c *chat) items(pos int) bool {
+	q := c.q
+	first := len(c.msgs)
+	contentless := false // the last message is an assistant message without content, from the input
+	partial := false     // the last item is a partial message
+	names := []string{"type", "status", "role", "content", "namespace", "call_id", "name", "arguments", "output"}
+	var it [9]int
+	ok := q.each(pos, func(e int) bool {
+		if !q.members(e, names, it[:]) {
+			return false
+		}
+		typ, ok := q.str(it[0])
+		if !ok {
+			return false
+		}
+		var last *chatMessage
+		if len(c.msgs) > first && c.msgs[len(c.msgs)-1].role == "assistant" {
+			last = &c.msgs[len(c.msgs)-1]
+		}
+		partial = false
+		switch {
+		case typ.len() == 0 || typ.is("message"):
+			status, ok := q.str(it[1])
+			role, ok2 := q.str(it[2])
+			if !ok || !ok2 {
+				return false
+			}
+			partial = status.is("in_progress") || status.is("incomplete")
+			switch {
+			case role.is("assistant"):
+				text, ok := c.assistantText(it[3])
+				if !ok {
+					return false
+				}
+				if last != nil && contentless {
+					last.content = c.jstr(text)
+				} else {
+					c.add("assistant", c.jstr(text))
+				}
+			case role.is("user"), role.is("system"), role.is("developer"):
+				content, ok := c.inputContent(it[3])
+				if !ok {
+					return false
+				}
+				c.add(oneOf(role, "user", "system", "developer"), content)
+			default:
+				return false
+			}
+			contentless = false
+		case typ.is("function_call"):
+			id, ok := q.str(it[5])
+			name, ok2 := q.str(it[6])
+			args, ok3 := q.str(it[7])
+			if it[4] != 0 || !ok || !ok2 || !ok3 || id.len() == 0 || name.len() == 0 {
+				return false // a namespaced call is not one vLLM renders as such
+			}
+			if last == nil {
+				c.add("assistant", span{})
+				contentless = true
+			}
+			c.call(c.jstr(id), c.jstr(name), c.jstr(args))
+		case typ.is("function_call_output"):
+			id, ok := q.str(it[5])
+			if !ok || id.len() == 0 {
+				return false
+			}
+			content, ok := c.inputContent(it[8])
+			if !ok {
+				return false
+			}
+			c.add("tool", content).callID = c.jstr(id)
+			contentless = false
+		default:
+			return false
+		}
+		return true
+	})
+	return ok && !partial
+}
+
+// assistantText is what vLLM takes of an assistant message's content: a string, or the text of
+// its first part, an output_text or input_text.
+func (c *chat) assistantText(pos int) (jstr, bool) {
+	q := c.q
+	if pos == 0 || q.v[pos] != '[' {
+		return q.str(pos)
+	}
+	first, more := q.v.first(pos)
+	if !more {
+		return jstr{plain: true}, true
+	}
+	var p [2]int
+	if !q.members(first, []string{"type", "text"}, p[:]) {
+		return jstr{}, false
+	}
+	typ, ok := q.str(p[0])
+	if !ok || !typ.is("output_text") && !typ.is("input_text") {
+		return jstr{}, false
+	}
+	return q.str(p[1])
+}
+
+// inputContent converts a message's content or a function call's output: a string as it is, text
+// parts (input_text, output_text) as chat text parts.
+func (c *chat) inputContent(pos int) (span, bool) {
+	q := c.q
+	switch {
+	case pos == 0:
+		return span{}, false
+	case q.v[pos] == '"':
+		j, _ := q.v.str(pos)
+		return c.jstr(j), true
+	}
+	c.parts = c.parts[:0]
+	var p [2]int
+	ok := q.each(pos, func(e int) bool {
+		if !q.members(e, []string{"type", "text"}, p[:]) {
+			return false
+		}
+		typ, ok := q.str(p[0])
+		if !ok || !typ.is("input_text") && !typ.is("output_text") {
+			return false
+		}
+		text, ok := q.str(p[1])
+		c.parts = append(c.parts, text)
+		return ok
+	})
+	return c.textParts(), ok
+}

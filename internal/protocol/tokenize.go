@@ -2,8 +2,6 @@ package protocol
 
 import (
 	"unicode/utf8"
-
-	"github.com/cacheroute/cacheroute/internal/chatform"
 )
 
 // tokenize.go renders what an engine's POST /tokenize is asked for a request so that it answers
@@ -42,8 +40,19 @@ const (
 var renderings = [...]func(*query) bool{
 	chatQuery:       renderChat,
 	completionQuery: renderCompletion,
-	responsesQuery:  renderConverted(chatform.Responses),
-	messagesQuery:   renderConverted(chatform.Messages),
+	responsesQuery:  renderResponses,
+	messagesQuery:   renderMessages,
+}
+
+// noteAsked notes pos as where the value of the top-level member key is, when key is one of
+// names, the members a protocol's /tokenize query reads, by slot.
+func noteAsked(at *[askSlots]int, names []string, key []byte, pos int) {
+	for i, name := range names {
+		if string(key) == name {
+			at[i] = pos
+			return
+		}
+	}
 }
 
 // query is a /tokenize query being written: the body it is read from, where its values are, and

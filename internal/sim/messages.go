@@ -7,7 +7,7 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/cacheroute/cacheroute/internal/pyjson"
+	"github.com/cacheroute/cacheroute/internal/protocol"
 	"github.com/cacheroute/cacheroute/internal/sim/prompt"
 )
 
@@ -223,7 +223,7 @@ func assistantBlocks(blocks []anthropicBlock) prompt.Message {
 		case "tool_use":
 			args := "{}"
 			if in := bytes.TrimSpace(b.Input); len(in) > 0 && string(in) != "null" {
-				if a, err := pyjson.Dumps(in); err == nil {
+				if a, err := protocol.PythonJSON(in); err == nil {
 					args = a
 				}
 			}

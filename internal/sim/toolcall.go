@@ -8,7 +8,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/cacheroute/cacheroute/internal/pyjson"
+	"github.com/cacheroute/cacheroute/internal/protocol"
 	"github.com/cacheroute/cacheroute/internal/sim/kvcache"
 	"github.com/cacheroute/cacheroute/internal/sim/prompt"
 )
@@ -221,7 +221,7 @@ func toolArguments(params json.RawMessage) string {
 		if i > 0 {
 			b = append(b, ", "...)
 		}
-		key, _ := pyjson.Dumps(appendJSONString(nil, name))
+		key, _ := protocol.PythonJSON(appendJSONString(nil, name))
 		b = append(b, key...)
 		b = append(b, ": "...)
 		b = appendArgumentValue(b, schema.Properties[name].Type, schema.Properties[name].Enum)
@@ -231,7 +231,7 @@ func toolArguments(params json.RawMessage) string {
 
 func appendArgumentValue(b []byte, typ json.RawMessage, enum []json.RawMessage) []byte {
 	if len(enum) > 0 {
-		if v, err := pyjson.Dumps(enum[0]); err == nil {
+		if v, err := protocol.PythonJSON(enum[0]); err == nil {
 			return append(b, v...)
 		}
 	}

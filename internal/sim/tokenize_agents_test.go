@@ -1,17 +1,17 @@
 package sim
 
 import (
-	"bytes"
 	"encoding/json"
 	"slices"
 	"testing"
 
-	"github.com/cacheroute/cacheroute/internal/chatform"
+	"github.com/cacheroute/cacheroute/internal/protocol"
 	"github.com/cacheroute/cacheroute/internal/sim/prompt"
 )
 
-// agentBodies are Responses and Messages bodies that chatform converts, one for every shape it
-// takes: tools, instructions and systems, text parts, calls and their results.
+// agentBodies are Responses and Messages bodies that the router converts to chats for /tokenize
+// (protocol.Request.TokenizeBody), one for every shape it takes: tools, instructions and systems,
+// text parts, calls and their results.
 var agentBodies = []struct {
 	name, api, body string
 }{
@@ -43,17 +43,17 @@ var agentBodies = []struct {
 		            {"role":"user","content":[{"type":"tool_result","tool_use_id":"t9"}]}]}`},
 }
 
-// The tokens /tokenize gives for the chat chatform converts a Responses or Messages body to are
+// The tokens /tokenize gives for the chat the router converts a Responses or Messages body to are
 // the very tokens the simulator renders, caches and publishes for that body.
 func TestConvertedChatTokenizesAsTheSimRendersTheBody(t *testing.T) {
 	w := newWorker(t, testConfig())
 	for _, tt := range agentBodies {
 		var native prompt.Sequence
-		var chat *chatform.Chat
+		var routed *protocol.Request
 		var err error
 		switch tt.api {
 		case "responses":
-			chat, err = chatform.Responses([]byte(tt.body))
+			routed, err = protocol.ParseResponses(nil, []byte(tt.body))
 			var req responsesRequest
 			mustDecode(t, tt.body, &req)
 			items, _, perr := parseResponsesInput(req.Input)
@@ -64,7 +64,7 @@ func TestConvertedChatTokenizesAsTheSimRendersTheBody(t *testing.T) {
 			}
 			prompt.RenderChat(&native, tools, msgs, true)
 		case "messages":
-			chat, err = chatform.Messages([]byte(tt.body))
+			routed, err = protocol.ParseMessages(nil, []byte(tt.body))
 			var req messagesRequest
 			mustDecode(t, tt.body, &req)
 			msgs, merr := req.conversation()
@@ -75,18 +75,12 @@ func TestConvertedChatTokenizesAsTheSimRendersTheBody(t *testing.T) {
 			prompt.RenderChat(&native, tools, msgs, true)
 		}
 		if err != nil {
-			t.Fatalf("%s: not converted: %v", tt.name, err)
+			t.Fatalf("%s: %v", tt.name, err)
 		}
-		messages, tools, err := chat.Encode()
-		if err != nil {
-			t.Fatal(err)
+		ask, ok := routed.TokenizeBody([]byte(tt.body), w.cfg.Models[0])
+		if !ok {
+			t.Fatalf("%s: not converted", tt.name)
 		}
-		// Without HTML escaping, as the router asks: the sim renders the tools as sent.
-		var buf bytes.Buffer
-		enc := json.NewEncoder(&buf)
-		enc.SetEscapeHTML(false)
-		_ = enc.Encode(map[string]any{"messages": json.RawMessage(messages), "tools": json.RawMessage(orNull(tools)), "add_generation_prompt": true})
-		ask := buf.Bytes()
 		rec := do(t, w, "POST", "/tokenize", string(ask))
 		var got tokenizeResponse
 		if rec.Code != 200 || json.Unmarshal(rec.Body.Bytes(), &got) != nil {
@@ -108,11 +102,4 @@ func mustDecode(t *testing.T, body string, v any) {
 	if err := json.Unmarshal([]byte(body), v); err != nil {
 		t.Fatalf("%s: %v", body, err)
 	}
-}
-
-func orNull(b []byte) []byte {
-	if b == nil {
-		return []byte("null")
-	}
-	return b
 }
