@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+
+	"github.com/cacheroute/cacheroute/internal/protocol"
 )
 
 // chatAPI sends POST /v1/chat/completions with the whole conversation, streamed with
@@ -48,7 +50,7 @@ type chatChunk struct {
 	} `json:"usage"`
 }
 
-func (chatAPI) path() string                                        { return "/v1/chat/completions" }
+func (chatAPI) path() string                                        { return protocol.ChatPath }
 func (chatAPI) tools(chat json.RawMessage) (json.RawMessage, error) { return chat, nil }
 func (chatAPI) chains() bool                                        { return false }
 func (chatAPI) final() string                                       { return "[DONE]" }

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+
+	"github.com/cacheroute/cacheroute/internal/protocol"
 )
 
 // messagesAPI sends POST /v1/messages, Anthropic's Messages API, with the whole conversation
@@ -45,24 +47,6 @@ type anthropicMessage struct {
 	Content any    `json:"content"` // string or []any of the block types below
 }
 
-type anthropicText struct {
-	Type string `json:"type"` // "text"
-	Text string `json:"text"`
-}
-
-type anthropicToolUse struct {
-	Type  string          `json:"type"` // "tool_use"
-	ID    string          `json:"id"`
-	Name  string          `json:"name"`
-	Input json.RawMessage `json:"input"`
-}
-
-type anthropicToolResult struct {
-	Type      string `json:"type"` // "tool_result"
-	ToolUseID string `json:"tool_use_id"`
-	Content   string `json:"content"`
-}
-
 type anthropicTool struct {
 	Name        string          `json:"name"`
 	Description string          `json:"description,omitempty"`
@@ -102,7 +86,7 @@ type messagesEvent struct {
 	Error *apiError       `json:"error"`
 }
 
-func (messagesAPI) path() string  { return "/v1/messages" }
+func (messagesAPI) path() string  { return protocol.MessagesPath }
 func (messagesAPI) chains() bool  { return false }
 func (messagesAPI) final() string { return "message_stop" }
 func (messagesAPI) tools(chat json.RawMessage) (json.RawMessage, error) {
@@ -124,21 +108,21 @@ func (messagesAPI) body(x *exchange) any {
 	}
 	blocks := make([][]any, 0, len(x.msgs)-lead)
 	for _, m := range x.msgs[lead:] {
-		role, add := "user", []any{anthropicText{"text", m.Content}}
+		role, add := "user", []any{protocol.TextBlock{Type: "text", Text: m.Content}}
 		switch {
 		case m.Role == "assistant":
 			role = "assistant"
 			if len(m.calls) > 0 {
 				add = add[:0]
 				if m.Content != "" {
-					add = append(add, anthropicText{"text", m.Content})
+					add = append(add, protocol.TextBlock{Type: "text", Text: m.Content})
 				}
 				for _, c := range m.calls {
-					add = append(add, anthropicToolUse{"tool_use", c.ID, c.Name, toolInput(c.Arguments)})
+					add = append(add, protocol.ToolUseBlock{Type: "tool_use", ID: c.ID, Name: c.Name, Input: toolInput(c.Arguments)})
 				}
 			}
 		case m.callID != "":
-			add = []any{anthropicToolResult{"tool_result", m.callID, m.Content}}
+			add = []any{protocol.ToolResultBlock{Type: "tool_result", ToolUseID: m.callID, Content: m.Content}}
 		}
 		if n := len(r.Messages); n > 0 && r.Messages[n-1].Role == role {
 			blocks[n-1] = append(blocks[n-1], add...)
@@ -148,7 +132,7 @@ func (messagesAPI) body(x *exchange) any {
 		blocks = append(blocks, add)
 	}
 	for i, b := range blocks {
-		if t, ok := b[0].(anthropicText); ok && len(b) == 1 {
+		if t, ok := b[0].(protocol.TextBlock); ok && len(b) == 1 {
 			r.Messages[i].Content = t.Text
 		} else {
 			r.Messages[i].Content = b

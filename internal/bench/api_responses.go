@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+
+	"github.com/cacheroute/cacheroute/internal/protocol"
 )
 
 // responsesAPI sends POST /v1/responses. The conversation's leading system messages become
@@ -111,7 +113,7 @@ func (e *apiError) String() string {
 	return kind + ": " + e.Message
 }
 
-func (responsesAPI) path() string   { return "/v1/responses" }
+func (responsesAPI) path() string   { return protocol.ResponsesPath }
 func (a responsesAPI) chains() bool { return a.chain }
 func (responsesAPI) final() string  { return "response.completed" }
 func (responsesAPI) tools(chat json.RawMessage) (json.RawMessage, error) {

@@ -54,6 +54,19 @@ func (s *scanner) historyField(name, types string, read func(*scanner)) field {
 	return f
 }
 
+// agentKey writes the history key of a Responses or Messages body raw with write, from its tools
+// and the other fields its key is written from (see historyWriter.writeKey).
+func agentKey(raw []byte, limit int, write func(*historyWriter), tools field, fields ...field) (key string, onePass bool) {
+	bound := keyBound{size: tools.size, named: tools.named}
+	members := tools.members
+	for _, f := range fields {
+		bound.size += f.size
+		members = max(members, f.members)
+	}
+	h := newHistoryWriter(valid(raw), members)
+	return h.writeKey(bound, limit, func() { write(&h) })
+}
+
 // kind is what an item, a content part or a block is, by its type: what the key writes of it.
 type kind uint8
 
@@ -133,20 +146,24 @@ func (s *scanner) typedStringSize(name string) int {
 // canonicalSize reads a free-form value the key writes in canonical form as a field (or, a string
 // of arguments, as the string it is), and returns the most bytes that takes: none for null.
 func (s *scanner) canonicalSize() int {
-	start, grow, floats, keys := s.pos, s.grow, s.floats, s.keys
+	at := s.counts()
 	s.skip(true)
-	if string(s.data[start:s.pos]) == "null" {
+	if string(s.data[at.pos:s.pos]) == "null" {
 		return 0
 	}
-	return s.canonicalBound(start, grow, floats, keys)
+	return s.canonicalBound(at)
 }
 
-// canonicalBound is the most bytes the canonical form of the value read from start takes behind
-// as a field, grow, floats and keys being the scanner's counts when it was at start. The
-// canonicalizer's records must hold as many members as the value has.
-func (s *scanner) canonicalBound(start, grow, floats, keys int) int {
-	s.hist.members = max(s.hist.members, s.keys-keys)
-	return fieldSize(s.pos - start + s.grow - grow + maxFloatLen*(s.floats-floats))
+// counts is where the scanner is and what it has counted there (see scanner.grow).
+type counts struct{ pos, grow, floats, keys int }
+
+func (s *scanner) counts() counts { return counts{s.pos, s.grow, s.floats, s.keys} }
+
+// canonicalBound is the most bytes the canonical form of the value read from at takes behind as a
+// field. The canonicalizer's records must hold as many members as the value has.
+func (s *scanner) canonicalBound(at counts) int {
+	s.hist.members = max(s.hist.members, s.keys-at.keys)
+	return fieldSize(s.pos - at.pos + s.grow - at.grow + maxFloatLen*(s.floats-at.floats))
 }
 
 // str reads the value at val into *dst when it is a string, else the empty string (null, or
@@ -217,16 +234,10 @@ var (
 
 // tool reads one element of tools, of the protocol whose tools ts describes.
 func (s *scanner) tool(ts *toolSchema) {
-	switch s.peek() {
-	case 'n':
-		s.null()
-		return
-	case '{':
-	default:
-		s.mismatch()
+	if !s.objectElement() {
 		return
 	}
-	start, grow, floats, keys := s.pos, s.grow, s.floats, s.keys
+	at := s.counts()
 	size := len("T") + 3*fieldSize(0) // a tool written by name, with no name, description or schema
 	function, named := true, false
 	var buf [nameLen]byte
@@ -270,7 +281,7 @@ func (s *scanner) tool(ts *toolSchema) {
 	if function {
 		s.hist.size += size
 	} else {
-		s.hist.size += len("W") + s.canonicalBound(start, grow, floats, keys)
+		s.hist.size += len("W") + s.canonicalBound(at)
 	}
 	if named {
 		s.hist.named++
@@ -603,6 +614,28 @@ func (q *query) each(pos int, f func(e int) bool) (ok bool) {
 		e, more = q.v.next(q.v.skip(e))
 	}
 	return true
+}
+
+// texts calls each with the text of each part of the array at pos (none when it is absent), each
+// an object whose type is one of types; ok is false when pos holds another type, or a part is of
+// another type or shape.
+func (c *chat) texts(pos int, each func(text jstr), types ...string) (ok bool) {
+	q := c.q
+	var p [2]int
+	return q.each(pos, func(e int) bool {
+		if !q.members(e, []string{"type", "text"}, p[:]) {
+			return false
+		}
+		typ, ok := q.str(p[0])
+		if !ok || oneOf(typ, types...) == "" {
+			return false
+		}
+		text, ok := q.str(p[1])
+		if ok {
+			each(text)
+		}
+		return ok
+	})
 }
 
 // present drops the nulls of the top-level values a conversion reads: null is absence.

@@ -1,7 +1,7 @@
 package protocol
 
 import (
-	"net/http"
+	"encoding/json"
 	"slices"
 
 	"github.com/cacheroute/cacheroute/internal/reqkey"
@@ -29,6 +29,23 @@ import (
 //   - Free-form values (content, arguments, parameters, prompt, text, input_ids) fail on a number
 //     that does not fit a float64, as decoding them into `any` does.
 
+// ChatPath is the chat API's endpoint.
+const ChatPath = "/v1/chat/completions"
+
+// ChatTool is a function tool as the chat API spells it: the shape the Responses and Messages APIs'
+// tools are converted to, for /tokenize here and for the chat template in the simulator.
+type ChatTool struct {
+	Type     string       `json:"type"` // "function"
+	Function ChatFunction `json:"function"`
+}
+
+// ChatFunction is a function tool's definition, as vLLM's FunctionDefinition keeps it.
+type ChatFunction struct {
+	Name        string          `json:"name"`
+	Description *string         `json:"description,omitempty"` // nil: absent, as vLLM tells it from ""
+	Parameters  json.RawMessage `json:"parameters,omitempty"`
+}
+
 // ParseChat reads a chat body (POST /v1/chat/completions) and the request's headers. A body that
 // is not a JSON object, or whose routing fields have the wrong JSON type, is an *Error. Object
 // keys are matched exactly, as vLLM does. Its /tokenize query is its messages and tools as sent.
@@ -36,9 +53,6 @@ func ParseChat(h reqkey.Header, raw []byte) (*Request, error) { return parseBody
 
 // parseBody reads a chat, completion or generate body, whose /tokenize query is render.
 func parseBody(h reqkey.Header, raw []byte, render rendering) (*Request, error) {
-	if h == nil {
-		h = http.Header(nil)
-	}
 	var b body
 	if err := parseObject(raw, b.member); err != nil {
 		return nil, err
@@ -340,11 +354,9 @@ func checkTool(s *scanner) {
 // canonical reads a free-form value the key writes in canonical form as a field (or, a tool
 // call's arguments, as the string it is).
 func (s *scanner) canonical(name string) {
-	grow, floats, keys := s.grow, s.floats, s.keys
-	if raw := s.freeForm(name); raw != nil {
-		s.hist.size += fieldSize(len(raw) + s.grow - grow + maxFloatLen*(s.floats-floats))
-		s.hist.members = max(s.hist.members, s.keys-keys)
-	}
+	s.in(name)
+	s.hist.size += s.canonicalSize()
+	s.out()
 }
 
 // function reads an object of the shape {"function": {...}} (a tool, a tool call): member reads

@@ -12,6 +12,12 @@ import (
 // lexer found for it, or, when the bound is more than twice the body (a prompt of many numbers not
 // written as they are), measured first, then written into a buffer of its exact size.
 
+// The endpoints of the completions API and of /generate.
+const (
+	CompletionsPath = "/v1/completions"
+	GeneratePath    = "/generate"
+)
+
 // ParseCompletions reads a completion body (POST /v1/completions) with the reader of chat bodies
 // (see ParseChat). Its /tokenize query is its prompt, when that is one string.
 func ParseCompletions(h reqkey.Header, raw []byte) (*Request, error) {

@@ -2,13 +2,41 @@ package protocol
 
 import (
 	"bytes"
-	"net/http"
+	"encoding/json"
 
 	"github.com/cacheroute/cacheroute/internal/reqkey"
 )
 
 // messages.go reads an Anthropic Messages API body (see agents.go for the rules both agent
 // protocols share) and writes its history key.
+
+// The endpoints of the Messages API: a message, and the count of its prompt tokens.
+const (
+	MessagesPath    = "/v1/messages"
+	CountTokensPath = "/v1/messages/count_tokens"
+)
+
+// Content blocks of the Messages API, as its clients send them and its servers answer with them.
+type (
+	// TextBlock is a text block.
+	TextBlock struct {
+		Type string `json:"type"` // "text"
+		Text string `json:"text"`
+	}
+	// ToolUseBlock is a call of the tool named, with its input.
+	ToolUseBlock struct {
+		Type  string          `json:"type"` // "tool_use"
+		ID    string          `json:"id"`
+		Name  string          `json:"name"`
+		Input json.RawMessage `json:"input"`
+	}
+	// ToolResultBlock is the result of the call tool_use_id names.
+	ToolResultBlock struct {
+		Type      string `json:"type"` // "tool_result"
+		ToolUseID string `json:"tool_use_id"`
+		Content   string `json:"content"`
+	}
+)
 
 // ParseMessages reads an Anthropic Messages API body (POST /v1/messages): model, stream, the
 // session and hash keys, and the history key of its tools, system and messages (see
@@ -17,9 +45,6 @@ import (
 // metadata.user_id is session-scoped: Anthropic's clients put a session's id in it (Claude
 // Code's is made of the user's, the account's and the session's).
 func ParseMessages(h reqkey.Header, raw []byte) (*Request, error) {
-	if h == nil {
-		h = http.Header(nil)
-	}
 	var b messagesBody
 	if err := parseObject(raw, b.member); err != nil {
 		return nil, err
@@ -80,13 +105,7 @@ func checkMessages(s *scanner) { s.array(checkMessagesMessage) }
 
 // checkMessagesMessage reads one element of messages.
 func checkMessagesMessage(s *scanner) {
-	switch s.peek() {
-	case 'n':
-		s.null()
-		return
-	case '{':
-	default:
-		s.mismatch()
+	if !s.objectElement() {
 		return
 	}
 	size := len(".")
@@ -135,7 +154,7 @@ func (s *scanner) blockSize() int {
 		s.skip(true)
 		return 0
 	}
-	start, grow, floats, keys := s.pos, s.grow, s.floats, s.keys
+	at := s.counts()
 	var buf [nameLen]byte
 	var typ []byte
 	var text, id, callID, name, input, content, thinking, data int
@@ -190,7 +209,7 @@ func (s *scanner) blockSize() int {
 	case kindRedacted:
 		size = data
 	default:
-		size = len("J") + s.canonicalBound(start, grow, floats, keys)
+		size = len("J") + s.canonicalBound(at)
 	}
 	// A tool result's content written as it was read (see block) is taken back when a later type
 	// makes the block of another kind, but it was written first: the bound allows for it.
@@ -218,9 +237,7 @@ func blockKind(typ []byte) kind {
 
 // key writes the history key of the body raw; see writeMessages.
 func (b *messagesBody) key(raw []byte, limit int) (key string, onePass bool) {
-	h := newHistoryWriter(valid(raw), max(b.tools.members, b.system.members, b.messages.members))
-	bound := keyBound{size: b.tools.size + b.system.size + b.messages.size, named: b.tools.named}
-	return h.writeKey(bound, limit, func() { h.writeMessages(b) })
+	return agentKey(raw, limit, func(h *historyWriter) { h.writeMessages(b) }, b.tools, b.system, b.messages)
 }
 
 // writeMessages writes the history key of a Messages body, in chat's framing (see historyKey)
@@ -432,25 +449,12 @@ func (c *chat) system(pos int) bool {
 	if pos != 0 && q.v[pos] == '"' {
 		j, _ := q.v.str(pos)
 		c.parts = append(c.parts, j)
-	} else {
-		var b [2]int
-		ok := q.each(pos, func(e int) bool {
-			if !q.members(e, []string{"type", "text"}, b[:]) {
-				return false
-			}
-			typ, ok := q.str(b[0])
-			if !ok || !typ.is("text") {
-				return false
-			}
-			text, ok := q.str(b[1])
-			if c.text = text.appendTo(c.text[:0]); ok && !bytes.HasPrefix(c.text, []byte(billingHeader)) {
-				c.parts = append(c.parts, text)
-			}
-			return ok
-		})
-		if !ok {
-			return false
+	} else if !c.texts(pos, func(text jstr) {
+		if c.text = text.appendTo(c.text[:0]); !bytes.HasPrefix(c.text, []byte(billingHeader)) {
+			c.parts = append(c.parts, text)
 		}
+	}, "text") {
+		return false
 	}
 	if content := c.joined(); content.to-content.from > len(`""`) {
 		c.add("system", content)
@@ -567,30 +571,17 @@ func (c *chat) toolResult(idAt, content int) bool {
 		return false
 	}
 	c.text = c.text[:0]
+	n := 0 // texts joined
 	if content == 0 || q.v[content] == '"' {
 		text, _ := q.str(content)
 		c.text = text.appendTo(c.text)
-	} else {
-		var b [2]int
-		n := 0
-		ok := q.each(content, func(e int) bool {
-			if !q.members(e, []string{"type", "text"}, b[:]) {
-				return false
-			}
-			typ, ok := q.str(b[0])
-			if !ok || !typ.is("text") {
-				return false
-			}
-			text, ok := q.str(b[1])
-			if n++; n > 1 {
-				c.text = append(c.text, '\n')
-			}
-			c.text = text.appendTo(c.text)
-			return ok
-		})
-		if !ok {
-			return false
+	} else if !c.texts(content, func(text jstr) {
+		if n++; n > 1 {
+			c.text = append(c.text, '\n')
 		}
+		c.text = text.appendTo(c.text)
+	}, "text") {
+		return false
 	}
 	from := len(c.out)
 	c.out = appendString(c.out, c.text)

@@ -1,22 +1,20 @@
 package protocol
 
 import (
-	"net/http"
-
 	"github.com/cacheroute/cacheroute/internal/reqkey"
 )
 
 // responses.go reads an OpenAI Responses API body (see agents.go for the rules both agent
 // protocols share) and writes its history key.
 
+// ResponsesPath is the Responses API's endpoint; a stored response is at ResponsesPath/{id}.
+const ResponsesPath = "/v1/responses"
+
 // ParseResponses reads a Responses API body (POST /v1/responses): model, stream, store,
 // previous_response_id, the session and hash keys, and the history key of its tools,
 // instructions and input (see writeResponses). The body carries a conversation (Chat) when it
 // has an input.
 func ParseResponses(h reqkey.Header, raw []byte) (*Request, error) {
-	if h == nil {
-		h = http.Header(nil)
-	}
 	var b responsesBody
 	if err := parseObject(raw, b.member); err != nil {
 		return nil, err
@@ -103,16 +101,10 @@ func checkInput(s *scanner) {
 // itemKind). The bound of each kind is summed over the members it reads, repeated or not, and
 // the item's bound is that of its kind, known once it is read whole.
 func checkItem(s *scanner) {
-	switch s.peek() {
-	case 'n':
-		s.null()
-		return
-	case '{':
-	default:
-		s.mismatch()
+	if !s.objectElement() {
 		return
 	}
-	start, grow, floats, keys := s.pos, s.grow, s.floats, s.keys
+	at := s.counts()
 	var buf [nameLen]byte
 	var typ []byte
 	roles, roleless := 0, true // the last role may be absent (or null): "r" and an empty field are written
@@ -180,7 +172,7 @@ func checkItem(s *scanner) {
 		case kindReasoning:
 			s.hist.size += len("z.") + summary + content + encrypted
 		default:
-			s.hist.size += len("J.") + s.canonicalBound(start, grow, floats, keys)
+			s.hist.size += len("J.") + s.canonicalBound(at)
 		}
 	}
 }
@@ -243,9 +235,7 @@ func partKind(typ []byte) kind {
 
 // key writes the history key of the body raw; see writeResponses.
 func (b *responsesBody) key(raw []byte, limit int) (key string, onePass bool) {
-	h := newHistoryWriter(valid(raw), max(b.tools.members, b.input.members))
-	bound := keyBound{size: b.tools.size + b.instructions.size + b.input.size, named: b.tools.named}
-	return h.writeKey(bound, limit, func() { h.writeResponses(b) })
+	return agentKey(raw, limit, func(h *historyWriter) { h.writeResponses(b) }, b.tools, b.instructions, b.input)
 }
 
 // writeResponses writes the history key of a Responses body, in chat's framing (see historyKey)
@@ -592,18 +582,6 @@ func (c *chat) inputContent(pos int) (span, bool) {
 		return c.jstr(j), true
 	}
 	c.parts = c.parts[:0]
-	var p [2]int
-	ok := q.each(pos, func(e int) bool {
-		if !q.members(e, []string{"type", "text"}, p[:]) {
-			return false
-		}
-		typ, ok := q.str(p[0])
-		if !ok || !typ.is("input_text") && !typ.is("output_text") {
-			return false
-		}
-		text, ok := q.str(p[1])
-		c.parts = append(c.parts, text)
-		return ok
-	})
+	ok := c.texts(pos, func(text jstr) { c.parts = append(c.parts, text) }, "input_text", "output_text")
 	return c.textParts(), ok
 }

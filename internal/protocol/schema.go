@@ -140,6 +140,20 @@ func roleSize(raw []byte, n int) int {
 	return 1 + fieldSize(n)
 }
 
+// objectElement reports whether the element at s.pos, typed as an object, is one; null is read,
+// and another type is a type error.
+func (s *scanner) objectElement() bool {
+	switch s.peek() {
+	case '{':
+		return true
+	case 'n':
+		s.null()
+	default:
+		s.mismatch()
+	}
+	return false
+}
+
 // structValue reads an object into a struct-typed field, calling member for each of its members;
 // null leaves the field as it is, and any other type is a type error.
 func (s *scanner) structValue(member func(*scanner, []byte)) {

@@ -59,12 +59,12 @@ var post = []string{"POST"}
 
 // routeTable lists every routed endpoint.
 var routeTable = []route{
-	{path: chatCompletionsPath, read: protocol.ParseChat, pd: true},
-	{path: "/v1/completions", read: protocol.ParseCompletions, pd: true},
-	{path: "/generate", read: protocol.ParseGenerate},
-	{path: "/v1/responses", read: protocol.ParseResponses, storesResponses: true},
-	{path: "/v1/messages", read: protocol.ParseMessages, errors: anthropicErrors},
-	{path: "/v1/messages/count_tokens", read: protocol.ParseModel, errors: anthropicErrors},
+	{path: protocol.ChatPath, read: protocol.ParseChat, pd: true},
+	{path: protocol.CompletionsPath, read: protocol.ParseCompletions, pd: true},
+	{path: protocol.GeneratePath, read: protocol.ParseGenerate},
+	{path: protocol.ResponsesPath, read: protocol.ParseResponses, storesResponses: true},
+	{path: protocol.MessagesPath, read: protocol.ParseMessages, errors: anthropicErrors},
+	{path: protocol.CountTokensPath, read: protocol.ParseModel, errors: anthropicErrors},
 	{path: "/tokenize", read: protocol.ParseModel},
 	{path: "/detokenize", read: protocol.ParseModel},
 	{path: "/v1/embeddings", read: protocol.ParseModel},
@@ -93,9 +93,8 @@ var passThrough = route{path: passThroughPattern, read: readPassThrough, anyMeth
 const passThroughPattern = "/{path}"
 
 const (
-	chatCompletionsPath = "/v1/chat/completions"
-	responsesPrefix     = "/v1/responses/"
-	responsePattern     = responsesPrefix + "{id}"
+	responsesPrefix = protocol.ResponsesPath + "/"
+	responsePattern = responsesPrefix + "{id}"
 )
 
 // statusClasses are every status_class a routed request can end with.

@@ -24,16 +24,25 @@ var (
 )
 
 // Header is what the keys read of the request's headers: http.Header, or an adapter over another
-// HTTP stack's headers. Get matches names case-insensitively and returns "" when absent.
+// HTTP stack's headers. Get matches names case-insensitively and returns "" when absent. A nil
+// Header has none.
 type Header interface {
 	Get(key string) string
 }
+
+// noHeaders is the nil Header's.
+type noHeaders struct{}
+
+func (noHeaders) Get(string) string { return "" }
 
 // SessionKey is "session:<id>" or "user:<id>" from the first non-blank source, or empty: first
 // (the body's session_params.session_id), the session headers, the body's other session-scoped
 // ids in order, then the user-scoped x-user-id header and the body's user-scoped ids in order.
 // Ids longer than MaxIDLen are replaced by a fixed-size hash.
 func SessionKey(h Header, first string, sessions, users []string) string {
+	if h == nil {
+		h = noHeaders{}
+	}
 	if v := blankless(first); v != "" {
 		return namespaced("session:", v)
 	}
@@ -61,6 +70,9 @@ func SessionKey(h Header, first string, sessions, users []string) string {
 // HashKey is the key of the consistent_hash and rendezvous_hash policies: the first id in
 // HashKeyHeaders, then the first of the body's ids, else text (the history key or routing text).
 func HashKey(h Header, ids []string, text string) string {
+	if h == nil {
+		h = noHeaders{}
+	}
 	for _, name := range HashKeyHeaders {
 		if v := blankless(h.Get(name)); v != "" {
 			return v

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/cacheroute/cacheroute/internal/protocol"
 	"github.com/cacheroute/cacheroute/internal/sim/prompt"
 )
 
@@ -198,7 +199,7 @@ func chatToolSpecs(raw json.RawMessage) ([]toolSpec, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, nil
 	}
-	var tools []chatTool
+	var tools []protocol.ChatTool
 	if err := json.Unmarshal(raw, &tools); err != nil {
 		return nil, badf("tools: expected a list of tools")
 	}

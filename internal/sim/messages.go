@@ -84,13 +84,6 @@ type anthropicBlock struct {
 	} `json:"source"`
 }
 
-type anthropicTool struct {
-	Type        string          `json:"type"`
-	Name        string          `json:"name"`
-	Description *string         `json:"description"` // nil: absent, as vLLM tells it from ""
-	InputSchema json.RawMessage `json:"input_schema"`
-}
-
 type anthropicUsage struct {
 	InputTokens              int `json:"input_tokens"`
 	CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
@@ -103,22 +96,10 @@ type messagesResponse struct {
 	Type         string         `json:"type"` // "message"
 	Role         string         `json:"role"`
 	Model        string         `json:"model"`
-	Content      []any          `json:"content"` // anthropicText, anthropicToolUse
+	Content      []any          `json:"content"` // protocol.TextBlock, protocol.ToolUseBlock
 	StopReason   *string        `json:"stop_reason"`
 	StopSequence *string        `json:"stop_sequence"`
 	Usage        anthropicUsage `json:"usage"`
-}
-
-type anthropicText struct {
-	Type string `json:"type"` // "text"
-	Text string `json:"text"`
-}
-
-type anthropicToolUse struct {
-	Type  string          `json:"type"` // "tool_use"
-	ID    string          `json:"id"`
-	Name  string          `json:"name"`
-	Input json.RawMessage `json:"input"`
 }
 
 // conversation returns the chat messages the request renders as.
@@ -306,29 +287,13 @@ func anthropicTools(raw json.RawMessage) ([]byte, []toolSpec, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, nil, nil
 	}
-	var tools []anthropicTool
+	var tools []flatTool
 	if err := json.Unmarshal(raw, &tools); err != nil {
 		return nil, nil, badf("tools: expected a list of tools")
 	}
-	var chat []chatTool
-	var specs []toolSpec
-	for i, t := range tools {
-		if t.Type != "" && t.Type != "custom" {
-			continue
-		}
-		if t.Name == "" {
-			return nil, nil, badf("tools.%d.name: Field required", i)
-		}
-		var ct chatTool
-		ct.Type = "function"
-		ct.Function.Name, ct.Function.Description = t.Name, t.Description
-		if p := bytes.TrimSpace(t.InputSchema); len(p) > 0 && string(p) != "null" {
-			ct.Function.Parameters = p
-		}
-		chat = append(chat, ct)
-		specs = append(specs, toolSpec{Name: t.Name, Parameters: ct.Function.Parameters})
-	}
-	return renderTools(chat), specs, nil
+	return convertFlatTools(tools, func(typ string) bool { return typ == "" || typ == "custom" },
+		func(t *flatTool) json.RawMessage { return t.InputSchema },
+		func(i int) error { return badf("tools.%d.name: Field required", i) })
 }
 
 // anthropicToolChoice reads tool_choice: {"type":"auto"|"any"|"tool"|"none"}.
@@ -494,9 +459,9 @@ func messagesUsage(res Result) anthropicUsage {
 // completeMessage fills in the finished message.
 func completeMessage(resp *messagesResponse, res Result, plan *plannedCall, toolUseID, text string) {
 	if plan != nil {
-		resp.Content = []any{anthropicToolUse{Type: "tool_use", ID: toolUseID, Name: plan.call.Name, Input: json.RawMessage(plan.call.Arguments)}}
+		resp.Content = []any{protocol.ToolUseBlock{Type: "tool_use", ID: toolUseID, Name: plan.call.Name, Input: json.RawMessage(plan.call.Arguments)}}
 	} else {
-		resp.Content = []any{anthropicText{Type: "text", Text: text}}
+		resp.Content = []any{protocol.TextBlock{Type: "text", Text: text}}
 	}
 	reason := stopReason(res, plan)
 	resp.StopReason = &reason
@@ -522,9 +487,9 @@ func (w *Worker) streamMessage(rw http.ResponseWriter, r *http.Request, j *job, 
 			first = false
 			start := *resp
 			start.Usage = anthropicUsage{InputTokens: promptTokens - j.cached, CacheReadInputTokens: j.cached, OutputTokens: 1}
-			var block any = anthropicText{Type: "text", Text: ""}
+			var block any = protocol.TextBlock{Type: "text", Text: ""}
 			if plan != nil {
-				block = anthropicToolUse{Type: "tool_use", ID: toolUseID, Name: plan.call.Name, Input: json.RawMessage("{}")}
+				block = protocol.ToolUseBlock{Type: "tool_use", ID: toolUseID, Name: plan.call.Name, Input: json.RawMessage("{}")}
 			}
 			if err := es.send("message_start", nil, struct {
 				Message *messagesResponse `json:"message"`

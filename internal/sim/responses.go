@@ -77,13 +77,6 @@ type responsesPart struct {
 	FileID   string `json:"file_id"`
 }
 
-type responsesTool struct {
-	Type        string          `json:"type"`
-	Name        string          `json:"name"`
-	Description *string         `json:"description"` // nil: absent, as vLLM tells it from ""
-	Parameters  json.RawMessage `json:"parameters"`
-}
-
 // Response shapes.
 
 type responseObject struct {
@@ -360,30 +353,19 @@ func responsesTools(raw json.RawMessage) (rendered []byte, specs []toolSpec, ech
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, nil, json.RawMessage("[]"), nil
 	}
-	var tools []responsesTool
+	var tools []flatTool
 	if err := json.Unmarshal(raw, &tools); err != nil {
 		return nil, nil, nil, badf("tools: expected a list of tools")
 	}
-	var chat []chatTool
-	for i, t := range tools {
-		if t.Type != "function" {
-			continue
-		}
-		if t.Name == "" {
-			return nil, nil, nil, badf("tools[%d].name: field required", i)
-		}
-		var ct chatTool
-		ct.Type = "function"
-		ct.Function.Name, ct.Function.Description = t.Name, t.Description
-		if p := bytes.TrimSpace(t.Parameters); len(p) > 0 && string(p) != "null" {
-			ct.Function.Parameters = p
-		}
-		chat = append(chat, ct)
-		specs = append(specs, toolSpec{Name: t.Name, Parameters: ct.Function.Parameters})
+	rendered, specs, err = convertFlatTools(tools, func(typ string) bool { return typ == "function" },
+		func(t *flatTool) json.RawMessage { return t.Parameters },
+		func(i int) error { return badf("tools[%d].name: field required", i) })
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	var c bytes.Buffer
 	_ = json.Compact(&c, raw)
-	return renderTools(chat), specs, c.Bytes(), nil
+	return rendered, specs, c.Bytes(), nil
 }
 
 // responsesToolChoice reads tool_choice: "auto", "none", "required", or an

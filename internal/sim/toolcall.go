@@ -260,21 +260,46 @@ func appendArgumentValue(b []byte, typ json.RawMessage, enum []json.RawMessage) 
 	return append(b, "null"...)
 }
 
-// chatTool is a tool as the chat API spells it; the Responses and Messages
-// APIs' tools render through the template in this shape, so that a
-// conversation renders the same whichever of the three APIs carries it.
-type chatTool struct {
-	Type     string `json:"type"`
-	Function struct {
-		Name        string          `json:"name"`
-		Description *string         `json:"description,omitempty"`
-		Parameters  json.RawMessage `json:"parameters,omitempty"`
-	} `json:"function"`
+// flatTool is a function tool as the Responses and Messages APIs give it:
+// flat, its schema under parameters (Responses) or input_schema (Messages).
+type flatTool struct {
+	Type        string          `json:"type"`
+	Name        string          `json:"name"`
+	Description *string         `json:"description"` // nil: absent, as vLLM tells it from ""
+	Parameters  json.RawMessage `json:"parameters"`
+	InputSchema json.RawMessage `json:"input_schema"`
+}
+
+// convertFlatTools converts the flat tools whose type accept lets through to chat
+// tools (protocol.ChatTool), the shape they render through the template in,
+// so that a conversation renders the same whichever of the three APIs
+// carries it; it returns them rendered (see renderTools) and their function
+// specs for the tool-call rule. schema picks a tool's schema; a tool without
+// a name is the error missing gives.
+func convertFlatTools(tools []flatTool, accept func(typ string) bool, schema func(*flatTool) json.RawMessage, missing func(i int) error) ([]byte, []toolSpec, error) {
+	var chat []protocol.ChatTool
+	var specs []toolSpec
+	for i := range tools {
+		t := &tools[i]
+		if !accept(t.Type) {
+			continue
+		}
+		if t.Name == "" {
+			return nil, nil, missing(i)
+		}
+		ct := protocol.ChatTool{Type: "function", Function: protocol.ChatFunction{Name: t.Name, Description: t.Description}}
+		if p := bytes.TrimSpace(schema(t)); len(p) > 0 && string(p) != "null" {
+			ct.Function.Parameters = p
+		}
+		chat = append(chat, ct)
+		specs = append(specs, toolSpec{Name: t.Name, Parameters: ct.Function.Parameters})
+	}
+	return renderTools(chat), specs, nil
 }
 
 // renderTools returns tools as the compact chat-shaped JSON the template
 // renders, or nil for none.
-func renderTools(tools []chatTool) []byte {
+func renderTools(tools []protocol.ChatTool) []byte {
 	if len(tools) == 0 {
 		return nil
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/cacheroute/cacheroute/internal/protocol"
 	"github.com/cacheroute/cacheroute/internal/sim/kvcache"
 )
 
@@ -97,16 +98,16 @@ func NewWorker(cfg Config) (*Worker, error) {
 	engines.Store(w.engineID, w)
 
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/chat/completions", w.handleChat)
-	mux.HandleFunc("POST /v1/completions", w.handleCompletion)
+	mux.HandleFunc("POST "+protocol.ChatPath, w.handleChat)
+	mux.HandleFunc("POST "+protocol.CompletionsPath, w.handleCompletion)
 	mux.HandleFunc("POST /v1/embeddings", w.handleEmbeddings)
-	mux.HandleFunc("POST /v1/responses", w.handleResponses)
+	mux.HandleFunc("POST "+protocol.ResponsesPath, w.handleResponses)
 	mux.HandleFunc("GET /v1/responses/{id}", w.handleGetResponse)
 	mux.HandleFunc("DELETE /v1/responses/{id}", w.handleDeleteResponse)
 	mux.HandleFunc("POST /v1/responses/{id}/cancel", w.handleCancelResponse)
 	mux.HandleFunc("GET /v1/responses/{id}/input_items", w.handleResponseInputItems)
-	mux.HandleFunc("POST /v1/messages", w.handleMessages)
-	mux.HandleFunc("POST /v1/messages/count_tokens", w.handleCountTokens)
+	mux.HandleFunc("POST "+protocol.MessagesPath, w.handleMessages)
+	mux.HandleFunc("POST "+protocol.CountTokensPath, w.handleCountTokens)
 	mux.HandleFunc("GET /v1/models", w.handleModels)
 	mux.HandleFunc("POST /v1/load_lora_adapter", w.handleLoadLoRA)
 	mux.HandleFunc("POST /v1/unload_lora_adapter", w.handleUnloadLoRA)
