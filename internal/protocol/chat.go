@@ -58,7 +58,7 @@ func parseBody(h reqkey.Header, raw []byte, render rendering) (*Request, error) 
 		return nil, err
 	}
 	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.messages != nil, MaxTokens: max(b.maxTokens, b.maxCompletionTokens),
-		ask: ask{render: render, at: b.at}, salt: b.salt}
+		query: render}
 	if r.Chat {
 		r.Text = historyKey(b.tools, b.messages, onePassLimit(raw))
 	} else {
@@ -70,20 +70,12 @@ func parseBody(h reqkey.Header, raw []byte, render rendering) (*Request, error) 
 	return r, nil
 }
 
-// chatAsks are the values a chat's or a completion's /tokenize query is written from (see ask).
-var chatAsks = [...]string{atMessages: "messages", atTools: "tools", atPrompt: "prompt"}
-
-// Where a chat's /tokenize query is read from: the last messages and tools given.
-const (
-	atMessages = iota
-	atTools
-)
-
 // renderChat writes a chat's messages and tools as sent (messages null when absent, tools left
 // out when absent), asking for the prompt of the assistant's reply.
 func renderChat(q *query) bool {
-	q.member(`,"messages":`, q.at[atMessages])
-	if tools := q.at[atTools]; tools != 0 {
+	q.find("messages", "tools")
+	q.member(`,"messages":`, q.at[0])
+	if tools := q.at[1]; tools != 0 {
 		q.member(`,"tools":`, tools)
 	}
 	q.out = append(q.out, `,"add_generation_prompt":true`...)
@@ -103,13 +95,10 @@ type body struct {
 	prompt, text, inputIDs prompt
 	// paramsID is session_params.session_id, empty unless the last session_params is an object.
 	paramsID, sessionID, userID, user []byte
-	at                                [askSlots]int // where the values of the /tokenize query are
-	salt                              salt
 }
 
 // member reads one top-level member whose key has been read.
 func (b *body) member(s *scanner, key []byte) {
-	noteAsked(&b.at, chatAsks[:], key, s.pos)
 	switch string(key) {
 	case "model":
 		s.nullableString("model", &b.model)
@@ -121,10 +110,6 @@ func (b *body) member(s *scanner, key []byte) {
 		b.tools = s.arrayField("tools", b.tools, checkTool)
 	case "prompt":
 		b.prompt = s.prompt("prompt")
-	case "add_special_tokens":
-		b.specialTokens(s)
-	case "cache_salt":
-		b.salt.read(s)
 	case "text":
 		b.text = s.prompt("text")
 	case "input_ids":

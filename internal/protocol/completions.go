@@ -30,32 +30,23 @@ func ParseGenerate(h reqkey.Header, raw []byte) (*Request, error) {
 	return parseBody(h, raw, notTokenized)
 }
 
-// Where a completion's /tokenize query is read from (see ask), after a chat's (the reader is
-// the same): the last prompt and add_special_tokens given, the latter -1 once one of another type
-// than bool or null is given.
-const (
-	atPrompt = atTools + 1 + iota
-	atSpecialTokens
-)
-
-// specialTokens reads a value given for add_special_tokens.
-func (b *body) specialTokens(s *scanner) {
-	switch s.peek() {
-	case 't', 'f', 'n':
-		if b.at[atSpecialTokens] >= 0 {
-			b.at[atSpecialTokens] = s.pos
-		}
-	default:
-		b.at[atSpecialTokens] = -1
-	}
-	s.skip(false)
-}
-
 // renderCompletion writes a completion's prompt when it is one string (null asks for the empty
 // one), with its own add_special_tokens; a list of prompts (a batch) or of token ids is not asked.
 func renderCompletion(q *query) bool {
-	prompt, special := q.at[atPrompt], q.at[atSpecialTokens]
-	if prompt == 0 || special < 0 {
+	prompt, special, bad := 0, 0, false
+	q.topLevel(func(key []byte, val int) {
+		switch string(key) {
+		case "prompt":
+			prompt = val
+		case "add_special_tokens":
+			if c := q.v[val]; c == 't' || c == 'f' || c == 'n' {
+				special = val
+			} else {
+				bad = true // an engine refuses it
+			}
+		}
+	})
+	if prompt == 0 || bad {
 		return false
 	}
 	q.out = append(q.out, `,"prompt":`...)

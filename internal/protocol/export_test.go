@@ -144,11 +144,11 @@ func WritesAgentKeyInOnePass(name string, raw []byte) (key string, onePass bool)
 	return a.key(onePassLimit(raw))
 }
 
-// Routing is what r holds for the policies, without what its /tokenize query is made of (where
-// its values are in its body, its cache salt), so that two parses compare by the keys they
-// derived.
+// Routing is what r holds for the policies, without which /tokenize query its protocol renders,
+// so that the parses of two protocols, or a parse and the encoding/json reference, compare by the
+// keys they derived.
 func Routing(r *Request) Request {
 	c := *r
-	c.ask, c.salt = ask{}, salt{}
+	c.query = notTokenized
 	return c
 }

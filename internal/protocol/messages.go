@@ -50,7 +50,7 @@ func ParseMessages(h reqkey.Header, raw []byte) (*Request, error) {
 		return nil, err
 	}
 	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.messages.pos != 0, MaxTokens: b.maxTokens,
-		ask: ask{render: messagesQuery, at: b.at}, salt: b.salt}
+		query: messagesQuery}
 	if r.Chat {
 		r.Text, _ = b.key(raw, onePassLimit(raw))
 	}
@@ -67,19 +67,14 @@ type messagesBody struct {
 	stream                  bool
 	maxTokens               int // max_tokens, for the rate limits
 	tools, system, messages field
-	userID                  []byte        // metadata.user_id
-	at                      [askSlots]int // where the values of the /tokenize query are
-	salt                    salt
+	userID                  []byte // metadata.user_id
 }
 
 // member reads one top-level member whose key has been read.
 func (b *messagesBody) member(s *scanner, key []byte) {
-	noteAsked(&b.at, messagesAsks[:], key, s.pos)
 	switch string(key) {
 	case "model":
 		s.nullableString("model", &b.model)
-	case "cache_salt":
-		b.salt.read(s)
 	case "stream":
 		b.stream = s.boolean("stream", false)
 	case "max_tokens":
@@ -400,9 +395,6 @@ func (h *historyWriter) block(pos int) int {
 
 func checkMessagesTools(s *scanner) { s.array(func(s *scanner) { s.tool(&messagesTools) }) }
 
-// messagesAsks are the values a Messages body's /tokenize query is converted from (see ask).
-var messagesAsks = [...]string{"chat_template_kwargs", "system", "messages", "tools", "tool_choice"}
-
 // billingHeader starts the text block Claude Code adds to its system prompt with a hash of the
 // request, which vLLM's Messages serving leaves out of the prompt.
 const billingHeader = "x-anthropic-billing-header"
@@ -412,6 +404,7 @@ const billingHeader = "x-anthropic-billing-header"
 // message, then each message (see message), and the client tools ({name, description,
 // input_schema}, with no type or type custom).
 func renderMessages(q *query) bool {
+	q.find("chat_template_kwargs", "system", "messages", "tools", "tool_choice")
 	q.present()
 	c := chat{q: q}
 	if q.at[0] != 0 || !c.system(q.at[1]) {

@@ -33,13 +33,12 @@ type Request struct {
 	// NoStore is set when a Responses request asks its response not to be stored ("store":
 	// false), so there is no response id worth remembering.
 	NoStore bool
+	// query is the request's /tokenize query (tokenize.go).
+	query rendering
 	// MaxTokens is the most output tokens the request asks for (max_tokens,
 	// max_completion_tokens or max_output_tokens), or 0 when it names none; rate limits count
 	// it.
 	MaxTokens int
-
-	ask  ask  // how its /tokenize query is rendered (tokenize.go)
-	salt salt // the body's cache_salt
 }
 
 // Error is a client error in the request body; its message is safe to show the client.

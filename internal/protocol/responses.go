@@ -21,7 +21,7 @@ func ParseResponses(h reqkey.Header, raw []byte) (*Request, error) {
 	}
 	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.input.pos != 0, MaxTokens: b.maxTokens,
 		PreviousResponseID: string(b.previousID), NoStore: b.noStore,
-		ask: ask{render: responsesQuery, at: b.at}, salt: b.salt}
+		query: responsesQuery}
 	if r.Chat {
 		r.Text, _ = b.key(raw, onePassLimit(raw))
 	}
@@ -42,18 +42,13 @@ type responsesBody struct {
 	// paramsID is session_params.session_id; conversation is the conversation's id, given as a
 	// string or as the "id" of an object.
 	paramsID, conversation, cacheKey, user []byte
-	at                                     [askSlots]int // where the values of the /tokenize query are
-	salt                                   salt
 }
 
 // member reads one top-level member whose key has been read.
 func (b *responsesBody) member(s *scanner, key []byte) {
-	noteAsked(&b.at, responsesAsks[:], key, s.pos)
 	switch string(key) {
 	case "model":
 		s.nullableString("model", &b.model)
-	case "cache_salt":
-		b.salt.read(s)
 	case "stream":
 		b.stream = s.boolean("stream", false)
 	case "store":
@@ -418,16 +413,13 @@ func (h *historyWriter) partsOf(tag, refusal byte, pos int) int {
 
 func checkResponsesTools(s *scanner) { s.array(func(s *scanner) { s.tool(&responsesTools) }) }
 
-// responsesAsks are the values a Responses body's /tokenize query is converted from (see ask):
-// the first four, which continue what the router cannot see, are refused.
-var responsesAsks = [...]string{"previous_response_id", "conversation", "prompt", "chat_template_kwargs",
-	"instructions", "input", "tools", "tool_choice"}
-
 // renderResponses writes the chat vLLM's Responses serving converts a body that continues no
 // stored response to (see agents.go): the instructions as a system message, the input (a string:
 // one user message; else its items, see items), and the function tools ({type: function, name,
 // description, parameters}).
 func renderResponses(q *query) bool {
+	// The first four continue what the router cannot see, and are refused.
+	q.find("previous_response_id", "conversation", "prompt", "chat_template_kwargs", "instructions", "input", "tools", "tool_choice")
 	q.present()
 	for _, pos := range q.at[:4] {
 		if pos != 0 {

@@ -1,32 +1,23 @@
 package protocol
 
 import (
+	"slices"
 	"unicode/utf8"
 )
 
 // tokenize.go renders what an engine's POST /tokenize is asked for a request so that it answers
 // with the prompt tokens it will compute for the request: vLLM's tokenize API takes a chat's
 // messages and tools (with add_generation_prompt) or a completion's prompt. Each protocol renders
-// its own (chat.go, completions.go, responses.go, messages.go), from where its parse found the
-// values it reads: nothing is parsed again, the values are read from the body the lexer checked.
+// its own (chat.go, completions.go, responses.go, messages.go). Nothing is parsed again: the
+// values are read from the body the lexer checked, found by the reader of checked documents
+// (validated.go), as the history key is written; and only when the query is asked for, so that a
+// parse costs nothing more for it.
 //
 // The query is written as encoding/json writes it without HTML escaping, so that a text holding
 // "<" reaches the engine as it was sent, and an engine that renders the tools as sent (the
 // simulator) sees them as the client wrote them.
 
-// askSlots is the most top-level values a rendering reads (a Responses body's).
-const askSlots = 8
-
-// ask is what a request's /tokenize query is rendered from: its protocol's rendering, and where
-// in the body the top-level values it reads are, each the last given (0: absent; a null is where
-// it is). Each protocol numbers its own values.
-type ask struct {
-	render rendering
-	at     [askSlots]int
-}
-
-// rendering names the /tokenize query of a protocol, which renderings[r] writes: a value, so that
-// a Request compares with ==.
+// rendering names the /tokenize query of a protocol, which renderings[r] writes.
 type rendering uint8
 
 const (
@@ -44,22 +35,11 @@ var renderings = [...]func(*query) bool{
 	messagesQuery:   renderMessages,
 }
 
-// noteAsked notes pos as where the value of the top-level member key is, when key is one of
-// names, the members a protocol's /tokenize query reads, by slot.
-func noteAsked(at *[askSlots]int, names []string, key []byte, pos int) {
-	for i, name := range names {
-		if string(key) == name {
-			at[i] = pos
-			return
-		}
-	}
-}
-
-// query is a /tokenize query being written: the body it is read from, where its values are, and
-// what is written so far.
+// query is a /tokenize query being written: the body it is read from, where the top-level values
+// it reads are (see find), and what is written so far.
 type query struct {
 	v   valid
-	at  *[askSlots]int
+	at  [8]int
 	out []byte
 	buf []byte // scratch space for decoded strings
 }
@@ -71,13 +51,13 @@ type query struct {
 // exactly (a Responses or Messages body vLLM renders from what the router cannot see). body must
 // be the bytes the request was parsed from.
 func (r *Request) TokenizeBody(body []byte, model string) (ask []byte, ok bool) {
-	if r.ask.render == notTokenized {
+	if r.query == notTokenized {
 		return nil, false
 	}
-	q := query{v: valid(body), at: &r.ask.at, out: make([]byte, 0, len(body)+len(model)+64)}
+	q := query{v: valid(body), out: make([]byte, 0, len(body)+len(model)+64)}
 	q.out = append(q.out, `{"model":`...)
 	q.out = appendString(q.out, model)
-	if !renderings[r.ask.render](&q) {
+	if !renderings[r.query](&q) {
 		return nil, false
 	}
 	return append(q.out, "}\n"...), true
@@ -85,36 +65,55 @@ func (r *Request) TokenizeBody(body []byte, model string) (ask []byte, ok bool) 
 
 // Tokenizes reports whether the request's protocol renders a /tokenize query for it (see
 // TokenizeBody): a chat, a completion, a Responses or a Messages request.
-func (r *Request) Tokenizes() bool { return r.ask.render != notTokenized }
+func (r *Request) Tokenizes() bool { return r.query != notTokenized }
 
-// CacheSalt is the body's top-level cache_salt, "" without one; ok is false when a value given for
-// it is neither a string nor null, which an engine refuses. vLLM folds the salt into a request's
-// first block, so that requests of different salts never share cached blocks.
-func (r *Request) CacheSalt() (salt string, ok bool) {
-	if r.salt.bad {
+// CacheSalt is the top-level cache_salt of body, the bytes the request was parsed from ("" without
+// one); ok is false when a value given for it is neither a string nor null, which an engine
+// refuses. vLLM folds the salt into a request's first block, so that requests of different salts
+// never share cached blocks.
+func (r *Request) CacheSalt(body []byte) (salt string, ok bool) {
+	q := query{v: valid(body)}
+	ok = true
+	q.topLevel(func(key []byte, val int) {
+		if string(key) != "cache_salt" {
+			return
+		}
+		switch q.v[val] {
+		case '"':
+			j, _ := q.v.str(val)
+			salt = string(j.appendTo(nil))
+		case 'n':
+			salt = ""
+		default:
+			ok = false
+		}
+	})
+	if !ok {
 		return "", false
 	}
-	return r.salt.value, true
+	return salt, true
 }
 
-// salt is a body's cache_salt: its last value, and whether any value given was of another type.
-type salt struct {
-	value string
-	bad   bool
-}
-
-// read reads a value given for cache_salt.
-func (c *salt) read(s *scanner) {
-	switch s.peek() {
-	case '"':
-		c.value = string(s.stringValue())
-	case 'n':
-		s.null()
-		c.value = ""
-	default:
-		c.bad = true
-		s.skip(false)
+// topLevel calls member with the key and the position of the value of each member of the body, a
+// JSON object the lexer accepted.
+func (q *query) topLevel(member func(key []byte, val int)) {
+	var buf [nameLen]byte
+	i, more := q.v.first(q.v.ws(0))
+	for more {
+		key, val := q.v.member(i)
+		member(key.name(buf[:]), val)
+		i, more = q.v.next(q.v.skip(val))
 	}
+}
+
+// find sets q.at[i] to where the last value given for the top-level member names[i] is (0 when
+// none is; a null is where it is).
+func (q *query) find(names ...string) {
+	q.topLevel(func(key []byte, val int) {
+		if i := slices.Index(names, string(key)); i >= 0 {
+			q.at[i] = val
+		}
+	})
 }
 
 // member writes the member name (a JSON string with its quotes and colon, after a comma) and the

@@ -78,7 +78,7 @@ func checkTokenizeBody(t testing.TB, body []byte) (asked int) {
 	}
 	if r, err := protocol.ParseChat(nil, body); err == nil {
 		salt, ok := refCacheSalt(body)
-		if got, gotOK := r.CacheSalt(); got != salt || gotOK != ok {
+		if got, gotOK := r.CacheSalt(body); got != salt || gotOK != ok {
 			t.Fatalf("body %s: cache salt %q, %v; reference %q, %v", body, got, gotOK, salt, ok)
 		}
 	}
@@ -156,7 +156,7 @@ func TestCacheSaltIsTheBodysTopLevelString(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", c.body, err)
 		}
-		if salt, ok := r.CacheSalt(); salt != c.salt || ok != c.ok {
+		if salt, ok := r.CacheSalt([]byte(c.body)); salt != c.salt || ok != c.ok {
 			t.Errorf("%s: salt %q, %v; want %q, %v", c.body, salt, ok, c.salt, c.ok)
 		}
 	}

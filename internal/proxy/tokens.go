@@ -19,7 +19,7 @@ func (s *Server) addPromptTokens(rt *route, in *policy.Input, body []byte) {
 		len(in.Candidates) == 0 || !s.policy.WantsTokens(*in) {
 		return
 	}
-	salt, ok := in.Request.CacheSalt()
+	salt, ok := in.Request.CacheSalt(body)
 	if !ok {
 		return // an engine refuses the request: it routes as without events, and is answered
 	}
