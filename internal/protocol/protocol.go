@@ -1,8 +1,22 @@
-// Package protocol reads the request bodies of the APIs the router serves, parsing each body
-// exactly once: the model, whether it streams, the ids the routing keys are made of (package
-// reqkey derives the session and hash keys from them and the headers), and the routing text (the
-// history key of a conversation, the prompt of the others). Everything here is a pure function of
-// the request's headers and body.
+// Package protocol is what the router knows of the APIs it serves: OpenAI chat (chat.go),
+// completions and /generate (completions.go), the OpenAI Responses API (responses.go) and the
+// Anthropic Messages API (messages.go). Each file owns its API's request shape, its reading, its
+// history key and its /tokenize query, and the shapes the simulator and the bench share (its
+// endpoint, the Messages content blocks, the chat tool).
+//
+// A request body is parsed once. An API's reader (ParseChat, ParseCompletions, ParseGenerate,
+// ParseResponses, ParseMessages; ParseModel for the load-only routes) checks the whole body in
+// one pass of the lexer and returns the one value the policies read, a Request. What the router
+// takes from the body afterwards (the history key, and when the policy wants the prompt tokens
+// the cache salt and the /tokenize query) is read from the checked body by a reader that trusts
+// the lexer (validated.go), never parsed again. Parses counts the parses.
+//
+// The split with package reqkey: reqkey derives the routing keys that know no API, the session
+// key and the hash policies' key, from the request's headers and the ids each reader here finds
+// in its body and hands it in its API's precedence. The history key is each API's own: it follows
+// the API's shape, in the framing all of them share (history.go), so that conversations match
+// whichever API carries them. Everything here is a pure function of the request's headers and
+// body. How to add an API: docs/protocols.md.
 package protocol
 
 import (
