@@ -311,3 +311,48 @@ func (g convGen) item() string {
 	}
 	return g.obj(`"type":`+g.pick(`"reasoning"`, `"message"`, `"item_reference"`), `"summary":[]`)
 }
+
+// BenchmarkTokenizeBody is what a tokenized request costs the router before it asks /tokenize:
+// its one parse and its query (one-parse), against the same parse followed by the encoding/json
+// decoding and conversion that wrote the query before (encoding-json), for the agent chat of
+// BenchmarkParse sent as a chat, a Responses and a Messages body.
+func BenchmarkTokenizeBody(b *testing.B) {
+	for _, p := range []struct {
+		name  string
+		parse func(reqkey.Header, []byte) (*protocol.Request, error)
+		as    func([]byte) []byte
+		ref   func(body []byte) ([]byte, bool)
+	}{
+		{"chat", protocol.ParseChat, func(c []byte) []byte { return c },
+			func(body []byte) ([]byte, bool) { return refTokenizeBody(body, "m", false) }},
+		{"responses", protocol.ParseResponses, func(c []byte) []byte { r, _ := chatAs(c); return r },
+			func(body []byte) ([]byte, bool) { return refConvertedBody(&responsesProtocol, body, "m") }},
+		{"messages", protocol.ParseMessages, func(c []byte) []byte { _, m := chatAs(c); return m },
+			func(body []byte) ([]byte, bool) { return refConvertedBody(&messagesProtocol, body, "m") }},
+	} {
+		for _, s := range benchSizes[:2] {
+			body := p.as(agentChatBody(s.size))
+			for _, way := range []string{"one-parse", "encoding-json"} {
+				b.Run(p.name+"/"+s.name+"/"+way, func(b *testing.B) {
+					b.ReportAllocs()
+					b.SetBytes(int64(len(body)))
+					for b.Loop() {
+						r, err := p.parse(nil, body)
+						if err != nil {
+							b.Fatal(err)
+						}
+						var ok bool
+						if way == "one-parse" {
+							_, ok = r.TokenizeBody(body, "m")
+						} else {
+							_, ok = p.ref(body)
+						}
+						if !ok {
+							b.Fatal("not rendered")
+						}
+					}
+				})
+			}
+		}
+	}
+}
