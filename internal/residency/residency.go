@@ -50,6 +50,9 @@ type Options struct {
 	MaxSessions int
 	// Now is the clock; tests inject one. time.Now.
 	Now func() time.Time
+	// OnChange, when set, is handed every change the tracker's own calls make (not those it
+	// Applies), to share with the router's other replicas. It must not block.
+	OnChange func(Change)
 }
 
 // ApplyDefaults fills zero or out-of-range fields.
@@ -112,6 +115,7 @@ type session struct {
 	tokens   int
 	prompt   int
 	inFlight int
+	remote   int // of inFlight, the turns other replicas started (Apply)
 	evicted  bool
 	turns    int
 	served   int64
@@ -225,8 +229,8 @@ func (t *Tracker) resident(s *session) bool {
 
 // live: see Session.Live.
 func (t *Tracker) live(s *session, now time.Time) bool {
-	if s.inFlight > 0 {
-		return true
+	if s.inFlight > s.remote || (s.remote > 0 && now.Sub(s.lastUse) < t.opts.MaxLive) {
+		return true // a remote turn past MaxLive: its end was lost on the way
 	}
 	return !s.evicted && now.Sub(s.lastEnd) < t.horizon(s)
 }
@@ -315,7 +319,12 @@ func (t *Tracker) Live(worker string) int {
 // is live while the turn runs.
 func (t *Tracker) Started(key, worker string, prompt int) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.started(key, worker, prompt)
+	t.mu.Unlock()
+	t.publish(Change{Kind: ChangeStarted, Key: key, Worker: worker, Prompt: prompt})
+}
+
+func (t *Tracker) started(key, worker string, prompt int) {
 	now := t.opts.Now()
 	s := t.sessions[key]
 	switch {
@@ -357,7 +366,12 @@ func (t *Tracker) Started(key, worker string, prompt int) {
 // output tokens the worker reported (ok false: it reported none, and the working set stays).
 func (t *Tracker) Ended(key string, prompt, output int, ok bool) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.ended(key, prompt, output, ok)
+	t.mu.Unlock()
+	t.publish(Change{Kind: ChangeEnded, Key: key, Prompt: prompt, Output: output, OK: ok})
+}
+
+func (t *Tracker) ended(key string, prompt, output int, ok bool) {
 	s := t.sessions[key]
 	if s == nil || s.inFlight == 0 {
 		return
@@ -374,7 +388,12 @@ func (t *Tracker) Ended(key string, prompt, output int, ok bool) {
 // blocks removed): it is not resident, and not live, until its next turn.
 func (t *Tracker) Evicted(key string) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.evicted(key)
+	t.mu.Unlock()
+	t.publish(Change{Kind: ChangeEvicted, Key: key})
+}
+
+func (t *Tracker) evicted(key string) {
 	if s := t.sessions[key]; s != nil {
 		s.evicted = true
 	}
@@ -383,7 +402,12 @@ func (t *Tracker) Evicted(key string) {
 // Forget drops key, as when its turn failed before the worker held anything of it.
 func (t *Tracker) Forget(key string) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.forget(key)
+	t.mu.Unlock()
+	t.publish(Change{Kind: ChangeForgotten, Key: key})
+}
+
+func (t *Tracker) forget(key string) {
 	if s := t.sessions[key]; s != nil {
 		t.remove(s)
 	}
