@@ -278,6 +278,10 @@ type sharedStore struct {
 	redis *session.Redis
 }
 
+// Broadcast is the Redis store's channel between the router's replicas (cache_aware shares its
+// residency model through it).
+func (s *sharedStore) Broadcast(name string) *session.Broadcast { return s.redis.Broadcast(name) }
+
 // newSharedStore builds the Redis store with a local memory fallback. It does not contact Redis:
 // a router whose Redis is down at startup routes with the fallback and starts using Redis as
 // soon as it answers.

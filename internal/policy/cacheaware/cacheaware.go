@@ -15,6 +15,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/prefixtree"
 	"github.com/cacheroute/cacheroute/internal/reqkey"
+	"github.com/cacheroute/cacheroute/internal/residency"
 	"github.com/cacheroute/cacheroute/internal/session"
 	"github.com/cacheroute/cacheroute/internal/telemetry"
 	"github.com/cacheroute/cacheroute/internal/workers"
@@ -101,8 +102,11 @@ type Reporter = policy.Reporter
 // router; the session store likewise holds every model's sessions under one capacity.
 type Policy struct {
 	policy.Base
-	opts     Options
-	store    session.Store
+	opts  Options
+	store session.Store
+	// changes shares the residency model's changes with the other replicas: set when the store
+	// is a shared one that broadcasts (Redis) and the pressure model is on.
+	changes  *session.Broadcast
 	memory   *session.Memory // the store when it is the memory one; nil otherwise
 	sweep    func() int      // drops expired local sessions; nil when the store has none
 	reporter Reporter
@@ -122,6 +126,10 @@ func New(opts Options, r Reporter, log *slog.Logger) *Policy {
 	if o := opts.Pressure; o != nil {
 		ro := o.Residency
 		ro.MaxSessions = opts.MaxSessions
+		if b, ok := opts.Store.(broadcaster); ok {
+			p.changes = b.Broadcast("residency")
+			ro.OnChange = func(c residency.Change) { p.changes.Send(c.Append(nil)) }
+		}
 		o.Residency = ro
 		p.pressure = newPressure(*o)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/predict"
 	"github.com/cacheroute/cacheroute/internal/residency"
+	"github.com/cacheroute/cacheroute/internal/session"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -296,5 +297,22 @@ func (pr *pressure) ended(in policy.Input, rec *sessionRecord, w *workers.Worker
 	}
 	if pr.queue != nil {
 		pr.queue.Offer() // the working set changed, or a turn ended: room may have appeared
+	}
+}
+
+// broadcaster is a shared session store that carries messages between the router's replicas.
+type broadcaster interface {
+	Broadcast(name string) *session.Broadcast
+}
+
+// applyChanges applies a message of residency changes another replica's policy made.
+func (p *Policy) applyChanges(msg []byte) {
+	for len(msg) > 0 {
+		c, rest, err := residency.ReadChange(msg)
+		if err != nil {
+			return
+		}
+		p.pressure.res.Apply(c)
+		msg = rest
 	}
 }

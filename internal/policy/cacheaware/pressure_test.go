@@ -10,6 +10,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/residency"
 	"github.com/cacheroute/cacheroute/internal/session"
+	"github.com/cacheroute/cacheroute/internal/session/redistest"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -216,5 +217,49 @@ func TestPressureLearnsWhatATokenCostsOnEachWorker(t *testing.T) {
 	}
 	if after := p.Select(fresh).TTFT; after < 3*before {
 		t.Fatalf("predicted TTFT %v after 200 answers of 5 s, %v before: the rate was not learned", after, before)
+	}
+}
+
+func TestReplicasSharingARedisStoreCountEachOthersSessionsAgainstTheRoom(t *testing.T) {
+	srv := redistest.Start(t)
+	pool, ws := fleet(t, 2)
+	for _, w := range ws {
+		w.SetKVCapacity(10_000)
+	}
+	c := &pressureClock{now: time.Unix(1000, 0)}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	replica := func() *Policy {
+		store, err := session.NewRedis(session.RedisOptions{URL: srv.URL(), Timeout: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = store.Close() })
+		o := defaultOptions()
+		o.Store = store
+		o.Pressure = &PressureOptions{Residency: residency.Options{Now: c.Now}, Admission: true,
+			AdmissionTimeout: time.Minute, AdmissionQueue: 16}
+		p := newPolicy(o)
+		go p.Run(ctx)
+		return p
+	}
+	a, b := replica(), replica()
+	// a places two sessions of 6,000 tokens, which fill both workers' room; b hears of them (the
+	// subscriptions start in the background: a's turns repeat until b knows both, bounded).
+	for i := 0; i < 100 && b.pressure.res.Len() < 2; i++ {
+		for _, id := range []string{"a", "b"} {
+			if d := run(t, a, turn{id: id, system: strings.Repeat("y", 24_000)}.input(t, pool)); d.Worker == nil {
+				t.Fatalf("session %s held with room to spare", id)
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := b.pressure.res.Len(); n != 2 {
+		t.Fatalf("replica b follows %d sessions, want the 2 replica a placed", n)
+	}
+	// A new session at b waits for room, as it would at a.
+	in := turn{id: "c", system: strings.Repeat("z", 24_000)}.input(t, pool)
+	if d := b.Select(in); d.Hold == nil {
+		t.Fatalf("a new session at replica b: %s on %v, want it held: a's sessions fill the room", d.Label, d.Worker)
 	}
 }

@@ -19,6 +19,9 @@ func (p *Policy) WorkerRemoved(url string) {
 // Run sweeps the state every EvictionInterval until ctx ends: least-recently-used tree leaves
 // beyond the budget, expired sessions.
 func (p *Policy) Run(ctx context.Context) {
+	if p.changes != nil {
+		go p.changes.Run(ctx, p.applyChanges)
+	}
 	t := time.NewTicker(p.opts.EvictionInterval)
 	defer t.Stop()
 	for {
