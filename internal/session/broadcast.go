@@ -34,13 +34,13 @@ func (r *Redis) Broadcast(name string) *Broadcast {
 }
 
 // Send queues msg for the other replicas; it reports false when msg was dropped (too large, or
-// too many waiting). msg is copied.
+// too many waiting). msg is the broadcast's from then on: the caller must not change it.
 func (b *Broadcast) Send(msg []byte) bool {
 	if len(msg) == 0 || len(msg) > maxBroadcastMessage {
 		return false
 	}
 	select {
-	case b.out <- append([]byte(nil), msg...):
+	case b.out <- msg:
 		return true
 	default:
 		return false
@@ -93,14 +93,16 @@ func (b *Broadcast) publish(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case msg := <-b.out:
-			batch = append(append(batch[:0], b.origin[:]...), binary.AppendUvarint(nil, uint64(len(msg)))...)
-			batch = append(batch, msg...)
+			batch = append(batch[:0], b.origin[:]...)
 		more:
-			for len(batch) < maxBroadcastBatch {
+			for {
+				batch = binary.AppendUvarint(batch, uint64(len(msg)))
+				batch = append(batch, msg...)
+				if len(batch) >= maxBroadcastBatch {
+					break
+				}
 				select {
-				case msg := <-b.out:
-					batch = binary.AppendUvarint(batch, uint64(len(msg)))
-					batch = append(batch, msg...)
+				case msg = <-b.out:
 				default:
 					break more
 				}
