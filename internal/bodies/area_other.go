@@ -9,8 +9,11 @@ import "os"
 
 var pageSize = os.Getpagesize()
 
-// newBodyArea returns room for a body of at most limit bytes.
-func newBodyArea(limit int) bodyArea { return heapArea(limit) }
+// spares has nothing to keep where bodies live on the heap.
+type spares struct{}
 
-// free gives the area's memory back to the collector.
-func (a *bodyArea) free() { a.b = nil }
+// take returns room for a body of at most limit bytes.
+func (*spares) take(limit int) bodyArea { return heapArea(limit) }
+
+// give gives the area's memory back to the collector.
+func (*spares) give(a *bodyArea) { *a = bodyArea{} }

@@ -19,7 +19,7 @@
 // becomes the length of what was derived (Body.Derived; nothing for the load-only routes). So the
 // bytes counted are the bytes held, and the router's memory follows the bound: the pieces not
 // counted are each connection's 16 KiB read buffer, the first 8 KiB of a body (read ahead with
-// its headers), and the copies made with --vllm-pd-disaggregation (the decode leg's body) and
+// its headers), the mappings kept for the next bodies (area_linux.go: 32 MiB at most), and the copies made with --vllm-pd-disaggregation (the decode leg's body) and
 // KV-cache events (the /tokenize query), which docs/configuration.md names. The copies are heap
 // memory, and a collection is started once enough of them were given back (gaveBack).
 //
@@ -54,6 +54,8 @@ type Budget struct {
 
 	freed      atomic.Int64 // heap bytes of bodies and copies given back since the last collection
 	collecting atomic.Bool
+
+	spares spares // the memory of bodies given back, kept for the next ones (area_linux.go)
 }
 
 // Over says which bound a count would pass.
@@ -248,7 +250,7 @@ func (h *Body) Release() {
 	h.budget.mu.Unlock()
 	h.count(0, 0, false)
 	h.bytes = nil
-	h.area.free()
+	h.budget.spares.give(&h.area)
 	h.budget.gaveBack(heap)
 }
 
@@ -279,7 +281,7 @@ var (
 // older one). On failure Read returns the error (an *OverError, ErrTooLarge, ErrCut, or the
 // stream's), having given back whatever the body counted.
 func (b *Budget) Read(stream io.Reader, client string, length, limit int, unblock func()) (*Body, error) {
-	h := &Body{budget: b, client: client, area: newBodyArea(limit), unblock: unblock}
+	h := &Body{budget: b, client: client, area: b.spares.take(limit), unblock: unblock}
 	h.owners.Store(1)
 	b.arriving(h)
 	err := h.read(stream, length, limit)
@@ -346,6 +348,9 @@ type bodyArea struct {
 	b      []byte // the room made so far; for a mapping, all of it
 	limit  int
 	mapped bool // b is a mapping of its own (area_linux.go), not heap memory
+	// backed are the bytes of a mapping's pages written so far, by this body or an earlier one
+	// that had the mapping: the kernel keeps them backed until the mapping goes.
+	backed int
 }
 
 // smallBody is the largest body read into heap memory made for it whole, at once.
@@ -361,7 +366,9 @@ func heapArea(limit int) bodyArea {
 // pages the first n bytes touch; on the heap, its buffer's size.
 func (a *bodyArea) room(n int) int64 {
 	if a.mapped {
-		return int64(min((n+pageSize-1)/pageSize*pageSize, len(a.b)))
+		pages := min((n+pageSize-1)/pageSize*pageSize, len(a.b))
+		a.backed = max(a.backed, pages)
+		return int64(pages)
 	}
 	if n > len(a.b) {
 		grown := make([]byte, min(a.limit, max(n, 2*len(a.b))))

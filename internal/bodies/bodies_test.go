@@ -34,7 +34,7 @@ func (p *pieces) Read(b []byte) (int, error) {
 }
 
 func newHeld(b *Budget, client string, limit int) *Body {
-	h := &Body{budget: b, client: client, area: newBodyArea(limit)}
+	h := &Body{budget: b, client: client, area: b.spares.take(limit)}
 	h.owners.Store(1)
 	return h
 }

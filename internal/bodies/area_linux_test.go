@@ -1,0 +1,75 @@
+package bodies
+
+import (
+	"bytes"
+	"testing"
+)
+
+// A body's mapping given back is the next fitting body's, which sees only its own bytes; a body
+// needing more room than any spare gets a mapping of its own.
+func TestBodyRelease_KeepsTheMappingForTheNextBody(t *testing.T) {
+	b := NewBudget(0, 0)
+	first := bytes.Repeat([]byte("a"), 100<<10)
+	h, err := b.Read(bytes.NewReader(first), "c", len(first), len(first), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h.area.mapped {
+		t.Fatal("a 100 KiB body was not read into a mapping")
+	}
+	at := &h.area.b[0]
+	h.Release()
+
+	second := bytes.Repeat([]byte("b"), 90<<10)
+	h, err = b.Read(bytes.NewReader(second), "c", len(second), len(second), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if &h.area.b[0] != at {
+		t.Error("the second body did not reuse the first one's mapping")
+	}
+	if !bytes.Equal(h.Bytes(), second) {
+		t.Errorf("the second body reads %d bytes, not its own %d", len(h.Bytes()), len(second))
+	}
+
+	big := bytes.Repeat([]byte("c"), 1<<20)
+	h2, err := b.Read(bytes.NewReader(big), "c", len(big), len(big), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if &h2.area.b[0] == at || len(h2.area.b) < len(big) {
+		t.Error("a body larger than the spare mapping was given it")
+	}
+	h.Release()
+	h2.Release()
+	if got := b.Held(); got != 0 {
+		t.Errorf("bodies released still count %d bytes", got)
+	}
+}
+
+// The mappings kept for reuse stay within their bounds: at most maxSpares of them, holding at most
+// maxSpareBytes of written pages together; the rest are unmapped.
+func TestBodyRelease_KeepsSparesWithinTheirBounds(t *testing.T) {
+	b := NewBudget(0, 0)
+	var held []*Body
+	body := bytes.Repeat([]byte("x"), 1<<20)
+	for range maxSpares + 8 {
+		h, err := b.Read(bytes.NewReader(body), "c", len(body), len(body), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, h)
+	}
+	for _, h := range held {
+		h.Release()
+	}
+	b.spares.mu.Lock()
+	n, backed := len(b.spares.areas), b.spares.backed
+	b.spares.mu.Unlock()
+	if n > maxSpares || backed > maxSpareBytes {
+		t.Errorf("%d spares back %d bytes; bounds are %d and %d", n, backed, maxSpares, maxSpareBytes)
+	}
+	if want := maxSpareBytes / (1 << 20); n != want {
+		t.Errorf("%d spares of 1 MiB kept, want %d (the byte bound)", n, want)
+	}
+}
