@@ -49,6 +49,7 @@ type benchFlags struct {
 	outMD       string
 	outChart    string
 	quiet       bool
+	profiles    profiles
 }
 
 func newBenchCommand() *cobra.Command {
@@ -115,7 +116,13 @@ later turns on the previous turn's worker) or messages (Anthropic's /v1/messages
 			}
 			ctx, stop := interruptible(cmd.Context())
 			defer stop()
+			if err := f.profiles.start(); err != nil {
+				return err
+			}
 			rep, err := bench.Run(ctx, opts)
+			if perr := f.profiles.stop(); perr != nil && err == nil {
+				err = perr
+			}
 			if rep != nil && len(rep.Targets) > 0 {
 				if werr := writeReport(cmd.OutOrStdout(), rep, f.outJSON, f.outMD, f.outChart); werr != nil && err == nil {
 					err = werr
@@ -175,6 +182,8 @@ later turns on the previous turn's worker) or messages (Anthropic's /v1/messages
 	fs.StringVar(&f.outMD, "out-md", "", "write the report as a Markdown table to this file")
 	fs.StringVar(&f.outChart, "out-chart", "", "write a chart of hit rate and TTFT per target to this .svg file")
 	fs.BoolVar(&f.quiet, "quiet", false, "no progress on stderr")
+	fs.StringVar(&f.profiles.cpu, "cpu-profile", "", "write the run's CPU profile (routers and simulated workers together) to this file")
+	fs.StringVar(&f.profiles.allocs, "allocs-profile", "", "write the run's allocation profile to this file")
 	return cmd
 }
 
