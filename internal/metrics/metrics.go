@@ -182,13 +182,19 @@ const (
 	TokenizeCached  = "cached"
 	TokenizeError   = "error"
 	TokenizeTimeout = "timeout"
+	// TokenizePrefix is a request answered with the tokens of an earlier turn of its
+	// conversation, its own asked in the background; TokenizePrefixMismatch is such a background
+	// answer that did not begin with the earlier turn's tokens (the model's prompts are then
+	// always asked in full).
+	TokenizePrefix         = "prefix"
+	TokenizePrefixMismatch = "prefix_mismatch"
 )
 
 // SessionAdmissionOutcomes are every outcome label of SessionAdmissionWaits.
 var SessionAdmissionOutcomes = []string{"offered", "timeout", "queue_full", "client_gone"}
 
 // TokenizeResults are every result label of TokenizeRequests.
-var TokenizeResults = []string{TokenizeOK, TokenizeCached, TokenizeError, TokenizeTimeout}
+var TokenizeResults = []string{TokenizeOK, TokenizeCached, TokenizeError, TokenizeTimeout, TokenizePrefix, TokenizePrefixMismatch}
 
 // WorkerAdded creates the counters of a worker tenant that joined, given by its shown name, at 0
 // (ForgetWorker deletes them when it leaves): its answers and decisions, its corrections, and its

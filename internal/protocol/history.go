@@ -1,5 +1,7 @@
 package protocol
 
+import "strings"
+
 // history.go is what the history keys of all protocols share: the framing, the writer and its
 // buffer's bound. Each protocol's file says what its key holds (chat.go, responses.go,
 // messages.go).
@@ -21,6 +23,23 @@ package protocol
 // The framing is kept small on purpose: the router's match ratio is matched bytes over key bytes,
 // and bulky shared framing ("role: user, name: ...") would make unrelated short chats look alike.
 // The common roles are one letter; other fields appear only when present.
+
+// TurnEnds calls f with every length at which a shorter history key of the same conversation
+// may end, before the key's own: the end of each message whose last field closes it ("\xff."),
+// in order. An earlier turn of a conversation (the same tools, fewer messages) has one of these
+// keys. A completion's key, its prompt, has none.
+func TurnEnds(key string, f func(n int)) {
+	for at := 0; ; {
+		i := strings.Index(key[at:], "\xff.")
+		if i < 0 {
+			return
+		}
+		at += i + 2
+		if at < len(key) {
+			f(at)
+		}
+	}
+}
 
 // newHistoryWriter returns a writer of a history key read from the body v, whose canonical values
 // have at most members object members. It counts the key until given a buffer.

@@ -444,3 +444,35 @@ func TestHistoryKeyGrowsTurnByTurn(t *testing.T) {
 		prev = k
 	}
 }
+
+// An earlier turn's key whose last message closes with a field ends where TurnEnds says a turn
+// of its continuation may end: a cache of answers by key finds it from the continuation's key.
+func TestTurnEndsFindTheEarlierTurnsKey(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	found := 0
+	for i := range 2000 {
+		tools, _ := randTools(r)
+		var msgs []convMessage
+		for range 1 + r.IntN(5) {
+			msgs = append(msgs, randMessage(r))
+		}
+		k := keyOf(t, chatBody(t, tools, msgs))
+		grown := append(slices.Clone(msgs), randMessage(r), randMessage(r))
+		k2 := keyOf(t, chatBody(t, tools, grown))
+		if !strings.HasSuffix(k, "\xff.") || len(k2) == len(k) {
+			continue
+		}
+		var ends []int
+		protocol.TurnEnds(k2, func(n int) { ends = append(ends, n) })
+		if !slices.Contains(ends, len(k)) {
+			t.Fatalf("case %d: the earlier key ends at %d, not among the turn ends %v of %q", i, len(k), ends, k2)
+		}
+		if !slices.IsSorted(ends) || slices.Contains(ends, len(k2)) {
+			t.Fatalf("case %d: turn ends %v not in order below the key's own length %d", i, ends, len(k2))
+		}
+		found++
+	}
+	if found < 500 {
+		t.Fatalf("only %d of 2000 cases had an earlier key closed by a field", found)
+	}
+}

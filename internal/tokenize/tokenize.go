@@ -17,16 +17,18 @@ package tokenize
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/metrics"
+	"github.com/cacheroute/cacheroute/internal/protocol"
 	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -60,11 +62,21 @@ type Client struct {
 	opts  Options
 	http  *http.Client
 	cache cache
+	// refreshing bounds the background calls (refresh) in flight: one slot each.
+	refreshing chan struct{}
+	// inexact are the models (as asked) whose prompts were found not to begin with their
+	// conversation's earlier turn's tokens: their prompts are always asked in full.
+	inexact sync.Map
 }
+
+// maxRefreshing bounds the calls made in the background at once; a turn that finds them all
+// busy leaves its own tokens unasked, and its next turn starts from an earlier one's.
+const maxRefreshing = 2
 
 // New returns a client with an empty cache.
 func New(opts Options) *Client {
-	return &Client{opts: opts, http: opts.Dialer.Client(), cache: cache{budget: opts.CacheBytes, byKey: map[string][]uint32{}}}
+	return &Client{opts: opts, http: opts.Dialer.Client(), cache: newCache(opts.CacheBytes),
+		refreshing: make(chan struct{}, maxRefreshing)}
 }
 
 // Tokens returns the prompt tokens of a request for model (its routing text text, on the route
@@ -72,6 +84,15 @@ func New(opts Options) *Client {
 // for ("" for a base model); nil when they are not to be had: no candidate lists the model as
 // its first base model or as an adapter, q cannot render body exactly, or the call failed or
 // timed out. q renders the query only when the answer is not remembered.
+//
+// A turn of a conversation whose earlier turn was tokenized is not waited for: it gets the
+// earlier turn's tokens, the start of its own prompt, at once, and its own are asked in the
+// background (refresh) for the turn after it. Only the tokens an engine could have cached
+// before this turn matter to the choice, and those are the earlier turn's, up to the part this
+// turn appended (which no engine has seen yet, except the assistant's answer on the worker that
+// wrote it, which holds the earlier turn as well). The background answer checks that its
+// prompt does begin with the earlier turn's tokens; a model whose prompts do not is asked in
+// full from then on.
 func (c *Client) Tokens(scope, text string, candidates []*workers.Worker, model string, body []byte, q Query) ([]uint32, string) {
 	w, asked, lora, ok := workers.TokenizeOn(candidates, model)
 	if !ok {
@@ -80,30 +101,80 @@ func (c *Client) Tokens(scope, text string, candidates []*workers.Worker, model 
 	// The history keys of the three APIs share one framing, and their prompts may still render
 	// apart (a Messages tool_use input is rewritten as Python writes JSON): the scope keeps them
 	// apart.
-	key := scope + "\x00" + asked + "\x00" + text
+	key, earlier := c.cache.keys(scope, asked, text)
 	if ts, ok := c.cache.get(key); ok {
 		c.opts.Metrics.TokenizeRequests.WithLabelValues(metrics.TokenizeCached).Inc()
 		return ts, lora
+	}
+	if _, inexact := c.inexact.Load(asked); !inexact {
+		for _, k := range slices.Backward(earlier) {
+			if ts, ok := c.cache.get(k); ok {
+				c.opts.Metrics.TokenizeRequests.WithLabelValues(metrics.TokenizePrefix).Inc()
+				c.refresh(w, asked, key, ts, body, q)
+				return ts, lora
+			}
+		}
 	}
 	ask, ok := q.TokenizeBody(body, asked)
 	if !ok {
 		return nil, "" // not rendered exactly: routed as without events
 	}
+	ts, ok := c.ask(w, ask)
+	if ok {
+		c.cache.put(key, ts)
+		return ts, lora
+	}
+	return nil, ""
+}
+
+// ask calls for the tokens of the query ask, and counts the call.
+func (c *Client) ask(w *workers.Worker, ask []byte) ([]uint32, bool) {
 	start := time.Now()
 	ts, err := c.call(w, ask)
 	c.opts.Metrics.TokenizeDuration.Observe(time.Since(start).Seconds())
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
 		c.opts.Metrics.TokenizeRequests.WithLabelValues(metrics.TokenizeTimeout).Inc()
-		return nil, ""
+		return nil, false
 	case err != nil:
 		c.opts.Metrics.TokenizeRequests.WithLabelValues(metrics.TokenizeError).Inc()
 		c.opts.Log.Debug("tokenize failed", "worker", w.Name(), "error", err)
-		return nil, ""
+		return nil, false
 	}
 	c.opts.Metrics.TokenizeRequests.WithLabelValues(metrics.TokenizeOK).Inc()
-	c.cache.put(key, ts)
-	return ts, lora
+	return ts, true
+}
+
+// refresh asks, in the background, for the tokens of a turn that was given those of an earlier
+// one (earlier), and remembers them under key; when every background slot is busy it asks
+// nothing. The query is rendered now: body is the request's and does not outlive it. An answer
+// that does not begin with earlier marks the model inexact.
+func (c *Client) refresh(w *workers.Worker, asked string, key uint64, earlier []uint32, body []byte, q Query) {
+	select {
+	case c.refreshing <- struct{}{}:
+	default:
+		return
+	}
+	ask, ok := q.TokenizeBody(body, asked)
+	if !ok {
+		<-c.refreshing
+		return
+	}
+	go func() {
+		defer func() { <-c.refreshing }()
+		ts, ok := c.ask(w, ask)
+		if !ok {
+			return
+		}
+		if len(ts) < len(earlier) || !slices.Equal(ts[:len(earlier)], earlier) {
+			c.opts.Metrics.TokenizeRequests.WithLabelValues(metrics.TokenizePrefixMismatch).Inc()
+			if _, known := c.inexact.LoadOrStore(asked, true); !known {
+				c.opts.Log.Info("a prompt does not begin with its earlier turn's tokens: the model's prompts are tokenized in full", "model", asked)
+			}
+			return
+		}
+		c.cache.put(key, ts)
+	}()
 }
 
 // call asks the render service (--tokenize-url), else w, for the tokens of the query ask.
@@ -130,33 +201,80 @@ func (c *Client) call(w *workers.Worker, ask []byte) ([]uint32, error) {
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("/tokenize answered %d", resp.StatusCode)
 	}
-	var answer struct {
-		Tokens []uint32 `json:"tokens"`
+	buf := answers.Get().(*bytes.Buffer)
+	defer func() {
+		if buf.Cap() <= maxKeptAnswer {
+			answers.Put(buf)
+		}
+	}()
+	buf.Reset()
+	if n := resp.ContentLength; n > 0 && n <= maxAnswer {
+		buf.Grow(int(n))
 	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, maxAnswer)).Decode(&answer); err != nil {
+	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, maxAnswer+1)); err != nil {
 		return nil, err
 	}
-	return answer.Tokens, nil
+	if buf.Len() > maxAnswer {
+		return nil, fmt.Errorf("/tokenize answer over %d bytes", maxAnswer)
+	}
+	// A token takes at least two bytes of the answer (a digit and a comma): a query's prompt
+	// has about a token per four bytes of it, which sizes the slice in one go.
+	return parseTokens(buf.Bytes(), min(len(ask)/4, buf.Len()/2))
 }
 
-// cache remembers answers by key, oldest forgotten first.
+// answers are the buffers the answers of /tokenize are read into, kept between calls; one that
+// grew past maxKeptAnswer (the answer of a prompt of about 300k tokens) is left to the collector.
+var answers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+const maxKeptAnswer = 2 << 20
+
+// cache remembers answers by a hash of their scope, model and routing text, oldest forgotten
+// first.
 type cache struct {
+	seed   maphash.Seed
 	mu     sync.Mutex
 	budget int
 	used   int
-	byKey  map[string][]uint32
-	order  []string
+	byKey  map[uint64][]uint32
+	order  []uint64
 }
 
-func (c *cache) get(key string) ([]uint32, bool) {
+func newCache(budget int) cache {
+	return cache{seed: maphash.MakeSeed(), budget: budget, byKey: map[uint64][]uint32{}}
+}
+
+// entryBytes is what one answer costs the cache besides its tokens: its key, in the map and in
+// the order.
+const entryBytes = 64
+
+// keys returns the key of a prompt's answer, and the keys of the answers of its conversation's
+// earlier turns (protocol.TurnEnds), shortest first: one pass over the text.
+func (c *cache) keys(scope, asked, text string) (key uint64, earlier []uint64) {
+	var h maphash.Hash
+	h.SetSeed(c.seed)
+	_, _ = h.WriteString(scope)
+	_ = h.WriteByte(0)
+	_, _ = h.WriteString(asked)
+	_ = h.WriteByte(0)
+	at := 0
+	protocol.TurnEnds(text, func(n int) {
+		_, _ = h.WriteString(text[at:n])
+		at = n
+		earlier = append(earlier, h.Sum64())
+	})
+	_, _ = h.WriteString(text[at:])
+	return h.Sum64(), earlier
+}
+
+func (c *cache) get(key uint64) ([]uint32, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ts, ok := c.byKey[key]
 	return ts, ok
 }
 
-func (c *cache) put(key string, ts []uint32) {
-	size := len(key) + 4*len(ts)
+func (c *cache) put(key uint64, ts []uint32) {
+	size := entryBytes + 4*len(ts)
 	if size > c.budget/4 {
 		return // one answer may not take over the cache
 	}
@@ -168,7 +286,7 @@ func (c *cache) put(key string, ts []uint32) {
 	for c.used+size > c.budget && len(c.order) > 0 {
 		old := c.order[0]
 		c.order = c.order[1:]
-		c.used -= len(old) + 4*len(c.byKey[old])
+		c.used -= entryBytes + 4*len(c.byKey[old])
 		delete(c.byKey, old)
 	}
 	c.byKey[key] = ts
