@@ -6,16 +6,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cacheroute/cacheroute/internal/sim"
 )
 
 // vLLM folds a request's cache_salt into its first KV block, so a salted request is never served
 // from blocks computed without that salt. A simulated worker (which salts nothing) publishes the
 // blocks of an unsalted prompt; the same prompt with a cache_salt is not credited with them,
-// while the unsalted prompt again is.
+// while the unsalted prompt again is. Two workers: the events place a request among several.
 func TestASaltedRequestIsNotCreditedWithUnsaltedBlocks(t *testing.T) {
-	u, endpoint := eventWorker(t, sim.DefaultConfig())
-	tr := startEventRouter(t, testConfig(), map[string]string{u: endpoint})
+	tr := startEventRouter(t, testConfig(), eventWorkers(t, 2))
 
 	prompt := strings.Repeat("the schema of the orders table, its keys and its indexes. ", 200)
 	send := func(salt string) string {
@@ -34,8 +32,11 @@ func TestASaltedRequestIsNotCreditedWithUnsaltedBlocks(t *testing.T) {
 	}
 	send("")
 	waitFor(t, "the prompt's blocks in the index", func() bool {
-		st := tr.kvEvents.Status()
-		return len(st) == 1 && st[0].Blocks >= 150
+		held := 0
+		for _, st := range tr.kvEvents.Status() {
+			held += st.Blocks
+		}
+		return held >= 150
 	})
 	if decision := send("tenant-a"); decision == "kv_events_match" {
 		t.Fatalf("a salted request: %s, want no credit for the unsalted blocks", decision)

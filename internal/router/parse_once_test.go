@@ -6,16 +6,14 @@ import (
 	"testing"
 
 	"github.com/cacheroute/cacheroute/internal/protocol"
-	"github.com/cacheroute/cacheroute/internal/sim"
 )
 
 // A routed request's body is parsed once, by its protocol's reader: the policy's keys, the
 // cache salt and the /tokenize query (a chat's messages and tools, a completion's prompt, the chat
 // a Responses or Messages body converts to, a tool_use input as Python writes it) all come from
-// that one parse.
+// that one parse. (Two workers: a request with one candidate is not tokenized.)
 func TestARoutedBodyIsParsedOnceEvenWhenItIsTokenized(t *testing.T) {
-	u, ep := eventWorker(t, sim.DefaultConfig())
-	tr := startEventRouter(t, testConfig(), map[string]string{u: ep})
+	tr := startEventRouter(t, testConfig(), eventWorkers(t, 2))
 	bodies := []struct{ path, body string }{
 		{"/v1/chat/completions", `{"model":"sim-model","max_tokens":2,"cache_salt":"tenant-a","messages":[{"role":"user","content":"` + agentPrompt("chat") + `"}],` +
 			`"tools":[{"type":"function","function":{"name":"grep","parameters":{"type":"object"}}}]}`},

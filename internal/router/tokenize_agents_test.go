@@ -67,6 +67,18 @@ func eventWorker(t *testing.T, cfg sim.Config) (url, endpoint string) {
 	return fleet.URLs()[0], cfg.KVEvents.Endpoint
 }
 
+// eventWorkers starts n simulated workers of the default configuration, each publishing its
+// KV-cache events on an endpoint of its own, and returns them by URL.
+func eventWorkers(t *testing.T, n int) map[string]string {
+	t.Helper()
+	ws := map[string]string{}
+	for range n {
+		u, endpoint := eventWorker(t, sim.DefaultConfig())
+		ws[u] = endpoint
+	}
+	return ws
+}
+
 // startEventRouter starts a cache_aware router of cfg in front of the workers (URL → event
 // endpoint), subscribed to their events and probed once, and waits until it heard every stream.
 func startEventRouter(t *testing.T, cfg config.Config, workers map[string]string) *testRouter {

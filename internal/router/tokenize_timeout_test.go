@@ -31,20 +31,27 @@ func TestTokenizeTimeoutGrowsWithThePrompt(t *testing.T) {
 	simCfg := sim.DefaultConfig()
 	simCfg.MaxModelLen = 1 << 20   // 700 KiB is about 180k of the simulator's tokens
 	simCfg.KVCacheBlocks = 1 << 15 // and fits in its cache
-	u, endpoint := eventWorker(t, simCfg)
 	cfg := testConfig()
 	cfg.Policy = "cache_aware"
-	cfg.KVEventsWorkerEndpoints = map[string]string{u: endpoint}
+	cfg.KVEventsWorkerEndpoints = map[string]string{}
+	var urls []string
+	for range 2 { // a request with one candidate is not tokenized
+		u, endpoint := eventWorker(t, simCfg)
+		cfg.KVEventsWorkerEndpoints[u] = endpoint
+		urls = append(urls, u)
+	}
 	cfg.TokenizeURL = render.URL
 	cfg.TokenizeTimeoutSecs = 0.1
 	cfg.TokenizeTimeoutPerKiBMs = 5
 	tr := startRouter(t, cfg)
-	if err := tr.AddWorker(t.Context(), u); err != nil {
-		t.Fatal(err)
+	for _, u := range urls {
+		if err := tr.AddWorker(t.Context(), u); err != nil {
+			t.Fatal(err)
+		}
 	}
 	tr.CheckHealth(t.Context())
 	tr.Start(t.Context())
-	waitStreamsHeard(t, []string{u}, tr)
+	waitStreamsHeard(t, urls, tr)
 
 	for _, c := range []struct {
 		kib    int

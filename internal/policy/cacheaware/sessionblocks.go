@@ -157,7 +157,7 @@ func (p *Policy) recordSession(d *decision, w *workers.Worker) {
 }
 
 // WantsTokens says which requests are worth their prompt tokens (a /tokenize round trip) when
-// the events are on: those without any id, which the events place; a session this router has no
+// the events are on: those without any id, which the events place among several candidates; a session this router has no
 // first block for (a new session, or one placed by another replica, or forgotten, or one whose
 // worker's engine had published nothing when it came, once that engine has), to record it;
 // and a session whose worker's engine, by the events, no longer holds its first block, which moves
@@ -169,7 +169,8 @@ func (p *Policy) WantsTokens(in policy.Input) bool {
 	case in.Request.PreviousResponseID != "":
 		return false
 	case d.key == "":
-		return in.Request.SessionKey == ""
+		// One candidate takes the request whatever its engine holds.
+		return in.Request.SessionKey == "" && len(in.Candidates) > 1
 	case !p.eventsChecked():
 		return false
 	}
