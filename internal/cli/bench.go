@@ -41,6 +41,9 @@ type benchFlags struct {
 	targetTimeScale float64
 	oversubscribe   float64
 	sessionsSet     bool // --sessions was given: cctrace replays all sessions otherwise
+	fronts          []string
+	minPromptBytes  int
+	maxPromptBytes  int
 
 	model       string
 	concurrency int
@@ -143,14 +146,17 @@ later turns on the previous turn's worker) or messages (Anthropic's /v1/messages
 	fs.Float64Var(&f.mooncake.BlockScale, "block-scale", f.mooncake.BlockScale, "mooncake: scale of the 512-token blocks (0.0625 = 32 tokens)")
 	fs.Float64Var(&f.mooncake.OutputScale, "output-scale", f.mooncake.OutputScale, "mooncake: scale of output_length")
 	fs.Float64Var(&f.mooncake.Speedup, "speedup", f.mooncake.Speedup, "mooncake: divide timestamps by this; 0 replays closed-loop")
-	fs.IntVar(&f.mooncake.Limit, "limit", 0, "mooncake, conversations: at most this many requests (conversations: conversations); 0 for all")
+	fs.IntVar(&f.mooncake.Limit, "limit", 0, "mooncake, conversations, cctrace: at most this many requests (conversations: conversations); 0 for all")
 	fs.IntVar(&f.mooncake.Offset, "offset", 0, "mooncake: skip this many requests first")
 	fs.StringVar(&f.sessionMode, "session-id", bench.SessionHeader, "send the session id as header (x-session-id), body (session_params.session_id) or none; see docs/benchmarks.md for --api responses and messages")
 	fs.StringVar(&f.api, "api", bench.APIChat, "send each turn as chat, responses, responses-chain or messages")
 
 	fs.StringArrayVar(&f.targets, "target", nil, "NAME=URL[,URL...]: an endpoint to bench; several URLs are used round-robin (repeatable)")
 	fs.StringSliceVar(&f.policies, "policies", nil, "start simulated workers and one in-process router per entry: [NAME=]POLICY[:header|body|none]")
-	fs.StringArrayVar(&f.routerArgs, "router-arg", nil, "--policies: a router flag for every in-process router (--load-signal=engine), or ENTRY=FLAG for the entry named ENTRY only; values as --flag=value (repeatable)")
+	fs.StringSliceVar(&f.fronts, "fronts", nil, "send the workload to one simulated worker direct and through each front in turn, and report what each adds per request (paired with direct) and its CPU per request: [NAME=]FRONT[:header|body|none][+events], FRONT one of direct (required), haproxy, nginx or a router policy (run as a process of this binary; +events subscribes it to the worker's KV-cache events); each request's max_tokens capped at --output-tokens")
+	fs.IntVar(&f.minPromptBytes, "min-prompt-bytes", 0, "cctrace, mooncake: send only the requests whose messages weigh at least this many bytes as JSON")
+	fs.IntVar(&f.maxPromptBytes, "max-prompt-bytes", 0, "cctrace, mooncake: send only the requests whose messages weigh at most this many bytes as JSON (0: no bound)")
+	fs.StringArrayVar(&f.routerArgs, "router-arg", nil, "--policies, --fronts: a router flag for every in-process router (--load-signal=engine), or ENTRY=FLAG for the entry named ENTRY only; values as --flag=value (repeatable)")
 	fs.IntVar(&f.replicas, "replicas", 1, "--policies: routers per entry, in front of the same workers, taking requests round-robin; above 1 they share sessions through a redis-server the bench starts (needs redis-server on PATH)")
 	fs.IntVar(&f.workers, "workers", bench.DemoWorkers, "--policies: simulated workers")
 	fs.IntVar(&f.prefillWorkers, "prefill-workers", 0, "--policies, with --decode-workers: run every entry colocated over prefill+decode workers, then as a P/D fleet (entry/pd) of that many prefill workers")
@@ -198,11 +204,28 @@ func (f *benchFlags) options(simCfg sim.Config) (bench.Options, error) {
 	if o.Policies, err = bench.ParsePolicies(f.policies, f.sessionMode); err != nil {
 		return o, err
 	}
-	if len(f.routerArgs) > 0 && len(o.Policies) == 0 {
-		return o, fmt.Errorf("--router-arg configures the in-process routers of --policies; with --target, pass flags to your own routers")
-	}
-	if err := bench.ApplyRouterArgs(o.Policies, f.routerArgs); err != nil {
+	if o.Fronts, err = bench.ParseFronts(f.fronts, f.sessionMode); err != nil {
 		return o, err
+	}
+	if len(o.Fronts) > 0 {
+		if len(o.Policies) > 0 || len(f.targets) > 0 {
+			return o, fmt.Errorf("--fronts runs alone: not with --policies or --target")
+		}
+		if err := bench.ApplyFrontRouterArgs(o.Fronts, f.routerArgs); err != nil {
+			return o, err
+		}
+		exe, err := os.Executable()
+		if err != nil {
+			return o, fmt.Errorf("--fronts starts routers from this program: %w", err)
+		}
+		o.RouterCommand = []string{exe}
+	} else {
+		if len(f.routerArgs) > 0 && len(o.Policies) == 0 {
+			return o, fmt.Errorf("--router-arg configures the in-process routers of --policies; with --target, pass flags to your own routers")
+		}
+		if err := bench.ApplyRouterArgs(o.Policies, f.routerArgs); err != nil {
+			return o, err
+		}
 	}
 	if f.replicas < 1 {
 		return o, fmt.Errorf("--replicas must be at least 1, got %d", f.replicas)
@@ -214,10 +237,10 @@ func (f *benchFlags) options(simCfg sim.Config) (bench.Options, error) {
 		}
 		o.Targets = append(o.Targets, spec)
 	}
-	if len(o.Policies) == 0 && len(o.Targets) == 0 {
+	if len(o.Policies) == 0 && len(o.Targets) == 0 && len(o.Fronts) == 0 {
 		return o, fmt.Errorf("give --policies (in-process routers and simulated workers) or --target NAME=URL; try: cacheroute bench --policies %s", strings.Join(bench.DemoPolicies, ","))
 	}
-	if len(o.Policies) > 0 {
+	if len(o.Policies) > 0 || len(o.Fronts) > 0 {
 		if err := simCfg.Validate(); err != nil {
 			return o, err
 		}
@@ -225,8 +248,33 @@ func (f *benchFlags) options(simCfg sim.Config) (bench.Options, error) {
 	if f.oversubscribe < 0 {
 		return o, fmt.Errorf("--kv-oversubscription must not be negative")
 	}
-	o.Workload, o.Params, err = f.buildWorkload(simCfg.BlockSize)
-	return o, err
+	if o.Workload, o.Params, err = f.buildWorkload(simCfg.BlockSize); err != nil {
+		return o, err
+	}
+	return o, f.selectRequests(&o)
+}
+
+// selectRequests keeps the requests of the size asked (--min-prompt-bytes, --max-prompt-bytes,
+// and --limit for cctrace), and with --fronts caps every request's output at --output-tokens.
+func (f *benchFlags) selectRequests(o *bench.Options) error {
+	limit := 0
+	if f.workload == "cctrace" {
+		limit = f.mooncake.Limit
+	}
+	if f.minPromptBytes != 0 || f.maxPromptBytes != 0 || limit != 0 {
+		if err := o.Workload.SelectRequests(f.minPromptBytes, f.maxPromptBytes, limit); err != nil {
+			return fmt.Errorf("--min-prompt-bytes, --max-prompt-bytes, --limit: %w", err)
+		}
+		o.Params["min_prompt_bytes"], o.Params["max_prompt_bytes"], o.Params["limit"] = f.minPromptBytes, f.maxPromptBytes, limit
+	}
+	if len(o.Fronts) > 0 {
+		if f.agent.OutputTokens < 1 {
+			return fmt.Errorf("--output-tokens must be at least 1, got %d", f.agent.OutputTokens)
+		}
+		o.Workload.CapOutputTokens(f.agent.OutputTokens)
+		o.Params["output_tokens"] = f.agent.OutputTokens
+	}
+	return nil
 }
 
 // buildWorkload generates or loads the workload and records its parameters. blockSize is the
