@@ -162,12 +162,14 @@ func runFronts(ctx context.Context, o Options, rep *Report) error {
 		return errors.New("--fronts runs alone: not with --policies, --target, --replicas or --prefill-workers")
 	}
 	simCfg := o.Sim
-	// One request at a time must fit the worker whatever the prompt: the front, not the worker's
-	// room, is measured.
-	if need := o.Workload.largestTurnTokens() + 64; need > simCfg.MaxModelLen {
+	// The front, not the worker's room, is measured: every request must fit the worker, and
+	// every session's working set its KV cache at once, so that no session is evicted and no
+	// router holds a session back for want of KV room.
+	largest, sessions := o.Workload.workingSets()
+	if need := largest + 64; need > simCfg.MaxModelLen {
 		simCfg.MaxModelLen = need
 	}
-	if need := 2 * (o.Workload.largestTurnTokens()/max(1, simCfg.BlockSize) + 1); need > simCfg.KVCacheBlocks {
+	if need := 2 * (sessions/max(1, simCfg.BlockSize) + 1); need > simCfg.KVCacheBlocks {
 		simCfg.KVCacheBlocks = need
 	}
 	events := ""
@@ -193,6 +195,10 @@ func runFronts(ctx context.Context, o Options, rep *Report) error {
 		model = simCfg.Models[0]
 	}
 	o.Sim, o.Workers = simCfg, 1
+	if rep.Params == nil {
+		rep.Params = map[string]any{}
+	}
+	rep.Params["kv_cache_blocks"], rep.Params["max_model_len"] = simCfg.KVCacheBlocks, simCfg.MaxModelLen
 	rep.TimeScale = simCfg.TimeScale
 	pb := o.Workload.promptBytes()
 	rep.PromptBytes = &pb
@@ -415,14 +421,16 @@ func latencyOf(xs []float64) *Latency {
 	return &Latency{P50: percentileSorted(xs, 50), P90: percentileSorted(xs, 90), P99: percentileSorted(xs, 99)}
 }
 
-// largestTurnTokens is the largest working set (prompt and output tokens) of any turn, 0 when
-// the workload does not know them.
-func (w *Workload) largestTurnTokens() int {
-	n := 0
+// workingSets are the largest working set (prompt and output tokens) of any turn, and the sum
+// over the sessions of each one's largest; both 0 when the workload does not know them.
+func (w *Workload) workingSets() (largest, sessions int) {
 	for i := range w.Sessions {
+		own := 0
 		for j := range w.Sessions[i].Turns {
-			n = max(n, w.Sessions[i].Turns[j].Tokens)
+			own = max(own, w.Sessions[i].Turns[j].Tokens)
 		}
+		largest = max(largest, own)
+		sessions += own
 	}
-	return n
+	return largest, sessions
 }

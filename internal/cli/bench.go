@@ -92,6 +92,12 @@ is a directory of their JSON files, or one file; each trace block becomes one KV
 cache) and, for --policies, the KV oversubscription achieved; --kv-oversubscription X sizes the
 simulated workers' KV caches so that the sessions in progress need X times what they hold.
 
+--fronts measures what a front costs rather than what its placement is worth: the workload goes
+to one simulated worker direct and through each front in turn (HAProxy, nginx, or a router run as
+a process of this binary), and the report gives each front's added TTFT and E2E, paired per
+request with direct, its CPU per request from /proc and its router's /tokenize outcomes.
+--min-prompt-bytes and --max-prompt-bytes pick cctrace and mooncake requests by size.
+
 --api chooses how each turn is sent: chat (/v1/chat/completions), responses (/v1/responses,
 the whole conversation every turn), responses-chain (/v1/responses with previous_response_id and
 only the turn's new input; the report adds the 404 "response not found" count and the share of
@@ -103,6 +109,7 @@ later turns on the previous turn's worker) or messages (Anthropic's /v1/messages
   cacheroute bench --workload mooncake --input conversation_trace.jsonl --limit 2000 --block-scale 0.0625 --speedup 0 --policies cache_aware
   cacheroute bench --workload cctrace --input /tmp/cctrace/cc_traces_v6_global --sessions 100 --max-blocks 2048 --kv-oversubscription 3 --concurrency 32 --policies round_robin,cache_aware
   cacheroute bench --api responses-chain --policies round_robin,cache_aware
+  cacheroute bench --workload cctrace --input /tmp/cctrace/cc_traces_v6_global --sessions 200 --min-prompt-bytes 80000 --max-prompt-bytes 120000 --block-size 112 --concurrency 1 --time-scale 1 --prefill-time-per-token 0 --output-tokens 16 --fronts direct,haproxy,nginx,cache_aware,cache_aware:none,cache_aware:none+events
   cacheroute bench --target two-replicas=http://127.0.0.1:30000,http://127.0.0.1:30001 --out-json run.json`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
