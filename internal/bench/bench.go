@@ -146,8 +146,11 @@ type Options struct {
 	// the program and any leading arguments (the bench's own binary), the router's flags after.
 	Fronts        []FrontSpec
 	RouterCommand []string
-	// FrontIdle is how long each front's CPU is read idle before its run (0: 2 s).
-	FrontIdle time.Duration
+	// FrontIdle is how long the fronts' CPU is read idle before the runs (0: 2 s), and
+	// FrontRound the requests of each round the fronts take in turn (whole sessions, at least
+	// that many; 0: the whole workload through each front in turn).
+	FrontIdle  time.Duration
+	FrontRound int
 
 	// API is how each turn is sent: one of APIs, "" for chat.
 	API         string
@@ -432,12 +435,6 @@ func atScale(d time.Duration, scale float64) time.Duration {
 
 // runOne runs the workload against t, with worker cache counters read before and after.
 func runOne(ctx context.Context, o *Options, t *Target, model string) (TargetReport, error) {
-	tr, _, err := runRecorded(ctx, o, t, model)
-	return tr, err
-}
-
-// runRecorded is runOne, returning every request's record as well.
-func runRecorded(ctx context.Context, o *Options, t *Target, model string) (TargetReport, []Record, error) {
 	hc := newHTTPClient(4, 10*time.Second)
 	defer hc.CloseIdleConnections()
 	var c0 workerCounters
@@ -454,7 +451,7 @@ func runRecorded(ctx context.Context, o *Options, t *Target, model string) (Targ
 		SampleInterval: interval, Progress: o.Progress})
 	o.Progress.end()
 	if res.failed != nil {
-		return TargetReport{}, nil, res.failed
+		return TargetReport{}, res.failed
 	}
 	scale := t.TimeScale
 	tr := summarize(t, res, scale)
@@ -470,7 +467,7 @@ func runRecorded(ctx context.Context, o *Options, t *Target, model string) (Targ
 			}
 		}
 	}
-	return tr, res.records, nil
+	return tr, nil
 }
 
 // listeners is the number of loopback ports an in-process run listens on: each simulated worker

@@ -202,36 +202,113 @@ func runFronts(ctx context.Context, o Options, rep *Report) error {
 	rep.TimeScale = simCfg.TimeScale
 	pb := o.Workload.promptBytes()
 	rep.PromptBytes = &pb
-	records := make([][]Record, len(o.Fronts))
-	for i, f := range o.Fronts {
-		if err := resetFleet(ctx, fleet); err != nil {
-			return err
+	runs := make([]*frontRun, 0, len(o.Fronts))
+	defer func() {
+		for _, fr := range runs {
+			fr.stop()
 		}
-		fr, recs, err := runFront(ctx, &o, rep, f, fleet, events, model)
+	}()
+	for _, f := range o.Fronts {
+		fr, err := startFront(&o, f, fleet, events)
 		if err != nil {
 			return err
 		}
-		rep.Fronts = append(rep.Fronts, fr)
-		records[i] = recs
+		runs = append(runs, fr)
+		if err := warmUp(ctx, &o, fr.target, model, fleet); err != nil {
+			return fmt.Errorf("--fronts %s: %w", f.Name, err)
+		}
+	}
+	if err := measureIdle(ctx, runs, o.idleWindow()); err != nil {
+		return err
+	}
+	hc := newHTTPClient(1, 10*time.Second)
+	defer hc.CloseIdleConnections()
+	for _, fr := range runs {
+		if fr.metrics != "" {
+			if fr.tok0, err = tokenizeCounts(ctx, hc, fr.metrics); err != nil {
+				return fmt.Errorf("--fronts %s: %w", fr.spec.Name, err)
+			}
+		}
+	}
+	rounds := splitRounds(&o.Workload, o.FrontRound)
+	for k, r := range rounds {
+		for _, fr := range runs {
+			if err := resetFleet(ctx, fleet); err != nil {
+				return err
+			}
+			label := fr.spec.Name
+			if len(rounds) > 1 {
+				label = fmt.Sprintf("%s (round %d of %d)", fr.spec.Name, k+1, len(rounds))
+			}
+			if err := fr.runRound(ctx, &o, &r, label, model); err != nil {
+				return err
+			}
+		}
+	}
+	for _, fr := range runs {
+		if err := fr.report(ctx, hc, rep); err != nil {
+			return err
+		}
 	}
 	base := slices.IndexFunc(o.Fronts, func(f FrontSpec) bool { return f.Front == FrontDirect })
 	for i := range rep.Fronts {
 		if i == base {
 			continue
 		}
-		ttft, e2e := pairedDeltas(records[base], records[i])
+		ttft, e2e := pairedDeltas(runs[base].records, runs[i].records)
 		rep.Fronts[i].Paired = len(ttft)
 		rep.Fronts[i].AddedTTFT, rep.Fronts[i].AddedE2E = latencyOf(ttft), latencyOf(e2e)
 	}
 	rep.Fronts[base].Paired = rep.Fronts[base].Requests
-	return nil
+	return ctx.Err()
 }
 
-// runFront starts front f before fleet's worker, runs the workload through it and stops it.
-func runFront(ctx context.Context, o *Options, rep *Report, f FrontSpec, fleet *sim.Fleet, events, model string) (FrontReport, []Record, error) {
+// frontRun is one front of a --fronts run, started, and what its rounds measured so far.
+type frontRun struct {
+	spec    FrontSpec
+	target  *Target
+	pids    func() []int // the processes whose CPU is the front's; none for direct
+	metrics string       // a router's base URL, for its /metrics; "" for other fronts
+	stop    func()
+	tok0    map[string]float64 // the router's /tokenize counts before the first round
+
+	records []Record // every round's, sessions numbered in the whole workload
+	samples []loadSample
+	wall    time.Duration
+	skipped int
+	run     cpuSpent // over the rounds
+	idle    cpuSpent // over the idle window, idleFor long
+	idleFor time.Duration
+}
+
+// cpuSpent is CPU time a front used: by /proc/PID/stat, and by its threads' schedstat when
+// exact (every read had one).
+type cpuSpent struct {
+	stat, exact time.Duration
+	inexact     bool
+}
+
+// add counts the CPU used between before and after.
+func (c *cpuSpent) add(before, after cpuSnapshot) {
+	stat, exact, hasExact := cpuUsed(before, after)
+	c.stat += stat
+	c.exact += exact
+	c.inexact = c.inexact || !hasExact
+}
+
+// best is the exact figure when there is one, else the stat figure.
+func (c *cpuSpent) best() time.Duration {
+	if c.inexact {
+		return c.stat
+	}
+	return c.exact
+}
+
+// startFront starts front f before fleet's worker (nothing for direct).
+func startFront(o *Options, f FrontSpec, fleet *sim.Fleet, events string) (*frontRun, error) {
 	worker := fleet.URLs()[0]
-	url, pids := worker, func() []int { return nil }
-	var metricsURL string
+	fr := &frontRun{spec: f, pids: func() []int { return nil }, stop: func() {}}
+	url := worker
 	switch {
 	case f.Front == FrontDirect:
 	case f.Front == HAProxyPolicy:
@@ -241,11 +318,10 @@ func runFront(ctx context.Context, o *Options, rep *Report, f FrontSpec, fleet *
 		}
 		px, err := haproxyproc.Start(haproxyproc.Config{Workers: []string{worker}, StickHeader: stick, Timeout: o.Timeout})
 		if err != nil {
-			return FrontReport{}, nil, fmt.Errorf("--fronts %s: %w", f.Name, err)
+			return nil, fmt.Errorf("--fronts %s: %w", f.Name, err)
 		}
-		defer px.Close()
 		pid := px.PID()
-		url, pids = px.URL(), func() []int { return []int{pid} }
+		url, fr.pids, fr.stop = px.URL(), func() []int { return []int{pid} }, px.Close
 	default:
 		var p *frontProcess
 		var err error
@@ -259,87 +335,136 @@ func runFront(ctx context.Context, o *Options, rep *Report, f FrontSpec, fleet *
 			p, err = startRouterProcess(o.RouterCommand, "--fronts "+f.Name, worker, f.Front, ev, f.Args, o.ports)
 		}
 		if err != nil {
-			return FrontReport{}, nil, err
+			return nil, err
 		}
-		defer p.stop()
-		url, pids = p.url, p.pids
+		url, fr.pids, fr.stop = p.url, p.pids, p.stop
 		if f.router() {
-			metricsURL = p.url
+			fr.metrics = p.url
 		}
 	}
-	t := &Target{Name: f.Name, URLs: []string{url}, SessionMode: f.SessionMode, Policy: f.Front, RouterArgs: f.Args,
-		Loads: func() []float64 { return simLoads(fleet.Workers()) }, Workers: 1, WorkerMetrics: fleet.URLs(),
+	fr.target = &Target{Name: f.Name, URLs: []string{url}, SessionMode: f.SessionMode, Policy: f.Front, RouterArgs: f.Args,
+		Loads: func() []float64 { return simLoads(fleet.Workers()) }, Workers: 1,
 		TimeScale: o.Sim.TimeScale, KVCapacityTokens: o.kvCapacity()}
-	hc := newHTTPClient(1, 10*time.Second)
-	defer hc.CloseIdleConnections()
-	if err := warmUp(ctx, o, t, model, fleet); err != nil {
-		return FrontReport{}, nil, fmt.Errorf("--fronts %s: %w", f.Name, err)
-	}
-	idle0, err := snapshotCPU(pids())
-	if err != nil {
-		return FrontReport{}, nil, fmt.Errorf("--fronts %s: %w", f.Name, err)
-	}
-	if !sleepUntil(ctx, time.Now().Add(o.idleWindow())) {
-		return FrontReport{}, nil, ctx.Err()
-	}
-	var tok0 map[string]float64
-	if metricsURL != "" {
-		if tok0, err = tokenizeCounts(ctx, hc, metricsURL); err != nil {
-			return FrontReport{}, nil, fmt.Errorf("--fronts %s: %w", f.Name, err)
-		}
-	}
-	cpu0, err := snapshotCPU(pids())
-	if err != nil {
-		return FrontReport{}, nil, fmt.Errorf("--fronts %s: %w", f.Name, err)
-	}
-	began := time.Now()
-	tr, recs, err := runRecorded(ctx, o, t, model)
-	if err != nil {
-		return FrontReport{}, nil, err
-	}
-	cpu1, err := snapshotCPU(pids())
-	if err != nil {
-		return FrontReport{}, nil, fmt.Errorf("--fronts %s: %w", f.Name, err)
-	}
-	wall := time.Since(began)
-	rep.Targets = append(rep.Targets, tr)
-	fr := FrontReport{Name: f.Name, Front: f.Front, SessionMode: f.SessionMode, KVEvents: f.Events, RouterArgs: f.Args,
-		Requests: tr.Requests, Errors: tr.Errors + tr.Skipped}
-	if f.Front != FrontDirect {
-		setCPU(&fr, tr.Requests+tr.Errors, idle0, cpu0, cpu1, o.idleWindow(), wall)
-	}
-	if metricsURL != "" {
-		tok1, err := tokenizeCounts(ctx, hc, metricsURL)
-		if err != nil {
-			return FrontReport{}, nil, fmt.Errorf("--fronts %s: %w", f.Name, err)
-		}
-		fr.Tokenize = map[string]float64{}
-		for _, r := range metrics.TokenizeResults {
-			fr.Tokenize[r] = tok1[r] - tok0[r]
-		}
-	}
-	return fr, recs, ctx.Err()
+	return fr, nil
 }
 
-// setCPU records in fr the CPU a front's processes used: over its idle window (idle0 to cpu0,
-// idle long) as a rate, and over its run of sent requests (cpu0 to cpu1, wall long), per request,
-// whole and less what the idle rate would have used over the run.
-func setCPU(fr *FrontReport, sent int, idle0, cpu0, cpu1 cpuSnapshot, idle, wall time.Duration) {
-	stat, exact, hasExact := cpuUsed(cpu0, cpu1)
-	idleStat, idleExact, idleHasExact := cpuUsed(idle0, cpu0)
-	fr.CPUSec = stat.Seconds()
-	if !hasExact || !idleHasExact {
-		exact, idleExact = stat, idleStat
+// measureIdle reads every front's CPU over one idle window, all fronts at once.
+func measureIdle(ctx context.Context, runs []*frontRun, window time.Duration) error {
+	before := make([]cpuSnapshot, len(runs))
+	for i, fr := range runs {
+		var err error
+		if before[i], err = snapshotCPU(fr.pids()); err != nil {
+			return fmt.Errorf("--fronts %s: %w", fr.spec.Name, err)
+		}
 	}
+	if !sleepUntil(ctx, time.Now().Add(window)) {
+		return ctx.Err()
+	}
+	for i, fr := range runs {
+		after, err := snapshotCPU(fr.pids())
+		if err != nil {
+			return fmt.Errorf("--fronts %s: %w", fr.spec.Name, err)
+		}
+		fr.idle.add(before[i], after)
+		fr.idleFor = window
+	}
+	return nil
+}
+
+// runRound sends round r through the front, its CPU read before and after.
+func (fr *frontRun) runRound(ctx context.Context, o *Options, r *round, label, model string) error {
+	cpu0, err := snapshotCPU(fr.pids())
+	if err != nil {
+		return fmt.Errorf("--fronts %s: %w", fr.spec.Name, err)
+	}
+	o.Progress.begin(label, r.w.Requests())
+	res := run(ctx, &r.w, fr.target, RunOptions{API: o.API, Model: model, Concurrency: o.Concurrency, Timeout: o.Timeout, Progress: o.Progress})
+	o.Progress.end()
+	if res.failed != nil {
+		return res.failed
+	}
+	cpu1, err := snapshotCPU(fr.pids())
+	if err != nil {
+		return fmt.Errorf("--fronts %s: %w", fr.spec.Name, err)
+	}
+	fr.run.add(cpu0, cpu1)
+	for _, rec := range res.records {
+		rec.Session += r.firstSession
+		fr.records = append(fr.records, rec)
+	}
+	fr.samples = append(fr.samples, res.samples...)
+	fr.wall += res.wall
+	fr.skipped += res.skipped
+	return ctx.Err()
+}
+
+// report adds the front's figures over every round to rep: its target report and its
+// FrontReport, paired times aside.
+func (fr *frontRun) report(ctx context.Context, hc *http.Client, rep *Report) error {
+	tr := summarize(fr.target, runResult{records: fr.records, samples: fr.samples, wall: fr.wall, skipped: fr.skipped}, fr.target.TimeScale)
+	rep.Targets = append(rep.Targets, tr)
+	f := &fr.spec
+	out := FrontReport{Name: f.Name, Front: f.Front, SessionMode: f.SessionMode, KVEvents: f.Events, RouterArgs: f.Args,
+		Requests: tr.Requests, Errors: tr.Errors + tr.Skipped}
+	if f.Front != FrontDirect {
+		setCPU(&out, tr.Requests+tr.Errors, fr.run, fr.idle, fr.idleFor, fr.wall)
+	}
+	if fr.metrics != "" {
+		tok1, err := tokenizeCounts(ctx, hc, fr.metrics)
+		if err != nil {
+			return fmt.Errorf("--fronts %s: %w", f.Name, err)
+		}
+		out.Tokenize = map[string]float64{}
+		for _, r := range metrics.TokenizeResults {
+			out.Tokenize[r] = tok1[r] - fr.tok0[r]
+		}
+	}
+	rep.Fronts = append(rep.Fronts, out)
+	return nil
+}
+
+// round is a part of the workload that every front takes in turn: whole sessions, the first of
+// them the workload's session firstSession.
+type round struct {
+	w            Workload
+	firstSession int
+}
+
+// splitRounds cuts w into rounds of consecutive whole sessions of at least size requests each
+// (the last may be smaller); size 0 makes one round of everything.
+func splitRounds(w *Workload, size int) []round {
+	var out []round
+	cur := round{w: Workload{Name: w.Name, Paced: w.Paced}}
+	for i, s := range w.Sessions {
+		if len(cur.w.Sessions) == 0 {
+			cur.firstSession = i
+		}
+		cur.w.Sessions = append(cur.w.Sessions, s)
+		if size > 0 && cur.w.Requests() >= size {
+			out = append(out, cur)
+			cur = round{w: Workload{Name: w.Name, Paced: w.Paced}}
+		}
+	}
+	if len(cur.w.Sessions) > 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
+// setCPU records in fr the CPU a front's processes used: over the idle window (idle long) as a
+// rate, and over its rounds (wall long, sent requests), per request, whole and less what the
+// idle rate would have used over the rounds.
+func setCPU(fr *FrontReport, sent int, spent, idleSpent cpuSpent, idle, wall time.Duration) {
+	fr.CPUSec = spent.stat.Seconds()
 	if idle > 0 {
-		rate := float64(idleExact) / float64(time.Microsecond) / idle.Seconds()
+		rate := float64(idleSpent.best()) / float64(time.Microsecond) / idle.Seconds()
 		fr.IdleCPUPerSecUS = &rate
 	}
 	if sent == 0 {
 		return
 	}
 	per := func(d time.Duration) *float64 { v := float64(d) / float64(time.Microsecond) / float64(sent); return &v }
-	fr.StatCPUPerRequestUS, fr.CPUPerRequestUS = per(stat), per(exact)
+	fr.StatCPUPerRequestUS, fr.CPUPerRequestUS = per(spent.stat), per(spent.best())
 	if fr.IdleCPUPerSecUS != nil {
 		net := *fr.CPUPerRequestUS - *fr.IdleCPUPerSecUS*wall.Seconds()/float64(sent)
 		fr.NetCPUPerRequestUS = &net

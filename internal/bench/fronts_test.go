@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"slices"
@@ -181,10 +182,29 @@ func TestReadCPUOfABusyProcessGrows(t *testing.T) {
 	}
 }
 
-// The --fronts run end to end on loopback: a short trace replay straight to one simulated worker
-// and through every front there is here (routers as processes of this test binary; HAProxy and
-// nginx when installed). Every front answers every request, each is paired with direct, its
-// processes' CPU is read, and only the router subscribed to the worker's events asks /tokenize.
+// The fronts take turns on rounds of whole sessions of at least the size asked, in workload order.
+func TestSplitRoundsCutsWholeSessionsInOrder(t *testing.T) {
+	w := Workload{Name: "w"}
+	for i, turns := range []int{3, 1, 1, 4, 2} {
+		w.Sessions = append(w.Sessions, Session{ID: fmt.Sprint(i), Turns: make([]Turn, turns)})
+	}
+	var got []string
+	for _, r := range splitRounds(&w, 2) {
+		got = append(got, fmt.Sprintf("%d:%d", r.firstSession, r.w.Requests()))
+	}
+	if want := []string{"0:3", "1:2", "3:4", "4:2"}; !slices.Equal(got, want) {
+		t.Fatalf("rounds (first session:requests) %v, want %v", got, want)
+	}
+	if all := splitRounds(&w, 0); len(all) != 1 || all[0].w.Requests() != w.Requests() {
+		t.Fatalf("size 0: %d rounds", len(all))
+	}
+}
+
+// The --fronts run end to end on loopback: a short trace replay, in rounds, straight to one
+// simulated worker and through every front there is here (routers as processes of this test
+// binary; HAProxy and nginx when installed). Every front answers every request, each is paired
+// with direct, its processes' CPU is read, and only the router subscribed to the worker's events
+// asks /tokenize.
 func TestFrontsReportEveryFrontPairedWithDirect(t *testing.T) {
 	t.Setenv(RouterChildEnv, "1")
 	list := "direct,cache_aware,none=cache_aware:none,events=cache_aware:none+events"
@@ -207,7 +227,7 @@ func TestFrontsReportEveryFrontPairedWithDirect(t *testing.T) {
 	simCfg.BlockSize = 16
 	simCfg.TimeScale = 0.1
 	rep, err := Run(t.Context(), Options{Workload: w, Fronts: fs, RouterCommand: []string{os.Args[0]}, Sim: simCfg,
-		Concurrency: 1, Timeout: 30 * time.Second, FrontIdle: 100 * time.Millisecond})
+		Concurrency: 1, Timeout: 30 * time.Second, FrontIdle: 100 * time.Millisecond, FrontRound: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -42,6 +42,7 @@ type benchFlags struct {
 	oversubscribe   float64
 	sessionsSet     bool // --sessions was given: cctrace replays all sessions otherwise
 	fronts          []string
+	frontRound      int
 	minPromptBytes  int
 	maxPromptBytes  int
 
@@ -161,6 +162,7 @@ later turns on the previous turn's worker) or messages (Anthropic's /v1/messages
 	fs.StringArrayVar(&f.targets, "target", nil, "NAME=URL[,URL...]: an endpoint to bench; several URLs are used round-robin (repeatable)")
 	fs.StringSliceVar(&f.policies, "policies", nil, "start simulated workers and one in-process router per entry: [NAME=]POLICY[:header|body|none]")
 	fs.StringSliceVar(&f.fronts, "fronts", nil, "send the workload to one simulated worker direct and through each front in turn, and report what each adds per request (paired with direct) and its CPU per request: [NAME=]FRONT[:header|body|none][+events], FRONT one of direct (required), haproxy, nginx or a router policy (run as a process of this binary; +events subscribes it to the worker's KV-cache events); each request's max_tokens capped at --output-tokens")
+	fs.IntVar(&f.frontRound, "front-round", 20, "--fronts: the fronts take turns on rounds of whole sessions of at least this many requests, the worker emptied before each (0: the whole workload through each front in turn)")
 	fs.IntVar(&f.minPromptBytes, "min-prompt-bytes", 0, "cctrace, mooncake: send only the requests whose messages weigh at least this many bytes as JSON")
 	fs.IntVar(&f.maxPromptBytes, "max-prompt-bytes", 0, "cctrace, mooncake: send only the requests whose messages weigh at most this many bytes as JSON (0: no bound)")
 	fs.StringArrayVar(&f.routerArgs, "router-arg", nil, "--policies, --fronts: a router flag for every in-process router (--load-signal=engine), or ENTRY=FLAG for the entry named ENTRY only; values as --flag=value (repeatable)")
@@ -226,6 +228,10 @@ func (f *benchFlags) options(simCfg sim.Config) (bench.Options, error) {
 			return o, fmt.Errorf("--fronts starts routers from this program: %w", err)
 		}
 		o.RouterCommand = []string{exe}
+		if f.frontRound < 0 {
+			return o, fmt.Errorf("--front-round must not be negative")
+		}
+		o.FrontRound = f.frontRound
 	} else {
 		if len(f.routerArgs) > 0 && len(o.Policies) == 0 {
 			return o, fmt.Errorf("--router-arg configures the in-process routers of --policies; with --target, pass flags to your own routers")
