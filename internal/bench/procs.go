@@ -235,6 +235,10 @@ func processAddr(ps *ports) (string, error) {
 	return ln.Addr().String(), nil
 }
 
+// probeClient asks whether a front process is ready: one connection per probe, none kept open
+// to the front afterwards, no proxy from the environment.
+var probeClient = &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
 // answers reports whether GET url answers 200 within a second.
 func answers(url string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -243,7 +247,7 @@ func answers(url string) bool {
 	if err != nil {
 		return false
 	}
-	resp, err := http.DefaultTransport.RoundTrip(req)
+	resp, err := probeClient.Do(req)
 	if err != nil {
 		return false
 	}
