@@ -19,7 +19,8 @@ import (
 
 // fronts.go is the --fronts comparison: what a front (a proxy or a router) costs on the data path.
 // The same requests, in the same order, go to one simulated worker straight (direct) and through
-// each front in turn, the worker's cache emptied between fronts. Each request's TTFT and E2E
+// each front, the fronts taking turns on rounds of whole sessions, the worker's cache emptied
+// before each turn. Each request's TTFT and E2E
 // through a front are paired with the same request's sent direct, and the front's CPU time is read
 // from /proc for its own process (a cacheroute router runs as one, from the bench's binary).
 
