@@ -33,6 +33,27 @@ type PolicySpec struct {
 // defaultMode. Names must be unique.
 func ParsePolicies(list []string, defaultMode string) ([]PolicySpec, error) {
 	var out []PolicySpec
+	err := namedEntries(list, "--policies", "NAME=POLICY[:MODE]", func(e, name, spec string) error {
+		pol, mode, hasMode := strings.Cut(spec, ":")
+		if !hasMode {
+			mode = defaultMode
+		}
+		if _, ok := registry.Lookup(pol); !ok && !routerless(pol) {
+			return fmt.Errorf("--policies: unknown policy %q (want one of %s, %s or %s)", pol, strings.Join(registry.Names(), ", "), OraclePolicy, HAProxyPolicy)
+		}
+		if !slices.Contains(SessionModes, mode) {
+			return fmt.Errorf("--policies %s: session id mode %q is not one of %s", e, mode, strings.Join(SessionModes, ", "))
+		}
+		out = append(out, PolicySpec{Name: name, Policy: pol, SessionMode: mode})
+		return nil
+	})
+	return out, err
+}
+
+// namedEntries calls fn with each entry of the comma-separated lists of flag, its name and what
+// follows the name: an entry NAME=SPEC (form says how flag's entries are written), or SPEC alone,
+// named as written. Names must be unique, and neither start with - nor hold spaces.
+func namedEntries(list []string, flag, form string, fn func(entry, name, spec string) error) error {
 	seen := map[string]bool{}
 	for _, item := range list {
 		for _, e := range strings.Split(item, ",") {
@@ -43,26 +64,18 @@ func ParsePolicies(list []string, defaultMode string) ([]PolicySpec, error) {
 			if !named {
 				name, spec = e, e
 			} else if name = strings.TrimSpace(name); name == "" || strings.HasPrefix(name, "-") || strings.ContainsAny(name, " \t") {
-				return nil, fmt.Errorf("--policies %s: want NAME=POLICY[:MODE] with a NAME that neither starts with - nor holds spaces", e)
-			}
-			pol, mode, hasMode := strings.Cut(strings.TrimSpace(spec), ":")
-			if !hasMode {
-				mode = defaultMode
-			}
-			if _, ok := registry.Lookup(pol); !ok && !routerless(pol) {
-				return nil, fmt.Errorf("--policies: unknown policy %q (want one of %s, %s or %s)", pol, strings.Join(registry.Names(), ", "), OraclePolicy, HAProxyPolicy)
-			}
-			if !slices.Contains(SessionModes, mode) {
-				return nil, fmt.Errorf("--policies %s: session id mode %q is not one of %s", e, mode, strings.Join(SessionModes, ", "))
+				return fmt.Errorf("%s %s: want %s with a NAME that neither starts with - nor holds spaces", flag, e, form)
 			}
 			if seen[name] {
-				return nil, fmt.Errorf("--policies: entry name %s given twice", name)
+				return fmt.Errorf("%s: entry name %s given twice", flag, name)
 			}
 			seen[name] = true
-			out = append(out, PolicySpec{Name: name, Policy: pol, SessionMode: mode})
+			if err := fn(e, name, strings.TrimSpace(spec)); err != nil {
+				return err
+			}
 		}
 	}
-	return out, nil
+	return nil
 }
 
 // TargetSpec is an external target: NAME=URL[,URL...].
@@ -127,6 +140,18 @@ type Options struct {
 	WorkerMetrics   []string
 	TargetTimeScale float64 // time scale of simulated workers behind Targets (1 for real ones)
 
+	// Fronts, instead of Policies and Targets, send the workload to one simulated worker
+	// configured by Sim straight and through each front in turn (see FrontSpec), and report what
+	// each front adds per request. RouterCommand starts a router front as a process of its own:
+	// the program and any leading arguments (the bench's own binary), the router's flags after.
+	Fronts        []FrontSpec
+	RouterCommand []string
+	// FrontIdle is how long the fronts' CPU is read idle before the runs (0: 2 s), and
+	// FrontRound the requests of each round the fronts take in turn (whole sessions, at least
+	// that many; 0: the whole workload through each front in turn).
+	FrontIdle  time.Duration
+	FrontRound int
+
 	// API is how each turn is sent: one of APIs, "" for chat.
 	API         string
 	Model       string // empty: the in-process sims' model, or the first one a target lists
@@ -143,8 +168,8 @@ type Options struct {
 // Run runs the workload against every in-process policy, then every external target, and
 // returns the report.
 func Run(ctx context.Context, o Options) (*Report, error) {
-	if len(o.Policies) == 0 && len(o.Targets) == 0 {
-		return nil, errors.New("nothing to run: give --policies or --target")
+	if len(o.Policies) == 0 && len(o.Targets) == 0 && len(o.Fronts) == 0 {
+		return nil, errors.New("nothing to run: give --policies, --target or --fronts")
 	}
 	if o.Concurrency < 1 {
 		return nil, fmt.Errorf("--concurrency must be at least 1, got %d", o.Concurrency)
@@ -170,6 +195,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	rep := &Report{
 		Workload: o.Workload.Name, API: o.API, Params: o.Params, Sessions: len(o.Workload.Sessions),
 		Requests: o.Workload.Requests(), Concurrency: o.Concurrency, TimeScale: 1, ReuseCeiling: o.Workload.ReuseCeiling,
+	}
+	if len(o.Fronts) > 0 {
+		return rep, runFronts(ctx, o, rep)
 	}
 	if len(o.Policies) > 0 {
 		rep.TimeScale = o.Sim.TimeScale
@@ -444,8 +472,11 @@ func runOne(ctx context.Context, o *Options, t *Target, model string) (TargetRep
 
 // listeners is the number of loopback ports an in-process run listens on: each simulated worker
 // (and its event publisher, with KVEvents), and each entry's routers (twice over for P/D) or its
-// oracle.
+// oracle; with Fronts, the one worker, its event publisher and each front.
 func (o *Options) listeners() int {
+	if len(o.Fronts) > 0 {
+		return 2 + len(o.Fronts)
+	}
 	workers := o.Workers
 	pd := o.PrefillWorkers > 0 && o.DecodeWorkers > 0
 	if pd {

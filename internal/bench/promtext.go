@@ -64,6 +64,11 @@ func sumMetrics(r io.Reader, names ...string) (map[string]float64, error) {
 
 // scrape fetches base/metrics and sums the named metrics.
 func scrape(ctx context.Context, client *http.Client, base string, names ...string) (map[string]float64, error) {
+	return scrapeWith(ctx, client, base, func(r io.Reader) (map[string]float64, error) { return sumMetrics(r, names...) })
+}
+
+// scrapeWith fetches base/metrics and reads it with read.
+func scrapeWith(ctx context.Context, client *http.Client, base string, read func(io.Reader) (map[string]float64, error)) (map[string]float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(base, "/")+"/metrics", nil)
@@ -78,7 +83,7 @@ func scrape(ctx context.Context, client *http.Client, base string, names ...stri
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("%s/metrics: HTTP %d", base, resp.StatusCode)
 	}
-	return sumMetrics(io.LimitReader(resp.Body, 16<<20), names...)
+	return read(io.LimitReader(resp.Body, 16<<20))
 }
 
 // workerCounters are counters summed over workers.
@@ -123,4 +128,38 @@ func scrapedLoads(client *http.Client, urls []string) func() []float64 {
 		}
 		return out
 	}
+}
+
+// sumByLabel reads Prometheus text exposition from r and returns the samples of metric name
+// summed by the value of label (samples without it are left out).
+func sumByLabel(r io.Reader, name, label string) (map[string]float64, error) {
+	out := map[string]float64{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		labels, rest, ok := strings.Cut(sc.Text(), "}")
+		if !ok {
+			continue
+		}
+		metric, labels, ok := strings.Cut(labels, "{")
+		if !ok || metric != name {
+			continue
+		}
+		value := ""
+		for _, kv := range strings.Split(labels, ",") {
+			if k, v, ok := strings.Cut(kv, "="); ok && strings.TrimSpace(k) == label {
+				value = strings.Trim(strings.TrimSpace(v), `"`)
+			}
+		}
+		fields := strings.Fields(rest)
+		if value == "" || len(fields) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			return nil, fmt.Errorf("metric %s: bad value %q", name, fields[0])
+		}
+		out[value] += v
+	}
+	return out, sc.Err()
 }

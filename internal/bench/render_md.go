@@ -43,6 +43,9 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 		}
 		b.WriteString("\n")
 	}
+	if len(r.Fronts) > 0 {
+		writeFrontsMarkdown(&b, r)
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
 }

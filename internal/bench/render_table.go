@@ -145,6 +145,9 @@ func WriteTable(w io.Writer, r *Report) error {
 			fmt.Fprintf(w, "  error:     %s\n", e)
 		}
 	}
+	if len(r.Fronts) > 0 {
+		return writeFrontsTable(w, r)
+	}
 	return nil
 }
 

@@ -22,6 +22,10 @@ type Report struct {
 	// Workload.ReuseCeiling); absent when the workload does not know its blocks.
 	ReuseCeiling *float64       `json:"reuse_ceiling,omitempty"`
 	Targets      []TargetReport `json:"targets"`
+	// Fronts is what each front of a --fronts run added to the requests sent direct, and
+	// PromptBytes the size of those requests' messages; both absent otherwise.
+	Fronts      []FrontReport `json:"fronts,omitempty"`
+	PromptBytes *PromptBytes  `json:"prompt_bytes,omitempty"`
 }
 
 // TargetReport is what one target did with the workload. Latencies are in milliseconds.

@@ -2,6 +2,8 @@ package bench
 
 import (
 	"encoding/json"
+	"fmt"
+	"slices"
 	"time"
 )
 
@@ -56,4 +58,93 @@ func (w *Workload) Requests() int {
 		n += len(w.Sessions[i].Turns)
 	}
 	return n
+}
+
+// messagesJSONBytes is the size of msgs as a JSON array of {"role","content"} objects, counting
+// each string as written when it needs no escaping (the text of the bench's generated and trace
+// workloads); a string that does is counted short by its escapes.
+func messagesJSONBytes(msgs []Message) int {
+	n := 2 // [ ]
+	for i, m := range msgs {
+		if i > 0 {
+			n++ // ,
+		}
+		n += len(`{"role":"","content":""}`) + len(m.Role) + len(m.Content)
+	}
+	return n
+}
+
+// promptBytes describes the size of every turn's messages as JSON. Only turns that stand alone
+// (Fresh) are counted whole; the others carry the conversation before them as well, which the
+// workload does not hold.
+func (w *Workload) promptBytes() PromptBytes {
+	var sizes []float64
+	sum := 0.0
+	for i := range w.Sessions {
+		for j := range w.Sessions[i].Turns {
+			b := float64(messagesJSONBytes(w.Sessions[i].Turns[j].Append))
+			sizes = append(sizes, b)
+			sum += b
+		}
+	}
+	if len(sizes) == 0 {
+		return PromptBytes{}
+	}
+	slices.Sort(sizes)
+	return PromptBytes{Mean: sum / float64(len(sizes)), P50: percentileSorted(sizes, 50), Max: sizes[len(sizes)-1]}
+}
+
+// SelectRequests keeps the turns whose messages weigh, as JSON, at least minBytes and at most
+// maxBytes (0: no bound), at most limit of them in workload order (0: all), and drops sessions
+// left empty. Every turn must stand alone (Fresh: trace replays), since a turn that extends the
+// previous one cannot be sent without it. The reuse ceiling, which was the whole workload's, is
+// dropped when anything is.
+func (w *Workload) SelectRequests(minBytes, maxBytes, limit int) error {
+	if minBytes < 0 || maxBytes < 0 || limit < 0 || (maxBytes > 0 && maxBytes < minBytes) {
+		return fmt.Errorf("prompt bytes %d to %d, limit %d: want bounds of at least 0, the upper one not below the lower", minBytes, maxBytes, limit)
+	}
+	kept, total := 0, 0
+	var sessions []Session
+	for _, s := range w.Sessions {
+		var turns []Turn
+		for _, t := range s.Turns {
+			total++
+			if !t.Fresh {
+				return fmt.Errorf("workload %s: selecting requests by size needs requests that stand alone (cctrace, mooncake), not turns that extend a conversation", w.Name)
+			}
+			b := messagesJSONBytes(t.Append)
+			if b < minBytes || (maxBytes > 0 && b > maxBytes) || (limit > 0 && kept >= limit) {
+				continue
+			}
+			turns = append(turns, t)
+			kept++
+		}
+		if len(turns) > 0 {
+			s.Turns = turns
+			sessions = append(sessions, s)
+		}
+	}
+	if kept == 0 {
+		return fmt.Errorf("workload %s: no request of %d to %d bytes", w.Name, minBytes, maxBytes)
+	}
+	if kept < total {
+		w.ReuseCeiling = nil
+	}
+	w.Sessions = sessions
+	return nil
+}
+
+// CapOutputTokens lowers every turn's max_tokens to at most n (and its working set with it).
+func (w *Workload) CapOutputTokens(n int) {
+	for i := range w.Sessions {
+		for j := range w.Sessions[i].Turns {
+			t := &w.Sessions[i].Turns[j]
+			if t.MaxTokens > n {
+				if t.Tokens > 0 {
+					t.Tokens -= t.MaxTokens - n
+				}
+				t.MaxTokens = n
+			}
+		}
+	}
 }

@@ -41,6 +41,10 @@ type benchFlags struct {
 	targetTimeScale float64
 	oversubscribe   float64
 	sessionsSet     bool // --sessions was given: cctrace replays all sessions otherwise
+	fronts          []string
+	frontRound      int
+	minPromptBytes  int
+	maxPromptBytes  int
 
 	model       string
 	concurrency int
@@ -90,6 +94,12 @@ is a directory of their JSON files, or one file; each trace block becomes one KV
 cache) and, for --policies, the KV oversubscription achieved; --kv-oversubscription X sizes the
 simulated workers' KV caches so that the sessions in progress need X times what they hold.
 
+--fronts measures what a front costs rather than what its placement is worth: the workload goes
+to one simulated worker direct and through each front in turn (HAProxy, nginx, or a router run as
+a process of this binary), and the report gives each front's added TTFT and E2E, paired per
+request with direct, its CPU per request from /proc and its router's /tokenize outcomes.
+--min-prompt-bytes and --max-prompt-bytes pick cctrace and mooncake requests by size.
+
 --api chooses how each turn is sent: chat (/v1/chat/completions), responses (/v1/responses,
 the whole conversation every turn), responses-chain (/v1/responses with previous_response_id and
 only the turn's new input; the report adds the 404 "response not found" count and the share of
@@ -101,6 +111,7 @@ later turns on the previous turn's worker) or messages (Anthropic's /v1/messages
   cacheroute bench --workload mooncake --input conversation_trace.jsonl --limit 2000 --block-scale 0.0625 --speedup 0 --policies cache_aware
   cacheroute bench --workload cctrace --input /tmp/cctrace/cc_traces_v6_global --sessions 100 --max-blocks 2048 --kv-oversubscription 3 --concurrency 32 --policies round_robin,cache_aware
   cacheroute bench --api responses-chain --policies round_robin,cache_aware
+  cacheroute bench --workload cctrace --input /tmp/cctrace/cc_traces_v6_global --sessions 200 --min-prompt-bytes 80000 --max-prompt-bytes 120000 --block-size 112 --concurrency 1 --time-scale 1 --prefill-time-per-token 0 --output-tokens 16 --fronts direct,haproxy,nginx,cache_aware,cache_aware:none,cache_aware:none+events
   cacheroute bench --target two-replicas=http://127.0.0.1:30000,http://127.0.0.1:30001 --out-json run.json`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
@@ -150,14 +161,18 @@ later turns on the previous turn's worker) or messages (Anthropic's /v1/messages
 	fs.Float64Var(&f.mooncake.BlockScale, "block-scale", f.mooncake.BlockScale, "mooncake: scale of the 512-token blocks (0.0625 = 32 tokens)")
 	fs.Float64Var(&f.mooncake.OutputScale, "output-scale", f.mooncake.OutputScale, "mooncake: scale of output_length")
 	fs.Float64Var(&f.mooncake.Speedup, "speedup", f.mooncake.Speedup, "mooncake: divide timestamps by this; 0 replays closed-loop")
-	fs.IntVar(&f.mooncake.Limit, "limit", 0, "mooncake, conversations: at most this many requests (conversations: conversations); 0 for all")
+	fs.IntVar(&f.mooncake.Limit, "limit", 0, "mooncake, conversations, cctrace: at most this many requests (conversations: conversations); 0 for all")
 	fs.IntVar(&f.mooncake.Offset, "offset", 0, "mooncake: skip this many requests first")
 	fs.StringVar(&f.sessionMode, "session-id", bench.SessionHeader, "send the session id as header (x-session-id), body (session_params.session_id) or none; see docs/benchmarks.md for --api responses and messages")
 	fs.StringVar(&f.api, "api", bench.APIChat, "send each turn as chat, responses, responses-chain or messages")
 
 	fs.StringArrayVar(&f.targets, "target", nil, "NAME=URL[,URL...]: an endpoint to bench; several URLs are used round-robin (repeatable)")
 	fs.StringSliceVar(&f.policies, "policies", nil, "start simulated workers and one in-process router per entry: [NAME=]POLICY[:header|body|none]")
-	fs.StringArrayVar(&f.routerArgs, "router-arg", nil, "--policies: a router flag for every in-process router (--load-signal=engine), or ENTRY=FLAG for the entry named ENTRY only; values as --flag=value (repeatable)")
+	fs.StringSliceVar(&f.fronts, "fronts", nil, "send the workload to one simulated worker direct and through each front in turn, and report what each adds per request (paired with direct) and its CPU per request: [NAME=]FRONT[:header|body|none][+events], FRONT one of direct (required), haproxy, nginx or a router policy (run as a process of this binary; +events subscribes it to the worker's KV-cache events); each request's max_tokens capped at --output-tokens")
+	fs.IntVar(&f.frontRound, "front-round", 20, "--fronts: the fronts take turns on rounds of whole sessions of at least this many requests, the worker emptied before each (0: the whole workload through each front in turn)")
+	fs.IntVar(&f.minPromptBytes, "min-prompt-bytes", 0, "cctrace, mooncake: send only the requests whose messages weigh at least this many bytes as JSON")
+	fs.IntVar(&f.maxPromptBytes, "max-prompt-bytes", 0, "cctrace, mooncake: send only the requests whose messages weigh at most this many bytes as JSON (0: no bound)")
+	fs.StringArrayVar(&f.routerArgs, "router-arg", nil, "--policies, --fronts: a router flag for every in-process router (--load-signal=engine), or ENTRY=FLAG for the entry named ENTRY only; values as --flag=value (repeatable)")
 	fs.IntVar(&f.replicas, "replicas", 1, "--policies: routers per entry, in front of the same workers, taking requests round-robin; above 1 they share sessions through a redis-server the bench starts (needs redis-server on PATH)")
 	fs.IntVar(&f.workers, "workers", bench.DemoWorkers, "--policies: simulated workers")
 	fs.IntVar(&f.prefillWorkers, "prefill-workers", 0, "--policies, with --decode-workers: run every entry colocated over prefill+decode workers, then as a P/D fleet (entry/pd) of that many prefill workers")
@@ -207,11 +222,32 @@ func (f *benchFlags) options(simCfg sim.Config) (bench.Options, error) {
 	if o.Policies, err = bench.ParsePolicies(f.policies, f.sessionMode); err != nil {
 		return o, err
 	}
-	if len(f.routerArgs) > 0 && len(o.Policies) == 0 {
-		return o, fmt.Errorf("--router-arg configures the in-process routers of --policies; with --target, pass flags to your own routers")
-	}
-	if err := bench.ApplyRouterArgs(o.Policies, f.routerArgs); err != nil {
+	if o.Fronts, err = bench.ParseFronts(f.fronts, f.sessionMode); err != nil {
 		return o, err
+	}
+	if len(o.Fronts) > 0 {
+		if len(o.Policies) > 0 || len(f.targets) > 0 {
+			return o, fmt.Errorf("--fronts runs alone: not with --policies or --target")
+		}
+		if err := bench.ApplyFrontRouterArgs(o.Fronts, f.routerArgs); err != nil {
+			return o, err
+		}
+		exe, err := os.Executable()
+		if err != nil {
+			return o, fmt.Errorf("--fronts starts routers from this program: %w", err)
+		}
+		o.RouterCommand = []string{exe}
+		if f.frontRound < 0 {
+			return o, fmt.Errorf("--front-round must not be negative")
+		}
+		o.FrontRound = f.frontRound
+	} else {
+		if len(f.routerArgs) > 0 && len(o.Policies) == 0 {
+			return o, fmt.Errorf("--router-arg configures the in-process routers of --policies; with --target, pass flags to your own routers")
+		}
+		if err := bench.ApplyRouterArgs(o.Policies, f.routerArgs); err != nil {
+			return o, err
+		}
 	}
 	if f.replicas < 1 {
 		return o, fmt.Errorf("--replicas must be at least 1, got %d", f.replicas)
@@ -223,10 +259,10 @@ func (f *benchFlags) options(simCfg sim.Config) (bench.Options, error) {
 		}
 		o.Targets = append(o.Targets, spec)
 	}
-	if len(o.Policies) == 0 && len(o.Targets) == 0 {
+	if len(o.Policies) == 0 && len(o.Targets) == 0 && len(o.Fronts) == 0 {
 		return o, fmt.Errorf("give --policies (in-process routers and simulated workers) or --target NAME=URL; try: cacheroute bench --policies %s", strings.Join(bench.DemoPolicies, ","))
 	}
-	if len(o.Policies) > 0 {
+	if len(o.Policies) > 0 || len(o.Fronts) > 0 {
 		if err := simCfg.Validate(); err != nil {
 			return o, err
 		}
@@ -234,8 +270,33 @@ func (f *benchFlags) options(simCfg sim.Config) (bench.Options, error) {
 	if f.oversubscribe < 0 {
 		return o, fmt.Errorf("--kv-oversubscription must not be negative")
 	}
-	o.Workload, o.Params, err = f.buildWorkload(simCfg.BlockSize)
-	return o, err
+	if o.Workload, o.Params, err = f.buildWorkload(simCfg.BlockSize); err != nil {
+		return o, err
+	}
+	return o, f.selectRequests(&o)
+}
+
+// selectRequests keeps the requests of the size asked (--min-prompt-bytes, --max-prompt-bytes,
+// and --limit for cctrace), and with --fronts caps every request's output at --output-tokens.
+func (f *benchFlags) selectRequests(o *bench.Options) error {
+	limit := 0
+	if f.workload == "cctrace" {
+		limit = f.mooncake.Limit
+	}
+	if f.minPromptBytes != 0 || f.maxPromptBytes != 0 || limit != 0 {
+		if err := o.Workload.SelectRequests(f.minPromptBytes, f.maxPromptBytes, limit); err != nil {
+			return fmt.Errorf("--min-prompt-bytes, --max-prompt-bytes, --limit: %w", err)
+		}
+		o.Params["min_prompt_bytes"], o.Params["max_prompt_bytes"], o.Params["limit"] = f.minPromptBytes, f.maxPromptBytes, limit
+	}
+	if len(o.Fronts) > 0 {
+		if f.agent.OutputTokens < 1 {
+			return fmt.Errorf("--output-tokens must be at least 1, got %d", f.agent.OutputTokens)
+		}
+		o.Workload.CapOutputTokens(f.agent.OutputTokens)
+		o.Params["output_tokens"] = f.agent.OutputTokens
+	}
+	return nil
 }
 
 // buildWorkload generates or loads the workload and records its parameters. blockSize is the

@@ -183,6 +183,17 @@ func (p *Proxy) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Ito
 // URL is the proxy's base URL.
 func (p *Proxy) URL() string { return "http://" + p.Addr() }
 
+// PID is the process id of the running haproxy (0 once stopped), so that a caller can read what
+// it costs from /proc.
+func (p *Proxy) PID() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 // Output is what haproxy printed so far.
 func (p *Proxy) Output() string {
 	p.mu.Lock()
