@@ -140,6 +140,34 @@ func (u *Usage) Result() Tokens {
 	return r
 }
 
+// objectAt returns the JSON object data starts with (after white space), up to its closing
+// brace, found by its brackets outside strings; ok is false when it does not close. Decoding that
+// span alone, rather than streaming data into a decoder, copies nothing of what follows it.
+func objectAt(data []byte) (obj []byte, ok bool) {
+	data = bytes.TrimLeft(data, " \t\r\n")
+	if len(data) == 0 || data[0] != '{' {
+		return nil, false
+	}
+	depth, inString := 0, false
+	for i := 0; i < len(data); i++ {
+		c := data[i]
+		switch {
+		case inString && c == '\\':
+			i++
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '{' || c == '[':
+			depth++
+		case c == '}' || c == ']':
+			if depth--; depth == 0 {
+				return data[:i+1], true
+			}
+		}
+	}
+	return nil, false
+}
+
 // lastUsage reads the last "usage" object in data that reports a prompt, with the output tokens
 // of the last usage object of all (an Anthropic stream counts its output once more at its end,
 // in a usage without the prompt).
@@ -156,8 +184,12 @@ func lastUsage(data []byte) Tokens {
 		if len(rest) == 0 || rest[0] != ':' {
 			continue
 		}
+		obj, ok := objectAt(rest[1:])
+		if !ok {
+			continue
+		}
 		var u UsageObject
-		if json.NewDecoder(bytes.NewReader(rest[1:])).Decode(&u) != nil {
+		if json.Unmarshal(obj, &u) != nil {
 			continue
 		}
 		r := u.Tokens()
