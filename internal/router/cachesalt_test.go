@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-
 )
 
 // vLLM folds a request's cache_salt into its first KV block, so a salted request is never served
