@@ -22,8 +22,7 @@ import (
 // BenchmarkTokenize measures what routing on KV-cache events adds to a chat completion without
 // session id: the router's POST /tokenize to the engine before it places the request. One router
 // (cache_aware) on loopback in front of two simulated workers (a request with one candidate is not
-// tokenized) at time scale 0, so the workers
-// answers at once and the latency is the router's and the round trips'; each request is one
+// tokenized) at time scale 0, so the workers answer at once and the latency is the router's and the round trips'; each request is one
 // user message of the given size, sent one at a time, non-streamed (at time scale 0 its latency
 // is its time to first token). Per size:
 //
