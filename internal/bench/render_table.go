@@ -221,7 +221,7 @@ func tokenizeLine(t *TargetReport) string {
 	}
 	s := fmt.Sprintf("%.2f calls per request", *t.TokenizeCallsPerRequest)
 	if t.TokenizeCachedPerRequest != nil {
-		s += fmt.Sprintf(", %.2f answered from the token cache", *t.TokenizeCachedPerRequest)
+		s += fmt.Sprintf(", %.2f answered from the token cache (the prompt's or an earlier turn's)", *t.TokenizeCachedPerRequest)
 	}
 	return s
 }

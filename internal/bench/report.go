@@ -65,8 +65,9 @@ type TargetReport struct {
 	SameWorker *float64 `json:"same_worker_later_turns"`
 
 	// TokenizeCallsPerRequest is the calls the in-process routers made to an engine's /tokenize
-	// (to route on KV-cache events) per request sent, and TokenizeCachedPerRequest the prompts
-	// whose tokens they had already; both nil unless the entry ran with --kv-events.
+	// (to route on KV-cache events, on a request's path or in the background) per request sent,
+	// and TokenizeCachedPerRequest the requests routed on tokens they had already (the prompt's,
+	// or an earlier turn's); both nil unless the entry ran with --kv-events.
 	TokenizeCallsPerRequest  *float64 `json:"tokenize_calls_per_request,omitempty"`
 	TokenizeCachedPerRequest *float64 `json:"tokenize_cached_per_request,omitempty"`
 

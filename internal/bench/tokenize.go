@@ -11,7 +11,8 @@ import (
 // vllm_router_tokenize_requests_total.
 
 // tokenizeCalls sums, over the replicas, the calls to an engine's /tokenize (results ok, error
-// and timeout) and the answers taken from the routers' token caches instead (cached).
+// and timeout, on a request's path or in the background) and the requests answered from the
+// routers' token caches instead (cached: the prompt's own tokens; prefix: an earlier turn's).
 func (rs replicaSet) tokenizeCalls() (calls, cached float64) {
 	for _, lr := range rs {
 		vec := lr.r.Metrics().TokenizeRequests
@@ -20,9 +21,10 @@ func (rs replicaSet) tokenizeCalls() (calls, cached float64) {
 			if err := vec.WithLabelValues(result).Write(&m); err != nil {
 				continue
 			}
-			if result == metrics.TokenizeCached {
+			switch result {
+			case metrics.TokenizeCached, metrics.TokenizePrefix:
 				cached += m.GetCounter().GetValue()
-			} else {
+			case metrics.TokenizeOK, metrics.TokenizeError, metrics.TokenizeTimeout:
 				calls += m.GetCounter().GetValue()
 			}
 		}

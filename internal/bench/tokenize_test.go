@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -34,22 +35,29 @@ func TestKVEventsBenchCountsTokenizeCallsPerRequest(t *testing.T) {
 	}
 	// With ids, a session is tokenized only until its first block is recorded, to check it against
 	// the events later: on its first turn, and on its second when the first came before its
-	// worker's engine had published anything (a fresh fleet). Its worker keeps it, so no later turn
-	// is.
+	// worker's engine had published anything (a fresh fleet), which routes on the first turn's
+	// tokens (cached) while its own are asked in the background. Its worker keeps it, so no later
+	// turn is.
 	once := float64(rep.Sessions) / float64(ids.Requests)
-	if got := *ids.TokenizeCallsPerRequest; got < once || got > 2*once || *ids.TokenizeCachedPerRequest != 0 {
-		t.Fatalf("with session ids: %v tokenize calls and %v cached per request, want %v to %v (the first turns)",
-			got, *ids.TokenizeCachedPerRequest, once, 2*once)
+	if got := *ids.TokenizeCallsPerRequest; got < once || got > 2*once || *ids.TokenizeCachedPerRequest > once {
+		t.Fatalf("with session ids: %v tokenize calls and %v cached per request, want %v to %v (the first turns), at most %v cached",
+			got, *ids.TokenizeCachedPerRequest, once, 2*once, once)
 	}
-	if *none.TokenizeCallsPerRequest != 1 || *none.TokenizeCachedPerRequest != 0 {
-		t.Fatalf("without session ids: %v tokenize calls and %v cached per request, want one call each",
-			*none.TokenizeCallsPerRequest, *none.TokenizeCachedPerRequest)
+	// Without ids every request's tokens are asked: a first turn's on its path, a later turn's in
+	// the background while it routes on its earlier turn's (the last turns' may still be on their
+	// way when the run ends).
+	later := 1 - once
+	if calls := *none.TokenizeCallsPerRequest; calls > 1 || calls < later || *none.TokenizeCachedPerRequest != later {
+		t.Fatalf("without session ids: %v tokenize calls and %v cached per request, want %v to 1 calls and %v cached (the later turns)",
+			calls, *none.TokenizeCachedPerRequest, later, later)
 	}
 	var out bytes.Buffer
 	if err := WriteTable(&out, rep); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), "tokenize:  1.00 calls per request, 0.00 answered from the token cache") {
+	want := fmt.Sprintf("tokenize:  %.2f calls per request, %.2f answered from the token cache (the prompt's or an earlier turn's)",
+		*none.TokenizeCallsPerRequest, *none.TokenizeCachedPerRequest)
+	if !strings.Contains(out.String(), want) {
 		t.Fatalf("the table does not show the tokenize calls:\n%s", out.String())
 	}
 }
