@@ -36,17 +36,21 @@ func TestTokensAreAskedOfTheRenderServiceWhenOneIsGiven(t *testing.T) {
 		url, result string
 	}{{render.URLs()[0], "ok"}, {nobody, "error"}} {
 		u, endpoint := eventWorker(t, simCfg)
+		other, otherEndpoint := eventWorker(t, simCfg) // a request with one candidate is not tokenized
 		cfg := testConfig()
 		cfg.TokenizeURL = c.url
-		tr := startEventRouter(t, cfg, map[string]string{u: endpoint})
+		tr := startEventRouter(t, cfg, map[string]string{u: endpoint, other: otherEndpoint})
 		resp, err := http.Post(u+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
 		if err != nil {
 			t.Fatal(err)
 		}
 		resp.Body.Close() // the worker's engine holds the prompt now, and publishes it
 		waitFor(t, "the prompt's blocks in the index", func() bool {
-			st := tr.kvEvents.Status()
-			return len(st) == 1 && st[0].Blocks >= 50
+			held := 0
+			for _, st := range tr.kvEvents.Status() {
+				held += st.Blocks
+			}
+			return held >= 50
 		})
 		routed := tr.post(t, "/v1/chat/completions", string(body))
 		if raw := readAll(t, routed); routed.StatusCode != http.StatusOK {
