@@ -23,6 +23,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/config"
 	"github.com/cacheroute/cacheroute/internal/proxy"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // docs/migrating-from-vllm-router.md lists the vLLM router's flags and routes with what each
@@ -147,7 +148,7 @@ func TestMigrationGuideRoutesAreHandledAsItSays(t *testing.T) {
 	port := strconv.Itoa(freePort(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	var logs syncBuffer
+	var logs testkit.SyncBuffer
 	go func() {
 		defer close(done)
 		_ = Execute(ctx, []string{"--worker-urls", w.URL, "--policy", "round_robin", "--port", port,
@@ -253,7 +254,7 @@ func routeCount(t *testing.T, client *http.Client, base string) map[string]float
 
 // waitHealthy waits until the router at base answers /health 200, failing the test when it
 // stopped (stopped closed) or did not within 10 s.
-func waitHealthy(t *testing.T, base string, stopped <-chan struct{}, logs *syncBuffer) {
+func waitHealthy(t *testing.T, base string, stopped <-chan struct{}, logs *testkit.SyncBuffer) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {

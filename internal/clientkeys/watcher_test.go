@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // writeFile replaces path by renaming a new file over it, as a careful operator would.
@@ -47,12 +49,12 @@ func (r *reloads) all() []error {
 
 // newTestWatcher writes text to a keys file in a temp dir and watches it, logging into the
 // returned buffer.
-func newTestWatcher(t *testing.T, text string) (*Watcher, string, *reloads, *syncBuffer) {
+func newTestWatcher(t *testing.T, text string) (*Watcher, string, *reloads, *testkit.SyncBuffer) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "keys")
 	writeFile(t, path, text)
 	rec := &reloads{}
-	logs := &syncBuffer{}
+	logs := &testkit.SyncBuffer{}
 	w, err := NewWatcher(path, WatcherOptions{
 		Interval: 5 * time.Millisecond,
 		Logger:   slog.New(slog.NewTextHandler(logs, nil)),
@@ -62,23 +64,6 @@ func newTestWatcher(t *testing.T, text string) (*Watcher, string, *reloads, *syn
 		t.Fatal(err)
 	}
 	return w, path, rec, logs
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func TestNewWatcher_FailsOnABrokenFile(t *testing.T) {

@@ -7,13 +7,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/kubeapi"
 	"github.com/cacheroute/cacheroute/internal/kubeapi/kubetest"
 	"github.com/cacheroute/cacheroute/internal/kvevents"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 var pod = kubetest.Pod
@@ -439,7 +439,7 @@ func TestKubernetesRefusedListIsLoggedThroughTheRoutersLogger(t *testing.T) {
 	s := newCluster(t, pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm"))
 	s.RefuseLists(&kubeapi.Status{Code: 403, Reason: "Forbidden",
 		Message: `pods is forbidden: User "system:serviceaccount:llm:cacheroute" cannot list resource "pods"`})
-	var buf syncBuffer
+	var buf testkit.SyncBuffer
 	log := slog.New(slog.NewTextHandler(&buf, nil))
 	src, err := NewKubernetes(KubernetesOptions{Client: s.Client(t), Namespace: "llm", Selector: "app=vllm", Port: 8000, Log: log})
 	if err != nil {
@@ -464,23 +464,6 @@ func TestKubernetesRefusedListIsLoggedThroughTheRoutersLogger(t *testing.T) {
 	rec.waitFor(t, "the pod once the list is allowed", is("http://10.0.0.1:8000", true))
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func annotate(p *kubeapi.Pod, kv ...string) {
 	p.Metadata.Annotations = map[string]string{}
 	for i := 0; i+1 < len(kv); i += 2 {
@@ -492,7 +475,7 @@ func annotate(p *kubeapi.Pod, kv ...string) {
 // that cannot be used is logged once and the pod is still wanted, without endpoints of its own.
 func TestKubernetesPodAnnotationsNameTheWorkersEventEndpoints(t *testing.T) {
 	s := newCluster(t)
-	var buf syncBuffer
+	var buf testkit.SyncBuffer
 	rec := watchPods(t, s.Client(t), slog.New(slog.NewTextHandler(&buf, nil)))
 	events := func(want kvevents.WorkerEndpoints, ready bool) func([]Endpoint) bool {
 		return func(set []Endpoint) bool {

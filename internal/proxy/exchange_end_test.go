@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/telemetry"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // TestEveryExchangeEndsOnceWhoeverAnswered sends one request of each ending: the worker's answer
@@ -28,7 +29,7 @@ func TestEveryExchangeEndsOnceWhoeverAnswered(t *testing.T) {
 		rw.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(rw, `{"id":"c1","choices":[]}`)
 	})
-	var out syncBuffer
+	var out testkit.SyncBuffer
 	log := telemetry.NewAccessLog(&out, nil)
 	t.Cleanup(log.Close)
 	opts := testOptions()
@@ -46,12 +47,12 @@ func TestEveryExchangeEndsOnceWhoeverAnswered(t *testing.T) {
 	// One request more, on the same connection: its line comes after every end of the others.
 	tp.post(t, chatPath, `{"model":`, HeaderRequestID, "last")
 	eventually(t, 5*time.Second, "the last request's line", func() bool {
-		lines := out.lines(t)
+		lines := jsonLines(t, &out)
 		return len(lines) > 0 && lines[len(lines)-1]["request_id"] == "last"
 	})
 	seen := map[string]int{}
 	status := map[string]float64{}
-	for _, l := range out.lines(t) {
+	for _, l := range jsonLines(t, &out) {
 		id, _ := l["request_id"].(string)
 		seen[id]++
 		status[id], _ = l["status"].(float64)

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bufio"
-	"bytes"
 	"io"
 	"log/slog"
 	"net"
@@ -12,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // What a client or a worker can see of the router: request ids, method errors, forwarding
@@ -258,24 +259,6 @@ func TestSurface_HeadersNamedInAnyConnectionLineAreNotForwarded(t *testing.T) {
 	})
 }
 
-// lockedBuffer is a log sink safe for the router's concurrent writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // Worker URLs may carry credentials ("http://user:password@host"); those never leave the router:
 // not in answer headers, health, metrics, admin listings, error bodies or logs.
 func TestSurface_WorkerCredentialsAreShownNowhere(t *testing.T) {
@@ -283,7 +266,7 @@ func TestSurface_WorkerCredentialsAreShownNowhere(t *testing.T) {
 	withCreds := func(u string) string { return strings.Replace(u, "http://", "http://"+user+":"+password+"@", 1) }
 	live := okWorker(t, "live")
 	dead := closedPort(t)
-	logs := &lockedBuffer{}
+	logs := &testkit.SyncBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	tp := newTestProxy(t, setup{urls: []string{withCreds(dead), withCreds(live.URL)}, log: log})
 	deadOnly := newTestProxy(t, setup{urls: []string{withCreds(dead)}, log: log})

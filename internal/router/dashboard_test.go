@@ -22,6 +22,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/browsertest"
 	"github.com/cacheroute/cacheroute/internal/dashboard"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // The status page is opened in a real headless Chromium in front of a router and simulated
@@ -404,7 +405,7 @@ func TestStartUpLogGivesTheStatusPageURL(t *testing.T) {
 	w := newFakeWorker(t)
 	cfg := testConfig()
 	cfg.Host, cfg.Port, cfg.WorkerURLs = "127.0.0.1", 0, []string{w.URL()}
-	var logs syncBuffer
+	var logs testkit.SyncBuffer
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, cfg, slog.New(slog.NewTextHandler(&logs, nil))) }()

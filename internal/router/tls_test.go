@@ -2,7 +2,6 @@ package router
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -24,12 +23,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/config"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // testPKI is a certificate authority made for one test, with the files it writes in dir.
@@ -144,24 +143,6 @@ func replaceFile(t *testing.T, path string, data []byte) {
 	if err := os.Rename(tmp, path); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// syncBuffer collects log output written from several goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // tlsTestRouter is a router serving TLS on loopback: the traffic listener and the metrics one.
@@ -475,7 +456,7 @@ func TestCertificateRotatesWhenTheFilesChange(t *testing.T) {
 func TestCertificateThatFailsToLoadKeepsTheOneInUseAndIsLoggedOnce(t *testing.T) {
 	p := newTestPKI(t)
 	certFile, keyFile := p.writePair("server", 1, false)
-	var logs syncBuffer
+	var logs testkit.SyncBuffer
 	rl, err := newCertReloader(certFile, keyFile, "TLS certificate", slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -533,7 +514,7 @@ func TestHTTPSWorkerIsReachedWithTheWorkerCAFile(t *testing.T) {
 
 func TestHTTPSWorkerIsNotTrustedWithoutTheWorkerCAFile(t *testing.T) {
 	p := newTestPKI(t)
-	var errLog syncBuffer
+	var errLog testkit.SyncBuffer
 	w := newTLSWorker(t, &tls.Config{Certificates: []tls.Certificate{p.tlsCertificate(10, false)}}, &errLog)
 	tr := startRouter(t, testConfig(), w) // system roots only
 	if tr.Pool().Get(w.URL())[0].Healthy() {
@@ -551,7 +532,7 @@ func TestHTTPSWorkerIsNotTrustedWithoutTheWorkerCAFile(t *testing.T) {
 
 func TestMutualTLSWorkerIsReachedWithTheClientCertificateAndRefusedWithout(t *testing.T) {
 	p := newTestPKI(t)
-	var errLog syncBuffer
+	var errLog testkit.SyncBuffer
 	w := newTLSWorker(t, &tls.Config{
 		Certificates: []tls.Certificate{p.tlsCertificate(10, false)},
 		ClientAuth:   tls.RequireAndVerifyClientCert,

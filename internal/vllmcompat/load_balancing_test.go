@@ -112,7 +112,7 @@ func TestPowerOfTwoPrefersLessLoaded(t *testing.T) {
 		t.Fatalf("slow worker %d, fast worker %d of 100: want fewer on the slow one", counts[slowIDs[0]], counts[fastIDs[0]])
 	}
 	// The flag the fixture passes is the vLLM router's, with no effect here: one warning says so.
-	if got := r.logs.lines("level=WARN", "--worker-startup-check-interval"); len(got) != 1 {
+	if got := r.logs.Lines("level=WARN", "--worker-startup-check-interval"); len(got) != 1 {
 		t.Errorf("warnings about --worker-startup-check-interval: %q, want one", got)
 	}
 }

@@ -1,0 +1,58 @@
+package testkit
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+)
+
+// Send sends a request with client (http.DefaultClient when nil): a JSON body when body is not
+// empty, then header as name, value pairs. It returns the answer's status, headers and whole
+// body, failing t when there is no answer.
+func Send(t testing.TB, client *http.Client, method, url, body string, header ...string) (int, http.Header, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	if client == nil {
+		client = http.DefaultClient
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: reading the body: %v", method, url, err)
+	}
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+// Server is an httptest server on loopback that counts the requests it receives.
+type Server struct {
+	*httptest.Server
+	Hits atomic.Int64
+}
+
+// NewServer serves h until the test ends.
+func NewServer(t testing.TB, h http.HandlerFunc) *Server {
+	t.Helper()
+	s := &Server{}
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.Hits.Add(1)
+		h(w, r)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
