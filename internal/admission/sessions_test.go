@@ -3,10 +3,13 @@ package admission
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // roomFor is a Fits whose room the test sets.
@@ -28,21 +31,9 @@ func waitAll(t *testing.T, q *SessionQueue, tickets []*SessionTicket) (order cha
 			}
 			errs <- err
 		}()
-		waitUntil(t, func() bool { return q.Waiting() == i+1 })
+		testkit.WaitFor(t, fmt.Sprint(i+1, " waiting"), func() bool { return q.Waiting() == i+1 })
 	}
 	return order, errs
-}
-
-// waitUntil polls cond for up to 10 s.
-func waitUntil(t *testing.T, cond func() bool) {
-	t.Helper()
-	for i := 0; i < 1000; i++ {
-		if cond() {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatal("condition not met in 10 s")
 }
 
 func TestTheSessionServedLeastGoesFirstWhenRoomAppears(t *testing.T) {
@@ -114,7 +105,7 @@ func TestARequestThatWaitsAgainKeepsItsPlace(t *testing.T) {
 	r.room.Store(0)
 	again := make(chan error, 1)
 	go func() { again <- q.Wait(context.Background(), a) }()
-	waitUntil(t, func() bool { return q.Waiting() == 2 })
+	testkit.WaitFor(t, "2 waiting", func() bool { return q.Waiting() == 2 })
 	r.room.Store(100)
 	q.Offer()
 	select {
@@ -150,7 +141,7 @@ func TestAClientThatLeavesLeavesTheQueue(t *testing.T) {
 	wg.Add(1)
 	var err error
 	go func() { defer wg.Done(); err = q.Wait(ctx, &SessionTicket{Need: 10}) }()
-	waitUntil(t, func() bool { return q.Waiting() == 1 })
+	testkit.WaitFor(t, "1 waiting", func() bool { return q.Waiting() == 1 })
 	cancel()
 	wg.Wait()
 	if !errors.Is(err, context.Canceled) || q.Waiting() != 0 {

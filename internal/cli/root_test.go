@@ -44,10 +44,7 @@ func run(ctx context.Context, args ...string) (stdout, stderr string, err error)
 // takenPort holds a loopback port for the rest of the test and returns it.
 func takenPort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	t.Cleanup(func() { ln.Close() })
 	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 }

@@ -13,14 +13,12 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/cacheroute/cacheroute/internal/kvevents"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
 }

@@ -27,7 +27,7 @@ func jsonLines(t *testing.T, out *testkit.SyncBuffer) []map[string]any {
 }
 
 func TestAccessLogHasALinePerRequestWithItsWorkerDecisionAndUsage(t *testing.T) {
-	w := newWorker(t, func(rw http.ResponseWriter, r *http.Request) {
+	w := testkit.NewServer(t, func(rw http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		rw.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(rw, `{"id":"c1","choices":[],"usage":{"prompt_tokens":42,"prompt_tokens_details":{"cached_tokens":32}}}`)
@@ -43,7 +43,7 @@ func TestAccessLogHasALinePerRequestWithItsWorkerDecisionAndUsage(t *testing.T) 
 	if status != http.StatusBadRequest {
 		t.Fatalf("malformed body: %d", status)
 	}
-	eventually(t, 5*time.Second, "two access log lines", func() bool { return len(jsonLines(t, &out)) == 2 })
+	testkit.WaitWithin(t, 5*time.Second, "two access log lines", func() bool { return len(jsonLines(t, &out)) == 2 })
 	lines := jsonLines(t, &out)
 	ok, bad := lines[0], lines[1]
 	if ok["request_id"] != "req-1" || ok["route"] != chatPath || ok["status"] != float64(200) || ok["worker"] != w.URL ||

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/metrics"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -62,7 +63,7 @@ func TestClientDisconnect_MidStreamCancelsTheWorkersRequest(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cancelled := newSignal()
-			w := newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+			w := testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 				_, _ = io.Copy(io.Discard, r.Body)
 				w.Header().Set("Content-Type", "text/event-stream")
 				var tick <-chan time.Time
@@ -107,7 +108,7 @@ func TestClientDisconnect_MidStreamCancelsTheWorkersRequest(t *testing.T) {
 
 			cancelled.wait(t, 5*time.Second, "the worker's request context is cancelled")
 			tp.loadReturnsToZero(t)
-			eventually(t, 5*time.Second, "requests_total{status_class=4xx} is 1 (499, client gone)", func() bool {
+			testkit.WaitWithin(t, 5*time.Second, "requests_total{status_class=4xx} is 1 (499, client gone)", func() bool {
 				return tp.requests("4xx") == 1
 			})
 			if got := tp.requests(metrics.StatusCut); got != 0 {
@@ -128,7 +129,7 @@ func TestClientDisconnect_MidStreamCancelsTheWorkersRequest(t *testing.T) {
 // and closes the worker connection.
 func TestClientDisconnect_WhileWaitingOnANonStreamedAnswer(t *testing.T) {
 	started, cancelled := newSignal(), newSignal()
-	w := newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+	w := testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		started.fire()
 		select {
@@ -150,7 +151,7 @@ func TestClientDisconnect_WhileWaitingOnANonStreamedAnswer(t *testing.T) {
 
 	cancelled.wait(t, 5*time.Second, "the worker's request context is cancelled")
 	tp.loadReturnsToZero(t)
-	eventually(t, 5*time.Second, "requests_total{status_class=4xx} is 1 (499, client gone)", func() bool {
+	testkit.WaitWithin(t, 5*time.Second, "requests_total{status_class=4xx} is 1 (499, client gone)", func() bool {
 		return tp.requests("4xx") == 1
 	})
 	if got := tp.totalUpstreamErrors(); got != 0 {
@@ -165,7 +166,7 @@ func TestClientDisconnect_WhileWaitingOnANonStreamedAnswer(t *testing.T) {
 // hears of the request, not even as a new connection.
 func TestClientDisconnect_DuringBackoffStopsTheRetry(t *testing.T) {
 	answered := newSignal()
-	busy := newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+	busy := testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.WriteHeader(http.StatusServiceUnavailable)
 		answered.fire()
@@ -187,7 +188,7 @@ func TestClientDisconnect_DuringBackoffStopsTheRetry(t *testing.T) {
 	answered.wait(t, 5*time.Second, "the first worker answered 503")
 	_ = c.Close()
 
-	eventually(t, 8*time.Second, "requests_total{status_class=4xx} is 1 (499, client gone)", func() bool {
+	testkit.WaitWithin(t, 8*time.Second, "requests_total{status_class=4xx} is 1 (499, client gone)", func() bool {
 		return tp.requests("4xx") == 1
 	})
 	// The worker accepts in dial order, so once it has accepted a connection dialed now, it has
@@ -197,7 +198,7 @@ func TestClientDisconnect_DuringBackoffStopsTheRetry(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer probe.Close()
-	eventually(t, 5*time.Second, "the next worker accepted the probe", func() bool { return next.conns.Load() >= 1 })
+	testkit.WaitWithin(t, 5*time.Second, "the next worker accepted the probe", func() bool { return next.conns.Load() >= 1 })
 	if got := next.conns.Load() - 1; got != 0 {
 		t.Errorf("the next worker got %d connections (%d requests) after the client left, want none",
 			got, next.requests.Load())
@@ -209,7 +210,7 @@ func TestClientDisconnect_DuringBackoffStopsTheRetry(t *testing.T) {
 // rounds is answered in full, and the worker's request is not cancelled.
 func TestClientDisconnect_ClientThatStaysIsNotCutByTheWatch(t *testing.T) {
 	cancelled := newSignal()
-	w := newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+	w := testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		select {
 		case <-r.Context().Done():
@@ -231,6 +232,6 @@ func TestClientDisconnect_ClientThatStaysIsNotCutByTheWatch(t *testing.T) {
 		t.Error("the worker's request was cancelled while the client waited")
 	default:
 	}
-	eventually(t, 5*time.Second, "requests_total{status_class=2xx} is 1", func() bool { return tp.requests("2xx") == 1 })
+	testkit.WaitWithin(t, 5*time.Second, "requests_total{status_class=2xx} is 1", func() bool { return tp.requests("2xx") == 1 })
 	tp.loadReturnsToZero(t)
 }

@@ -15,7 +15,7 @@ import (
 // read whole, the worker's answer streamed after the handler returned, and the router's own
 // answer. Each is counted and logged exactly once, with its own status.
 func TestEveryExchangeEndsOnceWhoeverAnswered(t *testing.T) {
-	w := newWorker(t, func(rw http.ResponseWriter, r *http.Request) {
+	w := testkit.NewServer(t, func(rw http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		if strings.Contains(string(body), `"stream":true`) {
 			rw.Header().Set("Content-Type", "text/event-stream")
@@ -46,7 +46,7 @@ func TestEveryExchangeEndsOnceWhoeverAnswered(t *testing.T) {
 	}
 	// One request more, on the same connection: its line comes after every end of the others.
 	tp.post(t, chatPath, `{"model":`, HeaderRequestID, "last")
-	eventually(t, 5*time.Second, "the last request's line", func() bool {
+	testkit.WaitWithin(t, 5*time.Second, "the last request's line", func() bool {
 		lines := jsonLines(t, &out)
 		return len(lines) > 0 && lines[len(lines)-1]["request_id"] == "last"
 	})

@@ -11,8 +11,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,6 +20,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -116,10 +115,7 @@ func newTestProxy(t *testing.T, cfg setup) *testProxy {
 	m := metrics.New(pool)
 	opts.Own = OwnEndpointsForTests(pool, m, opts)
 	s := New(opts, pool, p, m, log)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	srv := s.HTTPServer()
 	served := make(chan struct{})
 	go func() {
@@ -157,49 +153,16 @@ func (tp *testProxy) worker(t *testing.T, url string) *workers.Worker {
 	return ws[0]
 }
 
-// post sends body to path and returns the status, headers and whole body.
+// post sends body to path as JSON and returns the status, headers and whole body.
 func (tp *testProxy) post(t *testing.T, path, body string, header ...string) (int, http.Header, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, tp.URL+path, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := tp.Client.Do(req)
-	if err != nil {
-		t.Fatalf("POST %s: %v", path, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("POST %s: reading the body: %v", path, err)
-	}
-	return resp.StatusCode, resp.Header, string(b)
+	return testkit.Send(t, tp.Client, http.MethodPost, tp.URL+path, body, append([]string{"Content-Type", "application/json"}, header...)...)
 }
 
 // do sends a body-less request (GET, DELETE, ...) with optional header pairs.
 func (tp *testProxy) do(t *testing.T, method, path string, header ...string) (int, http.Header, string) {
 	t.Helper()
-	req, err := http.NewRequest(method, tp.URL+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := tp.Client.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("%s %s: reading the body: %v", method, path, err)
-	}
-	return resp.StatusCode, resp.Header, string(b)
+	return testkit.Send(t, tp.Client, method, tp.URL+path, "", header...)
 }
 
 // upstreamErrors is upstream_errors_total{kind}.
@@ -212,66 +175,22 @@ func (tp *testProxy) requests(class string) float64 {
 	return testutil.ToFloat64(tp.Metrics.Requests.WithLabelValues(chatPath, class))
 }
 
-// eventually polls cond every 10 ms until it holds, and fails the test with what when within
-// passes first. The bound is an upper bound on behaviour, never a performance target.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // loadReturnsToZero waits for every tenant's in-flight load to be given back.
 func (tp *testProxy) loadReturnsToZero(t *testing.T) {
 	t.Helper()
 	for _, w := range tp.Pool.All() {
-		eventually(t, 5*time.Second, "load of "+w.Name()+" back to 0", func() bool { return w.Load() == 0 })
+		testkit.WaitWithin(t, 5*time.Second, "load of "+w.Name()+" back to 0", func() bool { return w.Load() == 0 })
 	}
 }
 
-// testWorker is a well-behaved worker: an httptest server that counts the requests it receives.
-type testWorker struct {
-	*httptest.Server
-	hits atomic.Int64
-}
-
-func newWorker(t *testing.T, h http.HandlerFunc) *testWorker {
-	t.Helper()
-	w := &testWorker{}
-	w.Server = httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		w.hits.Add(1)
-		h(rw, r)
-	}))
-	t.Cleanup(w.Close)
-	return w
-}
-
 // okWorker answers every request 200 with a JSON body naming itself.
-func okWorker(t *testing.T, name string) *testWorker {
-	return newWorker(t, func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = fmt.Fprintf(w, `{"worker":%q}`, name)
-	})
-}
-
-// statusWorker answers every request with status and a body naming itself.
-func statusWorker(t *testing.T, status int, name string) *testWorker {
-	return newWorker(t, func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(status)
-		_, _ = fmt.Fprintf(w, `{"worker":%q}`, name)
-	})
+func okWorker(t *testing.T, name string) *testkit.Server {
+	return testkit.NamedServer(t, http.StatusOK, name)
 }
 
 // sseWorker streams n events, flushing each one, then ends the stream cleanly.
-func sseWorker(t *testing.T, name string, n int) *testWorker {
-	return newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+func sseWorker(t *testing.T, name string, n int) *testkit.Server {
+	return testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
 		for i := range n {
@@ -298,10 +217,7 @@ type rawWorker struct {
 
 func newRawWorker(t *testing.T, serve func(rw *rawWorker, c net.Conn, br *bufio.Reader)) *rawWorker {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	rw := &rawWorker{URL: "http://" + ln.Addr().String(), ln: ln}
 	rw.wg.Add(1)
 	go func() {
@@ -382,10 +298,7 @@ func roundTrip(t *testing.T, c net.Conn, req string) int {
 // closedPort returns the URL of a loopback port nothing listens on: dialing it is refused.
 func closedPort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	addr := ln.Addr().String()
 	_ = ln.Close()
 	return "http://" + addr

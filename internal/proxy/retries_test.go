@@ -16,6 +16,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -38,8 +39,8 @@ func TestRetries_DialErrorGoesToNextWorker(t *testing.T) {
 	if got := h.Get(HeaderWorker); got != tp.worker(t, live.URL).Name() {
 		t.Errorf("%s = %q, want the live worker", HeaderWorker, got)
 	}
-	if live.hits.Load() != 1 {
-		t.Errorf("live worker hits = %d, want 1", live.hits.Load())
+	if live.Hits.Load() != 1 {
+		t.Errorf("live worker hits = %d, want 1", live.Hits.Load())
 	}
 	if got := tp.upstreamErrors(upstream.KindConnect); got != 1 {
 		t.Errorf("upstream_errors_total{kind=connect} = %v, want 1", got)
@@ -51,7 +52,7 @@ func TestRetries_DialErrorGoesToNextWorker(t *testing.T) {
 }
 
 func TestRetries_503IsRetriedOnTheNextWorker(t *testing.T) {
-	busy := statusWorker(t, http.StatusServiceUnavailable, "busy")
+	busy := testkit.NamedServer(t, http.StatusServiceUnavailable, "busy")
 	live := okWorker(t, "live")
 	tp := newTestProxy(t, setup{urls: []string{busy.URL, live.URL}})
 
@@ -59,8 +60,8 @@ func TestRetries_503IsRetriedOnTheNextWorker(t *testing.T) {
 	if status != http.StatusOK || !strings.Contains(body, `"live"`) {
 		t.Fatalf("got %d %q, want 200 from the live worker", status, body)
 	}
-	if busy.hits.Load() != 1 || live.hits.Load() != 1 {
-		t.Errorf("hits busy=%d live=%d, want 1 and 1", busy.hits.Load(), live.hits.Load())
+	if busy.Hits.Load() != 1 || live.Hits.Load() != 1 {
+		t.Errorf("hits busy=%d live=%d, want 1 and 1", busy.Hits.Load(), live.Hits.Load())
 	}
 	if got := tp.upstreamErrors(upstream.KindStatus); got != 1 {
 		t.Errorf("upstream_errors_total{kind=status_5xx} = %v, want 1", got)
@@ -69,8 +70,8 @@ func TestRetries_503IsRetriedOnTheNextWorker(t *testing.T) {
 }
 
 func TestRetries_FinalAttemptsServerErrorIsPassedThrough(t *testing.T) {
-	a := statusWorker(t, http.StatusServiceUnavailable, "a")
-	b := statusWorker(t, http.StatusServiceUnavailable, "b")
+	a := testkit.NamedServer(t, http.StatusServiceUnavailable, "a")
+	b := testkit.NamedServer(t, http.StatusServiceUnavailable, "b")
 	tp := newTestProxy(t, setup{urls: []string{a.URL, b.URL}})
 
 	status, h, body := tp.post(t, chatPath, chatBody)
@@ -81,8 +82,8 @@ func TestRetries_FinalAttemptsServerErrorIsPassedThrough(t *testing.T) {
 	if got := h.Get(HeaderWorker); got != tp.worker(t, b.URL).Name() {
 		t.Errorf("%s = %q, want worker b", HeaderWorker, got)
 	}
-	if a.hits.Load() != 1 || b.hits.Load() != 1 {
-		t.Errorf("hits a=%d b=%d, want 1 and 1", a.hits.Load(), b.hits.Load())
+	if a.Hits.Load() != 1 || b.Hits.Load() != 1 {
+		t.Errorf("hits a=%d b=%d, want 1 and 1", a.Hits.Load(), b.Hits.Load())
 	}
 	tp.loadReturnsToZero(t)
 }
@@ -217,7 +218,7 @@ func TestRetries_FreshConnectionClosedAfterTheRequestIsNotRetried(t *testing.T) 
 	if got := closer.requests.Load(); got != 1 {
 		t.Errorf("closing worker read %d requests, want 1", got)
 	}
-	if got := other.hits.Load(); got != 0 {
+	if got := other.Hits.Load(); got != 0 {
 		t.Errorf("the other worker got %d requests, want 0 (not retried)", got)
 	}
 	if got := tp.upstreamErrors(upstream.KindSent); got != 1 {
@@ -243,7 +244,7 @@ func TestRetries_OpenBreakerWorkerIsNeverSentTo(t *testing.T) {
 			t.Fatalf("request %d: got %d %q, want 200 from the live worker", i, status, body)
 		}
 	}
-	if got := broken.hits.Load(); got != 0 {
+	if got := broken.Hits.Load(); got != 0 {
 		t.Errorf("the worker with an open breaker got %d requests, want 0", got)
 	}
 	tp.loadReturnsToZero(t)
@@ -335,7 +336,7 @@ func TestRetries_BreakerRefusalTeachesThePolicyNothing(t *testing.T) {
 	if served == tripped.Name() {
 		t.Fatalf("the refused worker %s served the request", served)
 	}
-	if got := a.hits.Load() + b.hits.Load(); got != 1 {
+	if got := a.Hits.Load() + b.Hits.Load(); got != 1 {
 		t.Errorf("workers got %d requests, want 1", got)
 	}
 	committed, observed := rec.record()
@@ -375,7 +376,7 @@ func TestRetries_StopAtMaxRetries(t *testing.T) {
 			order := make([]atomic.Int64, 4) // 0: never asked, else the position in which it was
 			var urls []string
 			for i := range order {
-				w := newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+				w := testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 					_, _ = io.Copy(io.Discard, r.Body)
 					order[i].CompareAndSwap(0, seq.Add(1))
 					w.WriteHeader(http.StatusServiceUnavailable)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/cacheroute/cacheroute/internal/upstream"
 )
 
@@ -37,7 +38,7 @@ func TestStall_AttemptWaitingOnAStalledWorkerIsRetriedElsewhere(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		done <- answer{resp.StatusCode, string(b)}
 	}()
-	eventually(t, 5*time.Second, "the hung worker has the request", func() bool { return hung.requests.Load() == 1 })
+	testkit.WaitWithin(t, 5*time.Second, "the hung worker has the request", func() bool { return hung.requests.Load() == 1 })
 	tp.worker(t, hung.URL).SetStalled(true)
 
 	select {
@@ -67,7 +68,7 @@ func TestStall_ARetrySkipsAWorkerFoundStalledSinceTheRequestBegan(t *testing.T) 
 	hung := hangingWorker(t)
 	live := okWorker(t, "live")
 	var tp *testProxy
-	busy := newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+	busy := testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		tp.worker(t, hung.URL).SetStalled(true) // found meanwhile, by another request or the checks
 		w.WriteHeader(http.StatusServiceUnavailable)

@@ -21,14 +21,14 @@ import (
 
 // headerWorker answers 200 and keeps the headers of the last request it received.
 type headerWorker struct {
-	*testWorker
+	*testkit.Server
 	mu   sync.Mutex
 	last http.Header
 }
 
 func newHeaderWorker(t *testing.T) *headerWorker {
 	hw := &headerWorker{}
-	hw.testWorker = newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+	hw.Server = testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		hw.mu.Lock()
 		hw.last = r.Header.Clone()
@@ -379,7 +379,7 @@ func TestSurface_PayloadTooLargeIsAnOpenAIError(t *testing.T) {
 	if code := errorCode(t, body); code != "payload_too_large" {
 		t.Errorf("error code %q, want payload_too_large", code)
 	}
-	if got := w.hits.Load(); got != 0 {
+	if got := w.Hits.Load(); got != 0 {
 		t.Errorf("the worker got %d requests, want 0", got)
 	}
 
@@ -405,7 +405,7 @@ func TestSurface_PayloadTooLargeIsAnOpenAIError(t *testing.T) {
 	} else if code := errorCode(t, string(chunked)); code != "payload_too_large" {
 		t.Errorf("chunked body over the limit: error code %q", code)
 	}
-	if got := w.hits.Load(); got != 0 {
+	if got := w.Hits.Load(); got != 0 {
 		t.Errorf("the worker got %d requests, want 0", got)
 	}
 

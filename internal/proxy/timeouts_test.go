@@ -13,6 +13,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/admission"
 	"github.com/cacheroute/cacheroute/internal/metrics"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/cacheroute/cacheroute/internal/upstream"
 )
 
@@ -102,7 +103,7 @@ func TestTimeouts_RequestTimeoutIs504AndNotRetried(t *testing.T) {
 	if code := errorCode(t, body); code != "upstream_timeout" {
 		t.Errorf("error code %q, want upstream_timeout", code)
 	}
-	if got := live.hits.Load(); got != 0 {
+	if got := live.Hits.Load(); got != 0 {
 		t.Errorf("the other worker got %d requests, want 0 (not retried)", got)
 	}
 	if got := tp.upstreamErrors(upstream.KindTimeout); got != 1 {
@@ -148,7 +149,7 @@ func TestTimeouts_SlowBodyIsCutAfterClientBodyTimeout(t *testing.T) {
 	if len(got) > 0 && !bytes.HasPrefix(got, []byte("HTTP/1.1 408 ")) {
 		t.Errorf("answer before the close: %q, want 408 or nothing", got)
 	}
-	if n := live.hits.Load(); n != 0 {
+	if n := live.Hits.Load(); n != 0 {
 		t.Errorf("the worker got %d requests, want 0", n)
 	}
 }
@@ -263,7 +264,7 @@ func floodStream(w http.ResponseWriter, r *http.Request, limit time.Duration) {
 func TestTimeouts_StreamingClientThatNeverReadsReleasesTheLoad(t *testing.T) {
 	stopped := make(chan struct{})
 	var once sync.Once
-	flood := newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+	flood := testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 		defer once.Do(func() { close(stopped) })
 		_, _ = io.Copy(io.Discard, r.Body)
 		floodStream(w, r, 20*time.Second)
@@ -277,15 +278,15 @@ func TestTimeouts_StreamingClientThatNeverReadsReleasesTheLoad(t *testing.T) {
 	if _, err := io.WriteString(c, rawRequest(http.MethodPost, chatPath, streamBody)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the worker is streaming", func() bool { return flood.hits.Load() == 1 })
+	testkit.WaitWithin(t, 5*time.Second, "the worker is streaming", func() bool { return flood.Hits.Load() == 1 })
 
-	eventually(t, 8*time.Second, "load back to 0 with a client that never reads", func() bool { return w.Load() == 0 })
+	testkit.WaitWithin(t, 8*time.Second, "load back to 0 with a client that never reads", func() bool { return w.Load() == 0 })
 	select {
 	case <-stopped:
 	case <-time.After(8 * time.Second):
 		t.Error("the worker was never told to stop streaming")
 	}
-	eventually(t, 5*time.Second, "the request counted once", func() bool {
+	testkit.WaitWithin(t, 5*time.Second, "the request counted once", func() bool {
 		n := 0.0
 		for _, class := range []string{"2xx", "4xx", "5xx", metrics.StatusCut} {
 			n += tp.requests(class)
@@ -303,7 +304,7 @@ func TestTimeouts_StreamingClientThatNeverReadsReleasesTheLoad(t *testing.T) {
 // answer counts as cut.
 func TestTimeouts_ClientThatStopsReadingIsCutAfterClientWriteTimeout(t *testing.T) {
 	stopped := newSignal()
-	flood := newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+	flood := testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		if !strings.Contains(string(body), `"stream":true`) {
 			w.Header().Set("Content-Type", "application/json")
@@ -328,12 +329,12 @@ func TestTimeouts_ClientThatStopsReadingIsCutAfterClientWriteTimeout(t *testing.
 	if _, err := io.WriteString(c, rawRequest(http.MethodPost, chatPath, streamBody)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the worker is streaming", func() bool { return flood.hits.Load() == 1 })
+	testkit.WaitWithin(t, 5*time.Second, "the worker is streaming", func() bool { return flood.Hits.Load() == 1 })
 
 	stopped.wait(t, 10*time.Second, "the worker's request is aborted")
-	eventually(t, 5*time.Second, "the worker's load is given back", func() bool { return w.Load() == 0 })
-	eventually(t, 5*time.Second, "the admission slot is given back", func() bool { return ctrl.InFlight() == 0 })
-	eventually(t, 5*time.Second, "the answer counts as cut", func() bool { return tp.requests(metrics.StatusCut) == 1 })
+	testkit.WaitWithin(t, 5*time.Second, "the worker's load is given back", func() bool { return w.Load() == 0 })
+	testkit.WaitWithin(t, 5*time.Second, "the admission slot is given back", func() bool { return ctrl.InFlight() == 0 })
+	testkit.WaitWithin(t, 5*time.Second, "the answer counts as cut", func() bool { return tp.requests(metrics.StatusCut) == 1 })
 	waitClosed(t, c, 10*time.Second) // what the kernel had buffered, then the close
 
 	// The slot serves the next client (a non-streamed request: a short answer).
@@ -378,7 +379,7 @@ func TestTimeouts_SlowHeadersAreAFirstByteTimeout(t *testing.T) {
 // Attempts share the first-byte deadline: after a worker answered 503 at once, the next attempt
 // waits only for what is left of it.
 func TestTimeouts_ARetryWaitsWithinTheFirstAttemptsFirstByteDeadline(t *testing.T) {
-	busy := statusWorker(t, http.StatusServiceUnavailable, "busy")
+	busy := testkit.NamedServer(t, http.StatusServiceUnavailable, "busy")
 	slow := slowHeadersWorker(t)
 	opts := testOptions()
 	opts.Upstream.Timeouts.FirstByte = 200 * time.Millisecond
@@ -389,8 +390,8 @@ func TestTimeouts_ARetryWaitsWithinTheFirstAttemptsFirstByteDeadline(t *testing.
 	if status != http.StatusGatewayTimeout || errorCode(t, body) != "upstream_timeout" {
 		t.Fatalf("got %d %s, want 504 upstream_timeout", status, body)
 	}
-	if busy.hits.Load() != 1 || slow.requests.Load() != 1 {
-		t.Errorf("the workers got %d and %d requests, want one each", busy.hits.Load(), slow.requests.Load())
+	if busy.Hits.Load() != 1 || slow.requests.Load() != 1 {
+		t.Errorf("the workers got %d and %d requests, want one each", busy.Hits.Load(), slow.requests.Load())
 	}
 	if got := tp.upstreamErrors(upstream.KindFirstByte); got != 1 {
 		t.Errorf("upstream_errors_total{kind=first_byte} = %v, want 1", got)

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/cacheroute/cacheroute/internal/sim"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // vLLM folds a request's cache_salt into its first KV block, so a salted request is never served
@@ -33,7 +34,7 @@ func TestASaltedRequestIsNotCreditedWithUnsaltedBlocks(t *testing.T) {
 		return resp.Header.Get("x-vllm-router-decision")
 	}
 	send("")
-	waitFor(t, "the prompt's blocks in the index", func() bool {
+	testkit.WaitFor(t, "the prompt's blocks in the index", func() bool {
 		st := tr.kvEvents.Status()
 		return len(st) == 1 && st[0].Blocks >= 150
 	})

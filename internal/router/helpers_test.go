@@ -5,16 +5,15 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/cacheroute/cacheroute/internal/config"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // fakeWorker is an OpenAI-compatible worker on loopback whose behaviour each test sets.
@@ -118,27 +117,22 @@ func startRouter(t *testing.T, cfg config.Config, ws ...*fakeWorker) *testRouter
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	tr := &testRouter{Router: r, url: "http://" + ln.Addr().String(), cancel: cancel, done: make(chan error, 1)}
+	tr := &testRouter{Router: r, url: "http://" + ln.Addr().String(), cancel: cancel}
+	addWorkers(t, ctx, r, ws)
+	tr.done = testkit.Go(t, cancel, func() error { return r.Serve(ctx, ln, nil) })
+	return tr
+}
+
+// addWorkers registers the workers with r in order.
+func addWorkers(t *testing.T, ctx context.Context, r *Router, ws []*fakeWorker) {
+	t.Helper()
 	for _, w := range ws {
 		if err := r.AddWorker(ctx, w.URL()); err != nil {
 			t.Fatal(err)
 		}
 	}
-	go func() { tr.done <- r.Serve(ctx, ln, nil) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-tr.done:
-		case <-time.After(15 * time.Second):
-			t.Error("router did not stop")
-		}
-	})
-	return tr
 }
 
 func (tr *testRouter) post(t *testing.T, path, body string, header ...string) *http.Response {
@@ -156,18 +150,6 @@ func (tr *testRouter) post(t *testing.T, path, body string, header ...string) *h
 		t.Fatal(err)
 	}
 	return resp
-}
-
-// waitFor polls cond every 5ms for at most 5 seconds.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func readAll(t *testing.T, resp *http.Response) string {

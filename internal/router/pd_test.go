@@ -20,6 +20,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/proxy"
 	"github.com/cacheroute/cacheroute/internal/sim"
 	"github.com/cacheroute/cacheroute/internal/tenant"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -180,7 +181,7 @@ func TestPD_AChatIsPrefilledOnOneWorkerDecodedOnAnotherAndReadsAsFromOne(t *test
 	}
 	// A request is counted when the router ends it, which may come a moment after the client
 	// read the stream's last bytes.
-	waitFor(t, "both transfers counted", func() bool { return r.pdCount(proxy.PDTransfer) == 2 })
+	testkit.WaitFor(t, "both transfers counted", func() bool { return r.pdCount(proxy.PDTransfer) == 2 })
 }
 
 // A session's later turns stay on their decode worker, which holds the conversation after the

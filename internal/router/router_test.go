@@ -18,6 +18,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
 	"github.com/cacheroute/cacheroute/internal/proxy"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 const chatBody = `{"model":"test-model","messages":[{"role":"user","content":"hi"}]}`
@@ -95,7 +96,7 @@ func TestStreamArrivesEventByEvent(t *testing.T) {
 	if !strings.Contains(string(rest), `{"n":2}`) || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
 		t.Fatalf("rest of stream %q", rest)
 	}
-	waitFor(t, "load to return to zero", func() bool { return tr.totalLoad() == 0 })
+	testkit.WaitFor(t, "load to return to zero", func() bool { return tr.totalLoad() == 0 })
 }
 
 // A request goes to the workers of its model; with --strict-model-matching a model no worker
@@ -346,7 +347,7 @@ func TestNoRetryAfterFirstByte(t *testing.T) {
 	if got := testutil.ToFloat64(tr.Metrics().UpstreamErrors.WithLabelValues("mid_stream")); got != 1 {
 		t.Fatalf("upstream_errors_total{kind=mid_stream} = %v", got)
 	}
-	waitFor(t, "load to return to zero", func() bool { return tr.totalLoad() == 0 })
+	testkit.WaitFor(t, "load to return to zero", func() bool { return tr.totalLoad() == 0 })
 }
 
 func TestClientDisconnectCancelsUpstream(t *testing.T) {
@@ -382,7 +383,7 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("upstream request not canceled after the client left")
 	}
-	waitFor(t, "load to return to zero", func() bool { return tr.totalLoad() == 0 })
+	testkit.WaitFor(t, "load to return to zero", func() bool { return tr.totalLoad() == 0 })
 }
 
 func TestLoadCountersReturnToZeroAfterMixedBurst(t *testing.T) {
@@ -443,7 +444,7 @@ func TestLoadCountersReturnToZeroAfterMixedBurst(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	waitFor(t, "every load counter back at zero", func() bool { return tr.totalLoad() == 0 })
+	testkit.WaitFor(t, "every load counter back at zero", func() bool { return tr.totalLoad() == 0 })
 	for _, w := range tr.Pool().All() {
 		if w.Load() != 0 {
 			t.Errorf("%s load %d", w.Tenant(), w.Load())
@@ -631,7 +632,7 @@ func TestGracefulDrainFinishesInFlightRequests(t *testing.T) {
 	}()
 	<-started
 	tr.cancel() // SIGTERM
-	waitFor(t, "the listener to close", func() bool {
+	testkit.WaitFor(t, "the listener to close", func() bool {
 		c, err := net.DialTimeout("tcp", strings.TrimPrefix(tr.url, "http://"), time.Second)
 		if err == nil {
 			c.Close()

@@ -3,20 +3,14 @@ package router
 import (
 	"bufio"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
 	"log"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -33,83 +27,18 @@ import (
 
 // testPKI is a certificate authority made for one test, with the files it writes in dir.
 type testPKI struct {
+	*testkit.CA
 	t      *testing.T
 	dir    string
-	ca     *x509.Certificate
-	caKey  *ecdsa.PrivateKey
 	caFile string
 }
 
 func newTestPKI(t *testing.T) *testPKI {
 	t.Helper()
-	key := newKey(t)
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "cacheroute test CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &testPKI{t: t, dir: t.TempDir(), ca: ca, caKey: key}
+	p := &testPKI{CA: testkit.NewCA(t, "cacheroute test CA"), t: t, dir: t.TempDir()}
 	p.caFile = filepath.Join(p.dir, "ca.pem")
-	replaceFile(t, p.caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+	replaceFile(t, p.caFile, p.PEM)
 	return p
-}
-
-func newKey(t *testing.T) *ecdsa.PrivateKey {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return key
-}
-
-func (p *testPKI) pool() *x509.CertPool {
-	pool := x509.NewCertPool()
-	pool.AddCert(p.ca)
-	return pool
-}
-
-// issue returns the PEM certificate and key of a server certificate for 127.0.0.1, or of a
-// client certificate, with the given serial number.
-func (p *testPKI) issue(serial int64, client bool) (certPEM, keyPEM []byte) {
-	p.t.Helper()
-	key := newKey(p.t)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(serial),
-		Subject:      pkix.Name{CommonName: "127.0.0.1"},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-	}
-	if client {
-		tmpl.Subject.CommonName = "cacheroute"
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
-		tmpl.IPAddresses = nil
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &key.PublicKey, p.caKey)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
 }
 
 // writePair issues a certificate and writes it to name.pem and name-key.pem in the PKI's
@@ -117,21 +46,11 @@ func (p *testPKI) issue(serial int64, client bool) (certPEM, keyPEM []byte) {
 // renaming a new file over the old.
 func (p *testPKI) writePair(name string, serial int64, client bool) (certFile, keyFile string) {
 	p.t.Helper()
-	certPEM, keyPEM := p.issue(serial, client)
+	leaf := p.Issue(p.t, serial, client)
 	certFile, keyFile = filepath.Join(p.dir, name+".pem"), filepath.Join(p.dir, name+"-key.pem")
-	replaceFile(p.t, keyFile, keyPEM)
-	replaceFile(p.t, certFile, certPEM)
+	replaceFile(p.t, keyFile, leaf.KeyPEM)
+	replaceFile(p.t, certFile, leaf.CertPEM)
 	return certFile, keyFile
-}
-
-// tlsCertificate issues a certificate for a test server or client to use directly.
-func (p *testPKI) tlsCertificate(serial int64, client bool) tls.Certificate {
-	p.t.Helper()
-	cert, err := tls.X509KeyPair(p.issue(serial, client))
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	return cert
 }
 
 func replaceFile(t *testing.T, path string, data []byte) {
@@ -166,30 +85,11 @@ func startTLSRouter(t *testing.T, cfg config.Config, ws ...*fakeWorker) *tlsTest
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	mln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
+	mln := testkit.Listen(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	for _, w := range ws {
-		if err := r.AddWorker(ctx, w.URL()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	done := make(chan error, 1)
-	go func() { done <- r.Serve(ctx, ln, mln) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			t.Error("router did not stop")
-		}
-	})
+	addWorkers(t, ctx, r, ws)
+	testkit.Go(t, cancel, func() error { return r.Serve(ctx, ln, mln) })
 	return &tlsTestRouter{Router: r, addr: ln.Addr().String(), metricsAddr: mln.Addr().String(), url: "https://" + ln.Addr().String()}
 }
 
@@ -237,7 +137,7 @@ func TestRouterOverTLSAnswersAClientThatTrustsItsCA(t *testing.T) {
 	p := newTestPKI(t)
 	w := newFakeWorker(t)
 	tr := startTLSRouter(t, tlsConfig(p), w)
-	c := httpsClient(t, p.pool(), nil)
+	c := httpsClient(t, p.Pool(), nil)
 	resp, err := c.Post(tr.url+"/v1/chat/completions", "application/json", strings.NewReader(tlsChatBody))
 	if err != nil {
 		t.Fatal(err)
@@ -264,7 +164,7 @@ func TestRouterOverTLSAnswersAClientThatTrustsItsCA(t *testing.T) {
 func TestMetricsListenerServesTLSToo(t *testing.T) {
 	p := newTestPKI(t)
 	tr := startTLSRouter(t, tlsConfig(p))
-	resp, err := httpsClient(t, p.pool(), nil).Get("https://" + tr.metricsAddr + "/metrics")
+	resp, err := httpsClient(t, p.Pool(), nil).Get("https://" + tr.metricsAddr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,7 +200,7 @@ func TestClientsBelowTLS12AreRefused(t *testing.T) {
 	p := newTestPKI(t)
 	tr := startTLSRouter(t, tlsConfig(p))
 	_, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", tr.addr,
-		&tls.Config{RootCAs: p.pool(), MinVersion: tls.VersionTLS10, MaxVersion: tls.VersionTLS11})
+		&tls.Config{RootCAs: p.Pool(), MinVersion: tls.VersionTLS10, MaxVersion: tls.VersionTLS11})
 	if err == nil || !strings.Contains(err.Error(), "remote error") {
 		t.Fatalf("a TLS 1.1 handshake: %v, want the router to refuse it", err)
 	}
@@ -346,7 +246,7 @@ func TestConnectionCapHoldsUnderTLS(t *testing.T) {
 	cfg.MaxClientConnections = 1
 	tr := startTLSRouter(t, cfg)
 	dial := func() (*tls.Conn, error) {
-		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", tr.addr, &tls.Config{RootCAs: p.pool()})
+		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", tr.addr, &tls.Config{RootCAs: p.Pool()})
 		if err != nil {
 			return nil, err
 		}
@@ -374,7 +274,7 @@ func TestConnectionCapHoldsUnderTLS(t *testing.T) {
 		t.Fatal("a connection over the cap was served")
 	}
 	held.Close()
-	waitFor(t, "a place to free up", func() bool {
+	testkit.WaitFor(t, "a place to free up", func() bool {
 		c, err := dial()
 		if err == nil {
 			c.Close()
@@ -391,10 +291,7 @@ func TestTLSListenerKeepsAcceptingThroughRunningOutOfFileDescriptors(t *testing.
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	defer ln.Close()
 	flaky := &flakyListener{Listener: ln, err: &net.OpError{Op: "accept", Err: syscall.EMFILE}}
 	flaky.failures.Store(3)
@@ -407,7 +304,7 @@ func TestTLSListenerKeepsAcceptingThroughRunningOutOfFileDescriptors(t *testing.
 		defer c.Close()
 		_, _ = c.Read(make([]byte, 1)) // runs the handshake
 	}()
-	if got := presentedSerial(t, ln.Addr().String(), p.pool()); got != 7 {
+	if got := presentedSerial(t, ln.Addr().String(), p.Pool()); got != 7 {
 		t.Fatalf("presented serial %d, want 7", got)
 	}
 }
@@ -415,17 +312,17 @@ func TestTLSListenerKeepsAcceptingThroughRunningOutOfFileDescriptors(t *testing.
 func TestCertificateRotatesOnReload(t *testing.T) {
 	p := newTestPKI(t)
 	tr := startTLSRouter(t, tlsConfig(p))
-	if got := presentedSerial(t, tr.addr, p.pool()); got != 100 {
+	if got := presentedSerial(t, tr.addr, p.Pool()); got != 100 {
 		t.Fatalf("serial %d before rotation, want 100", got)
 	}
 	p.writePair("server", 200, false)
 	if err := tr.ReloadCertificates(); err != nil {
 		t.Fatal(err)
 	}
-	if got := presentedSerial(t, tr.addr, p.pool()); got != 200 {
+	if got := presentedSerial(t, tr.addr, p.Pool()); got != 200 {
 		t.Fatalf("serial %d after rotation, want 200", got)
 	}
-	if got := presentedSerial(t, tr.metricsAddr, p.pool()); got != 200 {
+	if got := presentedSerial(t, tr.metricsAddr, p.Pool()); got != 200 {
 		t.Fatalf("metrics listener serial %d after rotation, want 200", got)
 	}
 	// A broken file is refused and the certificate in use stays.
@@ -433,7 +330,7 @@ func TestCertificateRotatesOnReload(t *testing.T) {
 	if err := tr.ReloadCertificates(); err == nil || !strings.Contains(err.Error(), "--tls-cert-file") {
 		t.Fatalf("reloading a broken file: %v, want an error naming --tls-cert-file", err)
 	}
-	if got := presentedSerial(t, tr.addr, p.pool()); got != 200 {
+	if got := presentedSerial(t, tr.addr, p.Pool()); got != 200 {
 		t.Fatalf("serial %d after a failed reload, want 200 still", got)
 	}
 }
@@ -443,12 +340,12 @@ func TestCertificateRotatesOnReload(t *testing.T) {
 func TestCertificateRotatesWhenTheFilesChange(t *testing.T) {
 	p := newTestPKI(t)
 	tr := startTLSRouter(t, tlsConfig(p))
-	if got := presentedSerial(t, tr.addr, p.pool()); got != 100 {
+	if got := presentedSerial(t, tr.addr, p.Pool()); got != 100 {
 		t.Fatalf("serial %d before rotation, want 100", got)
 	}
 	p.writePair("server", 300, false)
 	tr.certs.nextCheck.Store(0)
-	if got := presentedSerial(t, tr.addr, p.pool()); got != 300 {
+	if got := presentedSerial(t, tr.addr, p.Pool()); got != 300 {
 		t.Fatalf("serial %d after the files changed, want 300", got)
 	}
 }
@@ -469,7 +366,7 @@ func TestCertificateThatFailsToLoadKeepsTheOneInUseAndIsLoggedOnce(t *testing.T)
 		return leaf.SerialNumber.Int64()
 	}
 	// A new certificate whose key has not been written yet: the pair does not match.
-	certPEM, _ := p.issue(2, false)
+	certPEM := p.Issue(t, 2, false).CertPEM
 	replaceFile(t, certFile, certPEM)
 	for range 3 {
 		rl.nextCheck.Store(0)
@@ -489,7 +386,7 @@ func TestCertificateThatFailsToLoadKeepsTheOneInUseAndIsLoggedOnce(t *testing.T)
 
 func TestHTTPSWorkerIsReachedWithTheWorkerCAFile(t *testing.T) {
 	p := newTestPKI(t)
-	w := newTLSWorker(t, &tls.Config{Certificates: []tls.Certificate{p.tlsCertificate(10, false)}}, nil)
+	w := newTLSWorker(t, &tls.Config{Certificates: []tls.Certificate{p.Issue(t, 10, false).TLS()}}, nil)
 	cfg := testConfig()
 	cfg.WorkerCAFile = p.caFile
 	tr := startRouter(t, cfg, w)
@@ -515,7 +412,7 @@ func TestHTTPSWorkerIsReachedWithTheWorkerCAFile(t *testing.T) {
 func TestHTTPSWorkerIsNotTrustedWithoutTheWorkerCAFile(t *testing.T) {
 	p := newTestPKI(t)
 	var errLog testkit.SyncBuffer
-	w := newTLSWorker(t, &tls.Config{Certificates: []tls.Certificate{p.tlsCertificate(10, false)}}, &errLog)
+	w := newTLSWorker(t, &tls.Config{Certificates: []tls.Certificate{p.Issue(t, 10, false).TLS()}}, &errLog)
 	tr := startRouter(t, testConfig(), w) // system roots only
 	if tr.Pool().Get(w.URL())[0].Healthy() {
 		t.Fatal("a worker whose certificate no trusted CA signed passed its health check")
@@ -527,16 +424,16 @@ func TestHTTPSWorkerIsNotTrustedWithoutTheWorkerCAFile(t *testing.T) {
 	if n := w.hits.Load(); n != 0 {
 		t.Fatalf("the untrusted worker got %d requests", n)
 	}
-	waitFor(t, "the worker to log the refused handshake", func() bool { return strings.Contains(errLog.String(), "TLS handshake error") })
+	testkit.WaitFor(t, "the worker to log the refused handshake", func() bool { return strings.Contains(errLog.String(), "TLS handshake error") })
 }
 
 func TestMutualTLSWorkerIsReachedWithTheClientCertificateAndRefusedWithout(t *testing.T) {
 	p := newTestPKI(t)
 	var errLog testkit.SyncBuffer
 	w := newTLSWorker(t, &tls.Config{
-		Certificates: []tls.Certificate{p.tlsCertificate(10, false)},
+		Certificates: []tls.Certificate{p.Issue(t, 10, false).TLS()},
 		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    p.pool(),
+		ClientCAs:    p.Pool(),
 	}, &errLog)
 
 	t.Run("with the client certificate", func(t *testing.T) {
@@ -570,7 +467,7 @@ func TestMutualTLSWorkerIsReachedWithTheClientCertificateAndRefusedWithout(t *te
 		if n := w.hits.Load(); n != hits {
 			t.Fatalf("worker got %d more requests without a client certificate", n-hits)
 		}
-		waitFor(t, "the worker to refuse the handshake for want of a certificate", func() bool {
+		testkit.WaitFor(t, "the worker to refuse the handshake for want of a certificate", func() bool {
 			return strings.Contains(errLog.String(), "certificate")
 		})
 	})
@@ -597,7 +494,7 @@ func TestClientLeavingOverTLSCancelsTheWorkersRequest(t *testing.T) {
 				}
 			})
 			tr := startTLSRouter(t, tlsConfig(p), w)
-			c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", tr.addr, &tls.Config{RootCAs: p.pool()})
+			c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", tr.addr, &tls.Config{RootCAs: p.Pool()})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -681,7 +578,7 @@ func TestRouterOverTLSStillTellsWorkersHTTPSAndAnswersOversizedHeadersInTheRoute
 	p := newTestPKI(t)
 	w := newFakeWorker(t)
 	tr := startTLSRouter(t, tlsConfig(p), w)
-	c := httpsClient(t, p.pool(), nil)
+	c := httpsClient(t, p.Pool(), nil)
 	resp, err := c.Post(tr.url+"/v1/chat/completions", "application/json", strings.NewReader(tlsChatBody))
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/config"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/sim"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // BenchmarkTokenize measures what routing on KV-cache events adds to a chat completion without
@@ -171,10 +172,7 @@ func tokenizeResults(b *testing.B, r *Router, results ...string) float64 {
 // freePort is a loopback port free when asked, for a simulated worker's event publisher.
 func freePort(b testing.TB) int {
 	b.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
+	ln := testkit.Listen(b)
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
 }

@@ -2,12 +2,12 @@ package router
 
 import (
 	"encoding/json"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/cacheroute/cacheroute/internal/sim"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // With --tokenize-url the router asks a render service, not a worker, for a request's tokens: a
@@ -22,10 +22,7 @@ func TestTokensAreAskedOfTheRenderServiceWhenOneIsGiven(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(render.Close)
-	closed, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	closed := testkit.Listen(t)
 	nobody := "http://" + closed.Addr().String()
 	closed.Close()
 
@@ -44,7 +41,7 @@ func TestTokensAreAskedOfTheRenderServiceWhenOneIsGiven(t *testing.T) {
 			t.Fatal(err)
 		}
 		resp.Body.Close() // the worker's engine holds the prompt now, and publishes it
-		waitFor(t, "the prompt's blocks in the index", func() bool {
+		testkit.WaitFor(t, "the prompt's blocks in the index", func() bool {
 			st := tr.kvEvents.Status()
 			return len(st) == 1 && st[0].Blocks >= 50
 		})

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 )
 
 // testConfig returns a config that never sleeps, with the tool-call rule
@@ -111,19 +110,6 @@ func words(seed string, n int) string {
 		b.WriteString(" the router sends each turn to the worker that holds its prefix")
 	}
 	return b.String()[:n]
-}
-
-// waitFor polls cond for up to 10 seconds; it never asserts on durations,
-// only bounds the wait.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // fullReplies is testConfig with replies that run to max tokens unless a

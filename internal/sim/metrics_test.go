@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -116,7 +117,7 @@ func TestMetrics_GaugesFollowLoad(t *testing.T) {
 			done <- struct{}{}
 		}()
 	}
-	waitFor(t, "one running, one waiting", func() bool { s := w.Stats(); return s.Running == 1 && s.Waiting == 1 && clock.Sleepers() == 1 })
+	testkit.WaitFor(t, "one running, one waiting", func() bool { s := w.Stats(); return s.Running == 1 && s.Waiting == 1 && clock.Sleepers() == 1 })
 	fams := scrape(t, w)
 	if v := value(t, fams, "vllm:num_requests_running", dto.MetricType_GAUGE); v != 1 {
 		t.Errorf("running = %v, want 1", v)
@@ -128,7 +129,7 @@ func TestMetrics_GaugesFollowLoad(t *testing.T) {
 		t.Errorf("kv_cache_usage_perc = %v, want in (0, 1] while a request holds blocks", v)
 	}
 	for range 2 {
-		waitFor(t, "a sleeper", func() bool { return clock.Sleepers() == 1 })
+		testkit.WaitFor(t, "a sleeper", func() bool { return clock.Sleepers() == 1 })
 		clock.Advance(time.Hour)
 		<-done
 	}

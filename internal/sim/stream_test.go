@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // sseEvents reads every "data:" payload of an event stream.
@@ -174,7 +176,7 @@ func TestStream_PacedByTheClock(t *testing.T) {
 		close(lines)
 	}()
 	w := fleet.Workers()[0]
-	waitFor(t, "prefill", func() bool { return clock.Sleepers() == 1 })
+	testkit.WaitFor(t, "prefill", func() bool { return clock.Sleepers() == 1 })
 	if w.Stats().GenerationTokens != 0 {
 		t.Fatal("tokens before prefill")
 	}
@@ -183,7 +185,7 @@ func TestStream_PacedByTheClock(t *testing.T) {
 		<-lines
 	}
 	for range 2 {
-		waitFor(t, "inter-token sleep", func() bool { return clock.Sleepers() == 1 })
+		testkit.WaitFor(t, "inter-token sleep", func() bool { return clock.Sleepers() == 1 })
 		clock.Advance(cfg.InterTokenLatency)
 		<-lines
 	}

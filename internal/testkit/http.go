@@ -1,6 +1,7 @@
 package testkit
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -55,4 +56,16 @@ func NewServer(t testing.TB, h http.HandlerFunc) *Server {
 	}))
 	t.Cleanup(s.Close)
 	return s
+}
+
+// NamedServer answers every request with status and the JSON body {"worker":name}, after
+// reading the request's body: a worker whose answers say which one it was.
+func NamedServer(t testing.TB, status int, name string) *Server {
+	t.Helper()
+	return NewServer(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = fmt.Fprintf(w, `{"worker":%q}`, name)
+	})
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/valyala/fasthttp"
 )
 
@@ -24,10 +25,7 @@ type rawWorker struct {
 
 func newRawWorker(t *testing.T, serve func(w *rawWorker, c net.Conn, br *bufio.Reader)) *rawWorker {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	w := &rawWorker{URL: "http://" + ln.Addr().String()}
 	var open sync.Map
 	w.wg.Go(func() {
@@ -234,10 +232,7 @@ func TestCall_StalledWorkerEndsTheWaitForTheFirstByte(t *testing.T) {
 
 // A worker that cannot be reached has started nothing: retryable, and not a stale connection.
 func TestPool_RefusedConnectionIsRetryable(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	url := "http://" + ln.Addr().String()
 	_ = ln.Close()
 	resent := 0

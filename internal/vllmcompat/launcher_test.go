@@ -174,10 +174,7 @@ func startRouter(t *testing.T, a routerArgs) *router {
 // freePort returns a loopback port that was free a moment ago, as the fixture's find_free_port.
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
 }

@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // The vLLM router's load-balancing tests: cache_aware keeps a repeated prompt, and a chat whose
@@ -141,7 +143,7 @@ func underDirectLoad[T any](t *testing.T, w *mockWorker, n int, measure func() T
 		close(stop)
 		<-stopped
 	}()
-	waitUntil(t, "the direct load on "+w.id, func() bool { return w.inFlight.Load() >= int64(n)/2 })
+	testkit.WaitFor(t, "the direct load on "+w.id, func() bool { return w.inFlight.Load() >= int64(n)/2 })
 	return measure()
 }
 
@@ -154,17 +156,4 @@ func workerIDs(t *testing.T, r *router, n int) []string {
 		}
 		return a.workerID()
 	})
-}
-
-// waitUntil polls cond every 10 ms until it holds, failing the test after 10 s: an upper bound
-// on behaviour, never a performance target.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within 10s: %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }

@@ -3,7 +3,6 @@ package workers
 import (
 	"context"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -30,10 +29,7 @@ func loggedChecker(p *Pool, opts HealthOptions, now *time.Time) (*Checker, *test
 func TestProbeFailureReasonNamesTheCause(t *testing.T) {
 	notFound := newFakeWorker(t, "/ready") // /health is not served: 404
 	refused := func() string {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
+		ln := testkit.Listen(t)
 		defer ln.Close()
 		return "http://" + ln.Addr().String()
 	}()
@@ -143,10 +139,7 @@ func TestProbeFailureReasonNeverShowsTheWorkerCredentials(t *testing.T) {
 	f := newFakeWorker(t, "/ready") // /health answers 404
 	url := strings.Replace(f.srv.URL, "http://", "http://user:s3cret@", 1)
 	closed := func() string {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
+		ln := testkit.Listen(t)
 		defer ln.Close()
 		return "http://user:s3cret@" + ln.Addr().String()
 	}()

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/sim"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/cacheroute/cacheroute/internal/upstream"
 )
 
@@ -320,25 +321,12 @@ func TestCheckerProbesAWorkerThatIsNotUpYetUntilItsFirstPass(t *testing.T) {
 	defer func() { cancel(); <-ran }()
 
 	c.Check(ctx, f.srv.URL) // what the router does when it registers a worker
-	waitFor(t, "a few start-up probes", func() bool { return f.probes.Load() >= 3 })
+	testkit.WaitFor(t, "a few start-up probes", func() bool { return f.probes.Load() >= 3 })
 	if added[0].Healthy() {
 		t.Fatal("healthy while its probes fail")
 	}
 	f.status.Store(http.StatusOK)
-	waitFor(t, "healthy after the worker came up", added[0].Healthy)
-}
-
-// waitFor polls cond every 10 ms until it holds, failing the test after 10 s: a bound on
-// behaviour, not a performance target.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within 10s: %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.WaitFor(t, "healthy after the worker came up", added[0].Healthy)
 }
 
 // TestCheckerReadsWhichModelsAreAdaptersOfWhichBase runs a simulated vLLM worker serving a base
