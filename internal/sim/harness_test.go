@@ -95,13 +95,7 @@ func TestMessages_AcceptsAndIgnoresClaudeCodeFields(t *testing.T) {
 func TestMessages_UnknownRoleIsRefusedInAnthropicShape(t *testing.T) {
 	w := newWorker(t, testConfig())
 	rec := do(t, w, http.MethodPost, "/v1/messages", `{"max_tokens":5,"messages":[{"role":"user","content":"x"},{"role":"tool","content":"y"}]}`)
-	var e struct {
-		Type  string `json:"type"`
-		Error struct {
-			Type    string `json:"type"`
-			Message string `json:"message"`
-		} `json:"error"`
-	}
+	var e anthropicError
 	if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil || rec.Code != http.StatusBadRequest || e.Type != "error" ||
 		e.Error.Type != "invalid_request_error" || !strings.HasPrefix(e.Error.Message, "messages.1.role: Input should be") {
 		t.Fatalf("status %d %s, want 400 invalid_request_error on messages.1.role", rec.Code, rec.Body)

@@ -120,3 +120,37 @@ func fullReplies() Config {
 	cfg.OutputLenDist, cfg.OutputLenMean = OutputLenFixed, 1<<20
 	return cfg
 }
+
+// refusal is a request a worker must refuse: its body, and the answer's status, error type and a
+// part of its message.
+type refusal struct {
+	name, body string
+	code       int
+	typ, msg   string
+}
+
+// checkRefusals sends each refusal to path on a worker whose context holds 1000 tokens, checks
+// each answer with check, and then that the worker counted every one as rejected and none as
+// served. It returns the worker.
+func checkRefusals(t *testing.T, path string, refusals []refusal, check func(t *testing.T, rec *httptest.ResponseRecorder, r refusal)) *Worker {
+	t.Helper()
+	cfg := testConfig()
+	cfg.MaxModelLen = 1000
+	w := newWorker(t, cfg)
+	for _, r := range refusals {
+		t.Run(r.name, func(t *testing.T) { check(t, do(t, w, http.MethodPost, path, r.body), r) })
+	}
+	if s := w.Stats(); s.Requests != 0 || s.Rejected != int64(len(refusals)) {
+		t.Fatalf("stats %+v, want %d rejected and none served", s, len(refusals))
+	}
+	return w
+}
+
+// anthropicError is an error body in the Messages API's shape.
+type anthropicError struct {
+	Type  string `json:"type"`
+	Error struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
