@@ -72,14 +72,7 @@ func chatWithTools(t *testing.T, h http.Handler, extra map[string]any, msgs ...a
 		body[k] = v
 	}
 	rec := do(t, h, http.MethodPost, "/v1/chat/completions", jsonBody(t, body))
-	if rec.Code != http.StatusOK {
-		t.Fatalf("status %d: %s", rec.Code, rec.Body)
-	}
-	var r chatToolReply
-	if err := json.Unmarshal(rec.Body.Bytes(), &r); err != nil {
-		t.Fatalf("decode %q: %v", rec.Body, err)
-	}
-	return r
+	return decodeOK[chatToolReply](t, rec)
 }
 
 // chatAssistantCall is the assistant message a client sends back for call.

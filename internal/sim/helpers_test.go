@@ -92,14 +92,20 @@ func chat(t testing.TB, h http.Handler, msgs []msg, maxTokens int) chatReply {
 		"model": "sim-model", "messages": msgs, "max_tokens": maxTokens, "ignore_eos": true,
 	})
 	rec := do(t, h, http.MethodPost, "/v1/chat/completions", string(body))
+	return decodeOK[chatReply](t, rec)
+}
+
+// decodeOK decodes the JSON body of a 200 answer, failing the test on any other answer.
+func decodeOK[T any](t testing.TB, rec *httptest.ResponseRecorder) T {
+	t.Helper()
 	if rec.Code != http.StatusOK {
 		t.Fatalf("status %d: %s", rec.Code, rec.Body)
 	}
-	var r chatReply
-	if err := json.Unmarshal(rec.Body.Bytes(), &r); err != nil {
+	var v T
+	if err := json.Unmarshal(rec.Body.Bytes(), &v); err != nil {
 		t.Fatalf("decode %q: %v", rec.Body, err)
 	}
-	return r
+	return v
 }
 
 // words returns a deterministic English-like text of about n bytes.
