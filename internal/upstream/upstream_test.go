@@ -76,6 +76,16 @@ func get(t *testing.T, d Dialer, u string) error {
 // the connection after the handshake.
 func dialTarget(t *testing.T, d Dialer, workerURL string) error {
 	t.Helper()
+	c, _, err := dialAsRouted(t, d, workerURL)
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
+
+// dialAsRouted connects to workerURL the way the routed path does: Target, then Dial, within 10 s.
+func dialAsRouted(t *testing.T, d Dialer, workerURL string) (net.Conn, Target, error) {
+	t.Helper()
 	target, err := d.Target(workerURL)
 	if err != nil {
 		t.Fatal(err)
@@ -83,10 +93,7 @@ func dialTarget(t *testing.T, d Dialer, workerURL string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c, err := d.Dial(ctx, target)
-	if err != nil {
-		return err
-	}
-	return c.Close()
+	return c, target, err
 }
 
 func TestDialerTrustsTheConfiguredCAInsteadOfTheSystemRoots(t *testing.T) {
@@ -134,13 +141,7 @@ func TestDialerPresentsTheClientCertificateToAWorkerThatRequiresOne(t *testing.T
 // dialAndAsk dials workerURL as the routed path does and reads the answer to one GET.
 func dialAndAsk(t *testing.T, d Dialer, workerURL string) error {
 	t.Helper()
-	target, err := d.Target(workerURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := d.Dial(ctx, target)
+	c, target, err := dialAsRouted(t, d, workerURL)
 	if err != nil {
 		return err
 	}
