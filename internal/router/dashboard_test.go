@@ -230,20 +230,7 @@ func TestDashboardGuard(t *testing.T) {
 	tr.CheckHealth(t.Context())
 	newConversation("guard-session-1").turn(t, tr)
 
-	get := func(path, key string) (int, string) {
-		req, err := http.NewRequest(http.MethodGet, tr.url+path, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if key != "" {
-			req.Header.Set("Authorization", "Bearer "+key)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp.StatusCode, readAll(t, resp)
-	}
+	get := func(path, key string) (int, string) { return tr.withKey(t, http.MethodGet, path, key) }
 	for _, path := range []string{"/dashboard", "/dashboard/data"} {
 		if code, _ := get(path, ""); code != http.StatusUnauthorized {
 			t.Errorf("%s without the admin key: %d, want 401", path, code)

@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/cacheroute/cacheroute/internal/config"
 	"github.com/cacheroute/cacheroute/internal/testkit"
@@ -100,6 +102,24 @@ func testConfig() config.Config {
 	return c
 }
 
+// streamUntilCanceled makes the worker answer with one event of a stream and then hold the
+// request until it is canceled (for at most 10 s); the channel it returns is closed at the
+// cancellation.
+func (w *fakeWorker) streamUntilCanceled() <-chan struct{} {
+	canceled := make(chan struct{})
+	w.setHandler(func(rw http.ResponseWriter, r *http.Request) {
+		rw.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(rw, "data: {\"n\":1}\n\n")
+		rw.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+			close(canceled)
+		case <-time.After(10 * time.Second):
+		}
+	})
+	return canceled
+}
+
 // testRouter is a router serving on a loopback port.
 type testRouter struct {
 	*Router
@@ -160,6 +180,18 @@ func readAll(t *testing.T, resp *http.Response) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// withKey sends a body-less request presenting key as a bearer token (none when key is empty),
+// and returns the answer's status and body.
+func (tr *testRouter) withKey(t *testing.T, method, path, key string) (int, string) {
+	t.Helper()
+	var header []string
+	if key != "" {
+		header = []string{"Authorization", "Bearer " + key}
+	}
+	code, _, body := testkit.Send(t, nil, method, tr.url+path, "", header...)
+	return code, body
 }
 
 func (tr *testRouter) totalLoad() int64 {

@@ -352,17 +352,7 @@ func TestNoRetryAfterFirstByte(t *testing.T) {
 
 func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	w := newFakeWorker(t)
-	canceled := make(chan struct{})
-	w.setHandler(func(rw http.ResponseWriter, r *http.Request) {
-		rw.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(rw, "data: {\"n\":1}\n\n")
-		rw.(http.Flusher).Flush()
-		select {
-		case <-r.Context().Done():
-			close(canceled)
-		case <-time.After(10 * time.Second):
-		}
-	})
+	canceled := w.streamUntilCanceled()
 	tr := startRouter(t, testConfig(), w)
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, tr.url+"/v1/chat/completions", strings.NewReader(`{"stream":true,"messages":[]}`))
@@ -554,17 +544,7 @@ func TestAdminEndpointsRequireKeyAndManageWorkers(t *testing.T) {
 	cfg := testConfig()
 	cfg.AdminAPIKey = "admin-secret"
 	tr := startRouter(t, cfg, a)
-	call := func(method, path, key string) (int, string) {
-		req, _ := http.NewRequest(method, tr.url+path, nil)
-		if key != "" {
-			req.Header.Set("Authorization", "Bearer "+key)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp.StatusCode, readAll(t, resp)
-	}
+	call := func(method, path, key string) (int, string) { return tr.withKey(t, method, path, key) }
 	for _, key := range []string{"", "wrong"} {
 		if code, _ := call("GET", "/list_workers", key); code != 401 {
 			t.Fatalf("list_workers with key %q = %d, want 401", key, code)

@@ -106,16 +106,18 @@ func httpsClient(t *testing.T, roots *x509.CertPool, cert *tls.Certificate) *htt
 
 const tlsChatBody = `{"model":"test-model","messages":[{"role":"user","content":"hi"}]}`
 
-// presentedSerial completes one handshake with addr and returns the serial number of the
-// certificate it presented.
-func presentedSerial(t *testing.T, addr string, roots *x509.CertPool) int64 {
+// wantSerial completes one handshake with addr and fails unless the certificate it presented has
+// serial number want.
+func wantSerial(t *testing.T, addr string, roots *x509.CertPool, want int64, when string) {
 	t.Helper()
 	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr, &tls.Config{RootCAs: roots})
 	if err != nil {
 		t.Fatalf("handshake with %s: %v", addr, err)
 	}
 	defer c.Close()
-	return c.ConnectionState().PeerCertificates[0].SerialNumber.Int64()
+	if got := c.ConnectionState().PeerCertificates[0].SerialNumber.Int64(); got != want {
+		t.Fatalf("%s: serial %d, want %d", when, got, want)
+	}
 }
 
 // newTLSWorker is a fakeWorker served over TLS with serverTLS; handshake errors go to errLog.
@@ -304,35 +306,25 @@ func TestTLSListenerKeepsAcceptingThroughRunningOutOfFileDescriptors(t *testing.
 		defer c.Close()
 		_, _ = c.Read(make([]byte, 1)) // runs the handshake
 	}()
-	if got := presentedSerial(t, ln.Addr().String(), p.Pool()); got != 7 {
-		t.Fatalf("presented serial %d, want 7", got)
-	}
+	wantSerial(t, ln.Addr().String(), p.Pool(), 7, "the listener")
 }
 
 func TestCertificateRotatesOnReload(t *testing.T) {
 	p := newTestPKI(t)
 	tr := startTLSRouter(t, tlsConfig(p))
-	if got := presentedSerial(t, tr.addr, p.Pool()); got != 100 {
-		t.Fatalf("serial %d before rotation, want 100", got)
-	}
+	wantSerial(t, tr.addr, p.Pool(), 100, "before rotation")
 	p.writePair("server", 200, false)
 	if err := tr.ReloadCertificates(); err != nil {
 		t.Fatal(err)
 	}
-	if got := presentedSerial(t, tr.addr, p.Pool()); got != 200 {
-		t.Fatalf("serial %d after rotation, want 200", got)
-	}
-	if got := presentedSerial(t, tr.metricsAddr, p.Pool()); got != 200 {
-		t.Fatalf("metrics listener serial %d after rotation, want 200", got)
-	}
+	wantSerial(t, tr.addr, p.Pool(), 200, "after rotation")
+	wantSerial(t, tr.metricsAddr, p.Pool(), 200, "the metrics listener after rotation")
 	// A broken file is refused and the certificate in use stays.
 	replaceFile(t, filepath.Join(p.dir, "server.pem"), []byte("not a certificate"))
 	if err := tr.ReloadCertificates(); err == nil || !strings.Contains(err.Error(), "--tls-cert-file") {
 		t.Fatalf("reloading a broken file: %v, want an error naming --tls-cert-file", err)
 	}
-	if got := presentedSerial(t, tr.addr, p.Pool()); got != 200 {
-		t.Fatalf("serial %d after a failed reload, want 200 still", got)
-	}
+	wantSerial(t, tr.addr, p.Pool(), 200, "after a failed reload")
 }
 
 // Without a reload call, changed files are picked up by the next handshake after the periodic
@@ -340,14 +332,10 @@ func TestCertificateRotatesOnReload(t *testing.T) {
 func TestCertificateRotatesWhenTheFilesChange(t *testing.T) {
 	p := newTestPKI(t)
 	tr := startTLSRouter(t, tlsConfig(p))
-	if got := presentedSerial(t, tr.addr, p.Pool()); got != 100 {
-		t.Fatalf("serial %d before rotation, want 100", got)
-	}
+	wantSerial(t, tr.addr, p.Pool(), 100, "before rotation")
 	p.writePair("server", 300, false)
 	tr.certs.nextCheck.Store(0)
-	if got := presentedSerial(t, tr.addr, p.Pool()); got != 300 {
-		t.Fatalf("serial %d after the files changed, want 300", got)
-	}
+	wantSerial(t, tr.addr, p.Pool(), 300, "after the files changed")
 }
 
 func TestCertificateThatFailsToLoadKeepsTheOneInUseAndIsLoggedOnce(t *testing.T) {
@@ -482,17 +470,7 @@ func TestClientLeavingOverTLSCancelsTheWorkersRequest(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			p := newTestPKI(t)
 			w := newFakeWorker(t)
-			canceled := make(chan struct{})
-			w.setHandler(func(rw http.ResponseWriter, r *http.Request) {
-				rw.Header().Set("Content-Type", "text/event-stream")
-				fmt.Fprint(rw, "data: {\"n\":1}\n\n")
-				rw.(http.Flusher).Flush()
-				select {
-				case <-r.Context().Done():
-					close(canceled)
-				case <-time.After(10 * time.Second):
-				}
-			})
+			canceled := w.streamUntilCanceled()
 			tr := startTLSRouter(t, tlsConfig(p), w)
 			c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", tr.addr, &tls.Config{RootCAs: p.Pool()})
 			if err != nil {
