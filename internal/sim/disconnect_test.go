@@ -27,9 +27,7 @@ func send(ctx context.Context, url, content string) <-chan error {
 }
 
 func TestDisconnect_FreesSlotAndPinnedBlocks(t *testing.T) {
-	clock := NewManualClock(time.Unix(0, 0))
-	cfg := DefaultConfig()
-	cfg.Clock = clock
+	cfg, clock := clockedConfig()
 	cfg.MaxNumSeqs = 1
 	fleet, err := StartLocal(1, cfg)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // testConfig returns a config that never sleeps, with the tool-call rule
@@ -65,14 +66,17 @@ type chatReply struct {
 		} `json:"message"`
 		FinishReason string `json:"finish_reason"`
 	} `json:"choices"`
-	Usage struct {
-		PromptTokens        int `json:"prompt_tokens"`
-		CompletionTokens    int `json:"completion_tokens"`
-		TotalTokens         int `json:"total_tokens"`
-		PromptTokensDetails struct {
-			CachedTokens int `json:"cached_tokens"`
-		} `json:"prompt_tokens_details"`
-	} `json:"usage"`
+	Usage chatUsage `json:"usage"`
+}
+
+// chatUsage is the usage of a chat or completion answer.
+type chatUsage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	TotalTokens         int `json:"total_tokens"`
+	PromptTokensDetails struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
 }
 
 // do sends a request straight to the handler.
@@ -116,6 +120,14 @@ func words(seed string, n int) string {
 		b.WriteString(" the router sends each turn to the worker that holds its prefix")
 	}
 	return b.String()[:n]
+}
+
+// clockedConfig is DefaultConfig driven by a manual clock standing at the Unix epoch, returned too.
+func clockedConfig() (Config, *ManualClock) {
+	clock := NewManualClock(time.Unix(0, 0))
+	cfg := DefaultConfig()
+	cfg.Clock = clock
+	return cfg, clock
 }
 
 // fullReplies is testConfig with replies that run to max tokens unless a

@@ -48,9 +48,7 @@ func TestWorker_TTFTGrowsWithUncachedTokens(t *testing.T) {
 }
 
 func TestWorker_QueuesPastMaxNumSeqs(t *testing.T) {
-	clock := NewManualClock(time.Unix(1_700_000_000, 0))
-	cfg := DefaultConfig()
-	cfg.Clock = clock
+	cfg, clock := clockedConfig()
 	cfg.MaxNumSeqs = 2
 	cfg.PrefillOverhead = 10 * time.Millisecond
 	cfg.PrefillTimePerToken = 0
@@ -91,9 +89,7 @@ func TestWorker_QueuesPastMaxNumSeqs(t *testing.T) {
 }
 
 func TestWorker_QueueIsFIFO(t *testing.T) {
-	clock := NewManualClock(time.Unix(0, 0))
-	cfg := DefaultConfig()
-	cfg.Clock = clock
+	cfg, clock := clockedConfig()
 	cfg.MaxNumSeqs = 1
 	cfg.PrefillTimePerToken = 0
 	// Each request names its own model so the results tell them apart.
@@ -130,9 +126,7 @@ func TestWorker_QueueIsFIFO(t *testing.T) {
 }
 
 func TestWorker_TimeScaleMultipliesSleeps(t *testing.T) {
-	clock := NewManualClock(time.Unix(0, 0))
-	cfg := DefaultConfig()
-	cfg.Clock = clock
+	cfg, clock := clockedConfig()
 	cfg.TimeScale = 0.5
 	cfg.PrefillOverhead = 10 * time.Millisecond
 	cfg.PrefillTimePerToken = 0

@@ -216,9 +216,7 @@ func TestKVTransferParams_BadOnesAre400(t *testing.T) {
 // A decode step that shares the engine with a prompt being computed takes longer by that
 // prompt's tokens, up to the step budget: what disaggregation removes.
 func TestPrefillInTheSameStepSlowsOtherRequestsDecode(t *testing.T) {
-	clock := NewManualClock(time.Unix(0, 0))
-	cfg := DefaultConfig()
-	cfg.Clock = clock
+	cfg, clock := clockedConfig()
 	cfg.MaxNumBatchedTokens = 256
 	cfg.PrefillOverhead = 0
 	w := newWorker(t, cfg)

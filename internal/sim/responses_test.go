@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/cacheroute/cacheroute/internal/testkit"
 )
@@ -543,9 +542,7 @@ func TestResponses_ConcurrentChainsKeepTheirOwnConversations(t *testing.T) {
 }
 
 func TestResponses_ClientLeavingMidStreamStoresNothing(t *testing.T) {
-	clock := NewManualClock(time.Unix(0, 0))
-	cfg := DefaultConfig()
-	cfg.Clock = clock
+	cfg, clock := clockedConfig()
 	w, url := startOne(t, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

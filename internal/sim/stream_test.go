@@ -70,13 +70,7 @@ func TestStream_ChatOverLoopback(t *testing.T) {
 			} `json:"delta"`
 			FinishReason *string `json:"finish_reason"`
 		} `json:"choices"`
-		Usage *struct {
-			PromptTokens        int `json:"prompt_tokens"`
-			CompletionTokens    int `json:"completion_tokens"`
-			PromptTokensDetails struct {
-				CachedTokens int `json:"cached_tokens"`
-			} `json:"prompt_tokens_details"`
-		} `json:"usage"`
+		Usage *chatUsage `json:"usage"`
 	}
 	// role, 12 content deltas, finish, usage, [DONE]
 	if len(events) != 16 || events[15] != "[DONE]" {
@@ -154,9 +148,7 @@ func TestStream_CompletionWithoutUsage(t *testing.T) {
 }
 
 func TestStream_PacedByTheClock(t *testing.T) {
-	clock := NewManualClock(time.Unix(0, 0))
-	cfg := DefaultConfig()
-	cfg.Clock = clock
+	cfg, clock := clockedConfig()
 	fleet, err := StartLocal(1, cfg)
 	if err != nil {
 		t.Fatal(err)
