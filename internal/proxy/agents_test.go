@@ -289,15 +289,22 @@ func TestDeletedResponseIsForgotten(t *testing.T) {
 	}
 }
 
-func TestResponseOfARemovedWorkerIsNotFoundWithoutAskingAnyone(t *testing.T) {
-	tp, ws, p := responsesFleet(t, 2)
+// storedOnARemovedWorker has a worker store a response, then removes that worker from the pool
+// and tells p, and returns the response's id.
+func storedOnARemovedWorker(t *testing.T, tp *testProxy, p *cacheaware.Policy) string {
+	t.Helper()
 	_, h, body := tp.post(t, "/v1/responses", `{"model":"m","input":"hi"}`)
-	id := responseID(t, body)
 	url := h.Get(HeaderWorker)
 	if _, err := tp.Pool.Remove(url); err != nil {
 		t.Fatal(err)
 	}
 	p.WorkerRemoved(url)
+	return responseID(t, body)
+}
+
+func TestResponseOfARemovedWorkerIsNotFoundWithoutAskingAnyone(t *testing.T) {
+	tp, ws, p := responsesFleet(t, 2)
+	id := storedOnARemovedWorker(t, tp, p)
 	hits := ws[0].Hits.Load() + ws[1].Hits.Load()
 	status, _, body := tp.do(t, http.MethodGet, "/v1/responses/"+id)
 	if status != http.StatusNotFound || errorCode(t, body) != "response_not_found" {
@@ -462,13 +469,7 @@ func TestResponsesChainScattersWithoutAPolicyThatFollowsIDs(t *testing.T) {
 
 func TestContinuingAResponseOfARemovedWorkerIsRefusedAt404(t *testing.T) {
 	tp, ws, p := responsesFleet(t, 2)
-	_, h, body := tp.post(t, "/v1/responses", `{"model":"m","input":"hi"}`)
-	id := responseID(t, body)
-	url := h.Get(HeaderWorker)
-	if _, err := tp.Pool.Remove(url); err != nil {
-		t.Fatal(err)
-	}
-	p.WorkerRemoved(url)
+	id := storedOnARemovedWorker(t, tp, p)
 	hits := ws[0].Hits.Load() + ws[1].Hits.Load()
 	status, h, body := tp.post(t, "/v1/responses", fmt.Sprintf(`{"model":"m","input":"more","previous_response_id":%q}`, id))
 	if status != http.StatusNotFound || h.Get(HeaderDecision) != cacheaware.LabelResponseGone || errorCode(t, body) != "response_not_found" {

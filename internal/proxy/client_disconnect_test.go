@@ -114,9 +114,7 @@ func TestClientDisconnect_MidStreamCancelsTheWorkersRequest(t *testing.T) {
 			if got := tp.requests(metrics.StatusCut); got != 0 {
 				t.Errorf("requests_total{status_class=cut} = %v: the client left, the worker did not break off", got)
 			}
-			if got := tp.upstreamErrors(upstream.KindMidStream); got != 0 {
-				t.Errorf("upstream_errors_total{kind=mid_stream} = %v, want 0", got)
-			}
+			tp.wantUpstreamErrors(t, upstream.KindMidStream, 0)
 			if st := worker.Breaker().State(); st != workers.BreakerClosed {
 				t.Errorf("breaker %v after a client left, want closed", st)
 			}

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -168,6 +169,23 @@ func (tp *testProxy) do(t *testing.T, method, path string, header ...string) (in
 // upstreamErrors is upstream_errors_total{kind}.
 func (tp *testProxy) upstreamErrors(kind string) float64 {
 	return testutil.ToFloat64(tp.Metrics.UpstreamErrors.WithLabelValues(kind))
+}
+
+// wantUpstreamErrors fails the test, going on, unless upstream_errors_total{kind} is want; note
+// follows the failure.
+func (tp *testProxy) wantUpstreamErrors(t *testing.T, kind string, want float64, note ...string) {
+	t.Helper()
+	if got := tp.upstreamErrors(kind); got != want {
+		t.Errorf("upstream_errors_total{kind=%s} = %v, want %v%s", kind, got, want, strings.Join(note, ""))
+	}
+}
+
+// wantRetries fails the test, going on, unless retries_total is want; note follows the failure.
+func (tp *testProxy) wantRetries(t *testing.T, want float64, note ...string) {
+	t.Helper()
+	if got := testutil.ToFloat64(tp.Metrics.Retries); got != want {
+		t.Errorf("retries_total = %v, want %v%s", got, want, strings.Join(note, ""))
+	}
 }
 
 // requests is requests_total{route=chatPath, status_class}.

@@ -42,12 +42,8 @@ func TestRetries_DialErrorGoesToNextWorker(t *testing.T) {
 	if live.Hits.Load() != 1 {
 		t.Errorf("live worker hits = %d, want 1", live.Hits.Load())
 	}
-	if got := tp.upstreamErrors(upstream.KindConnect); got != 1 {
-		t.Errorf("upstream_errors_total{kind=connect} = %v, want 1", got)
-	}
-	if got := testutil.ToFloat64(tp.Metrics.Retries); got != 1 {
-		t.Errorf("retries_total = %v, want 1", got)
-	}
+	tp.wantUpstreamErrors(t, upstream.KindConnect, 1)
+	tp.wantRetries(t, 1)
 	tp.loadReturnsToZero(t)
 }
 
@@ -63,9 +59,7 @@ func TestRetries_503IsRetriedOnTheNextWorker(t *testing.T) {
 	if busy.Hits.Load() != 1 || live.Hits.Load() != 1 {
 		t.Errorf("hits busy=%d live=%d, want 1 and 1", busy.Hits.Load(), live.Hits.Load())
 	}
-	if got := tp.upstreamErrors(upstream.KindStatus); got != 1 {
-		t.Errorf("upstream_errors_total{kind=status_5xx} = %v, want 1", got)
-	}
+	tp.wantUpstreamErrors(t, upstream.KindStatus, 1)
 	tp.loadReturnsToZero(t)
 }
 
@@ -120,9 +114,7 @@ func TestRetries_WorkerClosingKeepAliveConnectionsAfterEachAnswer(t *testing.T) 
 	if got := w.requests.Load(); got != n {
 		t.Errorf("worker read %d requests, want %d (each exactly once)", got, n)
 	}
-	if got := tp.upstreamErrors(upstream.KindSent); got != 0 {
-		t.Errorf("upstream_errors_total{kind=after_send} = %v, want 0", got)
-	}
+	tp.wantUpstreamErrors(t, upstream.KindSent, 0)
 	tp.loadReturnsToZero(t)
 }
 
@@ -221,12 +213,8 @@ func TestRetries_FreshConnectionClosedAfterTheRequestIsNotRetried(t *testing.T) 
 	if got := other.Hits.Load(); got != 0 {
 		t.Errorf("the other worker got %d requests, want 0 (not retried)", got)
 	}
-	if got := tp.upstreamErrors(upstream.KindSent); got != 1 {
-		t.Errorf("upstream_errors_total{kind=after_send} = %v, want 1", got)
-	}
-	if got := testutil.ToFloat64(tp.Metrics.Retries); got != 0 {
-		t.Errorf("retries_total = %v, want 0", got)
-	}
+	tp.wantUpstreamErrors(t, upstream.KindSent, 1)
+	tp.wantRetries(t, 0)
 	tp.loadReturnsToZero(t)
 }
 
@@ -420,10 +408,6 @@ func TestRetries_StopAtMaxRetriesOnDialErrors(t *testing.T) {
 	if status != http.StatusBadGateway {
 		t.Fatalf("got %d %q, want 502", status, body)
 	}
-	if got := tp.upstreamErrors(upstream.KindConnect); got != 2 {
-		t.Errorf("upstream_errors_total{kind=connect} = %v, want 2 (one attempt and one retry)", got)
-	}
-	if got := testutil.ToFloat64(tp.Metrics.Retries); got != 1 {
-		t.Errorf("retries_total = %v, want 1", got)
-	}
+	tp.wantUpstreamErrors(t, upstream.KindConnect, 2, " (one attempt and one retry)")
+	tp.wantRetries(t, 1)
 }

@@ -49,9 +49,7 @@ func TestStall_AttemptWaitingOnAStalledWorkerIsRetriedElsewhere(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the request still waits on the stalled worker")
 	}
-	if got := tp.upstreamErrors(upstream.KindStalled); got != 1 {
-		t.Errorf("upstream_errors_total{kind=stalled} = %v, want 1", got)
-	}
+	tp.wantUpstreamErrors(t, upstream.KindStalled, 1)
 	if status, _, body := tp.post(t, chatPath, chatBody); status != http.StatusOK || !strings.Contains(body, `"live"`) {
 		t.Errorf("next request: %d %q, want the live worker (the stalled one is out of rotation)", status, body)
 	}
@@ -86,8 +84,6 @@ func TestStall_ARetrySkipsAWorkerFoundStalledSinceTheRequestBegan(t *testing.T) 
 	if got := hung.requests.Load(); got != 0 {
 		t.Errorf("the stalled worker read %d requests, want 0", got)
 	}
-	if got := tp.upstreamErrors(upstream.KindStalled); got != 0 {
-		t.Errorf("upstream_errors_total{kind=stalled} = %v, want 0: no attempt went there", got)
-	}
+	tp.wantUpstreamErrors(t, upstream.KindStalled, 0, ": no attempt went there")
 	tp.loadReturnsToZero(t)
 }

@@ -35,9 +35,7 @@ func TestTimeouts_FirstByteDeadlineIs504AndTheSilentWorkerTakesNoNextRequest(t *
 	if status != http.StatusGatewayTimeout || errorCode(t, body) != "upstream_timeout" {
 		t.Fatalf("got %d %q, want 504 upstream_timeout", status, body)
 	}
-	if got := tp.upstreamErrors(upstream.KindFirstByte); got != 1 {
-		t.Errorf("upstream_errors_total{kind=first_byte} = %v, want 1", got)
-	}
+	tp.wantUpstreamErrors(t, upstream.KindFirstByte, 1)
 	for range 3 {
 		status, h, body := tp.post(t, chatPath, streamBody)
 		if status != http.StatusOK || !strings.Contains(body, `"live"`) || !strings.Contains(body, "[DONE]") {
@@ -106,12 +104,8 @@ func TestTimeouts_RequestTimeoutIs504AndNotRetried(t *testing.T) {
 	if got := live.Hits.Load(); got != 0 {
 		t.Errorf("the other worker got %d requests, want 0 (not retried)", got)
 	}
-	if got := tp.upstreamErrors(upstream.KindTimeout); got != 1 {
-		t.Errorf("upstream_errors_total{kind=timeout} = %v, want 1", got)
-	}
-	if got := tp.upstreamErrors(upstream.KindFirstByte); got != 0 {
-		t.Errorf("upstream_errors_total{kind=first_byte} = %v, want 0: no first-byte deadline", got)
-	}
+	tp.wantUpstreamErrors(t, upstream.KindTimeout, 1)
+	tp.wantUpstreamErrors(t, upstream.KindFirstByte, 0, ": no first-byte deadline")
 	tp.loadReturnsToZero(t)
 }
 
@@ -367,12 +361,8 @@ func TestTimeouts_SlowHeadersAreAFirstByteTimeout(t *testing.T) {
 	if status != http.StatusGatewayTimeout || errorCode(t, body) != "upstream_timeout" {
 		t.Fatalf("got %d %q, want 504 upstream_timeout", status, body)
 	}
-	if got := tp.upstreamErrors(upstream.KindFirstByte); got != 1 {
-		t.Errorf("upstream_errors_total{kind=first_byte} = %v, want 1", got)
-	}
-	if got := tp.upstreamErrors(upstream.KindBadReply); got != 0 {
-		t.Errorf("upstream_errors_total{kind=bad_response} = %v, want 0", got)
-	}
+	tp.wantUpstreamErrors(t, upstream.KindFirstByte, 1)
+	tp.wantUpstreamErrors(t, upstream.KindBadReply, 0)
 	tp.loadReturnsToZero(t)
 }
 
@@ -393,8 +383,6 @@ func TestTimeouts_ARetryWaitsWithinTheFirstAttemptsFirstByteDeadline(t *testing.
 	if busy.Hits.Load() != 1 || slow.requests.Load() != 1 {
 		t.Errorf("the workers got %d and %d requests, want one each", busy.Hits.Load(), slow.requests.Load())
 	}
-	if got := tp.upstreamErrors(upstream.KindFirstByte); got != 1 {
-		t.Errorf("upstream_errors_total{kind=first_byte} = %v, want 1", got)
-	}
+	tp.wantUpstreamErrors(t, upstream.KindFirstByte, 1)
 	tp.loadReturnsToZero(t)
 }

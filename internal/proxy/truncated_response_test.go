@@ -73,9 +73,7 @@ func TestTruncatedResponse_StreamBrokenByTheWorkerReachesTheClientTruncated(t *t
 	if got := tp.requests("2xx"); got != 0 {
 		t.Errorf("requests_total{status_class=2xx} = %v, want 0", got)
 	}
-	if got := tp.upstreamErrors(upstream.KindMidStream); got != 1 {
-		t.Errorf("upstream_errors_total{kind=mid_stream} = %v, want 1", got)
-	}
+	tp.wantUpstreamErrors(t, upstream.KindMidStream, 1)
 	if st := worker.Breaker().State(); st != workers.BreakerOpen {
 		t.Errorf("breaker %v, want open: the worker's break-off is a failure (threshold 1)", st)
 	}
@@ -156,9 +154,7 @@ func TestTruncatedResponse_SmallNonStreamedAnswerCutByTheWorkerIs502(t *testing.
 			if got := other.Hits.Load(); got != 0 {
 				t.Errorf("the other worker got %d requests: a generated answer is not retried", got)
 			}
-			if got := tp.upstreamErrors(upstream.KindMidStream); got != 1 {
-				t.Errorf("upstream_errors_total{kind=mid_stream} = %v, want 1", got)
-			}
+			tp.wantUpstreamErrors(t, upstream.KindMidStream, 1)
 			testkit.WaitWithin(t, 5*time.Second, "the breaker opens: the worker broke its answer off (threshold 1)", func() bool {
 				return tp.worker(t, w.URL).Breaker().State() == workers.BreakerOpen
 			})
