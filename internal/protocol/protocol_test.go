@@ -119,12 +119,7 @@ func TestHashKeyFallsBackToRoutingTextNotToNestedIDs(t *testing.T) {
 }
 
 func TestSessionKeyPrecedence(t *testing.T) {
-	// Every source, from the highest precedence down; each row removes the winner of the previous.
-	type source struct {
-		header, body string // exactly one is set
-		value        string
-	}
-	sources := []source{
+	checkKeyPrecedence(t, `"messages":[{"role":"user","content":"hi"}]`, []keySource{
 		{body: `"session_params":{"session_id":"sp"}`, value: "session:sp"},
 		{header: "x-session-id", value: "session:xs"},
 		{header: "x-claude-code-session-id", value: "session:cc"},
@@ -135,10 +130,22 @@ func TestSessionKeyPrecedence(t *testing.T) {
 		{header: "x-user-id", value: "user:xu"},
 		{body: `"user_id":"bu"`, value: "user:bu"},
 		{body: `"user":"bw"`, value: "user:bw"},
-	}
+	}, func(h http.Header, body string) *protocol.Request { return mustParse(t, h, body) })
+}
+
+// keySource is one place a session key comes from: a header or a body member (exactly one is
+// set), and the key it gives.
+type keySource struct {
+	header, body, value string
+}
+
+// checkKeyPrecedence fails unless, for each of sources (from the highest precedence down), a body
+// of base with that source and every one below it present is keyed by that source.
+func checkKeyPrecedence(t *testing.T, base string, sources []keySource, parse func(h http.Header, body string) *protocol.Request) {
+	t.Helper()
 	for i := range sources {
 		h := http.Header{}
-		var fields []string
+		fields := []string{base}
 		for _, s := range sources[i:] {
 			if s.header != "" {
 				h.Set(s.header, strings.SplitN(s.value, ":", 2)[1])
@@ -146,10 +153,8 @@ func TestSessionKeyPrecedence(t *testing.T) {
 				fields = append(fields, s.body)
 			}
 		}
-		fields = append(fields, `"messages":[{"role":"user","content":"hi"}]`)
 		body := "{" + strings.Join(fields, ",") + "}"
-		r := mustParse(t, h, body)
-		if r.SessionKey != sources[i].value {
+		if r := parse(h, body); r.SessionKey != sources[i].value {
 			t.Errorf("with sources %d.. present: SessionKey = %q, want %q (headers %v, body %s)", i, r.SessionKey, sources[i].value, h, body)
 		}
 	}
