@@ -145,7 +145,7 @@ func (w *recordingWorker) received(method, path string) bool {
 // with a method it takes.
 func TestMigrationGuideRoutesAreHandledAsItSays(t *testing.T) {
 	w := newRecordingWorker(t)
-	port := strconv.Itoa(freePort(t))
+	port := strconv.Itoa(testkit.FreePort(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	var logs testkit.SyncBuffer

@@ -178,7 +178,7 @@ func TestAllowEmptyStartsARouterThatTakesWorkersThroughTheAdminAPI(t *testing.T)
 		}
 	}))
 	t.Cleanup(worker.Close)
-	port := strconv.Itoa(freePort(t)) // free a moment ago, released for the router to take
+	port := strconv.Itoa(testkit.FreePort(t)) // free a moment ago, released for the router to take
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	var logs testkit.SyncBuffer

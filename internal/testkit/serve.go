@@ -34,3 +34,12 @@ func Go(t testing.TB, stop func(), run func() error) chan error {
 	})
 	return done
 }
+
+// FreePort returns a loopback TCP port that was free a moment ago, for a command that must be
+// given the port it listens on.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln := Listen(t)
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}

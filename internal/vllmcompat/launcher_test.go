@@ -130,8 +130,8 @@ type router struct {
 // /health answers 200.
 func startRouter(t *testing.T, a routerArgs) *router {
 	t.Helper()
-	port := freePort(t)
-	args := a.commandLine(port, freePort(t))
+	port := testkit.FreePort(t)
+	args := a.commandLine(port, testkit.FreePort(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{}) // closed when the router has stopped, runErr set
 	var runErr error
@@ -169,14 +169,6 @@ func startRouter(t *testing.T, a routerArgs) *router {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// freePort returns a loopback port that was free a moment ago, as the fixture's find_free_port.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln := testkit.Listen(t)
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // answer is one answer as the tests read it.
