@@ -17,6 +17,19 @@ type roomFor struct{ room atomic.Int64 }
 
 func (r *roomFor) fits(need int) bool { return int64(need) <= r.room.Load() }
 
+// offer makes room tokens of room and offers them to q's waiting requests.
+func (r *roomFor) offer(q *SessionQueue, room int64) {
+	r.room.Store(room)
+	q.Offer()
+}
+
+// roomQueue is a queue of up to 8 requests waiting up to a minute for the room of r, which has
+// none yet.
+func roomQueue() (*SessionQueue, *roomFor) {
+	r := &roomFor{}
+	return NewSessionQueue(SessionQueueOptions{Max: 8, Timeout: time.Minute, Fits: r.fits}), r
+}
+
 // waitAll starts one Wait per ticket, in order, each after the previous is queued, and returns
 // the order in which they were offered a try.
 func waitAll(t *testing.T, q *SessionQueue, tickets []*SessionTicket) (order chan int, errs chan error) {
@@ -37,8 +50,7 @@ func waitAll(t *testing.T, q *SessionQueue, tickets []*SessionTicket) (order cha
 }
 
 func TestTheSessionServedLeastGoesFirstWhenRoomAppears(t *testing.T) {
-	var r roomFor
-	q := NewSessionQueue(SessionQueueOptions{Max: 8, Timeout: time.Minute, Fits: r.fits})
+	q, r := roomQueue()
 	tickets := []*SessionTicket{{Need: 10, Served: 5000}, {Need: 10, Served: 0}, {Need: 10, Served: 200}}
 	order, _ := waitAll(t, q, tickets)
 	r.room.Store(100)
@@ -61,8 +73,7 @@ func TestOnlyOneRequestIsOfferedATryUntilItSettles(t *testing.T) {
 	r.room.Store(0)
 	tickets := []*SessionTicket{{Need: 10}, {Need: 10}}
 	order, _ := waitAll(t, q, tickets)
-	r.room.Store(100)
-	q.Offer()
+	r.offer(q, 100)
 	first := <-order
 	q.Offer()
 	select {
@@ -77,12 +88,10 @@ func TestOnlyOneRequestIsOfferedATryUntilItSettles(t *testing.T) {
 }
 
 func TestASmallerSessionGoesPastOneThatDoesNotFit(t *testing.T) {
-	var r roomFor
-	q := NewSessionQueue(SessionQueueOptions{Max: 8, Timeout: time.Minute, Fits: r.fits})
+	q, r := roomQueue()
 	tickets := []*SessionTicket{{Need: 500}, {Need: 50, Served: 10}}
 	order, _ := waitAll(t, q, tickets)
-	r.room.Store(100)
-	q.Offer()
+	r.offer(q, 100)
 	if i := <-order; i != 1 {
 		t.Fatalf("request %d offered, want the one whose 50 tokens fit", i)
 	}
@@ -92,12 +101,10 @@ func TestASmallerSessionGoesPastOneThatDoesNotFit(t *testing.T) {
 }
 
 func TestARequestThatWaitsAgainKeepsItsPlace(t *testing.T) {
-	var r roomFor
-	q := NewSessionQueue(SessionQueueOptions{Max: 8, Timeout: time.Minute, Fits: r.fits})
+	q, r := roomQueue()
 	a, b := &SessionTicket{Need: 10}, &SessionTicket{Need: 10}
 	order, _ := waitAll(t, q, []*SessionTicket{a, b})
-	r.room.Store(100)
-	q.Offer()
+	r.offer(q, 100)
 	if i := <-order; i != 0 {
 		t.Fatalf("request %d went first, want a", i)
 	}
@@ -106,8 +113,7 @@ func TestARequestThatWaitsAgainKeepsItsPlace(t *testing.T) {
 	again := make(chan error, 1)
 	go func() { again <- q.Wait(context.Background(), a) }()
 	testkit.WaitFor(t, "2 waiting", func() bool { return q.Waiting() == 2 })
-	r.room.Store(100)
-	q.Offer()
+	r.offer(q, 100)
 	select {
 	case err := <-again:
 		if err != nil {
@@ -134,8 +140,7 @@ func TestAFullQueueAndTheDeadlineEndTheWait(t *testing.T) {
 }
 
 func TestAClientThatLeavesLeavesTheQueue(t *testing.T) {
-	var r roomFor
-	q := NewSessionQueue(SessionQueueOptions{Max: 8, Timeout: time.Minute, Fits: r.fits})
+	q, _ := roomQueue()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -150,8 +155,7 @@ func TestAClientThatLeavesLeavesTheQueue(t *testing.T) {
 }
 
 func TestRoomThatNobodyAnnouncesIsFoundByTheRecheck(t *testing.T) {
-	var r roomFor
-	q := NewSessionQueue(SessionQueueOptions{Max: 8, Timeout: time.Minute, Fits: r.fits})
+	q, r := roomQueue()
 	order, _ := waitAll(t, q, []*SessionTicket{{Need: 10}})
 	r.room.Store(100) // no Offer: a session's pause outlasted its horizon
 	if i := <-order; i != 0 {
