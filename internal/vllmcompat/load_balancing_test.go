@@ -31,17 +31,25 @@ func maxCount(counts map[string]int) int {
 	return top
 }
 
-func TestCacheAwareAffinity(t *testing.T) {
-	_, urls, _ := mockWorkers(t, 2, mockOptions{})
-	r := startRouter(t, routerArgs{workerURLs: urls, policy: "cache_aware"})
+// answeredBy posts n bodies, body(i) for the i-th, to url one after another, failing unless each
+// is answered 200, and returns how many each worker answered.
+func answeredBy(t *testing.T, n int, url string, body func(i int) any) map[string]int {
+	t.Helper()
 	counts := map[string]int{}
-	for range 12 {
-		a := post(r.url+"/v1/completions", completion("repeated prompt for cache", 1))
+	for i := range n {
+		a := post(url, body(i))
 		if a.status != 200 {
 			t.Fatalf("status %d %v", a.status, a.body)
 		}
 		counts[a.workerID()]++
 	}
+	return counts
+}
+
+func TestCacheAwareAffinity(t *testing.T) {
+	_, urls, _ := mockWorkers(t, 2, mockOptions{})
+	r := startRouter(t, routerArgs{workerURLs: urls, policy: "cache_aware"})
+	counts := answeredBy(t, 12, r.url+"/v1/completions", func(int) any { return completion("repeated prompt for cache", 1) })
 	if maxCount(counts) < 10 {
 		t.Fatalf("the repeated prompt went to %v, want 10 of 12 on one worker", counts)
 	}
@@ -61,9 +69,8 @@ func TestCacheAwareChatAffinityUsesStableAgentPrefix(t *testing.T) {
 		"name": "read_file", "description": "Read a file",
 		"parameters": map[string]any{"type": "object", "properties": map[string]any{"path": map[string]any{"type": "string"}}},
 	}}}
-	counts := map[string]int{}
-	for i := range 12 {
-		a := post(r.url+"/v1/chat/completions", map[string]any{
+	counts := answeredBy(t, 12, r.url+"/v1/chat/completions", func(i int) any {
+		return map[string]any{
 			"model": "test-model",
 			"messages": []map[string]string{
 				{"role": "system", "content": "You are a coding agent."},
@@ -71,12 +78,8 @@ func TestCacheAwareChatAffinityUsesStableAgentPrefix(t *testing.T) {
 				{"role": "user", "content": fmt.Sprintf("Fix changing task suffix %d", i)},
 			},
 			"tools": tools, "max_tokens": 1, "stream": false,
-		})
-		if a.status != 200 {
-			t.Fatalf("status %d %v", a.status, a.body)
 		}
-		counts[a.workerID()]++
-	}
+	})
 	if maxCount(counts) < 10 {
 		t.Fatalf("the agent's turns went to %v, want 10 of 12 on one worker", counts)
 	}
