@@ -39,16 +39,8 @@ func metricValue(t *testing.T, tr *testRouter, series string) (float64, bool) {
 func TestEngineSignalSeesLoadPlacedByAnotherReplica(t *testing.T) {
 	simCfg := sim.DefaultConfig()
 	simCfg.MaxNumSeqs = 4
-	busyFleet, err := sim.StartLocal(1, simCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer busyFleet.Close()
-	idleFleet, err := sim.StartLocal(1, simCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer idleFleet.Close()
+	busyFleet := startSimFleetOf(t, 1, simCfg)
+	idleFleet := startSimFleetOf(t, 1, simCfg)
 	busy, idle := busyFleet.URLs()[0], idleFleet.URLs()[0]
 
 	cfg := testConfig()

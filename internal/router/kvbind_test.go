@@ -16,8 +16,7 @@ import (
 func startDiallingSim(t *testing.T, bind, topicOf func(hostPort string) string) (string, string) {
 	t.Helper()
 	hostPort := strings.TrimPrefix(kvtest.FreeEndpoint(t), "tcp://")
-	cfg := sim.DefaultConfig()
-	cfg.TimeScale = 0
+	cfg := instantSim()
 	topic := topicOf(hostPort)
 	cfg.KVEvents = sim.KVEventsConfig{Endpoint: bind(hostPort), Topic: topic}
 	fleet, err := sim.Start([]string{hostPort}, cfg)
@@ -117,8 +116,7 @@ func TestAWorkerReadFromTheBoundEndpointReplaysWhatTheRouterMissed(t *testing.T)
 	bind := kvtest.FreeEndpoint(t)
 	replayPort := strings.TrimPrefix(kvtest.FreeEndpoint(t), "tcp://127.0.0.1:")
 	hostPort := strings.TrimPrefix(kvtest.FreeEndpoint(t), "tcp://")
-	cfg := sim.DefaultConfig()
-	cfg.TimeScale = 0
+	cfg := instantSim()
 	cfg.KVEvents = sim.KVEventsConfig{Endpoint: bind, ReplayEndpoint: "tcp://127.0.0.1:" + replayPort, Topic: "kv@" + hostPort + "@sim-model"}
 	fleet, err := sim.Start([]string{hostPort}, cfg)
 	if err != nil {

@@ -31,13 +31,8 @@ func sharedPrompt() string {
 // sessions spread (no worker takes more than 3), and each stays on its worker, its cached tokens
 // growing every turn.
 func TestSessionsSharingALongPrefixSpreadAndStay(t *testing.T) {
-	simCfg := sim.DefaultConfig()
-	simCfg.TimeScale = 0
-	fleet, err := sim.StartLocal(4, simCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(fleet.Close)
+	simCfg := instantSim()
+	fleet := startSimFleetOf(t, 4, simCfg)
 	cfg := testConfig()
 	cfg.Policy = "cache_aware"
 	cfg.WorkerURLs = fleet.URLs()
@@ -136,14 +131,9 @@ func admissionRouter(t *testing.T, urls []string, timeout float64, configure fun
 // smallKVSims starts n simulated workers whose KV cache holds 2,048 blocks (32,768 tokens).
 func smallKVSims(t *testing.T, n int) *sim.Fleet {
 	t.Helper()
-	cfg := sim.DefaultConfig()
-	cfg.TimeScale = 0
+	cfg := instantSim()
 	cfg.KVCacheBlocks = 2048
-	f, err := sim.StartLocal(n, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(f.Close)
+	f := startSimFleetOf(t, n, cfg)
 	return f
 }
 

@@ -106,6 +106,16 @@ func httpsClient(t *testing.T, roots *x509.CertPool, cert *tls.Certificate) *htt
 
 const tlsChatBody = `{"model":"test-model","messages":[{"role":"user","content":"hi"}]}`
 
+// postTLSChat posts a chat request to tr with a client that trusts p.
+func postTLSChat(t *testing.T, tr *tlsTestRouter, p *testPKI) *http.Response {
+	t.Helper()
+	resp, err := httpsClient(t, p.Pool(), nil).Post(tr.url+"/v1/chat/completions", "application/json", strings.NewReader(tlsChatBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
 // wantSerial completes one handshake with addr and fails unless the certificate it presented has
 // serial number want.
 func wantSerial(t *testing.T, addr string, roots *x509.CertPool, want int64, when string) {
@@ -139,11 +149,7 @@ func TestRouterOverTLSAnswersAClientThatTrustsItsCA(t *testing.T) {
 	p := newTestPKI(t)
 	w := newFakeWorker(t)
 	tr := startTLSRouter(t, tlsConfig(p), w)
-	c := httpsClient(t, p.Pool(), nil)
-	resp, err := c.Post(tr.url+"/v1/chat/completions", "application/json", strings.NewReader(tlsChatBody))
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := postTLSChat(t, tr, p)
 	body := readAll(t, resp)
 	if resp.StatusCode != 200 || !strings.Contains(body, `"content":"hello"`) {
 		t.Fatalf("status %d body %s", resp.StatusCode, body)
@@ -154,7 +160,7 @@ func TestRouterOverTLSAnswersAClientThatTrustsItsCA(t *testing.T) {
 	if _, h := w.last(); h.Get("X-Forwarded-Proto") != "https" {
 		t.Errorf("worker saw X-Forwarded-Proto %q, want https", h.Get("X-Forwarded-Proto"))
 	}
-	resp, err = c.Get(tr.url + "/health")
+	resp, err := httpsClient(t, p.Pool(), nil).Get(tr.url + "/health")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -556,18 +562,14 @@ func TestRouterOverTLSStillTellsWorkersHTTPSAndAnswersOversizedHeadersInTheRoute
 	p := newTestPKI(t)
 	w := newFakeWorker(t)
 	tr := startTLSRouter(t, tlsConfig(p), w)
-	c := httpsClient(t, p.Pool(), nil)
-	resp, err := c.Post(tr.url+"/v1/chat/completions", "application/json", strings.NewReader(tlsChatBody))
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := postTLSChat(t, tr, p)
 	readAll(t, resp)
 	if _, h := w.last(); h.Get("X-Forwarded-Proto") != "https" {
 		t.Fatalf("X-Forwarded-Proto %q, want https", h.Get("X-Forwarded-Proto"))
 	}
 	req, _ := http.NewRequest(http.MethodPost, tr.url+"/v1/messages", strings.NewReader(`{}`))
 	req.Header.Set("X-Big", strings.Repeat("a", 20<<10))
-	resp, err = c.Do(req)
+	resp, err := httpsClient(t, p.Pool(), nil).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

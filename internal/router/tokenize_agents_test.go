@@ -60,11 +60,7 @@ func eventWorker(t *testing.T, cfg sim.Config) (url, endpoint string) {
 	t.Helper()
 	cfg.TimeScale = 0
 	cfg.KVEvents = sim.KVEventsConfig{Endpoint: kvtest.FreeEndpoint(t), Bind: true}
-	fleet, err := sim.StartLocal(1, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(fleet.Close)
+	fleet := startSimFleetOf(t, 1, cfg)
 	return fleet.URLs()[0], cfg.KVEvents.Endpoint
 }
 

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -68,20 +67,15 @@ func BenchmarkTokenizeDefaultTimeout(b *testing.B) {
 // benchTokenize runs one case; timeoutSecs 0 keeps the default tokenize timeout, with perKiBMs
 // its allowance per KiB.
 func benchTokenize(b *testing.B, size int, mode string, timeoutSecs, perKiBMs float64) {
-	simCfg := sim.DefaultConfig()
-	simCfg.TimeScale = 0
+	simCfg := instantSim()
 	simCfg.MaxModelLen = 1 << 20   // a 512 KiB message is about 130k of the sim's tokens
 	simCfg.KVCacheBlocks = 1 << 15 // and fits in its cache
 	var endpoint string
 	if mode != "off" {
-		endpoint = "tcp://127.0.0.1:" + strconv.Itoa(freePort(b))
+		endpoint = "tcp://127.0.0.1:" + strconv.Itoa(testkit.FreePort(b))
 		simCfg.KVEvents = sim.KVEventsConfig{Endpoint: endpoint, Bind: true}
 	}
-	fleet, err := sim.StartLocal(1, simCfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(fleet.Close)
+	fleet := startSimFleetOf(b, 1, simCfg)
 	cfg := testConfig()
 	cfg.Policy = "cache_aware"
 	cfg.WorkerURLs = fleet.URLs()
@@ -167,12 +161,4 @@ func tokenizeResults(b *testing.B, r *Router, results ...string) float64 {
 		sum += m.GetCounter().GetValue()
 	}
 	return sum
-}
-
-// freePort is a loopback port free when asked, for a simulated worker's event publisher.
-func freePort(b testing.TB) int {
-	b.Helper()
-	ln := testkit.Listen(b)
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cacheroute/cacheroute/internal/sim"
 	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
@@ -15,13 +14,8 @@ import (
 // worker's engine published is placed there by the events; with the URL at a port nothing listens
 // on, every ask fails (the workers are not asked instead) and the request still routes.
 func TestTokensAreAskedOfTheRenderServiceWhenOneIsGiven(t *testing.T) {
-	simCfg := sim.DefaultConfig()
-	simCfg.TimeScale = 0
-	render, err := sim.StartLocal(1, simCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(render.Close)
+	simCfg := instantSim()
+	render := startSimFleetOf(t, 1, simCfg)
 	closed := testkit.Listen(t)
 	nobody := "http://" + closed.Addr().String()
 	closed.Close()
