@@ -128,8 +128,8 @@ func cacheAwarePolicy() *cacheaware.Policy {
 		MaxTreeSize: 1 << 20, EvictionInterval: time.Minute, SessionTTL: time.Hour, MaxSessions: 1000}, nil, slog.New(slog.DiscardHandler))
 }
 
-// responsesFleet is a router with cache_aware over n responses workers.
-func responsesFleet(t *testing.T, n int) (*testProxy, []*responsesWorker, *cacheaware.Policy) {
+// responsesWorkers starts n responses workers, named w0, w1, …, and returns them and their URLs.
+func responsesWorkers(t *testing.T, n int) ([]*responsesWorker, []string) {
 	var ws []*responsesWorker
 	var urls []string
 	for i := range n {
@@ -137,6 +137,12 @@ func responsesFleet(t *testing.T, n int) (*testProxy, []*responsesWorker, *cache
 		ws = append(ws, w)
 		urls = append(urls, w.URL)
 	}
+	return ws, urls
+}
+
+// responsesFleet is a router with cache_aware over n responses workers.
+func responsesFleet(t *testing.T, n int) (*testProxy, []*responsesWorker, *cacheaware.Policy) {
+	ws, urls := responsesWorkers(t, n)
 	p := cacheAwarePolicy()
 	return newTestProxy(t, setup{urls: urls, policy: p}), ws, p
 }

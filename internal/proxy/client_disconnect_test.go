@@ -169,8 +169,8 @@ func TestClientDisconnect_DuringBackoffStopsTheRetry(t *testing.T) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		answered.fire()
 	})
-	next := newRawWorker(t, func(rw *rawWorker, c net.Conn, br *bufio.Reader) {
-		if _, _, err := rw.readRequest(br); err == nil {
+	next := testkit.NewRawServer(t, func(rw *testkit.RawServer, c net.Conn, br *bufio.Reader) {
+		if _, _, err := rw.ReadRequest(br); err == nil {
 			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
 		}
 	})
@@ -191,15 +191,15 @@ func TestClientDisconnect_DuringBackoffStopsTheRetry(t *testing.T) {
 	})
 	// The worker accepts in dial order, so once it has accepted a connection dialed now, it has
 	// accepted any the router dialed before: the probe must be the only one.
-	probe, err := net.Dial("tcp", next.ln.Addr().String())
+	probe, err := net.Dial("tcp", strings.TrimPrefix(next.URL, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer probe.Close()
-	testkit.WaitWithin(t, 5*time.Second, "the next worker accepted the probe", func() bool { return next.conns.Load() >= 1 })
-	if got := next.conns.Load() - 1; got != 0 {
+	testkit.WaitWithin(t, 5*time.Second, "the next worker accepted the probe", func() bool { return next.Conns.Load() >= 1 })
+	if got := next.Conns.Load() - 1; got != 0 {
 		t.Errorf("the next worker got %d connections (%d requests) after the client left, want none",
-			got, next.requests.Load())
+			got, next.Requests.Load())
 	}
 	tp.loadReturnsToZero(t)
 }

@@ -12,8 +12,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -219,75 +217,11 @@ func sseWorker(t *testing.T, name string, n int) *testkit.Server {
 	})
 }
 
-// rawWorker is a worker that speaks HTTP/1.1 by hand, for behaviour a net/http server never
-// shows: closing a keep-alive connection right after answering, closing after reading a request,
-// never answering, lying about Content-Length. serve gets each accepted connection; it returns
-// when it is done with it, and the connection is then closed.
-type rawWorker struct {
-	URL      string
-	ln       net.Listener
-	requests atomic.Int64 // requests read in full by readRequest
-	conns    atomic.Int64 // connections accepted
-	mu       sync.Mutex
-	open     []net.Conn
-	wg       sync.WaitGroup
-}
-
-func newRawWorker(t *testing.T, serve func(rw *rawWorker, c net.Conn, br *bufio.Reader)) *rawWorker {
-	t.Helper()
-	ln := testkit.Listen(t)
-	rw := &rawWorker{URL: "http://" + ln.Addr().String(), ln: ln}
-	rw.wg.Add(1)
-	go func() {
-		defer rw.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			rw.conns.Add(1)
-			rw.mu.Lock()
-			rw.open = append(rw.open, c)
-			rw.mu.Unlock()
-			rw.wg.Add(1)
-			go func() {
-				defer rw.wg.Done()
-				defer c.Close()
-				serve(rw, c, bufio.NewReader(c))
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		rw.mu.Lock()
-		for _, c := range rw.open {
-			_ = c.Close()
-		}
-		rw.mu.Unlock()
-		rw.wg.Wait()
-	})
-	return rw
-}
-
-// readRequest reads one whole request (headers and body) and counts it.
-func (rw *rawWorker) readRequest(br *bufio.Reader) (*http.Request, []byte, error) {
-	req, err := http.ReadRequest(br)
-	if err != nil {
-		return nil, nil, err
-	}
-	body, err := io.ReadAll(req.Body)
-	if err != nil {
-		return nil, nil, err
-	}
-	rw.requests.Add(1)
-	return req, body, nil
-}
-
 // hangingWorker reads each request in full and never answers; the connection stays open until
 // the router closes it (or the test ends).
-func hangingWorker(t *testing.T) *rawWorker {
-	return newRawWorker(t, func(rw *rawWorker, c net.Conn, br *bufio.Reader) {
-		if _, _, err := rw.readRequest(br); err != nil {
+func hangingWorker(t *testing.T) *testkit.RawServer {
+	return testkit.NewRawServer(t, func(rw *testkit.RawServer, c net.Conn, br *bufio.Reader) {
+		if _, _, err := rw.ReadRequest(br); err != nil {
 			return
 		}
 		_, _ = io.Copy(io.Discard, br) // until the router closes the connection
@@ -346,6 +280,17 @@ func (tp *testProxy) dial(t *testing.T) net.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// streamToANonReader sends a streamed chat request on a connection of its own that never reads
+// the answer.
+func (tp *testProxy) streamToANonReader(t *testing.T) net.Conn {
+	t.Helper()
+	c := tp.dial(t)
+	if _, err := io.WriteString(c, rawRequest(http.MethodPost, chatPath, streamBody)); err != nil {
+		t.Fatal(err)
+	}
 	return c
 }
 

@@ -23,13 +23,7 @@ import (
 
 // searchFleet is a router with cache_aware over n responses workers, with opts when given.
 func searchFleet(t *testing.T, n int, opts *Options) (*testProxy, []*responsesWorker) {
-	var ws []*responsesWorker
-	var urls []string
-	for i := range n {
-		w := newResponsesWorker(t, fmt.Sprint("w", i))
-		ws = append(ws, w)
-		urls = append(urls, w.URL)
-	}
+	ws, urls := responsesWorkers(t, n)
 	return newTestProxy(t, setup{urls: urls, policy: cacheAwarePolicy(), opts: opts}), ws
 }
 

@@ -9,8 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // echoWorker answers every request 200 with the method, path and query it got, and a body of its

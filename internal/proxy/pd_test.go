@@ -104,8 +104,8 @@ func TestPD_APrefillWorkerSilentPastTheFirstByteDeadlineIsStalled(t *testing.T) 
 	tp := pdProxy(t, &opts, []string{hung.URL}, []string{decode.URL})
 
 	_, _, _ = tp.post(t, chatPath, chatBody) // the leg waits out the deadline on the silent worker
-	if hung.requests.Load() != 1 {
-		t.Fatalf("the silent prefill worker read %d legs, want 1", hung.requests.Load())
+	if hung.Requests.Load() != 1 {
+		t.Fatalf("the silent prefill worker read %d legs, want 1", hung.Requests.Load())
 	}
 	if !tp.worker(t, hung.URL).Stalled() {
 		t.Error("the prefill worker that missed the first-byte deadline is not taken for stalled")

@@ -10,8 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/valyala/fasthttp"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // servePlainOnLoopback serves h through servePlain on a loopback port until the test ends, and

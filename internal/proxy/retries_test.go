@@ -87,8 +87,8 @@ func TestRetries_FinalAttemptsServerErrorIsPassedThrough(t *testing.T) {
 // request takes it. That request never reached the worker, so it is sent again at once on a fresh
 // connection: every request succeeds, and the worker sees each one exactly once.
 func TestRetries_WorkerClosingKeepAliveConnectionsAfterEachAnswer(t *testing.T) {
-	w := newRawWorker(t, func(rw *rawWorker, c net.Conn, br *bufio.Reader) {
-		if _, _, err := rw.readRequest(br); err != nil {
+	w := testkit.NewRawServer(t, func(rw *testkit.RawServer, c net.Conn, br *bufio.Reader) {
+		if _, _, err := rw.ReadRequest(br); err != nil {
 			return
 		}
 		const body = `{"ok":true}`
@@ -111,7 +111,7 @@ func TestRetries_WorkerClosingKeepAliveConnectionsAfterEachAnswer(t *testing.T) 
 	if failed > 0 {
 		t.Fatalf("%d of %d requests failed", failed, n)
 	}
-	if got := w.requests.Load(); got != n {
+	if got := w.Requests.Load(); got != n {
 		t.Errorf("worker read %d requests, want %d (each exactly once)", got, n)
 	}
 	tp.wantUpstreamErrors(t, upstream.KindSent, 0)
@@ -128,11 +128,11 @@ func TestRetries_StaleConnectionIsResentOnAFreshConnectionNotAnotherPooledOne(t 
 	var arrived sync.WaitGroup
 	arrived.Add(pooled)
 	release := make(chan struct{})
-	w := newRawWorker(t, func(rw *rawWorker, c net.Conn, br *bufio.Reader) {
-		if _, _, err := rw.readRequest(br); err != nil {
+	w := testkit.NewRawServer(t, func(rw *testkit.RawServer, c net.Conn, br *bufio.Reader) {
+		if _, _, err := rw.ReadRequest(br); err != nil {
 			return
 		}
-		if rw.conns.Load() <= pooled {
+		if rw.Conns.Load() <= pooled {
 			// The first requests are held until all of them are in, so that each has its own
 			// connection and all of them go back to the pool together.
 			arrived.Done()
@@ -185,7 +185,7 @@ func TestRetries_StaleConnectionIsResentOnAFreshConnectionNotAnotherPooledOne(t 
 			t.Errorf("request %d after the pool filled: %d %q, want 200", i, status, body)
 		}
 	}
-	if got := w.requests.Load(); got != pooled+n {
+	if got := w.Requests.Load(); got != pooled+n {
 		t.Errorf("worker read %d requests, want %d (each exactly once)", got, pooled+n)
 	}
 	tp.loadReturnsToZero(t)
@@ -194,8 +194,8 @@ func TestRetries_StaleConnectionIsResentOnAFreshConnectionNotAnotherPooledOne(t 
 // A fresh connection that the worker closes after reading the whole request may have started a
 // generation: sending it elsewhere could run it twice, so the client gets 502.
 func TestRetries_FreshConnectionClosedAfterTheRequestIsNotRetried(t *testing.T) {
-	closer := newRawWorker(t, func(rw *rawWorker, c net.Conn, br *bufio.Reader) {
-		_, _, _ = rw.readRequest(br) // read it all, then close without a word
+	closer := testkit.NewRawServer(t, func(rw *testkit.RawServer, c net.Conn, br *bufio.Reader) {
+		_, _, _ = rw.ReadRequest(br) // read it all, then close without a word
 	})
 	other := okWorker(t, "other")
 	tp := newTestProxy(t, setup{urls: []string{closer.URL, other.URL}})
@@ -207,7 +207,7 @@ func TestRetries_FreshConnectionClosedAfterTheRequestIsNotRetried(t *testing.T) 
 	if code := errorCode(t, body); code != "upstream_unavailable" {
 		t.Errorf("error code %q, want upstream_unavailable", code)
 	}
-	if got := closer.requests.Load(); got != 1 {
+	if got := closer.Requests.Load(); got != 1 {
 		t.Errorf("closing worker read %d requests, want 1", got)
 	}
 	if got := other.Hits.Load(); got != 0 {

@@ -38,7 +38,7 @@ func TestStall_AttemptWaitingOnAStalledWorkerIsRetriedElsewhere(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		done <- answer{resp.StatusCode, string(b)}
 	}()
-	testkit.WaitWithin(t, 5*time.Second, "the hung worker has the request", func() bool { return hung.requests.Load() == 1 })
+	testkit.WaitWithin(t, 5*time.Second, "the hung worker has the request", func() bool { return hung.Requests.Load() == 1 })
 	tp.worker(t, hung.URL).SetStalled(true)
 
 	select {
@@ -53,7 +53,7 @@ func TestStall_AttemptWaitingOnAStalledWorkerIsRetriedElsewhere(t *testing.T) {
 	if status, _, body := tp.post(t, chatPath, chatBody); status != http.StatusOK || !strings.Contains(body, `"live"`) {
 		t.Errorf("next request: %d %q, want the live worker (the stalled one is out of rotation)", status, body)
 	}
-	if got := hung.requests.Load(); got != 1 {
+	if got := hung.Requests.Load(); got != 1 {
 		t.Errorf("the stalled worker got %d requests, want 1", got)
 	}
 	tp.loadReturnsToZero(t)
@@ -81,7 +81,7 @@ func TestStall_ARetrySkipsAWorkerFoundStalledSinceTheRequestBegan(t *testing.T) 
 	if status != http.StatusOK || !strings.Contains(body, `"live"`) {
 		t.Fatalf("got %d %q, want 200 from the live worker", status, body)
 	}
-	if got := hung.requests.Load(); got != 0 {
+	if got := hung.Requests.Load(); got != 0 {
 		t.Errorf("the stalled worker read %d requests, want 0", got)
 	}
 	tp.wantUpstreamErrors(t, upstream.KindStalled, 0, ": no attempt went there")

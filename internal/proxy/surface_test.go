@@ -235,8 +235,8 @@ func TestSurface_HeadersNamedInAnyConnectionLineAreNotForwarded(t *testing.T) {
 		}
 	})
 	t.Run("response", func(t *testing.T) {
-		w := newRawWorker(t, func(rw *rawWorker, c net.Conn, br *bufio.Reader) {
-			if _, _, err := rw.readRequest(br); err != nil {
+		w := testkit.NewRawServer(t, func(rw *testkit.RawServer, c net.Conn, br *bufio.Reader) {
+			if _, _, err := rw.ReadRequest(br); err != nil {
 				return
 			}
 			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"+
@@ -340,12 +340,12 @@ func assertNoSocketAddress(t *testing.T, opts Options, url string, want int) {
 
 // The router's own error bodies say what happened, never which socket it happened on.
 func TestSurface_BadGatewayMessagesNameNoSocketAddress(t *testing.T) {
-	garbage := newRawWorker(t, func(rw *rawWorker, c net.Conn, br *bufio.Reader) {
-		if _, _, err := rw.readRequest(br); err == nil {
+	garbage := testkit.NewRawServer(t, func(rw *testkit.RawServer, c net.Conn, br *bufio.Reader) {
+		if _, _, err := rw.ReadRequest(br); err == nil {
 			_, _ = io.WriteString(c, "NOT HTTP AT ALL\r\n\r\n")
 		}
 	})
-	closer := newRawWorker(t, func(rw *rawWorker, c net.Conn, br *bufio.Reader) { _, _, _ = rw.readRequest(br) })
+	closer := testkit.NewRawServer(t, func(rw *testkit.RawServer, c net.Conn, br *bufio.Reader) { _, _, _ = rw.ReadRequest(br) })
 	for name, url := range map[string]string{
 		"refused":                  closedPort(t),
 		"closed after the request": closer.URL,

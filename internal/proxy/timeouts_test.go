@@ -45,7 +45,7 @@ func TestTimeouts_FirstByteDeadlineIs504AndTheSilentWorkerTakesNoNextRequest(t *
 			t.Errorf("%s = %q, want the live worker", HeaderWorker, got)
 		}
 	}
-	if got := hang.requests.Load(); got != 1 {
+	if got := hang.Requests.Load(); got != 1 {
 		t.Errorf("the hanging worker read %d requests, want 1", got)
 	}
 	tp.loadReturnsToZero(t)
@@ -56,7 +56,7 @@ func TestTimeouts_FirstByteDeadlineIs504AndTheSilentWorkerTakesNoNextRequest(t *
 // deadline: 504, after one attempt, instead of each worker in turn waiting out a stall check.
 func TestTimeouts_NonStreamedRequestToHungWorkersEndsAtTheFirstByteDeadline(t *testing.T) {
 	var urls []string
-	var hung []*rawWorker
+	var hung []*testkit.RawServer
 	for range 4 {
 		h := hangingWorker(t)
 		hung = append(hung, h)
@@ -77,7 +77,7 @@ func TestTimeouts_NonStreamedRequestToHungWorkersEndsAtTheFirstByteDeadline(t *t
 	}
 	var asked int64
 	for _, h := range hung {
-		asked += h.requests.Load()
+		asked += h.Requests.Load()
 	}
 	if asked != 2 {
 		t.Errorf("the hung workers read %d requests, want 2: one attempt per request, all attempts within one deadline", asked)
@@ -268,10 +268,7 @@ func TestTimeouts_StreamingClientThatNeverReadsReleasesTheLoad(t *testing.T) {
 	tp := newTestProxy(t, setup{opts: &opts, urls: []string{flood.URL}})
 	w := tp.worker(t, flood.URL)
 
-	c := tp.dial(t) // sends the request, then never reads
-	if _, err := io.WriteString(c, rawRequest(http.MethodPost, chatPath, streamBody)); err != nil {
-		t.Fatal(err)
-	}
+	tp.streamToANonReader(t)
 	testkit.WaitWithin(t, 5*time.Second, "the worker is streaming", func() bool { return flood.Hits.Load() == 1 })
 
 	testkit.WaitWithin(t, 8*time.Second, "load back to 0 with a client that never reads", func() bool { return w.Load() == 0 })
@@ -319,10 +316,7 @@ func TestTimeouts_ClientThatStopsReadingIsCutAfterClientWriteTimeout(t *testing.
 	tp := newTestProxy(t, setup{opts: &opts, urls: []string{flood.URL}})
 	w := tp.worker(t, flood.URL)
 
-	c := tp.dial(t) // sends the request, then never reads
-	if _, err := io.WriteString(c, rawRequest(http.MethodPost, chatPath, streamBody)); err != nil {
-		t.Fatal(err)
-	}
+	c := tp.streamToANonReader(t)
 	testkit.WaitWithin(t, 5*time.Second, "the worker is streaming", func() bool { return flood.Hits.Load() == 1 })
 
 	stopped.wait(t, 10*time.Second, "the worker's request is aborted")
@@ -339,9 +333,9 @@ func TestTimeouts_ClientThatStopsReadingIsCutAfterClientWriteTimeout(t *testing.
 
 // slowHeadersWorker reads each request and starts its answer's headers, then sends no more of
 // them; the connection stays open until the router closes it (or the test ends).
-func slowHeadersWorker(t *testing.T) *rawWorker {
-	return newRawWorker(t, func(rw *rawWorker, c net.Conn, br *bufio.Reader) {
-		if _, _, err := rw.readRequest(br); err != nil {
+func slowHeadersWorker(t *testing.T) *testkit.RawServer {
+	return testkit.NewRawServer(t, func(rw *testkit.RawServer, c net.Conn, br *bufio.Reader) {
+		if _, _, err := rw.ReadRequest(br); err != nil {
 			return
 		}
 		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n")
@@ -380,8 +374,8 @@ func TestTimeouts_ARetryWaitsWithinTheFirstAttemptsFirstByteDeadline(t *testing.
 	if status != http.StatusGatewayTimeout || errorCode(t, body) != "upstream_timeout" {
 		t.Fatalf("got %d %s, want 504 upstream_timeout", status, body)
 	}
-	if busy.Hits.Load() != 1 || slow.requests.Load() != 1 {
-		t.Errorf("the workers got %d and %d requests, want one each", busy.Hits.Load(), slow.requests.Load())
+	if busy.Hits.Load() != 1 || slow.Requests.Load() != 1 {
+		t.Errorf("the workers got %d and %d requests, want one each", busy.Hits.Load(), slow.Requests.Load())
 	}
 	tp.wantUpstreamErrors(t, upstream.KindFirstByte, 1)
 	tp.loadReturnsToZero(t)

@@ -81,9 +81,9 @@ func TestTruncatedResponse_StreamBrokenByTheWorkerReachesTheClientTruncated(t *t
 }
 
 // shortWorker announces a Content-Length of announced bytes, sends sent of them, and closes.
-func shortWorker(t *testing.T, announced, sent int) *rawWorker {
-	return newRawWorker(t, func(rw *rawWorker, c net.Conn, br *bufio.Reader) {
-		if _, _, err := rw.readRequest(br); err != nil {
+func shortWorker(t *testing.T, announced, sent int) *testkit.RawServer {
+	return testkit.NewRawServer(t, func(rw *testkit.RawServer, c net.Conn, br *bufio.Reader) {
+		if _, _, err := rw.ReadRequest(br); err != nil {
 			return
 		}
 		_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", announced)
