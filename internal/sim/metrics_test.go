@@ -5,10 +5,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cacheroute/cacheroute/internal/testkit"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 func scrape(t *testing.T, h http.Handler) map[string]*dto.MetricFamily {

@@ -9,8 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cacheroute/cacheroute/internal/testkit"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // pressure_test.go: a worker whose KV cache is too small for what is asked of it behaves as
