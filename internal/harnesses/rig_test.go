@@ -25,6 +25,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/config"
 	"github.com/cacheroute/cacheroute/internal/router"
 	"github.com/cacheroute/cacheroute/internal/sim"
+	"github.com/cacheroute/cacheroute/internal/telemetry"
 	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
@@ -213,16 +214,8 @@ func startRig(t *testing.T, policy string) *rig {
 	return &rig{fleet: fleet, url: "http://" + ln.Addr().String(), accessLog: cfg.AccessLog, trap: startTrap(t)}
 }
 
-// logLine is the part of an access log line the tests read.
-type logLine struct {
-	Route        string `json:"route"`
-	Worker       string `json:"worker"`
-	Decision     string `json:"decision"`
-	Session      string `json:"session"`
-	Status       int    `json:"status"`
-	PromptTokens *int   `json:"prompt_tokens"`
-	CachedTokens *int   `json:"cached_tokens"`
-}
+// logLine is an access log line, read back as the router wrote it.
+type logLine = telemetry.Entry
 
 // generations returns the access log's lines of generation requests (route), in order.
 func (rg *rig) generations(t *testing.T, route string) []logLine {
