@@ -22,8 +22,8 @@ func Send(t testing.TB, client *http.Client, method, url, body string, header ..
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
+	for k, v := range Header(header...) {
+		req.Header[k] = v
 	}
 	if client == nil {
 		client = http.DefaultClient
@@ -38,6 +38,15 @@ func Send(t testing.TB, client *http.Client, method, url, body string, header ..
 		t.Fatalf("%s %s: reading the body: %v", method, url, err)
 	}
 	return resp.StatusCode, resp.Header, string(b)
+}
+
+// Header is a header set from name, value pairs, its keys canonical as net/http stores them.
+func Header(kv ...string) http.Header {
+	h := http.Header{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		h.Set(kv[i], kv[i+1])
+	}
+	return h
 }
 
 // Server is an httptest server on loopback that counts the requests it receives.

@@ -4,12 +4,15 @@ import (
 	"crypto/x509"
 	"go/parser"
 	"go/token"
+	"io"
 	"io/fs"
+	"net/http"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Only tests may import the kit: a router package that did would link the testing package.
@@ -75,5 +78,34 @@ func TestCAIssuesLeavesItsPoolVerifies(t *testing.T) {
 				t.Errorf("server certificate: %v", err)
 			}
 		}
+	}
+}
+
+func TestPollReportsWhetherTheConditionHeldInTime(t *testing.T) {
+	if Poll(20*time.Millisecond, time.Millisecond, func() bool { return false }) {
+		t.Error("Poll reported a condition that never held")
+	}
+	n := 0
+	if !Poll(Patience, time.Millisecond, func() bool { n++; return n == 3 }) || n != 3 {
+		t.Errorf("Poll stopped after %d calls, want true at the third", n)
+	}
+}
+
+func TestSendSendsTheBodyAsJSONWithTheHeaderPairs(t *testing.T) {
+	var got http.Header
+	s := NewServer(t, func(w http.ResponseWriter, r *http.Request) {
+		got = r.Header.Clone()
+		w.Header().Set("X-Seen", r.Method)
+		_, _ = io.Copy(w, r.Body)
+	})
+	code, h, body := Send(t, nil, http.MethodPut, s.URL, `{"a":1}`, "X-One", "1", "x-two", "2")
+	if code != http.StatusOK || h.Get("X-Seen") != http.MethodPut || body != `{"a":1}` {
+		t.Errorf("answer %d %v %q", code, h, body)
+	}
+	if got.Get("Content-Type") != "application/json" || got.Get("X-One") != "1" || got.Get("X-Two") != "2" {
+		t.Errorf("request headers %v", got)
+	}
+	if s.Hits.Load() != 1 {
+		t.Errorf("server counted %d requests, want 1", s.Hits.Load())
 	}
 }
