@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/cacheroute/cacheroute/internal/protocol"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // mustParseAs parses body with the reader of p, failing the test on an error or when the
@@ -288,12 +289,12 @@ func TestAgentHashKey(t *testing.T) {
 		body string
 		want string
 	}{
-		{&responsesProtocol, "header first", hdr("x-request-id", "r"), `{"conversation":"c","input":"hi"}`, "r"},
+		{&responsesProtocol, "header first", testkit.Header("x-request-id", "r"), `{"conversation":"c","input":"hi"}`, "r"},
 		{&responsesProtocol, "then conversation", nil, `{"conversation":{"id":"c"},"prompt_cache_key":"k","user":"u","input":"hi"}`, "c"},
 		{&responsesProtocol, "then prompt_cache_key", nil, `{"prompt_cache_key":"k","user":"u","input":"hi"}`, "k"},
 		{&responsesProtocol, "then user", nil, `{"user":"u","input":"hi"}`, "u"},
 		{&responsesProtocol, "then the history key", nil, `{"input":"hi"}`, spelled("uchi·.")},
-		{&messagesProtocol, "header first", hdr("x-trace-id", "t"), `{"metadata":{"user_id":"m"},"messages":[]}`, "t"},
+		{&messagesProtocol, "header first", testkit.Header("x-trace-id", "t"), `{"metadata":{"user_id":"m"},"messages":[]}`, "t"},
 		{&messagesProtocol, "then metadata.user_id", nil, `{"metadata":{"user_id":" m "},"messages":[]}`, "m"},
 		{&messagesProtocol, "then the history key", nil, `{"messages":[{"role":"user","content":"hi"}]}`, spelled("uchi·.")},
 	}
@@ -308,7 +309,7 @@ func TestAgentHashKey(t *testing.T) {
 
 // ParseModel reads model and stream of any JSON object, and nothing else: no key of any kind.
 func TestParseModel(t *testing.T) {
-	h := hdr("x-session-id", "s", "x-user-id", "u")
+	h := testkit.Header("x-session-id", "s", "x-user-id", "u")
 	tests := []struct {
 		body   string
 		model  string
