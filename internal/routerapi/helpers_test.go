@@ -3,6 +3,7 @@ package routerapi
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -71,9 +72,7 @@ func (ta *testAPI) do(t *testing.T, method, path, body string, header ...string)
 func (ta *testAPI) remote(method, path, body, addr string, header ...string) *httptest.ResponseRecorder {
 	req := httptest.NewRequest(method, path, strings.NewReader(body))
 	req.RemoteAddr = addr
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
+	maps.Copy(req.Header, testkit.Header(header...))
 	rec := httptest.NewRecorder()
 	ta.API.ServeHTTP(rec, req)
 	return rec
