@@ -69,6 +69,43 @@ type chatReply struct {
 	Usage chatUsage `json:"usage"`
 }
 
+// chatChunk is one event of a streamed chat answer.
+type chatChunk struct {
+	Object  string `json:"object"`
+	Choices []struct {
+		Delta struct {
+			Role      *string     `json:"role"`
+			Content   *string     `json:"content"`
+			ToolCalls []toolDelta `json:"tool_calls"`
+		} `json:"delta"`
+		FinishReason *string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *chatUsage `json:"usage"`
+}
+
+// toolDelta is a piece of a tool call in a streamed chat answer.
+type toolDelta struct {
+	Index    *int    `json:"index"`
+	ID       *string `json:"id"`
+	Type     *string `json:"type"`
+	Function struct {
+		Name      *string `json:"name"`
+		Arguments *string `json:"arguments"`
+	} `json:"function"`
+}
+
+// decodeChunks decodes each event as a chat.completion.chunk, failing the test on any other.
+func decodeChunks(t *testing.T, events []string) []chatChunk {
+	t.Helper()
+	chunks := make([]chatChunk, len(events))
+	for i, ev := range events {
+		if err := json.Unmarshal([]byte(ev), &chunks[i]); err != nil || chunks[i].Object != "chat.completion.chunk" {
+			t.Fatalf("event %d %s: %v", i, ev, err)
+		}
+	}
+	return chunks
+}
+
 // chatUsage is the usage of a chat or completion answer.
 type chatUsage struct {
 	PromptTokens        int `json:"prompt_tokens"`

@@ -61,32 +61,11 @@ func TestStream_ChatOverLoopback(t *testing.T) {
 	}
 	events := sseEvents(t, resp)
 
-	type chunk struct {
-		Object  string `json:"object"`
-		Choices []struct {
-			Delta struct {
-				Role    *string `json:"role"`
-				Content *string `json:"content"`
-			} `json:"delta"`
-			FinishReason *string `json:"finish_reason"`
-		} `json:"choices"`
-		Usage *chatUsage `json:"usage"`
-	}
 	// role, 12 content deltas, finish, usage, [DONE]
 	if len(events) != 16 || events[15] != "[DONE]" {
 		t.Fatalf("%d events, last %q; want 16 ending in [DONE]", len(events), events[len(events)-1])
 	}
-	var chunks []chunk
-	for _, e := range events[:15] {
-		var c chunk
-		if err := json.Unmarshal([]byte(e), &c); err != nil {
-			t.Fatalf("chunk %q: %v", e, err)
-		}
-		if c.Object != "chat.completion.chunk" {
-			t.Fatalf("object %q", c.Object)
-		}
-		chunks = append(chunks, c)
-	}
+	chunks := decodeChunks(t, events[:15])
 	if r := chunks[0].Choices[0].Delta.Role; r == nil || *r != "assistant" {
 		t.Fatal("first chunk carries no assistant role")
 	}
