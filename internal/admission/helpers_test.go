@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/admission"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // patience bounds every wait for something that must happen; it is generous so that a slow,
@@ -61,19 +62,7 @@ func enqueue(t *testing.T, c *admission.Controller, id string, tk admission.Tick
 	t.Helper()
 	want := c.Queued() + 1
 	admitAsync(t.Context(), c, id, tk, out)
-	waitFor(t, func() bool { return c.Queued() == want }, "request "+id+" queued")
-}
-
-// waitFor polls cond until it holds, failing the test after patience.
-func waitFor(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(patience)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for: %s", what)
-		}
-		time.Sleep(100 * time.Microsecond)
-	}
+	testkit.WaitFor(t, "request "+id+" queued", func() bool { return c.Queued() == want })
 }
 
 // receive returns the next outcome, failing the test after patience.
@@ -150,26 +139,4 @@ func (r *recorder) waited(priority string) []time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]time.Duration(nil), r.waits[priority]...)
-}
-
-// manualClock is a clock that moves only when told.
-type manualClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newManualClock() *manualClock {
-	return &manualClock{now: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)}
-}
-
-func (c *manualClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *manualClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
 }

@@ -8,11 +8,12 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/admission"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
-func newLimiter(t *testing.T, rates map[string]admission.Rate) (*admission.MemoryLimiter, *manualClock) {
+func newLimiter(t *testing.T, rates map[string]admission.Rate) (*admission.MemoryLimiter, *testkit.Clock) {
 	t.Helper()
-	clk := newManualClock()
+	clk := testkit.NewClock()
 	m, err := admission.NewMemoryLimiter(rates, clk.Now)
 	if err != nil {
 		t.Fatal(err)

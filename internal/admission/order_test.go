@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/cacheroute/cacheroute/internal/admission"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 var threeLevels = []string{"interactive", "default", "batch"}
@@ -53,7 +54,7 @@ func TestAdmit_InteractiveJumpsABatchFloodAndPeersAlternateWithIt(t *testing.T) 
 	for i := range flood {
 		admitAsync(t.Context(), c, fmt.Sprintf("flood%d", i), admission.Ticket{Tenant: "flooder", Priority: "batch"}, out)
 	}
-	waitFor(t, func() bool { return c.Queued() == flood }, "the flood queued")
+	testkit.WaitFor(t, "the flood queued", func() bool { return c.Queued() == flood })
 	enqueue(t, c, "peer", admission.Ticket{Tenant: "peer", Priority: "batch"}, out)
 	enqueue(t, c, "interactive", admission.Ticket{Tenant: "user", Priority: "interactive"}, out)
 	hold.Release()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/admission"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // rejection returns err as a *Rejection, failing the test when it is not one.
@@ -91,7 +92,7 @@ func TestAdmit_FullQueueDisplacesTheFloodingTenantOnly(t *testing.T) {
 		t.Fatalf("%s returned %v, want a2 displaced", o.id, o.err)
 	}
 	// Now a has two and b one: displacing would only swap their shares, so b is refused.
-	waitFor(t, func() bool { return c.Queued() == 4 }, "b0 queued")
+	testkit.WaitFor(t, "b0 queued", func() bool { return c.Queued() == 4 })
 	_, err := admitBounded(t, c, admission.Ticket{Tenant: "b"})
 	if rejection(t, err).Reason != admission.QueueFull {
 		t.Fatalf("second b request: %v, want queue_full", err)
@@ -146,7 +147,7 @@ func TestAdmit_CancelledClientLeavesTheQueueAtOnce(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	out := make(chan outcome, 1)
 	admitAsync(ctx, c, "gone", admission.Ticket{Tenant: "a"}, out)
-	waitFor(t, func() bool { return c.Queued() == 1 }, "queued")
+	testkit.WaitFor(t, "queued", func() bool { return c.Queued() == 1 })
 	cancel()
 
 	o := receive(t, out)

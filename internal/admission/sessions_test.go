@@ -3,16 +3,32 @@ package admission
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // roomFor is a Fits whose room the test sets.
 type roomFor struct{ room atomic.Int64 }
 
 func (r *roomFor) fits(need int) bool { return int64(need) <= r.room.Load() }
+
+// offer makes room tokens of room and offers them to q's waiting requests.
+func (r *roomFor) offer(q *SessionQueue, room int64) {
+	r.room.Store(room)
+	q.Offer()
+}
+
+// roomQueue is a queue of up to 8 requests waiting up to a minute for the room of r, which has
+// none yet.
+func roomQueue() (*SessionQueue, *roomFor) {
+	r := &roomFor{}
+	return NewSessionQueue(SessionQueueOptions{Max: 8, Timeout: time.Minute, Fits: r.fits}), r
+}
 
 // waitAll starts one Wait per ticket, in order, each after the previous is queued, and returns
 // the order in which they were offered a try.
@@ -28,26 +44,13 @@ func waitAll(t *testing.T, q *SessionQueue, tickets []*SessionTicket) (order cha
 			}
 			errs <- err
 		}()
-		waitUntil(t, func() bool { return q.Waiting() == i+1 })
+		testkit.WaitFor(t, fmt.Sprint(i+1, " waiting"), func() bool { return q.Waiting() == i+1 })
 	}
 	return order, errs
 }
 
-// waitUntil polls cond for up to 10 s.
-func waitUntil(t *testing.T, cond func() bool) {
-	t.Helper()
-	for i := 0; i < 1000; i++ {
-		if cond() {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatal("condition not met in 10 s")
-}
-
 func TestTheSessionServedLeastGoesFirstWhenRoomAppears(t *testing.T) {
-	var r roomFor
-	q := NewSessionQueue(SessionQueueOptions{Max: 8, Timeout: time.Minute, Fits: r.fits})
+	q, r := roomQueue()
 	tickets := []*SessionTicket{{Need: 10, Served: 5000}, {Need: 10, Served: 0}, {Need: 10, Served: 200}}
 	order, _ := waitAll(t, q, tickets)
 	r.room.Store(100)
@@ -70,8 +73,7 @@ func TestOnlyOneRequestIsOfferedATryUntilItSettles(t *testing.T) {
 	r.room.Store(0)
 	tickets := []*SessionTicket{{Need: 10}, {Need: 10}}
 	order, _ := waitAll(t, q, tickets)
-	r.room.Store(100)
-	q.Offer()
+	r.offer(q, 100)
 	first := <-order
 	q.Offer()
 	select {
@@ -86,12 +88,10 @@ func TestOnlyOneRequestIsOfferedATryUntilItSettles(t *testing.T) {
 }
 
 func TestASmallerSessionGoesPastOneThatDoesNotFit(t *testing.T) {
-	var r roomFor
-	q := NewSessionQueue(SessionQueueOptions{Max: 8, Timeout: time.Minute, Fits: r.fits})
+	q, r := roomQueue()
 	tickets := []*SessionTicket{{Need: 500}, {Need: 50, Served: 10}}
 	order, _ := waitAll(t, q, tickets)
-	r.room.Store(100)
-	q.Offer()
+	r.offer(q, 100)
 	if i := <-order; i != 1 {
 		t.Fatalf("request %d offered, want the one whose 50 tokens fit", i)
 	}
@@ -101,12 +101,10 @@ func TestASmallerSessionGoesPastOneThatDoesNotFit(t *testing.T) {
 }
 
 func TestARequestThatWaitsAgainKeepsItsPlace(t *testing.T) {
-	var r roomFor
-	q := NewSessionQueue(SessionQueueOptions{Max: 8, Timeout: time.Minute, Fits: r.fits})
+	q, r := roomQueue()
 	a, b := &SessionTicket{Need: 10}, &SessionTicket{Need: 10}
 	order, _ := waitAll(t, q, []*SessionTicket{a, b})
-	r.room.Store(100)
-	q.Offer()
+	r.offer(q, 100)
 	if i := <-order; i != 0 {
 		t.Fatalf("request %d went first, want a", i)
 	}
@@ -114,9 +112,8 @@ func TestARequestThatWaitsAgainKeepsItsPlace(t *testing.T) {
 	r.room.Store(0)
 	again := make(chan error, 1)
 	go func() { again <- q.Wait(context.Background(), a) }()
-	waitUntil(t, func() bool { return q.Waiting() == 2 })
-	r.room.Store(100)
-	q.Offer()
+	testkit.WaitFor(t, "2 waiting", func() bool { return q.Waiting() == 2 })
+	r.offer(q, 100)
 	select {
 	case err := <-again:
 		if err != nil {
@@ -143,14 +140,13 @@ func TestAFullQueueAndTheDeadlineEndTheWait(t *testing.T) {
 }
 
 func TestAClientThatLeavesLeavesTheQueue(t *testing.T) {
-	var r roomFor
-	q := NewSessionQueue(SessionQueueOptions{Max: 8, Timeout: time.Minute, Fits: r.fits})
+	q, _ := roomQueue()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
 	var err error
 	go func() { defer wg.Done(); err = q.Wait(ctx, &SessionTicket{Need: 10}) }()
-	waitUntil(t, func() bool { return q.Waiting() == 1 })
+	testkit.WaitFor(t, "1 waiting", func() bool { return q.Waiting() == 1 })
 	cancel()
 	wg.Wait()
 	if !errors.Is(err, context.Canceled) || q.Waiting() != 0 {
@@ -159,8 +155,7 @@ func TestAClientThatLeavesLeavesTheQueue(t *testing.T) {
 }
 
 func TestRoomThatNobodyAnnouncesIsFoundByTheRecheck(t *testing.T) {
-	var r roomFor
-	q := NewSessionQueue(SessionQueueOptions{Max: 8, Timeout: time.Minute, Fits: r.fits})
+	q, r := roomQueue()
 	order, _ := waitAll(t, q, []*SessionTicket{{Need: 10}})
 	r.room.Store(100) // no Offer: a session's pause outlasted its horizon
 	if i := <-order; i != 0 {

@@ -260,27 +260,27 @@ func TestResponsesChainCountsResponseNotFoundOnAnotherWorker(t *testing.T) {
 	}
 }
 
-func TestResponsesChainEndsTheSessionWithoutAResponseID(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, "data: {\"type\":\"response.output_text.delta\",\"delta\":\"x\"}\n\n"+
-			"data: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n")
-	}))
+// threeTurnsAnswered runs the three-turn workload on api, one session at a time, against a
+// server that answers every request with answer.
+func threeTurnsAnswered(t *testing.T, api, answer string) runResult {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, answer) }))
 	defer srv.Close()
 	w := threeTurns()
-	res := run(t.Context(), &w, &Target{Name: "t", URLs: []string{srv.URL}}, RunOptions{API: APIResponsesChain, Model: "m", Concurrency: 1})
+	return run(t.Context(), &w, &Target{Name: "t", URLs: []string{srv.URL}}, RunOptions{API: api, Model: "m", Concurrency: 1})
+}
+
+func TestResponsesChainEndsTheSessionWithoutAResponseID(t *testing.T) {
+	res := threeTurnsAnswered(t, APIResponsesChain, "data: {\"type\":\"response.output_text.delta\",\"delta\":\"x\"}\n\n"+
+		"data: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n")
 	if len(res.records) != 1 || res.records[0].Err != "no response id in the stream" || res.skipped != 2 {
 		t.Fatalf("records %+v skipped %d", res.records, res.skipped)
 	}
 }
 
 func TestStreamWithoutItsFinalEventFails(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"usage\":{\"input_tokens\":3}}}\n\n"+
-			"data: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"x\"}}\n\n")
-	}))
-	defer srv.Close()
-	w := threeTurns()
-	res := run(t.Context(), &w, &Target{Name: "t", URLs: []string{srv.URL}}, RunOptions{API: APIMessages, Model: "m", Concurrency: 1})
+	res := threeTurnsAnswered(t, APIMessages, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"usage\":{\"input_tokens\":3}}}\n\n"+
+		"data: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"x\"}}\n\n")
 	if len(res.records) != 1 || res.records[0].Err != "stream ended without message_stop" {
 		t.Fatalf("records %+v", res.records)
 	}

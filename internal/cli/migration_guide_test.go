@@ -23,6 +23,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/config"
 	"github.com/cacheroute/cacheroute/internal/proxy"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // docs/migrating-from-vllm-router.md lists the vLLM router's flags and routes with what each
@@ -144,22 +145,12 @@ func (w *recordingWorker) received(method, path string) bool {
 // with a method it takes.
 func TestMigrationGuideRoutesAreHandledAsItSays(t *testing.T) {
 	w := newRecordingWorker(t)
-	port := strconv.Itoa(freePort(t))
+	port := strconv.Itoa(testkit.FreePort(t))
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	var logs syncBuffer
-	go func() {
-		defer close(done)
-		_ = Execute(ctx, []string{"--worker-urls", w.URL, "--policy", "round_robin", "--port", port,
+	var logs testkit.SyncBuffer
+	done := testkit.Go(t, cancel, func() error {
+		return Execute(ctx, []string{"--worker-urls", w.URL, "--policy", "round_robin", "--port", port,
 			"--prometheus-port", "0", "--log-level", "error"}, &logs, &logs)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			t.Error("the router did not stop")
-		}
 	})
 	base := "http://127.0.0.1:" + port
 	waitHealthy(t, base, done, &logs)
@@ -252,26 +243,24 @@ func routeCount(t *testing.T, client *http.Client, base string) map[string]float
 }
 
 // waitHealthy waits until the router at base answers /health 200, failing the test when it
-// stopped (stopped closed) or did not within 10 s.
-func waitHealthy(t *testing.T, base string, stopped <-chan struct{}, logs *syncBuffer) {
+// stopped (its error came on stopped) or did not within testkit.Patience.
+func waitHealthy(t *testing.T, base string, stopped chan error, logs *testkit.SyncBuffer) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, err := http.Get(base + "/health")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
+	healthy := testkit.Poll(testkit.Patience, 20*time.Millisecond, func() bool {
 		select {
-		case <-stopped:
-			t.Fatalf("the router stopped\n%s", logs)
+		case err := <-stopped:
+			stopped <- err // for the cleanup, which waits on it too
+			t.Fatalf("the router stopped: %v\n%s", err, logs)
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the router did not become healthy: %v\n%s", err, logs)
+		resp, err := http.Get(base + "/health")
+		if err != nil {
+			return false
 		}
-		time.Sleep(20 * time.Millisecond)
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	if !healthy {
+		t.Fatalf("the router did not become healthy\n%s", logs)
 	}
 }

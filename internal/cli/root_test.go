@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -16,9 +15,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // The command tree is built in one place, newRootCommand; a subcommand missing from it, or one
@@ -34,27 +34,9 @@ func TestRootHasExactlyTheSubcommands(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the router's log writes and the test's reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // run executes the command line in-process and returns its error and output.
 func run(ctx context.Context, args ...string) (stdout, stderr string, err error) {
-	var out, errOut syncBuffer
+	var out, errOut testkit.SyncBuffer
 	err = Execute(ctx, args, &out, &errOut)
 	return out.String(), errOut.String(), err
 }
@@ -62,10 +44,7 @@ func run(ctx context.Context, args ...string) (stdout, stderr string, err error)
 // takenPort holds a loopback port for the rest of the test and returns it.
 func takenPort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	t.Cleanup(func() { ln.Close() })
 	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 }
@@ -199,10 +178,10 @@ func TestAllowEmptyStartsARouterThatTakesWorkersThroughTheAdminAPI(t *testing.T)
 		}
 	}))
 	t.Cleanup(worker.Close)
-	port := strconv.Itoa(freePort(t)) // free a moment ago, released for the router to take
+	port := strconv.Itoa(testkit.FreePort(t)) // free a moment ago, released for the router to take
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	var logs syncBuffer
+	var logs testkit.SyncBuffer
 	go func() {
 		done <- Execute(ctx, []string{"--allow-empty", "--port", port, "--prometheus-port", "0", "--shutdown-grace-secs", "1"}, &logs, &logs)
 	}()

@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -13,17 +12,8 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/cacheroute/cacheroute/internal/kvevents"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
 
 func TestSimRefusesAnUnknownKVEventsEncoding(t *testing.T) {
 	_, _, err := run(context.Background(), "sim", "--port", "0", "--kv-events-endpoint", "tcp://127.0.0.1:5557", "--kv-events-encoding", "json")
@@ -37,7 +27,7 @@ func TestSimRefusesAnUnknownKVEventsEncoding(t *testing.T) {
 func TestSimPublishesKVEventsToTheSubscriberItDials(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	endpoint := "tcp://127.0.0.1:" + strconv.Itoa(freePort(t))
+	endpoint := "tcp://127.0.0.1:" + strconv.Itoa(testkit.FreePort(t))
 	sub := zmq4.NewSub(ctx)
 	defer sub.Close()
 	if err := sub.Listen(endpoint); err != nil {
@@ -59,7 +49,7 @@ func TestSimPublishesKVEventsToTheSubscriberItDials(t *testing.T) {
 			}
 		}
 	}()
-	port := strconv.Itoa(freePort(t))
+	port := strconv.Itoa(testkit.FreePort(t))
 	done := make(chan error, 1)
 	go func() {
 		_, _, err := run(ctx, "sim", "--port", port, "--time-scale", "0", "--kv-events-endpoint", endpoint,
@@ -99,7 +89,7 @@ func TestSimPublishesKVEventsToTheSubscriberItDials(t *testing.T) {
 func TestSimServesTheLoRAModulesItIsGiven(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	port := strconv.Itoa(freePort(t))
+	port := strconv.Itoa(testkit.FreePort(t))
 	done := make(chan error, 1)
 	go func() {
 		_, _, err := run(ctx, "sim", "--port", port, "--time-scale", "0", "--lora-modules", "sql=/adapters/sql",

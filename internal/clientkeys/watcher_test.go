@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // writeFile replaces path by renaming a new file over it, as a careful operator would.
@@ -47,12 +49,12 @@ func (r *reloads) all() []error {
 
 // newTestWatcher writes text to a keys file in a temp dir and watches it, logging into the
 // returned buffer.
-func newTestWatcher(t *testing.T, text string) (*Watcher, string, *reloads, *syncBuffer) {
+func newTestWatcher(t *testing.T, text string) (*Watcher, string, *reloads, *testkit.SyncBuffer) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "keys")
 	writeFile(t, path, text)
 	rec := &reloads{}
-	logs := &syncBuffer{}
+	logs := &testkit.SyncBuffer{}
 	w, err := NewWatcher(path, WatcherOptions{
 		Interval: 5 * time.Millisecond,
 		Logger:   slog.New(slog.NewTextHandler(logs, nil)),
@@ -62,23 +64,6 @@ func newTestWatcher(t *testing.T, text string) (*Watcher, string, *reloads, *syn
 		t.Fatal(err)
 	}
 	return w, path, rec, logs
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func TestNewWatcher_FailsOnABrokenFile(t *testing.T) {
@@ -193,16 +178,10 @@ func TestWatcher_RunReloadsWhenTheFileChanges(t *testing.T) {
 	}()
 
 	writeFile(t, path, "sk-new tenant=n\n")
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if c, ok := w.Lookup("sk-new"); ok && c.Tenant == "n" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("Run did not reload the changed file within 10s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.WaitFor(t, "Run to reload the changed file", func() bool {
+		c, ok := w.Lookup("sk-new")
+		return ok && c.Tenant == "n"
+	})
 	if _, ok := w.Lookup("sk-old"); ok {
 		t.Error("the removed key is still accepted")
 	}
@@ -248,44 +227,40 @@ func TestWatcher_FailedReloadKeepsThePreviousSetAndLogsNoKey(t *testing.T) {
 	}
 }
 
-func TestWatcher_PollFailureKeepsThePreviousSet(t *testing.T) {
-	w, path, rec, _ := newTestWatcher(t, "sk-old\n")
-	writeFile(t, path, "sk-new tenant=\n")
-	w.poll()
-	w.poll()
-	if _, ok := w.Lookup("sk-old"); !ok {
-		t.Error("a failed poll reload dropped the old set")
-	}
-	if errs := rec.all(); len(errs) != 1 || errs[0] == nil {
-		t.Errorf("OnReload saw %v, want one failure", errs)
-	}
-	writeFile(t, path, "sk-fixed\n")
-	w.poll()
-	w.poll()
-	if _, ok := w.Lookup("sk-fixed"); !ok {
-		t.Error("the fixed file was not loaded after a failed one")
-	}
-}
-
-func TestWatcher_MissingFileKeepsTheSetAndIsReportedOnce(t *testing.T) {
-	w, path, rec, _ := newTestWatcher(t, "sk-old\n")
-	if err := os.Remove(path); err != nil {
-		t.Fatal(err)
-	}
-	for range 3 {
-		w.poll()
-	}
-	if _, ok := w.Lookup("sk-old"); !ok {
-		t.Error("the set was dropped when the file went missing")
-	}
-	if errs := rec.all(); len(errs) != 1 || !errors.Is(errs[0], os.ErrNotExist) {
-		t.Errorf("OnReload saw %v, want one not-exist error", errs)
-	}
-	writeFile(t, path, "sk-back\n")
-	w.poll()
-	w.poll()
-	if _, ok := w.Lookup("sk-back"); !ok {
-		t.Error("the file was not loaded once it came back")
+// A file that turns malformed or goes missing keeps the previous set, is reported once however
+// many polls see it, and the file is loaded again once it is fixed.
+func TestWatcher_BrokenFileKeepsThePreviousSetUntilFixed(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		breaks func(t *testing.T, path string)
+		isErr  func(error) bool
+	}{
+		{"malformed", func(t *testing.T, path string) { writeFile(t, path, "sk-new tenant=\n") }, func(err error) bool { return err != nil }},
+		{"missing", func(t *testing.T, path string) {
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+		}, func(err error) bool { return errors.Is(err, os.ErrNotExist) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w, path, rec, _ := newTestWatcher(t, "sk-old\n")
+			tc.breaks(t, path)
+			for range 3 {
+				w.poll()
+			}
+			if _, ok := w.Lookup("sk-old"); !ok {
+				t.Error("the previous set was dropped")
+			}
+			if errs := rec.all(); len(errs) != 1 || !tc.isErr(errs[0]) {
+				t.Errorf("OnReload saw %v, want one failure", errs)
+			}
+			writeFile(t, path, "sk-fixed\n")
+			w.poll()
+			w.poll()
+			if _, ok := w.Lookup("sk-fixed"); !ok {
+				t.Error("the fixed file was not loaded")
+			}
+		})
 	}
 }
 

@@ -498,23 +498,25 @@ func TestConfigFileErrors(t *testing.T) {
 	})
 }
 
-func TestWorkerAPIKeyFromEnvironmentKeepsItOutOfTheProcessList(t *testing.T) {
-	t.Setenv(config.APIKeyEnv, "env-worker-key")
-	if c := mustLoad(t); c.APIKey != "env-worker-key" {
-		t.Errorf("APIKey = %q, want the env value", c.APIKey)
-	}
-	if c := mustLoad(t, "--api-key", "flag-key"); c.APIKey != "flag-key" {
-		t.Errorf("APIKey = %q, want the flag value over the env", c.APIKey)
-	}
-}
-
-func TestSessionHashSaltFromEnvironmentUnlessTheFlagGivesIt(t *testing.T) {
-	t.Setenv(config.SessionHashSaltEnv, "env-salt")
-	if c := mustLoad(t); c.SessionHashSalt != "env-salt" {
-		t.Errorf("SessionHashSalt = %q, want the env value", c.SessionHashSalt)
-	}
-	if c := mustLoad(t, "--session-hash-salt", "flag-salt"); c.SessionHashSalt != "flag-salt" {
-		t.Errorf("SessionHashSalt = %q, want the flag value over the env", c.SessionHashSalt)
+// The worker API key and the session hash salt come from the environment, which keeps them out
+// of the process list, unless the flag gives them.
+func TestSecretsFromEnvironmentUnlessTheFlagGivesThem(t *testing.T) {
+	for _, tc := range []struct {
+		env, flag string
+		get       func(config.Config) string
+	}{
+		{config.APIKeyEnv, "--api-key", func(c config.Config) string { return c.APIKey }},
+		{config.SessionHashSaltEnv, "--session-hash-salt", func(c config.Config) string { return c.SessionHashSalt }},
+	} {
+		t.Run(tc.flag, func(t *testing.T) {
+			t.Setenv(tc.env, "env-value")
+			if got := tc.get(mustLoad(t)); got != "env-value" {
+				t.Errorf("%q, want the env value", got)
+			}
+			if got := tc.get(mustLoad(t, tc.flag, "flag-value")); got != "flag-value" {
+				t.Errorf("%q, want the flag value over the env", got)
+			}
+		})
 	}
 }
 

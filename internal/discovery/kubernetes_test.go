@@ -7,13 +7,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/kubeapi"
 	"github.com/cacheroute/cacheroute/internal/kubeapi/kubetest"
 	"github.com/cacheroute/cacheroute/internal/kvevents"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 var pod = kubetest.Pod
@@ -101,42 +101,31 @@ func TestKubernetesPodIsWantedOnceItHasAnIPAndReadyOnceItIsReady(t *testing.T) {
 	rec.waitFor(t, "the pod ready", is("http://10.0.0.1:8000", true))
 }
 
-func TestKubernetesPodThatTurnsNotReadyIsReportedDraining(t *testing.T) {
-	p := pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm")
-	s := newCluster(t, p)
-	rec := watch(t, s)
-	rec.waitFor(t, "the pod ready", is("http://10.0.0.1:8000", true))
-	kubetest.SetReady(&p, false)
-	s.Update(p)
-	rec.waitFor(t, "the pod not ready but still wanted", is("http://10.0.0.1:8000", false))
-}
-
-func TestKubernetesTerminatingPodIsReportedDrainingThoughStillReady(t *testing.T) {
-	p := pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm")
-	s := newCluster(t, p)
-	rec := watch(t, s)
-	rec.waitFor(t, "the pod ready", is("http://10.0.0.1:8000", true))
-	kubetest.Terminate(&p)
-	s.Update(p)
-	rec.waitFor(t, "the terminating pod draining", is("http://10.0.0.1:8000", false))
-}
-
-func TestKubernetesDeletedPodLeaves(t *testing.T) {
-	s := newCluster(t, pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm"), pod("llm", "vllm-1", "10.0.0.2", true, "app", "vllm"))
-	rec := watch(t, s)
-	rec.waitFor(t, "two pods", is("http://10.0.0.1:8000", true, "http://10.0.0.2:8000", true))
-	s.Delete("llm", "vllm-0")
-	rec.waitFor(t, "vllm-0 gone", is("http://10.0.0.2:8000", true))
-}
-
-func TestKubernetesFinishedPodLeaves(t *testing.T) {
-	p := pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm")
-	s := newCluster(t, p)
-	rec := watch(t, s)
-	rec.waitFor(t, "the pod", is("http://10.0.0.1:8000", true))
-	p.Status.Phase = "Failed"
-	s.Update(p)
-	rec.waitFor(t, "the failed pod gone", is())
+// A ready pod that changes is reported after the change as the change says: draining (still
+// wanted, not ready) when it turns not ready or starts terminating though still ready, gone when
+// it is deleted or has finished.
+func TestKubernetesReadyPodThatChangesIsReportedAsItsChangeSays(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(s *kubetest.Server, p *kubeapi.Pod)
+		want   func([]Endpoint) bool
+	}{
+		{"turns not ready: draining", func(s *kubetest.Server, p *kubeapi.Pod) { kubetest.SetReady(p, false); s.Update(*p) },
+			is("http://10.0.0.1:8000", false, "http://10.0.0.2:8000", true)},
+		{"terminating though still ready: draining", func(s *kubetest.Server, p *kubeapi.Pod) { kubetest.Terminate(p); s.Update(*p) },
+			is("http://10.0.0.1:8000", false, "http://10.0.0.2:8000", true)},
+		{"finished: gone", func(s *kubetest.Server, p *kubeapi.Pod) { p.Status.Phase = "Failed"; s.Update(*p) }, is("http://10.0.0.2:8000", true)},
+		{"deleted: gone", func(s *kubetest.Server, p *kubeapi.Pod) { s.Delete("llm", "vllm-0") }, is("http://10.0.0.2:8000", true)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm")
+			s := newCluster(t, p, pod("llm", "vllm-1", "10.0.0.2", true, "app", "vllm"))
+			rec := watch(t, s)
+			rec.waitFor(t, "both pods ready", is("http://10.0.0.1:8000", true, "http://10.0.0.2:8000", true))
+			tc.change(s, &p)
+			rec.waitFor(t, tc.name, tc.want)
+		})
+	}
 }
 
 func TestKubernetesPodWithANewIPIsANewEndpoint(t *testing.T) {
@@ -439,7 +428,7 @@ func TestKubernetesRefusedListIsLoggedThroughTheRoutersLogger(t *testing.T) {
 	s := newCluster(t, pod("llm", "vllm-0", "10.0.0.1", true, "app", "vllm"))
 	s.RefuseLists(&kubeapi.Status{Code: 403, Reason: "Forbidden",
 		Message: `pods is forbidden: User "system:serviceaccount:llm:cacheroute" cannot list resource "pods"`})
-	var buf syncBuffer
+	var buf testkit.SyncBuffer
 	log := slog.New(slog.NewTextHandler(&buf, nil))
 	src, err := NewKubernetes(KubernetesOptions{Client: s.Client(t), Namespace: "llm", Selector: "app=vllm", Port: 8000, Log: log})
 	if err != nil {
@@ -447,12 +436,8 @@ func TestKubernetesRefusedListIsLoggedThroughTheRoutersLogger(t *testing.T) {
 	}
 	rec := runSource(t, src)
 	s.WaitFor(t, "two refused lists", func(rs []kubetest.Request) bool { return lists(rs) >= 2 })
-	deadline := time.Now().Add(10 * time.Second)
-	for strings.Count(buf.String(), "cannot list resource") < 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("no log of each refused list; log: %s", buf.String())
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !testkit.Poll(testkit.Patience, 10*time.Millisecond, func() bool { return strings.Count(buf.String(), "cannot list resource") >= 2 }) {
+		t.Fatalf("no log of each refused list; log: %s", buf.String())
 	}
 	if !strings.Contains(buf.String(), "discovery=kubernetes") {
 		t.Fatalf("the log does not name the source: %s", buf.String())
@@ -462,23 +447,6 @@ func TestKubernetesRefusedListIsLoggedThroughTheRoutersLogger(t *testing.T) {
 	}
 	s.RefuseLists(nil)
 	rec.waitFor(t, "the pod once the list is allowed", is("http://10.0.0.1:8000", true))
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func annotate(p *kubeapi.Pod, kv ...string) {
@@ -492,7 +460,7 @@ func annotate(p *kubeapi.Pod, kv ...string) {
 // that cannot be used is logged once and the pod is still wanted, without endpoints of its own.
 func TestKubernetesPodAnnotationsNameTheWorkersEventEndpoints(t *testing.T) {
 	s := newCluster(t)
-	var buf syncBuffer
+	var buf testkit.SyncBuffer
 	rec := watchPods(t, s.Client(t), slog.New(slog.NewTextHandler(&buf, nil)))
 	events := func(want kvevents.WorkerEndpoints, ready bool) func([]Endpoint) bool {
 		return func(set []Endpoint) bool {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -82,18 +83,6 @@ func enginePool(t *testing.T, dp int, urls ...string) *workers.Pool {
 		}
 	}
 	return p
-}
-
-// waitFor polls cond until it holds or a generous deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func TestScrapeAsksOnlyForTheLoadFamilies(t *testing.T) {
@@ -201,7 +190,7 @@ func TestASlowWorkerDoesNotDelayTheOthers(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() { s.Run(ctx); close(done) }()
-	waitFor(t, "ten scrapes of the fast worker and two timeouts of the slow one", func() bool {
+	testkit.WaitFor(t, "ten scrapes of the fast worker and two timeouts of the slow one", func() bool {
 		return fast.scrapes.Load() >= 10 && pool.Get(slow.URL)[0].ScrapeErrors() >= 2
 	})
 	cancel()
@@ -219,9 +208,9 @@ func TestRunScrapesWorkersAddedLater(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() { s.Run(ctx); close(done) }()
-	waitFor(t, "the first worker's scrape", func() bool { return first.scrapes.Load() > 0 })
+	testkit.WaitFor(t, "the first worker's scrape", func() bool { return first.scrapes.Load() > 0 })
 	added, _ := pool.Add(later.srv.URL)
-	waitFor(t, "the added worker's scrape", func() bool { _, ok := added[0].LastScrape(); return ok })
+	testkit.WaitFor(t, "the added worker's scrape", func() bool { _, ok := added[0].LastScrape(); return ok })
 	if got := added[0].Load(); got != 15 {
 		t.Errorf("added worker's Load = %d, want 15", got)
 	}

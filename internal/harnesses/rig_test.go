@@ -25,6 +25,8 @@ import (
 	"github.com/cacheroute/cacheroute/internal/config"
 	"github.com/cacheroute/cacheroute/internal/router"
 	"github.com/cacheroute/cacheroute/internal/sim"
+	"github.com/cacheroute/cacheroute/internal/telemetry"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // The pinned CLIs. .ci/run installs the same versions; change them together.
@@ -137,10 +139,7 @@ type trap struct {
 
 func startTrap(t *testing.T) *trap {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	tp := &trap{ln: ln}
 	go func() {
 		for {
@@ -203,22 +202,10 @@ func startRig(t *testing.T, policy string) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	r.Start(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Serve(ctx, ln, nil) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			t.Error("router did not stop")
-		}
-	})
+	testkit.Go(t, cancel, func() error { return r.Serve(ctx, ln, nil) })
 	for _, w := range r.Pool().All() {
 		if !w.Healthy() {
 			t.Fatalf("worker %s did not answer its health check", w.Tenant())
@@ -227,16 +214,8 @@ func startRig(t *testing.T, policy string) *rig {
 	return &rig{fleet: fleet, url: "http://" + ln.Addr().String(), accessLog: cfg.AccessLog, trap: startTrap(t)}
 }
 
-// logLine is the part of an access log line the tests read.
-type logLine struct {
-	Route        string `json:"route"`
-	Worker       string `json:"worker"`
-	Decision     string `json:"decision"`
-	Session      string `json:"session"`
-	Status       int    `json:"status"`
-	PromptTokens *int   `json:"prompt_tokens"`
-	CachedTokens *int   `json:"cached_tokens"`
-}
+// logLine is an access log line, read back as the router wrote it.
+type logLine = telemetry.Entry
 
 // generations returns the access log's lines of generation requests (route), in order.
 func (rg *rig) generations(t *testing.T, route string) []logLine {
@@ -265,14 +244,12 @@ func (rg *rig) generations(t *testing.T, route string) []logLine {
 // when its request ends, which may be just after the CLI has exited.
 func (rg *rig) waitForLog(t *testing.T, route string, n int) []logLine {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		lines := rg.generations(t, route)
-		if len(lines) >= n || time.Now().After(deadline) {
-			return lines
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	var lines []logLine
+	testkit.Poll(testkit.Patience, 20*time.Millisecond, func() bool {
+		lines = rg.generations(t, route)
+		return len(lines) >= n
+	})
+	return lines
 }
 
 // simRequests is the number of generation requests each sim worker served.

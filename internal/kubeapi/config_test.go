@@ -2,16 +2,11 @@ package kubeapi_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/base64"
 	"encoding/pem"
 	"errors"
-	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,6 +15,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/kubeapi"
 	"github.com/cacheroute/cacheroute/internal/kubeapi/kubetest"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 var vllm, _ = kubeapi.ParseSelector("app=vllm")
@@ -118,11 +114,14 @@ func TestKubeconfigFilesAreRelativeToItAndTheTokenFileIsReadAgain(t *testing.T) 
 }
 
 func TestKubeconfigClientCertificate(t *testing.T) {
-	caCert, caKey := newCA(t)
-	roots := x509.NewCertPool()
-	roots.AddCert(caCert)
-	s := kubetest.NewTLS(t, func(c *tls.Config) { c.ClientCAs, c.ClientAuth = roots, tls.RequireAndVerifyClientCert })
-	certPEM, keyPEM := newClientCert(t, caCert, caKey)
+	clusterCA := testkit.NewCA(t, "test cluster CA")
+	s := kubetest.NewTLS(t, func(c *tls.Config) { c.ClientCAs, c.ClientAuth = clusterCA.Pool(), tls.RequireAndVerifyClientCert })
+	leaf := clusterCA.Issue(t, 2, true)
+	kder, err := x509.MarshalECPrivateKey(leaf.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPEM, keyPEM := leaf.CertPEM, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}) // SEC 1, as kubeconfigs hold keys
 	ca := base64.StdEncoding.EncodeToString(s.CertificatePEM())
 	b64 := base64.StdEncoding.EncodeToString
 	cfg, err := kubeapi.LoadKubeconfig(kubeconfig(t, t.TempDir(), s.URL, "certificate-authority-data: "+ca,
@@ -230,48 +229,4 @@ func TestRefusalsCarryTheServersMessage(t *testing.T) {
 	if _, err := c.WatchPods(context.Background(), "llm", vllm, "100", time.Minute); !kubeapi.IsGone(err) {
 		t.Fatalf("a watch from a compacted version: %v, want 410 Gone", err)
 	}
-}
-
-func newCA(t *testing.T) (*x509.Certificate, *ecdsa.PrivateKey) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test cluster CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cert, key
-}
-
-func newClientCert(t *testing.T, ca *x509.Certificate, caKey *ecdsa.PrivateKey) (certPEM, keyPEM []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "cacheroute"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
 }

@@ -1,8 +1,9 @@
 package kvevents
 
 import (
-	"net"
 	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // A topic of llm-d's form kv@HOST:PORT@MODEL names the worker at HOST:PORT; any other topic names
@@ -35,10 +36,7 @@ func TestBindEndpointIsCheckedAndMustBeBindable(t *testing.T) {
 			t.Errorf("%q accepted", bad)
 		}
 	}
-	held, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	held := testkit.Listen(t)
 	if err := Bindable("tcp://" + held.Addr().String()); err == nil {
 		t.Errorf("a held address is bindable")
 	}

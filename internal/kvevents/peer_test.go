@@ -11,6 +11,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/cacheroute/cacheroute/internal/kvevents/kvtest"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // bind runs a Bound at a free loopback endpoint, reading worker w1 by the topic "kv@test", until
@@ -38,14 +39,18 @@ func publishTo(t *testing.T, endpoint string, payload []byte, done func() bool) 
 		t.Fatal(err)
 	}
 	var seq int64
-	for deadline := time.Now().Add(30 * time.Second); !done(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("timed out waiting for a publisher's message to arrive")
+	arrived := testkit.Poll(30*time.Second, 20*time.Millisecond, func() bool {
+		if done() {
+			return true
 		}
 		if err := pub.Send(zmq4.NewMsgFrom([]byte("kv@test"), kvtest.BigEndian(seq), payload)); err != nil {
 			t.Fatal(err)
 		}
 		seq++
+		return false
+	})
+	if !arrived {
+		t.Fatal("timed out waiting for a publisher's message to arrive")
 	}
 }
 
@@ -71,7 +76,7 @@ func TestBoundEndpointClosesAPeerOverTheBoundAndReadsTheOthers(t *testing.T) {
 			if !kvtest.Closed(c) {
 				t.Fatal("the connection is still open")
 			}
-			waitUntil(t, "the connection counted", func() bool { return b.Drops.Oversized.Load() == 1 })
+			testkit.WaitFor(t, "the connection counted", func() bool { return b.Drops.Oversized.Load() == 1 })
 			publishTo(t, b.Endpoint(), stores(t, nil, 0, 1), func() bool { return x.Blocks("w1") == 1 })
 		})
 	}
@@ -105,7 +110,7 @@ func TestSubscriberClosesAPublisherAnnouncingAHugeFrame(t *testing.T) {
 	if !kvtest.Closed(c) {
 		t.Fatal("the connection is still open")
 	}
-	waitUntil(t, "the connection counted and dialled again", func() bool { return s.drops.Oversized.Load() >= 1 && len(conns) > 0 })
+	testkit.WaitFor(t, "the connection counted and dialled again", func() bool { return s.drops.Oversized.Load() >= 1 && len(conns) > 0 })
 }
 
 // A peer that connects to the bound endpoint and never speaks is closed once the handshake time
@@ -141,7 +146,7 @@ func TestBoundEndpointHoldsABoundedNumberOfConnections(t *testing.T) {
 		t.Fatalf("the connection past the limit of %d is open, or not counted (%d)", limit, b.Drops.OverLimit.Load())
 	}
 	held[0].Close()
-	waitUntil(t, "a freed place taken again", func() bool {
+	testkit.WaitFor(t, "a freed place taken again", func() bool {
 		c, err := net.Dial("tcp", strings.TrimPrefix(b.Endpoint(), "tcp://"))
 		if err != nil {
 			t.Fatal(err)

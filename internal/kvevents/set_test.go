@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/cacheroute/cacheroute/internal/kvevents/kvtest"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 func TestSetRunsASubscriberPerWantedWorkerAndForgetsTheRemovedOnes(t *testing.T) {
@@ -20,7 +21,7 @@ func TestSetRunsASubscriberPerWantedWorkerAndForgetsTheRemovedOnes(t *testing.T)
 		name string
 		base int
 	}{{p1, "w1", 0}, {p2, "w2", 100}} {
-		waitUntil(t, "blocks on "+c.name, func() bool {
+		testkit.WaitFor(t, "blocks on "+c.name, func() bool {
 			c.p.Send(stores(t, nil, c.base, 1), false) // until the subscriber joined; repeats re-store the block
 			return x.Blocks(c.name) == 1
 		})

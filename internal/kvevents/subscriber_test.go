@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/kvevents/kvtest"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // subscribe runs a subscriber of p into a fresh index until the test ends, and waits until it
@@ -26,7 +27,7 @@ func subscribe(t *testing.T, p *kvtest.Publisher) (*Subscriber, *Index) {
 	go func() { defer close(done); _ = s.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	p.Send(encodeArrays(t, nil, wireCleared{}), false)
-	waitUntil(t, "the subscriber to hear the publisher", func() bool {
+	testkit.WaitFor(t, "the subscriber to hear the publisher", func() bool {
 		if s.Stats.Batches.Load() > 0 {
 			return true
 		}
@@ -34,16 +35,6 @@ func subscribe(t *testing.T, p *kvtest.Publisher) (*Subscriber, *Index) {
 		return false
 	})
 	return s, x
-}
-
-// waitUntil polls cond every 20 ms for at most 10 seconds.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
 }
 
 // stores returns a batch storing n blocks after parent (nil: a first block), hashes base+1 … .
@@ -62,7 +53,7 @@ func TestSubscriberIndexesWhatTheEngineStores(t *testing.T) {
 	s, x := subscribe(t, p)
 	p.Send(stores(t, nil, 0, 2), false)
 	p.Send(stores(t, 2, 2, 2), false)
-	waitUntil(t, "four blocks indexed", func() bool { return x.Blocks("w1") == 4 })
+	testkit.WaitFor(t, "four blocks indexed", func() bool { return x.Blocks("w1") == 4 })
 	if m := x.Match("w1", keysOf(0, 4)); m.Blocks != 4 {
 		t.Fatalf("%+v, want 4 blocks", m)
 	}
@@ -77,7 +68,7 @@ func TestSubscriberRepairsADroppedBatchByReplay(t *testing.T) {
 	p.Send(stores(t, nil, 0, 2), false)
 	p.Send(stores(t, 2, 2, 2), true) // dropped from the stream
 	p.Send(stores(t, 4, 4, 2), false)
-	waitUntil(t, "six blocks indexed", func() bool { return x.Blocks("w1") == 6 })
+	testkit.WaitFor(t, "six blocks indexed", func() bool { return x.Blocks("w1") == 6 })
 	if m := x.Match("w1", keysOf(0, 6)); m.Blocks != 6 {
 		t.Fatalf("%+v, want all 6 blocks, the dropped batch's among them", m)
 	}
@@ -91,10 +82,10 @@ func TestSubscriberWithoutReplayForgetsTheWorkerOnAGap(t *testing.T) {
 	p := kvtest.New(t, "", false)
 	s, x := subscribe(t, p)
 	p.Send(stores(t, nil, 0, 2), false)
-	waitUntil(t, "two blocks indexed", func() bool { return x.Blocks("w1") == 2 })
+	testkit.WaitFor(t, "two blocks indexed", func() bool { return x.Blocks("w1") == 2 })
 	p.Send(encodeArrays(t, nil, wireRemoved{hashes: []any{1, 2}}), true) // dropped: the index would go on crediting them
 	p.Send(stores(t, nil, 10, 1), false)
-	waitUntil(t, "the gap to be seen", func() bool { return s.Stats.Gaps.Load() == 1 })
+	testkit.WaitFor(t, "the gap to be seen", func() bool { return s.Stats.Gaps.Load() == 1 })
 	if m := x.Match("w1", keysOf(0, 2)); m.Blocks != 0 {
 		t.Fatalf("after an unrepaired gap the worker is still credited with %+v", m)
 	}
@@ -108,10 +99,10 @@ func TestSubscriberForgetsTheWorkerWhenItsPublisherRestarts(t *testing.T) {
 	s, x := subscribe(t, p)
 	p.Send(stores(t, nil, 0, 2), false)
 	p.Send(stores(t, 2, 2, 2), false)
-	waitUntil(t, "four blocks indexed", func() bool { return x.Blocks("w1") == 4 })
+	testkit.WaitFor(t, "four blocks indexed", func() bool { return x.Blocks("w1") == 4 })
 	p.Restart()
 	p.Send(stores(t, nil, 20, 1), false)
-	waitUntil(t, "the restart to be seen", func() bool { return s.Stats.Restarts.Load() == 1 })
+	testkit.WaitFor(t, "the restart to be seen", func() bool { return s.Stats.Restarts.Load() == 1 })
 	if x.Blocks("w1") != 1 || x.Match("w1", keysOf(0, 4)).Blocks != 0 || !s.Complete() {
 		t.Fatalf("%d blocks, complete %v: want only the new engine's block, complete from its first batch", x.Blocks("w1"), s.Complete())
 	}
@@ -122,7 +113,7 @@ func TestSubscriberCountsGarbageAndKeepsGoing(t *testing.T) {
 	s, x := subscribe(t, p)
 	p.Send([]byte("not msgpack at all"), false)
 	p.Send(stores(t, nil, 0, 1), false)
-	waitUntil(t, "the block after the garbage", func() bool { return x.Blocks("w1") == 1 })
+	testkit.WaitFor(t, "the block after the garbage", func() bool { return x.Blocks("w1") == 1 })
 	if s.Stats.DecodeErrors.Load() != 1 {
 		t.Fatalf("decode errors %d, want 1", s.Stats.DecodeErrors.Load())
 	}
@@ -166,7 +157,7 @@ func run(t *testing.T, src Source) (*Subscriber, *Index) {
 // once the first message it heard is handled.
 func hearFirst(t *testing.T, s *Subscriber, p *kvtest.Publisher, live int64) {
 	t.Helper()
-	waitUntil(t, "the subscriber to handle the first batch it hears", func() bool {
+	testkit.WaitFor(t, "the subscriber to handle the first batch it hears", func() bool {
 		if s.Stats.Duplicates.Load() > 0 {
 			return true
 		}
@@ -227,11 +218,11 @@ func TestSubscriberForgetsTheWorkerWhenTheReplayBeginsPastTheGapAndKeepsWhatItBr
 	p := kvtest.New(t, "", true)
 	s, x := subscribe(t, p)
 	publishRoots(t, p, 0, 1, false) // batch 1
-	waitUntil(t, "the first block indexed", func() bool { return x.Blocks("w1") == 1 })
+	testkit.WaitFor(t, "the first block indexed", func() bool { return x.Blocks("w1") == 1 })
 	publishRoots(t, p, 1, 5, true) // batches 2..6, dropped from the stream
 	p.Keep(3)                      // and 2 and 3 gone from the engine's buffer too
 	publishRoots(t, p, 6, 1, false)
-	waitUntil(t, "the batch after the gap", func() bool { return x.Match("w1", keysOf(6, 1)).Blocks == 1 })
+	testkit.WaitFor(t, "the batch after the gap", func() bool { return x.Match("w1", keysOf(6, 1)).Blocks == 1 })
 	for b, want := range []int{0, 0, 0, 1, 1, 1} {
 		if m := x.Match("w1", keysOf(b, 1)); m.Blocks != want {
 			t.Fatalf("block %d: %d matched, want %d: the index forgotten, then batches 4..6 from the replay", b, m.Blocks, want)
@@ -247,10 +238,7 @@ func TestSubscriberForgetsTheWorkerWhenTheReplayBeginsPastTheGapAndKeepsWhatItBr
 // by something that is not a replay socket, or an engine too busy to speak, does. closeAll
 // closes the listener and what it accepted.
 func silentListener(t *testing.T) (endpoint string, closeAll func()) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	var mu sync.Mutex
 	var conns []net.Conn
 	go func() {
@@ -291,10 +279,7 @@ func TestSubscriberGivesUpAReplayWhoseEndpointNeverAnswers(t *testing.T) {
 // A subscriber whose events endpoint accepts the connection and never speaks stops when told to,
 // rather than waiting in the handshake for ever.
 func TestSubscriberStopsWhileItsEndpointNeverAnswers(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	defer ln.Close()
 	accepted := make(chan net.Conn, 1)
 	go func() {

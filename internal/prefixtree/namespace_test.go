@@ -86,8 +86,7 @@ func TestNamespaces_EvictingTheLastLeafDropsTheNamespace(t *testing.T) {
 
 	// One leaf at a time, oldest first: "a", "b", then "sys|", exposed by the two.
 	for _, gone := range []string{"sys|a", "sys|b"} {
-		tr.maxBytes = tr.Bytes() - 1
-		tr.Evict()
+		evictOldest(tr)
 		if tr.spaces["old-model"] == nil || tr.MatchTenant("old-model", gone, workerA) != len("sys|") {
 			t.Fatalf("evicting %q: old-model dropped, or the wrong leaf went", gone)
 		}
@@ -96,8 +95,7 @@ func TestNamespaces_EvictingTheLastLeafDropsTheNamespace(t *testing.T) {
 	root := tr.spaces["old-model"]
 	// The last leaf, and with it the root (its struct, name and edge arrays) and map entry.
 	want := root.children[0].heapBytes() + root.heapBytes() + spaceEntryBytes
-	tr.maxBytes = tr.Bytes() - 1
-	if freed := tr.Evict(); freed != want {
+	if freed := evictOldest(tr); freed != want {
 		t.Fatalf("evicting old-model's last leaf freed %d bytes, want %d", freed, want)
 	}
 	if tr.spaces["old-model"] != nil || len(tr.spaces) != 1 {

@@ -238,8 +238,7 @@ func TestRelease_LeavesTheLeafHeapReadyForEviction(t *testing.T) {
 	tr.Insert(model, "sys|new|", workerB)
 	sendAndFail(t, tr, model, "sys|old|more|", workerA) // refreshes "sys|old|", then releases the tail
 	// The exposed "sys|old|" is a leaf again and, refreshed by the Insert, now the newest.
-	tr.maxBytes = tr.Bytes() - 1
-	tr.Evict()
+	evictOldest(tr)
 	checkInvariants(t, tr)
 	if got := tr.MatchTenant(model, "sys|new|", workerB); got != len("sys|") {
 		t.Fatalf("B holds %d bytes of the older leaf, which should have gone first", got)

@@ -257,14 +257,18 @@ func TestEvict_LeastRecentlyInsertedLeavesGoFirst(t *testing.T) {
 	checkInvariants(t, tr)
 }
 
+// evictOldest sets tr's budget one byte below its size and evicts: the oldest leaf goes.
+func evictOldest(tr *Tree) int {
+	tr.maxBytes = tr.Bytes() - 1
+	return tr.Evict()
+}
+
 func TestEvict_ReinsertRefreshesALeaf(t *testing.T) {
 	tr := New(1 << 20)
 	tr.Insert(model, "sys|first", workerA)
 	tr.Insert(model, "sys|second", workerB)
 	tr.Insert(model, "sys|first", workerA) // used again: now "second" is the oldest
-	tr.maxBytes = tr.Bytes() - 1
-
-	tr.Evict()
+	evictOldest(tr)
 	assertMatch(t, tr, model, "sys|first", len("sys|first"), workerA)
 	assertMatch(t, tr, model, "sys|second", len("sys|"), workerA, workerB)
 	checkInvariants(t, tr)
@@ -276,9 +280,7 @@ func TestEvict_MatchDoesNotRefreshALeaf(t *testing.T) {
 	tr.Insert(model, "sys|second", workerB)
 	tr.Match(model, "sys|first")
 	tr.MatchTenant(model, "sys|first", workerA)
-	tr.maxBytes = tr.Bytes() - 1
-
-	tr.Evict()
+	evictOldest(tr)
 	assertMatch(t, tr, model, "sys|first", len("sys|"), workerA, workerB)
 }
 
@@ -287,12 +289,10 @@ func TestEvict_ExposedParentCompetesByItsOwnAge(t *testing.T) {
 	tr.Insert(model, "sys|s1|t1", workerA)
 	tr.Insert(model, "sys|s1|t1|t2", workerA) // chain: sys|s1|t1 -> |t2
 	tr.Insert(model, "sys|s2|t1", workerB)
-	tr.maxBytes = tr.Bytes() - 1
-	tr.Evict() // "|t2", the oldest leaf
+	evictOldest(tr) // "|t2", the oldest leaf
 	assertMatch(t, tr, model, "sys|s1|t1|t2", len("sys|s1|t1"), workerA)
 	// Evicting "|t2" exposed "1|t1"; it is still older than session 2's leaf.
-	tr.maxBytes = tr.Bytes() - 1
-	tr.Evict()
+	evictOldest(tr)
 	assertMatch(t, tr, model, "sys|s2|t1", len("sys|s2|t1"), workerB)
 	assertMatch(t, tr, model, "sys|s1|t1|t2", len("sys|s"), workerA, workerB)
 	checkInvariants(t, tr)

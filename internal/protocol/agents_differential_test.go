@@ -124,24 +124,8 @@ func randomAgentDoc(r *rand.Rand, p *agentProtocol) []byte {
 	nums := []string{"0", "-0", "7", "-1.5e3", "0.25", "1e400", "12345678901234567890", "1e20", "5e-324"}
 	keys := []string{"x", "", "type", "text", "content", "name", "cache_control", "id", "role"}
 	var value func(depth int, key string) string
-	object := func(depth int, names []string) string {
-		var ms []string
-		for range r.IntN(6) {
-			k := keys[r.IntN(len(keys))]
-			if r.IntN(5) > 0 {
-				k = names[r.IntN(len(names))]
-			}
-			ms = append(ms, `"`+k+`":`+value(depth+1, k))
-		}
-		return "{" + strings.Join(ms, ",") + "}"
-	}
-	array := func(depth int, elem func() string) string {
-		var els []string
-		for range r.IntN(4) {
-			els = append(els, elem())
-		}
-		return "[" + strings.Join(els, ",") + "]"
-	}
+	object := func(depth int, names []string) string { return randObject(r, 6, 5, keys, names, depth, value) }
+	array := func(_ int, elem func() string) string { return randArray(r, elem) }
 	text := func() string {
 		if r.IntN(2) == 0 {
 			return strs[r.IntN(len(strs))]
@@ -177,30 +161,11 @@ func randomAgentDoc(r *rand.Rand, p *agentProtocol) []byte {
 			}
 			return forms[r.IntN(len(forms))]()
 		}
-		switch n := r.IntN(10); {
-		case n < 3:
-			return text()
-		case n < 4:
-			return nums[r.IntN(len(nums))]
-		case n < 5:
-			return []string{"true", "false", "null"}[r.IntN(3)]
-		case depth > 5:
-			return "null"
-		case n < 7:
-			return array(depth, func() string { return value(depth+1, "") })
-		default:
-			return object(depth, keys)
-		}
+		return randAny(r, depth, text, nums,
+			func() string { return array(depth, func() string { return value(depth+1, "") }) },
+			func() string { return object(depth, keys) })
 	}
-	var ms []string
-	for range 1 + r.IntN(6) {
-		k := p.top[r.IntN(len(p.top))]
-		if r.IntN(2) == 0 {
-			k = p.main[r.IntN(len(p.main))]
-		}
-		ms = append(ms, `"`+k+`":`+value(1, k))
-	}
-	return []byte("{" + strings.Join(ms, ",") + "}")
+	return randTop(r, p.top, p.main, value)
 }
 
 // sameAsReference fails unless the reader of p and its encoding/json reference agree on body:
@@ -242,6 +207,14 @@ func checkAgentBothWays(t testing.TB, p *agentProtocol, body []byte) {
 	case k.BufferOutgrown:
 		t.Fatalf("%s body %.300q: the one-pass writer outgrew the buffer of the key's bound", p.name, body)
 	}
+}
+
+// orShort is n, or a tenth of it under -short.
+func orShort(n int) int {
+	if testing.Short() {
+		return n / 10
+	}
+	return n
 }
 
 // scaled is n, or a tenth of it under -short or the race detector, which slows these sequential

@@ -1,13 +1,7 @@
 package protocol_test
 
 import (
-	"bytes"
-	"encoding/json"
-	"errors"
-	"net/http"
 	"testing"
-
-	"github.com/cacheroute/cacheroute/internal/protocol"
 )
 
 // FuzzParseResponses: ParseResponses never panics; its errors are *protocol.Error; it agrees with
@@ -47,46 +41,8 @@ func FuzzParseMessages(f *testing.F) {
 }
 
 func fuzzAgent(t *testing.T, p *agentProtocol, body []byte, session string) {
-	h := http.Header{}
-	if session != "" {
-		h.Set("x-session-id", session)
-	}
+	h := sessionHeader(session)
 	r, err := sameAsReference(t, p, h, body)
-	if err != nil {
-		var re *protocol.Error
-		if !errors.As(err, &re) {
-			t.Fatalf("error %T %v is not a *protocol.Error", err, err)
-		}
-		if r != nil {
-			t.Fatal("request returned beside an error")
-		}
-	} else if r == nil {
-		t.Fatal("nil request without an error")
-	}
 	checkAgentBothWays(t, p, body)
-
-	trimmed := bytes.TrimSpace(body)
-	if !json.Valid(trimmed) || len(trimmed) == 0 || trimmed[0] != '{' {
-		return
-	}
-	wrapped := append([]byte(`{"`+unknownKey+`":`), trimmed...)
-	wrapped = append(wrapped, '}')
-	if _, err := p.parse(h, wrapped); err != nil {
-		t.Fatalf("a valid object under an unknown field failed: %v\n%s", err, wrapped)
-	}
-	if err != nil {
-		return
-	}
-	extra := []byte(`{"` + unknownKey + `":{"input":7,"messages":7,"user":"zz"},`)
-	if bytes.Equal(bytes.TrimLeft(trimmed[1:], " \t\r\n"), []byte("}")) {
-		extra = extra[:len(extra)-1]
-	}
-	withExtra := append(extra, trimmed[1:]...)
-	r2, err := p.parse(h, withExtra)
-	if err != nil {
-		t.Fatalf("adding an unknown field made the reader fail: %v\n%s", err, withExtra)
-	}
-	if protocol.Routing(r2) != protocol.Routing(r) {
-		t.Fatalf("adding an unknown field changed the result:\n%+v\n%+v", r, r2)
-	}
+	checkReaderContract(t, p.parse, h, body, r, err, `{"input":7,"messages":7,"user":"zz"}`)
 }

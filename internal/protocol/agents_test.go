@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/cacheroute/cacheroute/internal/protocol"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // mustParseAs parses body with the reader of p, failing the test on an error or when the
@@ -235,9 +236,7 @@ func TestParseAgentKeysAreCaseSensitive(t *testing.T) {
 // A Responses body's session key: session_params.session_id, the session headers, conversation
 // (a string, or an object's id), prompt_cache_key, then the user-scoped x-user-id header and user.
 func TestResponsesSessionKeyPrecedence(t *testing.T) {
-	sources := []struct {
-		header, body, value string // header or body is set
-	}{
+	checkKeyPrecedence(t, `"input":"hi"`, []keySource{
 		{body: `"session_params":{"session_id":"sp"}`, value: "session:sp"},
 		{header: "x-session-id", value: "session:xs"},
 		{header: "x-claude-code-session-id", value: "session:cc"},
@@ -248,22 +247,7 @@ func TestResponsesSessionKeyPrecedence(t *testing.T) {
 		{body: `"prompt_cache_key":"pck"`, value: "session:pck"},
 		{header: "x-user-id", value: "user:xu"},
 		{body: `"user":"bw"`, value: "user:bw"},
-	}
-	for i := range sources {
-		h := http.Header{}
-		fields := []string{`"input":"hi"`}
-		for _, s := range sources[i:] {
-			if s.header != "" {
-				h.Set(s.header, strings.SplitN(s.value, ":", 2)[1])
-			} else {
-				fields = append(fields, s.body)
-			}
-		}
-		body := "{" + strings.Join(fields, ",") + "}"
-		if r := mustParseAs(t, &responsesProtocol, h, body); r.SessionKey != sources[i].value {
-			t.Errorf("with sources %d.. present: SessionKey = %q, want %q (headers %v, body %s)", i, r.SessionKey, sources[i].value, h, body)
-		}
-	}
+	}, func(h http.Header, body string) *protocol.Request { return mustParseAs(t, &responsesProtocol, h, body) })
 	for body, want := range map[string]string{
 		`{"conversation":{"id":"conv_1"}}`:                          "session:conv_1",
 		`{"conversation":{"id":7}}`:                                 "session:7",
@@ -280,9 +264,7 @@ func TestResponsesSessionKeyPrecedence(t *testing.T) {
 // A Messages body's session key: the session headers (Claude Code's among them), then
 // metadata.user_id, session-scoped, then the user-scoped x-user-id header.
 func TestMessagesSessionKeyPrecedence(t *testing.T) {
-	sources := []struct {
-		header, body, value string
-	}{
+	checkKeyPrecedence(t, `"messages":[{"role":"user","content":"hi"}]`, []keySource{
 		{header: "x-session-id", value: "session:xs"},
 		{header: "x-claude-code-session-id", value: "session:cc"},
 		{header: "x-session-affinity", value: "session:aff"},
@@ -290,22 +272,7 @@ func TestMessagesSessionKeyPrecedence(t *testing.T) {
 		{header: "session_id", value: "session:under"},
 		{body: `"metadata":{"user_id":"user_abc_session_1"}`, value: "session:user_abc_session_1"},
 		{header: "x-user-id", value: "user:xu"},
-	}
-	for i := range sources {
-		h := http.Header{}
-		fields := []string{`"messages":[{"role":"user","content":"hi"}]`}
-		for _, s := range sources[i:] {
-			if s.header != "" {
-				h.Set(s.header, strings.SplitN(s.value, ":", 2)[1])
-			} else {
-				fields = append(fields, s.body)
-			}
-		}
-		body := "{" + strings.Join(fields, ",") + "}"
-		if r := mustParseAs(t, &messagesProtocol, h, body); r.SessionKey != sources[i].value {
-			t.Errorf("with sources %d.. present: SessionKey = %q, want %q (headers %v, body %s)", i, r.SessionKey, sources[i].value, h, body)
-		}
-	}
+	}, func(h http.Header, body string) *protocol.Request { return mustParseAs(t, &messagesProtocol, h, body) })
 	// Neither chat's body ids nor a top-level user_id are Messages fields.
 	r := mustParseAs(t, &messagesProtocol, nil, `{"user":"u","user_id":"u","session_id":"s","session_params":{"session_id":"p"}}`)
 	if r.SessionKey != "" || r.HashKey != "" {
@@ -322,12 +289,12 @@ func TestAgentHashKey(t *testing.T) {
 		body string
 		want string
 	}{
-		{&responsesProtocol, "header first", hdr("x-request-id", "r"), `{"conversation":"c","input":"hi"}`, "r"},
+		{&responsesProtocol, "header first", testkit.Header("x-request-id", "r"), `{"conversation":"c","input":"hi"}`, "r"},
 		{&responsesProtocol, "then conversation", nil, `{"conversation":{"id":"c"},"prompt_cache_key":"k","user":"u","input":"hi"}`, "c"},
 		{&responsesProtocol, "then prompt_cache_key", nil, `{"prompt_cache_key":"k","user":"u","input":"hi"}`, "k"},
 		{&responsesProtocol, "then user", nil, `{"user":"u","input":"hi"}`, "u"},
 		{&responsesProtocol, "then the history key", nil, `{"input":"hi"}`, spelled("uchi·.")},
-		{&messagesProtocol, "header first", hdr("x-trace-id", "t"), `{"metadata":{"user_id":"m"},"messages":[]}`, "t"},
+		{&messagesProtocol, "header first", testkit.Header("x-trace-id", "t"), `{"metadata":{"user_id":"m"},"messages":[]}`, "t"},
 		{&messagesProtocol, "then metadata.user_id", nil, `{"metadata":{"user_id":" m "},"messages":[]}`, "m"},
 		{&messagesProtocol, "then the history key", nil, `{"messages":[{"role":"user","content":"hi"}]}`, spelled("uchi·.")},
 	}
@@ -342,7 +309,7 @@ func TestAgentHashKey(t *testing.T) {
 
 // ParseModel reads model and stream of any JSON object, and nothing else: no key of any kind.
 func TestParseModel(t *testing.T) {
-	h := hdr("x-session-id", "s", "x-user-id", "u")
+	h := testkit.Header("x-session-id", "s", "x-user-id", "u")
 	tests := []struct {
 		body   string
 		model  string

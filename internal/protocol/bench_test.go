@@ -225,12 +225,22 @@ func tinyMessagesBody(size int) []byte {
 func BenchmarkParse(b *testing.B) {
 	h := http.Header{}
 	h.Set("x-session-id", "bench-session")
+	forSizes(b, agentChatBody, func(b *testing.B, body []byte) { benchParse(b, h, body) })
+}
+
+// forSizes runs bench on the body that body builds for each of benchSizes, in a sub-benchmark
+// named for the size.
+func forSizes(b *testing.B, body func(size int) []byte, bench func(b *testing.B, body []byte)) {
 	for _, s := range benchSizes {
-		body := agentChatBody(s.size)
-		b.Run(s.name, func(b *testing.B) {
-			benchParse(b, h, body)
-		})
+		body := body(s.size)
+		b.Run(s.name, func(b *testing.B) { bench(b, body) })
 	}
+}
+
+// perBody has b report allocations, and body's bytes, per operation: how every loop here is read.
+func perBody(b *testing.B, body []byte) {
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
 }
 
 // BenchmarkParseResponses is the whole key derivation of the conversation of BenchmarkParse sent
@@ -248,19 +258,15 @@ func BenchmarkParseMessages(b *testing.B) {
 func benchmarkParseAgent(b *testing.B, parse func(reqkey.Header, []byte) (*protocol.Request, error), as func([]byte) []byte) {
 	h := http.Header{}
 	h.Set("x-session-id", "bench-session")
-	for _, s := range benchSizes {
-		body := as(agentChatBody(s.size))
-		b.Run(s.name, func(b *testing.B) {
-			b.ReportAllocs()
-			b.SetBytes(int64(len(body)))
-			for b.Loop() {
-				r, err := parse(h, body)
-				if err != nil || r.Text == "" {
-					b.Fatalf("parse: %v", err)
-				}
+	forSizes(b, func(size int) []byte { return as(agentChatBody(size)) }, func(b *testing.B, body []byte) {
+		perBody(b, body)
+		for b.Loop() {
+			r, err := parse(h, body)
+			if err != nil || r.Text == "" {
+				b.Fatalf("parse: %v", err)
 			}
-		})
-	}
+		}
+	})
 }
 
 // BenchmarkParseAgentsPlain is the agent readers on the chat body of BenchmarkParse given to them
@@ -284,18 +290,14 @@ func BenchmarkParseAgentsPlain(b *testing.B) {
 // BenchmarkParseModel is the load-only reader of the agent chat body: only model and stream are
 // read, the rest is only checked to be JSON.
 func BenchmarkParseModel(b *testing.B) {
-	for _, s := range benchSizes {
-		body := agentChatBody(s.size)
-		b.Run(s.name, func(b *testing.B) {
-			b.ReportAllocs()
-			b.SetBytes(int64(len(body)))
-			for b.Loop() {
-				if r, err := protocol.ParseModel(nil, body); err != nil || r.Model == "" {
-					b.Fatalf("ParseModel: %v", err)
-				}
+	forSizes(b, agentChatBody, func(b *testing.B, body []byte) {
+		perBody(b, body)
+		for b.Loop() {
+			if r, err := protocol.ParseModel(nil, body); err != nil || r.Model == "" {
+				b.Fatalf("ParseModel: %v", err)
 			}
-		})
-	}
+		}
+	})
 }
 
 // BenchmarkParseTinyParts is Parse of a chat whose one message holds 4-byte text parts, the shape
@@ -311,18 +313,12 @@ func BenchmarkParseTinyMessages(b *testing.B) {
 }
 
 func benchmarkParseShape(b *testing.B, shape func(size int) []byte) {
-	for _, s := range benchSizes {
-		body := shape(s.size)
-		b.Run(s.name, func(b *testing.B) {
-			benchParse(b, nil, body)
-		})
-	}
+	forSizes(b, shape, func(b *testing.B, body []byte) { benchParse(b, nil, body) })
 }
 
 // benchParse is the measured loop of every Parse benchmark: one body, parsed again and again.
 func benchParse(b *testing.B, h http.Header, body []byte) {
-	b.ReportAllocs()
-	b.SetBytes(int64(len(body)))
+	perBody(b, body)
 	for b.Loop() {
 		r, err := protocol.ParseChat(h, body)
 		if err != nil || r.Text == "" {
@@ -333,22 +329,18 @@ func benchParse(b *testing.B, h http.Header, body []byte) {
 
 // BenchmarkPlainDecode is the baseline: encoding/json decoding the same body into a plain struct.
 func BenchmarkPlainDecode(b *testing.B) {
-	for _, s := range benchSizes {
-		body := agentChatBody(s.size)
-		b.Run(s.name, func(b *testing.B) {
-			b.ReportAllocs()
-			b.SetBytes(int64(len(body)))
-			for b.Loop() {
-				var v struct {
-					Model    string
-					Messages []struct{ Role, Content string }
-				}
-				if err := json.Unmarshal(body, &v); err != nil || len(v.Messages) == 0 {
-					b.Fatalf("decode: %v", err)
-				}
+	forSizes(b, agentChatBody, func(b *testing.B, body []byte) {
+		perBody(b, body)
+		for b.Loop() {
+			var v struct {
+				Model    string
+				Messages []struct{ Role, Content string }
 			}
-		})
-	}
+			if err := json.Unmarshal(body, &v); err != nil || len(v.Messages) == 0 {
+				b.Fatalf("decode: %v", err)
+			}
+		}
+	})
 }
 
 func TestAgentChatBodySizes(t *testing.T) {

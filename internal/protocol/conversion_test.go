@@ -57,10 +57,7 @@ func checkConverted(t testing.TB, p *agentProtocol, body []byte) bool {
 // convert (but for a departure here and there) and on bodies drawn from anything a request holds.
 func TestConversionMatchesReferenceOnRandomBodies(t *testing.T) {
 	r := rand.New(rand.NewPCG(11, 12))
-	n := 40000
-	if testing.Short() {
-		n = 4000
-	}
+	n := orShort(40000)
 	for _, p := range agentProtocols {
 		converted := 0
 		for range n {

@@ -198,24 +198,8 @@ func randomDoc(r *rand.Rand) []byte {
 		"1e20", "-1.2345678901234567e-7", "5e-324", "-0.0"}
 	keys := append(slices.Clone(fieldNames), "x", "id", "image_url", "")
 	var value func(depth int, key string) string
-	object := func(depth int, names ...string) string {
-		var ms []string
-		for range r.IntN(5) {
-			k := keys[r.IntN(len(keys))]
-			if r.IntN(4) > 0 {
-				k = names[r.IntN(len(names))]
-			}
-			ms = append(ms, `"`+k+`":`+value(depth+1, k))
-		}
-		return "{" + strings.Join(ms, ",") + "}"
-	}
-	array := func(depth int, elem func() string) string {
-		var els []string
-		for range r.IntN(4) {
-			els = append(els, elem())
-		}
-		return "[" + strings.Join(els, ",") + "]"
-	}
+	object := func(depth int, names ...string) string { return randObject(r, 5, 4, keys, names, depth, value) }
+	array := func(_ int, elem func() string) string { return randArray(r, elem) }
 	value = func(depth int, key string) string {
 		if depth < 6 && r.IntN(3) > 0 {
 			// The shape the field has in a request.
@@ -239,26 +223,63 @@ func randomDoc(r *rand.Rand) []byte {
 				return strs[r.IntN(len(strs))]
 			}
 		}
-		switch n := r.IntN(10); {
-		case n < 3:
-			return strs[r.IntN(len(strs))]
-		case n < 4:
-			return nums[r.IntN(len(nums))]
-		case n < 5:
-			return []string{"true", "false", "null"}[r.IntN(3)]
-		case depth > 5:
-			return "null"
-		case n < 7:
-			return array(depth, func() string { return value(depth+1, "") })
-		default:
-			return object(depth, "x")
-		}
+		return randAny(r, depth, func() string { return strs[r.IntN(len(strs))] }, nums,
+			func() string { return array(depth, func() string { return value(depth+1, "") }) },
+			func() string { return object(depth, "x") })
 	}
+	return randTop(r, keys, []string{"messages", "tools", "prompt", "user"}, value)
+}
+
+// randObject is a JSON object of fewer than members members, each under a key from names but
+// one time in named from keys, its value drawn by value one level deeper than depth.
+func randObject(r *rand.Rand, members, named int, keys, names []string, depth int, value func(depth int, key string) string) string {
+	var ms []string
+	for range r.IntN(members) {
+		k := keys[r.IntN(len(keys))]
+		if r.IntN(named) > 0 {
+			k = names[r.IntN(len(names))]
+		}
+		ms = append(ms, `"`+k+`":`+value(depth+1, k))
+	}
+	return "{" + strings.Join(ms, ",") + "}"
+}
+
+// randArray is a JSON array of up to three elements drawn by elem.
+func randArray(r *rand.Rand, elem func() string) string {
+	var els []string
+	for range r.IntN(4) {
+		els = append(els, elem())
+	}
+	return "[" + strings.Join(els, ",") + "]"
+}
+
+// randAny is a value under a key of no known shape: text three times in ten, else a number, a
+// literal, and shallower than depth 6 an array or an object, drawn by the functions given.
+func randAny(r *rand.Rand, depth int, text func() string, nums []string, array, object func() string) string {
+	switch n := r.IntN(10); {
+	case n < 3:
+		return text()
+	case n < 4:
+		return nums[r.IntN(len(nums))]
+	case n < 5:
+		return []string{"true", "false", "null"}[r.IntN(3)]
+	case depth > 5:
+		return "null"
+	case n < 7:
+		return array()
+	default:
+		return object()
+	}
+}
+
+// randTop is a document of one to six members, each under a key from top or, half the time, from
+// main, its value drawn by value at depth 1.
+func randTop(r *rand.Rand, top, main []string, value func(depth int, key string) string) []byte {
 	var ms []string
 	for range 1 + r.IntN(6) {
-		k := keys[r.IntN(len(keys))]
+		k := top[r.IntN(len(top))]
 		if r.IntN(2) == 0 {
-			k = []string{"messages", "tools", "prompt", "user"}[r.IntN(4)]
+			k = main[r.IntN(len(main))]
 		}
 		ms = append(ms, `"`+k+`":`+value(1, k))
 	}
@@ -268,10 +289,7 @@ func randomDoc(r *rand.Rand) []byte {
 // Parse and the encoding/json reference agree on many random bodies shaped like requests.
 func TestParseMatchesReferenceOnRandomBodies(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
-	n := 200000
-	if testing.Short() {
-		n = 20000
-	}
+	n := orShort(200000)
 	ok, chats := 0, 0
 	for range n {
 		body := randomDoc(r)

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/cacheroute/cacheroute/internal/protocol"
+	"github.com/cacheroute/cacheroute/internal/reqkey"
 )
 
 // unknownKey can never name a field Parse reads: no routing field has a hyphen, in any spelling.
@@ -38,49 +39,63 @@ func parseSeeds(f *testing.F) {
 func FuzzParse(f *testing.F) {
 	parseSeeds(f)
 	f.Fuzz(func(t *testing.T, body []byte, session string) {
-		h := http.Header{}
-		if session != "" {
-			h.Set("x-session-id", session)
-		}
+		h := sessionHeader(session)
 		r, err := protocol.ParseChat(h, body)
-		if err != nil {
-			var re *protocol.Error
-			if !errors.As(err, &re) {
-				t.Fatalf("error %T %v is not a *protocol.Error", err, err)
-			}
-			if r != nil {
-				t.Fatal("request returned beside an error")
-			}
-		} else if r == nil {
-			t.Fatal("nil request without an error")
-		}
 		checkBothWays(t, body)
-
-		trimmed := bytes.TrimSpace(body)
-		if !json.Valid(trimmed) || len(trimmed) == 0 || trimmed[0] != '{' {
-			return
-		}
-		wrapped := append([]byte(`{"`+unknownKey+`":`), trimmed...)
-		wrapped = append(wrapped, '}')
-		if _, err := protocol.ParseChat(h, wrapped); err != nil {
-			t.Fatalf("a valid object under an unknown field failed: %v\n%s", err, wrapped)
-		}
-		if err != nil {
-			return
-		}
-		extra := []byte(`{"` + unknownKey + `":{"user":"zz","messages":7},`)
-		if bytes.Equal(bytes.TrimLeft(trimmed[1:], " \t\r\n"), []byte("}")) {
-			extra = extra[:len(extra)-1]
-		}
-		withExtra := append(extra, trimmed[1:]...)
-		r2, err := protocol.ParseChat(h, withExtra)
-		if err != nil {
-			t.Fatalf("adding an unknown field made Parse fail: %v\n%s", err, withExtra)
-		}
-		if protocol.Routing(r2) != protocol.Routing(r) {
-			t.Fatalf("adding an unknown field changed the result:\n%+v\n%+v", r, r2)
-		}
+		checkReaderContract(t, protocol.ParseChat, h, body, r, err, `{"user":"zz","messages":7}`)
 	})
+}
+
+// sessionHeader is a header with session as its x-session-id, or none when session is empty.
+func sessionHeader(session string) http.Header {
+	h := http.Header{}
+	if session != "" {
+		h.Set("x-session-id", session)
+	}
+	return h
+}
+
+// checkReaderContract fails unless parse, whose answer to body with h was r and err, keeps the
+// contract of every protocol's reader: an error is a *protocol.Error and comes alone; a valid JSON
+// object nested under an unknown field never fails; and adding an unknown field holding extra (a
+// JSON value) to a body that parses changes nothing.
+func checkReaderContract(t *testing.T, parse func(reqkey.Header, []byte) (*protocol.Request, error), h http.Header, body []byte, r *protocol.Request, err error, extra string) {
+	t.Helper()
+	if err != nil {
+		var re *protocol.Error
+		if !errors.As(err, &re) {
+			t.Fatalf("error %T %v is not a *protocol.Error", err, err)
+		}
+		if r != nil {
+			t.Fatal("request returned beside an error")
+		}
+	} else if r == nil {
+		t.Fatal("nil request without an error")
+	}
+	trimmed := bytes.TrimSpace(body)
+	if !json.Valid(trimmed) || len(trimmed) == 0 || trimmed[0] != '{' {
+		return
+	}
+	wrapped := append([]byte(`{"`+unknownKey+`":`), trimmed...)
+	wrapped = append(wrapped, '}')
+	if _, err := parse(h, wrapped); err != nil {
+		t.Fatalf("a valid object under an unknown field failed: %v\n%s", err, wrapped)
+	}
+	if err != nil {
+		return
+	}
+	field := []byte(`{"` + unknownKey + `":` + extra + `,`)
+	if bytes.Equal(bytes.TrimLeft(trimmed[1:], " \t\r\n"), []byte("}")) {
+		field = field[:len(field)-1]
+	}
+	withExtra := append(field, trimmed[1:]...)
+	r2, err := parse(h, withExtra)
+	if err != nil {
+		t.Fatalf("adding an unknown field made the reader fail: %v\n%s", err, withExtra)
+	}
+	if protocol.Routing(r2) != protocol.Routing(r) {
+		t.Fatalf("adding an unknown field changed the result:\n%+v\n%+v", r, r2)
+	}
 }
 
 func prefixSeeds(f *testing.F) {

@@ -110,10 +110,7 @@ func TestHistoryKeyThatMayOutgrowTwiceTheBodyIsCountedFirst(t *testing.T) {
 // writes, on bodies shaped like requests with the fields repeated, nested, null and out of order.
 func TestHistoryKeyOnePassMatchesTwoPassesOnRandomBodies(t *testing.T) {
 	r := rand.New(rand.NewPCG(9, 10))
-	n := 100000
-	if testing.Short() {
-		n = 10000
-	}
+	n := orShort(100000)
 	for range n {
 		checkBothWays(t, randomDoc(r))
 	}

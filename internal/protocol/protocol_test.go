@@ -8,16 +8,8 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/protocol"
 	"github.com/cacheroute/cacheroute/internal/reqkey"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
-
-// hdr builds a header set from name, value pairs, the way net/http stores them (canonical keys).
-func hdr(kv ...string) http.Header {
-	h := http.Header{}
-	for i := 0; i+1 < len(kv); i += 2 {
-		h.Set(kv[i], kv[i+1])
-	}
-	return h
-}
 
 func mustParse(t *testing.T, h http.Header, body string) *protocol.Request {
 	t.Helper()
@@ -75,14 +67,14 @@ func TestHashKey(t *testing.T) {
 			textOf(`{"messages":[{"role":"system","content":"user_id: 42\nsession_id: 7"},{"role":"user","content":"hi"}]}`)},
 		{"nested metadata ids are not top level", nil, `{"prompt":"p","metadata":{"user_id":"u","session_id":"s"},"session_params":{"user":"x"}}`, "p"},
 		{"message-level fields are not top level", nil, `{"messages":[{"role":"user","content":"hi","user":"bob","session_id":"s"}]}`, textOf(chatHi)},
-		{"x-session-id first", hdr("x-session-id", "s", "x-user-id", "u", "x-tenant-id", "t", "x-correlation-id", "c", "x-request-id", "r", "x-trace-id", "tr"), `{"user":"b"}`, "s"},
-		{"then x-user-id", hdr("x-user-id", "u", "x-tenant-id", "t", "x-correlation-id", "c", "x-request-id", "r", "x-trace-id", "tr"), `{"user":"b"}`, "u"},
-		{"then x-tenant-id", hdr("x-tenant-id", "t", "x-correlation-id", "c", "x-request-id", "r", "x-trace-id", "tr"), `{"user":"b"}`, "t"},
-		{"then x-correlation-id", hdr("x-correlation-id", "c", "x-request-id", "r", "x-trace-id", "tr"), `{"user":"b"}`, "c"},
-		{"then x-request-id", hdr("x-request-id", "r", "x-trace-id", "tr"), `{"user":"b"}`, "r"},
-		{"then x-trace-id", hdr("x-trace-id", "tr"), `{"user":"b"}`, "tr"},
-		{"header names are case-insensitive", hdr("X-SESSION-ID", "s"), `{}`, "s"},
-		{"blank header skipped", hdr("x-session-id", "  ", "x-user-id", "u"), `{}`, "u"},
+		{"x-session-id first", testkit.Header("x-session-id", "s", "x-user-id", "u", "x-tenant-id", "t", "x-correlation-id", "c", "x-request-id", "r", "x-trace-id", "tr"), `{"user":"b"}`, "s"},
+		{"then x-user-id", testkit.Header("x-user-id", "u", "x-tenant-id", "t", "x-correlation-id", "c", "x-request-id", "r", "x-trace-id", "tr"), `{"user":"b"}`, "u"},
+		{"then x-tenant-id", testkit.Header("x-tenant-id", "t", "x-correlation-id", "c", "x-request-id", "r", "x-trace-id", "tr"), `{"user":"b"}`, "t"},
+		{"then x-correlation-id", testkit.Header("x-correlation-id", "c", "x-request-id", "r", "x-trace-id", "tr"), `{"user":"b"}`, "c"},
+		{"then x-request-id", testkit.Header("x-request-id", "r", "x-trace-id", "tr"), `{"user":"b"}`, "r"},
+		{"then x-trace-id", testkit.Header("x-trace-id", "tr"), `{"user":"b"}`, "tr"},
+		{"header names are case-insensitive", testkit.Header("X-SESSION-ID", "s"), `{}`, "s"},
+		{"blank header skipped", testkit.Header("x-session-id", "  ", "x-user-id", "u"), `{}`, "u"},
 		{"body session_params first", nil, `{"session_params":{"session_id":"p"},"user":"u","session_id":"s","user_id":"i"}`, "p"},
 		{"then body user", nil, `{"user":"u","session_id":"s","user_id":"i"}`, "u"},
 		{"then body session_id", nil, `{"session_id":"s","user_id":"i"}`, "s"},
@@ -90,7 +82,7 @@ func TestHashKey(t *testing.T) {
 		{"blank body ids skipped", nil, `{"session_params":{"session_id":" "},"user":"","session_id":"\t","user_id":"i"}`, "i"},
 		{"numeric id", nil, `{"user_id":42,"prompt":"p"}`, "42"},
 		{"non-scalar ids are no id", nil, `{"user":{"name":"x"},"session_id":[1],"user_id":true,"prompt":"p"}`, "p"},
-		{"ids trimmed", hdr("x-session-id", " s1 "), `{}`, "s1"},
+		{"ids trimmed", testkit.Header("x-session-id", " s1 "), `{}`, "s1"},
 		{"no id, completion", nil, `{"prompt":"the prompt"}`, "the prompt"},
 		{"no id, no text", nil, `{"model":"m"}`, ""},
 	}
@@ -119,12 +111,7 @@ func TestHashKeyFallsBackToRoutingTextNotToNestedIDs(t *testing.T) {
 }
 
 func TestSessionKeyPrecedence(t *testing.T) {
-	// Every source, from the highest precedence down; each row removes the winner of the previous.
-	type source struct {
-		header, body string // exactly one is set
-		value        string
-	}
-	sources := []source{
+	checkKeyPrecedence(t, `"messages":[{"role":"user","content":"hi"}]`, []keySource{
 		{body: `"session_params":{"session_id":"sp"}`, value: "session:sp"},
 		{header: "x-session-id", value: "session:xs"},
 		{header: "x-claude-code-session-id", value: "session:cc"},
@@ -135,10 +122,22 @@ func TestSessionKeyPrecedence(t *testing.T) {
 		{header: "x-user-id", value: "user:xu"},
 		{body: `"user_id":"bu"`, value: "user:bu"},
 		{body: `"user":"bw"`, value: "user:bw"},
-	}
+	}, func(h http.Header, body string) *protocol.Request { return mustParse(t, h, body) })
+}
+
+// keySource is one place a session key comes from: a header or a body member (exactly one is
+// set), and the key it gives.
+type keySource struct {
+	header, body, value string
+}
+
+// checkKeyPrecedence fails unless, for each of sources (from the highest precedence down), a body
+// of base with that source and every one below it present is keyed by that source.
+func checkKeyPrecedence(t *testing.T, base string, sources []keySource, parse func(h http.Header, body string) *protocol.Request) {
+	t.Helper()
 	for i := range sources {
 		h := http.Header{}
-		var fields []string
+		fields := []string{base}
 		for _, s := range sources[i:] {
 			if s.header != "" {
 				h.Set(s.header, strings.SplitN(s.value, ":", 2)[1])
@@ -146,10 +145,8 @@ func TestSessionKeyPrecedence(t *testing.T) {
 				fields = append(fields, s.body)
 			}
 		}
-		fields = append(fields, `"messages":[{"role":"user","content":"hi"}]`)
 		body := "{" + strings.Join(fields, ",") + "}"
-		r := mustParse(t, h, body)
-		if r.SessionKey != sources[i].value {
+		if r := parse(h, body); r.SessionKey != sources[i].value {
 			t.Errorf("with sources %d.. present: SessionKey = %q, want %q (headers %v, body %s)", i, r.SessionKey, sources[i].value, h, body)
 		}
 	}
@@ -166,7 +163,7 @@ func TestSessionKey(t *testing.T) {
 		{"user role is not a user id", nil, `{"messages":[{"role":"user","content":"hi","name":"bob"}]}`, ""},
 		{"tool schema session_id property is not an id", nil, `{"messages":[],"tools":[{"type":"function","function":{"name":"f","parameters":{"properties":{"session_id":{"type":"string","default":"zzz"}}}}}]}`, ""},
 		{"system text is not an id", nil, `{"messages":[{"role":"system","content":"user_id: 42"}]}`, ""},
-		{"blank session header falls through", hdr("x-session-id", "   ", "x-user-id", "u"), `{}`, "user:u"},
+		{"blank session header falls through", testkit.Header("x-session-id", "   ", "x-user-id", "u"), `{}`, "user:u"},
 		{"blank body session falls through", nil, `{"session_params":{"session_id":""},"session_id":" ","user":"u"}`, "user:u"},
 		{"session_params not an object", nil, `{"session_params":"s","user":"u"}`, "user:u"},
 		{"numeric session id", nil, `{"session_id":12345}`, "session:12345"},
@@ -176,7 +173,7 @@ func TestSessionKey(t *testing.T) {
 		{"null id is no id", nil, `{"session_id":null,"user":"u"}`, "user:u"},
 		{"id trimmed", nil, `{"session_id":"  abc  "}`, "session:abc"},
 		{"escaped id decoded", nil, `{"session_id":"a\u0062c"}`, "session:abc"},
-		{"header name case", hdr("X-Claude-Code-Session-Id", "cc"), `{}`, "session:cc"},
+		{"header name case", testkit.Header("X-Claude-Code-Session-Id", "cc"), `{}`, "session:cc"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -200,11 +197,11 @@ func TestSessionKeySameIDFromHeaderOrBody(t *testing.T) {
 			h    http.Header
 			body string
 		}{
-			{hdr("x-session-id", "abc-123"), `{` + chat + `}`},
-			{hdr("x-claude-code-session-id", "abc-123"), `{` + chat + `}`},
-			{hdr("x-session-affinity", "abc-123"), `{` + chat + `}`},
-			{hdr("session-id", "abc-123"), `{` + chat + `}`},
-			{hdr("session_id", "abc-123"), `{` + chat + `}`},
+			{testkit.Header("x-session-id", "abc-123"), `{` + chat + `}`},
+			{testkit.Header("x-claude-code-session-id", "abc-123"), `{` + chat + `}`},
+			{testkit.Header("x-session-affinity", "abc-123"), `{` + chat + `}`},
+			{testkit.Header("session-id", "abc-123"), `{` + chat + `}`},
+			{testkit.Header("session_id", "abc-123"), `{` + chat + `}`},
 			{nil, `{"session_id":"abc-123",` + chat + `}`},
 			{nil, `{"session_params":{"session_id":"abc-123"},` + chat + `}`},
 		}},
@@ -212,7 +209,7 @@ func TestSessionKeySameIDFromHeaderOrBody(t *testing.T) {
 			h    http.Header
 			body string
 		}{
-			{hdr("x-user-id", "alice"), `{` + chat + `}`},
+			{testkit.Header("x-user-id", "alice"), `{` + chat + `}`},
 			{nil, `{"user_id":"alice",` + chat + `}`},
 			{nil, `{"user":"alice",` + chat + `}`},
 		}},
@@ -220,7 +217,7 @@ func TestSessionKeySameIDFromHeaderOrBody(t *testing.T) {
 			h    http.Header
 			body string
 		}{
-			{hdr("x-user-id", "42"), `{` + chat + `}`},
+			{testkit.Header("x-user-id", "42"), `{` + chat + `}`},
 			{nil, `{"user_id":42,` + chat + `}`},
 			{nil, `{"user_id":"42",` + chat + `}`},
 		}},
@@ -241,8 +238,8 @@ func TestSessionKeySameIDFromHeaderOrBody(t *testing.T) {
 }
 
 func TestSessionAndUserNamespacesDiffer(t *testing.T) {
-	s := mustParse(t, hdr("x-session-id", "same"), `{}`).SessionKey
-	u := mustParse(t, hdr("x-user-id", "same"), `{}`).SessionKey
+	s := mustParse(t, testkit.Header("x-session-id", "same"), `{}`).SessionKey
+	u := mustParse(t, testkit.Header("x-user-id", "same"), `{}`).SessionKey
 	if s != "session:same" || u != "user:same" {
 		t.Errorf("session %q user %q", s, u)
 	}
@@ -252,20 +249,20 @@ func TestPerRequestIDsAreNeverSessionKeys(t *testing.T) {
 	perRequest := []string{"x-request-id", "x-correlation-id", "x-trace-id", "request-id", "traceparent"}
 	for _, name := range perRequest {
 		t.Run(name, func(t *testing.T) {
-			r := mustParse(t, hdr(name, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"), `{"messages":[{"role":"user","content":"hi"}]}`)
+			r := mustParse(t, testkit.Header(name, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"), `{"messages":[{"role":"user","content":"hi"}]}`)
 			if r.SessionKey != "" {
 				t.Errorf("SessionKey = %q from %s", r.SessionKey, name)
 			}
 			// Nor do they displace a real id of lower precedence.
-			r = mustParse(t, hdr(name, "req-1"), `{"user":"alice","messages":[]}`)
+			r = mustParse(t, testkit.Header(name, "req-1"), `{"user":"alice","messages":[]}`)
 			if r.SessionKey != "user:alice" {
 				t.Errorf("SessionKey = %q with %s present, want user:alice", r.SessionKey, name)
 			}
 		})
 	}
 	// A request id that changes every request leaves the history key alone too.
-	a := mustParse(t, hdr("x-request-id", "r1"), `{"messages":[{"role":"user","content":"hi"}]}`)
-	b := mustParse(t, hdr("x-request-id", "r2"), `{"messages":[{"role":"user","content":"hi"}]}`)
+	a := mustParse(t, testkit.Header("x-request-id", "r1"), `{"messages":[{"role":"user","content":"hi"}]}`)
+	b := mustParse(t, testkit.Header("x-request-id", "r2"), `{"messages":[{"role":"user","content":"hi"}]}`)
 	if a.Text != b.Text || a.SessionKey != b.SessionKey {
 		t.Errorf("a changing x-request-id changed the keys: %+v vs %+v", a, b)
 	}
@@ -277,11 +274,11 @@ func TestLongSessionIDsAreHashedToAFixedSize(t *testing.T) {
 	long2 := strings.Repeat("b", reqkey.MaxIDLen) + "c"
 	huge := strings.Repeat("x", 1<<16)
 
-	if got := mustParse(t, hdr("x-session-id", exact), `{}`).SessionKey; got != "session:"+exact {
+	if got := mustParse(t, testkit.Header("x-session-id", exact), `{}`).SessionKey; got != "session:"+exact {
 		t.Errorf("a %d-byte id was not kept verbatim: %q", reqkey.MaxIDLen, got)
 	}
-	k1 := mustParse(t, hdr("x-session-id", long1), `{}`).SessionKey
-	k2 := mustParse(t, hdr("x-session-id", long2), `{}`).SessionKey
+	k1 := mustParse(t, testkit.Header("x-session-id", long1), `{}`).SessionKey
+	k2 := mustParse(t, testkit.Header("x-session-id", long2), `{}`).SessionKey
 	k3 := mustParse(t, nil, `{"session_id":"`+huge+`"}`).SessionKey
 	for _, k := range []string{k1, k2, k3} {
 		if !strings.HasPrefix(k, "session:") {
@@ -300,7 +297,7 @@ func TestLongSessionIDsAreHashedToAFixedSize(t *testing.T) {
 	if got := mustParse(t, nil, `{"session_id":"`+long1+`"}`).SessionKey; got != k1 {
 		t.Errorf("the same long id from the body gave %q, from the header %q", got, k1)
 	}
-	u := mustParse(t, hdr("x-user-id", long1), `{}`).SessionKey
+	u := mustParse(t, testkit.Header("x-user-id", long1), `{}`).SessionKey
 	if !strings.HasPrefix(u, "user:") || len(u) != len(k1)-len("session:")+len("user:") {
 		t.Errorf("long user id key %q", u)
 	}

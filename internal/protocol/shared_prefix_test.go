@@ -93,24 +93,23 @@ func chatWith(r, after *rand.Rand, m map[string]any) map[string]any {
 }
 
 func responsesWith(r, after *rand.Rand, item map[string]any) map[string]any {
-	tools, _ := randAgentTools(r, &responsesProtocol)
-	body := map[string]any{"model": "m", "tools": tools}
-	if r.IntN(2) == 0 {
-		body["instructions"] = randText(r, 3)
-	}
-	items := append(responsesItems(r, r.IntN(4)), item)
-	body["input"] = append(items, responsesItems(after, after.IntN(3))...)
-	return body
+	return agentWith(r, after, &responsesProtocol, "instructions", "input", responsesItems, item)
 }
 
 func messagesWith(r, after *rand.Rand, m map[string]any) map[string]any {
-	tools, _ := randAgentTools(r, &messagesProtocol)
+	return agentWith(r, after, &messagesProtocol, "system", "messages", messagesMessages, m)
+}
+
+// agentWith is a body of p with random tools, random text under textKey half the time, and under
+// listKey a few random entries drawn by entries, then x, then entries drawn from after.
+func agentWith(r, after *rand.Rand, p *agentProtocol, textKey, listKey string, entries func(*rand.Rand, int) []any, x map[string]any) map[string]any {
+	tools, _ := randAgentTools(r, p)
 	body := map[string]any{"model": "m", "tools": tools}
 	if r.IntN(2) == 0 {
-		body["system"] = randText(r, 3)
+		body[textKey] = randText(r, 3)
 	}
-	msgs := append(messagesMessages(r, r.IntN(4)), m)
-	body["messages"] = append(msgs, messagesMessages(after, after.IntN(3))...)
+	list := append(entries(r, r.IntN(4)), x)
+	body[listKey] = append(list, entries(after, after.IntN(3))...)
 	return body
 }
 

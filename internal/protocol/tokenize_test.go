@@ -109,10 +109,7 @@ func checkTokenizeBody(t testing.TB, body []byte) (asked int) {
 // shaped like requests.
 func TestTokenizeBodyMatchesReferenceOnRandomBodies(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
-	n := 50000
-	if testing.Short() {
-		n = 5000
-	}
+	n := orShort(50000)
 	asked := 0
 	for range n {
 		asked += checkTokenizeBody(t, randomDoc(r))

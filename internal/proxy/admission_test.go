@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/cacheroute/cacheroute/internal/admission"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // Admission control on the routed path: the queue in front of the concurrency limits, priority,
@@ -21,7 +22,7 @@ import (
 // gateWorker holds every request until the test lets it go, and records how many it held at
 // once and the order of the requests' "input" markers.
 type gateWorker struct {
-	*testWorker
+	*testkit.Server
 	gate     chan struct{}
 	inFlight atomic.Int64
 	peak     atomic.Int64
@@ -31,7 +32,7 @@ type gateWorker struct {
 
 func newGateWorker(t *testing.T) *gateWorker {
 	g := &gateWorker{gate: make(chan struct{})}
-	g.testWorker = newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+	g.Server = testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		n := g.inFlight.Add(1)
 		defer g.inFlight.Add(-1)
@@ -100,7 +101,7 @@ func TestRequestsBeyondTheConcurrencyLimitWaitTheirTurn(t *testing.T) {
 	for i := range 4 {
 		dones = append(dones, background(t, tp, embed(fmt.Sprint(i))))
 	}
-	eventually(t, 5*time.Second, "one request at the worker and three queued", func() bool {
+	testkit.WaitWithin(t, 5*time.Second, "one request at the worker and three queued", func() bool {
 		return w.inFlight.Load() == 1 && tp.Server.opts.Admission.Controller.Queued() == 3
 	})
 	close(w.gate)
@@ -124,7 +125,7 @@ func TestQueueTimeoutIsAnswered408InTheRoutesShape(t *testing.T) {
 	defer close(w.gate)
 	tp := admittingProxy(t, w, admission.Options{MaxInFlight: 1, QueueSize: 4, QueueTimeout: 50 * time.Millisecond}, nil, false)
 	first := background(t, tp, embed("first"))
-	eventually(t, 5*time.Second, "the first request at the worker", func() bool { return w.inFlight.Load() == 1 })
+	testkit.WaitWithin(t, 5*time.Second, "the first request at the worker", func() bool { return w.inFlight.Load() == 1 })
 	status, h, body := tp.post(t, "/v1/embeddings", embed("second"))
 	if status != http.StatusRequestTimeout || errorCode(t, body) != "queue_timeout" || h.Get(HeaderRetryAfter) == "" {
 		t.Fatalf("%d %s (Retry-After %q), want 408 queue_timeout with Retry-After", status, body, h.Get(HeaderRetryAfter))
@@ -147,7 +148,7 @@ func TestFullQueueIsRefusedAtOnceWith429InTheRoutesShape(t *testing.T) {
 	defer close(w.gate)
 	tp := admittingProxy(t, w, admission.Options{MaxInFlight: 1}, nil, false)
 	first := background(t, tp, embed("first"))
-	eventually(t, 5*time.Second, "the first request at the worker", func() bool { return w.inFlight.Load() == 1 })
+	testkit.WaitWithin(t, 5*time.Second, "the first request at the worker", func() bool { return w.inFlight.Load() == 1 })
 	status, h, body := tp.post(t, "/v1/embeddings", embed("second"))
 	if status != http.StatusTooManyRequests || errorCode(t, body) != "queue_full" || h.Get(HeaderRetryAfter) == "" {
 		t.Fatalf("%d %s (Retry-After %q), want 429 queue_full with Retry-After", status, body, h.Get(HeaderRetryAfter))
@@ -169,11 +170,11 @@ func TestHigherPriorityLeavesTheQueueFirst(t *testing.T) {
 	w := newGateWorker(t)
 	tp := admittingProxy(t, w, admission.Options{MaxInFlight: 1, QueueSize: 8, Priorities: []string{"interactive", "batch"}}, nil, true)
 	first := background(t, tp, embed("first"), HeaderPriority, "batch")
-	eventually(t, 5*time.Second, "the first request at the worker", func() bool { return w.inFlight.Load() == 1 })
+	testkit.WaitWithin(t, 5*time.Second, "the first request at the worker", func() bool { return w.inFlight.Load() == 1 })
 	batch := background(t, tp, embed("batch"), HeaderPriority, "batch")
-	eventually(t, 5*time.Second, "the batch request queued", func() bool { return tp.Server.opts.Admission.Controller.Queued() == 1 })
+	testkit.WaitWithin(t, 5*time.Second, "the batch request queued", func() bool { return tp.Server.opts.Admission.Controller.Queued() == 1 })
 	interactive := background(t, tp, embed("interactive"), HeaderPriority, "interactive")
-	eventually(t, 5*time.Second, "both queued", func() bool { return tp.Server.opts.Admission.Controller.Queued() == 2 })
+	testkit.WaitWithin(t, 5*time.Second, "both queued", func() bool { return tp.Server.opts.Admission.Controller.Queued() == 2 })
 	close(w.gate)
 	for _, d := range []<-chan int{first, batch, interactive} {
 		<-d
@@ -193,16 +194,16 @@ func TestQueuedRequestWhoseClientLeftGivesUpItsPlace(t *testing.T) {
 	defer close(w.gate)
 	tp := admittingProxy(t, w, admission.Options{MaxInFlight: 1, QueueSize: 8}, nil, false)
 	background(t, tp, embed("first"))
-	eventually(t, 5*time.Second, "the first request at the worker", func() bool { return w.inFlight.Load() == 1 })
+	testkit.WaitWithin(t, 5*time.Second, "the first request at the worker", func() bool { return w.inFlight.Load() == 1 })
 	c := tp.dial(t)
 	if _, err := c.Write([]byte(rawRequest("POST", "/v1/embeddings", embed("leaves")))); err != nil {
 		t.Fatal(err)
 	}
 	ctrl := tp.Server.opts.Admission.Controller
-	eventually(t, 5*time.Second, "the second request queued", func() bool { return ctrl.Queued() == 1 })
+	testkit.WaitWithin(t, 5*time.Second, "the second request queued", func() bool { return ctrl.Queued() == 1 })
 	c.Close()
-	eventually(t, 5*time.Second, "the queue emptied after its client left", func() bool { return ctrl.Queued() == 0 })
-	eventually(t, 5*time.Second, "the client_gone rejection counted", func() bool {
+	testkit.WaitWithin(t, 5*time.Second, "the queue emptied after its client left", func() bool { return ctrl.Queued() == 0 })
+	testkit.WaitWithin(t, 5*time.Second, "the client_gone rejection counted", func() bool {
 		return testutil.ToFloat64(tp.Metrics.AdmissionRejections.WithLabelValues("client_gone")) == 1
 	})
 }
@@ -225,8 +226,8 @@ func TestTenantOverItsRequestRateGets429WithRateLimitHeaders(t *testing.T) {
 	if status != http.StatusTooManyRequests || errorCode(t, body) != "rate_limit_exceeded" || h.Get(HeaderRetryAfter) == "" || h.Get("x-ratelimit-remaining-requests") != "0" {
 		t.Fatalf("third request: %d %s, headers %v", status, body, h)
 	}
-	if w.hits.Load() != 2 {
-		t.Fatalf("the worker got %d requests, want the 2 allowed", w.hits.Load())
+	if w.Hits.Load() != 2 {
+		t.Fatalf("the worker got %d requests, want the 2 allowed", w.Hits.Load())
 	}
 }
 

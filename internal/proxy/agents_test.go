@@ -19,6 +19,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
 	"github.com/cacheroute/cacheroute/internal/responsesearch"
 	"github.com/cacheroute/cacheroute/internal/sniff"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // The agent protocols through the proxy: stored responses followed to their worker, the id
@@ -27,7 +28,7 @@ import (
 // responsesWorker is a worker that stores the responses it produces, in its own memory, as vLLM
 // does: a previous_response_id or an id path it did not store gets 404.
 type responsesWorker struct {
-	*testWorker
+	*testkit.Server
 	linger chan struct{} // when set, a stream stays open after its last event until it is closed
 	name   string
 	mu     sync.Mutex
@@ -37,7 +38,7 @@ type responsesWorker struct {
 
 func newResponsesWorker(t *testing.T, name string) *responsesWorker {
 	rw := &responsesWorker{name: name, ids: map[string]bool{}}
-	rw.testWorker = newWorker(t, rw.serve)
+	rw.Server = testkit.NewServer(t, rw.serve)
 	return rw
 }
 
@@ -127,8 +128,8 @@ func cacheAwarePolicy() *cacheaware.Policy {
 		MaxTreeSize: 1 << 20, EvictionInterval: time.Minute, SessionTTL: time.Hour, MaxSessions: 1000}, nil, slog.New(slog.DiscardHandler))
 }
 
-// responsesFleet is a router with cache_aware over n responses workers.
-func responsesFleet(t *testing.T, n int) (*testProxy, []*responsesWorker, *cacheaware.Policy) {
+// responsesWorkers starts n responses workers, named w0, w1, …, and returns them and their URLs.
+func responsesWorkers(t *testing.T, n int) ([]*responsesWorker, []string) {
 	var ws []*responsesWorker
 	var urls []string
 	for i := range n {
@@ -136,6 +137,12 @@ func responsesFleet(t *testing.T, n int) (*testProxy, []*responsesWorker, *cache
 		ws = append(ws, w)
 		urls = append(urls, w.URL)
 	}
+	return ws, urls
+}
+
+// responsesFleet is a router with cache_aware over n responses workers.
+func responsesFleet(t *testing.T, n int) (*testProxy, []*responsesWorker, *cacheaware.Policy) {
+	ws, urls := responsesWorkers(t, n)
 	p := cacheAwarePolicy()
 	return newTestProxy(t, setup{urls: urls, policy: p}), ws, p
 }
@@ -177,7 +184,7 @@ func TestResponseIDRoutesGoToTheWorkerThatStoredIt(t *testing.T) {
 	}
 	before := map[*responsesWorker]int64{}
 	for _, w := range ws {
-		before[w] = w.hits.Load()
+		before[w] = w.Hits.Load()
 	}
 	for _, c := range []struct{ method, path string }{
 		{http.MethodGet, "/v1/responses/" + id},
@@ -194,7 +201,7 @@ func TestResponseIDRoutesGoToTheWorkerThatStoredIt(t *testing.T) {
 		if w == holder {
 			want += 3
 		}
-		if got := w.hits.Load(); got != want {
+		if got := w.Hits.Load(); got != want {
 			t.Errorf("worker %s got %d requests, want %d: id routes must go to the holder alone", w.name, got-before[w], want-before[w])
 		}
 	}
@@ -230,15 +237,15 @@ func TestResponseIDNowhereIsTheWorkers404(t *testing.T) {
 		t.Fatalf("%d %s, want the worker's 404", status, body)
 	}
 	for _, w := range ws {
-		if w.hits.Load() != 1 {
-			t.Fatalf("worker %s asked %d times, want once each", w.name, w.hits.Load())
+		if w.Hits.Load() != 1 {
+			t.Fatalf("worker %s asked %d times, want once each", w.name, w.Hits.Load())
 		}
 	}
 }
 
 func TestResponseIDNoWorkerHadIsAnsweredAtOnceForAWhile(t *testing.T) {
 	tp, ws, _ := responsesFleet(t, 3)
-	hits := func() int64 { return ws[0].hits.Load() + ws[1].hits.Load() + ws[2].hits.Load() }
+	hits := func() int64 { return ws[0].Hits.Load() + ws[1].Hits.Load() + ws[2].Hits.Load() }
 	if status, _, _ := tp.do(t, http.MethodGet, "/v1/responses/resp_nowhere"); status != http.StatusNotFound || hits() != 3 {
 		t.Fatalf("first GET: %d with %d worker calls, want the workers' 404 after asking all 3", status, hits())
 	}
@@ -288,21 +295,28 @@ func TestDeletedResponseIsForgotten(t *testing.T) {
 	}
 }
 
-func TestResponseOfARemovedWorkerIsNotFoundWithoutAskingAnyone(t *testing.T) {
-	tp, ws, p := responsesFleet(t, 2)
+// storedOnARemovedWorker has a worker store a response, then removes that worker from the pool
+// and tells p, and returns the response's id.
+func storedOnARemovedWorker(t *testing.T, tp *testProxy, p *cacheaware.Policy) string {
+	t.Helper()
 	_, h, body := tp.post(t, "/v1/responses", `{"model":"m","input":"hi"}`)
-	id := responseID(t, body)
 	url := h.Get(HeaderWorker)
 	if _, err := tp.Pool.Remove(url); err != nil {
 		t.Fatal(err)
 	}
 	p.WorkerRemoved(url)
-	hits := ws[0].hits.Load() + ws[1].hits.Load()
+	return responseID(t, body)
+}
+
+func TestResponseOfARemovedWorkerIsNotFoundWithoutAskingAnyone(t *testing.T) {
+	tp, ws, p := responsesFleet(t, 2)
+	id := storedOnARemovedWorker(t, tp, p)
+	hits := ws[0].Hits.Load() + ws[1].Hits.Load()
 	status, _, body := tp.do(t, http.MethodGet, "/v1/responses/"+id)
 	if status != http.StatusNotFound || errorCode(t, body) != "response_not_found" {
 		t.Fatalf("%d %s, want the router's 404", status, body)
 	}
-	if ws[0].hits.Load()+ws[1].hits.Load() != hits {
+	if ws[0].Hits.Load()+ws[1].Hits.Load() != hits {
 		t.Fatal("a worker was asked for a response whose worker left")
 	}
 }
@@ -362,7 +376,7 @@ func TestLoadOnlyRoutesTeachThePolicyNothing(t *testing.T) {
 
 func TestAudioBodyIsForwardedAsItCameWithItsFormModel(t *testing.T) {
 	var got []byte
-	w := newWorker(t, func(rw http.ResponseWriter, r *http.Request) {
+	w := testkit.NewServer(t, func(rw http.ResponseWriter, r *http.Request) {
 		got, _ = io.ReadAll(r.Body)
 		rw.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(rw, `{"text":"ok"}`)
@@ -397,7 +411,7 @@ func TestAudioBodyIsForwardedAsItCameWithItsFormModel(t *testing.T) {
 func TestClientsAnthropicKeyIsNotReplacedByTheRoutersKey(t *testing.T) {
 	var auth []string
 	var mu sync.Mutex
-	w := newWorker(t, func(rw http.ResponseWriter, r *http.Request) {
+	w := testkit.NewServer(t, func(rw http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		auth = append(auth, r.Header.Get("Authorization"))
 		mu.Unlock()
@@ -461,19 +475,13 @@ func TestResponsesChainScattersWithoutAPolicyThatFollowsIDs(t *testing.T) {
 
 func TestContinuingAResponseOfARemovedWorkerIsRefusedAt404(t *testing.T) {
 	tp, ws, p := responsesFleet(t, 2)
-	_, h, body := tp.post(t, "/v1/responses", `{"model":"m","input":"hi"}`)
-	id := responseID(t, body)
-	url := h.Get(HeaderWorker)
-	if _, err := tp.Pool.Remove(url); err != nil {
-		t.Fatal(err)
-	}
-	p.WorkerRemoved(url)
-	hits := ws[0].hits.Load() + ws[1].hits.Load()
+	id := storedOnARemovedWorker(t, tp, p)
+	hits := ws[0].Hits.Load() + ws[1].Hits.Load()
 	status, h, body := tp.post(t, "/v1/responses", fmt.Sprintf(`{"model":"m","input":"more","previous_response_id":%q}`, id))
 	if status != http.StatusNotFound || h.Get(HeaderDecision) != cacheaware.LabelResponseGone || errorCode(t, body) != "response_not_found" {
 		t.Fatalf("%d %s %s, want 404 response_id_gone", status, h.Get(HeaderDecision), body)
 	}
-	if ws[0].hits.Load()+ws[1].hits.Load() != hits {
+	if ws[0].Hits.Load()+ws[1].Hits.Load() != hits {
 		t.Fatal("the turn was sent to a worker that cannot know the response")
 	}
 	if n := testutil.ToFloat64(tp.Metrics.CacheAwareDecisions.WithLabelValues(cacheaware.LabelResponseGone)); n != 1 {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/metrics"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -62,7 +63,7 @@ func TestClientDisconnect_MidStreamCancelsTheWorkersRequest(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cancelled := newSignal()
-			w := newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+			w := testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 				_, _ = io.Copy(io.Discard, r.Body)
 				w.Header().Set("Content-Type", "text/event-stream")
 				var tick <-chan time.Time
@@ -107,15 +108,13 @@ func TestClientDisconnect_MidStreamCancelsTheWorkersRequest(t *testing.T) {
 
 			cancelled.wait(t, 5*time.Second, "the worker's request context is cancelled")
 			tp.loadReturnsToZero(t)
-			eventually(t, 5*time.Second, "requests_total{status_class=4xx} is 1 (499, client gone)", func() bool {
+			testkit.WaitWithin(t, 5*time.Second, "requests_total{status_class=4xx} is 1 (499, client gone)", func() bool {
 				return tp.requests("4xx") == 1
 			})
 			if got := tp.requests(metrics.StatusCut); got != 0 {
 				t.Errorf("requests_total{status_class=cut} = %v: the client left, the worker did not break off", got)
 			}
-			if got := tp.upstreamErrors(upstream.KindMidStream); got != 0 {
-				t.Errorf("upstream_errors_total{kind=mid_stream} = %v, want 0", got)
-			}
+			tp.wantUpstreamErrors(t, upstream.KindMidStream, 0)
 			if st := worker.Breaker().State(); st != workers.BreakerClosed {
 				t.Errorf("breaker %v after a client left, want closed", st)
 			}
@@ -128,7 +127,7 @@ func TestClientDisconnect_MidStreamCancelsTheWorkersRequest(t *testing.T) {
 // and closes the worker connection.
 func TestClientDisconnect_WhileWaitingOnANonStreamedAnswer(t *testing.T) {
 	started, cancelled := newSignal(), newSignal()
-	w := newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+	w := testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		started.fire()
 		select {
@@ -150,7 +149,7 @@ func TestClientDisconnect_WhileWaitingOnANonStreamedAnswer(t *testing.T) {
 
 	cancelled.wait(t, 5*time.Second, "the worker's request context is cancelled")
 	tp.loadReturnsToZero(t)
-	eventually(t, 5*time.Second, "requests_total{status_class=4xx} is 1 (499, client gone)", func() bool {
+	testkit.WaitWithin(t, 5*time.Second, "requests_total{status_class=4xx} is 1 (499, client gone)", func() bool {
 		return tp.requests("4xx") == 1
 	})
 	if got := tp.totalUpstreamErrors(); got != 0 {
@@ -165,13 +164,13 @@ func TestClientDisconnect_WhileWaitingOnANonStreamedAnswer(t *testing.T) {
 // hears of the request, not even as a new connection.
 func TestClientDisconnect_DuringBackoffStopsTheRetry(t *testing.T) {
 	answered := newSignal()
-	busy := newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+	busy := testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.WriteHeader(http.StatusServiceUnavailable)
 		answered.fire()
 	})
-	next := newRawWorker(t, func(rw *rawWorker, c net.Conn, br *bufio.Reader) {
-		if _, _, err := rw.readRequest(br); err == nil {
+	next := testkit.NewRawServer(t, func(rw *testkit.RawServer, c net.Conn, br *bufio.Reader) {
+		if _, _, err := rw.ReadRequest(br); err == nil {
 			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
 		}
 	})
@@ -187,20 +186,20 @@ func TestClientDisconnect_DuringBackoffStopsTheRetry(t *testing.T) {
 	answered.wait(t, 5*time.Second, "the first worker answered 503")
 	_ = c.Close()
 
-	eventually(t, 8*time.Second, "requests_total{status_class=4xx} is 1 (499, client gone)", func() bool {
+	testkit.WaitWithin(t, 8*time.Second, "requests_total{status_class=4xx} is 1 (499, client gone)", func() bool {
 		return tp.requests("4xx") == 1
 	})
 	// The worker accepts in dial order, so once it has accepted a connection dialed now, it has
 	// accepted any the router dialed before: the probe must be the only one.
-	probe, err := net.Dial("tcp", next.ln.Addr().String())
+	probe, err := net.Dial("tcp", strings.TrimPrefix(next.URL, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer probe.Close()
-	eventually(t, 5*time.Second, "the next worker accepted the probe", func() bool { return next.conns.Load() >= 1 })
-	if got := next.conns.Load() - 1; got != 0 {
+	testkit.WaitWithin(t, 5*time.Second, "the next worker accepted the probe", func() bool { return next.Conns.Load() >= 1 })
+	if got := next.Conns.Load() - 1; got != 0 {
 		t.Errorf("the next worker got %d connections (%d requests) after the client left, want none",
-			got, next.requests.Load())
+			got, next.Requests.Load())
 	}
 	tp.loadReturnsToZero(t)
 }
@@ -209,7 +208,7 @@ func TestClientDisconnect_DuringBackoffStopsTheRetry(t *testing.T) {
 // rounds is answered in full, and the worker's request is not cancelled.
 func TestClientDisconnect_ClientThatStaysIsNotCutByTheWatch(t *testing.T) {
 	cancelled := newSignal()
-	w := newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+	w := testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		select {
 		case <-r.Context().Done():
@@ -231,6 +230,6 @@ func TestClientDisconnect_ClientThatStaysIsNotCutByTheWatch(t *testing.T) {
 		t.Error("the worker's request was cancelled while the client waited")
 	default:
 	}
-	eventually(t, 5*time.Second, "requests_total{status_class=2xx} is 1", func() bool { return tp.requests("2xx") == 1 })
+	testkit.WaitWithin(t, 5*time.Second, "requests_total{status_class=2xx} is 1", func() bool { return tp.requests("2xx") == 1 })
 	tp.loadReturnsToZero(t)
 }

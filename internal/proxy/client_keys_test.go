@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/cacheroute/cacheroute/internal/clientkeys"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // Client API keys: the routed endpoints and /v1/models closed to callers without one.
@@ -23,14 +24,14 @@ func keySet(t *testing.T, file string) *clientkeys.Set {
 
 // authWorker records the Authorization and x-api-key headers it receives.
 type authWorker struct {
-	*testWorker
+	*testkit.Server
 	mu       sync.Mutex
 	auth, xk []string
 }
 
 func newAuthWorker(t *testing.T) *authWorker {
 	aw := &authWorker{}
-	aw.testWorker = newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+	aw.Server = testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 		aw.mu.Lock()
 		aw.auth, aw.xk = append(aw.auth, r.Header.Get("Authorization")), append(aw.xk, r.Header.Get("X-Api-Key"))
 		aw.mu.Unlock()
@@ -64,7 +65,7 @@ func TestRequestWithoutAValidClientKeyIsRefusedInItsRoutesShape(t *testing.T) {
 	if status, _, _ := tp.do(t, http.MethodGet, "/v1/models"); status != http.StatusUnauthorized {
 		t.Errorf("/v1/models without a key: %d, want 401", status)
 	}
-	if n := w.hits.Load(); n != 0 {
+	if n := w.Hits.Load(); n != 0 {
 		t.Fatalf("the worker got %d requests from callers without a valid key", n)
 	}
 }

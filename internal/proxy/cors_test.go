@@ -3,10 +3,12 @@ package proxy
 import (
 	"net/http"
 	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 func corsProxy(t *testing.T) *testProxy {
-	w := newWorker(t, func(rw http.ResponseWriter, r *http.Request) {
+	w := testkit.NewServer(t, func(rw http.ResponseWriter, r *http.Request) {
 		rw.Header().Set("Access-Control-Allow-Origin", "*") // as vLLM's own CORS middleware may
 		rw.Header().Set("Content-Type", "application/json")
 		_, _ = rw.Write([]byte(`{"object":"list","data":[]}`))

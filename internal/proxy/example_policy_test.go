@@ -11,6 +11,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/config"
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/policy/registry"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -96,7 +97,7 @@ func TestAPolicyWrittenAgainstTheContractIsChosenByNameAndHearsEveryHook(t *test
 		t.Fatalf("status %d, decision %q, worker %q; want 200 from the last worker, labelled %s", status, h.Get(HeaderDecision), h.Get(HeaderWorker), lastFirstName)
 	}
 	// The exchange ends once the answer is written: wait for Done, against a deadline.
-	eventually(t, 10*time.Second, "Done heard", func() bool {
+	testkit.WaitWithin(t, 10*time.Second, "Done heard", func() bool {
 		built.mu.Lock()
 		defer built.mu.Unlock()
 		return len(built.done) > 0

@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/telemetry"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // TestEveryExchangeEndsOnceWhoeverAnswered sends one request of each ending: the worker's answer
 // read whole, the worker's answer streamed after the handler returned, and the router's own
 // answer. Each is counted and logged exactly once, with its own status.
 func TestEveryExchangeEndsOnceWhoeverAnswered(t *testing.T) {
-	w := newWorker(t, func(rw http.ResponseWriter, r *http.Request) {
+	w := testkit.NewServer(t, func(rw http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		if strings.Contains(string(body), `"stream":true`) {
 			rw.Header().Set("Content-Type", "text/event-stream")
@@ -28,7 +29,7 @@ func TestEveryExchangeEndsOnceWhoeverAnswered(t *testing.T) {
 		rw.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(rw, `{"id":"c1","choices":[]}`)
 	})
-	var out syncBuffer
+	var out testkit.SyncBuffer
 	log := telemetry.NewAccessLog(&out, nil)
 	t.Cleanup(log.Close)
 	opts := testOptions()
@@ -45,13 +46,13 @@ func TestEveryExchangeEndsOnceWhoeverAnswered(t *testing.T) {
 	}
 	// One request more, on the same connection: its line comes after every end of the others.
 	tp.post(t, chatPath, `{"model":`, HeaderRequestID, "last")
-	eventually(t, 5*time.Second, "the last request's line", func() bool {
-		lines := out.lines(t)
+	testkit.WaitWithin(t, 5*time.Second, "the last request's line", func() bool {
+		lines := jsonLines(t, &out)
 		return len(lines) > 0 && lines[len(lines)-1]["request_id"] == "last"
 	})
 	seen := map[string]int{}
 	status := map[string]float64{}
-	for _, l := range out.lines(t) {
+	for _, l := range jsonLines(t, &out) {
 		id, _ := l["request_id"].(string)
 		seen[id]++
 		status[id], _ = l["status"].(float64)

@@ -11,10 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,6 +19,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -116,10 +114,7 @@ func newTestProxy(t *testing.T, cfg setup) *testProxy {
 	m := metrics.New(pool)
 	opts.Own = OwnEndpointsForTests(pool, m, opts)
 	s := New(opts, pool, p, m, log)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	srv := s.HTTPServer()
 	served := make(chan struct{})
 	go func() {
@@ -157,49 +152,16 @@ func (tp *testProxy) worker(t *testing.T, url string) *workers.Worker {
 	return ws[0]
 }
 
-// post sends body to path and returns the status, headers and whole body.
+// post sends body to path as JSON and returns the status, headers and whole body.
 func (tp *testProxy) post(t *testing.T, path, body string, header ...string) (int, http.Header, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, tp.URL+path, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := tp.Client.Do(req)
-	if err != nil {
-		t.Fatalf("POST %s: %v", path, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("POST %s: reading the body: %v", path, err)
-	}
-	return resp.StatusCode, resp.Header, string(b)
+	return testkit.Send(t, tp.Client, http.MethodPost, tp.URL+path, body, append([]string{"Content-Type", "application/json"}, header...)...)
 }
 
 // do sends a body-less request (GET, DELETE, ...) with optional header pairs.
 func (tp *testProxy) do(t *testing.T, method, path string, header ...string) (int, http.Header, string) {
 	t.Helper()
-	req, err := http.NewRequest(method, tp.URL+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := tp.Client.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("%s %s: reading the body: %v", method, path, err)
-	}
-	return resp.StatusCode, resp.Header, string(b)
+	return testkit.Send(t, tp.Client, method, tp.URL+path, "", header...)
 }
 
 // upstreamErrors is upstream_errors_total{kind}.
@@ -207,71 +169,44 @@ func (tp *testProxy) upstreamErrors(kind string) float64 {
 	return testutil.ToFloat64(tp.Metrics.UpstreamErrors.WithLabelValues(kind))
 }
 
+// wantUpstreamErrors fails the test, going on, unless upstream_errors_total{kind} is want; note
+// follows the failure.
+func (tp *testProxy) wantUpstreamErrors(t *testing.T, kind string, want float64, note ...string) {
+	t.Helper()
+	if got := tp.upstreamErrors(kind); got != want {
+		t.Errorf("upstream_errors_total{kind=%s} = %v, want %v%s", kind, got, want, strings.Join(note, ""))
+	}
+}
+
+// wantRetries fails the test, going on, unless retries_total is want; note follows the failure.
+func (tp *testProxy) wantRetries(t *testing.T, want float64, note ...string) {
+	t.Helper()
+	if got := testutil.ToFloat64(tp.Metrics.Retries); got != want {
+		t.Errorf("retries_total = %v, want %v%s", got, want, strings.Join(note, ""))
+	}
+}
+
 // requests is requests_total{route=chatPath, status_class}.
 func (tp *testProxy) requests(class string) float64 {
 	return testutil.ToFloat64(tp.Metrics.Requests.WithLabelValues(chatPath, class))
-}
-
-// eventually polls cond every 10 ms until it holds, and fails the test with what when within
-// passes first. The bound is an upper bound on behaviour, never a performance target.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // loadReturnsToZero waits for every tenant's in-flight load to be given back.
 func (tp *testProxy) loadReturnsToZero(t *testing.T) {
 	t.Helper()
 	for _, w := range tp.Pool.All() {
-		eventually(t, 5*time.Second, "load of "+w.Name()+" back to 0", func() bool { return w.Load() == 0 })
+		testkit.WaitWithin(t, 5*time.Second, "load of "+w.Name()+" back to 0", func() bool { return w.Load() == 0 })
 	}
 }
 
-// testWorker is a well-behaved worker: an httptest server that counts the requests it receives.
-type testWorker struct {
-	*httptest.Server
-	hits atomic.Int64
-}
-
-func newWorker(t *testing.T, h http.HandlerFunc) *testWorker {
-	t.Helper()
-	w := &testWorker{}
-	w.Server = httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		w.hits.Add(1)
-		h(rw, r)
-	}))
-	t.Cleanup(w.Close)
-	return w
-}
-
 // okWorker answers every request 200 with a JSON body naming itself.
-func okWorker(t *testing.T, name string) *testWorker {
-	return newWorker(t, func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = fmt.Fprintf(w, `{"worker":%q}`, name)
-	})
-}
-
-// statusWorker answers every request with status and a body naming itself.
-func statusWorker(t *testing.T, status int, name string) *testWorker {
-	return newWorker(t, func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(status)
-		_, _ = fmt.Fprintf(w, `{"worker":%q}`, name)
-	})
+func okWorker(t *testing.T, name string) *testkit.Server {
+	return testkit.NamedServer(t, http.StatusOK, name)
 }
 
 // sseWorker streams n events, flushing each one, then ends the stream cleanly.
-func sseWorker(t *testing.T, name string, n int) *testWorker {
-	return newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+func sseWorker(t *testing.T, name string, n int) *testkit.Server {
+	return testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
 		for i := range n {
@@ -282,78 +217,11 @@ func sseWorker(t *testing.T, name string, n int) *testWorker {
 	})
 }
 
-// rawWorker is a worker that speaks HTTP/1.1 by hand, for behaviour a net/http server never
-// shows: closing a keep-alive connection right after answering, closing after reading a request,
-// never answering, lying about Content-Length. serve gets each accepted connection; it returns
-// when it is done with it, and the connection is then closed.
-type rawWorker struct {
-	URL      string
-	ln       net.Listener
-	requests atomic.Int64 // requests read in full by readRequest
-	conns    atomic.Int64 // connections accepted
-	mu       sync.Mutex
-	open     []net.Conn
-	wg       sync.WaitGroup
-}
-
-func newRawWorker(t *testing.T, serve func(rw *rawWorker, c net.Conn, br *bufio.Reader)) *rawWorker {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rw := &rawWorker{URL: "http://" + ln.Addr().String(), ln: ln}
-	rw.wg.Add(1)
-	go func() {
-		defer rw.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			rw.conns.Add(1)
-			rw.mu.Lock()
-			rw.open = append(rw.open, c)
-			rw.mu.Unlock()
-			rw.wg.Add(1)
-			go func() {
-				defer rw.wg.Done()
-				defer c.Close()
-				serve(rw, c, bufio.NewReader(c))
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		rw.mu.Lock()
-		for _, c := range rw.open {
-			_ = c.Close()
-		}
-		rw.mu.Unlock()
-		rw.wg.Wait()
-	})
-	return rw
-}
-
-// readRequest reads one whole request (headers and body) and counts it.
-func (rw *rawWorker) readRequest(br *bufio.Reader) (*http.Request, []byte, error) {
-	req, err := http.ReadRequest(br)
-	if err != nil {
-		return nil, nil, err
-	}
-	body, err := io.ReadAll(req.Body)
-	if err != nil {
-		return nil, nil, err
-	}
-	rw.requests.Add(1)
-	return req, body, nil
-}
-
 // hangingWorker reads each request in full and never answers; the connection stays open until
 // the router closes it (or the test ends).
-func hangingWorker(t *testing.T) *rawWorker {
-	return newRawWorker(t, func(rw *rawWorker, c net.Conn, br *bufio.Reader) {
-		if _, _, err := rw.readRequest(br); err != nil {
+func hangingWorker(t *testing.T) *testkit.RawServer {
+	return testkit.NewRawServer(t, func(rw *testkit.RawServer, c net.Conn, br *bufio.Reader) {
+		if _, _, err := rw.ReadRequest(br); err != nil {
 			return
 		}
 		_, _ = io.Copy(io.Discard, br) // until the router closes the connection
@@ -382,10 +250,7 @@ func roundTrip(t *testing.T, c net.Conn, req string) int {
 // closedPort returns the URL of a loopback port nothing listens on: dialing it is refused.
 func closedPort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	addr := ln.Addr().String()
 	_ = ln.Close()
 	return "http://" + addr
@@ -415,6 +280,17 @@ func (tp *testProxy) dial(t *testing.T) net.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// streamToANonReader sends a streamed chat request on a connection of its own that never reads
+// the answer.
+func (tp *testProxy) streamToANonReader(t *testing.T) net.Conn {
+	t.Helper()
+	c := tp.dial(t)
+	if _, err := io.WriteString(c, rawRequest(http.MethodPost, chatPath, streamBody)); err != nil {
+		t.Fatal(err)
+	}
 	return c
 }
 

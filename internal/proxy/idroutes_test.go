@@ -14,6 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/cacheroute/cacheroute/internal/admission"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // The searches for stored responses the router does not know: an id route's, and a turn's that
@@ -22,20 +23,14 @@ import (
 
 // searchFleet is a router with cache_aware over n responses workers, with opts when given.
 func searchFleet(t *testing.T, n int, opts *Options) (*testProxy, []*responsesWorker) {
-	var ws []*responsesWorker
-	var urls []string
-	for i := range n {
-		w := newResponsesWorker(t, fmt.Sprint("w", i))
-		ws = append(ws, w)
-		urls = append(urls, w.URL)
-	}
+	ws, urls := responsesWorkers(t, n)
 	return newTestProxy(t, setup{urls: urls, policy: cacheAwarePolicy(), opts: opts}), ws
 }
 
 func totalHits(ws []*responsesWorker) int64 {
 	var n int64
 	for _, w := range ws {
-		n += w.hits.Load()
+		n += w.Hits.Load()
 	}
 	return n
 }
@@ -70,7 +65,7 @@ func TestIDRouteSearchAsksAtMostItsConcurrencyOfWorkersAtOnce(t *testing.T) {
 	h := &heldLookups{release: make(chan struct{})}
 	var urls []string
 	for range 8 {
-		urls = append(urls, newWorker(t, h.serve).URL)
+		urls = append(urls, testkit.NewServer(t, h.serve).URL)
 	}
 	opts := testOptions()
 	opts.ResponseSearch.Concurrency = 3
@@ -88,7 +83,7 @@ func TestIDRouteSearchAsksAtMostItsConcurrencyOfWorkersAtOnce(t *testing.T) {
 	// Each time as many lookups as the search may run are held, one is answered.
 	for released := int64(0); released < 8; released++ {
 		want := min(3, 8-released)
-		eventually(t, 5*time.Second, fmt.Sprintf("%d lookups held", want), func() bool {
+		testkit.WaitWithin(t, 5*time.Second, fmt.Sprintf("%d lookups held", want), func() bool {
 			h.mu.Lock()
 			defer h.mu.Unlock()
 			return int64(h.held) >= want
@@ -114,7 +109,7 @@ func TestIDRouteSearchStopsAtTheFirstWorkerThatHasIt(t *testing.T) {
 	}
 	for i, w := range ws {
 		want := map[int]int64{0: 1, 1: 1, 2: 2}[i] // a lookup each up to the holder, then the request itself
-		if got := w.hits.Load(); got != want {
+		if got := w.Hits.Load(); got != want {
 			t.Errorf("worker %d got %d calls, want %d", i, got, want)
 		}
 	}

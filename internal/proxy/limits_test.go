@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // budgetBody is the size of the bodies the body budget tests send: bodyBudgetProxy's budget
@@ -44,7 +46,7 @@ func startBody(t *testing.T, tp *testProxy, path, body string, header ...string)
 	}
 	// The half sent is counted twice once the router read it: the bytes and their copy. A
 	// second body of the same size then cannot fit.
-	eventually(t, 5*time.Second, "the first half counted", func() bool { return tp.Server.bodies.Held() >= int64(len(body)) })
+	testkit.WaitWithin(t, 5*time.Second, "the first half counted", func() bool { return tp.Server.bodies.Held() >= int64(len(body)) })
 	return c, req[half:]
 }
 
@@ -101,7 +103,7 @@ func TestBodyBudget_ABodyThatCannotFitIs503WithRetryAfterBeforeItIsRead(t *testi
 		t.Fatalf("first body: %d %s", resp.StatusCode, got)
 	}
 	// Its bytes are given back at its end: the same body is accepted now.
-	eventually(t, 5*time.Second, "the budget given back", func() bool { return tp.Server.bodies.Held() == 0 })
+	testkit.WaitWithin(t, 5*time.Second, "the budget given back", func() bool { return tp.Server.bodies.Held() == 0 })
 	if status, _, got := tp.post(t, chatPath, body); status != http.StatusOK {
 		t.Fatalf("after the first ended: %d %s", status, got)
 	}
@@ -134,20 +136,20 @@ func TestBodyBudget_EveryWayARequestEndsGivesItsBytesBackOnce(t *testing.T) {
 			t.Fatalf("round %d: over the budget got %d", i, resp.StatusCode)
 		}
 		_ = held.Close()
-		eventually(t, 5*time.Second, "the abandoned body given back", func() bool { return tp.Server.bodies.Held() == 0 })
+		testkit.WaitWithin(t, 5*time.Second, "the abandoned body given back", func() bool { return tp.Server.bodies.Held() == 0 })
 		// Too slow: cut by the body timeout with 408.
 		slow, _ := startBody(t, tp, chatPath, body)
 		if resp, _ := readAnswer(t, slow); resp.StatusCode != http.StatusRequestTimeout {
 			t.Fatalf("round %d: slow body got %d", i, resp.StatusCode)
 		}
-		eventually(t, 5*time.Second, "the slow body given back", func() bool { return tp.Server.bodies.Held() == 0 })
+		testkit.WaitWithin(t, 5*time.Second, "the slow body given back", func() bool { return tp.Server.bodies.Held() == 0 })
 		// Chunked, abandoned between two chunks: its read fails at once, and no answer reaches
 		// anyone.
 		c := tp.dial(t)
 		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{\"a\"\r\n", chatPath)
-		eventually(t, 5*time.Second, "the chunked body counted", func() bool { return tp.Server.bodies.Held() > 0 })
+		testkit.WaitWithin(t, 5*time.Second, "the chunked body counted", func() bool { return tp.Server.bodies.Held() > 0 })
 		_ = c.Close()
-		eventually(t, 5*time.Second, "every byte given back", func() bool { return tp.Server.bodies.Held() == 0 })
+		testkit.WaitWithin(t, 5*time.Second, "every byte given back", func() bool { return tp.Server.bodies.Held() == 0 })
 	}
 	if status, _, got := tp.post(t, chatPath, body); status != http.StatusOK {
 		t.Fatalf("at the end: %d %s", status, got)
@@ -158,7 +160,7 @@ func TestBodyBudget_AStreamedAnswerHoldsItsBodyUntilTheStreamEnds(t *testing.T) 
 	more := make(chan struct{})
 	var once sync.Once
 	finish := func() { once.Do(func() { close(more) }) }
-	w := newWorker(t, func(rw http.ResponseWriter, r *http.Request) {
+	w := testkit.NewServer(t, func(rw http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		rw.Header().Set("Content-Type", "text/event-stream")
 		_, _ = io.WriteString(rw, "data: {\"i\":0}\n\n")
@@ -194,7 +196,7 @@ func TestBodyBudget_AStreamedAnswerHoldsItsBodyUntilTheStreamEnds(t *testing.T) 
 	}
 	finish()
 	_, _ = io.Copy(io.Discard, resp.Body)
-	eventually(t, 5*time.Second, "the budget given back at the stream's end", func() bool { return tp.Server.bodies.Held() == 0 })
+	testkit.WaitWithin(t, 5*time.Second, "the budget given back at the stream's end", func() bool { return tp.Server.bodies.Held() == 0 })
 }
 
 func TestHeadersTooLargeAreAnsweredInTheShapeOfTheRouteTheRequestLineNames(t *testing.T) {
@@ -258,7 +260,7 @@ func TestBodyBudget_TricklingUploadsHoldWhatTheySentNotWhatTheyMaySend(t *testin
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 5*time.Second, "every trickle counted", func() bool {
+	testkit.WaitWithin(t, 5*time.Second, "every trickle counted", func() bool {
 		return tp.Server.bodies.Held() >= int64(trickles*2*os.Getpagesize())
 	})
 	if status, _, got := tp.post(t, chatPath, chatOfSize(100<<10)); status != http.StatusOK {
@@ -313,7 +315,7 @@ func TestBodyBudget_AYoungerBodyGivesWayToAnOlderOne(t *testing.T) {
 	if _, err := fmt.Fprintf(younger, "POST %s HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", chatPath, len(chunk), chunk); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the younger body counted", func() bool { return tp.Server.bodies.Held() >= before+int64(len(chunk)) })
+	testkit.WaitWithin(t, 5*time.Second, "the younger body counted", func() bool { return tp.Server.bodies.Held() >= before+int64(len(chunk)) })
 
 	if _, err := io.WriteString(older, rest); err != nil {
 		t.Fatal(err)
@@ -325,5 +327,5 @@ func TestBodyBudget_AYoungerBodyGivesWayToAnOlderOne(t *testing.T) {
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || errorCode(t, got) != "request_bodies_over_budget" {
 		t.Fatalf("the younger body: %d %s, want 503 request_bodies_over_budget with Retry-After", resp.StatusCode, got)
 	}
-	eventually(t, 5*time.Second, "every byte given back", func() bool { return tp.Server.bodies.Held() == 0 })
+	testkit.WaitWithin(t, 5*time.Second, "every byte given back", func() bool { return tp.Server.bodies.Held() == 0 })
 }

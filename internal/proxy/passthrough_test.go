@@ -10,19 +10,21 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // echoWorker answers every request 200 with the method, path and query it got, and a body of its
 // own name; it records what it got.
 type echoWorker struct {
-	*testWorker
+	*testkit.Server
 	mu  sync.Mutex
 	got []string // "METHOD /path?query body"
 }
 
 func newEchoWorker(t *testing.T, name string) *echoWorker {
 	e := &echoWorker{}
-	e.testWorker = newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+	e.Server = testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		e.mu.Lock()
 		e.got = append(e.got, r.Method+" "+r.URL.RequestURI()+" "+string(body))
@@ -186,8 +188,8 @@ func TestForwardedPathsTakeClientKeys(t *testing.T) {
 	if status, _, body := tp.do(t, http.MethodGet, "/version"); status != http.StatusUnauthorized || errorCode(t, body) != "invalid_api_key" {
 		t.Fatalf("GET /version without a key: %d %s, want 401 invalid_api_key", status, body)
 	}
-	if w.hits.Load() != 0 {
-		t.Fatalf("the worker was asked %d times", w.hits.Load())
+	if w.Hits.Load() != 0 {
+		t.Fatalf("the worker was asked %d times", w.Hits.Load())
 	}
 	if status, _, _ := tp.do(t, http.MethodGet, "/version", "Authorization", "Bearer sk-alice"); status != http.StatusOK {
 		t.Fatalf("GET /version with a key: %d", status)

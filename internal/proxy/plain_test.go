@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -12,16 +11,15 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // servePlainOnLoopback serves h through servePlain on a loopback port until the test ends, and
 // returns its address.
 func servePlainOnLoopback(t *testing.T, h http.Handler) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	srv := &fasthttp.Server{Handler: servePlain(h)}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Shutdown() })

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -38,20 +39,16 @@ func TestRetries_DialErrorGoesToNextWorker(t *testing.T) {
 	if got := h.Get(HeaderWorker); got != tp.worker(t, live.URL).Name() {
 		t.Errorf("%s = %q, want the live worker", HeaderWorker, got)
 	}
-	if live.hits.Load() != 1 {
-		t.Errorf("live worker hits = %d, want 1", live.hits.Load())
+	if live.Hits.Load() != 1 {
+		t.Errorf("live worker hits = %d, want 1", live.Hits.Load())
 	}
-	if got := tp.upstreamErrors(upstream.KindConnect); got != 1 {
-		t.Errorf("upstream_errors_total{kind=connect} = %v, want 1", got)
-	}
-	if got := testutil.ToFloat64(tp.Metrics.Retries); got != 1 {
-		t.Errorf("retries_total = %v, want 1", got)
-	}
+	tp.wantUpstreamErrors(t, upstream.KindConnect, 1)
+	tp.wantRetries(t, 1)
 	tp.loadReturnsToZero(t)
 }
 
 func TestRetries_503IsRetriedOnTheNextWorker(t *testing.T) {
-	busy := statusWorker(t, http.StatusServiceUnavailable, "busy")
+	busy := testkit.NamedServer(t, http.StatusServiceUnavailable, "busy")
 	live := okWorker(t, "live")
 	tp := newTestProxy(t, setup{urls: []string{busy.URL, live.URL}})
 
@@ -59,18 +56,16 @@ func TestRetries_503IsRetriedOnTheNextWorker(t *testing.T) {
 	if status != http.StatusOK || !strings.Contains(body, `"live"`) {
 		t.Fatalf("got %d %q, want 200 from the live worker", status, body)
 	}
-	if busy.hits.Load() != 1 || live.hits.Load() != 1 {
-		t.Errorf("hits busy=%d live=%d, want 1 and 1", busy.hits.Load(), live.hits.Load())
+	if busy.Hits.Load() != 1 || live.Hits.Load() != 1 {
+		t.Errorf("hits busy=%d live=%d, want 1 and 1", busy.Hits.Load(), live.Hits.Load())
 	}
-	if got := tp.upstreamErrors(upstream.KindStatus); got != 1 {
-		t.Errorf("upstream_errors_total{kind=status_5xx} = %v, want 1", got)
-	}
+	tp.wantUpstreamErrors(t, upstream.KindStatus, 1)
 	tp.loadReturnsToZero(t)
 }
 
 func TestRetries_FinalAttemptsServerErrorIsPassedThrough(t *testing.T) {
-	a := statusWorker(t, http.StatusServiceUnavailable, "a")
-	b := statusWorker(t, http.StatusServiceUnavailable, "b")
+	a := testkit.NamedServer(t, http.StatusServiceUnavailable, "a")
+	b := testkit.NamedServer(t, http.StatusServiceUnavailable, "b")
 	tp := newTestProxy(t, setup{urls: []string{a.URL, b.URL}})
 
 	status, h, body := tp.post(t, chatPath, chatBody)
@@ -81,8 +76,8 @@ func TestRetries_FinalAttemptsServerErrorIsPassedThrough(t *testing.T) {
 	if got := h.Get(HeaderWorker); got != tp.worker(t, b.URL).Name() {
 		t.Errorf("%s = %q, want worker b", HeaderWorker, got)
 	}
-	if a.hits.Load() != 1 || b.hits.Load() != 1 {
-		t.Errorf("hits a=%d b=%d, want 1 and 1", a.hits.Load(), b.hits.Load())
+	if a.Hits.Load() != 1 || b.Hits.Load() != 1 {
+		t.Errorf("hits a=%d b=%d, want 1 and 1", a.Hits.Load(), b.Hits.Load())
 	}
 	tp.loadReturnsToZero(t)
 }
@@ -92,8 +87,8 @@ func TestRetries_FinalAttemptsServerErrorIsPassedThrough(t *testing.T) {
 // request takes it. That request never reached the worker, so it is sent again at once on a fresh
 // connection: every request succeeds, and the worker sees each one exactly once.
 func TestRetries_WorkerClosingKeepAliveConnectionsAfterEachAnswer(t *testing.T) {
-	w := newRawWorker(t, func(rw *rawWorker, c net.Conn, br *bufio.Reader) {
-		if _, _, err := rw.readRequest(br); err != nil {
+	w := testkit.NewRawServer(t, func(rw *testkit.RawServer, c net.Conn, br *bufio.Reader) {
+		if _, _, err := rw.ReadRequest(br); err != nil {
 			return
 		}
 		const body = `{"ok":true}`
@@ -116,12 +111,10 @@ func TestRetries_WorkerClosingKeepAliveConnectionsAfterEachAnswer(t *testing.T) 
 	if failed > 0 {
 		t.Fatalf("%d of %d requests failed", failed, n)
 	}
-	if got := w.requests.Load(); got != n {
+	if got := w.Requests.Load(); got != n {
 		t.Errorf("worker read %d requests, want %d (each exactly once)", got, n)
 	}
-	if got := tp.upstreamErrors(upstream.KindSent); got != 0 {
-		t.Errorf("upstream_errors_total{kind=after_send} = %v, want 0", got)
-	}
+	tp.wantUpstreamErrors(t, upstream.KindSent, 0)
 	tp.loadReturnsToZero(t)
 }
 
@@ -135,11 +128,11 @@ func TestRetries_StaleConnectionIsResentOnAFreshConnectionNotAnotherPooledOne(t 
 	var arrived sync.WaitGroup
 	arrived.Add(pooled)
 	release := make(chan struct{})
-	w := newRawWorker(t, func(rw *rawWorker, c net.Conn, br *bufio.Reader) {
-		if _, _, err := rw.readRequest(br); err != nil {
+	w := testkit.NewRawServer(t, func(rw *testkit.RawServer, c net.Conn, br *bufio.Reader) {
+		if _, _, err := rw.ReadRequest(br); err != nil {
 			return
 		}
-		if rw.conns.Load() <= pooled {
+		if rw.Conns.Load() <= pooled {
 			// The first requests are held until all of them are in, so that each has its own
 			// connection and all of them go back to the pool together.
 			arrived.Done()
@@ -192,7 +185,7 @@ func TestRetries_StaleConnectionIsResentOnAFreshConnectionNotAnotherPooledOne(t 
 			t.Errorf("request %d after the pool filled: %d %q, want 200", i, status, body)
 		}
 	}
-	if got := w.requests.Load(); got != pooled+n {
+	if got := w.Requests.Load(); got != pooled+n {
 		t.Errorf("worker read %d requests, want %d (each exactly once)", got, pooled+n)
 	}
 	tp.loadReturnsToZero(t)
@@ -201,8 +194,8 @@ func TestRetries_StaleConnectionIsResentOnAFreshConnectionNotAnotherPooledOne(t 
 // A fresh connection that the worker closes after reading the whole request may have started a
 // generation: sending it elsewhere could run it twice, so the client gets 502.
 func TestRetries_FreshConnectionClosedAfterTheRequestIsNotRetried(t *testing.T) {
-	closer := newRawWorker(t, func(rw *rawWorker, c net.Conn, br *bufio.Reader) {
-		_, _, _ = rw.readRequest(br) // read it all, then close without a word
+	closer := testkit.NewRawServer(t, func(rw *testkit.RawServer, c net.Conn, br *bufio.Reader) {
+		_, _, _ = rw.ReadRequest(br) // read it all, then close without a word
 	})
 	other := okWorker(t, "other")
 	tp := newTestProxy(t, setup{urls: []string{closer.URL, other.URL}})
@@ -214,18 +207,14 @@ func TestRetries_FreshConnectionClosedAfterTheRequestIsNotRetried(t *testing.T) 
 	if code := errorCode(t, body); code != "upstream_unavailable" {
 		t.Errorf("error code %q, want upstream_unavailable", code)
 	}
-	if got := closer.requests.Load(); got != 1 {
+	if got := closer.Requests.Load(); got != 1 {
 		t.Errorf("closing worker read %d requests, want 1", got)
 	}
-	if got := other.hits.Load(); got != 0 {
+	if got := other.Hits.Load(); got != 0 {
 		t.Errorf("the other worker got %d requests, want 0 (not retried)", got)
 	}
-	if got := tp.upstreamErrors(upstream.KindSent); got != 1 {
-		t.Errorf("upstream_errors_total{kind=after_send} = %v, want 1", got)
-	}
-	if got := testutil.ToFloat64(tp.Metrics.Retries); got != 0 {
-		t.Errorf("retries_total = %v, want 0", got)
-	}
+	tp.wantUpstreamErrors(t, upstream.KindSent, 1)
+	tp.wantRetries(t, 0)
 	tp.loadReturnsToZero(t)
 }
 
@@ -243,7 +232,7 @@ func TestRetries_OpenBreakerWorkerIsNeverSentTo(t *testing.T) {
 			t.Fatalf("request %d: got %d %q, want 200 from the live worker", i, status, body)
 		}
 	}
-	if got := broken.hits.Load(); got != 0 {
+	if got := broken.Hits.Load(); got != 0 {
 		t.Errorf("the worker with an open breaker got %d requests, want 0", got)
 	}
 	tp.loadReturnsToZero(t)
@@ -335,7 +324,7 @@ func TestRetries_BreakerRefusalTeachesThePolicyNothing(t *testing.T) {
 	if served == tripped.Name() {
 		t.Fatalf("the refused worker %s served the request", served)
 	}
-	if got := a.hits.Load() + b.hits.Load(); got != 1 {
+	if got := a.Hits.Load() + b.Hits.Load(); got != 1 {
 		t.Errorf("workers got %d requests, want 1", got)
 	}
 	committed, observed := rec.record()
@@ -375,7 +364,7 @@ func TestRetries_StopAtMaxRetries(t *testing.T) {
 			order := make([]atomic.Int64, 4) // 0: never asked, else the position in which it was
 			var urls []string
 			for i := range order {
-				w := newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+				w := testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 					_, _ = io.Copy(io.Discard, r.Body)
 					order[i].CompareAndSwap(0, seq.Add(1))
 					w.WriteHeader(http.StatusServiceUnavailable)
@@ -419,10 +408,6 @@ func TestRetries_StopAtMaxRetriesOnDialErrors(t *testing.T) {
 	if status != http.StatusBadGateway {
 		t.Fatalf("got %d %q, want 502", status, body)
 	}
-	if got := tp.upstreamErrors(upstream.KindConnect); got != 2 {
-		t.Errorf("upstream_errors_total{kind=connect} = %v, want 2 (one attempt and one retry)", got)
-	}
-	if got := testutil.ToFloat64(tp.Metrics.Retries); got != 1 {
-		t.Errorf("retries_total = %v, want 1", got)
-	}
+	tp.wantUpstreamErrors(t, upstream.KindConnect, 2, " (one attempt and one retry)")
+	tp.wantRetries(t, 1)
 }

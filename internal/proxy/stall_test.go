@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/cacheroute/cacheroute/internal/upstream"
 )
 
@@ -37,7 +38,7 @@ func TestStall_AttemptWaitingOnAStalledWorkerIsRetriedElsewhere(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		done <- answer{resp.StatusCode, string(b)}
 	}()
-	eventually(t, 5*time.Second, "the hung worker has the request", func() bool { return hung.requests.Load() == 1 })
+	testkit.WaitWithin(t, 5*time.Second, "the hung worker has the request", func() bool { return hung.Requests.Load() == 1 })
 	tp.worker(t, hung.URL).SetStalled(true)
 
 	select {
@@ -48,13 +49,11 @@ func TestStall_AttemptWaitingOnAStalledWorkerIsRetriedElsewhere(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the request still waits on the stalled worker")
 	}
-	if got := tp.upstreamErrors(upstream.KindStalled); got != 1 {
-		t.Errorf("upstream_errors_total{kind=stalled} = %v, want 1", got)
-	}
+	tp.wantUpstreamErrors(t, upstream.KindStalled, 1)
 	if status, _, body := tp.post(t, chatPath, chatBody); status != http.StatusOK || !strings.Contains(body, `"live"`) {
 		t.Errorf("next request: %d %q, want the live worker (the stalled one is out of rotation)", status, body)
 	}
-	if got := hung.requests.Load(); got != 1 {
+	if got := hung.Requests.Load(); got != 1 {
 		t.Errorf("the stalled worker got %d requests, want 1", got)
 	}
 	tp.loadReturnsToZero(t)
@@ -67,7 +66,7 @@ func TestStall_ARetrySkipsAWorkerFoundStalledSinceTheRequestBegan(t *testing.T) 
 	hung := hangingWorker(t)
 	live := okWorker(t, "live")
 	var tp *testProxy
-	busy := newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+	busy := testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		tp.worker(t, hung.URL).SetStalled(true) // found meanwhile, by another request or the checks
 		w.WriteHeader(http.StatusServiceUnavailable)
@@ -82,11 +81,9 @@ func TestStall_ARetrySkipsAWorkerFoundStalledSinceTheRequestBegan(t *testing.T) 
 	if status != http.StatusOK || !strings.Contains(body, `"live"`) {
 		t.Fatalf("got %d %q, want 200 from the live worker", status, body)
 	}
-	if got := hung.requests.Load(); got != 0 {
+	if got := hung.Requests.Load(); got != 0 {
 		t.Errorf("the stalled worker read %d requests, want 0", got)
 	}
-	if got := tp.upstreamErrors(upstream.KindStalled); got != 0 {
-		t.Errorf("upstream_errors_total{kind=stalled} = %v, want 0: no attempt went there", got)
-	}
+	tp.wantUpstreamErrors(t, upstream.KindStalled, 0, ": no attempt went there")
 	tp.loadReturnsToZero(t)
 }

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bufio"
-	"bytes"
 	"io"
 	"log/slog"
 	"net"
@@ -12,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // What a client or a worker can see of the router: request ids, method errors, forwarding
@@ -20,14 +21,14 @@ import (
 
 // headerWorker answers 200 and keeps the headers of the last request it received.
 type headerWorker struct {
-	*testWorker
+	*testkit.Server
 	mu   sync.Mutex
 	last http.Header
 }
 
 func newHeaderWorker(t *testing.T) *headerWorker {
 	hw := &headerWorker{}
-	hw.testWorker = newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+	hw.Server = testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		hw.mu.Lock()
 		hw.last = r.Header.Clone()
@@ -234,8 +235,8 @@ func TestSurface_HeadersNamedInAnyConnectionLineAreNotForwarded(t *testing.T) {
 		}
 	})
 	t.Run("response", func(t *testing.T) {
-		w := newRawWorker(t, func(rw *rawWorker, c net.Conn, br *bufio.Reader) {
-			if _, _, err := rw.readRequest(br); err != nil {
+		w := testkit.NewRawServer(t, func(rw *testkit.RawServer, c net.Conn, br *bufio.Reader) {
+			if _, _, err := rw.ReadRequest(br); err != nil {
 				return
 			}
 			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"+
@@ -258,24 +259,6 @@ func TestSurface_HeadersNamedInAnyConnectionLineAreNotForwarded(t *testing.T) {
 	})
 }
 
-// lockedBuffer is a log sink safe for the router's concurrent writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // Worker URLs may carry credentials ("http://user:password@host"); those never leave the router:
 // not in answer headers, health, metrics, admin listings, error bodies or logs.
 func TestSurface_WorkerCredentialsAreShownNowhere(t *testing.T) {
@@ -283,7 +266,7 @@ func TestSurface_WorkerCredentialsAreShownNowhere(t *testing.T) {
 	withCreds := func(u string) string { return strings.Replace(u, "http://", "http://"+user+":"+password+"@", 1) }
 	live := okWorker(t, "live")
 	dead := closedPort(t)
-	logs := &lockedBuffer{}
+	logs := &testkit.SyncBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	tp := newTestProxy(t, setup{urls: []string{withCreds(dead), withCreds(live.URL)}, log: log})
 	deadOnly := newTestProxy(t, setup{urls: []string{withCreds(dead)}, log: log})
@@ -357,12 +340,12 @@ func assertNoSocketAddress(t *testing.T, opts Options, url string, want int) {
 
 // The router's own error bodies say what happened, never which socket it happened on.
 func TestSurface_BadGatewayMessagesNameNoSocketAddress(t *testing.T) {
-	garbage := newRawWorker(t, func(rw *rawWorker, c net.Conn, br *bufio.Reader) {
-		if _, _, err := rw.readRequest(br); err == nil {
+	garbage := testkit.NewRawServer(t, func(rw *testkit.RawServer, c net.Conn, br *bufio.Reader) {
+		if _, _, err := rw.ReadRequest(br); err == nil {
 			_, _ = io.WriteString(c, "NOT HTTP AT ALL\r\n\r\n")
 		}
 	})
-	closer := newRawWorker(t, func(rw *rawWorker, c net.Conn, br *bufio.Reader) { _, _, _ = rw.readRequest(br) })
+	closer := testkit.NewRawServer(t, func(rw *testkit.RawServer, c net.Conn, br *bufio.Reader) { _, _, _ = rw.ReadRequest(br) })
 	for name, url := range map[string]string{
 		"refused":                  closedPort(t),
 		"closed after the request": closer.URL,
@@ -396,7 +379,7 @@ func TestSurface_PayloadTooLargeIsAnOpenAIError(t *testing.T) {
 	if code := errorCode(t, body); code != "payload_too_large" {
 		t.Errorf("error code %q, want payload_too_large", code)
 	}
-	if got := w.hits.Load(); got != 0 {
+	if got := w.Hits.Load(); got != 0 {
 		t.Errorf("the worker got %d requests, want 0", got)
 	}
 
@@ -422,7 +405,7 @@ func TestSurface_PayloadTooLargeIsAnOpenAIError(t *testing.T) {
 	} else if code := errorCode(t, string(chunked)); code != "payload_too_large" {
 		t.Errorf("chunked body over the limit: error code %q", code)
 	}
-	if got := w.hits.Load(); got != 0 {
+	if got := w.Hits.Load(); got != 0 {
 		t.Errorf("the worker got %d requests, want 0", got)
 	}
 

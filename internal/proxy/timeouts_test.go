@@ -13,6 +13,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/admission"
 	"github.com/cacheroute/cacheroute/internal/metrics"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/cacheroute/cacheroute/internal/upstream"
 )
 
@@ -34,9 +35,7 @@ func TestTimeouts_FirstByteDeadlineIs504AndTheSilentWorkerTakesNoNextRequest(t *
 	if status != http.StatusGatewayTimeout || errorCode(t, body) != "upstream_timeout" {
 		t.Fatalf("got %d %q, want 504 upstream_timeout", status, body)
 	}
-	if got := tp.upstreamErrors(upstream.KindFirstByte); got != 1 {
-		t.Errorf("upstream_errors_total{kind=first_byte} = %v, want 1", got)
-	}
+	tp.wantUpstreamErrors(t, upstream.KindFirstByte, 1)
 	for range 3 {
 		status, h, body := tp.post(t, chatPath, streamBody)
 		if status != http.StatusOK || !strings.Contains(body, `"live"`) || !strings.Contains(body, "[DONE]") {
@@ -46,7 +45,7 @@ func TestTimeouts_FirstByteDeadlineIs504AndTheSilentWorkerTakesNoNextRequest(t *
 			t.Errorf("%s = %q, want the live worker", HeaderWorker, got)
 		}
 	}
-	if got := hang.requests.Load(); got != 1 {
+	if got := hang.Requests.Load(); got != 1 {
 		t.Errorf("the hanging worker read %d requests, want 1", got)
 	}
 	tp.loadReturnsToZero(t)
@@ -57,7 +56,7 @@ func TestTimeouts_FirstByteDeadlineIs504AndTheSilentWorkerTakesNoNextRequest(t *
 // deadline: 504, after one attempt, instead of each worker in turn waiting out a stall check.
 func TestTimeouts_NonStreamedRequestToHungWorkersEndsAtTheFirstByteDeadline(t *testing.T) {
 	var urls []string
-	var hung []*rawWorker
+	var hung []*testkit.RawServer
 	for range 4 {
 		h := hangingWorker(t)
 		hung = append(hung, h)
@@ -78,7 +77,7 @@ func TestTimeouts_NonStreamedRequestToHungWorkersEndsAtTheFirstByteDeadline(t *t
 	}
 	var asked int64
 	for _, h := range hung {
-		asked += h.requests.Load()
+		asked += h.Requests.Load()
 	}
 	if asked != 2 {
 		t.Errorf("the hung workers read %d requests, want 2: one attempt per request, all attempts within one deadline", asked)
@@ -102,15 +101,11 @@ func TestTimeouts_RequestTimeoutIs504AndNotRetried(t *testing.T) {
 	if code := errorCode(t, body); code != "upstream_timeout" {
 		t.Errorf("error code %q, want upstream_timeout", code)
 	}
-	if got := live.hits.Load(); got != 0 {
+	if got := live.Hits.Load(); got != 0 {
 		t.Errorf("the other worker got %d requests, want 0 (not retried)", got)
 	}
-	if got := tp.upstreamErrors(upstream.KindTimeout); got != 1 {
-		t.Errorf("upstream_errors_total{kind=timeout} = %v, want 1", got)
-	}
-	if got := tp.upstreamErrors(upstream.KindFirstByte); got != 0 {
-		t.Errorf("upstream_errors_total{kind=first_byte} = %v, want 0: no first-byte deadline", got)
-	}
+	tp.wantUpstreamErrors(t, upstream.KindTimeout, 1)
+	tp.wantUpstreamErrors(t, upstream.KindFirstByte, 0, ": no first-byte deadline")
 	tp.loadReturnsToZero(t)
 }
 
@@ -148,7 +143,7 @@ func TestTimeouts_SlowBodyIsCutAfterClientBodyTimeout(t *testing.T) {
 	if len(got) > 0 && !bytes.HasPrefix(got, []byte("HTTP/1.1 408 ")) {
 		t.Errorf("answer before the close: %q, want 408 or nothing", got)
 	}
-	if n := live.hits.Load(); n != 0 {
+	if n := live.Hits.Load(); n != 0 {
 		t.Errorf("the worker got %d requests, want 0", n)
 	}
 }
@@ -263,7 +258,7 @@ func floodStream(w http.ResponseWriter, r *http.Request, limit time.Duration) {
 func TestTimeouts_StreamingClientThatNeverReadsReleasesTheLoad(t *testing.T) {
 	stopped := make(chan struct{})
 	var once sync.Once
-	flood := newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+	flood := testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 		defer once.Do(func() { close(stopped) })
 		_, _ = io.Copy(io.Discard, r.Body)
 		floodStream(w, r, 20*time.Second)
@@ -273,19 +268,16 @@ func TestTimeouts_StreamingClientThatNeverReadsReleasesTheLoad(t *testing.T) {
 	tp := newTestProxy(t, setup{opts: &opts, urls: []string{flood.URL}})
 	w := tp.worker(t, flood.URL)
 
-	c := tp.dial(t) // sends the request, then never reads
-	if _, err := io.WriteString(c, rawRequest(http.MethodPost, chatPath, streamBody)); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 5*time.Second, "the worker is streaming", func() bool { return flood.hits.Load() == 1 })
+	tp.streamToANonReader(t)
+	testkit.WaitWithin(t, 5*time.Second, "the worker is streaming", func() bool { return flood.Hits.Load() == 1 })
 
-	eventually(t, 8*time.Second, "load back to 0 with a client that never reads", func() bool { return w.Load() == 0 })
+	testkit.WaitWithin(t, 8*time.Second, "load back to 0 with a client that never reads", func() bool { return w.Load() == 0 })
 	select {
 	case <-stopped:
 	case <-time.After(8 * time.Second):
 		t.Error("the worker was never told to stop streaming")
 	}
-	eventually(t, 5*time.Second, "the request counted once", func() bool {
+	testkit.WaitWithin(t, 5*time.Second, "the request counted once", func() bool {
 		n := 0.0
 		for _, class := range []string{"2xx", "4xx", "5xx", metrics.StatusCut} {
 			n += tp.requests(class)
@@ -303,7 +295,7 @@ func TestTimeouts_StreamingClientThatNeverReadsReleasesTheLoad(t *testing.T) {
 // answer counts as cut.
 func TestTimeouts_ClientThatStopsReadingIsCutAfterClientWriteTimeout(t *testing.T) {
 	stopped := newSignal()
-	flood := newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+	flood := testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		if !strings.Contains(string(body), `"stream":true`) {
 			w.Header().Set("Content-Type", "application/json")
@@ -324,16 +316,13 @@ func TestTimeouts_ClientThatStopsReadingIsCutAfterClientWriteTimeout(t *testing.
 	tp := newTestProxy(t, setup{opts: &opts, urls: []string{flood.URL}})
 	w := tp.worker(t, flood.URL)
 
-	c := tp.dial(t) // sends the request, then never reads
-	if _, err := io.WriteString(c, rawRequest(http.MethodPost, chatPath, streamBody)); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 5*time.Second, "the worker is streaming", func() bool { return flood.hits.Load() == 1 })
+	c := tp.streamToANonReader(t)
+	testkit.WaitWithin(t, 5*time.Second, "the worker is streaming", func() bool { return flood.Hits.Load() == 1 })
 
 	stopped.wait(t, 10*time.Second, "the worker's request is aborted")
-	eventually(t, 5*time.Second, "the worker's load is given back", func() bool { return w.Load() == 0 })
-	eventually(t, 5*time.Second, "the admission slot is given back", func() bool { return ctrl.InFlight() == 0 })
-	eventually(t, 5*time.Second, "the answer counts as cut", func() bool { return tp.requests(metrics.StatusCut) == 1 })
+	testkit.WaitWithin(t, 5*time.Second, "the worker's load is given back", func() bool { return w.Load() == 0 })
+	testkit.WaitWithin(t, 5*time.Second, "the admission slot is given back", func() bool { return ctrl.InFlight() == 0 })
+	testkit.WaitWithin(t, 5*time.Second, "the answer counts as cut", func() bool { return tp.requests(metrics.StatusCut) == 1 })
 	waitClosed(t, c, 10*time.Second) // what the kernel had buffered, then the close
 
 	// The slot serves the next client (a non-streamed request: a short answer).
@@ -344,9 +333,9 @@ func TestTimeouts_ClientThatStopsReadingIsCutAfterClientWriteTimeout(t *testing.
 
 // slowHeadersWorker reads each request and starts its answer's headers, then sends no more of
 // them; the connection stays open until the router closes it (or the test ends).
-func slowHeadersWorker(t *testing.T) *rawWorker {
-	return newRawWorker(t, func(rw *rawWorker, c net.Conn, br *bufio.Reader) {
-		if _, _, err := rw.readRequest(br); err != nil {
+func slowHeadersWorker(t *testing.T) *testkit.RawServer {
+	return testkit.NewRawServer(t, func(rw *testkit.RawServer, c net.Conn, br *bufio.Reader) {
+		if _, _, err := rw.ReadRequest(br); err != nil {
 			return
 		}
 		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n")
@@ -366,19 +355,15 @@ func TestTimeouts_SlowHeadersAreAFirstByteTimeout(t *testing.T) {
 	if status != http.StatusGatewayTimeout || errorCode(t, body) != "upstream_timeout" {
 		t.Fatalf("got %d %q, want 504 upstream_timeout", status, body)
 	}
-	if got := tp.upstreamErrors(upstream.KindFirstByte); got != 1 {
-		t.Errorf("upstream_errors_total{kind=first_byte} = %v, want 1", got)
-	}
-	if got := tp.upstreamErrors(upstream.KindBadReply); got != 0 {
-		t.Errorf("upstream_errors_total{kind=bad_response} = %v, want 0", got)
-	}
+	tp.wantUpstreamErrors(t, upstream.KindFirstByte, 1)
+	tp.wantUpstreamErrors(t, upstream.KindBadReply, 0)
 	tp.loadReturnsToZero(t)
 }
 
 // Attempts share the first-byte deadline: after a worker answered 503 at once, the next attempt
 // waits only for what is left of it.
 func TestTimeouts_ARetryWaitsWithinTheFirstAttemptsFirstByteDeadline(t *testing.T) {
-	busy := statusWorker(t, http.StatusServiceUnavailable, "busy")
+	busy := testkit.NamedServer(t, http.StatusServiceUnavailable, "busy")
 	slow := slowHeadersWorker(t)
 	opts := testOptions()
 	opts.Upstream.Timeouts.FirstByte = 200 * time.Millisecond
@@ -389,11 +374,9 @@ func TestTimeouts_ARetryWaitsWithinTheFirstAttemptsFirstByteDeadline(t *testing.
 	if status != http.StatusGatewayTimeout || errorCode(t, body) != "upstream_timeout" {
 		t.Fatalf("got %d %s, want 504 upstream_timeout", status, body)
 	}
-	if busy.hits.Load() != 1 || slow.requests.Load() != 1 {
-		t.Errorf("the workers got %d and %d requests, want one each", busy.hits.Load(), slow.requests.Load())
+	if busy.Hits.Load() != 1 || slow.Requests.Load() != 1 {
+		t.Errorf("the workers got %d and %d requests, want one each", busy.Hits.Load(), slow.Requests.Load())
 	}
-	if got := tp.upstreamErrors(upstream.KindFirstByte); got != 1 {
-		t.Errorf("upstream_errors_total{kind=first_byte} = %v, want 1", got)
-	}
+	tp.wantUpstreamErrors(t, upstream.KindFirstByte, 1)
 	tp.loadReturnsToZero(t)
 }

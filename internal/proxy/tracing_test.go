@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/cacheroute/cacheroute/internal/telemetry"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // A traced router records, per routed request, a server span with a "route" child (reading and
@@ -35,14 +36,14 @@ func tracedProxy(t *testing.T, urls ...string) (*testProxy, *tracetest.SpanRecor
 
 // traceparentWorker answers 200 and remembers the traceparent of each request it got.
 type traceparentWorker struct {
-	*testWorker
+	*testkit.Server
 	mu   sync.Mutex
 	seen []string
 }
 
 func newTraceparentWorker(t *testing.T, status int) *traceparentWorker {
 	tw := &traceparentWorker{}
-	tw.testWorker = newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+	tw.Server = testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		tw.mu.Lock()
 		tw.seen = append(tw.seen, r.Header.Get("traceparent"))
@@ -57,7 +58,7 @@ func newTraceparentWorker(t *testing.T, status int) *traceparentWorker {
 // ended waits for n ended spans (a relayed answer's spans end after the client has its body).
 func ended(t *testing.T, rec *tracetest.SpanRecorder, n int) []sdktrace.ReadOnlySpan {
 	t.Helper()
-	eventually(t, 5*time.Second, fmt.Sprintf("%d spans ended", n), func() bool { return len(rec.Ended()) >= n })
+	testkit.WaitWithin(t, 5*time.Second, fmt.Sprintf("%d spans ended", n), func() bool { return len(rec.Ended()) >= n })
 	return rec.Ended()
 }
 
@@ -255,7 +256,7 @@ func TestTracing_UpstreamFailureIsAnError(t *testing.T) {
 }
 
 func TestTracing_CutStreamIsAnError(t *testing.T) {
-	w := newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+	w := testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
 		_, _ = io.WriteString(w, "data: {\"i\":0}\n\n")

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/metrics"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -35,7 +36,7 @@ func (tp *testProxy) readAll(t *testing.T, body string) (status int, got string,
 }
 
 func TestTruncatedResponse_StreamBrokenByTheWorkerReachesTheClientTruncated(t *testing.T) {
-	w := newWorker(t, func(w http.ResponseWriter, r *http.Request) {
+	w := testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
 		for i := range 3 {
@@ -66,15 +67,13 @@ func TestTruncatedResponse_StreamBrokenByTheWorkerReachesTheClientTruncated(t *t
 			t.Errorf("event %q sent before the break did not reach the client; got %q", ev, body)
 		}
 	}
-	eventually(t, 5*time.Second, "requests_total{status_class=cut} is 1", func() bool {
+	testkit.WaitWithin(t, 5*time.Second, "requests_total{status_class=cut} is 1", func() bool {
 		return tp.requests(metrics.StatusCut) == 1
 	})
 	if got := tp.requests("2xx"); got != 0 {
 		t.Errorf("requests_total{status_class=2xx} = %v, want 0", got)
 	}
-	if got := tp.upstreamErrors(upstream.KindMidStream); got != 1 {
-		t.Errorf("upstream_errors_total{kind=mid_stream} = %v, want 1", got)
-	}
+	tp.wantUpstreamErrors(t, upstream.KindMidStream, 1)
 	if st := worker.Breaker().State(); st != workers.BreakerOpen {
 		t.Errorf("breaker %v, want open: the worker's break-off is a failure (threshold 1)", st)
 	}
@@ -82,9 +81,9 @@ func TestTruncatedResponse_StreamBrokenByTheWorkerReachesTheClientTruncated(t *t
 }
 
 // shortWorker announces a Content-Length of announced bytes, sends sent of them, and closes.
-func shortWorker(t *testing.T, announced, sent int) *rawWorker {
-	return newRawWorker(t, func(rw *rawWorker, c net.Conn, br *bufio.Reader) {
-		if _, _, err := rw.readRequest(br); err != nil {
+func shortWorker(t *testing.T, announced, sent int) *testkit.RawServer {
+	return testkit.NewRawServer(t, func(rw *testkit.RawServer, c net.Conn, br *bufio.Reader) {
+		if _, _, err := rw.ReadRequest(br); err != nil {
 			return
 		}
 		_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", announced)
@@ -114,7 +113,7 @@ func TestTruncatedResponse_ContentLengthLongerThanTheBodyIsAnError(t *testing.T)
 				t.Errorf("got %d bytes, more than the %d the worker sent", len(body), tc.sent)
 			}
 			breaker := tp.worker(t, w.URL).Breaker()
-			eventually(t, 5*time.Second, "the breaker opens: the worker broke its answer off (threshold 1)", func() bool {
+			testkit.WaitWithin(t, 5*time.Second, "the breaker opens: the worker broke its answer off (threshold 1)", func() bool {
 				return breaker.State() == workers.BreakerOpen
 			})
 			tp.loadReturnsToZero(t)
@@ -152,13 +151,11 @@ func TestTruncatedResponse_SmallNonStreamedAnswerCutByTheWorkerIs502(t *testing.
 			if got := h.Get(HeaderWorker); got != "" {
 				t.Errorf("%s = %q on the router's own answer", HeaderWorker, got)
 			}
-			if got := other.hits.Load(); got != 0 {
+			if got := other.Hits.Load(); got != 0 {
 				t.Errorf("the other worker got %d requests: a generated answer is not retried", got)
 			}
-			if got := tp.upstreamErrors(upstream.KindMidStream); got != 1 {
-				t.Errorf("upstream_errors_total{kind=mid_stream} = %v, want 1", got)
-			}
-			eventually(t, 5*time.Second, "the breaker opens: the worker broke its answer off (threshold 1)", func() bool {
+			tp.wantUpstreamErrors(t, upstream.KindMidStream, 1)
+			testkit.WaitWithin(t, 5*time.Second, "the breaker opens: the worker broke its answer off (threshold 1)", func() bool {
 				return tp.worker(t, w.URL).Breaker().State() == workers.BreakerOpen
 			})
 			tp.loadReturnsToZero(t)

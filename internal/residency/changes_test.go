@@ -5,11 +5,13 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // pair is two trackers, as two replicas' policies hold them, sharing their changes as the
 // router's broadcast does.
-func pair(c *clock) (a, b *Tracker) {
+func pair(c *testkit.Clock) (a, b *Tracker) {
 	opts := Options{Now: c.Now, MinLive: time.Second, MaxLive: time.Minute, FirstLive: 10 * time.Second}
 	oa, ob := opts, opts
 	oa.OnChange = func(ch Change) { b.Apply(decoded(ch)) }
@@ -32,7 +34,7 @@ func decoded(ch Change) Change {
 }
 
 func TestReplicasSharingTheirChangesSeeTheSameRoom(t *testing.T) {
-	c := &clock{now: time.Unix(0, 0)}
+	c := testkit.NewClock()
 	a, b := pair(c)
 	a.Started("s1", "w1", 500)
 	b.Started("s2", "w1", 300)
@@ -63,12 +65,12 @@ func TestReplicasSharingTheirChangesSeeTheSameRoom(t *testing.T) {
 }
 
 func TestATurnAnotherReplicaStartedStopsCountingWhenItsEndIsLost(t *testing.T) {
-	c := &clock{now: time.Unix(0, 0)}
+	c := testkit.NewClock()
 	tr := New(Options{Now: c.Now, MinLive: time.Second, MaxLive: time.Minute, FirstLive: 10 * time.Second})
 	tr.SetCapacity("w", 1000)
 	tr.Apply(Change{Kind: ChangeStarted, Key: "remote", Worker: "w", Prompt: 800})
 	tr.Started("local", "w", 100)
-	c.advance(2 * time.Minute) // both still in flight, as far as this tracker knows
+	c.Advance(2 * time.Minute) // both still in flight, as far as this tracker knows
 	if s, _ := tr.Session("remote"); s.Live {
 		t.Fatal("a remote turn whose end never came is live past MaxLive")
 	}

@@ -3,26 +3,30 @@ package residency
 import (
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
-// clock is a settable time source.
-type clock struct{ now time.Time }
-
-func (c *clock) Now() time.Time          { return c.now }
-func (c *clock) advance(d time.Duration) { c.now = c.now.Add(d) }
-
-func newTracker(c *clock) *Tracker {
+func newTracker(c *testkit.Clock) *Tracker {
 	return New(Options{Now: c.Now, MinLive: time.Second, MaxLive: time.Minute, FirstLive: 10 * time.Second})
 }
 
+// trackerOnW is a tracker on a manual clock that knows one worker, "w", of capacity tokens.
+func trackerOnW(capacity int) (*Tracker, *testkit.Clock) {
+	c := testkit.NewClock()
+	tr := newTracker(c)
+	tr.SetCapacity("w", capacity)
+	return tr, c
+}
+
 func TestASessionIsResidentWhileTheSessionsServedSinceFitTheCapacity(t *testing.T) {
-	c := &clock{now: time.Unix(0, 0)}
+	c := testkit.NewClock()
 	tr := newTracker(c)
 	tr.SetCapacity("w", 1000)
 	for _, k := range []string{"a", "b", "c"} {
 		tr.Started(k, "w", 400)
 		tr.Ended(k, 400, 0, true)
-		c.advance(time.Millisecond)
+		c.Advance(time.Millisecond)
 	}
 	// Most recently used first: c (400), b (800), a (1200 > 1000): a is evicted by LRU.
 	for k, want := range map[string]bool{"c": true, "b": true, "a": false} {
@@ -39,9 +43,7 @@ func TestASessionIsResidentWhileTheSessionsServedSinceFitTheCapacity(t *testing.
 }
 
 func TestRoomCountsLiveSessionsOnlyWithinTheirHorizon(t *testing.T) {
-	c := &clock{now: time.Unix(0, 0)}
-	tr := newTracker(c)
-	tr.SetCapacity("w", 10000)
+	tr, c := trackerOnW(10000)
 	if room, ok := tr.Room("w"); !ok || room != 9000 {
 		t.Fatalf("empty worker's room %d (%v), want 9000: the capacity less the headroom", room, ok)
 	}
@@ -53,7 +55,7 @@ func TestRoomCountsLiveSessionsOnlyWithinTheirHorizon(t *testing.T) {
 	if room, _ := tr.Room("w"); room != 5500 {
 		t.Fatalf("room %d after a's turn ended with 500 output tokens, want 5500", room)
 	}
-	c.advance(11 * time.Second) // past the first turn's horizon
+	c.Advance(11 * time.Second) // past the first turn's horizon
 	if room, _ := tr.Room("w"); room != 9000 {
 		t.Fatalf("room %d once a went idle past its horizon, want 9000", room)
 	}
@@ -63,30 +65,26 @@ func TestRoomCountsLiveSessionsOnlyWithinTheirHorizon(t *testing.T) {
 }
 
 func TestTheHorizonFollowsTheSessionsOwnPauses(t *testing.T) {
-	c := &clock{now: time.Unix(0, 0)}
-	tr := newTracker(c)
-	tr.SetCapacity("w", 10000)
+	tr, c := trackerOnW(10000)
 	for i := 0; i < 5; i++ {
 		tr.Started("a", "w", 100)
-		c.advance(time.Second)
+		c.Advance(time.Second)
 		tr.Ended("a", 100, 10, true)
-		c.advance(5 * time.Second) // a pauses 5 s between turns
+		c.Advance(5 * time.Second) // a pauses 5 s between turns
 	}
 	// Its horizon is 4 pauses: 20 s after its last turn it is still live; at 21 s it is not.
-	c.advance(14 * time.Second) // 19 s since the last end
+	c.Advance(14 * time.Second) // 19 s since the last end
 	if s, _ := tr.Session("a"); !s.Live {
 		t.Fatal("a not live 19 s after its turn, with 5 s pauses and 4 pauses of horizon")
 	}
-	c.advance(2 * time.Second)
+	c.Advance(2 * time.Second)
 	if s, _ := tr.Session("a"); s.Live {
 		t.Fatal("a still live 21 s after its turn")
 	}
 }
 
 func TestAnEvictedSessionIsNeitherResidentNorLiveUntilItRunsAgain(t *testing.T) {
-	c := &clock{now: time.Unix(0, 0)}
-	tr := newTracker(c)
-	tr.SetCapacity("w", 10000)
+	tr, _ := trackerOnW(10000)
 	tr.Started("a", "w", 3000)
 	tr.Ended("a", 3000, 0, true)
 	tr.Evicted("a")
@@ -104,7 +102,7 @@ func TestAnEvictedSessionIsNeitherResidentNorLiveUntilItRunsAgain(t *testing.T) 
 }
 
 func TestASessionMovesWithItsTurnAndStartsAnew(t *testing.T) {
-	c := &clock{now: time.Unix(0, 0)}
+	c := testkit.NewClock()
 	tr := newTracker(c)
 	tr.SetCapacity("w1", 10000)
 	tr.SetCapacity("w2", 10000)
@@ -123,7 +121,7 @@ func TestASessionMovesWithItsTurnAndStartsAnew(t *testing.T) {
 }
 
 func TestTheTrackerForgetsTheLeastRecentlyUsedSessionsPastItsBound(t *testing.T) {
-	c := &clock{now: time.Unix(0, 0)}
+	c := testkit.NewClock()
 	tr := New(Options{Now: c.Now, MaxSessions: 2})
 	for _, k := range []string{"a", "b", "c"} {
 		tr.Started(k, "w", 10)

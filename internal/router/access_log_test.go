@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 func TestAccessLogFileGetsALinePerRoutedRequest(t *testing.T) {
@@ -16,7 +18,7 @@ func TestAccessLogFileGetsALinePerRoutedRequest(t *testing.T) {
 	cfg.AccessLog = path
 	tr := startRouter(t, cfg, newFakeWorker(t))
 	readAll(t, tr.post(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, "x-request-id", "logged-1"))
-	waitFor(t, "the access log line", func() bool {
+	testkit.WaitFor(t, "the access log line", func() bool {
 		b, _ := os.ReadFile(path)
 		return strings.Contains(string(b), `"request_id":"logged-1"`)
 	})
@@ -40,7 +42,7 @@ func TestAccessLogSessionHashIsKeyedByTheConfiguredSalt(t *testing.T) {
 	mac := hmac.New(sha256.New, []byte(cfg.SessionHashSalt))
 	mac.Write([]byte("session:1234"))
 	want := `"session":"` + hex.EncodeToString(mac.Sum(nil)[:6]) + `"`
-	waitFor(t, "the access log line with the salted hash", func() bool {
+	testkit.WaitFor(t, "the access log line with the salted hash", func() bool {
 		b, _ := os.ReadFile(path)
 		return strings.Contains(string(b), want)
 	})

@@ -4,13 +4,13 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/cacheroute/cacheroute/internal/config"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // stubChatWorker answers /v1/models with model "m" and every other request with a fixed small
@@ -45,10 +45,7 @@ func benchProxyChat(b *testing.B, cfg config.Config, check func(http.Header) err
 		b.Fatal(err)
 	}
 	r.Start(b.Context())
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
+	ln := testkit.Listen(b)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Serve(ctx, ln, nil) }()
@@ -83,16 +80,8 @@ func benchProxyChat(b *testing.B, cfg config.Config, check func(http.Header) err
 // serveForBench serves r on a loopback port until the benchmark ends and returns its base URL.
 func serveForBench(b *testing.B, r *Router) string {
 	b.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
+	ln := testkit.Listen(b)
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Serve(ctx, ln, nil) }()
-	b.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	testkit.Go(b, cancel, func() error { return r.Serve(ctx, ln, nil) })
 	return "http://" + ln.Addr().String()
 }

@@ -29,13 +29,8 @@ type chatReply struct {
 // stopped when the test ends.
 func cacheAwareOverSims(t *testing.T, n int) *testRouter {
 	t.Helper()
-	simCfg := sim.DefaultConfig()
-	simCfg.TimeScale = 0
-	fleet, err := sim.StartLocal(n, simCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(fleet.Close)
+	simCfg := instantSim()
+	fleet := startSimFleetOf(t, n, simCfg)
 	cfg := testConfig()
 	cfg.Policy = "cache_aware"
 	tr := startRouter(t, cfg)

@@ -12,7 +12,6 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/cacheroute/cacheroute/internal/proxy"
-	"github.com/cacheroute/cacheroute/internal/sim"
 )
 
 // document is a distinct text of about 300 sim tokens.
@@ -47,14 +46,9 @@ func sendChat(t *testing.T, post func(path, body string) *http.Response, body st
 // from then on the router no longer counts on that worker for the other one either. The metrics
 // show the predicted and achieved cached tokens and the correction.
 func TestAWorkerReportingItEvictedIsNoLongerCountedOn(t *testing.T) {
-	simCfg := sim.DefaultConfig()
-	simCfg.TimeScale = 0
+	simCfg := instantSim()
 	simCfg.KVCacheBlocks = 48 // 768 tokens: two documents of about 300, not five
-	fleet, err := sim.StartLocal(2, simCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fleet.Close()
+	fleet := startSimFleetOf(t, 2, simCfg)
 	cfg := testConfig()
 	cfg.Policy = "cache_aware"
 	tr := startRouter(t, cfg)

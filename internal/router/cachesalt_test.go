@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // vLLM folds a request's cache_salt into its first KV block, so a salted request is never served
@@ -30,7 +32,7 @@ func TestASaltedRequestIsNotCreditedWithUnsaltedBlocks(t *testing.T) {
 		return resp.Header.Get("x-vllm-router-decision")
 	}
 	send("")
-	waitFor(t, "the prompt's blocks in the index", func() bool {
+	testkit.WaitFor(t, "the prompt's blocks in the index", func() bool {
 		held := 0
 		for _, st := range tr.kvEvents.Status() {
 			held += st.Blocks

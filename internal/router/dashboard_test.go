@@ -22,6 +22,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/browsertest"
 	"github.com/cacheroute/cacheroute/internal/dashboard"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // The status page is opened in a real headless Chromium in front of a router and simulated
@@ -229,20 +230,7 @@ func TestDashboardGuard(t *testing.T) {
 	tr.CheckHealth(t.Context())
 	newConversation("guard-session-1").turn(t, tr)
 
-	get := func(path, key string) (int, string) {
-		req, err := http.NewRequest(http.MethodGet, tr.url+path, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if key != "" {
-			req.Header.Set("Authorization", "Bearer "+key)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp.StatusCode, readAll(t, resp)
-	}
+	get := func(path, key string) (int, string) { return tr.withKey(t, http.MethodGet, path, key) }
 	for _, path := range []string{"/dashboard", "/dashboard/data"} {
 		if code, _ := get(path, ""); code != http.StatusUnauthorized {
 			t.Errorf("%s without the admin key: %d, want 401", path, code)
@@ -404,7 +392,7 @@ func TestStartUpLogGivesTheStatusPageURL(t *testing.T) {
 	w := newFakeWorker(t)
 	cfg := testConfig()
 	cfg.Host, cfg.Port, cfg.WorkerURLs = "127.0.0.1", 0, []string{w.URL()}
-	var logs syncBuffer
+	var logs testkit.SyncBuffer
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, cfg, slog.New(slog.NewTextHandler(&logs, nil))) }()

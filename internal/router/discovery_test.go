@@ -25,6 +25,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/kubeapi/kubetest"
 	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
 	"github.com/cacheroute/cacheroute/internal/proxy"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // podWorker is a worker listening on its own loopback address (127.0.0.x), on the port every
@@ -220,7 +221,7 @@ func TestReadyPodJoinsAndIsRoutedToSoon(t *testing.T) {
 		c.create(t, newPod(fmt.Sprintf("vllm-%d", i+1), p.ip, false))
 	}
 	tr, _ := startDiscovering(t, discoveryConfig("round_robin", port), c.env())
-	waitFor(t, "vllm-0 to join", func() bool { return tr.available(pods[0].url) })
+	testkit.WaitFor(t, "vllm-0 to join", func() bool { return tr.available(pods[0].url) })
 	for _, p := range pods[1:] {
 		if tr.registered(p.url) {
 			t.Fatalf("%s joined before it was Ready", p.url)
@@ -258,12 +259,8 @@ func TestReadyPodJoinsAndIsRoutedToSoon(t *testing.T) {
 		pod := newPod(fmt.Sprintf("vllm-%d", i+1), p.ip, true)
 		start := time.Now()
 		c.updateStatus(t, pod)
-		deadline := time.Now().Add(10 * time.Second)
-		for p.firstHit.Load() == 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s got no request within 10 s of turning Ready", p.url)
-			}
-			time.Sleep(100 * time.Microsecond)
+		if !testkit.Poll(testkit.Patience, 100*time.Microsecond, func() bool { return p.firstHit.Load() != 0 }) {
+			t.Fatalf("%s got no request within 10 s of turning Ready", p.url)
 		}
 		took = append(took, time.Unix(0, p.firstHit.Load()).Sub(start))
 	}
@@ -281,11 +278,11 @@ func TestNotReadyPodDrainsAtOnceAndReturnsWhenReady(t *testing.T) {
 	c.create(t, a)
 	c.create(t, b)
 	tr, rc := startDiscovering(t, discoveryConfig("round_robin", port), c.env())
-	waitFor(t, "both pods to join", func() bool { return tr.available(pods[0].url) && tr.available(pods[1].url) })
+	testkit.WaitFor(t, "both pods to join", func() bool { return tr.available(pods[0].url) && tr.available(pods[1].url) })
 
 	markReady(a, false)
 	c.updateStatus(t, a)
-	waitFor(t, "vllm-a to drain", func() bool { return tr.Pool().Get(pods[0].url)[0].Draining() })
+	testkit.WaitFor(t, "vllm-a to drain", func() bool { return tr.Pool().Get(pods[0].url)[0].Draining() })
 	if !rc.Discovered()[pods[0].url] {
 		t.Fatal("the reconciler does not count vllm-a as draining")
 	}
@@ -301,7 +298,7 @@ func TestNotReadyPodDrainsAtOnceAndReturnsWhenReady(t *testing.T) {
 
 	markReady(a, true)
 	c.updateStatus(t, a)
-	waitFor(t, "vllm-a to take requests again", func() bool { return tr.available(pods[0].url) })
+	testkit.WaitFor(t, "vllm-a to take requests again", func() bool { return tr.available(pods[0].url) })
 	seen := map[string]bool{}
 	for range 4 {
 		w, _ := tr.chat(t, "", "hi")
@@ -320,7 +317,7 @@ func TestTerminatingPodFinishesInFlightRequestsAndTakesNoNewOnes(t *testing.T) {
 	a := newPod("vllm-a", pods[0].ip, true)
 	c.create(t, a)
 	tr, _ := startDiscovering(t, discoveryConfig("round_robin", port), c.env())
-	waitFor(t, "vllm-a to join", func() bool { return tr.available(pods[0].url) })
+	testkit.WaitFor(t, "vllm-a to join", func() bool { return tr.available(pods[0].url) })
 
 	entered, release := pods[0].holdRequests()
 	type answer struct {
@@ -345,10 +342,10 @@ func TestTerminatingPodFinishesInFlightRequestsAndTakesNoNewOnes(t *testing.T) {
 	}
 
 	c.create(t, newPod("vllm-b", pods[1].ip, true))
-	waitFor(t, "vllm-b to join", func() bool { return tr.available(pods[1].url) })
+	testkit.WaitFor(t, "vllm-b to join", func() bool { return tr.available(pods[1].url) })
 	kubetest.Terminate(a) // kubectl delete: the pod terminates, still Ready for a while
 	c.updateStatus(t, a)
-	waitFor(t, "vllm-a to drain", func() bool { return tr.Pool().Get(pods[0].url)[0].Draining() })
+	testkit.WaitFor(t, "vllm-a to drain", func() bool { return tr.Pool().Get(pods[0].url)[0].Draining() })
 	for range 8 {
 		if w, _ := tr.chat(t, "", "hi"); w != pods[1].url {
 			t.Fatalf("a new request went to terminating %s", w)
@@ -359,7 +356,7 @@ func TestTerminatingPodFinishesInFlightRequestsAndTakesNoNewOnes(t *testing.T) {
 	}
 
 	c.delete(t, "vllm-a") // the pod object goes while its request is still running
-	waitFor(t, "vllm-a to leave", func() bool { return !tr.registered(pods[0].url) })
+	testkit.WaitFor(t, "vllm-a to leave", func() bool { return !tr.registered(pods[0].url) })
 	release()
 	select {
 	case got := <-inflight:
@@ -369,7 +366,7 @@ func TestTerminatingPodFinishesInFlightRequestsAndTakesNoNewOnes(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the in-flight request did not finish")
 	}
-	waitFor(t, "load back to zero", func() bool { return tr.totalLoad() == 0 })
+	testkit.WaitFor(t, "load back to zero", func() bool { return tr.totalLoad() == 0 })
 }
 
 // A deleted pod leaves: its sessions and its prefix tree entries go with it, so each of its
@@ -382,7 +379,7 @@ func TestRemovingOneOfEightWorkersReplacesOnlyItsSessions(t *testing.T) {
 		c.create(t, newPod(fmt.Sprintf("vllm-%d", i), p.ip, true))
 	}
 	tr, _ := startDiscovering(t, discoveryConfig("cache_aware", port), c.env())
-	waitFor(t, "8 workers", func() bool {
+	testkit.WaitFor(t, "8 workers", func() bool {
 		for _, p := range pods {
 			if !tr.available(p.url) {
 				return false
@@ -418,7 +415,7 @@ func TestRemovingOneOfEightWorkersReplacesOnlyItsSessions(t *testing.T) {
 	pol := tr.policy.(*cacheaware.Policy)
 	chars := pol.TreeChars()
 	c.delete(t, "vllm-"+strconv.Itoa(slices.Index(pods, gone)))
-	waitFor(t, "the worker to leave", func() bool { return !tr.registered(gone.url) })
+	testkit.WaitFor(t, "the worker to leave", func() bool { return !tr.registered(gone.url) })
 	if after := pol.TreeChars(); after >= chars {
 		t.Fatalf("the prefix tree kept %d of %d bytes of text after the removal", after, chars)
 	}
@@ -453,10 +450,10 @@ func TestPodAddressChangeIsALeaveAndAJoin(t *testing.T) {
 	c := newFakeCluster(t)
 	c.create(t, newPod("vllm-0", pods[0].ip, true))
 	tr, _ := startDiscovering(t, discoveryConfig("round_robin", port), c.env())
-	waitFor(t, "the first address", func() bool { return tr.available(pods[0].url) })
+	testkit.WaitFor(t, "the first address", func() bool { return tr.available(pods[0].url) })
 	c.delete(t, "vllm-0")
 	c.create(t, newPod("vllm-0", pods[1].ip, true))
-	waitFor(t, "only the new address", func() bool { return !tr.registered(pods[0].url) && tr.available(pods[1].url) })
+	testkit.WaitFor(t, "only the new address", func() bool { return !tr.registered(pods[0].url) && tr.available(pods[1].url) })
 	if w, _ := tr.chat(t, "", "hi"); w != pods[1].url {
 		t.Fatalf("routed to %s", w)
 	}
@@ -469,7 +466,7 @@ func TestDataParallelRanksApplyPerDiscoveredPod(t *testing.T) {
 	cfg := discoveryConfig("round_robin", port)
 	cfg.DPSize = 2
 	tr, _ := startDiscovering(t, cfg, c.env())
-	waitFor(t, "the pod to join", func() bool { return tr.available(pods[0].url) })
+	testkit.WaitFor(t, "the pod to join", func() bool { return tr.available(pods[0].url) })
 	var tenants []string
 	for _, w := range tr.Pool().Get(pods[0].url) {
 		tenants = append(tenants, w.Tenant())
@@ -478,7 +475,7 @@ func TestDataParallelRanksApplyPerDiscoveredPod(t *testing.T) {
 		t.Fatalf("tenants %v", tenants)
 	}
 	c.delete(t, "vllm-0")
-	waitFor(t, "both ranks to leave", func() bool { return len(tr.Pool().All()) == 0 })
+	testkit.WaitFor(t, "both ranks to leave", func() bool { return len(tr.Pool().All()) == 0 })
 }
 
 // Static workers and discovered ones mix; discovery never drains or removes a static worker,
@@ -501,12 +498,12 @@ func TestStaticWorkersAreNeverRemovedByDiscovery(t *testing.T) {
 	applied := &appliedSets{Source: sources[0], changed: make(chan struct{}, 1)}
 	tr.startDiscovery(t.Context(), applied)
 	other := "http://" + net.JoinHostPort("127.0.0.99", portStr)
-	waitFor(t, "the other pod to be registered", func() bool { return tr.registered(other) })
+	testkit.WaitFor(t, "the other pod to be registered", func() bool { return tr.registered(other) })
 
 	markReady(shadow, false)
 	c.updateStatus(t, shadow)
 	c.delete(t, "other")
-	waitFor(t, "the other pod to leave", func() bool { return !tr.registered(other) })
+	testkit.WaitFor(t, "the other pod to leave", func() bool { return !tr.registered(other) })
 	if !tr.available(static.URL()) {
 		t.Fatal("discovery drained the static worker")
 	}
@@ -568,7 +565,7 @@ func TestRoutersWatchingTheSameClusterConverge(t *testing.T) {
 		p[i] = newPod(fmt.Sprintf("vllm-%d", i), w.ip, i != 3)
 		c.create(t, p[i])
 	}
-	waitFor(t, "three ready pods to join both routers", func() bool {
+	testkit.WaitFor(t, "three ready pods to join both routers", func() bool {
 		for _, tr := range []*testRouter{r1, r2} {
 			if !tr.available(pods[0].url) || !tr.available(pods[1].url) || !tr.available(pods[2].url) {
 				return false
@@ -593,7 +590,7 @@ func TestRoutersWatchingTheSameClusterConverge(t *testing.T) {
 	}
 	want := fmt.Sprintf("%s healthy=true draining=false; %s healthy=true draining=true; %s healthy=true draining=false",
 		pods[0].url, pods[1].url, pods[3].url)
-	waitFor(t, "both routers to reach the cluster's state", func() bool { return state(r1) == want && state(r2) == want })
+	testkit.WaitFor(t, "both routers to reach the cluster's state", func() bool { return state(r1) == want && state(r2) == want })
 }
 
 func TestDNSDiscoveredWorkersJoinAndLeave(t *testing.T) {
@@ -616,7 +613,7 @@ func TestDNSDiscoveredWorkersJoinAndLeave(t *testing.T) {
 	cfg.DNSDiscovery = "vllm.llm.svc:" + strconv.Itoa(port)
 	cfg.DNSRefreshSecs = 0.01
 	tr, _ := startDiscovering(t, cfg, discoveryEnv{lookup: lookup})
-	waitFor(t, "both addresses to join", func() bool { return tr.available(pods[0].url) && tr.available(pods[1].url) })
+	testkit.WaitFor(t, "both addresses to join", func() bool { return tr.available(pods[0].url) && tr.available(pods[1].url) })
 	seen := map[string]bool{}
 	for range 4 {
 		w, _ := tr.chat(t, "", "hi")
@@ -628,7 +625,7 @@ func TestDNSDiscoveredWorkersJoinAndLeave(t *testing.T) {
 	mu.Lock()
 	addrs = addrs[1:]
 	mu.Unlock()
-	waitFor(t, "the first address to leave", func() bool { return !tr.registered(pods[0].url) })
+	testkit.WaitFor(t, "the first address to leave", func() bool { return !tr.registered(pods[0].url) })
 	if w, _ := tr.chat(t, "", "hi"); w != pods[1].url {
 		t.Fatalf("routed to %s", w)
 	}
@@ -647,7 +644,7 @@ func TestServiceDiscoveryWatchesTheNamespaceItIsGiven(t *testing.T) {
 	cfg := discoveryConfig("round_robin", port)
 	cfg.ServiceDiscoveryNamespace = "team-b"
 	named, _ := startDiscovering(t, cfg, c.env())
-	waitFor(t, "each router's pod", func() bool { return own.available(pods[0].url) && named.available(pods[1].url) })
+	testkit.WaitFor(t, "each router's pod", func() bool { return own.available(pods[0].url) && named.available(pods[1].url) })
 	if own.registered(pods[1].url) || named.registered(pods[0].url) {
 		t.Fatalf("a router found a pod of another namespace: %v / %v", own.Pool().URLs(), named.Pool().URLs())
 	}
@@ -674,7 +671,7 @@ func TestFailedSourceIsRunAgain(t *testing.T) {
 	tr := startRouter(t, testConfig())
 	src := &flakySource{set: []discovery.Endpoint{{URL: pods[0].url, Ready: true}}}
 	tr.startDiscovery(t.Context(), src)
-	waitFor(t, "the worker from the second run", func() bool { return tr.available(pods[0].url) })
+	testkit.WaitFor(t, "the worker from the second run", func() bool { return tr.available(pods[0].url) })
 	if src.runs.Load() < 2 {
 		t.Fatalf("%d runs", src.runs.Load())
 	}

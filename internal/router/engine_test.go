@@ -13,6 +13,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/proxy"
 	"github.com/cacheroute/cacheroute/internal/sim"
 	"github.com/cacheroute/cacheroute/internal/tenant"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // metricValue reads one sample of the router's /metrics, by its exact series text
@@ -38,16 +39,8 @@ func metricValue(t *testing.T, tr *testRouter, series string) (float64, bool) {
 func TestEngineSignalSeesLoadPlacedByAnotherReplica(t *testing.T) {
 	simCfg := sim.DefaultConfig()
 	simCfg.MaxNumSeqs = 4
-	busyFleet, err := sim.StartLocal(1, simCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer busyFleet.Close()
-	idleFleet, err := sim.StartLocal(1, simCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer idleFleet.Close()
+	busyFleet := startSimFleetOf(t, 1, simCfg)
+	idleFleet := startSimFleetOf(t, 1, simCfg)
 	busy, idle := busyFleet.URLs()[0], idleFleet.URLs()[0]
 
 	cfg := testConfig()
@@ -79,7 +72,7 @@ func TestEngineSignalSeesLoadPlacedByAnotherReplica(t *testing.T) {
 		})
 	}
 	busyWorker, idleWorker := tr.Pool().Get(busy)[0], tr.Pool().Get(idle)[0]
-	waitFor(t, "the router to see the busy worker's twelve requests", func() bool { return busyWorker.Load() >= 12 })
+	testkit.WaitFor(t, "the router to see the busy worker's twelve requests", func() bool { return busyWorker.Load() >= 12 })
 	if busyWorker.InFlight() != 0 {
 		t.Fatalf("in flight on the busy worker %d, want 0: the router sent it nothing", busyWorker.InFlight())
 	}
@@ -117,7 +110,7 @@ func TestEngineSignalSeesLoadPlacedByAnotherReplica(t *testing.T) {
 	// the router's own count again.
 	stopOthers()
 	busyFleet.Close()
-	waitFor(t, "failed scrapes to be counted and the signal to fall back", func() bool {
+	testkit.WaitFor(t, "failed scrapes to be counted and the signal to fall back", func() bool {
 		return busyWorker.ScrapeErrors() >= 2 && busyWorker.Load() == busyWorker.InFlight()
 	})
 	if v, ok := metricValue(t, tr, "vllm_router_worker_metrics_scrape_errors_total"+busyName); !ok || v < 2 {

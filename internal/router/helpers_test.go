@@ -3,9 +3,10 @@ package router
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
-	"net"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/config"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // fakeWorker is an OpenAI-compatible worker on loopback whose behaviour each test sets.
@@ -101,6 +103,24 @@ func testConfig() config.Config {
 	return c
 }
 
+// streamUntilCanceled makes the worker answer with one event of a stream and then hold the
+// request until it is canceled (for at most 10 s); the channel it returns is closed at the
+// cancellation.
+func (w *fakeWorker) streamUntilCanceled() <-chan struct{} {
+	canceled := make(chan struct{})
+	w.setHandler(func(rw http.ResponseWriter, r *http.Request) {
+		rw.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(rw, "data: {\"n\":1}\n\n")
+		rw.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+			close(canceled)
+		case <-time.After(10 * time.Second):
+		}
+	})
+	return canceled
+}
+
 // testRouter is a router serving on a loopback port.
 type testRouter struct {
 	*Router
@@ -118,27 +138,22 @@ func startRouter(t *testing.T, cfg config.Config, ws ...*fakeWorker) *testRouter
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	tr := &testRouter{Router: r, url: "http://" + ln.Addr().String(), cancel: cancel, done: make(chan error, 1)}
+	tr := &testRouter{Router: r, url: "http://" + ln.Addr().String(), cancel: cancel}
+	addWorkers(t, ctx, r, ws)
+	tr.done = testkit.Go(t, cancel, func() error { return r.Serve(ctx, ln, nil) })
+	return tr
+}
+
+// addWorkers registers the workers with r in order.
+func addWorkers(t *testing.T, ctx context.Context, r *Router, ws []*fakeWorker) {
+	t.Helper()
 	for _, w := range ws {
 		if err := r.AddWorker(ctx, w.URL()); err != nil {
 			t.Fatal(err)
 		}
 	}
-	go func() { tr.done <- r.Serve(ctx, ln, nil) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-tr.done:
-		case <-time.After(15 * time.Second):
-			t.Error("router did not stop")
-		}
-	})
-	return tr
 }
 
 func (tr *testRouter) post(t *testing.T, path, body string, header ...string) *http.Response {
@@ -148,26 +163,12 @@ func (tr *testRouter) post(t *testing.T, path, body string, header ...string) *h
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
+	maps.Copy(req.Header, testkit.Header(header...))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return resp
-}
-
-// waitFor polls cond every 5ms for at most 5 seconds.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func readAll(t *testing.T, resp *http.Response) string {
@@ -178,6 +179,18 @@ func readAll(t *testing.T, resp *http.Response) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// withKey sends a body-less request presenting key as a bearer token (none when key is empty),
+// and returns the answer's status and body.
+func (tr *testRouter) withKey(t *testing.T, method, path, key string) (int, string) {
+	t.Helper()
+	var header []string
+	if key != "" {
+		header = []string{"Authorization", "Bearer " + key}
+	}
+	code, _, body := testkit.Send(t, nil, method, tr.url+path, "", header...)
+	return code, body
 }
 
 func (tr *testRouter) totalLoad() int64 {

@@ -2,13 +2,13 @@ package router
 
 import (
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/cacheroute/cacheroute/internal/kvevents/kvtest"
 	"github.com/cacheroute/cacheroute/internal/sim"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // startDiallingSim starts a sim on a free loopback port whose publisher dials bind with the given
@@ -16,8 +16,7 @@ import (
 func startDiallingSim(t *testing.T, bind, topicOf func(hostPort string) string) (string, string) {
 	t.Helper()
 	hostPort := strings.TrimPrefix(kvtest.FreeEndpoint(t), "tcp://")
-	cfg := sim.DefaultConfig()
-	cfg.TimeScale = 0
+	cfg := instantSim()
 	topic := topicOf(hostPort)
 	cfg.KVEvents = sim.KVEventsConfig{Endpoint: bind(hostPort), Topic: topic}
 	fleet, err := sim.Start([]string{hostPort}, cfg)
@@ -60,7 +59,7 @@ func TestPublishersDiallingTheBoundEndpointFeedTheWorkerTheirTopicNames(t *testi
 		tr.CheckHealth(t.Context())
 		tr.Start(t.Context())
 		// The prompt goes straight to b's engine, as another replica would have sent it.
-		waitFor(t, "b's engine's blocks in the index, under "+want, func() bool {
+		testkit.WaitFor(t, "b's engine's blocks in the index, under "+want, func() bool {
 			for _, st := range tr.kvEvents.Status() {
 				if st.Worker == want && st.Blocks >= 50 {
 					return true
@@ -81,7 +80,7 @@ func TestPublishersDiallingTheBoundEndpointFeedTheWorkerTheirTopicNames(t *testi
 		if worker, decision := resp.Header.Get("x-vllm-router-worker"), resp.Header.Get("x-vllm-router-decision"); worker != want || decision != "kv_events_match" {
 			t.Fatalf("explicit map %v: %s on %s, want kv_events_match on %s", explicit, decision, worker, want)
 		}
-		waitFor(t, "the unknown topic's messages counted", func() bool {
+		testkit.WaitFor(t, "the unknown topic's messages counted", func() bool {
 			if v, ok := metricValue(t, tr, "vllm_router_kv_events_unknown_topic_total"); ok && v >= 1 {
 				return true
 			}
@@ -99,10 +98,7 @@ func TestPublishersDiallingTheBoundEndpointFeedTheWorkerTheirTopicNames(t *testi
 // A router told to bind an address another process holds stops at once with the reason, rather
 // than running without the streams it was told to read.
 func TestRouterRefusesToStartOnABindEndpointItCannotBind(t *testing.T) {
-	held, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	held := testkit.Listen(t)
 	defer held.Close()
 	cfg := testConfig()
 	cfg.Policy = "cache_aware"
@@ -120,8 +116,7 @@ func TestAWorkerReadFromTheBoundEndpointReplaysWhatTheRouterMissed(t *testing.T)
 	bind := kvtest.FreeEndpoint(t)
 	replayPort := strings.TrimPrefix(kvtest.FreeEndpoint(t), "tcp://127.0.0.1:")
 	hostPort := strings.TrimPrefix(kvtest.FreeEndpoint(t), "tcp://")
-	cfg := sim.DefaultConfig()
-	cfg.TimeScale = 0
+	cfg := instantSim()
 	cfg.KVEvents = sim.KVEventsConfig{Endpoint: bind, ReplayEndpoint: "tcp://127.0.0.1:" + replayPort, Topic: "kv@" + hostPort + "@sim-model"}
 	fleet, err := sim.Start([]string{hostPort}, cfg)
 	if err != nil {
@@ -146,7 +141,7 @@ func TestAWorkerReadFromTheBoundEndpointReplaysWhatTheRouterMissed(t *testing.T)
 	}
 	tr.CheckHealth(t.Context())
 	tr.Start(t.Context())
-	waitFor(t, "the missed batches replayed", func() bool {
+	testkit.WaitFor(t, "the missed batches replayed", func() bool {
 		st := tr.kvEvents.Status()
 		if len(st) == 1 && st[0].Complete && st[0].Replays > 0 {
 			return true

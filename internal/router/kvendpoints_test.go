@@ -17,6 +17,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/proxy"
 	"github.com/cacheroute/cacheroute/internal/routerapi"
 	"github.com/cacheroute/cacheroute/internal/tenant"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -76,7 +77,7 @@ func TestWorkerAddedThroughTheAdminAPIIsSubscribedAtItsOwnEndpoint(t *testing.T)
 	if status, body := adminCall(t, tr, http.MethodPost, "/workers", own, "Content-Type", "application/json"); status != http.StatusOK {
 		t.Fatalf("POST /workers with its own endpoint: %d %s", status, body)
 	}
-	waitFor(t, "the second worker's blocks in the index", func() bool {
+	testkit.WaitFor(t, "the second worker's blocks in the index", func() bool {
 		pub.Send(storedBlocks(t, promptTokensOf(prompt), 40), false) // until the subscription has joined
 		ev := listed(t, tr, b.url).KVEvents
 		return ev != nil && ev.Blocks >= 40
@@ -182,7 +183,7 @@ func TestAnnotatedPodIsSubscribedAtItsEndpointAndFollowsItsChanges(t *testing.T)
 	subscribed := func(pub *kvtest.Publisher) {
 		t.Helper()
 		h := 0
-		waitFor(t, "blocks from "+pub.Endpoint, func() bool {
+		testkit.WaitFor(t, "blocks from "+pub.Endpoint, func() bool {
 			h++
 			pub.Send(storedBatch(t, h), false) // until the subscription has joined
 			st := tr.kvEvents.Status()
@@ -195,7 +196,7 @@ func TestAnnotatedPodIsSubscribedAtItsEndpointAndFollowsItsChanges(t *testing.T)
 	subscribed(pub2)
 	pod.Metadata.Annotations[discovery.AnnotationKVEventsEndpoint] = "tcp://*:5557"
 	c.updateStatus(t, pod)
-	waitFor(t, "the subscription back at the template", func() bool {
+	testkit.WaitFor(t, "the subscription back at the template", func() bool {
 		st := tr.kvEvents.Status()
 		return len(st) == 1 && st[0].Endpoint == "tcp://127.0.0.1:"+portOf(template) && tr.available(w.url)
 	})

@@ -18,6 +18,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/cacheroute/cacheroute/internal/kvevents/kvtest"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // storedBatch is an engine's batch storing one 16-token block with hash h, in the map encoding.
@@ -50,7 +51,7 @@ func TestRouterIndexesTheBlocksEachWorkerPublishesAndDropsARemovedWorker(t *test
 
 	blocks := `vllm_router_kv_events_index_blocks{worker="` + w.URL() + `"}`
 	h := 0
-	waitFor(t, "a published block in the index", func() bool {
+	testkit.WaitFor(t, "a published block in the index", func() bool {
 		h++
 		pub.Send(storedBatch(t, h), false) // until the subscription has joined: each is a block of its own
 		v, ok := metricValue(t, tr, blocks)
@@ -82,7 +83,7 @@ func TestRouterIndexesTheBlocksEachWorkerPublishesAndDropsARemovedWorker(t *test
 	if status, body := adminCall(t, tr, http.MethodPost, "/remove_worker?url="+url.QueryEscape(w.URL()), ""); status != http.StatusOK {
 		t.Fatalf("remove_worker: %d %s", status, body)
 	}
-	waitFor(t, "the removed worker's subscription and blocks to go", func() bool {
+	testkit.WaitFor(t, "the removed worker's subscription and blocks to go", func() bool {
 		_, ok := metricValue(t, tr, blocks)
 		v, _ := metricValue(t, tr, "vllm_router_kv_events_index_bytes")
 		return !ok && v == 0
@@ -118,7 +119,7 @@ func TestDashboardShowsEachWorkersKVEventIndex(t *testing.T) {
 	pub := kvtest.New(t, "", false)
 	tr, w := startSubscribed(t, pub)
 	h := 0
-	waitFor(t, "a published block in the index", func() bool {
+	testkit.WaitFor(t, "a published block in the index", func() bool {
 		h++
 		pub.Send(storedBatch(t, h), false)
 		st := tr.kvEvents.Status()
@@ -239,7 +240,7 @@ func TestRequestWithoutSessionFollowsTheEngineThatReportsItsPrompt(t *testing.T)
 		ctx, cancel := context.WithCancel(t.Context())
 		tr.Start(ctx)
 		if events {
-			waitFor(t, "the second engine's blocks in the index", func() bool {
+			testkit.WaitFor(t, "the second engine's blocks in the index", func() bool {
 				pubA.Send(storedBatch(t, 999), false) // the first engine holds something else
 				pubB.Send(storedBlocks(t, promptTokensOf(prompt), 40), false)
 				st := tr.kvEvents.Status()

@@ -11,6 +11,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/cacheroute/cacheroute/internal/kvevents/kvtest"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // startSubscribed starts a router in front of one worker, subscribed to pub's events at the
@@ -38,7 +39,7 @@ func TestRouterCountsAndListsAWorkersOrphanedBlocks(t *testing.T) {
 		t.Fatal(err)
 	}
 	series := `vllm_router_kv_events_orphaned_blocks_total{worker="` + w.URL() + `"}`
-	waitFor(t, "orphaned blocks counted", func() bool {
+	testkit.WaitFor(t, "orphaned blocks counted", func() bool {
 		pub.Send(orphans, false) // until the subscription has joined
 		v, ok := metricValue(t, tr, series)
 		return ok && v >= 2
@@ -59,7 +60,7 @@ func TestRouterSurvivesAPublisherAnnouncingAHugeFrame(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	tr.Start(ctx)
-	waitFor(t, "the bound endpoint", func() bool {
+	testkit.WaitFor(t, "the bound endpoint", func() bool {
 		c, err := net.Dial("tcp", strings.TrimPrefix(cfg.KVEventsBind, "tcp://"))
 		if err == nil {
 			c.Close()
@@ -83,7 +84,7 @@ func TestRouterSurvivesAPublisherAnnouncingAHugeFrame(t *testing.T) {
 	u, _ := url.Parse(w.URL())
 	topic := []byte("kv@" + u.Host + "@test-model")
 	var seq int64
-	waitFor(t, "the next publisher's block in the index", func() bool {
+	testkit.WaitFor(t, "the next publisher's block in the index", func() bool {
 		if err := pub.Send(zmq4.NewMsgFrom(topic, kvtest.BigEndian(seq), storedBatch(t, int(seq)+1))); err != nil {
 			t.Fatal(err)
 		}

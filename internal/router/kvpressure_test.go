@@ -13,6 +13,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
 	"github.com/cacheroute/cacheroute/internal/proxy"
 	"github.com/cacheroute/cacheroute/internal/sim"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // sharedPrompt is a system prompt and tools of about 30,000 simulated tokens that every session
@@ -30,19 +31,14 @@ func sharedPrompt() string {
 // sessions spread (no worker takes more than 3), and each stays on its worker, its cached tokens
 // growing every turn.
 func TestSessionsSharingALongPrefixSpreadAndStay(t *testing.T) {
-	simCfg := sim.DefaultConfig()
-	simCfg.TimeScale = 0
-	fleet, err := sim.StartLocal(4, simCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(fleet.Close)
+	simCfg := instantSim()
+	fleet := startSimFleetOf(t, 4, simCfg)
 	cfg := testConfig()
 	cfg.Policy = "cache_aware"
 	cfg.WorkerURLs = fleet.URLs()
 	tr := startRouter(t, cfg)
 	tr.Start(t.Context()) // the workers, probed, and the scrapes of their /metrics
-	waitFor(t, "every worker's KV capacity", func() bool {
+	testkit.WaitFor(t, "every worker's KV capacity", func() bool {
 		for _, w := range tr.pool.All() {
 			if w.KVCapacity() == 0 {
 				return false
@@ -121,7 +117,7 @@ func admissionRouter(t *testing.T, urls []string, timeout float64, configure fun
 	}
 	tr := startRouter(t, cfg)
 	tr.Start(t.Context())
-	waitFor(t, "the workers' KV capacities", func() bool {
+	testkit.WaitFor(t, "the workers' KV capacities", func() bool {
 		for _, w := range tr.pool.All() {
 			if w.KVCapacity() == 0 {
 				return false
@@ -135,14 +131,9 @@ func admissionRouter(t *testing.T, urls []string, timeout float64, configure fun
 // smallKVSims starts n simulated workers whose KV cache holds 2,048 blocks (32,768 tokens).
 func smallKVSims(t *testing.T, n int) *sim.Fleet {
 	t.Helper()
-	cfg := sim.DefaultConfig()
-	cfg.TimeScale = 0
+	cfg := instantSim()
 	cfg.KVCacheBlocks = 2048
-	f, err := sim.StartLocal(n, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(f.Close)
+	f := startSimFleetOf(t, n, cfg)
 	return f
 }
 
@@ -184,7 +175,7 @@ func TestAWaitingSessionIsPlacedWhenAWorkerWithRoomJoins(t *testing.T) {
 	}
 	second := make(chan *http.Response, 1)
 	go func() { second <- tr.post(t, "/v1/chat/completions", bigTurn("b"), "x-session-id", "b") }()
-	waitFor(t, "the second session to wait", func() bool {
+	testkit.WaitFor(t, "the second session to wait", func() bool {
 		v, _ := metricValue(t, tr, "vllm_router_session_admission_waiting")
 		return v == 1
 	})
@@ -216,13 +207,13 @@ func TestAClientThatLeavesWhileWaitingForRoomLeavesTheQueue(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	waitFor(t, "the second session to wait", func() bool {
+	testkit.WaitFor(t, "the second session to wait", func() bool {
 		v, _ := metricValue(t, tr, "vllm_router_session_admission_waiting")
 		return v == 1
 	})
 	cancel()
 	<-done
-	waitFor(t, "the wait to end as the client left", func() bool {
+	testkit.WaitFor(t, "the wait to end as the client left", func() bool {
 		v, _ := metricValue(t, tr, `vllm_router_session_admission_waits_total{outcome="client_gone"}`)
 		w, _ := metricValue(t, tr, "vllm_router_session_admission_waiting")
 		return v == 1 && w == 0

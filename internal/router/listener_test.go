@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // flakyListener fails its first failures accepts with err, then accepts from the real listener.
@@ -28,10 +30,7 @@ func (l *flakyListener) Accept() (net.Conn, error) {
 }
 
 func TestAcceptSurvivesRunningOutOfFileDescriptors(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	defer ln.Close()
 	flaky := &flakyListener{Listener: ln, err: &net.OpError{Op: "accept", Err: syscall.EMFILE}}
 	flaky.failures.Store(3)
@@ -61,10 +60,7 @@ func TestAcceptSurvivesRunningOutOfFileDescriptors(t *testing.T) {
 }
 
 func TestAcceptStillFailsOnOtherErrors(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	ln.Close()
 	if _, err := retryAccept(ln, slog.New(slog.DiscardHandler)).Accept(); err == nil {
 		t.Fatal("a closed listener accepted")
@@ -72,10 +68,7 @@ func TestAcceptStillFailsOnOtherErrors(t *testing.T) {
 }
 
 func TestConnectionsOverTheCapGet503AndTheRestStillWork(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	capped := capListener(ln, 2)
 	defer capped.Close()
 	accepted := make(chan struct{}, 3)
@@ -126,7 +119,7 @@ func TestConnectionsOverTheCapGet503AndTheRestStillWork(t *testing.T) {
 		c.Close()
 	}
 	// Closed connections free their places.
-	waitFor(t, "a place to free up", func() bool {
+	testkit.WaitFor(t, "a place to free up", func() bool {
 		c, err := net.Dial("tcp", ln.Addr().String())
 		if err != nil {
 			return false
@@ -179,7 +172,7 @@ func TestOneClientAddressOverItsConnectionCapGets429WhileAnotherAddressIsServed(
 	}
 	// A closed connection gives its place back.
 	held[0].Close()
-	waitFor(t, "a place for the address again", func() bool {
+	testkit.WaitFor(t, "a place for the address again", func() bool {
 		c := dialFrom("127.0.0.1")
 		defer c.Close()
 		resp, _ := ask(c)

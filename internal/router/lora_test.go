@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/cacheroute/cacheroute/internal/sim"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // Two simulated workers, each serving one base model and its LoRA adapters lora-a and lora-b,
@@ -55,7 +56,7 @@ func TestRequestsForTwoAdaptersOfOneBaseModelNeverMatchEachOthersBlocks(t *testi
 	}
 
 	w, _, _ := send("lora-a")
-	waitFor(t, "lora-a's blocks in the index", func() bool { return blocksOn(w) >= 150 })
+	testkit.WaitFor(t, "lora-a's blocks in the index", func() bool { return blocksOn(w) >= 150 })
 
 	if got, decision, cached := send("lora-a"); got != w || decision != "kv_events_match" || cached == 0 {
 		t.Fatalf("lora-a again: %s on %s, %d cached tokens; want kv_events_match on %s, served from its cache", decision, got, cached, w)

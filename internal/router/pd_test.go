@@ -20,6 +20,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/proxy"
 	"github.com/cacheroute/cacheroute/internal/sim"
 	"github.com/cacheroute/cacheroute/internal/tenant"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -36,21 +37,9 @@ type pdRig struct {
 
 func startPDRig(t *testing.T, prefills, decodes int, simCfg sim.Config) *pdRig {
 	t.Helper()
-	pf, err := sim.StartLocal(prefills, simCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pf.Close)
-	df, err := sim.StartLocal(decodes, simCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(df.Close)
-	ref, err := sim.StartLocal(1, simCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ref.Close)
+	pf := startSimFleetOf(t, prefills, simCfg)
+	df := startSimFleetOf(t, decodes, simCfg)
+	ref := startSimFleetOf(t, 1, simCfg)
 
 	tr := startPDRouter(t)
 	joinAs(t, tr, workers.RolePrefill, pf.URLs()...)
@@ -119,8 +108,7 @@ var (
 // worker that pulled the KV, and the client reads every byte it would read from one colocated
 // worker, streamed and not.
 func TestPD_AChatIsPrefilledOnOneWorkerDecodedOnAnotherAndReadsAsFromOne(t *testing.T) {
-	cfg := sim.DefaultConfig()
-	cfg.TimeScale = 0
+	cfg := instantSim()
 	r := startPDRig(t, 2, 2, cfg)
 	ctx := t.Context()
 	params, _ := pdParams(pdDocument, "")
@@ -180,14 +168,13 @@ func TestPD_AChatIsPrefilledOnOneWorkerDecodedOnAnotherAndReadsAsFromOne(t *test
 	}
 	// A request is counted when the router ends it, which may come a moment after the client
 	// read the stream's last bytes.
-	waitFor(t, "both transfers counted", func() bool { return r.pdCount(proxy.PDTransfer) == 2 })
+	testkit.WaitFor(t, "both transfers counted", func() bool { return r.pdCount(proxy.PDTransfer) == 2 })
 }
 
 // A session's later turns stay on their decode worker, which holds the conversation after the
 // first transfer: they skip the transfer and are computed there.
 func TestPD_ASessionsLaterTurnsSkipTheTransferOnTheirDecodeWorker(t *testing.T) {
-	cfg := sim.DefaultConfig()
-	cfg.TimeScale = 0
+	cfg := instantSim()
 	r := startPDRig(t, 1, 2, cfg)
 	ctx := t.Context()
 	params, opts := pdParams(pdDocument, "agent-7")
@@ -217,8 +204,7 @@ func TestPD_ASessionsLaterTurnsSkipTheTransferOnTheirDecodeWorker(t *testing.T) 
 // Short prompts are computed on the decode worker; requests of routes that take no
 // kv_transfer_params never reach a prefill worker.
 func TestPD_ShortPromptsAndOtherRoutesStayOffThePrefillWorkers(t *testing.T) {
-	cfg := sim.DefaultConfig()
-	cfg.TimeScale = 0
+	cfg := instantSim()
 	r := startPDRig(t, 1, 1, cfg)
 	resp := r.tr.post(t, "/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":4}`)
 	readAll(t, resp)
@@ -241,8 +227,7 @@ func TestPD_ShortPromptsAndOtherRoutesStayOffThePrefillWorkers(t *testing.T) {
 // cannot pull the KV (its prefill worker died after the prefill) is replaced by one that computes
 // the prompt. No request is lost.
 func TestPD_NoRequestIsLostWhenAPrefillWorkerDies(t *testing.T) {
-	cfg := sim.DefaultConfig()
-	cfg.TimeScale = 0
+	cfg := instantSim()
 	r := startPDRig(t, 1, 2, cfg)
 	ctx := t.Context()
 
@@ -282,13 +267,8 @@ func TestPD_NoRequestIsLostWhenAPrefillWorkerDies(t *testing.T) {
 // a host that is no host or a port out of range, never reach a decode worker. The prefill counts as
 // failed (bad_response), and the decode worker computes the prompt; the client reads a whole answer.
 func TestPD_AnswerWithBadTransferParamsIsDecodedWithoutThem(t *testing.T) {
-	cfg := sim.DefaultConfig()
-	cfg.TimeScale = 0
-	decode, err := sim.StartLocal(1, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(decode.Close)
+	cfg := instantSim()
+	decode := startSimFleetOf(t, 1, cfg)
 	prefill := newFakeWorker(t, "sim-model")
 	tr := startPDRouter(t)
 	joinAs(t, tr, workers.RolePrefill, prefill.URL())

@@ -27,8 +27,19 @@ const simModel = "sim-model"
 
 func startSimFleet(t *testing.T, n int) *sim.Fleet {
 	t.Helper()
+	return startSimFleetOf(t, n, instantSim())
+}
+
+// instantSim is the simulated worker's configuration with no simulated time: every answer at once.
+func instantSim() sim.Config {
 	cfg := sim.DefaultConfig()
 	cfg.TimeScale = 0
+	return cfg
+}
+
+// startSimFleetOf runs n simulated workers of cfg on loopback until the test ends.
+func startSimFleetOf(t testing.TB, n int, cfg sim.Config) *sim.Fleet {
+	t.Helper()
 	fleet, err := sim.StartLocal(n, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // A value the router keeps from a request must be its own copy: the listener reuses a request's
@@ -194,7 +195,7 @@ func TestAccessLogEntriesKeepTheirRequestsValuesWhileOtherRequestsReuseTheBuffer
 		}
 	}
 	seen := map[string]bool{}
-	waitFor(t, "an access log line for every request", func() bool {
+	testkit.WaitFor(t, "an access log line for every request", func() bool {
 		f, err := os.Open(path)
 		if err != nil {
 			return false

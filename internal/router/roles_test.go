@@ -14,6 +14,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/fleet"
 	"github.com/cacheroute/cacheroute/internal/tenant"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -134,7 +135,7 @@ func TestPodsOfEachRoleSelectorJoinInThatRole(t *testing.T) {
 	cfg.PrefillSelector = []string{"app=vllm", "role=prefill"}
 	cfg.DecodeSelector = []string{"app=vllm", "role=decode"}
 	tr, _ := startDiscovering(t, cfg, c.env())
-	waitFor(t, "both pods to join", func() bool { return tr.available(pods[0].url) && tr.available(pods[1].url) })
+	testkit.WaitFor(t, "both pods to join", func() bool { return tr.available(pods[0].url) && tr.available(pods[1].url) })
 	if tr.role(t, pods[0].url) != workers.RolePrefill || tr.role(t, pods[1].url) != workers.RoleDecode {
 		t.Fatalf("roles %s, %s; want prefill, decode", tr.role(t, pods[0].url), tr.role(t, pods[1].url))
 	}
@@ -172,7 +173,7 @@ func TestWorkerFoundByTwoSourcesStaysUntilBothStop(t *testing.T) {
 	}
 	dns := &appliedSets{Source: sources[1], changed: make(chan struct{}, 1)}
 	tr.startDiscovery(t.Context(), sources[0], dns)
-	waitFor(t, "both sources to hold the pod", func() bool {
+	testkit.WaitFor(t, "both sources to hold the pod", func() bool {
 		return slices.Equal(tr.holders(t, pods[0].url), []fleet.Source{"dns", "kubernetes"})
 	})
 
@@ -184,5 +185,5 @@ func TestWorkerFoundByTwoSourcesStaysUntilBothStop(t *testing.T) {
 		t.Fatalf("after DNS let go: available %v, held by %v", tr.available(pods[0].url), got)
 	}
 	c.delete(t, "vllm-0")
-	waitFor(t, "the pod to leave", func() bool { return !tr.registered(pods[0].url) })
+	testkit.WaitFor(t, "the pod to leave", func() bool { return !tr.registered(pods[0].url) })
 }

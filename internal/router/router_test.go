@@ -18,6 +18,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
 	"github.com/cacheroute/cacheroute/internal/proxy"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 const chatBody = `{"model":"test-model","messages":[{"role":"user","content":"hi"}]}`
@@ -95,7 +96,7 @@ func TestStreamArrivesEventByEvent(t *testing.T) {
 	if !strings.Contains(string(rest), `{"n":2}`) || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
 		t.Fatalf("rest of stream %q", rest)
 	}
-	waitFor(t, "load to return to zero", func() bool { return tr.totalLoad() == 0 })
+	testkit.WaitFor(t, "load to return to zero", func() bool { return tr.totalLoad() == 0 })
 }
 
 // A request goes to the workers of its model; with --strict-model-matching a model no worker
@@ -346,22 +347,12 @@ func TestNoRetryAfterFirstByte(t *testing.T) {
 	if got := testutil.ToFloat64(tr.Metrics().UpstreamErrors.WithLabelValues("mid_stream")); got != 1 {
 		t.Fatalf("upstream_errors_total{kind=mid_stream} = %v", got)
 	}
-	waitFor(t, "load to return to zero", func() bool { return tr.totalLoad() == 0 })
+	testkit.WaitFor(t, "load to return to zero", func() bool { return tr.totalLoad() == 0 })
 }
 
 func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	w := newFakeWorker(t)
-	canceled := make(chan struct{})
-	w.setHandler(func(rw http.ResponseWriter, r *http.Request) {
-		rw.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(rw, "data: {\"n\":1}\n\n")
-		rw.(http.Flusher).Flush()
-		select {
-		case <-r.Context().Done():
-			close(canceled)
-		case <-time.After(10 * time.Second):
-		}
-	})
+	canceled := w.streamUntilCanceled()
 	tr := startRouter(t, testConfig(), w)
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, tr.url+"/v1/chat/completions", strings.NewReader(`{"stream":true,"messages":[]}`))
@@ -382,7 +373,7 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("upstream request not canceled after the client left")
 	}
-	waitFor(t, "load to return to zero", func() bool { return tr.totalLoad() == 0 })
+	testkit.WaitFor(t, "load to return to zero", func() bool { return tr.totalLoad() == 0 })
 }
 
 func TestLoadCountersReturnToZeroAfterMixedBurst(t *testing.T) {
@@ -443,7 +434,7 @@ func TestLoadCountersReturnToZeroAfterMixedBurst(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	waitFor(t, "every load counter back at zero", func() bool { return tr.totalLoad() == 0 })
+	testkit.WaitFor(t, "every load counter back at zero", func() bool { return tr.totalLoad() == 0 })
 	for _, w := range tr.Pool().All() {
 		if w.Load() != 0 {
 			t.Errorf("%s load %d", w.Tenant(), w.Load())
@@ -553,17 +544,7 @@ func TestAdminEndpointsRequireKeyAndManageWorkers(t *testing.T) {
 	cfg := testConfig()
 	cfg.AdminAPIKey = "admin-secret"
 	tr := startRouter(t, cfg, a)
-	call := func(method, path, key string) (int, string) {
-		req, _ := http.NewRequest(method, tr.url+path, nil)
-		if key != "" {
-			req.Header.Set("Authorization", "Bearer "+key)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp.StatusCode, readAll(t, resp)
-	}
+	call := func(method, path, key string) (int, string) { return tr.withKey(t, method, path, key) }
 	for _, key := range []string{"", "wrong"} {
 		if code, _ := call("GET", "/list_workers", key); code != 401 {
 			t.Fatalf("list_workers with key %q = %d, want 401", key, code)
@@ -631,7 +612,7 @@ func TestGracefulDrainFinishesInFlightRequests(t *testing.T) {
 	}()
 	<-started
 	tr.cancel() // SIGTERM
-	waitFor(t, "the listener to close", func() bool {
+	testkit.WaitFor(t, "the listener to close", func() bool {
 		c, err := net.DialTimeout("tcp", strings.TrimPrefix(tr.url, "http://"), time.Second)
 		if err == nil {
 			c.Close()

@@ -45,8 +45,7 @@ type sdkRig struct {
 
 func startSDKRig(t *testing.T, policy string) *sdkRig {
 	t.Helper()
-	simCfg := sim.DefaultConfig()
-	simCfg.TimeScale = 0
+	simCfg := instantSim()
 	// The strict tool loop (a call to each user message, text after each result), so that the
 	// SDKs' tool loops run every turn; the default rule calls about one turn in two.
 	simCfg.ToolCallRate, simCfg.ToolCallDecay, simCfg.ToolPick = 1, 0, sim.ToolPickAny

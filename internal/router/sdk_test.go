@@ -291,22 +291,7 @@ func streamResponse(t *testing.T, client openai.Client, what string, params resp
 // the first goes to the worker that stored the response it continues, so none is answered 404,
 // and that worker's prefix cache holds more of each turn than of the one before.
 func TestSDKResponsesPreviousResponseIDChainStaysOnItsWorker(t *testing.T) {
-	for _, stream := range []bool{false, true} {
-		t.Run(map[bool]string{false: "json", true: "stream"}[stream], func(t *testing.T) {
-			rig := startSDKRig(t, "cache_aware")
-			sessions := runResponsesSessions(t, rig, responsesMode{chained: true, stream: stream})
-			for _, ss := range sessions {
-				if len(ss.notFound) > 0 {
-					t.Errorf("%s: answered 404: %v", ss.id, ss.notFound)
-					continue
-				}
-				if ss.calls < 3 {
-					t.Errorf("%s: the worker called a tool in %d of %d turns, want at least 3", ss.id, ss.calls, sdkTurns)
-				}
-				rig.checkSessionKeptItsCache(t, ss.id, ss.turns, "response_id_match")
-			}
-		})
-	}
+	checkResponsesSessionsStayOnTheirWorkers(t, responsesMode{chained: true}, "response_id_match")
 }
 
 // An agent on the OpenAI SDK's Responses API that resends its whole input every turn with its
@@ -314,11 +299,19 @@ func TestSDKResponsesPreviousResponseIDChainStaysOnItsWorker(t *testing.T) {
 // served by one worker, by session match after the first, whose prefix cache holds more of each
 // turn than of the one before.
 func TestSDKResponsesFullInputWithPromptCacheKeyStaysOnItsWorker(t *testing.T) {
+	checkResponsesSessionsStayOnTheirWorkers(t, responsesMode{}, "session_id_match")
+}
+
+// checkResponsesSessionsStayOnTheirWorkers runs the Responses sessions in mode through a
+// cache_aware router, streamed and not: no turn is answered 404, the worker calls a tool in at
+// least 3 turns of each session, and every turn after the first is routed by label to the worker
+// whose prefix cache holds more of it than of the turn before.
+func checkResponsesSessionsStayOnTheirWorkers(t *testing.T, mode responsesMode, label string) {
 	for _, stream := range []bool{false, true} {
 		t.Run(map[bool]string{false: "json", true: "stream"}[stream], func(t *testing.T) {
 			rig := startSDKRig(t, "cache_aware")
-			sessions := runResponsesSessions(t, rig, responsesMode{stream: stream})
-			for _, ss := range sessions {
+			mode.stream = stream
+			for _, ss := range runResponsesSessions(t, rig, mode) {
 				if len(ss.notFound) > 0 {
 					t.Errorf("%s: answered 404: %v", ss.id, ss.notFound)
 					continue
@@ -326,7 +319,7 @@ func TestSDKResponsesFullInputWithPromptCacheKeyStaysOnItsWorker(t *testing.T) {
 				if ss.calls < 3 {
 					t.Errorf("%s: the worker called a tool in %d of %d turns, want at least 3", ss.id, ss.calls, sdkTurns)
 				}
-				rig.checkSessionKeptItsCache(t, ss.id, ss.turns, "session_id_match")
+				rig.checkSessionKeptItsCache(t, ss.id, ss.turns, label)
 			}
 		})
 	}

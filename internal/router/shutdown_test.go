@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // answer is what a client got: a status, a Retry-After and a body; or an error.
@@ -72,10 +74,10 @@ func shutdownWithAQueue(t *testing.T) (tr *testRouter, release func(), held, cha
 	tr = startRouter(t, cfg, w)
 	t.Cleanup(release) // before the router's and the worker's cleanups, which wait for the request
 	held = tr.postAsync("/v1/chat/completions", chatBody)
-	waitFor(t, "the first request at the worker", func() bool { return w.hits.Load() == 1 })
+	testkit.WaitFor(t, "the first request at the worker", func() bool { return w.hits.Load() == 1 })
 	chat = tr.postAsync("/v1/chat/completions", chatBody)
 	messages = tr.postAsync("/v1/messages", `{"model":"test-model","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`)
-	waitFor(t, "two requests queued", func() bool { return tr.admission.Controller.Queued() == 2 })
+	testkit.WaitFor(t, "two requests queued", func() bool { return tr.admission.Controller.Queued() == 2 })
 	tr.cancel()
 	return tr, release, held, chat, messages
 }

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // localhostIsLoopback reports whether this machine resolves localhost to 127.0.0.1, as the
@@ -72,7 +74,7 @@ func TestPodsOfOneAddressUnderTwoSpellingsAreOneWorker(t *testing.T) {
 	c.create(t, newPod("vllm-0", pods[0].ip, true))
 	c.create(t, newPod("vllm-0-mapped", "::ffff:"+pods[0].ip, true))
 	tr, _ := startDiscovering(t, discoveryConfig("round_robin", port), c.env())
-	waitFor(t, "the pod to join", func() bool { return tr.available(pods[0].url) })
+	testkit.WaitFor(t, "the pod to join", func() bool { return tr.available(pods[0].url) })
 	if urls := tr.Pool().URLs(); !slices.Equal(urls, []string{pods[0].url}) {
 		t.Fatalf("workers %v, want one: %s", urls, pods[0].url)
 	}

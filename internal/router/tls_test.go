@@ -2,115 +2,43 @@ package router
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
 	"log"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/config"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // testPKI is a certificate authority made for one test, with the files it writes in dir.
 type testPKI struct {
+	*testkit.CA
 	t      *testing.T
 	dir    string
-	ca     *x509.Certificate
-	caKey  *ecdsa.PrivateKey
 	caFile string
 }
 
 func newTestPKI(t *testing.T) *testPKI {
 	t.Helper()
-	key := newKey(t)
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "cacheroute test CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &testPKI{t: t, dir: t.TempDir(), ca: ca, caKey: key}
+	p := &testPKI{CA: testkit.NewCA(t, "cacheroute test CA"), t: t, dir: t.TempDir()}
 	p.caFile = filepath.Join(p.dir, "ca.pem")
-	replaceFile(t, p.caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+	replaceFile(t, p.caFile, p.PEM)
 	return p
-}
-
-func newKey(t *testing.T) *ecdsa.PrivateKey {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return key
-}
-
-func (p *testPKI) pool() *x509.CertPool {
-	pool := x509.NewCertPool()
-	pool.AddCert(p.ca)
-	return pool
-}
-
-// issue returns the PEM certificate and key of a server certificate for 127.0.0.1, or of a
-// client certificate, with the given serial number.
-func (p *testPKI) issue(serial int64, client bool) (certPEM, keyPEM []byte) {
-	p.t.Helper()
-	key := newKey(p.t)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(serial),
-		Subject:      pkix.Name{CommonName: "127.0.0.1"},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-	}
-	if client {
-		tmpl.Subject.CommonName = "cacheroute"
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
-		tmpl.IPAddresses = nil
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &key.PublicKey, p.caKey)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
 }
 
 // writePair issues a certificate and writes it to name.pem and name-key.pem in the PKI's
@@ -118,21 +46,11 @@ func (p *testPKI) issue(serial int64, client bool) (certPEM, keyPEM []byte) {
 // renaming a new file over the old.
 func (p *testPKI) writePair(name string, serial int64, client bool) (certFile, keyFile string) {
 	p.t.Helper()
-	certPEM, keyPEM := p.issue(serial, client)
+	leaf := p.Issue(p.t, serial, client)
 	certFile, keyFile = filepath.Join(p.dir, name+".pem"), filepath.Join(p.dir, name+"-key.pem")
-	replaceFile(p.t, keyFile, keyPEM)
-	replaceFile(p.t, certFile, certPEM)
+	replaceFile(p.t, keyFile, leaf.KeyPEM)
+	replaceFile(p.t, certFile, leaf.CertPEM)
 	return certFile, keyFile
-}
-
-// tlsCertificate issues a certificate for a test server or client to use directly.
-func (p *testPKI) tlsCertificate(serial int64, client bool) tls.Certificate {
-	p.t.Helper()
-	cert, err := tls.X509KeyPair(p.issue(serial, client))
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	return cert
 }
 
 func replaceFile(t *testing.T, path string, data []byte) {
@@ -144,24 +62,6 @@ func replaceFile(t *testing.T, path string, data []byte) {
 	if err := os.Rename(tmp, path); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// syncBuffer collects log output written from several goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // tlsTestRouter is a router serving TLS on loopback: the traffic listener and the metrics one.
@@ -185,30 +85,11 @@ func startTLSRouter(t *testing.T, cfg config.Config, ws ...*fakeWorker) *tlsTest
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	mln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
+	mln := testkit.Listen(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	for _, w := range ws {
-		if err := r.AddWorker(ctx, w.URL()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	done := make(chan error, 1)
-	go func() { done <- r.Serve(ctx, ln, mln) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			t.Error("router did not stop")
-		}
-	})
+	addWorkers(t, ctx, r, ws)
+	testkit.Go(t, cancel, func() error { return r.Serve(ctx, ln, mln) })
 	return &tlsTestRouter{Router: r, addr: ln.Addr().String(), metricsAddr: mln.Addr().String(), url: "https://" + ln.Addr().String()}
 }
 
@@ -225,16 +106,28 @@ func httpsClient(t *testing.T, roots *x509.CertPool, cert *tls.Certificate) *htt
 
 const tlsChatBody = `{"model":"test-model","messages":[{"role":"user","content":"hi"}]}`
 
-// presentedSerial completes one handshake with addr and returns the serial number of the
-// certificate it presented.
-func presentedSerial(t *testing.T, addr string, roots *x509.CertPool) int64 {
+// postTLSChat posts a chat request to tr with a client that trusts p.
+func postTLSChat(t *testing.T, tr *tlsTestRouter, p *testPKI) *http.Response {
+	t.Helper()
+	resp, err := httpsClient(t, p.Pool(), nil).Post(tr.url+"/v1/chat/completions", "application/json", strings.NewReader(tlsChatBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// wantSerial completes one handshake with addr and fails unless the certificate it presented has
+// serial number want.
+func wantSerial(t *testing.T, addr string, roots *x509.CertPool, want int64, when string) {
 	t.Helper()
 	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr, &tls.Config{RootCAs: roots})
 	if err != nil {
 		t.Fatalf("handshake with %s: %v", addr, err)
 	}
 	defer c.Close()
-	return c.ConnectionState().PeerCertificates[0].SerialNumber.Int64()
+	if got := c.ConnectionState().PeerCertificates[0].SerialNumber.Int64(); got != want {
+		t.Fatalf("%s: serial %d, want %d", when, got, want)
+	}
 }
 
 // newTLSWorker is a fakeWorker served over TLS with serverTLS; handshake errors go to errLog.
@@ -256,11 +149,7 @@ func TestRouterOverTLSAnswersAClientThatTrustsItsCA(t *testing.T) {
 	p := newTestPKI(t)
 	w := newFakeWorker(t)
 	tr := startTLSRouter(t, tlsConfig(p), w)
-	c := httpsClient(t, p.pool(), nil)
-	resp, err := c.Post(tr.url+"/v1/chat/completions", "application/json", strings.NewReader(tlsChatBody))
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := postTLSChat(t, tr, p)
 	body := readAll(t, resp)
 	if resp.StatusCode != 200 || !strings.Contains(body, `"content":"hello"`) {
 		t.Fatalf("status %d body %s", resp.StatusCode, body)
@@ -271,7 +160,7 @@ func TestRouterOverTLSAnswersAClientThatTrustsItsCA(t *testing.T) {
 	if _, h := w.last(); h.Get("X-Forwarded-Proto") != "https" {
 		t.Errorf("worker saw X-Forwarded-Proto %q, want https", h.Get("X-Forwarded-Proto"))
 	}
-	resp, err = c.Get(tr.url + "/health")
+	resp, err := httpsClient(t, p.Pool(), nil).Get(tr.url + "/health")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +172,7 @@ func TestRouterOverTLSAnswersAClientThatTrustsItsCA(t *testing.T) {
 func TestMetricsListenerServesTLSToo(t *testing.T) {
 	p := newTestPKI(t)
 	tr := startTLSRouter(t, tlsConfig(p))
-	resp, err := httpsClient(t, p.pool(), nil).Get("https://" + tr.metricsAddr + "/metrics")
+	resp, err := httpsClient(t, p.Pool(), nil).Get("https://" + tr.metricsAddr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +208,7 @@ func TestClientsBelowTLS12AreRefused(t *testing.T) {
 	p := newTestPKI(t)
 	tr := startTLSRouter(t, tlsConfig(p))
 	_, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", tr.addr,
-		&tls.Config{RootCAs: p.pool(), MinVersion: tls.VersionTLS10, MaxVersion: tls.VersionTLS11})
+		&tls.Config{RootCAs: p.Pool(), MinVersion: tls.VersionTLS10, MaxVersion: tls.VersionTLS11})
 	if err == nil || !strings.Contains(err.Error(), "remote error") {
 		t.Fatalf("a TLS 1.1 handshake: %v, want the router to refuse it", err)
 	}
@@ -365,7 +254,7 @@ func TestConnectionCapHoldsUnderTLS(t *testing.T) {
 	cfg.MaxClientConnections = 1
 	tr := startTLSRouter(t, cfg)
 	dial := func() (*tls.Conn, error) {
-		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", tr.addr, &tls.Config{RootCAs: p.pool()})
+		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", tr.addr, &tls.Config{RootCAs: p.Pool()})
 		if err != nil {
 			return nil, err
 		}
@@ -393,7 +282,7 @@ func TestConnectionCapHoldsUnderTLS(t *testing.T) {
 		t.Fatal("a connection over the cap was served")
 	}
 	held.Close()
-	waitFor(t, "a place to free up", func() bool {
+	testkit.WaitFor(t, "a place to free up", func() bool {
 		c, err := dial()
 		if err == nil {
 			c.Close()
@@ -410,10 +299,7 @@ func TestTLSListenerKeepsAcceptingThroughRunningOutOfFileDescriptors(t *testing.
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	defer ln.Close()
 	flaky := &flakyListener{Listener: ln, err: &net.OpError{Op: "accept", Err: syscall.EMFILE}}
 	flaky.failures.Store(3)
@@ -426,35 +312,25 @@ func TestTLSListenerKeepsAcceptingThroughRunningOutOfFileDescriptors(t *testing.
 		defer c.Close()
 		_, _ = c.Read(make([]byte, 1)) // runs the handshake
 	}()
-	if got := presentedSerial(t, ln.Addr().String(), p.pool()); got != 7 {
-		t.Fatalf("presented serial %d, want 7", got)
-	}
+	wantSerial(t, ln.Addr().String(), p.Pool(), 7, "the listener")
 }
 
 func TestCertificateRotatesOnReload(t *testing.T) {
 	p := newTestPKI(t)
 	tr := startTLSRouter(t, tlsConfig(p))
-	if got := presentedSerial(t, tr.addr, p.pool()); got != 100 {
-		t.Fatalf("serial %d before rotation, want 100", got)
-	}
+	wantSerial(t, tr.addr, p.Pool(), 100, "before rotation")
 	p.writePair("server", 200, false)
 	if err := tr.ReloadCertificates(); err != nil {
 		t.Fatal(err)
 	}
-	if got := presentedSerial(t, tr.addr, p.pool()); got != 200 {
-		t.Fatalf("serial %d after rotation, want 200", got)
-	}
-	if got := presentedSerial(t, tr.metricsAddr, p.pool()); got != 200 {
-		t.Fatalf("metrics listener serial %d after rotation, want 200", got)
-	}
+	wantSerial(t, tr.addr, p.Pool(), 200, "after rotation")
+	wantSerial(t, tr.metricsAddr, p.Pool(), 200, "the metrics listener after rotation")
 	// A broken file is refused and the certificate in use stays.
 	replaceFile(t, filepath.Join(p.dir, "server.pem"), []byte("not a certificate"))
 	if err := tr.ReloadCertificates(); err == nil || !strings.Contains(err.Error(), "--tls-cert-file") {
 		t.Fatalf("reloading a broken file: %v, want an error naming --tls-cert-file", err)
 	}
-	if got := presentedSerial(t, tr.addr, p.pool()); got != 200 {
-		t.Fatalf("serial %d after a failed reload, want 200 still", got)
-	}
+	wantSerial(t, tr.addr, p.Pool(), 200, "after a failed reload")
 }
 
 // Without a reload call, changed files are picked up by the next handshake after the periodic
@@ -462,20 +338,16 @@ func TestCertificateRotatesOnReload(t *testing.T) {
 func TestCertificateRotatesWhenTheFilesChange(t *testing.T) {
 	p := newTestPKI(t)
 	tr := startTLSRouter(t, tlsConfig(p))
-	if got := presentedSerial(t, tr.addr, p.pool()); got != 100 {
-		t.Fatalf("serial %d before rotation, want 100", got)
-	}
+	wantSerial(t, tr.addr, p.Pool(), 100, "before rotation")
 	p.writePair("server", 300, false)
 	tr.certs.nextCheck.Store(0)
-	if got := presentedSerial(t, tr.addr, p.pool()); got != 300 {
-		t.Fatalf("serial %d after the files changed, want 300", got)
-	}
+	wantSerial(t, tr.addr, p.Pool(), 300, "after the files changed")
 }
 
 func TestCertificateThatFailsToLoadKeepsTheOneInUseAndIsLoggedOnce(t *testing.T) {
 	p := newTestPKI(t)
 	certFile, keyFile := p.writePair("server", 1, false)
-	var logs syncBuffer
+	var logs testkit.SyncBuffer
 	rl, err := newCertReloader(certFile, keyFile, "TLS certificate", slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -488,7 +360,7 @@ func TestCertificateThatFailsToLoadKeepsTheOneInUseAndIsLoggedOnce(t *testing.T)
 		return leaf.SerialNumber.Int64()
 	}
 	// A new certificate whose key has not been written yet: the pair does not match.
-	certPEM, _ := p.issue(2, false)
+	certPEM := p.Issue(t, 2, false).CertPEM
 	replaceFile(t, certFile, certPEM)
 	for range 3 {
 		rl.nextCheck.Store(0)
@@ -508,7 +380,7 @@ func TestCertificateThatFailsToLoadKeepsTheOneInUseAndIsLoggedOnce(t *testing.T)
 
 func TestHTTPSWorkerIsReachedWithTheWorkerCAFile(t *testing.T) {
 	p := newTestPKI(t)
-	w := newTLSWorker(t, &tls.Config{Certificates: []tls.Certificate{p.tlsCertificate(10, false)}}, nil)
+	w := newTLSWorker(t, &tls.Config{Certificates: []tls.Certificate{p.Issue(t, 10, false).TLS()}}, nil)
 	cfg := testConfig()
 	cfg.WorkerCAFile = p.caFile
 	tr := startRouter(t, cfg, w)
@@ -533,8 +405,8 @@ func TestHTTPSWorkerIsReachedWithTheWorkerCAFile(t *testing.T) {
 
 func TestHTTPSWorkerIsNotTrustedWithoutTheWorkerCAFile(t *testing.T) {
 	p := newTestPKI(t)
-	var errLog syncBuffer
-	w := newTLSWorker(t, &tls.Config{Certificates: []tls.Certificate{p.tlsCertificate(10, false)}}, &errLog)
+	var errLog testkit.SyncBuffer
+	w := newTLSWorker(t, &tls.Config{Certificates: []tls.Certificate{p.Issue(t, 10, false).TLS()}}, &errLog)
 	tr := startRouter(t, testConfig(), w) // system roots only
 	if tr.Pool().Get(w.URL())[0].Healthy() {
 		t.Fatal("a worker whose certificate no trusted CA signed passed its health check")
@@ -546,16 +418,16 @@ func TestHTTPSWorkerIsNotTrustedWithoutTheWorkerCAFile(t *testing.T) {
 	if n := w.hits.Load(); n != 0 {
 		t.Fatalf("the untrusted worker got %d requests", n)
 	}
-	waitFor(t, "the worker to log the refused handshake", func() bool { return strings.Contains(errLog.String(), "TLS handshake error") })
+	testkit.WaitFor(t, "the worker to log the refused handshake", func() bool { return strings.Contains(errLog.String(), "TLS handshake error") })
 }
 
 func TestMutualTLSWorkerIsReachedWithTheClientCertificateAndRefusedWithout(t *testing.T) {
 	p := newTestPKI(t)
-	var errLog syncBuffer
+	var errLog testkit.SyncBuffer
 	w := newTLSWorker(t, &tls.Config{
-		Certificates: []tls.Certificate{p.tlsCertificate(10, false)},
+		Certificates: []tls.Certificate{p.Issue(t, 10, false).TLS()},
 		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    p.pool(),
+		ClientCAs:    p.Pool(),
 	}, &errLog)
 
 	t.Run("with the client certificate", func(t *testing.T) {
@@ -589,7 +461,7 @@ func TestMutualTLSWorkerIsReachedWithTheClientCertificateAndRefusedWithout(t *te
 		if n := w.hits.Load(); n != hits {
 			t.Fatalf("worker got %d more requests without a client certificate", n-hits)
 		}
-		waitFor(t, "the worker to refuse the handshake for want of a certificate", func() bool {
+		testkit.WaitFor(t, "the worker to refuse the handshake for want of a certificate", func() bool {
 			return strings.Contains(errLog.String(), "certificate")
 		})
 	})
@@ -604,19 +476,9 @@ func TestClientLeavingOverTLSCancelsTheWorkersRequest(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			p := newTestPKI(t)
 			w := newFakeWorker(t)
-			canceled := make(chan struct{})
-			w.setHandler(func(rw http.ResponseWriter, r *http.Request) {
-				rw.Header().Set("Content-Type", "text/event-stream")
-				fmt.Fprint(rw, "data: {\"n\":1}\n\n")
-				rw.(http.Flusher).Flush()
-				select {
-				case <-r.Context().Done():
-					close(canceled)
-				case <-time.After(10 * time.Second):
-				}
-			})
+			canceled := w.streamUntilCanceled()
 			tr := startTLSRouter(t, tlsConfig(p), w)
-			c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", tr.addr, &tls.Config{RootCAs: p.pool()})
+			c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", tr.addr, &tls.Config{RootCAs: p.Pool()})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -700,18 +562,14 @@ func TestRouterOverTLSStillTellsWorkersHTTPSAndAnswersOversizedHeadersInTheRoute
 	p := newTestPKI(t)
 	w := newFakeWorker(t)
 	tr := startTLSRouter(t, tlsConfig(p), w)
-	c := httpsClient(t, p.pool(), nil)
-	resp, err := c.Post(tr.url+"/v1/chat/completions", "application/json", strings.NewReader(tlsChatBody))
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := postTLSChat(t, tr, p)
 	readAll(t, resp)
 	if _, h := w.last(); h.Get("X-Forwarded-Proto") != "https" {
 		t.Fatalf("X-Forwarded-Proto %q, want https", h.Get("X-Forwarded-Proto"))
 	}
 	req, _ := http.NewRequest(http.MethodPost, tr.url+"/v1/messages", strings.NewReader(`{}`))
 	req.Header.Set("X-Big", strings.Repeat("a", 20<<10))
-	resp, err = c.Do(req)
+	resp, err := httpsClient(t, p.Pool(), nil).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

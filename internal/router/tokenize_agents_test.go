@@ -18,6 +18,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
 	"github.com/cacheroute/cacheroute/internal/proxy"
 	"github.com/cacheroute/cacheroute/internal/sim"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // eventRouters starts two simulated workers publishing their KV-cache events over ZMQ on
@@ -59,11 +60,7 @@ func eventWorker(t *testing.T, cfg sim.Config) (url, endpoint string) {
 	t.Helper()
 	cfg.TimeScale = 0
 	cfg.KVEvents = sim.KVEventsConfig{Endpoint: kvtest.FreeEndpoint(t), Bind: true}
-	fleet, err := sim.StartLocal(1, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(fleet.Close)
+	fleet := startSimFleetOf(t, 1, cfg)
 	return fleet.URLs()[0], cfg.KVEvents.Endpoint
 }
 
@@ -105,7 +102,7 @@ func startEventRouter(t *testing.T, cfg config.Config, workers map[string]string
 // which publishes an AllBlocksCleared: a test's first prompt is then published to every router.
 func waitStreamsHeard(t *testing.T, workers []string, routers ...*testRouter) {
 	t.Helper()
-	waitFor(t, "every worker's event stream heard by every router", func() bool {
+	testkit.WaitFor(t, "every worker's event stream heard by every router", func() bool {
 		heard := 0
 		for _, tr := range routers {
 			for _, st := range tr.kvEvents.Status() {
@@ -129,7 +126,7 @@ func waitStreamsHeard(t *testing.T, workers []string, routers ...*testRouter) {
 // waitIndexed waits until tr's index holds a block of worker's.
 func waitIndexed(t *testing.T, tr *testRouter, worker string) {
 	t.Helper()
-	waitFor(t, "the worker's blocks in the second router's index", func() bool {
+	testkit.WaitFor(t, "the worker's blocks in the second router's index", func() bool {
 		v, ok := metricValue(t, tr, `vllm_router_kv_events_index_blocks{worker="`+worker+`"}`)
 		return ok && v >= 1
 	})

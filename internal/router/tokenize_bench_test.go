@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -17,6 +16,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/config"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/sim"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // BenchmarkTokenize measures what routing on KV-cache events adds to a chat completion without
@@ -67,8 +67,7 @@ func BenchmarkTokenizeDefaultTimeout(b *testing.B) {
 // benchTokenize runs one case; timeoutSecs 0 keeps the default tokenize timeout, with perKiBMs
 // its allowance per KiB.
 func benchTokenize(b *testing.B, size int, mode string, timeoutSecs, perKiBMs float64) {
-	simCfg := sim.DefaultConfig()
-	simCfg.TimeScale = 0
+	simCfg := instantSim()
 	simCfg.MaxModelLen = 1 << 20   // a 512 KiB message is about 130k of the sim's tokens
 	simCfg.KVCacheBlocks = 1 << 15 // and fits in its cache
 	cfg := testConfig()
@@ -77,14 +76,10 @@ func benchTokenize(b *testing.B, size int, mode string, timeoutSecs, perKiBMs fl
 	for range 2 { // a request with one candidate is not tokenized
 		var endpoint string
 		if mode != "off" {
-			endpoint = "tcp://127.0.0.1:" + strconv.Itoa(freePort(b))
+			endpoint = "tcp://127.0.0.1:" + strconv.Itoa(testkit.FreePort(b))
 			simCfg.KVEvents = sim.KVEventsConfig{Endpoint: endpoint, Bind: true}
 		}
-		fleet, err := sim.StartLocal(1, simCfg)
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(fleet.Close)
+		fleet := startSimFleetOf(b, 1, simCfg)
 		cfg.WorkerURLs = append(cfg.WorkerURLs, fleet.URLs()[0])
 		if endpoint != "" {
 			cfg.KVEventsWorkerEndpoints[fleet.URLs()[0]] = endpoint
@@ -169,15 +164,4 @@ func tokenizeResults(b *testing.B, r *Router, results ...string) float64 {
 		sum += m.GetCounter().GetValue()
 	}
 	return sum
-}
-
-// freePort is a loopback port free when asked, for a simulated worker's event publisher.
-func freePort(b testing.TB) int {
-	b.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }

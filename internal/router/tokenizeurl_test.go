@@ -2,12 +2,11 @@ package router
 
 import (
 	"encoding/json"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
 
-	"github.com/cacheroute/cacheroute/internal/sim"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // With --tokenize-url the router asks a render service, not a worker, for a request's tokens: a
@@ -15,17 +14,9 @@ import (
 // worker's engine published is placed there by the events; with the URL at a port nothing listens
 // on, every ask fails (the workers are not asked instead) and the request still routes.
 func TestTokensAreAskedOfTheRenderServiceWhenOneIsGiven(t *testing.T) {
-	simCfg := sim.DefaultConfig()
-	simCfg.TimeScale = 0
-	render, err := sim.StartLocal(1, simCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(render.Close)
-	closed, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	simCfg := instantSim()
+	render := startSimFleetOf(t, 1, simCfg)
+	closed := testkit.Listen(t)
 	nobody := "http://" + closed.Addr().String()
 	closed.Close()
 
@@ -45,7 +36,7 @@ func TestTokensAreAskedOfTheRenderServiceWhenOneIsGiven(t *testing.T) {
 			t.Fatal(err)
 		}
 		resp.Body.Close() // the worker's engine holds the prompt now, and publishes it
-		waitFor(t, "the prompt's blocks in the index", func() bool {
+		testkit.WaitFor(t, "the prompt's blocks in the index", func() bool {
 			held := 0
 			for _, st := range tr.kvEvents.Status() {
 				held += st.Blocks

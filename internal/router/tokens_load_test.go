@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // With --load-signal tokens a long prompt weighs on its worker while the worker prefills it (until
@@ -42,15 +44,15 @@ func TestTokensSignalWeighsALongPromptUntilItsFirstByte(t *testing.T) {
 		resp := tr.post(t, "/v1/chat/completions", string(body))
 		done <- readAll(t, resp)
 	}()
-	waitFor(t, "the request to reach the worker", func() bool { return fw.hits.Load() == 1 })
+	testkit.WaitFor(t, "the request to reach the worker", func() bool { return fw.hits.Load() == 1 })
 	if got := w.Load(); got < 1+9 || got > 1+11 {
 		t.Fatalf("load while the worker prefills about 10,800 tokens: %d, want 1 + about 10 units of 1,024 tokens", got)
 	}
 	close(firstByte)
-	waitFor(t, "the prefill weight to go once the first byte passed", func() bool { return w.Load() == 1 })
+	testkit.WaitFor(t, "the prefill weight to go once the first byte passed", func() bool { return w.Load() == 1 })
 	close(finish)
 	if out := <-done; !strings.Contains(out, "[DONE]") {
 		t.Fatalf("answer %q", out)
 	}
-	waitFor(t, "the load to go", func() bool { return w.Load() == 0 && w.PendingPrefillTokens() == 0 })
+	testkit.WaitFor(t, "the load to go", func() bool { return w.Load() == 0 && w.PendingPrefillTokens() == 0 })
 }

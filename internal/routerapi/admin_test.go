@@ -5,12 +5,14 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // The admin plane without an admin key: open to callers on this host's loopback only.
 
 func TestAdminPlaneRefusesARemoteCallerAddingAWorkerWithoutAKey(t *testing.T) {
-	w := statusWorker(t, http.StatusOK, "w")
+	w := testkit.NamedServer(t, http.StatusOK, "w")
 	ta := newTestAPI(t, Options{Fleet: &probeRecorder{}}, w.URL)
 	for _, c := range []struct{ method, path, body string }{
 		{http.MethodPost, "/workers", `{"url":"http://attacker.example:8000"}`},
@@ -34,7 +36,7 @@ func TestAdminPlaneRefusesARemoteCallerAddingAWorkerWithoutAKey(t *testing.T) {
 }
 
 func TestAdminPlaneTreatsAProxiedLoopbackCallerAsRemote(t *testing.T) {
-	ta := newTestAPI(t, Options{}, statusWorker(t, http.StatusOK, "w").URL)
+	ta := newTestAPI(t, Options{}, testkit.NamedServer(t, http.StatusOK, "w").URL)
 	for _, h := range []string{"X-Forwarded-For", "Forwarded"} {
 		status, _, body := ta.do(t, http.MethodGet, "/workers", "", h, "for=203.0.113.9")
 		if status != http.StatusForbidden {
@@ -50,14 +52,14 @@ func TestAdminPlaneTreatsAProxiedLoopbackCallerAsRemote(t *testing.T) {
 }
 
 func TestAdminPlaneWithAKeyServesARemoteCallerThatSendsIt(t *testing.T) {
-	ta := newTestAPI(t, Options{AdminAPIKey: "adm1n-key"}, statusWorker(t, http.StatusOK, "w").URL)
+	ta := newTestAPI(t, Options{AdminAPIKey: "adm1n-key"}, testkit.NamedServer(t, http.StatusOK, "w").URL)
 	if rec := ta.remote(http.MethodGet, "/workers", "", "198.51.100.7:40000", "Authorization", "Bearer adm1n-key"); rec.Code != http.StatusOK {
 		t.Fatalf("%d %s, want 200", rec.Code, rec.Body.String())
 	}
 }
 
 func TestAdminAPIRefusesWorkerURLsWithCredentialsUnlessAllowed(t *testing.T) {
-	w := statusWorker(t, http.StatusOK, "w")
+	w := testkit.NamedServer(t, http.StatusOK, "w")
 	ta := newTestAPI(t, Options{Fleet: &probeRecorder{}}, w.URL)
 	status, _, body := ta.do(t, http.MethodPost, "/workers", `{"url":"http://user:secret@10.0.0.9:8000"}`)
 	if status != http.StatusBadRequest || errorCode(t, body) != "invalid_worker_url" || strings.Contains(body, "secret") {
@@ -70,7 +72,7 @@ func TestAdminAPIRefusesWorkerURLsWithCredentialsUnlessAllowed(t *testing.T) {
 }
 
 func TestAdminBearerSchemeIsCaseInsensitive(t *testing.T) {
-	ta := newTestAPI(t, Options{AdminAPIKey: "adm1n-key"}, statusWorker(t, http.StatusOK, "w").URL)
+	ta := newTestAPI(t, Options{AdminAPIKey: "adm1n-key"}, testkit.NamedServer(t, http.StatusOK, "w").URL)
 	for auth, want := range map[string]int{
 		"Bearer adm1n-key": http.StatusOK,
 		"bearer adm1n-key": http.StatusOK,
@@ -90,7 +92,7 @@ func TestAdminBearerSchemeIsCaseInsensitive(t *testing.T) {
 }
 
 func TestHealthShowsWorkerURLsOnlyToLoopbackOrAdmin(t *testing.T) {
-	w := statusWorker(t, http.StatusOK, "w")
+	w := testkit.NamedServer(t, http.StatusOK, "w")
 	hostPort := strings.TrimPrefix(w.URL, "http://")
 
 	health := func(t *testing.T, ta *testAPI, header ...string) map[string]json.RawMessage {

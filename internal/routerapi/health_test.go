@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -36,7 +37,7 @@ func healthWorkers(t *testing.T, body string) []WorkerInfo {
 }
 
 func TestHealthDetailShowsEachWorkersLastProbeError(t *testing.T) {
-	down := statusWorker(t, http.StatusNotFound, "down") // its /health answers 404
+	down := testkit.NamedServer(t, http.StatusNotFound, "down") // its /health answers 404
 	ta := newTestAPI(t, Options{}, down.URL)
 	failProbes(t, ta)
 
@@ -54,7 +55,7 @@ func TestHealthDetailShowsEachWorkersLastProbeError(t *testing.T) {
 		t.Errorf("worker %+v, want the 404, its time and 1 consecutive failure", w)
 	}
 	// A worker that never failed a probe carries none of the fields.
-	ta2 := newTestAPI(t, Options{}, statusWorker(t, http.StatusOK, "up").URL)
+	ta2 := newTestAPI(t, Options{}, testkit.NamedServer(t, http.StatusOK, "up").URL)
 	_, _, body = ta2.do(t, http.MethodGet, "/health", "")
 	if strings.Contains(body, "probe") {
 		t.Errorf("/health of a never-failed worker mentions probes: %s", body)
@@ -62,7 +63,7 @@ func TestHealthDetailShowsEachWorkersLastProbeError(t *testing.T) {
 }
 
 func TestHealthHidesProbeErrorsFromCallersThatMayNotSeeWorkers(t *testing.T) {
-	down := statusWorker(t, http.StatusNotFound, "down")
+	down := testkit.NamedServer(t, http.StatusNotFound, "down")
 	ta := newTestAPI(t, Options{AdminAPIKey: "adm1n-key"}, down.URL)
 	failProbes(t, ta)
 
@@ -83,7 +84,7 @@ func TestHealthHidesProbeErrorsFromCallersThatMayNotSeeWorkers(t *testing.T) {
 }
 
 func TestAdminAPIRefusesAWorkerURLEndingInV1AndSaysWhatToGive(t *testing.T) {
-	ta := newTestAPI(t, Options{Fleet: &probeRecorder{}}, statusWorker(t, http.StatusOK, "w").URL)
+	ta := newTestAPI(t, Options{Fleet: &probeRecorder{}}, testkit.NamedServer(t, http.StatusOK, "w").URL)
 	for _, path := range []string{"/workers", "/add_worker?url=http://10.0.0.9:8000/v1/"} {
 		body := ""
 		if path == "/workers" {

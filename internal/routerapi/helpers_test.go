@@ -3,13 +3,11 @@ package routerapi
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +15,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/metrics"
 	"github.com/cacheroute/cacheroute/internal/tenant"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -65,26 +64,7 @@ func newTestAPI(t *testing.T, opts Options, urls ...string) *testAPI {
 // whole body of the answer.
 func (ta *testAPI) do(t *testing.T, method, path, body string, header ...string) (int, http.Header, string) {
 	t.Helper()
-	req, err := http.NewRequest(method, ta.URL+path, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("%s %s: reading the body: %v", method, path, err)
-	}
-	return resp.StatusCode, resp.Header, string(b)
+	return testkit.Send(t, nil, method, ta.URL+path, body, header...)
 }
 
 // remote answers a request as if it came from addr, which the network tests cannot do (they use
@@ -92,9 +72,7 @@ func (ta *testAPI) do(t *testing.T, method, path, body string, header ...string)
 func (ta *testAPI) remote(method, path, body, addr string, header ...string) *httptest.ResponseRecorder {
 	req := httptest.NewRequest(method, path, strings.NewReader(body))
 	req.RemoteAddr = addr
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
+	maps.Copy(req.Header, testkit.Header(header...))
 	rec := httptest.NewRecorder()
 	ta.API.ServeHTTP(rec, req)
 	return rec
@@ -112,33 +90,6 @@ func errorCode(t *testing.T, body string) string {
 		t.Fatalf("not an OpenAI error body (%v): %q", err, body)
 	}
 	return e.Error.Code
-}
-
-// testWorker is an httptest worker that counts the requests it receives.
-type testWorker struct {
-	*httptest.Server
-	hits atomic.Int64
-}
-
-func newWorker(t *testing.T, h http.HandlerFunc) *testWorker {
-	t.Helper()
-	w := &testWorker{}
-	w.Server = httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		w.hits.Add(1)
-		h(rw, r)
-	}))
-	t.Cleanup(w.Close)
-	return w
-}
-
-// statusWorker answers every request with status and a body naming itself.
-func statusWorker(t *testing.T, status int, name string) *testWorker {
-	return newWorker(t, func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(status)
-		_, _ = fmt.Fprintf(w, `{"worker":%q}`, name)
-	})
 }
 
 // probeRecorder is a Fleet that joins every worker at once and records the workers probed.

@@ -9,14 +9,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/cacheroute/cacheroute/internal/upstream"
 )
 
 func TestLoraAdapterIsLoadedOnEveryWorkerAndTheirModelsRefreshed(t *testing.T) {
 	var mu sync.Mutex
 	var auth []string
-	lora := func(status int) *testWorker {
-		return newWorker(t, func(rw http.ResponseWriter, r *http.Request) {
+	lora := func(status int) *testkit.Server {
+		return testkit.NewServer(t, func(rw http.ResponseWriter, r *http.Request) {
 			body, _ := io.ReadAll(r.Body)
 			mu.Lock()
 			auth = append(auth, r.Header.Get("Authorization"))
@@ -51,8 +52,8 @@ func TestLoraAdapterIsLoadedOnEveryWorkerAndTheirModelsRefreshed(t *testing.T) {
 			t.Errorf("result %+v", r)
 		}
 	}
-	if a.hits.Load() != 1 || b.hits.Load() != 1 {
-		t.Fatalf("hits %d %d, want one each", a.hits.Load(), b.hits.Load())
+	if a.Hits.Load() != 1 || b.Hits.Load() != 1 {
+		t.Fatalf("hits %d %d, want one each", a.Hits.Load(), b.Hits.Load())
 	}
 	mu.Lock()
 	for _, h := range auth {
@@ -69,8 +70,8 @@ func TestLoraAdapterIsLoadedOnEveryWorkerAndTheirModelsRefreshed(t *testing.T) {
 }
 
 func TestLoraAdapterFailingOnOneWorkerIsReportedAsSuch(t *testing.T) {
-	ok := statusWorker(t, http.StatusOK, "ok")
-	bad := statusWorker(t, http.StatusBadRequest, "bad")
+	ok := testkit.NamedServer(t, http.StatusOK, "ok")
+	bad := testkit.NamedServer(t, http.StatusBadRequest, "bad")
 	ta := newTestAPI(t, Options{}, ok.URL, bad.URL)
 	status, _, answer := ta.do(t, http.MethodPost, "/v1/load_lora_adapter", `{"lora_name":"x","lora_path":"/x"}`)
 	if status != http.StatusBadGateway || !strings.Contains(answer, `"status": 400`) {

@@ -10,12 +10,13 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/tenant"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // MaxEntries bounds the whole store: these tests hold it to that, alone and under concurrency.
 
 func TestCapacity_BoundsAllModelsTogether(t *testing.T) {
-	clock := newFakeClock()
+	clock := testkit.NewClock()
 	m := NewMemory(MemoryOptions{MaxEntries: 4, Now: clock.Now})
 	for i := range 10 {
 		set(t, m, fmt.Sprintf("m%d", i%3), fmt.Sprintf("s%d", i), workerA)
@@ -30,7 +31,7 @@ func TestCapacity_BoundsAllModelsTogether(t *testing.T) {
 }
 
 func TestCapacity_EvictsTheLeastRecentlyUsedEntryOfWhicheverModel(t *testing.T) {
-	clock := newFakeClock()
+	clock := testkit.NewClock()
 	var log evictLog
 	m := NewMemory(MemoryOptions{MaxEntries: 4, Now: clock.Now, OnEvict: log.record})
 	tick := func() { clock.Advance(time.Second) }
@@ -73,7 +74,7 @@ func TestCapacity_EvictsTheLeastRecentlyUsedEntryOfWhicheverModel(t *testing.T) 
 }
 
 func TestCapacity_ANewModelEvictsTheOldestEntryNotFromTheLargestModel(t *testing.T) {
-	clock := newFakeClock()
+	clock := testkit.NewClock()
 	var log evictLog
 	m := NewMemory(MemoryOptions{MaxEntries: 4, TTL: time.Minute, Now: clock.Now, OnEvict: log.record})
 	set(t, m, "m2", "b1", workerA)
@@ -106,7 +107,7 @@ func TestCapacity_ANewModelEvictsTheOldestEntryNotFromTheLargestModel(t *testing
 }
 
 func TestCapacity_OnEqualAccessTimesTheAddingModelsOwnEntryGoes(t *testing.T) {
-	clock := newFakeClock() // never advanced: every entry has the same access time
+	clock := testkit.NewClock() // never advanced: every entry has the same access time
 	var log evictLog
 	m := NewMemory(MemoryOptions{MaxEntries: 3, Now: clock.Now, OnEvict: log.record})
 	set(t, m, "m1", "a1", workerA)
@@ -131,7 +132,7 @@ func TestCapacity_OnEqualAccessTimesTheAddingModelsOwnEntryGoes(t *testing.T) {
 // that its recent new keys make up.
 func TestCapacity_ModelsShareAFullStoreInProportionToTheirUse(t *testing.T) {
 	const capacity = 100
-	clock := newFakeClock()
+	clock := testkit.NewClock()
 	m := NewMemory(MemoryOptions{MaxEntries: capacity, Now: clock.Now})
 	n := 0
 	add := func(mdl string) {
@@ -242,7 +243,7 @@ func TestConcurrent_CapacityHoldsAcrossModelsAtEveryMoment(t *testing.T) {
 	tenants := []string{workerA, workerA + "@1", workerB}
 	for _, capacity := range []int{1, 7, 200} {
 		t.Run(fmt.Sprintf("capacity=%d", capacity), func(t *testing.T) {
-			clock := newFakeClock()
+			clock := testkit.NewClock()
 			m := NewMemory(MemoryOptions{MaxEntries: capacity, TTL: 30 * time.Second, Now: clock.Now})
 			for _, mdl := range models {
 				m.lookupOrCreate(mdl) // so that the monitor sees every model
@@ -322,7 +323,7 @@ func TestMemory_MatchesAReferenceAcrossModels(t *testing.T) {
 		capacity = 6
 		ttl      = 100 * time.Second
 	)
-	clock := newFakeClock()
+	clock := testkit.NewClock()
 	var events []string
 	m := NewMemory(MemoryOptions{MaxEntries: capacity, TTL: ttl, Now: clock.Now,
 		OnEvict: func(model string, reason EvictReason, n int) {

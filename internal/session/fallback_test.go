@@ -1,7 +1,6 @@
 package session_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/session"
 	"github.com/cacheroute/cacheroute/internal/session/redistest"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // fakePrimary is a shared store in memory that can be made to fail.
@@ -108,27 +108,9 @@ func (o *observed) errs(op string) int {
 	return o.errors[op]
 }
 
-// syncBuffer is a log sink safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func newFallback(p session.Primary, retry time.Duration) (*session.Fallback, *observed, *syncBuffer) {
+func newFallback(p session.Primary, retry time.Duration) (*session.Fallback, *observed, *testkit.SyncBuffer) {
 	obs := &observed{}
-	logs := &syncBuffer{}
+	logs := &testkit.SyncBuffer{}
 	f := session.NewFallback(p, session.NewMemory(session.MemoryOptions{}), session.FallbackOptions{
 		Backend:       "redis",
 		RetryInterval: retry,

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/tenant"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 const (
@@ -17,26 +18,6 @@ const (
 	workerA = "http://10.0.0.1:8000"
 	workerB = "http://10.0.0.2:8000"
 )
-
-// fakeClock is a settable clock for TTL tests.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_700_000_000, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
 
 // evictLog records OnEvict calls as totals per model and reason.
 type evictLog struct {
@@ -111,7 +92,7 @@ func TestMemory_DeleteRemovesTheSession(t *testing.T) {
 }
 
 func TestTTL_ExpiryDropsOldEntriesAndKeepsTheNewest(t *testing.T) {
-	clock := newFakeClock()
+	clock := testkit.NewClock()
 	var log evictLog
 	m := NewMemory(MemoryOptions{TTL: time.Minute, Now: clock.Now, OnEvict: log.record})
 	set(t, m, model, "old", workerA)
@@ -130,7 +111,7 @@ func TestTTL_ExpiryDropsOldEntriesAndKeepsTheNewest(t *testing.T) {
 }
 
 func TestTTL_GetRefreshesTheTTL(t *testing.T) {
-	clock := newFakeClock()
+	clock := testkit.NewClock()
 	m := NewMemory(MemoryOptions{TTL: time.Minute, Now: clock.Now})
 	set(t, m, model, "s1", workerA)
 	for range 5 {
@@ -142,7 +123,7 @@ func TestTTL_GetRefreshesTheTTL(t *testing.T) {
 }
 
 func TestTTL_SweepDropsOnlyExpiredEntriesInEveryModel(t *testing.T) {
-	clock := newFakeClock()
+	clock := testkit.NewClock()
 	var log evictLog
 	m := NewMemory(MemoryOptions{TTL: time.Minute, Now: clock.Now, OnEvict: log.record})
 	for i := range 3000 { // more than one sweep batch
@@ -209,7 +190,7 @@ func TestCapacity_OverwriteRefreshesRecency(t *testing.T) {
 }
 
 func TestCapacity_ExpiredVictimIsReportedAsTTL(t *testing.T) {
-	clock := newFakeClock()
+	clock := testkit.NewClock()
 	var log evictLog
 	m := NewMemory(MemoryOptions{MaxEntries: 2, TTL: time.Minute, Now: clock.Now, OnEvict: log.record})
 	set(t, m, model, "s1", workerA)
@@ -296,7 +277,7 @@ func TestEvictReason_String(t *testing.T) {
 // and a plain map with explicit recency, checking every Get and the list structure.
 func TestMemory_MatchesAReferenceUnderRandomOperations(t *testing.T) {
 	const capacity = 20
-	clock := newFakeClock()
+	clock := testkit.NewClock()
 	m := NewMemory(MemoryOptions{MaxEntries: capacity, TTL: 100 * time.Second, Now: clock.Now})
 	type refEntry struct {
 		tenant string

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/admission"
 	"github.com/cacheroute/cacheroute/internal/session/redistest"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // These tests run RedisLimiters against a real redis-server on a loopback port. Two limiters on
@@ -85,7 +86,7 @@ func (h *rlHooks) logged() string {
 
 // newRL returns a limiter on store for rates, reporting to hooks, whose clock is clk when clk
 // is not nil (the server's TIME otherwise).
-func newRL(t testing.TB, store *Redis, rates map[string]admission.Rate, clk *fakeClock, hooks *rlHooks, retry time.Duration) *RedisLimiter {
+func newRL(t testing.TB, store *Redis, rates map[string]admission.Rate, clk *testkit.Clock, hooks *rlHooks, retry time.Duration) *RedisLimiter {
 	t.Helper()
 	if hooks == nil {
 		hooks = &rlHooks{}
@@ -133,7 +134,7 @@ func TestRedisLimiter_ReplicasShareATenantsBudget(t *testing.T) {
 // step, so no two checks can both see the last request.
 func TestRedisLimiter_ConcurrentChecksFromTwoReplicasNeverOverspend(t *testing.T) {
 	srv := redistest.Start(t)
-	clk := newFakeClock() // no refill during the test, however slow the machine
+	clk := testkit.NewClock() // no refill during the test, however slow the machine
 	rates := map[string]admission.Rate{"a": {RequestsPerMinute: 40, TokensPerMinute: 4000}}
 	replicas := []*RedisLimiter{
 		newRL(t, rlStore(t, srv, 2*time.Second), rates, clk, nil, 0),
@@ -165,7 +166,7 @@ func TestRedisLimiter_ConcurrentChecksFromTwoReplicasNeverOverspend(t *testing.T
 
 func TestRedisLimiter_TokensPerMinuteAndTooLarge(t *testing.T) {
 	srv := redistest.Start(t)
-	clk := newFakeClock()
+	clk := testkit.NewClock()
 	l := newRL(t, rlStore(t, srv, 2*time.Second), map[string]admission.Rate{"a": {RequestsPerMinute: 10, TokensPerMinute: 1000}}, clk, nil, 0)
 	want := admission.Decision{
 		Allowed:  true,
@@ -205,7 +206,7 @@ func TestRedisLimiter_TokensPerMinuteAndTooLarge(t *testing.T) {
 // a minute into whole microseconds, the Redis limiter's resolution.
 func TestRedisLimiter_DecisionsEqualMemoryLimiters(t *testing.T) {
 	srv := redistest.Start(t)
-	clk := newFakeClock()
+	clk := testkit.NewClock()
 	rates := map[string]admission.Rate{
 		"both":     {RequestsPerMinute: 12, TokensPerMinute: 6000},
 		"requests": {RequestsPerMinute: 3},
@@ -240,7 +241,7 @@ func TestRedisLimiter_DecisionsEqualMemoryLimiters(t *testing.T) {
 
 func TestRedisLimiter_BucketRefillsWithTime(t *testing.T) {
 	srv := redistest.Start(t)
-	clk := newFakeClock()
+	clk := testkit.NewClock()
 	l := newRL(t, rlStore(t, srv, 2*time.Second), map[string]admission.Rate{"a": {RequestsPerMinute: 3}}, clk, nil, 0)
 	for range 3 {
 		if d := l.Check(t.Context(), "a", 0); !d.Allowed {
@@ -276,18 +277,12 @@ func TestRedisLimiter_RefillsOnTheServersClock(t *testing.T) {
 	if d.Allowed || d.RetryAfter <= 0 || d.RetryAfter > 100*time.Millisecond {
 		t.Fatalf("one more token: %+v, want refused with a Retry-After of at most 100ms (600 tokens a minute)", d)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !l.Check(t.Context(), "a", 1).Allowed {
-		if time.Now().After(deadline) {
-			t.Fatal("the bucket did not refill one token within 10s at 600 tokens a minute")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.WaitFor(t, "the bucket to refill one token at 600 tokens a minute", func() bool { return l.Check(t.Context(), "a", 1).Allowed })
 }
 
 func TestRedisLimiter_KeyExpiresAMinuteAfterTheBucketsAreFull(t *testing.T) {
 	srv := redistest.Start(t)
-	clk := newFakeClock()
+	clk := testkit.NewClock()
 	l := newRL(t, rlStore(t, srv, 2*time.Second), map[string]admission.Rate{"a": {RequestsPerMinute: 3, TokensPerMinute: 600}}, clk, nil, 0)
 	if l.Key("a") != rlPrefix+":rl:a" {
 		t.Fatalf("key %q, want %s:rl:a", l.Key("a"), rlPrefix)
@@ -398,13 +393,15 @@ func TestRedisLimiter_SharesAgainWhenRedisComesBack(t *testing.T) {
 		t.Fatalf("Redis down: %+v with %d errors, want the fallback's answer and the error counted", d, hooks.errorCount())
 	}
 	srv.Restart()
-	deadline := time.Now().Add(15 * time.Second)
-	for hooks.count(ResultOK) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("no check reached Redis within 15s of its restart; results %v", hooks.results)
+	reached := testkit.Poll(15*time.Second, 20*time.Millisecond, func() bool {
+		if hooks.count(ResultOK) > 0 {
+			return true
 		}
-		time.Sleep(20 * time.Millisecond)
 		one.Check(t.Context(), "a", 0)
+		return false
+	})
+	if !reached {
+		t.Fatalf("no check reached Redis within 15s of its restart; results %v", hooks.results)
 	}
 	// The check that reached Redis took one of its two; the other replica takes the last.
 	if d := two.Check(t.Context(), "a", 0); !d.Allowed || d.Requests.Remaining != 0 {

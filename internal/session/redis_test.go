@@ -3,16 +3,10 @@ package session_test
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/hex"
-	"encoding/pem"
-	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -26,6 +20,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/session"
 	"github.com/cacheroute/cacheroute/internal/session/redistest"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 const (
@@ -383,69 +378,13 @@ func TestNewRedis_DoesNotConnect(t *testing.T) {
 	}
 }
 
-// testCA signs certificates for the TLS tests: an ECDSA P-256 authority made for one test.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newTestCA(t *testing.T) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "session test CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-func (ca *testCA) pool() *x509.CertPool {
-	p := x509.NewCertPool()
-	p.AddCert(ca.cert)
-	return p
-}
-
 // serverFiles writes a server certificate for 127.0.0.1 and its key to dir.
-func (ca *testCA) serverFiles(t *testing.T, dir string) (certFile, keyFile string) {
+func serverFiles(t *testing.T, ca *testkit.CA, dir string) (certFile, keyFile string) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2),
-		Subject:      pkix.Name{CommonName: "127.0.0.1"},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	leaf := ca.Issue(t, 2, false)
 	certFile, keyFile = filepath.Join(dir, "server.pem"), filepath.Join(dir, "server-key.pem")
-	for path, block := range map[string]*pem.Block{certFile: {Type: "CERTIFICATE", Bytes: der}, keyFile: {Type: "PRIVATE KEY", Bytes: keyDER}} {
-		if err := os.WriteFile(path, pem.EncodeToMemory(block), 0o600); err != nil {
+	for path, data := range map[string][]byte{certFile: leaf.CertPEM, keyFile: leaf.KeyPEM} {
+		if err := os.WriteFile(path, data, 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -454,7 +393,7 @@ func (ca *testCA) serverFiles(t *testing.T, dir string) (certFile, keyFile strin
 
 // startTLSRedis runs a redis-server that speaks TLS only, on a free loopback port, with a
 // certificate for 127.0.0.1 signed by ca, and returns its rediss:// URL once it answers.
-func startTLSRedis(t *testing.T, ca *testCA) string {
+func startTLSRedis(t *testing.T, ca *testkit.CA) string {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -464,15 +403,12 @@ func startTLSRedis(t *testing.T, ca *testCA) string {
 		t.Skip("redis-server not installed; skipped outside CI")
 	}
 	dir := t.TempDir()
-	certFile, keyFile := ca.serverFiles(t, dir)
+	certFile, keyFile := serverFiles(t, ca, dir)
 	caFile := filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(caFile, ca.pem, 0o600); err != nil {
+	if err := os.WriteFile(caFile, ca.PEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	port := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
 	var out bytes.Buffer
@@ -492,7 +428,7 @@ func startTLSRedis(t *testing.T, ca *testCA) string {
 	url := "rediss://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	c := redis.NewClient(&redis.Options{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), MaxRetries: -1,
 		DialTimeout: time.Second, ReadTimeout: time.Second,
-		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: ca.pool(), ServerName: "127.0.0.1"}})
+		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: ca.Pool(), ServerName: "127.0.0.1"}})
 	defer c.Close()
 	for range 200 { // up to about 10 s
 		select {
@@ -516,9 +452,9 @@ func startTLSRedis(t *testing.T, ca *testCA) string {
 }
 
 func TestRedis_RedissTrustsTheGivenCA(t *testing.T) {
-	ca := newTestCA(t)
+	ca := testkit.NewCA(t, "session test CA")
 	url := startTLSRedis(t, ca)
-	r, err := session.NewRedis(session.RedisOptions{URL: url, Timeout: 2 * time.Second, RootCAs: ca.pool()})
+	r, err := session.NewRedis(session.RedisOptions{URL: url, Timeout: 2 * time.Second, RootCAs: ca.Pool()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -530,8 +466,8 @@ func TestRedis_RedissTrustsTheGivenCA(t *testing.T) {
 // Without the CA (the system roots) or with another CA, the server's certificate is not trusted
 // and no call succeeds: the TLS connection is verified, not merely encrypted.
 func TestRedis_RedissRefusesAServerItsCAsDoNotVouchFor(t *testing.T) {
-	url := startTLSRedis(t, newTestCA(t))
-	for name, roots := range map[string]*x509.CertPool{"system roots": nil, "another CA": newTestCA(t).pool()} {
+	url := startTLSRedis(t, testkit.NewCA(t, "session test CA"))
+	for name, roots := range map[string]*x509.CertPool{"system roots": nil, "another CA": testkit.NewCA(t, "session test CA").Pool()} {
 		t.Run(name, func(t *testing.T) {
 			r, err := session.NewRedis(session.RedisOptions{URL: url, Timeout: 2 * time.Second, RootCAs: roots})
 			if err != nil {
@@ -550,7 +486,7 @@ func TestRedis_RedissRefusesAServerItsCAsDoNotVouchFor(t *testing.T) {
 }
 
 func TestNewRedis_CAsWithAPlainURLAreAnError(t *testing.T) {
-	_, err := session.NewRedis(session.RedisOptions{URL: "redis://127.0.0.1:6379", RootCAs: newTestCA(t).pool()})
+	_, err := session.NewRedis(session.RedisOptions{URL: "redis://127.0.0.1:6379", RootCAs: testkit.NewCA(t, "session test CA").Pool()})
 	if err == nil || !strings.Contains(err.Error(), "rediss://") {
 		t.Fatalf("NewRedis = %v, want an error asking for rediss://", err)
 	}

@@ -101,28 +101,14 @@ func jsonBody(t testing.TB, v any) string {
 func createResponse(t testing.TB, h http.Handler, body any) respReply {
 	t.Helper()
 	rec := do(t, h, http.MethodPost, "/v1/responses", jsonBody(t, body))
-	if rec.Code != http.StatusOK {
-		t.Fatalf("status %d: %s", rec.Code, rec.Body)
-	}
-	var r respReply
-	if err := json.Unmarshal(rec.Body.Bytes(), &r); err != nil {
-		t.Fatalf("decode %q: %v", rec.Body, err)
-	}
-	return r
+	return decodeOK[respReply](t, rec)
 }
 
 // createMessage posts a Messages request and decodes the 200 answer.
 func createMessage(t testing.TB, h http.Handler, body any) msgReply {
 	t.Helper()
 	rec := do(t, h, http.MethodPost, "/v1/messages", jsonBody(t, body))
-	if rec.Code != http.StatusOK {
-		t.Fatalf("status %d: %s", rec.Code, rec.Body)
-	}
-	var r msgReply
-	if err := json.Unmarshal(rec.Body.Bytes(), &r); err != nil {
-		t.Fatalf("decode %q: %v", rec.Body, err)
-	}
-	return r
+	return decodeOK[msgReply](t, rec)
 }
 
 // namedEvent is one server-sent event with its name.

@@ -24,13 +24,7 @@ type chatToolReply struct {
 		} `json:"message"`
 		FinishReason string `json:"finish_reason"`
 	} `json:"choices"`
-	Usage struct {
-		PromptTokens        int `json:"prompt_tokens"`
-		CompletionTokens    int `json:"completion_tokens"`
-		PromptTokensDetails struct {
-			CachedTokens int `json:"cached_tokens"`
-		} `json:"prompt_tokens_details"`
-	} `json:"usage"`
+	Usage chatUsage `json:"usage"`
 }
 
 // call returns the reply's only tool call, or fails.
@@ -72,14 +66,7 @@ func chatWithTools(t *testing.T, h http.Handler, extra map[string]any, msgs ...a
 		body[k] = v
 	}
 	rec := do(t, h, http.MethodPost, "/v1/chat/completions", jsonBody(t, body))
-	if rec.Code != http.StatusOK {
-		t.Fatalf("status %d: %s", rec.Code, rec.Body)
-	}
-	var r chatToolReply
-	if err := json.Unmarshal(rec.Body.Bytes(), &r); err != nil {
-		t.Fatalf("decode %q: %v", rec.Body, err)
-	}
-	return r
+	return decodeOK[chatToolReply](t, rec)
 }
 
 // chatAssistantCall is the assistant message a client sends back for call.
@@ -176,40 +163,12 @@ func TestChat_StreamedToolCall(t *testing.T) {
 	body := jsonBody(t, map[string]any{"messages": []any{weatherQuestion}, "tools": chatTools(), "tool_choice": "auto",
 		"max_tokens": 64, "stream": true, "stream_options": map[string]any{"include_usage": true}})
 	events := sseEvents(t, post(t, url+"/v1/chat/completions", body))
-	type toolDelta struct {
-		Index    *int    `json:"index"`
-		ID       *string `json:"id"`
-		Type     *string `json:"type"`
-		Function struct {
-			Name      *string `json:"name"`
-			Arguments *string `json:"arguments"`
-		} `json:"function"`
-	}
-	type chunk struct {
-		Object  string `json:"object"`
-		Choices []struct {
-			Delta struct {
-				Role      *string     `json:"role"`
-				Content   *string     `json:"content"`
-				ToolCalls []toolDelta `json:"tool_calls"`
-			} `json:"delta"`
-			FinishReason *string `json:"finish_reason"`
-		} `json:"choices"`
-		Usage *struct {
-			CompletionTokens int `json:"completion_tokens"`
-		} `json:"usage"`
-	}
 	n := len(events)
 	// role, the call's id and name, at least one arguments piece, finish, usage, [DONE]
 	if n < 6 || events[n-1] != "[DONE]" {
 		t.Fatalf("%d events: %q", n, events)
 	}
-	chunks := make([]chunk, n-1)
-	for i, ev := range events[:n-1] {
-		if err := json.Unmarshal([]byte(ev), &chunks[i]); err != nil || chunks[i].Object != "chat.completion.chunk" {
-			t.Fatalf("event %d %s: %v", i, ev, err)
-		}
-	}
+	chunks := decodeChunks(t, events[:n-1])
 	if d := chunks[0].Choices[0].Delta; d.Role == nil || *d.Role != "assistant" {
 		t.Fatalf("first chunk %s, want the assistant role", events[0])
 	}

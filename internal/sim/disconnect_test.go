@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // send posts a chat request with ctx in the background and reports its error.
@@ -25,9 +27,7 @@ func send(ctx context.Context, url, content string) <-chan error {
 }
 
 func TestDisconnect_FreesSlotAndPinnedBlocks(t *testing.T) {
-	clock := NewManualClock(time.Unix(0, 0))
-	cfg := DefaultConfig()
-	cfg.Clock = clock
+	cfg, clock := clockedConfig()
 	cfg.MaxNumSeqs = 1
 	fleet, err := StartLocal(1, cfg)
 	if err != nil {
@@ -38,7 +38,7 @@ func TestDisconnect_FreesSlotAndPinnedBlocks(t *testing.T) {
 
 	ctxA, cancelA := context.WithCancel(context.Background())
 	errA := send(ctxA, url, words("a", 2000))
-	waitFor(t, "A in prefill", func() bool { return clock.Sleepers() == 1 })
+	testkit.WaitFor(t, "A in prefill", func() bool { return clock.Sleepers() == 1 })
 	if w.Stats().PinnedBlocks == 0 {
 		t.Fatal("a running request pins no blocks")
 	}
@@ -47,20 +47,20 @@ func TestDisconnect_FreesSlotAndPinnedBlocks(t *testing.T) {
 	ctxC, cancelC := context.WithCancel(context.Background())
 	defer cancelC()
 	errC := send(ctxC, url, words("c", 100))
-	waitFor(t, "B and C waiting", func() bool { return w.Stats().Waiting == 2 })
+	testkit.WaitFor(t, "B and C waiting", func() bool { return w.Stats().Waiting == 2 })
 
 	cancelB() // a waiting client leaves: it leaves the queue
-	waitFor(t, "B out of the queue", func() bool { return w.Stats().Waiting == 1 })
+	testkit.WaitFor(t, "B out of the queue", func() bool { return w.Stats().Waiting == 1 })
 
 	cancelA() // the running client leaves: slot and blocks go to C at once
 	if err := <-errA; !errors.Is(err, context.Canceled) {
 		t.Fatalf("A: %v", err)
 	}
 	<-errB
-	waitFor(t, "C running", func() bool { s := w.Stats(); return s.Running == 1 && s.Waiting == 0 && clock.Sleepers() == 1 })
+	testkit.WaitFor(t, "C running", func() bool { s := w.Stats(); return s.Running == 1 && s.Waiting == 0 && clock.Sleepers() == 1 })
 	clock.Advance(time.Hour)
 	for range 4 {
-		waitFor(t, "C to sleep or finish", func() bool { return clock.Sleepers() == 1 || w.Stats().Completed == 1 })
+		testkit.WaitFor(t, "C to sleep or finish", func() bool { return clock.Sleepers() == 1 || w.Stats().Completed == 1 })
 		clock.Advance(time.Hour)
 	}
 	if err := <-errC; err != nil {

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 func faultyFleet(t *testing.T, mode string, cfg Config) *Fleet {
@@ -68,16 +70,16 @@ func TestFault_StallStopsMidStream(t *testing.T) {
 	if events != 5 {
 		t.Fatalf("read %d events before the stall, want 5", events)
 	}
-	waitFor(t, "the stall", func() bool { return w.Stats().GenerationTokens == 0 && w.Stats().Running == 1 })
+	testkit.WaitFor(t, "the stall", func() bool { return w.Stats().GenerationTokens == 0 && w.Stats().Running == 1 })
 	cancel() // the client gives up: the stalled request must let go
-	waitFor(t, "release", func() bool { s := w.Stats(); return s.Running == 0 && s.PinnedBlocks == 0 && s.Failed == 1 })
+	testkit.WaitFor(t, "release", func() bool { s := w.Stats(); return s.Running == 0 && s.PinnedBlocks == 0 && s.Failed == 1 })
 }
 
 func TestFault_StallEndsWhenTheWorkerCloses(t *testing.T) {
 	w := newWorker(t, func() Config { c := testConfig(); c.FailureRate = 1; c.FailureMode = FailStall; return c }())
 	done := make(chan int)
 	go func() { done <- do(t, w, "POST", "/v1/chat/completions", chatBody+"}").Code }()
-	waitFor(t, "the stall", func() bool { return w.Stats().Running == 1 })
+	testkit.WaitFor(t, "the stall", func() bool { return w.Stats().Running == 1 })
 	w.Close()
 	if code := <-done; code != 500 {
 		t.Fatalf("stalled request ended with %d, want 500", code)

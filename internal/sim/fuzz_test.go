@@ -20,20 +20,9 @@ func FuzzChatRequest(f *testing.F) {
 	} {
 		f.Add(seed)
 	}
-	cfg := testConfig()
-	cfg.MaxModelLen = 4096
-	w, err := NewWorker(cfg)
-	if err != nil {
-		f.Fatal(err)
-	}
+	w := fuzzWorker(f)
 	f.Fuzz(func(t *testing.T, body string) {
-		rec := do(t, w, http.MethodPost, "/v1/chat/completions", body)
-		if rec.Code != 200 && (rec.Code < 400 || rec.Code >= 500) {
-			t.Fatalf("status %d for %q", rec.Code, body)
-		}
-		if s := w.Stats(); s.Running != 0 || s.PinnedBlocks != 0 {
-			t.Fatalf("left running %d pinned %d", s.Running, s.PinnedBlocks)
-		}
+		answeredAndIdle(t, w, body, "/v1/chat/completions")
 	})
 }
 
@@ -69,24 +58,13 @@ func FuzzResponsesRequest(f *testing.F) {
 		f.Add(seed, false)
 		f.Add(seed, true)
 	}
-	cfg := testConfig()
-	cfg.MaxModelLen = 4096
-	w, err := NewWorker(cfg)
-	if err != nil {
-		f.Fatal(err)
-	}
+	w := fuzzWorker(f)
 	base := createResponse(f, w, `{"input":"base","max_output_tokens":2}`)
 	f.Fuzz(func(t *testing.T, body string, continued bool) {
 		if continued && strings.HasPrefix(body, "{") {
 			body = `{"previous_response_id":"` + base.ID + `",` + body[1:]
 		}
-		rec := do(t, w, http.MethodPost, "/v1/responses", body)
-		if rec.Code != 200 && (rec.Code < 400 || rec.Code >= 500) {
-			t.Fatalf("status %d for %q", rec.Code, body)
-		}
-		if s := w.Stats(); s.Running != 0 || s.PinnedBlocks != 0 {
-			t.Fatalf("left running %d pinned %d", s.Running, s.PinnedBlocks)
-		}
+		answeredAndIdle(t, w, body, "/v1/responses")
 	})
 }
 
@@ -104,21 +82,34 @@ func FuzzMessagesRequest(f *testing.F) {
 	} {
 		f.Add(seed)
 	}
+	w := fuzzWorker(f)
+	f.Fuzz(func(t *testing.T, body string) {
+		answeredAndIdle(t, w, body, "/v1/messages", "/v1/messages/count_tokens")
+	})
+}
+
+// fuzzWorker is the worker a fuzz target sends its bodies to; its context holds 4096 tokens.
+func fuzzWorker(f *testing.F) *Worker {
 	cfg := testConfig()
 	cfg.MaxModelLen = 4096
 	w, err := NewWorker(cfg)
 	if err != nil {
 		f.Fatal(err)
 	}
-	f.Fuzz(func(t *testing.T, body string) {
-		for _, path := range []string{"/v1/messages", "/v1/messages/count_tokens"} {
-			rec := do(t, w, http.MethodPost, path, body)
-			if rec.Code != 200 && (rec.Code < 400 || rec.Code >= 500) {
-				t.Fatalf("%s: status %d for %q", path, rec.Code, body)
-			}
+	return w
+}
+
+// answeredAndIdle posts body to each path on w, failing unless every answer is 200 or a 4xx (never
+// a 5xx) and w is left with nothing running and no block pinned.
+func answeredAndIdle(t *testing.T, w *Worker, body string, paths ...string) {
+	t.Helper()
+	for _, path := range paths {
+		rec := do(t, w, http.MethodPost, path, body)
+		if rec.Code != 200 && (rec.Code < 400 || rec.Code >= 500) {
+			t.Fatalf("%s: status %d for %q", path, rec.Code, body)
 		}
-		if s := w.Stats(); s.Running != 0 || s.PinnedBlocks != 0 {
-			t.Fatalf("left running %d pinned %d", s.Running, s.PinnedBlocks)
-		}
-	})
+	}
+	if s := w.Stats(); s.Running != 0 || s.PinnedBlocks != 0 {
+		t.Fatalf("left running %d pinned %d", s.Running, s.PinnedBlocks)
+	}
 }

@@ -74,13 +74,7 @@ func TestMessages_AcceptsAndIgnoresClaudeCodeFields(t *testing.T) {
 	want := createMessage(t, w, plain)
 	w.ResetPrefixCache()
 	rec := do(t, w, http.MethodPost, "/v1/messages?beta=true", jsonBody(t, full))
-	if rec.Code != http.StatusOK {
-		t.Fatalf("status %d: %s", rec.Code, rec.Body)
-	}
-	var got msgReply
-	if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
-		t.Fatal(err)
-	}
+	got := decodeOK[msgReply](t, rec)
 	blocks := func(r msgReply) (s string) {
 		for _, c := range r.Content {
 			s += c.Type + c.Name + string(c.Input) + c.Text + "|"
@@ -95,13 +89,7 @@ func TestMessages_AcceptsAndIgnoresClaudeCodeFields(t *testing.T) {
 func TestMessages_UnknownRoleIsRefusedInAnthropicShape(t *testing.T) {
 	w := newWorker(t, testConfig())
 	rec := do(t, w, http.MethodPost, "/v1/messages", `{"max_tokens":5,"messages":[{"role":"user","content":"x"},{"role":"tool","content":"y"}]}`)
-	var e struct {
-		Type  string `json:"type"`
-		Error struct {
-			Type    string `json:"type"`
-			Message string `json:"message"`
-		} `json:"error"`
-	}
+	var e anthropicError
 	if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil || rec.Code != http.StatusBadRequest || e.Type != "error" ||
 		e.Error.Type != "invalid_request_error" || !strings.HasPrefix(e.Error.Message, "messages.1.role: Input should be") {
 		t.Fatalf("status %d %s, want 400 invalid_request_error on messages.1.role", rec.Code, rec.Body)
@@ -340,12 +328,5 @@ func TestConfigValidateRefusesBadReplyAndToolSettings(t *testing.T) {
 func chatWith(t *testing.T, h http.Handler, body map[string]any) chatReply {
 	t.Helper()
 	rec := do(t, h, http.MethodPost, "/v1/chat/completions", jsonBody(t, body))
-	if rec.Code != http.StatusOK {
-		t.Fatalf("status %d: %s", rec.Code, rec.Body)
-	}
-	var r chatReply
-	if err := json.Unmarshal(rec.Body.Bytes(), &r); err != nil {
-		t.Fatal(err)
-	}
-	return r
+	return decodeOK[chatReply](t, rec)
 }

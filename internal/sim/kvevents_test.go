@@ -17,6 +17,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/kvevents/kvtest"
 	"github.com/cacheroute/cacheroute/internal/sim/kvcache"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // The tests below run the worker's publisher on real ZMQ sockets on loopback and read what it
@@ -128,12 +129,12 @@ func hearAll(t *testing.T, w *Worker, h *heard) []heardBatch {
 	return got
 }
 
+// waitUntilEvery is testkit.WaitFor with cond called every every: conds here publish or
+// subscribe, and a pace keeps them from flooding the worker.
 func waitUntilEvery(t *testing.T, what string, every time.Duration, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(every) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
+	if !testkit.Poll(testkit.Patience, every, cond) {
+		t.Fatalf("timed out waiting for %s", what)
 	}
 }
 
@@ -523,10 +524,7 @@ func TestKVEvents_EachWorkerOfAFleetPublishesOnItsOwnPort(t *testing.T) {
 	// Two consecutive free ports, for workers 0 and 1.
 	var port int
 	for try := 0; ; try++ {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
+		ln := testkit.Listen(t)
 		port = ln.Addr().(*net.TCPAddr).Port
 		next, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+1))
 		ln.Close()

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 func TestWorker_TTFTGrowsWithUncachedTokens(t *testing.T) {
@@ -46,9 +48,7 @@ func TestWorker_TTFTGrowsWithUncachedTokens(t *testing.T) {
 }
 
 func TestWorker_QueuesPastMaxNumSeqs(t *testing.T) {
-	clock := NewManualClock(time.Unix(1_700_000_000, 0))
-	cfg := DefaultConfig()
-	cfg.Clock = clock
+	cfg, clock := clockedConfig()
 	cfg.MaxNumSeqs = 2
 	cfg.PrefillOverhead = 10 * time.Millisecond
 	cfg.PrefillTimePerToken = 0
@@ -63,12 +63,12 @@ func TestWorker_QueuesPastMaxNumSeqs(t *testing.T) {
 			chat(t, w, []msg{{"user", words(string(rune('a'+i)), 100)}}, 1)
 		}()
 	}
-	waitFor(t, "two running and one waiting", func() bool {
+	testkit.WaitFor(t, "two running and one waiting", func() bool {
 		s := w.Stats()
 		return clock.Sleepers() == 2 && s.Running == 2 && s.Waiting == 1
 	})
 	clock.Advance(10 * time.Millisecond) // the two running requests finish their prefill and end
-	waitFor(t, "the queued request to start", func() bool { return clock.Sleepers() == 1 && w.Stats().Waiting == 0 })
+	testkit.WaitFor(t, "the queued request to start", func() bool { return clock.Sleepers() == 1 && w.Stats().Waiting == 0 })
 	clock.Advance(10 * time.Millisecond)
 	wg.Wait()
 
@@ -89,9 +89,7 @@ func TestWorker_QueuesPastMaxNumSeqs(t *testing.T) {
 }
 
 func TestWorker_QueueIsFIFO(t *testing.T) {
-	clock := NewManualClock(time.Unix(0, 0))
-	cfg := DefaultConfig()
-	cfg.Clock = clock
+	cfg, clock := clockedConfig()
 	cfg.MaxNumSeqs = 1
 	cfg.PrefillTimePerToken = 0
 	// Each request names its own model so the results tell them apart.
@@ -114,12 +112,12 @@ func TestWorker_QueueIsFIFO(t *testing.T) {
 			do(t, w, "POST", "/v1/chat/completions", `{"model":"`+m+`","messages":[{"role":"user","content":"x"}],"max_tokens":1}`)
 		}()
 		// Each request must be in place before the next arrives.
-		waitFor(t, "request to arrive", func() bool { s := w.Stats(); return s.Running+s.Waiting == i+1 })
+		testkit.WaitFor(t, "request to arrive", func() bool { s := w.Stats(); return s.Running+s.Waiting == i+1 })
 	}
 	for i := range models {
-		waitFor(t, "a sleeper", func() bool { return clock.Sleepers() == 1 })
+		testkit.WaitFor(t, "a sleeper", func() bool { return clock.Sleepers() == 1 })
 		clock.Advance(cfg.PrefillOverhead)
-		waitFor(t, "a result", func() bool { mu.Lock(); defer mu.Unlock(); return len(order) == i+1 })
+		testkit.WaitFor(t, "a result", func() bool { mu.Lock(); defer mu.Unlock(); return len(order) == i+1 })
 	}
 	wg.Wait()
 	if !slices.Equal(order, models) {
@@ -128,9 +126,7 @@ func TestWorker_QueueIsFIFO(t *testing.T) {
 }
 
 func TestWorker_TimeScaleMultipliesSleeps(t *testing.T) {
-	clock := NewManualClock(time.Unix(0, 0))
-	cfg := DefaultConfig()
-	cfg.Clock = clock
+	cfg, clock := clockedConfig()
 	cfg.TimeScale = 0.5
 	cfg.PrefillOverhead = 10 * time.Millisecond
 	cfg.PrefillTimePerToken = 0
@@ -141,7 +137,7 @@ func TestWorker_TimeScaleMultipliesSleeps(t *testing.T) {
 		defer close(done)
 		chat(t, w, []msg{{"user", "hi"}}, 1)
 	}()
-	waitFor(t, "prefill sleep", func() bool { return clock.Sleepers() == 1 })
+	testkit.WaitFor(t, "prefill sleep", func() bool { return clock.Sleepers() == 1 })
 	clock.Advance(4 * time.Millisecond)
 	if clock.Sleepers() != 1 {
 		t.Fatal("woke before 5ms of clock time (10ms × 0.5)")

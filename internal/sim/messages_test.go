@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 )
@@ -58,14 +59,7 @@ func TestMessages_MissingMaxTokensIsAnthropicError(t *testing.T) {
 }
 
 func TestMessages_ErrorsInAnthropicShape(t *testing.T) {
-	cfg := testConfig()
-	cfg.MaxModelLen = 1000
-	w := newWorker(t, cfg)
-	tests := []struct {
-		name, body string
-		code       int
-		typ, msg   string
-	}{
+	checkRefusals(t, "/v1/messages", []refusal{
 		{"malformed JSON", `{"max_tokens":`, 400, "invalid_request_error", "JSON"},
 		{"missing messages", `{"max_tokens":5}`, 400, "invalid_request_error", "messages: Field required"},
 		{"empty messages", `{"max_tokens":5,"messages":[]}`, 400, "invalid_request_error", "messages"},
@@ -76,28 +70,15 @@ func TestMessages_ErrorsInAnthropicShape(t *testing.T) {
 		{"bad tool_choice", `{"max_tokens":5,"messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"maybe"}}`, 400, "invalid_request_error", "tool_choice"},
 		{"prompt too long", `{"max_tokens":5,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 1200) + `"}]}`, 400, "invalid_request_error", "prompt is too long"},
 		{"unknown model", `{"model":"claude-9","max_tokens":5,"messages":[{"role":"user","content":"x"}]}`, 404, "not_found_error", "model: claude-9"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			rec := do(t, w, "POST", "/v1/messages", tt.body)
-			var e struct {
-				Type  string `json:"type"`
-				Error struct {
-					Type    string `json:"type"`
-					Message string `json:"message"`
-				} `json:"error"`
-			}
-			if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil {
-				t.Fatal(err)
-			}
-			if rec.Code != tt.code || e.Type != "error" || e.Error.Type != tt.typ || !strings.Contains(e.Error.Message, tt.msg) {
-				t.Fatalf("status %d body %s, want %d %s mentioning %q", rec.Code, rec.Body, tt.code, tt.typ, tt.msg)
-			}
-		})
-	}
-	if s := w.Stats(); s.Requests != 0 || s.Rejected != int64(len(tests)) {
-		t.Fatalf("stats %+v", s)
-	}
+	}, func(t *testing.T, rec *httptest.ResponseRecorder, r refusal) {
+		var e anthropicError
+		if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil {
+			t.Fatal(err)
+		}
+		if rec.Code != r.code || e.Type != "error" || e.Error.Type != r.typ || !strings.Contains(e.Error.Message, r.msg) {
+			t.Fatalf("status %d body %s, want %d %s mentioning %q", rec.Code, rec.Body, r.code, r.typ, r.msg)
+		}
+	})
 }
 
 func TestMessages_StreamEventsAndUsage(t *testing.T) {

@@ -8,6 +8,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 func scrape(t *testing.T, h http.Handler) map[string]*dto.MetricFamily {
@@ -116,7 +118,7 @@ func TestMetrics_GaugesFollowLoad(t *testing.T) {
 			done <- struct{}{}
 		}()
 	}
-	waitFor(t, "one running, one waiting", func() bool { s := w.Stats(); return s.Running == 1 && s.Waiting == 1 && clock.Sleepers() == 1 })
+	testkit.WaitFor(t, "one running, one waiting", func() bool { s := w.Stats(); return s.Running == 1 && s.Waiting == 1 && clock.Sleepers() == 1 })
 	fams := scrape(t, w)
 	if v := value(t, fams, "vllm:num_requests_running", dto.MetricType_GAUGE); v != 1 {
 		t.Errorf("running = %v, want 1", v)
@@ -128,7 +130,7 @@ func TestMetrics_GaugesFollowLoad(t *testing.T) {
 		t.Errorf("kv_cache_usage_perc = %v, want in (0, 1] while a request holds blocks", v)
 	}
 	for range 2 {
-		waitFor(t, "a sleeper", func() bool { return clock.Sleepers() == 1 })
+		testkit.WaitFor(t, "a sleeper", func() bool { return clock.Sleepers() == 1 })
 		clock.Advance(time.Hour)
 		<-done
 	}

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // pdReply is a chat answer with the fields the KV-transfer legs add.
@@ -101,7 +103,7 @@ func TestPrefillLeg_HoldEndsAfterKVTransferHold(t *testing.T) {
 	if status, _, body := pdChat(t, srv.URL, []msg{{"user", words("doc", 800)}}, 1, prefillRequest); status != http.StatusOK {
 		t.Fatalf("prefill leg: %d %s", status, body)
 	}
-	waitFor(t, "the unpulled hold to end", func() bool { return p.Stats().PinnedBlocks == 0 })
+	testkit.WaitFor(t, "the unpulled hold to end", func() bool { return p.Stats().PinnedBlocks == 0 })
 }
 
 func TestDecodeLeg_PullsThePromptInsteadOfComputingIt(t *testing.T) {
@@ -128,7 +130,7 @@ func TestDecodeLeg_PullsThePromptInsteadOfComputingIt(t *testing.T) {
 	if s := d.Stats(); s.TransferredTokens != int64(prompt-1) || s.CachedTokens != 0 {
 		t.Fatalf("decode stats: %d transferred, %d cached; want %d and 0 (local hits only)", s.TransferredTokens, s.CachedTokens, prompt-1)
 	}
-	waitFor(t, "the prefill worker's hold to be released by the pull", func() bool { return p.Stats().PinnedBlocks == 0 })
+	testkit.WaitFor(t, "the prefill worker's hold to be released by the pull", func() bool { return p.Stats().PinnedBlocks == 0 })
 
 	// The decode worker now holds the conversation: the next turn hits its own cache.
 	next := append(conv, msg{"assistant", "ok"}, msg{"user", "go on"})
@@ -214,9 +216,7 @@ func TestKVTransferParams_BadOnesAre400(t *testing.T) {
 // A decode step that shares the engine with a prompt being computed takes longer by that
 // prompt's tokens, up to the step budget: what disaggregation removes.
 func TestPrefillInTheSameStepSlowsOtherRequestsDecode(t *testing.T) {
-	clock := NewManualClock(time.Unix(0, 0))
-	cfg := DefaultConfig()
-	cfg.Clock = clock
+	cfg, clock := clockedConfig()
 	cfg.MaxNumBatchedTokens = 256
 	cfg.PrefillOverhead = 0
 	w := newWorker(t, cfg)
@@ -225,9 +225,9 @@ func TestPrefillInTheSameStepSlowsOtherRequestsDecode(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); chat(t, w, []msg{{"user", words("long", 20000)}}, 1) }()
-	waitFor(t, "the long prompt to be computing", func() bool { return w.prefilling.Load() > 1000 })
+	testkit.WaitFor(t, "the long prompt to be computing", func() bool { return w.prefilling.Load() > 1000 })
 	go func() { defer wg.Done(); chat(t, w, []msg{{"user", "hi"}}, 3) }()
-	waitFor(t, "both prefills to sleep", func() bool { return clock.Sleepers() == 2 })
+	testkit.WaitFor(t, "both prefills to sleep", func() bool { return clock.Sleepers() == 2 })
 	// The short prompt's prefill ends long before the long one's; its two decode steps then each
 	// carry 256 of the long prompt's tokens. Time moves only while both sleep.
 	shortDone := func() bool { return len(rs.list()) == 1 }
@@ -236,7 +236,7 @@ func TestPrefillInTheSameStepSlowsOtherRequestsDecode(t *testing.T) {
 			t.Fatal("the long prompt finished before the short request's decode")
 		}
 		clock.Advance(10 * time.Millisecond)
-		waitFor(t, "both requests to sleep again", func() bool { return clock.Sleepers() == 2 || shortDone() })
+		testkit.WaitFor(t, "both requests to sleep again", func() bool { return clock.Sleepers() == 2 || shortDone() })
 	}
 	clock.Advance(time.Minute)
 	wg.Wait()

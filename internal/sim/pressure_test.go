@@ -10,6 +10,8 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // pressure_test.go: a worker whose KV cache is too small for what is asked of it behaves as
@@ -58,7 +60,7 @@ func drive(t *testing.T, w *Worker, clock *ManualClock, done <-chan struct{}, st
 		default:
 		}
 		idle := false
-		waitFor(t, "every running request to sleep", func() bool {
+		testkit.WaitFor(t, "every running request to sleep", func() bool {
 			select {
 			case <-done:
 				return true
@@ -69,7 +71,7 @@ func drive(t *testing.T, w *Worker, clock *ManualClock, done <-chan struct{}, st
 			return clock.Sleepers() == s.Running
 		})
 		if idle { // nothing left to schedule: the requests are writing their answers
-			waitFor(t, "the requests to return", func() bool {
+			testkit.WaitFor(t, "the requests to return", func() bool {
 				select {
 				case <-done:
 					return true
@@ -106,9 +108,9 @@ func TestWorker_ARequestWaitsWhileKVCannotHoldItsPrompt(t *testing.T) {
 	rs := collect(w)
 
 	doneA := goAll(func() { complete(t, w, idsPrompt(1000, 96, 2)) }) // 6 blocks
-	waitFor(t, "the first request to prefill", func() bool { return clock.Sleepers() == 1 })
+	testkit.WaitFor(t, "the first request to prefill", func() bool { return clock.Sleepers() == 1 })
 	doneB := goAll(func() { complete(t, w, idsPrompt(5000, 80, 1)) }) // 5 blocks: 4 are left
-	waitFor(t, "the second request to arrive", func() bool { s := w.Stats(); return s.Running+s.Waiting == 2 })
+	testkit.WaitFor(t, "the second request to arrive", func() bool { s := w.Stats(); return s.Running+s.Waiting == 2 })
 
 	s := w.Stats()
 	if s.Running != 1 || s.Waiting != 1 {
@@ -145,12 +147,12 @@ func TestWorker_DecodeWithoutAFreeBlockPreemptsTheLastAdmittedWhichRecomputes(t 
 	// A (4 blocks) then B (5 blocks) fit in 10 blocks together; their first decode steps need a
 	// block each, and only one is free: B, admitted last, is preempted.
 	doneA := goAll(func() { complete(t, w, idsPrompt(1000, 64, 40)) })
-	waitFor(t, "A to prefill", func() bool { return clock.Sleepers() == 1 })
+	testkit.WaitFor(t, "A to prefill", func() bool { return clock.Sleepers() == 1 })
 	doneB := goAll(func() { complete(t, w, idsPrompt(5000, 80, 2)) })
-	waitFor(t, "B to prefill", func() bool { return clock.Sleepers() == 2 })
+	testkit.WaitFor(t, "B to prefill", func() bool { return clock.Sleepers() == 2 })
 	clock.Advance(10 * time.Millisecond)
-	waitFor(t, "B to be preempted", func() bool { return w.Stats().Preemptions == 1 })
-	waitFor(t, "A to decode alone", func() bool { return clock.Sleepers() == 1 })
+	testkit.WaitFor(t, "B to be preempted", func() bool { return w.Stats().Preemptions == 1 })
+	testkit.WaitFor(t, "A to decode alone", func() bool { return clock.Sleepers() == 1 })
 	if s := w.Stats(); s.Running != 1 || s.Waiting != 1 {
 		t.Fatalf("after the preemption running %d, waiting %d; want B back in the queue", s.Running, s.Waiting)
 	}
@@ -193,9 +195,9 @@ func TestWorker_APreemptedRequestFindsItsPromptBlocksStillCachedUnlessEvicted(t 
 	// decode step; A then evicts two of B's cached blocks (the last ones: a request's tail goes
 	// before its head) for its own growth.
 	doneA := goAll(func() { complete(t, w, idsPrompt(1000, 64, 40)) })
-	waitFor(t, "A to prefill", func() bool { return clock.Sleepers() == 1 })
+	testkit.WaitFor(t, "A to prefill", func() bool { return clock.Sleepers() == 1 })
 	doneB := goAll(func() { complete(t, w, idsPrompt(5000, 80, 2)) })
-	waitFor(t, "B to prefill", func() bool { return clock.Sleepers() == 2 })
+	testkit.WaitFor(t, "B to prefill", func() bool { return clock.Sleepers() == 2 })
 	drive(t, w, clock, goAll(func() { <-doneA; <-doneB }), time.Millisecond, 1000)
 	var b Result
 	for _, r := range rs.list() {

@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 func TestResponses_StoredChainGrowsCachedTokens(t *testing.T) {
@@ -433,14 +435,7 @@ func TestResponses_InstructionsAreNotCarriedOver(t *testing.T) {
 }
 
 func TestResponses_BadRequests(t *testing.T) {
-	cfg := testConfig()
-	cfg.MaxModelLen = 1000
-	w := newWorker(t, cfg)
-	tests := []struct {
-		name, body string
-		code       int
-		typ, msg   string
-	}{
+	w := checkRefusals(t, "/v1/responses", []refusal{
 		{"malformed JSON", `{"input":`, 400, "BadRequestError", "JSON"},
 		{"missing input", `{"model":"sim-model"}`, 400, "BadRequestError", "input: field required"},
 		{"input not a list", `{"input":5}`, 400, "BadRequestError", "input"},
@@ -453,24 +448,17 @@ func TestResponses_BadRequests(t *testing.T) {
 		{"bad tool_choice", `{"input":"x","tool_choice":"sometimes"}`, 400, "BadRequestError", "tool_choice"},
 		{"prompt too long", `{"input":"` + strings.Repeat("word ", 1200) + `"}`, 400, "invalid_request_error", "exceeds the max_model_len 1000"},
 		{"unknown model", `{"model":"gpt-9","input":"x"}`, 404, "NotFoundError", "gpt-9"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			rec := do(t, w, "POST", "/v1/responses", tt.body)
-			var e struct {
-				Error *errorInfo `json:"error"`
-			}
-			if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil || e.Error == nil {
-				t.Fatalf("body %s (%v)", rec.Body, err)
-			}
-			if rec.Code != tt.code || e.Error.Code != tt.code || e.Error.Type != tt.typ || e.Error.Param != nil || !strings.Contains(e.Error.Message, tt.msg) {
-				t.Fatalf("status %d body %s, want %d %s mentioning %q", rec.Code, rec.Body, tt.code, tt.typ, tt.msg)
-			}
-		})
-	}
-	if s := w.Stats(); s.Requests != 0 || s.Rejected != int64(len(tests)) {
-		t.Fatalf("stats %+v", s)
-	}
+	}, func(t *testing.T, rec *httptest.ResponseRecorder, r refusal) {
+		var e struct {
+			Error *errorInfo `json:"error"`
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil || e.Error == nil {
+			t.Fatalf("body %s (%v)", rec.Body, err)
+		}
+		if rec.Code != r.code || e.Error.Code != r.code || e.Error.Type != r.typ || e.Error.Param != nil || !strings.Contains(e.Error.Message, r.msg) {
+			t.Fatalf("status %d body %s, want %d %s mentioning %q", rec.Code, rec.Body, r.code, r.typ, r.msg)
+		}
+	})
 	if rec := do(t, w, "GET", "/v1/responses/x/input_items?limit=0", ""); rec.Code != 404 {
 		t.Fatalf("input_items of an unknown id: %d", rec.Code)
 	}
@@ -554,9 +542,7 @@ func TestResponses_ConcurrentChainsKeepTheirOwnConversations(t *testing.T) {
 }
 
 func TestResponses_ClientLeavingMidStreamStoresNothing(t *testing.T) {
-	clock := NewManualClock(time.Unix(0, 0))
-	cfg := DefaultConfig()
-	cfg.Clock = clock
+	cfg, clock := clockedConfig()
 	w, url := startOne(t, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -570,9 +556,9 @@ func TestResponses_ClientLeavingMidStreamStoresNothing(t *testing.T) {
 	if err != nil || line != "event: response.created\n" {
 		t.Fatalf("first line %q (%v): response.created goes out before the prefill", line, err)
 	}
-	waitFor(t, "prefill", func() bool { return clock.Sleepers() == 1 })
+	testkit.WaitFor(t, "prefill", func() bool { return clock.Sleepers() == 1 })
 	cancel()
-	waitFor(t, "the request to end", func() bool { s := w.Stats(); return s.Canceled == 1 && s.Running == 0 })
+	testkit.WaitFor(t, "the request to end", func() bool { s := w.Stats(); return s.Canceled == 1 && s.Running == 0 })
 	if s := w.Stats(); s.StoredResponses != 0 || s.PinnedBlocks != 0 {
 		t.Fatalf("stats after the client left: %+v", s)
 	}

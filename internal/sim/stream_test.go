@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // sseEvents reads every "data:" payload of an event stream.
@@ -59,38 +61,11 @@ func TestStream_ChatOverLoopback(t *testing.T) {
 	}
 	events := sseEvents(t, resp)
 
-	type chunk struct {
-		Object  string `json:"object"`
-		Choices []struct {
-			Delta struct {
-				Role    *string `json:"role"`
-				Content *string `json:"content"`
-			} `json:"delta"`
-			FinishReason *string `json:"finish_reason"`
-		} `json:"choices"`
-		Usage *struct {
-			PromptTokens        int `json:"prompt_tokens"`
-			CompletionTokens    int `json:"completion_tokens"`
-			PromptTokensDetails struct {
-				CachedTokens int `json:"cached_tokens"`
-			} `json:"prompt_tokens_details"`
-		} `json:"usage"`
-	}
 	// role, 12 content deltas, finish, usage, [DONE]
 	if len(events) != 16 || events[15] != "[DONE]" {
 		t.Fatalf("%d events, last %q; want 16 ending in [DONE]", len(events), events[len(events)-1])
 	}
-	var chunks []chunk
-	for _, e := range events[:15] {
-		var c chunk
-		if err := json.Unmarshal([]byte(e), &c); err != nil {
-			t.Fatalf("chunk %q: %v", e, err)
-		}
-		if c.Object != "chat.completion.chunk" {
-			t.Fatalf("object %q", c.Object)
-		}
-		chunks = append(chunks, c)
-	}
+	chunks := decodeChunks(t, events[:15])
 	if r := chunks[0].Choices[0].Delta.Role; r == nil || *r != "assistant" {
 		t.Fatal("first chunk carries no assistant role")
 	}
@@ -152,9 +127,7 @@ func TestStream_CompletionWithoutUsage(t *testing.T) {
 }
 
 func TestStream_PacedByTheClock(t *testing.T) {
-	clock := NewManualClock(time.Unix(0, 0))
-	cfg := DefaultConfig()
-	cfg.Clock = clock
+	cfg, clock := clockedConfig()
 	fleet, err := StartLocal(1, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -174,7 +147,7 @@ func TestStream_PacedByTheClock(t *testing.T) {
 		close(lines)
 	}()
 	w := fleet.Workers()[0]
-	waitFor(t, "prefill", func() bool { return clock.Sleepers() == 1 })
+	testkit.WaitFor(t, "prefill", func() bool { return clock.Sleepers() == 1 })
 	if w.Stats().GenerationTokens != 0 {
 		t.Fatal("tokens before prefill")
 	}
@@ -183,7 +156,7 @@ func TestStream_PacedByTheClock(t *testing.T) {
 		<-lines
 	}
 	for range 2 {
-		waitFor(t, "inter-token sleep", func() bool { return clock.Sleepers() == 1 })
+		testkit.WaitFor(t, "inter-token sleep", func() bool { return clock.Sleepers() == 1 })
 		clock.Advance(cfg.InterTokenLatency)
 		<-lines
 	}

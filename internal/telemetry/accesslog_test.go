@@ -2,7 +2,6 @@ package telemetry
 
 import (
 	"bufio"
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -10,32 +9,15 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
-// lockedBuffer is a writer the test reads while the log writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func TestAccessLogWritesOneJSONLinePerEntry(t *testing.T) {
-	var out lockedBuffer
+	var out testkit.SyncBuffer
 	l := NewAccessLog(&out, nil)
 	prompt, cached := 120, 96
 	l.Log(Entry{RequestID: "r1", Route: "/v1/chat/completions", Status: 200, StatusClass: "2xx", PromptTokens: &prompt, CachedTokens: &cached})

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 func TestAllowedListPermitsOnlyItsPrefixes(t *testing.T) {
@@ -43,10 +45,7 @@ func TestAllowedListRefusesLiteralWorkerURLsAtOnce(t *testing.T) {
 }
 
 func TestAllowedListStopsTheDialOutsideIt(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	defer ln.Close()
 	a, _ := ParseAllowed([]string{"10.0.0.0/8"})
 	d := net.Dialer{Timeout: 2 * time.Second, Control: a.Control}

@@ -4,64 +4,14 @@ import (
 	"bufio"
 	"io"
 	"net"
-	"net/http"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
-
-// rawWorker is a worker on a loopback TCP listener that answers each connection with serve.
-// It counts the connections it accepted and the requests it read.
-type rawWorker struct {
-	URL      string
-	conns    atomic.Int32
-	requests atomic.Int32
-	wg       sync.WaitGroup
-}
-
-func newRawWorker(t *testing.T, serve func(w *rawWorker, c net.Conn, br *bufio.Reader)) *rawWorker {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := &rawWorker{URL: "http://" + ln.Addr().String()}
-	var open sync.Map
-	w.wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			w.conns.Add(1)
-			open.Store(c, true)
-			w.wg.Go(func() {
-				defer c.Close()
-				serve(w, c, bufio.NewReader(c))
-			})
-		}
-	})
-	t.Cleanup(func() {
-		_ = ln.Close()
-		open.Range(func(c, _ any) bool { _ = c.(net.Conn).Close(); return true })
-		w.wg.Wait()
-	})
-	return w
-}
-
-// readRequest reads one request (headers and body) and counts it; false when the connection ended.
-func (w *rawWorker) readRequest(br *bufio.Reader) bool {
-	req, err := http.ReadRequest(br)
-	if err != nil {
-		return false
-	}
-	_, _ = io.Copy(io.Discard, req.Body)
-	w.requests.Add(1)
-	return true
-}
 
 const okAnswer = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
@@ -92,8 +42,8 @@ func modelsRequest(url string) *fasthttp.Request {
 // An answer read to its end leaves its connection for the next call: two calls, one connection.
 // The worker's bytes are its progress.
 func TestPool_ConnectionOfAWholeAnswerIsReused(t *testing.T) {
-	w := newRawWorker(t, func(w *rawWorker, c net.Conn, br *bufio.Reader) {
-		for w.readRequest(br) {
+	w := testkit.NewRawServer(t, func(w *testkit.RawServer, c net.Conn, br *bufio.Reader) {
+		for w.Read(br) {
 			_, _ = io.WriteString(c, okAnswer)
 		}
 	})
@@ -115,7 +65,7 @@ func TestPool_ConnectionOfAWholeAnswerIsReused(t *testing.T) {
 			t.Fatal("a connection whose answer was read whole did not go back to the pool")
 		}
 	}
-	if n := w.conns.Load(); n != 1 {
+	if n := w.Conns.Load(); n != 1 {
 		t.Errorf("%d connections for two calls, want 1", n)
 	}
 	if p.progress.Load() == 0 {
@@ -128,8 +78,8 @@ func TestPool_ConnectionOfAWholeAnswerIsReused(t *testing.T) {
 // reuse can see. The call that takes it is sent again at once on a new connection, which Resent
 // is told of, and the worker reads each request once.
 func TestPool_StaleConnectionIsResentOnANewOne(t *testing.T) {
-	w := newRawWorker(t, func(w *rawWorker, c net.Conn, br *bufio.Reader) {
-		if w.readRequest(br) {
+	w := testkit.NewRawServer(t, func(w *testkit.RawServer, c net.Conn, br *bufio.Reader) {
+		if w.Read(br) {
 			_, _ = io.WriteString(c, okAnswer)
 			_, _ = br.Peek(1) // the next request has arrived: close without reading it
 		}
@@ -148,13 +98,13 @@ func TestPool_StaleConnectionIsResentOnANewOne(t *testing.T) {
 		_, _ = io.ReadAll(resp.BodyStream())
 		call.Finish(c, resp, true)
 	}
-	if n := w.requests.Load(); n != 2 {
+	if n := w.Requests.Load(); n != 2 {
 		t.Errorf("the worker read %d requests, want 2", n)
 	}
 	if len(resent) != 1 || resent[0].Kind != KindReset || !resent[0].Retryable {
 		t.Errorf("re-sends told %+v, want one retryable reset", resent)
 	}
-	if n := w.conns.Load(); n != 2 {
+	if n := w.Conns.Load(); n != 2 {
 		t.Errorf("%d connections, want 2: the pooled one and the new one", n)
 	}
 }
@@ -163,8 +113,8 @@ func TestPool_StaleConnectionIsResentOnANewOne(t *testing.T) {
 // that its client left), and a call that is cut before it takes a connection never sends.
 func TestCall_CutClosesTheConnectionInUse(t *testing.T) {
 	closed := make(chan struct{})
-	w := newRawWorker(t, func(w *rawWorker, c net.Conn, br *bufio.Reader) {
-		if w.readRequest(br) {
+	w := testkit.NewRawServer(t, func(w *testkit.RawServer, c net.Conn, br *bufio.Reader) {
+		if w.Read(br) {
 			_, _ = br.ReadByte() // no answer: wait for the router to close
 			close(closed)
 		}
@@ -181,7 +131,7 @@ func TestCall_CutClosesTheConnectionInUse(t *testing.T) {
 		resp, _, _ := pool.Send(modelsRequest(w.URL), call)
 		sent <- resp
 	}()
-	for w.requests.Load() == 0 {
+	for w.Requests.Load() == 0 {
 		time.Sleep(time.Millisecond)
 	}
 	call.Cut()
@@ -201,7 +151,7 @@ func TestCall_CutClosesTheConnectionInUse(t *testing.T) {
 	if resp, _, f := pool.Send(modelsRequest(w.URL), call); resp != nil || f.Kind != "" {
 		t.Fatalf("a call cut before it began: answer %v, failure %+v; want neither answer nor upstream error", resp, f)
 	}
-	if n := w.requests.Load(); n != 1 {
+	if n := w.Requests.Load(); n != 1 {
 		t.Errorf("the worker read %d requests, want the one before the cut", n)
 	}
 }
@@ -209,8 +159,8 @@ func TestCall_CutClosesTheConnectionInUse(t *testing.T) {
 // A call waiting for its answer's first byte ends, retryable, once its worker is found stalled;
 // without CheckStall it waits on.
 func TestCall_StalledWorkerEndsTheWaitForTheFirstByte(t *testing.T) {
-	w := newRawWorker(t, func(w *rawWorker, c net.Conn, br *bufio.Reader) {
-		if w.readRequest(br) {
+	w := testkit.NewRawServer(t, func(w *testkit.RawServer, c net.Conn, br *bufio.Reader) {
+		if w.Read(br) {
 			_, _ = br.ReadByte()
 		}
 	})
@@ -234,10 +184,7 @@ func TestCall_StalledWorkerEndsTheWaitForTheFirstByte(t *testing.T) {
 
 // A worker that cannot be reached has started nothing: retryable, and not a stale connection.
 func TestPool_RefusedConnectionIsRetryable(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testkit.Listen(t)
 	url := "http://" + ln.Addr().String()
 	_ = ln.Close()
 	resent := 0

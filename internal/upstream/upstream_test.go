@@ -2,15 +2,10 @@ package upstream
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -21,54 +16,8 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/tenant"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
-
-// testCA is a certificate authority made in the test, issuing server and client certificates.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pool *x509.CertPool
-}
-
-func newTestCA(t *testing.T) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return &testCA{cert: cert, key: key, pool: pool}
-}
-
-// issue returns a certificate for 127.0.0.1 and localhost, for use as usage says.
-func (ca *testCA) issue(t *testing.T, serial int64, usage x509.ExtKeyUsage) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "worker"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, DNSNames: []string{"localhost"}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-}
 
 // recorder is a worker that answers 200 and keeps each request's Authorization by path.
 type recorder struct {
@@ -91,10 +40,10 @@ func (rec *recorder) seen(path string) string {
 
 // startTLSWorker serves rec over TLS on 127.0.0.1 with a certificate of ca; with clientCAs set
 // it requires a client certificate they issued.
-func startTLSWorker(t *testing.T, ca *testCA, clientCAs *x509.CertPool) *httptest.Server {
+func startTLSWorker(t *testing.T, ca *testkit.CA, clientCAs *x509.CertPool) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewUnstartedServer(&recorder{auth: map[string]string{}})
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{ca.issue(t, 2, x509.ExtKeyUsageServerAuth)}}
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{ca.Issue(t, 2, false).TLS()}}
 	if clientCAs != nil {
 		srv.TLS.ClientAuth, srv.TLS.ClientCAs = tls.RequireAndVerifyClientCert, clientCAs
 	}
@@ -127,6 +76,16 @@ func get(t *testing.T, d Dialer, u string) error {
 // the connection after the handshake.
 func dialTarget(t *testing.T, d Dialer, workerURL string) error {
 	t.Helper()
+	c, _, err := dialAsRouted(t, d, workerURL)
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
+
+// dialAsRouted connects to workerURL the way the routed path does: Target, then Dial, within 10 s.
+func dialAsRouted(t *testing.T, d Dialer, workerURL string) (net.Conn, Target, error) {
+	t.Helper()
 	target, err := d.Target(workerURL)
 	if err != nil {
 		t.Fatal(err)
@@ -134,16 +93,13 @@ func dialTarget(t *testing.T, d Dialer, workerURL string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c, err := d.Dial(ctx, target)
-	if err != nil {
-		return err
-	}
-	return c.Close()
+	return c, target, err
 }
 
 func TestDialerTrustsTheConfiguredCAInsteadOfTheSystemRoots(t *testing.T) {
-	ca := newTestCA(t)
+	ca := testkit.NewCA(t, "test CA")
 	srv := startTLSWorker(t, ca, nil)
-	trusting := Dialer{Timeouts: Timeouts{Dial: 5 * time.Second}, TLS: NewTLS(ca.pool, nil)}
+	trusting := Dialer{Timeouts: Timeouts{Dial: 5 * time.Second}, TLS: NewTLS(ca.Pool(), nil)}
 	if err := get(t, trusting, srv.URL+"/health"); err != nil {
 		t.Fatalf("client trusting the test CA: %v", err)
 	}
@@ -161,10 +117,10 @@ func TestDialerTrustsTheConfiguredCAInsteadOfTheSystemRoots(t *testing.T) {
 }
 
 func TestDialerPresentsTheClientCertificateToAWorkerThatRequiresOne(t *testing.T) {
-	ca := newTestCA(t)
-	srv := startTLSWorker(t, ca, ca.pool)
-	client := ca.issue(t, 3, x509.ExtKeyUsageClientAuth)
-	with := Dialer{TLS: NewTLS(ca.pool, func() *tls.Certificate { return &client })}
+	ca := testkit.NewCA(t, "test CA")
+	srv := startTLSWorker(t, ca, ca.Pool())
+	client := ca.Issue(t, 3, true).TLS()
+	with := Dialer{TLS: NewTLS(ca.Pool(), func() *tls.Certificate { return &client })}
 	if err := get(t, with, srv.URL+"/health"); err != nil {
 		t.Fatalf("client with a certificate: %v", err)
 	}
@@ -173,7 +129,7 @@ func TestDialerPresentsTheClientCertificateToAWorkerThatRequiresOne(t *testing.T
 	if err := dialAndAsk(t, with, srv.URL); err != nil {
 		t.Fatalf("dial with a certificate: %v", err)
 	}
-	without := Dialer{TLS: NewTLS(ca.pool, nil)}
+	without := Dialer{TLS: NewTLS(ca.Pool(), nil)}
 	if err := get(t, without, srv.URL+"/health"); err == nil {
 		t.Fatal("a worker that requires a client certificate answered a client without one")
 	}
@@ -185,13 +141,7 @@ func TestDialerPresentsTheClientCertificateToAWorkerThatRequiresOne(t *testing.T
 // dialAndAsk dials workerURL as the routed path does and reads the answer to one GET.
 func dialAndAsk(t *testing.T, d Dialer, workerURL string) error {
 	t.Helper()
-	target, err := d.Target(workerURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := d.Dial(ctx, target)
+	c, target, err := dialAsRouted(t, d, workerURL)
 	if err != nil {
 		return err
 	}

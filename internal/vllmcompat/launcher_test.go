@@ -9,12 +9,12 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/cli"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // routerArgs are what the vLLM router's fixture (RouterManager.start_router) is given.
@@ -123,19 +123,19 @@ func (a routerArgs) commandLine(port, promPort int) []string {
 type router struct {
 	url  string
 	args []string
-	logs *syncBuffer
+	logs *testkit.SyncBuffer
 }
 
 // startRouter runs the router with a's command line and waits, as the fixture does, until its
 // /health answers 200.
 func startRouter(t *testing.T, a routerArgs) *router {
 	t.Helper()
-	port := freePort(t)
-	args := a.commandLine(port, freePort(t))
+	port := testkit.FreePort(t)
+	args := a.commandLine(port, testkit.FreePort(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{}) // closed when the router has stopped, runErr set
 	var runErr error
-	logs := &syncBuffer{}
+	logs := &testkit.SyncBuffer{}
 	go func() {
 		defer close(done)
 		runErr = cli.Execute(ctx, args, logs, logs)
@@ -169,17 +169,6 @@ func startRouter(t *testing.T, a routerArgs) *router {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// freePort returns a loopback port that was free a moment ago, as the fixture's find_free_port.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // answer is one answer as the tests read it.
@@ -241,38 +230,5 @@ func concurrently[T any](n, workers int, call func(i int) T) []T {
 	}
 	close(next)
 	wg.Wait()
-	return out
-}
-
-// syncBuffer collects the router's logs from its goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// lines returns the logged lines that contain every one of words.
-func (b *syncBuffer) lines(words ...string) []string {
-	var out []string
-	for _, l := range strings.Split(b.String(), "\n") {
-		ok := true
-		for _, w := range words {
-			ok = ok && strings.Contains(l, w)
-		}
-		if ok && l != "" {
-			out = append(out, l)
-		}
-	}
 	return out
 }

@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // The vLLM router's load-balancing tests: cache_aware keeps a repeated prompt, and a chat whose
@@ -29,17 +31,25 @@ func maxCount(counts map[string]int) int {
 	return top
 }
 
-func TestCacheAwareAffinity(t *testing.T) {
-	_, urls, _ := mockWorkers(t, 2, mockOptions{})
-	r := startRouter(t, routerArgs{workerURLs: urls, policy: "cache_aware"})
+// answeredBy posts n bodies, body(i) for the i-th, to url one after another, failing unless each
+// is answered 200, and returns how many each worker answered.
+func answeredBy(t *testing.T, n int, url string, body func(i int) any) map[string]int {
+	t.Helper()
 	counts := map[string]int{}
-	for range 12 {
-		a := post(r.url+"/v1/completions", completion("repeated prompt for cache", 1))
+	for i := range n {
+		a := post(url, body(i))
 		if a.status != 200 {
 			t.Fatalf("status %d %v", a.status, a.body)
 		}
 		counts[a.workerID()]++
 	}
+	return counts
+}
+
+func TestCacheAwareAffinity(t *testing.T) {
+	_, urls, _ := mockWorkers(t, 2, mockOptions{})
+	r := startRouter(t, routerArgs{workerURLs: urls, policy: "cache_aware"})
+	counts := answeredBy(t, 12, r.url+"/v1/completions", func(int) any { return completion("repeated prompt for cache", 1) })
 	if maxCount(counts) < 10 {
 		t.Fatalf("the repeated prompt went to %v, want 10 of 12 on one worker", counts)
 	}
@@ -59,9 +69,8 @@ func TestCacheAwareChatAffinityUsesStableAgentPrefix(t *testing.T) {
 		"name": "read_file", "description": "Read a file",
 		"parameters": map[string]any{"type": "object", "properties": map[string]any{"path": map[string]any{"type": "string"}}},
 	}}}
-	counts := map[string]int{}
-	for i := range 12 {
-		a := post(r.url+"/v1/chat/completions", map[string]any{
+	counts := answeredBy(t, 12, r.url+"/v1/chat/completions", func(i int) any {
+		return map[string]any{
 			"model": "test-model",
 			"messages": []map[string]string{
 				{"role": "system", "content": "You are a coding agent."},
@@ -69,12 +78,8 @@ func TestCacheAwareChatAffinityUsesStableAgentPrefix(t *testing.T) {
 				{"role": "user", "content": fmt.Sprintf("Fix changing task suffix %d", i)},
 			},
 			"tools": tools, "max_tokens": 1, "stream": false,
-		})
-		if a.status != 200 {
-			t.Fatalf("status %d %v", a.status, a.body)
 		}
-		counts[a.workerID()]++
-	}
+	})
 	if maxCount(counts) < 10 {
 		t.Fatalf("the agent's turns went to %v, want 10 of 12 on one worker", counts)
 	}
@@ -112,7 +117,7 @@ func TestPowerOfTwoPrefersLessLoaded(t *testing.T) {
 		t.Fatalf("slow worker %d, fast worker %d of 100: want fewer on the slow one", counts[slowIDs[0]], counts[fastIDs[0]])
 	}
 	// The flag the fixture passes is the vLLM router's, with no effect here: one warning says so.
-	if got := r.logs.lines("level=WARN", "--worker-startup-check-interval"); len(got) != 1 {
+	if got := r.logs.Lines("level=WARN", "--worker-startup-check-interval"); len(got) != 1 {
 		t.Errorf("warnings about --worker-startup-check-interval: %q, want one", got)
 	}
 }
@@ -141,7 +146,7 @@ func underDirectLoad[T any](t *testing.T, w *mockWorker, n int, measure func() T
 		close(stop)
 		<-stopped
 	}()
-	waitUntil(t, "the direct load on "+w.id, func() bool { return w.inFlight.Load() >= int64(n)/2 })
+	testkit.WaitFor(t, "the direct load on "+w.id, func() bool { return w.inFlight.Load() >= int64(n)/2 })
 	return measure()
 }
 
@@ -154,17 +159,4 @@ func workerIDs(t *testing.T, r *router, n int) []string {
 		}
 		return a.workerID()
 	})
-}
-
-// waitUntil polls cond every 10 ms until it holds, failing the test after 10 s: an upper bound
-// on behaviour, never a performance target.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within 10s: %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }

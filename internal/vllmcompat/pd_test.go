@@ -91,7 +91,7 @@ func TestPDPowerOfTwoDecodeAttribution(t *testing.T) {
 		t.Fatalf("decode workers used: %v, want at least two", counts)
 	}
 	for _, port := range []string{"8998", "8999"} {
-		if got := r.logs.lines("level=WARN", "flag=--prefill", port); len(got) != 1 {
+		if got := r.logs.Lines("level=WARN", "flag=--prefill", port); len(got) != 1 {
 			t.Errorf("warnings about the bootstrap port %s: %q, want one", port, got)
 		}
 	}

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // The vLLM router's rate-limiting tests: --max-concurrent-requests with --queue-size and
@@ -33,7 +35,7 @@ func TestRateLimitQueueAndTimeout(t *testing.T) {
 	}})
 	first := make(chan int, 1)
 	go func() { first <- post(r.url+"/v1/completions", completion("q0", 1)).status }()
-	waitUntil(t, "the first request at the worker", func() bool { return w.inFlight.Load() == 1 })
+	testkit.WaitFor(t, "the first request at the worker", func() bool { return w.inFlight.Load() == 1 })
 	rest := concurrently(3, 3, func(i int) answer { return post(r.url+"/v1/completions", completion(fmt.Sprintf("q%d", i+1), 1)) })
 	close(hold)
 	statuses := []int{<-first}

@@ -4,28 +4,12 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
-// fakeClock is a manually advanced clock for the breaker's now.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
-func newTestBreaker(threshold int, timeout time.Duration) (*Breaker, *fakeClock) {
-	clk := &fakeClock{t: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)}
+func newTestBreaker(threshold int, timeout time.Duration) (*Breaker, *testkit.Clock) {
+	clk := testkit.NewClock()
 	b := NewBreaker(threshold, timeout, false)
 	b.now = clk.Now
 	return b, clk
@@ -40,6 +24,26 @@ func fail(t *testing.T, b *Breaker, n int) {
 		}
 		b.Record(false)
 	}
+}
+
+// halfOpen returns a breaker of threshold that failed threshold times and then waited out its
+// timeout: half-open, its trial not yet taken.
+func halfOpen(t *testing.T, threshold int, timeout time.Duration) (*Breaker, *testkit.Clock) {
+	t.Helper()
+	b, clk := newTestBreaker(threshold, timeout)
+	fail(t, b, threshold)
+	clk.Advance(timeout)
+	return b, clk
+}
+
+// inTrial is halfOpen with the trial taken.
+func inTrial(t *testing.T, threshold int, timeout time.Duration) (*Breaker, *testkit.Clock) {
+	t.Helper()
+	b, clk := halfOpen(t, threshold, timeout)
+	if !b.Acquire() {
+		t.Fatalf("the half-open breaker refused the trial (state %v)", b.State())
+	}
+	return b, clk
 }
 
 func TestBreakerOpensAfterThresholdConsecutiveFailures(t *testing.T) {
@@ -85,12 +89,7 @@ func TestBreakerStaysOpenUntilTimeout(t *testing.T) {
 }
 
 func TestBreakerHalfOpenLetsExactlyOneTrialThrough(t *testing.T) {
-	b, clk := newTestBreaker(2, time.Minute)
-	fail(t, b, 2)
-	clk.Advance(time.Minute)
-	if !b.Acquire() {
-		t.Fatal("half-open breaker refused the trial")
-	}
+	b, _ := inTrial(t, 2, time.Minute)
 	if b.Allows() {
 		t.Error("half-open breaker with a trial in flight still allows")
 	}
@@ -103,9 +102,7 @@ func TestBreakerHalfOpenLetsExactlyOneTrialThrough(t *testing.T) {
 }
 
 func TestBreakerHalfOpenConcurrentAcquireHasOneWinner(t *testing.T) {
-	b, clk := newTestBreaker(1, time.Second)
-	fail(t, b, 1)
-	clk.Advance(time.Second)
+	b, _ := halfOpen(t, 1, time.Second)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	wins := 0
@@ -125,12 +122,7 @@ func TestBreakerHalfOpenConcurrentAcquireHasOneWinner(t *testing.T) {
 }
 
 func TestBreakerTrialSuccessCloses(t *testing.T) {
-	b, clk := newTestBreaker(2, time.Minute)
-	fail(t, b, 2)
-	clk.Advance(time.Minute)
-	if !b.Acquire() {
-		t.Fatal("no trial")
-	}
+	b, _ := inTrial(t, 2, time.Minute)
 	b.Record(true)
 	if b.State() != BreakerClosed {
 		t.Fatalf("after a successful trial: state %v, want closed", b.State())
@@ -148,12 +140,7 @@ func TestBreakerTrialSuccessCloses(t *testing.T) {
 }
 
 func TestBreakerTrialFailureReopens(t *testing.T) {
-	b, clk := newTestBreaker(5, time.Minute)
-	fail(t, b, 5)
-	clk.Advance(time.Minute)
-	if !b.Acquire() {
-		t.Fatal("no trial")
-	}
+	b, clk := inTrial(t, 5, time.Minute)
 	b.Record(false) // a single failure suffices in half-open, whatever the threshold
 	if b.State() != BreakerOpen || b.Allows() {
 		t.Fatalf("after a failed trial: state %v, want open", b.State())
@@ -170,12 +157,7 @@ func TestBreakerTrialFailureReopens(t *testing.T) {
 }
 
 func TestBreakerAbandonFreesTheTrial(t *testing.T) {
-	b, clk := newTestBreaker(1, time.Minute)
-	fail(t, b, 1)
-	clk.Advance(time.Minute)
-	if !b.Acquire() {
-		t.Fatal("no trial")
-	}
+	b, _ := inTrial(t, 1, time.Minute)
 	b.Abandon()
 	if b.State() != BreakerHalfOpen {
 		t.Errorf("Abandon changed the state to %v", b.State())

@@ -1,52 +1,26 @@
 package workers
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // A worker that fails its probes says why: the reason is kept on the worker (for /health) and
 // logged, once when the probes start failing, then at most once a minute while they go on
 // failing, and once when they pass again.
 
-// logBuffer collects a logger's lines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// lines returns the lines logged so far that contain msg.
-func (b *logBuffer) lines(msg string) []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var out []string
-	for _, l := range strings.Split(b.buf.String(), "\n") {
-		if strings.Contains(l, msg) {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
 // loggedChecker is a test checker whose log lines land in the returned buffer and whose clock
 // is *now.
-func loggedChecker(p *Pool, opts HealthOptions, now *time.Time) (*Checker, *logBuffer) {
+func loggedChecker(p *Pool, opts HealthOptions, now *time.Time) (*Checker, *testkit.SyncBuffer) {
 	c := newTestChecker(p, opts)
-	logs := &logBuffer{}
+	logs := &testkit.SyncBuffer{}
 	c.log = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	c.now = func() time.Time { return *now }
 	return c, logs
@@ -55,10 +29,7 @@ func loggedChecker(p *Pool, opts HealthOptions, now *time.Time) (*Checker, *logB
 func TestProbeFailureReasonNamesTheCause(t *testing.T) {
 	notFound := newFakeWorker(t, "/ready") // /health is not served: 404
 	refused := func() string {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
+		ln := testkit.Listen(t)
 		defer ln.Close()
 		return "http://" + ln.Addr().String()
 	}()
@@ -91,7 +62,7 @@ func TestProbeFailureReasonNamesTheCause(t *testing.T) {
 					t.Errorf("%s probe status %+v (ok %v), want the reason %q at %v after 1 failure", w.Tenant(), st, ok, tc.want, now)
 				}
 			}
-			if got := logs.lines("worker health check failed"); len(got) != 1 || !strings.Contains(got[0], tc.want) {
+			if got := logs.Lines("worker health check failed"); len(got) != 1 || !strings.Contains(got[0], tc.want) {
 				t.Errorf("log lines %q, want one failure line with %q", got, tc.want)
 			}
 		})
@@ -110,13 +81,13 @@ func TestProbeFailuresAreLoggedOnceThenOncePerMinuteThenOnRecovery(t *testing.T)
 		now = now.Add(step)
 		c.Check(ctx, f.srv.URL)
 	}
-	count := func(msg string) int { return len(logs.lines(msg)) }
+	count := func(msg string) int { return len(logs.Lines(msg)) }
 
 	check(0) // healthy: nothing to say about probes
 	f.status.Store(http.StatusServiceUnavailable)
 	check(10 * time.Second)
 	if count("worker health check failed") != 1 {
-		t.Fatalf("first failure logged %d times, want once: %q", count("worker health check failed"), logs.lines("health"))
+		t.Fatalf("first failure logged %d times, want once: %q", count("worker health check failed"), logs.Lines("health"))
 	}
 	for range 5 { // 50 s more of failures: the worker goes unhealthy, the probes stay quiet
 		check(10 * time.Second)
@@ -131,7 +102,7 @@ func TestProbeFailuresAreLoggedOnceThenOncePerMinuteThenOnRecovery(t *testing.T)
 		t.Errorf("the change to unhealthy logged %d times, want once", n)
 	}
 	check(10 * time.Second) // a minute after the first line
-	if lines := logs.lines("still failing"); len(lines) != 1 || !strings.Contains(lines[0], "503 Service Unavailable") || !strings.Contains(lines[0], "failures=7") {
+	if lines := logs.Lines("still failing"); len(lines) != 1 || !strings.Contains(lines[0], "503 Service Unavailable") || !strings.Contains(lines[0], "failures=7") {
 		t.Fatalf("repeat lines %q, want one with the reason and the failure count", lines)
 	}
 	check(30 * time.Second)
@@ -144,7 +115,7 @@ func TestProbeFailuresAreLoggedOnceThenOncePerMinuteThenOnRecovery(t *testing.T)
 
 	f.status.Store(http.StatusOK)
 	check(10 * time.Second)
-	if lines := logs.lines("worker health check passed"); len(lines) != 1 || !strings.Contains(lines[0], "after_failures=8") {
+	if lines := logs.Lines("worker health check passed"); len(lines) != 1 || !strings.Contains(lines[0], "after_failures=8") {
 		t.Fatalf("recovery lines %q, want one that counts the failures", lines)
 	}
 	st, ok := w.Probe()
@@ -159,7 +130,7 @@ func TestProbeFailuresAreLoggedOnceThenOncePerMinuteThenOnRecovery(t *testing.T)
 	// A new run of failures is a new change: logged at once.
 	f.status.Store(http.StatusNotFound)
 	check(time.Second)
-	if lines := logs.lines("worker health check failed"); len(lines) != 2 || !strings.Contains(lines[1], "404 Not Found") {
+	if lines := logs.Lines("worker health check failed"); len(lines) != 2 || !strings.Contains(lines[1], "404 Not Found") {
 		t.Errorf("failure lines %q, want a second one with the new reason", lines)
 	}
 }
@@ -168,10 +139,7 @@ func TestProbeFailureReasonNeverShowsTheWorkerCredentials(t *testing.T) {
 	f := newFakeWorker(t, "/ready") // /health answers 404
 	url := strings.Replace(f.srv.URL, "http://", "http://user:s3cret@", 1)
 	closed := func() string {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
+		ln := testkit.Listen(t)
 		defer ln.Close()
 		return "http://user:s3cret@" + ln.Addr().String()
 	}()
@@ -185,7 +153,7 @@ func TestProbeFailureReasonNeverShowsTheWorkerCredentials(t *testing.T) {
 		if st.LastError == "" || strings.Contains(st.LastError, "s3cret") {
 			t.Errorf("probe error %q: empty or shows the password", st.LastError)
 		}
-		for _, l := range logs.lines("worker") {
+		for _, l := range logs.Lines("worker") {
 			if strings.Contains(l, "s3cret") {
 				t.Errorf("log line shows the password: %s", l)
 			}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/sim"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/cacheroute/cacheroute/internal/upstream"
 )
 
@@ -26,6 +27,14 @@ type fakeWorker struct {
 	models   []string
 	authSeen string
 	probes   atomic.Int32
+}
+
+// probed sets the status the worker answers its probes with and has c probe it n times.
+func (f *fakeWorker) probed(ctx context.Context, c *Checker, status int32, n int) {
+	f.status.Store(status)
+	for range n {
+		c.Check(ctx, f.srv.URL)
+	}
 }
 
 func newFakeWorker(t *testing.T, endpoint string, models ...string) *fakeWorker {
@@ -125,18 +134,13 @@ func TestCheckerFailureThresholdMarksUnhealthy(t *testing.T) {
 	if !w.Healthy() {
 		t.Fatal("first probe passed but the worker is unhealthy")
 	}
-	f.status.Store(http.StatusInternalServerError)
-	c.Check(ctx, f.srv.URL)
-	c.Check(ctx, f.srv.URL)
+	f.probed(ctx, c, http.StatusInternalServerError, 2)
 	if !w.Healthy() {
 		t.Fatal("2 failures of threshold 3 marked the worker unhealthy")
 	}
 	// A pass in between resets the failure count.
-	f.status.Store(http.StatusOK)
-	c.Check(ctx, f.srv.URL)
-	f.status.Store(http.StatusInternalServerError)
-	c.Check(ctx, f.srv.URL)
-	c.Check(ctx, f.srv.URL)
+	f.probed(ctx, c, http.StatusOK, 1)
+	f.probed(ctx, c, http.StatusInternalServerError, 2)
 	if !w.Healthy() {
 		t.Fatal("failures were not reset by a passing probe")
 	}
@@ -154,23 +158,17 @@ func TestCheckerSuccessThresholdBringsWorkerBack(t *testing.T) {
 	c := newTestChecker(p, HealthOptions{FailureThreshold: 1, SuccessThreshold: 3})
 	ctx := context.Background()
 	c.Check(ctx, f.srv.URL) // it has been up once: from now on the thresholds apply
-	f.status.Store(http.StatusBadGateway)
-	c.Check(ctx, f.srv.URL)
+	f.probed(ctx, c, http.StatusBadGateway, 1)
 	if w.Healthy() {
 		t.Fatal("healthy after a failing probe (threshold 1)")
 	}
-	f.status.Store(http.StatusNoContent) // any 2xx passes
-	c.Check(ctx, f.srv.URL)
-	c.Check(ctx, f.srv.URL)
+	f.probed(ctx, c, http.StatusNoContent, 2) // any 2xx passes
 	if w.Healthy() {
 		t.Fatal("2 passes of threshold 3 brought the worker back")
 	}
 	// A failure in between resets the success count.
-	f.status.Store(http.StatusBadGateway)
-	c.Check(ctx, f.srv.URL)
-	f.status.Store(http.StatusOK)
-	c.Check(ctx, f.srv.URL)
-	c.Check(ctx, f.srv.URL)
+	f.probed(ctx, c, http.StatusBadGateway, 1)
+	f.probed(ctx, c, http.StatusOK, 2)
 	if w.Healthy() {
 		t.Fatal("successes were not reset by a failing probe")
 	}
@@ -236,8 +234,7 @@ func TestCheckerRefreshesModels(t *testing.T) {
 		t.Errorf("/v1/models got Authorization %q, want the API key", auth)
 	}
 	// A failing probe keeps the last known models.
-	f.status.Store(http.StatusInternalServerError)
-	c.Check(ctx, f.srv.URL)
+	f.probed(ctx, c, http.StatusInternalServerError, 1)
 	if got := p.Get(f.srv.URL)[0].Models(); !slices.Equal(got, []string{"llama", "llama-lora"}) {
 		t.Errorf("a failed probe changed the models to %v", got)
 	}
@@ -297,8 +294,7 @@ func TestCheckerWorkerThatWasNotUpYetIsHealthyAtItsFirstPass(t *testing.T) {
 	if added[0].Healthy() {
 		t.Fatal("healthy while its probes fail")
 	}
-	f.status.Store(http.StatusOK)
-	c.Check(ctx, f.srv.URL)
+	f.probed(ctx, c, http.StatusOK, 1)
 	if !added[0].Healthy() {
 		t.Fatal("a worker that was never up is not healthy at its first passing probe")
 	}
@@ -320,25 +316,12 @@ func TestCheckerProbesAWorkerThatIsNotUpYetUntilItsFirstPass(t *testing.T) {
 	defer func() { cancel(); <-ran }()
 
 	c.Check(ctx, f.srv.URL) // what the router does when it registers a worker
-	waitFor(t, "a few start-up probes", func() bool { return f.probes.Load() >= 3 })
+	testkit.WaitFor(t, "a few start-up probes", func() bool { return f.probes.Load() >= 3 })
 	if added[0].Healthy() {
 		t.Fatal("healthy while its probes fail")
 	}
 	f.status.Store(http.StatusOK)
-	waitFor(t, "healthy after the worker came up", added[0].Healthy)
-}
-
-// waitFor polls cond every 10 ms until it holds, failing the test after 10 s: a bound on
-// behaviour, not a performance target.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within 10s: %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.WaitFor(t, "healthy after the worker came up", added[0].Healthy)
 }
 
 // TestCheckerReadsWhichModelsAreAdaptersOfWhichBase runs a simulated vLLM worker serving a base

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // hungWorker answers its health endpoint and /v1/models, and its POSTs only while answering is
@@ -76,7 +78,7 @@ func TestStall_WorkerWithNoProgressThatDoesNotAnswerAProbeIsTakenOutUntilOneIsAn
 	if got := h.posts.Load(); got != 0 {
 		t.Fatalf("%d probe requests before the stall timeout passed", got)
 	}
-	waitFor(t, "the worker is found stalled", func() bool {
+	testkit.WaitFor(t, "the worker is found stalled", func() bool {
 		c.checkStalls(ctx)
 		return w.Stalled()
 	})
@@ -85,7 +87,7 @@ func TestStall_WorkerWithNoProgressThatDoesNotAnswerAProbeIsTakenOutUntilOneIsAn
 	}
 
 	h.answering.Store(true)
-	waitFor(t, "the worker is back once a probe request is answered", func() bool {
+	testkit.WaitFor(t, "the worker is back once a probe request is answered", func() bool {
 		c.checkStalls(ctx)
 		return !w.Stalled()
 	})
@@ -103,7 +105,7 @@ func TestStall_BusyWorkerThatAnswersItsProbeIsNotStalled(t *testing.T) {
 	ctx := context.Background()
 	at := p.Acquire(w)
 	defer at.Close(Cancelled)
-	waitFor(t, "a few probe requests", func() bool {
+	testkit.WaitFor(t, "a few probe requests", func() bool {
 		c.checkStalls(ctx)
 		return h.posts.Load() >= 2
 	})
@@ -190,7 +192,7 @@ func TestStall_WorkerMarkedByAMissedFirstByteComesBackWithoutStallChecks(t *test
 	}
 	at.Close(Failed)
 	h.answering.Store(true)
-	waitFor(t, "the marked worker is back once a probe request is answered", func() bool {
+	testkit.WaitFor(t, "the marked worker is back once a probe request is answered", func() bool {
 		c.checkStalls(ctx)
 		return !w.Stalled()
 	})

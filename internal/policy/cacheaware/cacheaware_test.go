@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +14,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/protocol"
 	"github.com/cacheroute/cacheroute/internal/session"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -46,11 +46,7 @@ func newPolicy(opts Options) *Policy {
 // req parses a request body with optional header pairs.
 func req(t testing.TB, body string, header ...string) *protocol.Request {
 	t.Helper()
-	h := http.Header{}
-	for i := 0; i+1 < len(header); i += 2 {
-		h.Set(header[i], header[i+1])
-	}
-	r, err := protocol.ParseChat(h, []byte(body))
+	r, err := protocol.ParseChat(testkit.Header(header...), []byte(body))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,17 +55,13 @@ func TestFailedAttemptDoesNotKeepTheSessionPinned(t *testing.T) {
 	p := newPolicy(defaultOptions())
 	r := req(t, chat(longSystem, []string{"task"}, ""), "x-session-id", "s")
 	in := policy.Input{Context: context.Background(), Request: r, Model: "m", Candidates: pool.All(), All: pool.All()}
-	d := p.Select(in)
-	p.Accepted(in, d)
-	p.Done(in, d, workers.Failed, policy.Usage{}) // it answered 503, say
+	attempt(p, in, workers.Failed) // it answered 503, say
 	if tenant, ok, _ := p.store.Get(context.Background(), "m", r.SessionKey); ok {
 		t.Fatalf("the session still points at %s, which failed", tenant)
 	}
 	// Success and cancellation keep what Accepted taught.
 	for _, o := range []workers.Outcome{workers.Succeeded, workers.Cancelled} {
-		d := p.Select(in)
-		p.Accepted(in, d)
-		p.Done(in, d, o, policy.Usage{})
+		d := attempt(p, in, o)
 		if tenant, ok, _ := p.store.Get(context.Background(), "m", r.SessionKey); !ok || tenant != d.Worker.Tenant() {
 			t.Fatalf("after %s the session points at %q, want %s", o, tenant, d.Worker.Tenant())
 		}

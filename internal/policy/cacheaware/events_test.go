@@ -149,9 +149,7 @@ func TestSessionWhoseWorkerClearedItsCacheMovesWithSessionEvicted(t *testing.T) 
 	x := kvevents.NewIndex(1 << 20)
 	store(x, ws[0].Name(), prompt, 4, 0)
 	store(x, ws[2].Name(), prompt, 2, 100) // another worker holds part of it too
-	opts := defaultOptions()
-	opts.KVIndex = x
-	p := newPolicy(opts)
+	p := policyReading(x)
 	// The session's first turn is asked its tokens and lands on ws[0], which the events show
 	// holding them.
 	in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
@@ -187,9 +185,7 @@ func TestSessionWhoseWorkerRemovedItsBlocksMovesWithSessionEvicted(t *testing.T)
 	x := kvevents.NewIndex(1 << 20)
 	store(x, ws[1].Name(), prompt, 3, 0)
 	store(x, ws[1].Name(), tokens(9000, 16), 1, 50) // the engine holds something else still
-	opts := defaultOptions()
-	opts.KVIndex = x
-	p := newPolicy(opts)
+	p := policyReading(x)
 	in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
 		Candidates: pool.All(), All: pool.All(), Tokens: prompt}
 	p.Accepted(in, policy.Decision{Worker: ws[1], Label: LabelFullHistoryMatch})
@@ -207,9 +203,7 @@ func TestSessionWhoseBlocksAreNotPublishedYetStays(t *testing.T) {
 	prompt := tokens(1000, 3*16)
 	x := kvevents.NewIndex(1 << 20)
 	store(x, ws[0].Name(), tokens(9000, 16), 1, 50) // the engine is known, the session's blocks not yet
-	opts := defaultOptions()
-	opts.KVIndex = x
-	p := newPolicy(opts)
+	p := policyReading(x)
 	in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
 		Candidates: pool.All(), All: pool.All(), Tokens: prompt}
 	p.Accepted(in, policy.Decision{Worker: ws[0], Label: LabelFullHistoryMatch})
@@ -266,6 +260,13 @@ func TestSessionBlocksAreBounded(t *testing.T) {
 	}
 }
 
+// policyReading is a policy with the default options that reads the engines' events in x.
+func policyReading(x *kvevents.Index) *Policy {
+	opts := defaultOptions()
+	opts.KVIndex = x
+	return newPolicy(opts)
+}
+
 // storeFor is store for blocks computed with LoRA adapter lora.
 func storeFor(x *kvevents.Index, worker, lora string, ts []uint32, blocks, base int) {
 	e := kvevents.Event{Kind: kvevents.Stored, BlockSize: 16, TokenIDs: ts[:blocks*16], LoRA: lora}
@@ -281,9 +282,7 @@ func TestEventsMatchARequestOnlyAgainstTheBlocksOfItsOwnAdapter(t *testing.T) {
 	x := kvevents.NewIndex(1 << 20)
 	storeFor(x, ws[0].Name(), "", prompt, 4, 0)
 	storeFor(x, ws[1].Name(), "sql", prompt, 4, 100)
-	opts := defaultOptions()
-	opts.KVIndex = x
-	p := newPolicy(opts)
+	p := policyReading(x)
 	sel := func(lora string) policy.Decision {
 		r := req(t, `{"messages":[{"role":"user","content":"a prompt the tree has never seen"}]}`)
 		return p.Select(policy.Input{Request: r, Candidates: pool.All(), All: pool.All(), Tokens: prompt, LoRA: lora})
@@ -307,9 +306,7 @@ func TestAnAdaptersSessionIsCheckedAgainstItsAdaptersBlocks(t *testing.T) {
 	x := kvevents.NewIndex(1 << 20)
 	storeFor(x, ws[0].Name(), "sql", prompt, 4, 0)
 	storeFor(x, ws[1].Name(), "", prompt, 4, 100)
-	opts := defaultOptions()
-	opts.KVIndex = x
-	p := newPolicy(opts)
+	p := policyReading(x)
 	in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
 		Candidates: pool.All(), All: pool.All(), Tokens: prompt, LoRA: "sql"}
 	p.Accepted(in, policy.Decision{Worker: ws[0], Label: LabelFullHistoryMatch})
@@ -372,9 +369,7 @@ func TestASessionPlacedBeforeItsEngineIsKnownIsTokenizedOnceTheEngineIs(t *testi
 	pool, ws := fleet(t, 2)
 	prompt := tokens(1000, 3*16)
 	x := kvevents.NewIndex(1 << 20)
-	opts := defaultOptions()
-	opts.KVIndex = x
-	p := newPolicy(opts)
+	p := policyReading(x)
 	in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
 		Candidates: pool.All(), All: pool.All(), Tokens: prompt}
 	if !p.WantsTokens(in) {

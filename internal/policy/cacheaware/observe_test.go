@@ -65,19 +65,24 @@ func TestFailedAttemptDoesNotMakeTheWorkerTheHistorysHolder(t *testing.T) {
 	}
 }
 
+// attempt selects a worker for in, accepts it and ends the attempt with outcome and no usage, as
+// the proxy does; it returns the decision.
+func attempt(p *Policy, in policy.Input, outcome workers.Outcome) policy.Decision {
+	d := p.Select(in)
+	p.Accepted(in, d)
+	p.Done(in, d, outcome, policy.Usage{})
+	return d
+}
+
 func TestRetryAfterAFailedAttemptLeavesTheServingWorkerTheOnlyHolder(t *testing.T) {
 	pool, _ := fleet(t, 3)
 	p := newPolicy(defaultOptions())
 	in := chatInput(t, pool, chat(longSystem, []string{"task"}, ""))
 
-	failed := p.Select(in)
-	p.Accepted(in, failed)
-	p.Done(in, failed, workers.Failed, policy.Usage{})
+	failed := attempt(p, in, workers.Failed)
 	// The proxy retries on another worker, which answers.
 	in.Candidates = without(pool.All(), failed.Worker)
-	served := p.Select(in)
-	p.Accepted(in, served)
-	p.Done(in, served, workers.Succeeded, policy.Usage{})
+	served := attempt(p, in, workers.Succeeded)
 
 	next := chatInput(t, pool, chat(longSystem, []string{"task", "done", "more"}, ""))
 	d := p.Select(next)
@@ -94,9 +99,7 @@ func TestFailedNextTurnKeepsThePreviousTurnOnItsWorker(t *testing.T) {
 	pool, _ := fleet(t, 3)
 	p := newPolicy(defaultOptions())
 	first := chatInput(t, pool, chat(longSystem, []string{"task"}, ""))
-	home := p.Select(first)
-	p.Accepted(first, home)
-	p.Done(first, home, workers.Succeeded, policy.Usage{})
+	home := attempt(p, first, workers.Succeeded)
 
 	in := chatInput(t, pool, chat(longSystem, []string{"task", "done", "more"}, ""))
 	d := p.Select(in)

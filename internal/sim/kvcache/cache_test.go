@@ -20,6 +20,13 @@ func run(c *Cache, hashes []uint64) int {
 	return hit
 }
 
+// probe acquires hashes and releases them at once, returning the blocks that hit.
+func probe(c *Cache, hashes []uint64) int {
+	hit, p := c.Acquire(hashes, len(hashes))
+	c.Release(&p)
+	return hit
+}
+
 func TestCache_SecondIdenticalPromptHitsAllBlocks(t *testing.T) {
 	c := New(64)
 	hs := seq(100, 8)
@@ -46,15 +53,11 @@ func TestCache_HitIsLongestRunFromFirstBlock(t *testing.T) {
 	c := New(64)
 	run(c, seq(100, 6))
 	other := append([]uint64{999}, seq(101, 5)...)
-	hit, p := c.Acquire(other, len(other))
-	c.Release(&p)
-	if hit != 0 {
+	if hit := probe(c, other); hit != 0 {
 		t.Fatalf("prompt differing in block 0 hit %d blocks, want 0", hit)
 	}
 	partial := append(seq(100, 3), 777, 778)
-	hit, p = c.Acquire(partial, len(partial))
-	c.Release(&p)
-	if hit != 3 {
+	if hit := probe(c, partial); hit != 3 {
 		t.Fatalf("hit = %d, want 3", hit)
 	}
 }
@@ -149,9 +152,7 @@ func TestCache_CommitCachesTheReplyBlocks(t *testing.T) {
 	}
 	c.Commit(&p, stream)
 	next := append(seq(100, 6), 900, 901)
-	hit, p = c.Acquire(next, len(next))
-	c.Release(&p)
-	if hit != 6 {
+	if hit := probe(c, next); hit != 6 {
 		t.Fatalf("next turn hit %d blocks, want 6 (prompt and reply)", hit)
 	}
 }
