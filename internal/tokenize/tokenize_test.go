@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/cacheroute/cacheroute/internal/metrics"
+	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -172,16 +173,10 @@ var turns = []struct{ text, body string }{
 	{"uhi\xff.aok\xff.uthen\xff.adone\xff.umore\xff.", `[{"role":"user","content":"hi"},{"role":"assistant","content":"ok"},{"role":"user","content":"then"},{"role":"assistant","content":"done"},{"role":"user","content":"more"}]`},
 }
 
-// waitRemembered waits, boundedly, until c holds the answer for text.
+// waitRemembered waits until c holds the answer for text.
 func waitRemembered(t *testing.T, c *Client, text string) {
 	t.Helper()
-	for range 500 {
-		if remembered(c, "/v1/chat/completions", "m", text) {
-			return
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	t.Fatalf("the answer for %q was never remembered", text)
+	testkit.WaitFor(t, "the answer for "+text, func() bool { return remembered(c, "/v1/chat/completions", "m", text) })
 }
 
 // A turn whose earlier turn was tokenized gets the earlier turn's tokens without a call on its
@@ -221,12 +216,7 @@ func TestAnEngineWhosePromptsDoNotExtendIsAskedInFull(t *testing.T) {
 	c.Tokens("/v1/chat/completions", turns[0].text, ws, "m", []byte(turns[0].body), chat)
 	c.Tokens("/v1/chat/completions", turns[1].text, ws, "m", []byte(turns[1].body), chat)
 	mismatches := m.TokenizeRequests.WithLabelValues(metrics.TokenizePrefixMismatch)
-	for i := 0; testutil.ToFloat64(mismatches) == 0; i++ {
-		if i == 500 {
-			t.Fatal("the background answer was never checked")
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	testkit.WaitFor(t, "the background answer checked", func() bool { return testutil.ToFloat64(mismatches) > 0 })
 	third, _ := c.Tokens("/v1/chat/completions", turns[2].text, ws, "m", []byte(turns[2].body), chat)
 	if len(third) != 6 || third[0] != 5 {
 		t.Errorf("third turn got %v, want its own 6 tokens, asked in full", third)
