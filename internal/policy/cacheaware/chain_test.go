@@ -118,6 +118,19 @@ func TestEachReasonIsNamedByTheStepThatDecided(t *testing.T) {
 				route(p, pool, req(t, chat("", []string{"hello"}, ""), "x-session-id", "s"))
 				return route(p, pool, req(t, chat("", []string{"something else"}, ""), "x-session-id", "s"))
 			}},
+		{name: "the session's worker evicted it", step: "session_evicted", label: LabelSessionEvicted,
+			opts: func(o *Options) { o.KVIndex = kvevents.NewIndex(1 << 20) },
+			decide: func(t *testing.T, p *Policy, pool *workers.Pool, ws []*workers.Worker) policy.Decision {
+				x, prompt := p.opts.KVIndex, tokens(1000, 3*16)
+				store(x, ws[1].Name(), prompt, 3, 0)
+				store(x, ws[1].Name(), tokens(9000, 16), 1, 50) // the engine holds something else still
+				in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
+					Candidates: pool.All(), All: pool.All(), Tokens: prompt}
+				p.Accepted(in, policy.Decision{Worker: ws[1], Label: LabelFullHistoryMatch})
+				x.Apply(ws[1].Name(), "", kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.Removed, BlockHashes: []kvevents.Hash{1, 2, 3}}}})
+				d, _ := sessionTurn(t, p, pool, prompt)
+				return d
+			}},
 		{name: "engines hold the prompt", step: "kv_events", label: LabelKVEventsMatch,
 			opts: func(o *Options) { o.KVIndex = kvevents.NewIndex(1 << 20) },
 			decide: func(t *testing.T, p *Policy, pool *workers.Pool, ws []*workers.Worker) policy.Decision {
@@ -162,6 +175,16 @@ func TestEachReasonIsNamedByTheStepThatDecided(t *testing.T) {
 					}
 				}
 				return third(t, p, pool)
+			}},
+		{name: "a shared prefix, its holder gone, unknown session", step: "session_history_holders_gone", label: LabelStaleTenant,
+			decide: func(t *testing.T, p *Policy, pool *workers.Pool, ws []*workers.Worker) policy.Decision {
+				shared(t, p, pool)
+				for _, w := range ws {
+					if heldBy(p, req(t, chat(longSystem, []string{"x"}, "")), w.Tenant()) > 0 {
+						w.SetHealthy(false)
+					}
+				}
+				return third(t, p, pool, "x-session-id", "new")
 			}},
 		{name: "a shared prefix, cost mode", step: "text_by_cost", label: LabelCacheAffinity,
 			decide: func(t *testing.T, p *Policy, pool *workers.Pool, ws []*workers.Worker) policy.Decision {
