@@ -2,9 +2,10 @@ package prefixtree
 
 import "slices"
 
-// probeInline is how many tenants a Probe keeps inside itself; a key held by more spills to
-// the heap. A router's fleet is a handful of workers, so a probe allocates nothing.
-const probeInline = 16
+// ProbeInline is how many tenants a Probe keeps inside itself; the holds of a key held by more
+// go to the spare array its caller lends, or to a new one. A router's fleet is mostly a handful
+// of workers, so a probe allocates nothing.
+const ProbeInline = 16
 
 // Probe is what one walk of a key's path in a namespace tells: everything Matches, Holdings and
 // MatchTenantAt would tell of that key, each of which walks the path again. A router asks it
@@ -19,8 +20,9 @@ type Probe struct {
 	Whole int
 
 	n      int
-	inline [probeInline]Hold
-	spill  []Hold // every hold once there are more than probeInline; nil until then
+	inline [ProbeInline]Hold
+	spill  []Hold // every hold once there are more than ProbeInline; nil until then
+	spare  []Hold // the caller's array for spill, when it lent one
 }
 
 // Hold is what one tenant holds of a probed key.
@@ -41,6 +43,10 @@ func (p *Probe) Holds() []Hold {
 	}
 	return p.inline[:p.n]
 }
+
+// Spill is the array the holds past the first ProbeInline went to, nil when they fit inside
+// the probe: lent to the next probe, it is reused.
+func (p *Probe) Spill() []Hold { return p.spill }
 
 // Of is what tenant holds of the key; the zero Hold when it holds none.
 func (p *Probe) Of(tenant string) Hold {
@@ -91,8 +97,11 @@ func (p *Probe) add(h Hold, tenants int) int {
 	case p.spill != nil:
 		p.spill = append(p.spill, h)
 		return len(p.spill) - 1
-	case p.n == probeInline:
-		p.spill = append(append(make([]Hold, 0, tenants), p.inline[:]...), h)
+	case p.n == ProbeInline:
+		if cap(p.spare) < tenants {
+			p.spare = make([]Hold, 0, tenants)
+		}
+		p.spill = append(append(p.spare[:0], p.inline[:]...), h)
 		return len(p.spill) - 1
 	}
 	p.inline[p.n] = h
@@ -110,15 +119,17 @@ func (p *Probe) at(i int) *Hold {
 
 // Probe walks key's path in namespace ns once and returns what it tells (see Probe). Holds
 // beyond their tenant's horizon (Reach) count in Matched, Branch and Held as in Match and
-// MatchTenantAt: not at all.
+// MatchTenantAt: not at all. spare, which may be nil, is an array the holds past the first
+// ProbeInline may go to, so that a caller probing for a large fleet can reuse one (Spill returns
+// it, or the larger one that replaced it).
 //
 // The holders of a node hold its parent too, each no younger there, so a tenant's holds that
 // count are a prefix of the path it holds: its deepest one that counts is where its Held ends,
 // and the first node nobody's hold counts on ends the match that counts.
-func (t *Tree) Probe(ns, key string) Probe {
+func (t *Tree) Probe(ns, key string, spare []Hold) Probe {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	var p Probe
+	p := Probe{spare: spare}
 	n := t.spaces[ns]
 	if n == nil {
 		return p

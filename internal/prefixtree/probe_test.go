@@ -11,7 +11,7 @@ import (
 // it, for every tenant.
 func checkProbe(t *testing.T, tr *Tree, key string, tenants []string) {
 	t.Helper()
-	p := tr.Probe(model, key)
+	p := tr.Probe(model, key, nil)
 	counted, taught := tr.Matches(model, key)
 	if p.Matched != counted.Matched || p.Branch != counted.Branch || p.Whole != taught.Whole {
 		t.Fatalf("Probe(%q) = matched %d, branch %d, whole %d; Matches = %d, %d, %d", key,
@@ -22,6 +22,13 @@ func checkProbe(t *testing.T, tr *Tree, key string, tenants []string) {
 	}
 	if got := p.WholeHolders(nil); !slices.Equal(got, taught.WholeHolders) {
 		t.Fatalf("Probe(%q).WholeHolders = %q, the taught Match's = %q", key, got, taught.WholeHolders)
+	}
+	// With an array lent for the holds past the inline ones, too small or large enough, the
+	// probe says the same.
+	for _, spare := range [][]Hold{make([]Hold, 0, 1), make([]Hold, 3, 64)} {
+		if q := tr.Probe(model, key, spare); !slices.Equal(q.Holds(), p.Holds()) {
+			t.Fatalf("Probe(%q) lent %d holds' room = %+v, without = %+v", key, cap(spare), q.Holds(), p.Holds())
+		}
 	}
 	seen := map[string]bool{}
 	for _, h := range p.Holds() {
@@ -48,7 +55,7 @@ func checkProbe(t *testing.T, tr *Tree, key string, tenants []string) {
 // tenants, has failed attempts released and horizons set and grown, whether its tenants fit in
 // the probe or spill out of it.
 func TestProbe_AgreesWithMatchesHoldingsAndMatchTenantAt(t *testing.T) {
-	for _, n := range []int{3, probeInline + 5} {
+	for _, n := range []int{3, ProbeInline + 5} {
 		t.Run(fmt.Sprintf("tenants=%d", n), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(11, uint64(n)))
 			tenants := make([]string, n)
@@ -92,14 +99,15 @@ func TestProbe_AgreesWithMatchesHoldingsAndMatchTenantAt(t *testing.T) {
 func TestProbe_OfAnUnknownNamespaceIsEmpty(t *testing.T) {
 	tr := New(0)
 	tr.Insert("other", "sys|user: a|", workerA)
-	p := tr.Probe(model, "sys|user: a|")
+	p := tr.Probe(model, "sys|user: a|", nil)
 	if p.Matched != 0 || p.Whole != 0 || len(p.Holds()) != 0 || p.Of(workerA).Held != 0 || p.Holders(nil) != nil {
 		t.Fatalf("a namespace never taught: %+v", p)
 	}
 }
 
 // BenchmarkProbe is one probe of a conversation's next turn against the three walks it replaces
-// in a decision (Matches, Holdings, MatchTenantAt).
+// in a decision (Matches, Holdings, MatchTenantAt), and against the one walk of MatchTenantAt
+// alone, all a decision that follows its session map read before.
 func BenchmarkProbe(b *testing.B) {
 	for _, tenants := range []int{4, 64} {
 		tr := New(0)
@@ -111,8 +119,29 @@ func BenchmarkProbe(b *testing.B) {
 		b.Run(fmt.Sprintf("tenants=%d/probe", tenants), func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				p := tr.Probe(model, key)
+				p := tr.Probe(model, key, nil)
 				if p.Of("http://10.0.0.3:8000").Held == 0 {
+					b.Fatal("the conversation's worker holds none of it")
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("tenants=%d/probe-reusing", tenants), func(b *testing.B) {
+			var spare []Hold
+			b.ReportAllocs()
+			for b.Loop() {
+				p := tr.Probe(model, key, spare)
+				if p.Of("http://10.0.0.3:8000").Held == 0 {
+					b.Fatal("the conversation's worker holds none of it")
+				}
+				if h := p.Spill(); h != nil {
+					spare = h
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("tenants=%d/one-tenant", tenants), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if held, _ := tr.MatchTenantAt(model, key, "http://10.0.0.3:8000"); held == 0 {
 					b.Fatal("the conversation's worker holds none of it")
 				}
 			}

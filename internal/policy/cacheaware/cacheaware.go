@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/kvevents"
@@ -114,6 +115,7 @@ type Policy struct {
 	tree     *prefixtree.Tree
 	blocks   *sessionBlocks // the first block of each session's last turn, for the events' check
 	pressure *pressure      // nil: the pressure-aware placement is off
+	spares   sync.Pool      // of *[]prefixtree.Hold: arrays the probes of a large fleet borrow (probe)
 }
 
 // New returns the policy. r may be nil (nothing reported).
@@ -195,6 +197,7 @@ type decision struct {
 	// probe is the decision's one reading of the prefix tree for text (empty when there is no
 	// text): every step and the decision itself read the tree through it.
 	probe prefixtree.Probe
+	spare *[]prefixtree.Hold // the array the probe borrowed from Policy.spares; nil when none
 	// session is the candidate the session map names (sessionWorker), once sessionLooked.
 	session       *workers.Worker
 	sessionLooked bool
@@ -256,6 +259,7 @@ func (p *Policy) Select(in policy.Input) policy.Decision {
 	if held > 0 || len(d.forget) > 0 {
 		dec.State = &choice{held: held, heldAge: heldAge, forget: d.forget}
 	}
+	p.lendBack(d)
 	return dec
 }
 

@@ -371,10 +371,31 @@ func (p *Policy) candidateHolders(d *decision, tenants []string) []*workers.Work
 	return holders
 }
 
-// probe reads the tree once for d: what each step needs of the request's text.
+// probe reads the tree once for d: what each step needs of the request's text. In a fleet of
+// more tenants than a probe keeps inside itself, the probe borrows an array from spares for the
+// rest (d.spare), which lendBack returns once the decision is made, so that it allocates none.
 func (p *Policy) probe(d *decision) prefixtree.Probe {
 	if d.text == "" {
 		return prefixtree.Probe{}
 	}
-	return p.tree.Probe(d.model, d.text)
+	var spare []prefixtree.Hold
+	if len(d.in.All) > prefixtree.ProbeInline {
+		if s, ok := p.spares.Get().(*[]prefixtree.Hold); ok {
+			d.spare, spare = s, *s
+		} else {
+			d.spare = new([]prefixtree.Hold)
+		}
+	}
+	return p.tree.Probe(d.model, d.text, spare)
+}
+
+// lendBack returns the array d's probe borrowed, or the larger one it spilled to instead.
+func (p *Policy) lendBack(d *decision) {
+	if d.spare == nil {
+		return
+	}
+	if spill := d.probe.Spill(); cap(spill) > cap(*d.spare) {
+		*d.spare = spill[:0]
+	}
+	p.spares.Put(d.spare)
 }

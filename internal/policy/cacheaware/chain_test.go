@@ -2,6 +2,7 @@ package cacheaware
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/prefixtree"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -229,5 +231,29 @@ func TestEachReasonIsNamedByTheStepThatDecided(t *testing.T) {
 				t.Fatalf("step %s gave %s, which it does not declare (%q)", c.step, d.Label, stepFor(t, c.step).labels)
 			}
 		})
+	}
+}
+
+// In a fleet of more tenants than a probe keeps inside itself, every worker holds the agent's
+// system prompt, and each conversation still follows the worker that holds it.
+func TestALargeFleetFollowsEachConversation(t *testing.T) {
+	pool, _ := fleet(t, prefixtree.ProbeInline+4)
+	p := newPolicy(defaultOptions())
+	turn := func(i int, more ...string) string {
+		return chat(longSystem, append([]string{fmt.Sprintf("task %d", i)}, more...), "")
+	}
+	placed := map[int]*workers.Worker{}
+	for i := range 2 * len(pool.All()) {
+		d := route(p, pool, req(t, turn(i)))
+		d.Worker.Reserve() // the conversation runs on: the next goes to an idler worker
+		placed[i] = d.Worker
+	}
+	if pr := p.tree.Probe("m", req(t, turn(0)).Text, nil); len(pr.Holds()) <= prefixtree.ProbeInline {
+		t.Fatalf("%d workers hold the system prompt: the probe keeps them all inside itself", len(pr.Holds()))
+	}
+	for i := range placed {
+		if d := route(p, pool, req(t, turn(i, "done", "next"))); d.Worker != placed[i] || d.Label != LabelCacheAffinity {
+			t.Fatalf("conversation %d: %s on %s, want %s on %s", i, d.Label, d.Worker.Name(), LabelCacheAffinity, placed[i].Name())
+		}
 	}
 }
