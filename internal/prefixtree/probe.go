@@ -117,7 +117,8 @@ func (p *Probe) at(i int) *Hold {
 	return &p.inline[i]
 }
 
-// Probe walks key's path in namespace ns once and returns what it tells (see Probe). Holds
+// Probe walks key's path in namespace ns once and sets p to what it tells (see Probe); p is
+// filled in place, as a Probe is too large to be worth copying out. Holds
 // beyond their tenant's horizon (Reach) count in Matched, Branch and Held as in Match and
 // MatchTenantAt: not at all. spare, which may be nil, is an array the holds past the first
 // ProbeInline may go to, so that a caller probing for a large fleet can reuse one (Spill returns
@@ -126,19 +127,19 @@ func (p *Probe) at(i int) *Hold {
 // The holders of a node hold its parent too, each no younger there, so a tenant's holds that
 // count are a prefix of the path it holds: its deepest one that counts is where its Held ends,
 // and the first node nobody's hold counts on ends the match that counts.
-func (t *Tree) Probe(ns, key string, spare []Hold) Probe {
+func (t *Tree) Probe(p *Probe, ns, key string, spare []Hold) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	p := Probe{spare: spare}
+	*p = Probe{spare: spare}
 	n := t.spaces[ns]
 	if n == nil {
-		return p
+		return
 	}
 	// index maps a tenant id to its hold's index + 1.
-	var small [64]int32
+	var small [64]uint16
 	index := small[:]
 	if len(t.tenantNames) > len(small) {
-		index = make([]int32, len(t.tenantNames))
+		index = make([]uint16, len(t.tenantNames))
 	}
 	matched, counting := 0, true
 	rest := key
@@ -163,7 +164,7 @@ func (t *Tree) Probe(ns, key string, spare []Hold) Probe {
 			i := int(index[h.id]) - 1
 			if i < 0 {
 				i = p.add(Hold{Tenant: t.tenantNames[h.id]}, len(t.tenantNames))
-				index[h.id] = int32(i + 1)
+				index[h.id] = uint16(i + 1)
 			}
 			hold := p.at(i)
 			hold.Taught = matched
@@ -177,5 +178,4 @@ func (t *Tree) Probe(ns, key string, spare []Hold) Probe {
 		rest = rest[l:]
 		n = c
 	}
-	return p
 }

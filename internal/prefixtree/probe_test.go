@@ -11,7 +11,8 @@ import (
 // it, for every tenant.
 func checkProbe(t *testing.T, tr *Tree, key string, tenants []string) {
 	t.Helper()
-	p := tr.Probe(model, key, nil)
+	var p Probe
+	tr.Probe(&p, model, key, nil)
 	counted, taught := tr.Matches(model, key)
 	if p.Matched != counted.Matched || p.Branch != counted.Branch || p.Whole != taught.Whole {
 		t.Fatalf("Probe(%q) = matched %d, branch %d, whole %d; Matches = %d, %d, %d", key,
@@ -26,7 +27,8 @@ func checkProbe(t *testing.T, tr *Tree, key string, tenants []string) {
 	// With an array lent for the holds past the inline ones, too small or large enough, the
 	// probe says the same.
 	for _, spare := range [][]Hold{make([]Hold, 0, 1), make([]Hold, 3, 64)} {
-		if q := tr.Probe(model, key, spare); !slices.Equal(q.Holds(), p.Holds()) {
+		var q Probe
+		if tr.Probe(&q, model, key, spare); !slices.Equal(q.Holds(), p.Holds()) {
 			t.Fatalf("Probe(%q) lent %d holds' room = %+v, without = %+v", key, cap(spare), q.Holds(), p.Holds())
 		}
 	}
@@ -99,7 +101,8 @@ func TestProbe_AgreesWithMatchesHoldingsAndMatchTenantAt(t *testing.T) {
 func TestProbe_OfAnUnknownNamespaceIsEmpty(t *testing.T) {
 	tr := New(0)
 	tr.Insert("other", "sys|user: a|", workerA)
-	p := tr.Probe(model, "sys|user: a|", nil)
+	var p Probe
+	tr.Probe(&p, model, "sys|user: a|", nil)
 	if p.Matched != 0 || p.Whole != 0 || len(p.Holds()) != 0 || p.Of(workerA).Held != 0 || p.Holders(nil) != nil {
 		t.Fatalf("a namespace never taught: %+v", p)
 	}
@@ -119,8 +122,8 @@ func BenchmarkProbe(b *testing.B) {
 		b.Run(fmt.Sprintf("tenants=%d/probe", tenants), func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				p := tr.Probe(model, key, nil)
-				if p.Of("http://10.0.0.3:8000").Held == 0 {
+				var p Probe
+				if tr.Probe(&p, model, key, nil); p.Of("http://10.0.0.3:8000").Held == 0 {
 					b.Fatal("the conversation's worker holds none of it")
 				}
 			}
@@ -129,8 +132,8 @@ func BenchmarkProbe(b *testing.B) {
 			var spare []Hold
 			b.ReportAllocs()
 			for b.Loop() {
-				p := tr.Probe(model, key, spare)
-				if p.Of("http://10.0.0.3:8000").Held == 0 {
+				var p Probe
+				if tr.Probe(&p, model, key, spare); p.Of("http://10.0.0.3:8000").Held == 0 {
 					b.Fatal("the conversation's worker holds none of it")
 				}
 				if h := p.Spill(); h != nil {

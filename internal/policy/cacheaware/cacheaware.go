@@ -237,7 +237,7 @@ func (p *Policy) Select(in policy.Input) policy.Decision {
 		return p.place(d)
 	}
 	d.minLoad, d.maxLoad = loadRange(in.Candidates)
-	d.probe = p.probe(d)
+	p.probe(d)
 
 	w, label, step := p.choose(d)
 	chosen := d.probe.Of(w.Tenant())

@@ -374,9 +374,9 @@ func (p *Policy) candidateHolders(d *decision, tenants []string) []*workers.Work
 // probe reads the tree once for d: what each step needs of the request's text. In a fleet of
 // more tenants than a probe keeps inside itself, the probe borrows an array from spares for the
 // rest (d.spare), which lendBack returns once the decision is made, so that it allocates none.
-func (p *Policy) probe(d *decision) prefixtree.Probe {
+func (p *Policy) probe(d *decision) {
 	if d.text == "" {
-		return prefixtree.Probe{}
+		return
 	}
 	var spare []prefixtree.Hold
 	if len(d.in.All) > prefixtree.ProbeInline {
@@ -386,7 +386,7 @@ func (p *Policy) probe(d *decision) prefixtree.Probe {
 			d.spare = new([]prefixtree.Hold)
 		}
 	}
-	return p.tree.Probe(d.model, d.text, spare)
+	p.tree.Probe(&d.probe, d.model, d.text, spare)
 }
 
 // lendBack returns the array d's probe borrowed, or the larger one it spilled to instead.

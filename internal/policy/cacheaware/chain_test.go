@@ -248,7 +248,8 @@ func TestALargeFleetFollowsEachConversation(t *testing.T) {
 		d.Worker.Reserve() // the conversation runs on: the next goes to an idler worker
 		placed[i] = d.Worker
 	}
-	if pr := p.tree.Probe("m", req(t, turn(0)).Text, nil); len(pr.Holds()) <= prefixtree.ProbeInline {
+	var pr prefixtree.Probe
+	if p.tree.Probe(&pr, "m", req(t, turn(0)).Text, nil); len(pr.Holds()) <= prefixtree.ProbeInline {
 		t.Fatalf("%d workers hold the system prompt: the probe keeps them all inside itself", len(pr.Holds()))
 	}
 	for i := range placed {
