@@ -100,6 +100,15 @@ func TestEachReasonIsNamedByTheStepThatDecided(t *testing.T) {
 			}
 		}
 	}
+	// sharedThenGone is shared, after which every worker holding the system prompt leaves.
+	sharedThenGone := func(t *testing.T, p *Policy, pool *workers.Pool) {
+		shared(t, p, pool)
+		for _, w := range pool.All() {
+			if heldBy(p, req(t, chat(longSystem, []string{"x"}, "")), w.Tenant()) > 0 {
+				w.SetHealthy(false)
+			}
+		}
+	}
 	third := func(t *testing.T, p *Policy, pool *workers.Pool, header ...string) policy.Decision {
 		return route(p, pool, req(t, chat(longSystem, []string{"task three"}, ""), header...))
 	}
@@ -170,22 +179,12 @@ func TestEachReasonIsNamedByTheStepThatDecided(t *testing.T) {
 			}},
 		{name: "a shared prefix, its holder gone", step: "text_holders_gone", label: LabelFirstHealthyFallback,
 			decide: func(t *testing.T, p *Policy, pool *workers.Pool, ws []*workers.Worker) policy.Decision {
-				shared(t, p, pool)
-				for _, w := range ws {
-					if heldBy(p, req(t, chat(longSystem, []string{"x"}, "")), w.Tenant()) > 0 {
-						w.SetHealthy(false)
-					}
-				}
+				sharedThenGone(t, p, pool)
 				return third(t, p, pool)
 			}},
 		{name: "a shared prefix, its holder gone, unknown session", step: "session_history_holders_gone", label: LabelStaleTenant,
 			decide: func(t *testing.T, p *Policy, pool *workers.Pool, ws []*workers.Worker) policy.Decision {
-				shared(t, p, pool)
-				for _, w := range ws {
-					if heldBy(p, req(t, chat(longSystem, []string{"x"}, "")), w.Tenant()) > 0 {
-						w.SetHealthy(false)
-					}
-				}
+				sharedThenGone(t, p, pool)
 				return third(t, p, pool, "x-session-id", "new")
 			}},
 		{name: "a shared prefix, cost mode", step: "text_by_cost", label: LabelCacheAffinity,
