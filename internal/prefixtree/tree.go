@@ -44,8 +44,10 @@
 // evicts on its own only when the tree is more than 10% over budget, so the sweep does the
 // work in the common case and Bytes never stays above 1.1× the budget after an Insert.
 //
-// Match and MatchTenant do not refresh access times: they run under a read lock, and the
-// router inserts the key it routes right after deciding, which refreshes the path.
+// Match, MatchTenant and Probe do not refresh access times: they run under a read lock, and the
+// router inserts the key it routes right after deciding, which refreshes the path. Probe answers
+// in one walk of a key's path what Matches, Holdings and MatchTenantAt answer in one walk each,
+// for a caller that needs all of them for one decision.
 //
 // # Release
 //

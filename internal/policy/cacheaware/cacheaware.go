@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/kvevents"
@@ -114,6 +115,7 @@ type Policy struct {
 	tree     *prefixtree.Tree
 	blocks   *sessionBlocks // the first block of each session's last turn, for the events' check
 	pressure *pressure      // nil: the pressure-aware placement is off
+	spares   sync.Pool      // of *[]prefixtree.Hold: arrays the probes of a large fleet borrow (probe)
 }
 
 // New returns the policy. r may be nil (nothing reported).
@@ -169,12 +171,9 @@ const Name = "cache_aware"
 
 func (p *Policy) Name() string { return Name }
 
-// Labels lists every label the chain gives, for the per-label decision counter.
-func (p *Policy) Labels() []string {
-	return []string{LabelResponseMatch, LabelResponseGone, LabelResponseUnavailable, LabelLoadBalance, LabelSessionMatch, LabelSessionEvicted, LabelFullHistoryMatch, LabelStaleTenant, LabelHistoryLowMatch,
-		LabelEmptyHistory, LabelCacheAffinity, LabelLowMatch, LabelFirstHealthyFallback, LabelKVEventsMatch,
-		LabelSessionMoved, LabelKVRoom, LabelKVRoomWaited, LabelKVRoomExhausted}
-}
+// Labels lists every label the policy gives, for the per-label decision counter: derived from
+// the labels each step of the chain, and the paths beside it, declare (labels).
+func (p *Policy) Labels() []string { return slices.Clone(labels) }
 
 func (p *Policy) report(kind string, n int) {
 	if p.reporter != nil && n > 0 {
@@ -195,6 +194,13 @@ type decision struct {
 	// eventsHeld is the prompt tokens the chosen worker holds by its KV-cache events, when the
 	// events chose it (LabelKVEventsMatch, LabelSessionEvicted).
 	eventsHeld int
+	// probe is the decision's one reading of the prefix tree for text (empty when there is no
+	// text): every step and the decision itself read the tree through it.
+	probe prefixtree.Probe
+	spare *[]prefixtree.Hold // the array the probe borrowed from Policy.spares; nil when none
+	// session is the candidate the session map names (sessionWorker), once sessionLooked.
+	session       *workers.Worker
+	sessionLooked bool
 }
 
 // newDecision derives the chain's keys from the input; Select, Accepted and Done derive the same ones.
@@ -231,12 +237,11 @@ func (p *Policy) Select(in policy.Input) policy.Decision {
 		return p.place(d)
 	}
 	d.minLoad, d.maxLoad = loadRange(in.Candidates)
+	p.probe(d)
 
-	w, label := p.choose(d)
-	held, heldAge := 0, uint64(0)
-	if d.text != "" {
-		held, heldAge = p.tree.MatchTenantAt(d.model, d.text, w.Tenant())
-	}
+	w, label, step := p.choose(d)
+	chosen := d.probe.Of(w.Tenant())
+	held, heldAge := chosen.Held, chosen.Age
 	match := 0.0
 	switch {
 	case d.eventsHeld > 0:
@@ -247,13 +252,14 @@ func (p *Policy) Select(in policy.Input) policy.Decision {
 		match = float64(held) / float64(len(d.text))
 	}
 	if p.log.Enabled(d.ctx, slog.LevelDebug) {
-		p.log.Debug("cache_aware decision", "decision", label, "worker", w.Name(), "match", match,
+		p.log.Debug("cache_aware decision", "decision", label, "step", step, "worker", w.Name(), "match", match,
 			"min_load", d.minLoad, "max_load", d.maxLoad, "session", telemetry.SessionHash(d.key))
 	}
 	dec := policy.Decision{Worker: w, Label: label, Match: match, Prefill: in.PrefillTokens(held)}
 	if held > 0 || len(d.forget) > 0 {
 		dec.State = &choice{held: held, heldAge: heldAge, forget: d.forget}
 	}
+	p.lendBack(d)
 	return dec
 }
 
@@ -349,65 +355,10 @@ func (p *Policy) unlearn(in policy.Input, dec policy.Decision) {
 	}
 }
 
-// match probes the request's model namespace in the tree with its text: caches are per model,
-// so one model's conversations never match another's.
-func (p *Policy) match(d *decision) prefixtree.Match { return p.tree.Match(d.model, d.text) }
-
-// matchTenant is the number of bytes of the request's text tenant holds for its model.
+// matchTenant is the number of bytes of the request's text tenant holds for its model, read from
+// the tree afresh (a decision reads its probe instead).
 func (p *Policy) matchTenant(d *decision, tenant string) int {
 	return p.tree.MatchTenant(d.model, d.text, tenant)
-}
-
-// choose is the decision chain.
-func (p *Policy) choose(d *decision) (*workers.Worker, string) {
-	// 1. Balance gate: imbalance overrides every affinity.
-	if p.imbalanced(d.minLoad, d.maxLoad) {
-		return p.leastLoadedByMatch(d), LabelLoadBalance
-	}
-	if d.key != "" {
-		// 2. Exact session lookup.
-		if tenant, ok, err := p.store.Get(d.ctx, d.model, d.key); err == nil && ok {
-			if w := candidate(d.in.Candidates, tenant); w != nil {
-				if !p.sessionEvicted(d, w) {
-					return w, LabelSessionMatch
-				}
-				// The session's cache is gone from its worker. The tree holds its text on that
-				// worker alone, which the events contradict: the events place it, as a request
-				// without session key, else the least loaded.
-				if w, ok := p.byEvents(d); ok {
-					return w, LabelSessionEvicted
-				}
-				return p.minLoad(d), LabelSessionEvicted
-			}
-			// A stale entry needs no deleting: Accepted points the session at the new worker.
-		}
-		// 3. A session this router does not know (its first turn, or placed by a replica that
-		// shares no session store): what the engines hold, when it came with its tokens, as for a
-		// request without session key; else the history fallback. 4. Empty history.
-		if p.opts.CacheIndex != IndexText {
-			if w, ok := p.byEvents(d); ok {
-				return w, LabelKVEventsMatch
-			}
-		}
-		if d.text == "" {
-			return p.minLoad(d), LabelEmptyHistory
-		}
-		return p.byHistory(d, LabelFullHistoryMatch, LabelStaleTenant, LabelHistoryLowMatch)
-	}
-	// 5. No session key: what the engines report they hold, when the request came with its
-	// tokens; else the history key or routing text alone.
-	if p.opts.CacheIndex != IndexText {
-		if w, ok := p.byEvents(d); ok {
-			return w, LabelKVEventsMatch
-		}
-		if p.opts.CacheIndex == IndexEvents && p.opts.KVIndex != nil && len(d.in.Tokens) > 0 {
-			return p.minLoad(d), LabelLowMatch // no engine holds any of it
-		}
-	}
-	if d.text == "" {
-		return p.minLoad(d), LabelLowMatch
-	}
-	return p.byHistory(d, LabelCacheAffinity, LabelFirstHealthyFallback, LabelLowMatch)
 }
 
 // byEvents weighs each candidate by the KV-cache events of its engine: its load plus the prompt
@@ -456,9 +407,9 @@ func (p *Policy) byEvents(d *decision) (*workers.Worker, bool) {
 	// With the tree beside the events, a conversation the tree saw placed stays on its worker
 	// while that worker's engine holds as much of it as any: its cache is this conversation's own.
 	if p.opts.CacheIndex == IndexAuto && d.text != "" {
-		if continued, _ := p.continuation(d); continued != nil {
+		if conversation := p.continuation(d); conversation != nil {
 			for i, w := range d.in.Candidates {
-				if worth[i] == most && slices.Contains(continued, w.Tenant()) {
+				if worth[i] == most && slices.Contains(conversation, w.Tenant()) {
 					d.eventsHeld = held[i]
 					return w, true
 				}
@@ -479,122 +430,6 @@ func (p *Policy) byEvents(d *decision) (*workers.Worker, bool) {
 // first and of its adapters.
 func eventKeys(in policy.Input, tokens []uint32, bs int) []uint64 {
 	return kvevents.Keys("", in.LoRA, in.CacheSalt, tokens, bs)
-}
-
-// byHistory probes the tree with the request's text; hit, stale and low are the labels of the
-// calling step.
-//
-// Above the threshold, a match that continues one conversation (the previous turns of this
-// conversation, or the same request again) sends the request to the least loaded of the
-// candidates holding it: anywhere else the whole history would be prefilled again.
-//
-// Any other match is only worth the prefill it saves: a prefix several conversations share (a
-// common system prompt and tool schemas) is worth one prefill per worker, and a match below the
-// threshold may still be a long document. In the cost mode (the default) each candidate costs
-// its load plus the prefill it would do, in units of LoadUnitTokens (byCost), so a holder wins
-// while it is not busier than its saving is worth. In the threshold mode a match below the
-// threshold goes to the least-loaded candidate, and a shared prefix to the least-loaded
-// candidate, a holder among equally loaded ones. Either way, piling every new conversation onto
-// the first worker that saw its system prompt would leave the rest of the fleet idle while that
-// worker's cache thrashes.
-//
-// When no holder of the deciding match is a candidate, the holders that are gone or unavailable
-// are removed from the tree and the least-loaded candidate takes the request.
-func (p *Policy) byHistory(d *decision, hit, stale, low string) (*workers.Worker, string) {
-	continued, m := p.continuation(d)
-	above := func(n int) bool { return float64(n)/float64(len(d.text)) > p.opts.CacheThreshold }
-	if continued != nil {
-		if holders := p.candidateHolders(d, continued); len(holders) > 0 {
-			return p.leastLoaded(d, holders), hit
-		}
-		return p.minLoad(d), stale
-	}
-	byCost := p.opts.HistoryMatchMode != HistoryThreshold
-	if !above(m.Matched) && !(byCost && m.Matched > 0) {
-		return p.minLoad(d), low
-	}
-	holders := p.candidateHolders(d, m.Holders)
-	if len(holders) == 0 {
-		return p.minLoad(d), stale
-	}
-	if byCost {
-		return p.byCost(d, hit, low)
-	}
-	tied := lowest(d.in.Candidates, func(w *workers.Worker) int64 { return w.Load() })
-	var tiedHolders []*workers.Worker
-	for _, w := range tied {
-		if slices.Contains(holders, w) {
-			tiedHolders = append(tiedHolders, w)
-		}
-	}
-	if len(tiedHolders) > 0 {
-		return p.leastLoaded(d, tiedHolders), hit
-	}
-	return p.leastLoaded(d, tied), low
-}
-
-// continuation returns the holders of the conversation the request continues, by the tree: a
-// whole earlier request is a prefix of this one, or the match runs well past the last point where
-// the tree's conversations diverge; nil when it continues none. A whole earlier request is
-// followed to wherever it was sent, even if that worker has since lost part of it (its horizon):
-// it is this conversation's own past, and no other worker holds more of it. m is the text's match.
-func (p *Policy) continuation(d *decision) (holders []string, m prefixtree.Match) {
-	m, taught := p.tree.Matches(d.model, d.text)
-	above := func(n int) bool { return float64(n)/float64(len(d.text)) > p.opts.CacheThreshold }
-	switch {
-	case above(taught.Whole):
-		return taught.WholeHolders, m
-	case above(m.Matched - m.Branch):
-		return m.Holders, m
-	}
-	return nil, m
-}
-
-// byCost chooses the candidate with the least cost: its load, in units of LoadUnitTokens, plus
-// the text it would prefill (the part it does not hold), in the same units. Among equal costs
-// the one holding more of the text wins, then as leastLoaded. The choice gets the hit label
-// when the chosen worker holds the longest match among the candidates (its cache decided),
-// else the low label (its load did).
-func (p *Policy) byCost(d *decision, hit, low string) (*workers.Worker, string) {
-	holdings := p.tree.Holdings(d.model, d.text, make([]prefixtree.Holding, 0, len(d.in.Candidates)))
-	heldBy := func(w *workers.Worker) int {
-		for _, h := range holdings {
-			if h.Tenant == w.Tenant() {
-				return h.Held / blockBytes * blockBytes
-			}
-		}
-		return 0
-	}
-	unit := int64(p.opts.LoadUnitTokens) * bytesPerToken
-	cost := func(w *workers.Worker) int64 { return w.Load()*unit + int64(len(d.text)-heldBy(w)) }
-	tied := lowest(d.in.Candidates, cost)
-	if len(tied) > 1 {
-		tied = lowest(tied, func(w *workers.Worker) int64 { return -int64(heldBy(w)) })
-	}
-	w := p.leastLoaded(d, tied)
-	longest := 0
-	for _, c := range d.in.Candidates {
-		longest = max(longest, heldBy(c))
-	}
-	if held := heldBy(w); held > 0 && held == longest {
-		return w, hit
-	}
-	return w, low
-}
-
-// candidateHolders returns the candidates among tenants, and marks the tenants that are gone or
-// unavailable to be removed from the tree at Accepted. A live tenant that is not a candidate for
-// this request (already tried, or not serving its model) keeps its place.
-func (p *Policy) candidateHolders(d *decision, tenants []string) []*workers.Worker {
-	var holders []*workers.Worker
-	for _, tenant := range tenants {
-		if w := candidate(d.in.Candidates, tenant); w != nil {
-			holders = append(holders, w)
-		} else if !live(d.in.All, tenant) && !slices.Contains(d.forget, tenant) {
-			d.forget = append(d.forget, tenant)
-		}
-	}
-	return holders
 }
 
 func (p *Policy) imbalanced(minLoad, maxLoad int64) bool {
@@ -624,7 +459,7 @@ func (p *Policy) leastLoaded(d *decision, ws []*workers.Worker) *workers.Worker 
 func (p *Policy) leastLoadedByMatch(d *decision) *workers.Worker {
 	tied := lowest(d.in.Candidates, func(w *workers.Worker) int64 { return w.Load() })
 	if len(tied) > 1 && d.text != "" {
-		tied = lowest(tied, func(w *workers.Worker) int64 { return -int64(p.matchTenant(d, w.Tenant())) })
+		tied = lowest(tied, func(w *workers.Worker) int64 { return -int64(d.probe.Of(w.Tenant()).Held) })
 	}
 	return p.leastLoaded(d, tied)
 }

@@ -40,6 +40,11 @@ const (
 	LabelKVRoomExhausted = "kv_room_exhausted"  // no worker had room and the request may wait no more: the earliest first token
 )
 
+// pressureLabels are the labels place gives: the pressure model's own, and the chain's labels of a
+// session followed to its worker (session_id_match) and of one whose cache is gone from it
+// (session_evicted).
+var pressureLabels = []string{LabelSessionMatch, LabelSessionEvicted, LabelSessionMoved, LabelKVRoom, LabelKVRoomWaited, LabelKVRoomExhausted}
+
 // spread is how many live sessions more than the fewest a worker may hold and still take a new
 // session: enough for a session's sub-agents and a second session to share a warm prefix, few
 // enough that sessions spread over an idle fleet.

@@ -20,6 +20,9 @@ const (
 	LabelResponseUnavailable = "response_id_unavailable" // that worker is registered but cannot take requests now: 503
 )
 
+// responseLabels are the labels followResponse gives.
+var responseLabels = []string{LabelResponseMatch, LabelResponseGone, LabelResponseUnavailable}
+
 // responseNamespace is the session store's model namespace of response ids. Ids are not per
 // model (GET /v1/responses/{id} names none), and no served model is called "".
 const responseNamespace = ""
