@@ -171,7 +171,16 @@ func objectAt(data []byte) (obj []byte, ok bool) {
 // lastUsage reads the last "usage" object in data that reports a prompt, with the output tokens
 // of the last usage object of all (an Anthropic stream counts its output once more at its end,
 // in a usage without the prompt).
-func lastUsage(data []byte) Tokens {
+func lastUsage(data []byte) Tokens { return lastUsageBy(data, decodeObjectAt) }
+
+// decodeObjectAt decodes the usage object data starts with.
+func decodeObjectAt(data []byte) (u UsageObject, ok bool) {
+	obj, ok := objectAt(data)
+	return u, ok && json.Unmarshal(obj, &u) == nil
+}
+
+// lastUsageBy is lastUsage reading each usage object, which follows its key's colon, with decode.
+func lastUsageBy(data []byte, decode func([]byte) (UsageObject, bool)) Tokens {
 	key := []byte(`"usage"`)
 	output, last := 0, true
 	for end := len(data); ; {
@@ -184,12 +193,8 @@ func lastUsage(data []byte) Tokens {
 		if len(rest) == 0 || rest[0] != ':' {
 			continue
 		}
-		obj, ok := objectAt(rest[1:])
+		u, ok := decode(rest[1:])
 		if !ok {
-			continue
-		}
-		var u UsageObject
-		if json.Unmarshal(obj, &u) != nil {
 			continue
 		}
 		r := u.Tokens()

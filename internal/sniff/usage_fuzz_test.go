@@ -6,34 +6,10 @@ import (
 	"testing"
 )
 
-// lastUsageByDecoder is lastUsage as it read each usage object before objectAt: a decoder over
-// the rest of the data.
-func lastUsageByDecoder(data []byte) Tokens {
-	key := []byte(`"usage"`)
-	output, last := 0, true
-	for end := len(data); ; {
-		i := bytes.LastIndex(data[:end], key)
-		if i < 0 {
-			return Tokens{Output: output}
-		}
-		end = i
-		rest := bytes.TrimLeft(data[i+len(key):], " \t\r\n")
-		if len(rest) == 0 || rest[0] != ':' {
-			continue
-		}
-		var u UsageObject
-		if json.NewDecoder(bytes.NewReader(rest[1:])).Decode(&u) != nil {
-			continue
-		}
-		r := u.Tokens()
-		if last {
-			output, last = r.Output, false
-		}
-		if r.OK {
-			r.Output = max(r.Output, output)
-			return r
-		}
-	}
+// decodeByDecoder is how lastUsage read each usage object before objectAt: a decoder over the
+// rest of the data.
+func decodeByDecoder(data []byte) (u UsageObject, ok bool) {
+	return u, json.NewDecoder(bytes.NewReader(data)).Decode(&u) == nil
 }
 
 // A worker's answer is read for its usage as a decoder over the whole rest of the answer read it,
@@ -43,7 +19,7 @@ func FuzzLastUsage(f *testing.F) {
 	f.Add([]byte("data: {\"usage\":{\"input_tokens\":5,\"output_tokens\":1}}\n\ndata: {\"usage\":{\"output_tokens\":9}}\n\n"))
 	f.Add([]byte(`{"usage": {"prompt_tokens": 1, "note": "a } in \"text\""}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		got, want := lastUsage(data), lastUsageByDecoder(data)
+		got, want := lastUsage(data), lastUsageBy(data, decodeByDecoder)
 		if got != want && json.Valid(data) {
 			t.Fatalf("%q: read %+v, a decoder read %+v", data, got, want)
 		}
