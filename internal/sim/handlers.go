@@ -255,7 +255,7 @@ func (w *Worker) serveJobs(rw http.ResponseWriter, r *http.Request, kind apiKind
 		handoff = w.handoffParams(r, t.holdID, t.heldBlocks)
 	}
 	if kind == kindChat {
-		resp := chatResponse{ID: id, Object: "chat.completion", Created: created, Model: model, Usage: u, KVTransferParams: handoff}
+		resp := response[chatChoice]{ID: id, Object: "chat.completion", Created: created, Model: model, Usage: u, KVTransferParams: handoff}
 		resp.Choices = make([]chatChoice, len(jobs))
 		for i := range jobs {
 			c := &resp.Choices[i]
@@ -275,7 +275,7 @@ func (w *Worker) serveJobs(rw http.ResponseWriter, r *http.Request, kind apiKind
 		writeJSON(rw, http.StatusOK, resp)
 		return
 	}
-	resp := completionResponse{ID: id, Object: "text_completion", Created: created, Model: model, Usage: u, KVTransferParams: handoff}
+	resp := response[completionChoice]{ID: id, Object: "text_completion", Created: created, Model: model, Usage: u, KVTransferParams: handoff}
 	resp.Choices = make([]completionChoice, len(jobs))
 	for i := range jobs {
 		resp.Choices[i] = completionChoice{Index: i, Text: texts[i].String(), FinishReason: results[i].FinishReason}
