@@ -429,6 +429,21 @@ func (st *streaming) undo(w *keyWriter) {
 	}
 }
 
+// streamed reads the content at val, a member of an object whose array content st streams, into
+// t, and returns the position after it. What an earlier content wrote as it was read is taken
+// back; then, when stream holds and the content is an array, head is written and the array after
+// it as it is read, by read (which returns the position after the array).
+func (h *historyWriter) streamed(st *streaming, t *textValue, val int, stream bool, head func(), read func(int) int) int {
+	st.undo(&h.w)
+	if stream && h.v[val] == '[' {
+		st.start(&h.w)
+		head()
+		*t = textValue{pos: val}
+		return read(val)
+	}
+	return h.textValue(val, t)
+}
+
 // A Responses or Messages body is asked of /tokenize as the chat vLLM converts it to: vLLM serves
 // both APIs by converting them to a chat completion request (its Responses serving builds chat
 // messages from the instructions and input items; its Messages serving builds a
