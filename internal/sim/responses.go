@@ -727,11 +727,20 @@ func withItemIDs(raws []json.RawMessage) []json.RawMessage {
 	return out
 }
 
-func (w *Worker) handleGetResponse(rw http.ResponseWriter, r *http.Request) {
+// requestedResponse is the stored response the request's path names; when there is none it
+// answers 404 and returns false.
+func (w *Worker) requestedResponse(rw http.ResponseWriter, r *http.Request) (*storedResponse, bool) {
 	id := r.PathValue("id")
 	sr, ok := w.stored.get(id)
 	if !ok {
 		w.writeResponseNotFound(rw, id)
+	}
+	return sr, ok
+}
+
+func (w *Worker) handleGetResponse(rw http.ResponseWriter, r *http.Request) {
+	sr, ok := w.requestedResponse(rw, r)
+	if !ok {
 		return
 	}
 	b, err := marshalNoEscape(sr.resp)
@@ -759,9 +768,7 @@ func (w *Worker) handleDeleteResponse(rw http.ResponseWriter, r *http.Request) {
 // is still queued or running can be cancelled, and the simulator runs none,
 // so a stored response gets vLLM's 400 and an unknown id its 404.
 func (w *Worker) handleCancelResponse(rw http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	if _, ok := w.stored.get(id); !ok {
-		w.writeResponseNotFound(rw, id)
+	if _, ok := w.requestedResponse(rw, r); !ok {
 		return
 	}
 	w.writeOpenAIError(rw, http.StatusBadRequest, "invalid_request_error", "Cannot cancel a synchronous response.")
@@ -771,10 +778,8 @@ func (w *Worker) handleCancelResponse(rw http.ResponseWriter, r *http.Request) {
 // OpenAI's API does: newest first unless order=asc, at most limit (1 to 100,
 // default 20) after the item named by after.
 func (w *Worker) handleResponseInputItems(rw http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	sr, ok := w.stored.get(id)
+	sr, ok := w.requestedResponse(rw, r)
 	if !ok {
-		w.writeResponseNotFound(rw, id)
 		return
 	}
 	q := r.URL.Query()
