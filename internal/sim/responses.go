@@ -481,15 +481,12 @@ func (w *Worker) handleResponses(rw http.ResponseWriter, r *http.Request) {
 	}
 	maxTokens = min(maxTokens, w.maxModelLen()-seq.Len())
 	plan := w.planToolCall(seq, msgs, lastUserMessage(msgs), specs, choice, maxTokens)
-	fault := w.drawFault()
-	if w.injectFault(rw, fault, func(rw http.ResponseWriter, msg string) {
+	fail500 := func(rw http.ResponseWriter, msg string) {
 		w.writeOpenAIError(rw, http.StatusInternalServerError, "InternalServerError", msg)
-	}) {
-		return
 	}
-	j := &job{model: model, seq: seq, chat: true, maxTokens: maxTokens, ignoreEOS: req.IgnoreEOS, fault: fault}
-	if plan != nil {
-		j.script = plan.script
+	j, ok := w.agentJob(rw, fail500, model, seq, maxTokens, req.IgnoreEOS, plan)
+	if !ok {
+		return
 	}
 
 	store := req.Store == nil || *req.Store
@@ -523,11 +520,8 @@ func (w *Worker) handleResponses(rw http.ResponseWriter, r *http.Request) {
 		w.streamResponse(rw, r, j, out, resp, keep)
 		return
 	}
-	text, res := w.generateText(r.Context(), j)
-	if res.Err != nil {
-		if r.Context().Err() == nil {
-			w.writeOpenAIError(rw, http.StatusInternalServerError, "InternalServerError", "request did not finish: "+res.Err.Error())
-		}
+	text, res, ok := w.agentReply(rw, r, fail500, j)
+	if !ok {
 		return
 	}
 	out.complete(resp, res, text)
