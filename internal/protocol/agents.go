@@ -114,12 +114,11 @@ func (s *scanner) textSize() int {
 		s.skip(true)
 		return 0
 	}
-	grow := s.grow
-	raw, _, _ := s.str()
+	raw, n := s.strBound()
 	if len(raw) == 0 {
 		return 0
 	}
-	return 1 + fieldSize(len(raw)+s.grow-grow)
+	return 1 + fieldSize(n)
 }
 
 // stringSize reads a free-form value the key writes as a field when it is a string, and returns
@@ -129,9 +128,8 @@ func (s *scanner) stringSize() int {
 		s.skip(true)
 		return 0
 	}
-	grow := s.grow
-	raw, _, _ := s.str()
-	return fieldSize(len(raw) + s.grow - grow)
+	_, n := s.strBound()
+	return fieldSize(n)
 }
 
 // typedStringSize reads a field typed as a string (see stringField) that the key writes as a
