@@ -19,6 +19,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/freeport"
 )
 
 // ErrNotInstalled is returned by Start when haproxy is not found on PATH.
@@ -63,7 +65,7 @@ func Start(c Config) (*Proxy, error) {
 	p := &Proxy{dir: dir}
 	var lastErr error
 	for range 5 { // another process may take the free port between probe and bind
-		if p.port, err = freePort(); err != nil {
+		if p.port, err = freeport.Port(); err != nil {
 			break
 		}
 		if lastErr = p.start(bin, c); lastErr == nil {
@@ -75,15 +77,6 @@ func Start(c Config) (*Proxy, error) {
 		return nil, err
 	}
 	return nil, fmt.Errorf("haproxy did not start: %w", lastErr)
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 // config renders the haproxy configuration: one frontend on the loopback port, one backend of

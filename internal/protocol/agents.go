@@ -114,12 +114,11 @@ func (s *scanner) textSize() int {
 		s.skip(true)
 		return 0
 	}
-	grow := s.grow
-	raw, _, _ := s.str()
+	raw, n := s.strBound()
 	if len(raw) == 0 {
 		return 0
 	}
-	return 1 + fieldSize(len(raw)+s.grow-grow)
+	return 1 + fieldSize(n)
 }
 
 // stringSize reads a free-form value the key writes as a field when it is a string, and returns
@@ -129,9 +128,8 @@ func (s *scanner) stringSize() int {
 		s.skip(true)
 		return 0
 	}
-	grow := s.grow
-	raw, _, _ := s.str()
-	return fieldSize(len(raw) + s.grow - grow)
+	_, n := s.strBound()
+	return fieldSize(n)
 }
 
 // typedStringSize reads a field typed as a string (see stringField) that the key writes as a
@@ -427,6 +425,21 @@ func (st *streaming) undo(w *keyWriter) {
 		w.reset(st.at)
 		st.on = false
 	}
+}
+
+// streamed reads the content at val, a member of an object whose array content st streams, into
+// t, and returns the position after it. What an earlier content wrote as it was read is taken
+// back; then, when stream holds and the content is an array, head is written and the array after
+// it as it is read, by read (which returns the position after the array).
+func (h *historyWriter) streamed(st *streaming, t *textValue, val int, stream bool, head func(), read func(int) int) int {
+	st.undo(&h.w)
+	if stream && h.v[val] == '[' {
+		st.start(&h.w)
+		head()
+		*t = textValue{pos: val}
+		return read(val)
+	}
+	return h.textValue(val, t)
 }
 
 // A Responses or Messages body is asked of /tokenize as the chat vLLM converts it to: vLLM serves

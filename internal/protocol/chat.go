@@ -262,16 +262,16 @@ func (s *scanner) content() {
 	s.in("content")
 	switch s.peek() {
 	case '"':
-		s.taggedText()
+		s.hist.size += s.textSize()
 	case '[':
 		s.array(func(s *scanner) {
 			switch s.peek() {
 			case '"':
-				s.taggedText()
+				s.hist.size += s.textSize()
 			case '{':
 				s.object(func(s *scanner, key []byte) {
 					if string(key) == "text" && s.peek() == '"' {
-						s.taggedText()
+						s.hist.size += s.textSize()
 					} else {
 						s.skip(true)
 					}
@@ -284,15 +284,6 @@ func (s *scanner) content() {
 		s.skip(true)
 	}
 	s.out()
-}
-
-// taggedText reads a string of content that the key may write as a text part.
-func (s *scanner) taggedText() {
-	grow := s.grow
-	raw, _, _ := s.str()
-	if len(raw) > 0 {
-		s.hist.size += 1 + fieldSize(len(raw)+s.grow-grow)
-	}
 }
 
 // checkToolCall reads one element of tool_calls.

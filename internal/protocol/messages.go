@@ -281,14 +281,7 @@ func (h *historyWriter) message(pos int) int {
 			hasRole = h.v[val] == '"'
 			return h.str(val, &role)
 		case "content":
-			st.undo(&h.w)
-			if hasRole && h.v[val] == '[' {
-				st.start(&h.w)
-				h.role(role)
-				content = textValue{pos: val}
-				return h.elements(val, h.block)
-			}
-			return h.textValue(val, &content)
+			return h.streamed(&st, &content, val, hasRole, func() { h.role(role) }, h.blockArray)
 		}
 		return h.v.skip(val)
 	})
@@ -309,6 +302,9 @@ func (h *historyWriter) blocks(t textValue) {
 		h.elements(t.pos, h.block)
 	}
 }
+
+// blockArray writes the blocks of the array at pos and returns the position after it.
+func (h *historyWriter) blockArray(pos int) int { return h.elements(pos, h.block) }
 
 // block is a content block as far as the key reads it: its strings, and where its other values
 // are (0 when absent).
@@ -339,15 +335,8 @@ func (h *historyWriter) block(pos int) int {
 			hasID = h.v[val] == '"'
 			return h.str(val, &b.callID)
 		case "content":
-			st.undo(&h.w)
-			if hasID && h.v[val] == '[' && blockKind(b.typ.name(buf[:])) == kindOutput {
-				st.start(&h.w)
-				h.w.byte('o')
-				h.w.field(b.callID)
-				b.content = textValue{pos: val}
-				return h.elements(val, h.block)
-			}
-			return h.textValue(val, &b.content)
+			stream := hasID && blockKind(b.typ.name(buf[:])) == kindOutput
+			return h.streamed(&st, &b.content, val, stream, func() { h.w.byte('o'); h.w.field(b.callID) }, h.blockArray)
 		case "name":
 			return h.str(val, &b.name)
 		case "thinking":

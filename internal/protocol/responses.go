@@ -292,11 +292,12 @@ func (h *historyWriter) item(pos int) int {
 	var st streaming
 	var buf [nameLen]byte
 	hasRole, hasID := false, false
-	// streams reports whether the array at val, the value of a member that the item's kind k
-	// writes after what was read so far, can be written as it is read.
-	streams := func(val int, k kind, ready bool) bool {
-		return ready && h.v[val] == '[' && it.typ.len() > 0 && itemKind(it.typ.name(buf[:])) == k
+	// streams reports whether an array, the value of a member that the item's kind k writes
+	// after what was read so far, can be written as it is read.
+	streams := func(k kind, ready bool) bool {
+		return ready && it.typ.len() > 0 && itemKind(it.typ.name(buf[:])) == k
 	}
+	messageParts := func(pos int) int { return h.partsOf('c', 'x', pos) }
 	end := h.object(pos, func(key []byte, val int) int {
 		switch string(key) {
 		case "type":
@@ -311,24 +312,9 @@ func (h *historyWriter) item(pos int) int {
 			hasID = h.v[val] == '"'
 			return h.str(val, &it.callID)
 		case "content":
-			st.undo(&h.w)
-			if streams(val, kindMessage, hasRole) {
-				st.start(&h.w)
-				h.role(it.role)
-				it.content = textValue{pos: val}
-				return h.partsOf('c', 'x', val)
-			}
-			return h.textValue(val, &it.content)
+			return h.streamed(&st, &it.content, val, streams(kindMessage, hasRole), func() { h.role(it.role) }, messageParts)
 		case "output":
-			st.undo(&h.w)
-			if streams(val, kindOutput, hasID) {
-				st.start(&h.w)
-				h.w.byte('o')
-				h.w.field(it.callID)
-				it.output = textValue{pos: val}
-				return h.partsOf('c', 'x', val)
-			}
-			return h.textValue(val, &it.output)
+			return h.streamed(&st, &it.output, val, streams(kindOutput, hasID), func() { h.w.byte('o'); h.w.field(it.callID) }, messageParts)
 		case "name":
 			return h.str(val, &it.name)
 		case "encrypted_content":

@@ -167,15 +167,22 @@ func (s *scanner) structValue(member func(*scanner, []byte)) {
 	}
 }
 
+// strBound reads the string at s.pos and returns the bytes between its quotes and the most bytes
+// the key takes of its value (see grow).
+func (s *scanner) strBound() (raw []byte, n int) {
+	grow := s.grow
+	raw, _, _ = s.str()
+	return raw, len(raw) + s.grow - grow
+}
+
 // stringField reads a string-typed field: null leaves it as it is, another type is a type error.
 // For a string it returns its contents, the most bytes its value takes, and true.
 func (s *scanner) stringField(name string) (raw []byte, n int, ok bool) {
 	s.in(name)
 	switch s.peek() {
 	case '"':
-		grow := s.grow
-		raw, _, _ = s.str()
-		n, ok = len(raw)+s.grow-grow, s.err == nil
+		raw, n = s.strBound()
+		ok = s.err == nil
 	case 'n':
 		s.null()
 	default:

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheroute/cacheroute/internal/freeport"
 )
 
 // ErrNotInstalled is returned by Start when redis-server is not found on PATH.
@@ -62,7 +64,7 @@ func Start(dir string) (*Server, error) {
 	}
 	var lastErr error
 	for range 5 { // another process may take the free port between probe and bind
-		if s.port, err = freePort(); err != nil {
+		if s.port, err = freeport.Port(); err != nil {
 			s.Close()
 			return nil, err
 		}
@@ -72,15 +74,6 @@ func Start(dir string) (*Server, error) {
 	}
 	s.Close()
 	return nil, fmt.Errorf("redis-server did not start: %w", lastErr)
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 // start runs the process on s.port and waits until it answers, or fails.

@@ -104,6 +104,23 @@ func (t *Tracker) Apply(c Change) {
 	}
 }
 
+// record makes c, a change of this replica's own, and publishes it (see publish).
+func (t *Tracker) record(c Change) {
+	t.mu.Lock()
+	switch c.Kind {
+	case ChangeStarted:
+		t.started(c.Key, c.Worker, c.Prompt)
+	case ChangeEnded:
+		t.ended(c.Key, c.Prompt, c.Output, c.OK)
+	case ChangeEvicted:
+		t.evicted(c.Key)
+	case ChangeForgotten:
+		t.forget(c.Key)
+	}
+	t.mu.Unlock()
+	t.publish(c)
+}
+
 // publish hands c to Options.OnChange, outside the tracker's lock.
 func (t *Tracker) publish(c Change) {
 	if t.opts.OnChange != nil {

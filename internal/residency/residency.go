@@ -318,10 +318,7 @@ func (t *Tracker) Live(worker string) int {
 // it was elsewhere (its cache there is a new one), becomes its worker's most recently used, and
 // is live while the turn runs.
 func (t *Tracker) Started(key, worker string, prompt int) {
-	t.mu.Lock()
-	t.started(key, worker, prompt)
-	t.mu.Unlock()
-	t.publish(Change{Kind: ChangeStarted, Key: key, Worker: worker, Prompt: prompt})
+	t.record(Change{Kind: ChangeStarted, Key: key, Worker: worker, Prompt: prompt})
 }
 
 func (t *Tracker) started(key, worker string, prompt int) {
@@ -365,10 +362,7 @@ func (t *Tracker) started(key, worker string, prompt int) {
 // Ended records the end of a turn of key that Started: its working set becomes the prompt and
 // output tokens the worker reported (ok false: it reported none, and the working set stays).
 func (t *Tracker) Ended(key string, prompt, output int, ok bool) {
-	t.mu.Lock()
-	t.ended(key, prompt, output, ok)
-	t.mu.Unlock()
-	t.publish(Change{Kind: ChangeEnded, Key: key, Prompt: prompt, Output: output, OK: ok})
+	t.record(Change{Kind: ChangeEnded, Key: key, Prompt: prompt, Output: output, OK: ok})
 }
 
 func (t *Tracker) ended(key string, prompt, output int, ok bool) {
@@ -387,10 +381,7 @@ func (t *Tracker) ended(key string, prompt, output int, ok bool) {
 // Evicted records that key's worker no longer holds its cache (the engine's events reported its
 // blocks removed): it is not resident, and not live, until its next turn.
 func (t *Tracker) Evicted(key string) {
-	t.mu.Lock()
-	t.evicted(key)
-	t.mu.Unlock()
-	t.publish(Change{Kind: ChangeEvicted, Key: key})
+	t.record(Change{Kind: ChangeEvicted, Key: key})
 }
 
 func (t *Tracker) evicted(key string) {
@@ -401,10 +392,7 @@ func (t *Tracker) evicted(key string) {
 
 // Forget drops key, as when its turn failed before the worker held anything of it.
 func (t *Tracker) Forget(key string) {
-	t.mu.Lock()
-	t.forget(key)
-	t.mu.Unlock()
-	t.publish(Change{Kind: ChangeForgotten, Key: key})
+	t.record(Change{Kind: ChangeForgotten, Key: key})
 }
 
 func (t *Tracker) forget(key string) {

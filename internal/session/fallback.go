@@ -199,15 +199,21 @@ func (f *Fallback) Set(ctx context.Context, model, key, tenant string) error {
 }
 
 func (f *Fallback) setPrimary(ctx context.Context, model, key, tenant string) {
+	f.callPrimary(OpSet, func() error { return f.primary.Set(ctx, model, key, tenant) })
+}
+
+// callPrimary runs call, the operation op of the primary store, and records its outcome: a
+// failure (see failed), or a success with its duration.
+func (f *Fallback) callPrimary(op string, call func() error) {
 	start := time.Now()
-	err := f.primary.Set(ctx, model, key, tenant)
+	err := call()
 	d := time.Since(start)
 	if err != nil {
-		f.failed(OpSet, err, d)
+		f.failed(op, err, d)
 		return
 	}
 	f.succeeded()
-	f.observe(OpSet, ResultOK, d)
+	f.observe(op, ResultOK, d)
 }
 
 // Delete removes key from both stores.
@@ -217,15 +223,8 @@ func (f *Fallback) Delete(ctx context.Context, model, key string) error {
 		f.observe(OpDelete, ResultSkipped, 0)
 		return nil
 	}
-	start := time.Now()
-	err := f.primary.Delete(detach(ctx), model, key)
-	d := time.Since(start)
-	if err != nil {
-		f.failed(OpDelete, err, d)
-		return nil
-	}
-	f.succeeded()
-	f.observe(OpDelete, ResultOK, d)
+	pctx := detach(ctx)
+	f.callPrimary(OpDelete, func() error { return f.primary.Delete(pctx, model, key) })
 	return nil
 }
 
@@ -246,15 +245,8 @@ func (f *Fallback) Check(ctx context.Context) {
 	if !f.tryPrimary() {
 		return
 	}
-	start := time.Now()
-	err := f.primary.Ping(detach(ctx))
-	d := time.Since(start)
-	if err != nil {
-		f.failed(OpPing, err, d)
-		return
-	}
-	f.succeeded()
-	f.observe(OpPing, ResultOK, d)
+	pctx := detach(ctx)
+	f.callPrimary(OpPing, func() error { return f.primary.Ping(pctx) })
 }
 
 // Status is the store's state as /health shows it.

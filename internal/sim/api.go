@@ -338,13 +338,15 @@ func (u *usage) add(r Result) {
 	u.PromptTokensDetails.CachedTokens += r.CachedTokens + r.TransferredTokens
 }
 
-type chatResponse struct {
-	ID      string       `json:"id"`
-	Object  string       `json:"object"`
-	Created int64        `json:"created"`
-	Model   string       `json:"model"`
-	Choices []chatChoice `json:"choices"`
-	Usage   usage        `json:"usage"`
+// response is the body of a chat or completions answer that is not streamed: the envelope both
+// share around their choices, C (chatChoice or completionChoice).
+type response[C any] struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	Model   string `json:"model"`
+	Choices []C    `json:"choices"`
+	Usage   usage  `json:"usage"`
 	// KVTransferParams answers a prefill leg (pd.go).
 	KVTransferParams *kvTransferParams `json:"kv_transfer_params,omitempty"`
 }
@@ -370,17 +372,6 @@ type chatToolCall struct {
 		Name      string `json:"name"`
 		Arguments string `json:"arguments"`
 	} `json:"function"`
-}
-
-type completionResponse struct {
-	ID      string             `json:"id"`
-	Object  string             `json:"object"`
-	Created int64              `json:"created"`
-	Model   string             `json:"model"`
-	Choices []completionChoice `json:"choices"`
-	Usage   usage              `json:"usage"`
-	// KVTransferParams answers a prefill leg (pd.go).
-	KVTransferParams *kvTransferParams `json:"kv_transfer_params,omitempty"`
 }
 
 type completionChoice struct {

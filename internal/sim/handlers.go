@@ -255,7 +255,7 @@ func (w *Worker) serveJobs(rw http.ResponseWriter, r *http.Request, kind apiKind
 		handoff = w.handoffParams(r, t.holdID, t.heldBlocks)
 	}
 	if kind == kindChat {
-		resp := chatResponse{ID: id, Object: "chat.completion", Created: created, Model: model, Usage: u, KVTransferParams: handoff}
+		resp := response[chatChoice]{ID: id, Object: "chat.completion", Created: created, Model: model, Usage: u, KVTransferParams: handoff}
 		resp.Choices = make([]chatChoice, len(jobs))
 		for i := range jobs {
 			c := &resp.Choices[i]
@@ -275,7 +275,7 @@ func (w *Worker) serveJobs(rw http.ResponseWriter, r *http.Request, kind apiKind
 		writeJSON(rw, http.StatusOK, resp)
 		return
 	}
-	resp := completionResponse{ID: id, Object: "text_completion", Created: created, Model: model, Usage: u, KVTransferParams: handoff}
+	resp := response[completionChoice]{ID: id, Object: "text_completion", Created: created, Model: model, Usage: u, KVTransferParams: handoff}
 	resp.Choices = make([]completionChoice, len(jobs))
 	for i := range jobs {
 		resp.Choices[i] = completionChoice{Index: i, Text: texts[i].String(), FinishReason: results[i].FinishReason}
@@ -286,13 +286,10 @@ func (w *Worker) serveJobs(rw http.ResponseWriter, r *http.Request, kind apiKind
 // streamWriter writes server-sent events in vLLM's chunk shapes. Each chunk
 // is appended into one reused buffer and written with a single call.
 type streamWriter struct {
-	rw        http.ResponseWriter
-	rc        *http.ResponseController
-	kind      apiKind
-	prefix    []byte // `data: {"id":...,"choices":[{"index":`
-	bare      []byte // `data: {"id":...,"model":...,` for the usage chunk
-	buf       []byte
-	flushEach bool
+	sseWriter
+	kind   apiKind
+	prefix []byte // `data: {"id":...,"choices":[{"index":`
+	bare   []byte // `data: {"id":...,"model":...,` for the usage chunk
 }
 
 func newStreamWriter(rw http.ResponseWriter, kind apiKind, id string, created int64, model string, flushEach bool) *streamWriter {
@@ -312,31 +309,11 @@ func newStreamWriter(rw http.ResponseWriter, kind apiKind, id string, created in
 	p = append(p, ',')
 	bare := p
 	return &streamWriter{
-		rw: rw, rc: http.NewResponseController(rw), kind: kind,
+		sseWriter: newSSEWriter(rw, flushEach),
+		kind:      kind,
 		prefix:    append(append([]byte(nil), bare...), `"choices":[{"index":`...),
 		bare:      bare,
-		buf:       make([]byte, 0, 512),
-		flushEach: flushEach,
 	}
-}
-
-// start sends the response headers.
-func (s *streamWriter) start() {
-	h := s.rw.Header()
-	h.Set("Content-Type", "text/event-stream; charset=utf-8")
-	h.Set("Cache-Control", "no-cache")
-	s.rw.WriteHeader(http.StatusOK)
-	s.rc.Flush()
-}
-
-func (s *streamWriter) write(flush bool) error {
-	if _, err := s.rw.Write(s.buf); err != nil {
-		return err
-	}
-	if flush {
-		return s.rc.Flush()
-	}
-	return nil
 }
 
 func (s *streamWriter) begin(i int) {

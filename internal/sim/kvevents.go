@@ -430,19 +430,24 @@ func encodeEvent(enc *msgpack.Encoder, e *kvEvent, maps bool, blockSize int) {
 			_ = enc.EncodeUint64(h)
 		}
 	}
-	switch e.kind {
-	case kvcache.Stored:
-		n := 8
-		if e.lora.name != "" {
-			n = 9 // and extra_keys
-		}
+	// head starts an event of n fields (its type among them) whose type is typ: a map's length
+	// and the "type" key, or an array's length.
+	head := func(n int, typ string) {
 		if maps {
 			_ = enc.EncodeMapLen(n)
 			_ = enc.EncodeString("type")
 		} else {
 			_ = enc.EncodeArrayLen(n)
 		}
-		_ = enc.EncodeString("BlockStored")
+		_ = enc.EncodeString(typ)
+	}
+	switch e.kind {
+	case kvcache.Stored:
+		n := 8
+		if e.lora.name != "" {
+			n = 9 // and extra_keys
+		}
+		head(n, "BlockStored")
 		field("block_hashes")
 		hashes()
 		field("parent_block_hash")
@@ -479,25 +484,13 @@ func encodeEvent(enc *msgpack.Encoder, e *kvEvent, maps bool, blockSize int) {
 			_ = enc.EncodeString(e.lora.name)
 		}
 	case kvcache.Evicted:
-		if maps {
-			_ = enc.EncodeMapLen(3)
-			_ = enc.EncodeString("type")
-		} else {
-			_ = enc.EncodeArrayLen(3)
-		}
-		_ = enc.EncodeString("BlockRemoved")
+		head(3, "BlockRemoved")
 		field("block_hashes")
 		hashes()
 		field("medium")
 		_ = enc.EncodeString("GPU")
 	case kvcache.Cleared:
-		if maps {
-			_ = enc.EncodeMapLen(1)
-			_ = enc.EncodeString("type")
-		} else {
-			_ = enc.EncodeArrayLen(1)
-		}
-		_ = enc.EncodeString("AllBlocksCleared")
+		head(1, "AllBlocksCleared")
 	}
 }
 

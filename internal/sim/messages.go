@@ -407,15 +407,12 @@ func (w *Worker) handleMessages(rw http.ResponseWriter, r *http.Request) {
 	}
 	maxTokens = min(maxTokens, w.maxModelLen()-seq.Len())
 	plan := w.planToolCall(seq, msgs, req.lastUser, specs, choice, maxTokens)
-	fault := w.drawFault()
-	if w.injectFault(rw, fault, func(rw http.ResponseWriter, msg string) {
+	fail500 := func(rw http.ResponseWriter, msg string) {
 		w.writeAnthropicError(rw, http.StatusInternalServerError, "api_error", msg)
-	}) {
-		return
 	}
-	j := &job{model: model, seq: seq, chat: true, maxTokens: maxTokens, ignoreEOS: req.IgnoreEOS, fault: fault}
-	if plan != nil {
-		j.script = plan.script
+	j, ok := w.agentJob(rw, fail500, model, seq, maxTokens, req.IgnoreEOS, plan)
+	if !ok {
+		return
 	}
 	resp := &messagesResponse{ID: newID("msg_"), Type: "message", Role: "assistant", Model: model, Content: []any{}}
 	toolUseID := newID("toolu_")
@@ -423,11 +420,8 @@ func (w *Worker) handleMessages(rw http.ResponseWriter, r *http.Request) {
 		w.streamMessage(rw, r, j, plan, resp, toolUseID)
 		return
 	}
-	text, res := w.generateText(r.Context(), j)
-	if res.Err != nil {
-		if r.Context().Err() == nil {
-			w.writeAnthropicError(rw, http.StatusInternalServerError, "api_error", "request did not finish: "+res.Err.Error())
-		}
+	text, res, ok := w.agentReply(rw, r, fail500, j)
+	if !ok {
 		return
 	}
 	completeMessage(resp, res, plan, toolUseID, text)

@@ -481,15 +481,12 @@ func (w *Worker) handleResponses(rw http.ResponseWriter, r *http.Request) {
 	}
 	maxTokens = min(maxTokens, w.maxModelLen()-seq.Len())
 	plan := w.planToolCall(seq, msgs, lastUserMessage(msgs), specs, choice, maxTokens)
-	fault := w.drawFault()
-	if w.injectFault(rw, fault, func(rw http.ResponseWriter, msg string) {
+	fail500 := func(rw http.ResponseWriter, msg string) {
 		w.writeOpenAIError(rw, http.StatusInternalServerError, "InternalServerError", msg)
-	}) {
-		return
 	}
-	j := &job{model: model, seq: seq, chat: true, maxTokens: maxTokens, ignoreEOS: req.IgnoreEOS, fault: fault}
-	if plan != nil {
-		j.script = plan.script
+	j, ok := w.agentJob(rw, fail500, model, seq, maxTokens, req.IgnoreEOS, plan)
+	if !ok {
+		return
 	}
 
 	store := req.Store == nil || *req.Store
@@ -523,11 +520,8 @@ func (w *Worker) handleResponses(rw http.ResponseWriter, r *http.Request) {
 		w.streamResponse(rw, r, j, out, resp, keep)
 		return
 	}
-	text, res := w.generateText(r.Context(), j)
-	if res.Err != nil {
-		if r.Context().Err() == nil {
-			w.writeOpenAIError(rw, http.StatusInternalServerError, "InternalServerError", "request did not finish: "+res.Err.Error())
-		}
+	text, res, ok := w.agentReply(rw, r, fail500, j)
+	if !ok {
 		return
 	}
 	out.complete(resp, res, text)
@@ -727,11 +721,20 @@ func withItemIDs(raws []json.RawMessage) []json.RawMessage {
 	return out
 }
 
-func (w *Worker) handleGetResponse(rw http.ResponseWriter, r *http.Request) {
+// requestedResponse is the stored response the request's path names; when there is none it
+// answers 404 and returns false.
+func (w *Worker) requestedResponse(rw http.ResponseWriter, r *http.Request) (*storedResponse, bool) {
 	id := r.PathValue("id")
 	sr, ok := w.stored.get(id)
 	if !ok {
 		w.writeResponseNotFound(rw, id)
+	}
+	return sr, ok
+}
+
+func (w *Worker) handleGetResponse(rw http.ResponseWriter, r *http.Request) {
+	sr, ok := w.requestedResponse(rw, r)
+	if !ok {
 		return
 	}
 	b, err := marshalNoEscape(sr.resp)
@@ -759,9 +762,7 @@ func (w *Worker) handleDeleteResponse(rw http.ResponseWriter, r *http.Request) {
 // is still queued or running can be cancelled, and the simulator runs none,
 // so a stored response gets vLLM's 400 and an unknown id its 404.
 func (w *Worker) handleCancelResponse(rw http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	if _, ok := w.stored.get(id); !ok {
-		w.writeResponseNotFound(rw, id)
+	if _, ok := w.requestedResponse(rw, r); !ok {
 		return
 	}
 	w.writeOpenAIError(rw, http.StatusBadRequest, "invalid_request_error", "Cannot cancel a synchronous response.")
@@ -771,10 +772,8 @@ func (w *Worker) handleCancelResponse(rw http.ResponseWriter, r *http.Request) {
 // OpenAI's API does: newest first unless order=asc, at most limit (1 to 100,
 // default 20) after the item named by after.
 func (w *Worker) handleResponseInputItems(rw http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	sr, ok := w.stored.get(id)
+	sr, ok := w.requestedResponse(rw, r)
 	if !ok {
-		w.writeResponseNotFound(rw, id)
 		return
 	}
 	q := r.URL.Query()

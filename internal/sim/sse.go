@@ -13,24 +13,44 @@ import (
 //	data: {"type":"response.output_text.delta",...}
 //
 // Every payload starts with its "type" member, equal to the event name.
-type eventStream struct {
+type eventStream struct{ sseWriter }
+
+func newEventStream(rw http.ResponseWriter, flushEach bool) *eventStream {
+	return &eventStream{newSSEWriter(rw, flushEach)}
+}
+
+// sseWriter writes server-sent events to rw, each appended into one reused buffer and written
+// with a single call: what the chat and completions streams (streamWriter) and the Responses and
+// Messages streams (eventStream) share.
+type sseWriter struct {
 	rw        http.ResponseWriter
 	rc        *http.ResponseController
 	buf       []byte
 	flushEach bool // flush every token event, not only the last event
 }
 
-func newEventStream(rw http.ResponseWriter, flushEach bool) *eventStream {
-	return &eventStream{rw: rw, rc: http.NewResponseController(rw), buf: make([]byte, 0, 512), flushEach: flushEach}
+func newSSEWriter(rw http.ResponseWriter, flushEach bool) sseWriter {
+	return sseWriter{rw: rw, rc: http.NewResponseController(rw), buf: make([]byte, 0, 512), flushEach: flushEach}
 }
 
 // start sends the response headers at once, as vLLM does.
-func (s *eventStream) start() {
+func (s *sseWriter) start() {
 	h := s.rw.Header()
 	h.Set("Content-Type", "text/event-stream; charset=utf-8")
 	h.Set("Cache-Control", "no-cache")
 	s.rw.WriteHeader(http.StatusOK)
 	s.rc.Flush()
+}
+
+// write writes the buffer, flushing it to the client when flush is set.
+func (s *sseWriter) write(flush bool) error {
+	if _, err := s.rw.Write(s.buf); err != nil {
+		return err
+	}
+	if flush {
+		return s.rc.Flush()
+	}
+	return nil
 }
 
 // send writes one event whose data is {"type":name, extra..., fields...}:
@@ -56,13 +76,7 @@ func (s *eventStream) send(name string, extra []byte, fields any, flush bool) er
 		}
 	}
 	s.buf = append(s.buf, "}\n\n"...)
-	if _, err := s.rw.Write(s.buf); err != nil {
-		return err
-	}
-	if flush {
-		return s.rc.Flush()
-	}
-	return nil
+	return s.write(flush)
 }
 
 // marshalNoEscape marshals v as JSON without escaping <, > and &, so text
