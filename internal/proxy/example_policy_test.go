@@ -65,7 +65,7 @@ func init() {
 		}})
 }
 
-func TestAPolicyWrittenAgainstTheContractIsChosenByNameAndHearsEveryHook(t *testing.T) {
+func TestAPolicyWrittenAgainstTheContractIsChosenByNameAndHearsAcceptedAndDone(t *testing.T) {
 	cfg := config.Default()
 	cfg.Policy = lastFirstName
 	if err := cfg.Validate(); err != nil {

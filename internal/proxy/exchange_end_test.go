@@ -11,10 +11,10 @@ import (
 	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
-// TestEveryExchangeEndsOnceWhoeverAnswered sends one request of each ending: the worker's answer
+// TestAnExchangeEndsOnceWhetherAnsweredWholeStreamedOrByTheRouter sends one request of each ending: the worker's answer
 // read whole, the worker's answer streamed after the handler returned, and the router's own
 // answer. Each is counted and logged exactly once, with its own status.
-func TestEveryExchangeEndsOnceWhoeverAnswered(t *testing.T) {
+func TestAnExchangeEndsOnceWhetherAnsweredWholeStreamedOrByTheRouter(t *testing.T) {
 	w := testkit.NewServer(t, func(rw http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		if strings.Contains(string(body), `"stream":true`) {
