@@ -355,12 +355,6 @@ func (p *Policy) unlearn(in policy.Input, dec policy.Decision) {
 	}
 }
 
-// matchTenant is the number of bytes of the request's text tenant holds for its model, read from
-// the tree afresh (a decision reads its probe instead).
-func (p *Policy) matchTenant(d *decision, tenant string) int {
-	return p.tree.MatchTenant(d.model, d.text, tenant)
-}
-
 // byEvents weighs each candidate by the KV-cache events of its engine: its load plus the prompt
 // tokens it would still prefill, in units of LoadUnitTokens, as the cost mode weighs the tree's
 // matches; a block its engine holds offloaded saves OffloadedWeight of a GPU block's prefill.

@@ -69,7 +69,8 @@ func route(p *Policy, pool *workers.Pool, r *protocol.Request) policy.Decision {
 
 // heldBy is how many bytes of r's history key the tree says tenant holds.
 func heldBy(p *Policy, r *protocol.Request, tenant string) int {
-	return p.matchTenant(newDecision(policy.Input{Request: r, Model: r.Model}), tenant)
+	d := newDecision(policy.Input{Request: r, Model: r.Model})
+	return p.tree.MatchTenant(d.model, d.text, tenant)
 }
 
 // chat renders a conversation body: system prompt, then the given user/assistant turns.
