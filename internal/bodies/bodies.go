@@ -19,9 +19,10 @@
 // becomes the length of what was derived (Body.Derived; nothing for the load-only routes). So the
 // bytes counted are the bytes held, and the router's memory follows the bound: the pieces not
 // counted are each connection's 16 KiB read buffer, the first 8 KiB of a body (read ahead with
-// its headers), the mappings kept for the next bodies (area_linux.go: 32 MiB at most), and the copies made with --vllm-pd-disaggregation (the decode leg's body) and
-// KV-cache events (the /tokenize query), which docs/configuration.md names. The copies are heap
-// memory, and a collection is started once enough of them were given back (gaveBack).
+// its headers), the mappings kept for the next bodies (area_linux.go: 32 MiB at most), and the
+// copies made with --vllm-pd-disaggregation (the decode leg's body) and KV-cache events (the
+// /tokenize query), which docs/configuration.md names. The copies are heap memory, and a
+// collection is started once enough of them were given back (gaveBack).
 //
 // The bytes of a request are given back once every owner let go of its body (Body.Hold,
 // Body.Release): for the proxy, once both its handler has returned and its exchange has ended
