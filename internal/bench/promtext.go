@@ -28,6 +28,16 @@ func sumMetrics(r io.Reader, names ...string) (map[string]float64, error) {
 		want[n] = true
 	}
 	out := map[string]float64{}
+	err := eachSample(r, func(name string) bool { return want[name] }, func(name, _ string, v float64) {
+		out[name] += v
+	})
+	return out, err
+}
+
+// eachSample reads Prometheus text exposition from r and calls f with the metric name, the label
+// set (what stands between the braces, "" without) and the value of every sample whose name want
+// takes; a value that is no number is an error.
+func eachSample(r io.Reader, want func(name string) bool, f func(name, labels string, v float64)) error {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -39,15 +49,16 @@ func sumMetrics(r io.Reader, names ...string) (map[string]float64, error) {
 		if i := strings.IndexAny(line, "{ "); i >= 0 {
 			name, rest = line[:i], line[i:]
 		}
-		if !want[name] {
+		if !want(name) {
 			continue
 		}
+		labels := ""
 		if strings.HasPrefix(rest, "{") {
 			end := strings.LastIndex(rest, "}")
 			if end < 0 {
 				continue
 			}
-			rest = rest[end+1:]
+			labels, rest = rest[1:end], rest[end+1:]
 		}
 		fields := strings.Fields(rest)
 		if len(fields) == 0 {
@@ -55,11 +66,11 @@ func sumMetrics(r io.Reader, names ...string) (map[string]float64, error) {
 		}
 		v, err := strconv.ParseFloat(fields[0], 64)
 		if err != nil {
-			return nil, fmt.Errorf("metric %s: bad value %q", name, fields[0])
+			return fmt.Errorf("metric %s: bad value %q", name, fields[0])
 		}
-		out[name] += v
+		f(name, labels, v)
 	}
-	return out, sc.Err()
+	return sc.Err()
 }
 
 // scrape fetches base/metrics and sums the named metrics.
@@ -134,32 +145,16 @@ func scrapedLoads(client *http.Client, urls []string) func() []float64 {
 // summed by the value of label (samples without it are left out).
 func sumByLabel(r io.Reader, name, label string) (map[string]float64, error) {
 	out := map[string]float64{}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		labels, rest, ok := strings.Cut(sc.Text(), "}")
-		if !ok {
-			continue
-		}
-		metric, labels, ok := strings.Cut(labels, "{")
-		if !ok || metric != name {
-			continue
-		}
+	err := eachSample(r, func(n string) bool { return n == name }, func(_, labels string, v float64) {
 		value := ""
 		for _, kv := range strings.Split(labels, ",") {
 			if k, v, ok := strings.Cut(kv, "="); ok && strings.TrimSpace(k) == label {
 				value = strings.Trim(strings.TrimSpace(v), `"`)
 			}
 		}
-		fields := strings.Fields(rest)
-		if value == "" || len(fields) == 0 {
-			continue
+		if value != "" {
+			out[value] += v
 		}
-		v, err := strconv.ParseFloat(fields[0], 64)
-		if err != nil {
-			return nil, fmt.Errorf("metric %s: bad value %q", name, fields[0])
-		}
-		out[value] += v
-	}
-	return out, sc.Err()
+	})
+	return out, err
 }
