@@ -15,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/freeport"
 )
 
 // procs.go runs the fronts of a --fronts comparison that are processes of their own (a cacheroute
@@ -227,12 +229,11 @@ func processAddr(ps *ports) (string, error) {
 		}
 		return a[0], nil
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Port()
 	if err != nil {
 		return "", err
 	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), nil
 }
 
 // probeClient asks whether a front process is ready: one connection per probe, none kept open
