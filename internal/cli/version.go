@@ -18,10 +18,21 @@ func newVersionCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			_, err := fmt.Fprintln(cmd.OutOrStdout(), version())
-			return err
+			return printVersion(cmd)
 		},
 	}
+}
+
+// versionAsked reports whether cmd's command line holds --version (or -V).
+func versionAsked(cmd *cobra.Command) bool {
+	asked, err := cmd.Flags().GetBool("version")
+	return err == nil && asked
+}
+
+// printVersion writes the version to cmd's output.
+func printVersion(cmd *cobra.Command) error {
+	_, err := fmt.Fprintln(cmd.OutOrStdout(), version())
+	return err
 }
 
 // The source the binary was built from, as the linker records it with -X (`make build` and
