@@ -92,14 +92,20 @@ func (s *Server) answerHeaders(ctx *fasthttp.RequestCtx, resp *fasthttp.Response
 	setStatus(h, status) // a worker's 529 as well
 }
 
-// extendWriteDeadline gives the client the client write timeout, from now, to take what is
-// written next; never past the request's deadline. fasthttp writes each piece the relay reads
+// extendWriteDeadline gives the client at least the client write timeout, from now, to take what
+// is written next; never past the request's deadline. fasthttp writes each piece the relay reads
 // right after the read, so a deadline set at the end of each read bounds the time a client may
-// accept no byte, not the time the worker takes to produce the next one.
+// accept no byte, not the time the worker takes to produce the next one. The deadline is set an
+// eighth of the timeout further than needed and moved only once less than the timeout is left: a
+// streamed answer reads once per token, and moving a deadline is a timer's update each time.
 func (r *relayBody) extendWriteDeadline() {
+	t := r.s.opts.ClientWriteTimeout
+	if !r.writeBy.IsZero() && (r.writeBy.Equal(r.ex.deadline) || (t > 0 && time.Until(r.writeBy) >= t)) {
+		return // the client has the timeout still, or the request's deadline, which comes first
+	}
 	d := r.ex.deadline
-	if t := r.s.opts.ClientWriteTimeout; t > 0 {
-		if soon := time.Now().Add(t); soon.Before(d) {
+	if t > 0 {
+		if soon := time.Now().Add(t + t/8); soon.Before(d) {
 			d = soon
 		}
 	}
