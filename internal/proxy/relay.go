@@ -48,8 +48,7 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, ex *exchange, resp *fasthttp.Re
 	if !ex.in.Request.Stream && size >= 0 && size <= maxBufferedAnswer {
 		// A non-streamed answer of known, modest size is read whole now and sent with the
 		// headers in one write; nothing waits on it in between.
-		_, err := io.CopyN(ctx.Response.BodyWriter(), r, int64(size))
-		if err != nil && r.upErr == nil {
+		if err := readWhole(&ctx.Response, r, int64(size)); err != nil && r.upErr == nil {
 			r.upErr = err
 		}
 		if r.upErr != nil {
@@ -75,6 +74,28 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, ex *exchange, resp *fasthttp.Re
 	ex.handedOver = true
 	ctx.Response.SetBodyStream(r, max(size, -1)) // relayed chunked unless its length is known
 }
+
+// readWhole appends size bytes read from r to dst's body, through a pooled buffer (io.CopyN took
+// a new reader and buffer for every answer). It returns io.EOF when r ends before size bytes.
+func readWhole(dst *fasthttp.Response, r io.Reader, size int64) error {
+	buf := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(buf)
+	for size > 0 {
+		n, err := r.Read((*buf)[:min(int64(len(*buf)), size)])
+		dst.AppendBody((*buf)[:n])
+		size -= int64(n)
+		switch {
+		case err == io.EOF && size > 0:
+			return io.EOF
+		case err != nil && err != io.EOF:
+			return err
+		}
+	}
+	return nil
+}
+
+// copyBuffers are readWhole's buffers.
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}
 
 // answerHeaders gives the client the worker's status and end-to-end headers, and the router's
 // headers that say who served the request and why.
