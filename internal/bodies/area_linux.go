@@ -37,14 +37,17 @@ type spares struct {
 
 // take returns room for a body of at most limit bytes: a spare mapping that fits, else a new
 // one (sized to a power of two, so that it fits more of the bodies that follow), else heap memory.
+// A mapping also has room for derivedRoom times the body after it, for Scratch: only the pages
+// written are memory.
 func (s *spares) take(limit int) bodyArea {
 	if limit <= smallBody {
 		return heapArea(limit)
 	}
+	need := limit + derivedRoom*limit // the body, then what routing derives from it (Scratch)
 	s.mu.Lock()
 	best := -1
 	for i, a := range s.areas {
-		if len(a.b) >= limit && (best < 0 || len(a.b) < len(s.areas[best].b)) {
+		if len(a.b) >= need && (best < 0 || len(a.b) < len(s.areas[best].b)) {
 			best = i
 		}
 	}
@@ -58,9 +61,9 @@ func (s *spares) take(limit int) bodyArea {
 		return a
 	}
 	s.mu.Unlock()
-	size := 1 << bits.Len(uint(limit-1))
-	if size < limit { // past the largest power of two an int holds
-		size = limit
+	size := 1 << bits.Len(uint(need-1))
+	if size < need { // past the largest power of two an int holds
+		size = need
 	}
 	b, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON|syscall.MAP_NORESERVE)
 	if err != nil {

@@ -3,6 +3,7 @@ package bodies
 import (
 	"bytes"
 	"testing"
+	"unsafe"
 )
 
 // A body's mapping given back is the next fitting body's, which sees only its own bytes; a body
@@ -71,5 +72,44 @@ func TestBodyRelease_KeepsSparesWithinTheirBounds(t *testing.T) {
 	}
 	if want := maxSpareBytes / (1 << 20); n != want {
 		t.Errorf("%d spares of 1 MiB kept, want %d (the byte bound)", n, want)
+	}
+}
+
+// Memory for what routing derives from a mapped body comes after the body in its own mapping,
+// which has room for twice the body there; a body on the heap, or more than that room, gets heap
+// memory.
+func TestScratch_OfAMappedBodyIsTheRoomAfterItsBytes(t *testing.T) {
+	b := NewBudget(0, 0)
+	body := bytes.Repeat([]byte("a"), 100<<10)
+	h, err := b.Read(bytes.NewReader(body), "c", len(body), len(body), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release()
+	within := func(p []byte, area []byte) bool {
+		start := &area[0]
+		return cap(p) > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(p))) >= uintptr(unsafe.Pointer(start)) &&
+			uintptr(unsafe.Pointer(unsafe.SliceData(p)))+uintptr(cap(p)) <= uintptr(unsafe.Pointer(start))+uintptr(len(area))
+	}
+	key := h.Scratch(2 * len(body))
+	if len(key) != 0 || cap(key) < 2*len(body) || !within(key, h.area.b[len(body):]) {
+		t.Errorf("scratch of twice a mapped body (len %d, cap %d) is not the room after it", len(key), cap(key))
+	}
+	_ = append(key, "key"...)
+	if !bytes.Equal(h.Bytes(), body) {
+		t.Error("writing the scratch memory changed the body")
+	}
+	if big := h.Scratch(len(h.area.b)); within(big, h.area.b) {
+		t.Error("scratch larger than the mapping's room was given the mapping")
+	}
+
+	small := []byte(`{"model":"m"}`)
+	s, err := b.Read(bytes.NewReader(small), "c", len(small), len(small), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Release()
+	if p := s.Scratch(64); cap(p) < 64 || within(p, s.area.b[:cap(s.area.b)]) {
+		t.Error("scratch of a heap body is not heap memory of its own")
 	}
 }

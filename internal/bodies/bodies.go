@@ -21,8 +21,9 @@
 // counted are each connection's 16 KiB read buffer, the first 8 KiB of a body (read ahead with
 // its headers), the mappings kept for the next bodies (area_linux.go: 32 MiB at most), and the
 // copies made with --vllm-pd-disaggregation (the decode leg's body) and KV-cache events (the
-// /tokenize query), which docs/configuration.md names. The copies are heap memory, and a
-// collection is started once enough of them were given back (gaveBack).
+// /tokenize query), which docs/configuration.md names. The copy of a body read into a mapping is
+// written after it in the mapping (Scratch); the other copies are heap memory, and a collection
+// is started once enough of them were given back (gaveBack).
 //
 // The bytes of a request are given back once every owner let go of its body (Body.Hold,
 // Body.Release): for the proxy, once both its handler has returned and its exchange has ended
@@ -232,6 +233,25 @@ func (h *Body) Derived(n int) {
 	area := h.areaBytes
 	h.budget.mu.Unlock()
 	h.count(area, int64(n), true)
+}
+
+// derivedRoom is how many times a body's size a mapped area has after the body for Scratch: twice
+// the body, the bound under which package protocol writes a history key in one pass.
+const derivedRoom = 2
+
+// Scratch returns empty memory with room for n bytes that lives as long as the body, for what
+// routing derives from it (the history key, counted by Derived): a body read into a mapping has
+// the room after its bytes, so a large request's key costs no new heap memory, and the pages it
+// takes are kept with the mapping for the next body. A body on the heap, or an n that does not
+// fit, gets heap memory. What is written there may not be read once the body is released.
+func (h *Body) Scratch(n int) []byte {
+	a := &h.area
+	start := (len(h.bytes) + 63) &^ 63
+	if !a.mapped || start > len(a.b) || n > len(a.b)-start {
+		return make([]byte, 0, n)
+	}
+	a.backed = max(a.backed, min((start+n+pageSize-1)/pageSize*pageSize, len(a.b)))
+	return a.b[start : start : start+n]
 }
 
 // Hold adds an owner (the proxy's exchange, until its end).

@@ -56,7 +56,7 @@ func (s *scanner) historyField(name, types string, read func(*scanner)) field {
 
 // agentKey writes the history key of a Responses or Messages body raw with write, from its tools
 // and the other fields its key is written from (see historyWriter.writeKey).
-func agentKey(raw []byte, limit int, write func(*historyWriter), tools field, fields ...field) (key string, onePass bool) {
+func agentKey(raw []byte, room keyRoom, write func(*historyWriter), tools field, fields ...field) (key string, onePass bool) {
 	bound := keyBound{size: tools.size, named: tools.named}
 	members := tools.members
 	for _, f := range fields {
@@ -64,7 +64,7 @@ func agentKey(raw []byte, limit int, write func(*historyWriter), tools field, fi
 		members = max(members, f.members)
 	}
 	h := newHistoryWriter(valid(raw), members)
-	return h.writeKey(bound, limit, func() { write(&h) })
+	return h.writeKey(bound, room, func() { write(&h) })
 }
 
 // kind is what an item, a content part or a block is, by its type: what the key writes of it.

@@ -60,9 +60,9 @@ func parseBody(h reqkey.Header, raw []byte, render rendering) (*Request, error) 
 	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.messages != nil, MaxTokens: max(b.maxTokens, b.maxCompletionTokens),
 		query: render}
 	if r.Chat {
-		r.Text = historyKey(b.tools, b.messages, onePassLimit(raw))
+		r.Text = historyKey(b.tools, b.messages, roomFor(h, raw))
 	} else {
-		r.Text = routingText(&b, onePassLimit(raw))
+		r.Text = routingText(&b, roomFor(h, raw))
 	}
 	paramsID, sessionID, userID, user := string(b.paramsID), string(b.sessionID), string(b.userID), string(b.user)
 	r.SessionKey = reqkey.SessionKey(h, paramsID, []string{sessionID}, []string{userID, user})
@@ -367,20 +367,20 @@ func (s *scanner) function(member func(*scanner, []byte)) {
 // limit bytes (parts whose key outgrows them, numbers whose canonical form may be longer), the key
 // is written in two passes instead: the first counts its bytes, the second writes it into a
 // buffer of exactly that size.
-func historyKey(tools, messages *arrays, limit int) string {
-	key, _ := writeHistoryKey(tools, messages, limit)
+func historyKey(tools, messages *arrays, room keyRoom) string {
+	key, _ := writeHistoryKey(tools, messages, room)
 	return key
 }
 
 // writeHistoryKey is historyKey, and reports whether the key was written in one pass.
-func writeHistoryKey(tools, messages *arrays, limit int) (key string, onePass bool) {
+func writeHistoryKey(tools, messages *arrays, room keyRoom) (key string, onePass bool) {
 	if messages == nil {
 		return "", false
 	}
 	h := newHistoryWriter(valid(messages.data), max(messages.members, tools.bound().members))
 	h.inOrder = messages.inOrder
 	bound := keyBound{size: messages.size + tools.bound().size, named: tools.bound().named}
-	return h.writeKey(bound, limit, func() { h.write(tools, messages) })
+	return h.writeKey(bound, room, func() { h.write(tools, messages) })
 }
 
 // bound is the key bound of the elements of a, or none when a is absent.

@@ -87,13 +87,13 @@ const maxRenderedFloatLen = 327
 // routingText is what non-chat requests are matched on: /generate's text, prompt or input_ids, or
 // the completion prompt (strings joined by newlines, token ids rendered as their decimal values).
 // limit is the largest bound under which the text is written in one pass.
-func routingText(b *body, limit int) string {
+func routingText(b *body, room keyRoom) string {
 	for _, p := range []prompt{b.text, b.prompt, b.inputIDs} {
 		if p.raw == nil {
 			continue
 		}
 		size := p.size
-		if size > limit {
+		if size > room.limit {
 			var count keyWriter
 			renderPrompt(&count, valid(p.raw), 0)
 			size = count.n
@@ -101,7 +101,7 @@ func routingText(b *body, limit int) string {
 		if size == 0 {
 			continue
 		}
-		w := writerOf(size)
+		w := room.writer(size)
 		if renderPrompt(&w, valid(p.raw), 0); w.n > 0 {
 			return w.string()
 		}

@@ -20,8 +20,8 @@ func HistoryKeyBothWays(raw []byte) (k KeyPasses, ok bool) {
 	if parseObject(raw, b.member) != nil || b.messages == nil {
 		return k, false
 	}
-	k.OnePass, _ = writeHistoryKey(b.tools, b.messages, math.MaxInt)
-	k.TwoPass, _ = writeHistoryKey(b.tools, b.messages, -1)
+	k.OnePass, _ = writeHistoryKey(b.tools, b.messages, keyRoom{limit: math.MaxInt})
+	k.TwoPass, _ = writeHistoryKey(b.tools, b.messages, keyRoom{limit: -1})
 	h := newHistoryWriter(valid(b.messages.data), max(b.messages.members, b.tools.bound().members))
 	h.inOrder = b.messages.inOrder
 	members := cap(h.c.recs)
@@ -38,7 +38,7 @@ func WritesHistoryKeyInOnePass(raw []byte) (key string, onePass bool) {
 	if parseObject(raw, b.member) != nil {
 		return "", false
 	}
-	return writeHistoryKey(b.tools, b.messages, onePassLimit(raw))
+	return writeHistoryKey(b.tools, b.messages, roomFor(nil, raw))
 }
 
 // RoutingTextBothWays renders the routing text of the non-chat body raw in one pass, into a
@@ -49,7 +49,7 @@ func RoutingTextBothWays(raw []byte) (onePass, twoPass string, outgrown, ok bool
 	if parseObject(raw, b.member) != nil || b.messages != nil {
 		return "", "", false, false
 	}
-	onePass, twoPass = routingText(&b, math.MaxInt), routingText(&b, -1)
+	onePass, twoPass = routingText(&b, keyRoom{limit: math.MaxInt}), routingText(&b, keyRoom{limit: -1})
 	for _, p := range []prompt{b.text, b.prompt, b.inputIDs} {
 		if p.raw != nil {
 			var count keyWriter
@@ -93,7 +93,7 @@ func parseAgent(name string, raw []byte) (a agentBody, ok bool) {
 			return a, false
 		}
 		return agentBody{
-			key:     func(limit int) (string, bool) { return b.key(raw, limit) },
+			key:     func(limit int) (string, bool) { return b.key(raw, keyRoom{limit: limit}) },
 			write:   func(h *historyWriter) { h.writeResponses(&b) },
 			bound:   keyBound{size: b.tools.size + b.instructions.size + b.input.size, named: b.tools.named},
 			members: max(b.tools.members, b.input.members),
@@ -104,7 +104,7 @@ func parseAgent(name string, raw []byte) (a agentBody, ok bool) {
 			return a, false
 		}
 		return agentBody{
-			key:     func(limit int) (string, bool) { return b.key(raw, limit) },
+			key:     func(limit int) (string, bool) { return b.key(raw, keyRoom{limit: limit}) },
 			write:   func(h *historyWriter) { h.writeMessages(&b) },
 			bound:   keyBound{size: b.tools.size + b.system.size + b.messages.size, named: b.tools.named},
 			members: max(b.tools.members, b.system.members, b.messages.members),

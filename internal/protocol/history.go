@@ -57,9 +57,9 @@ func newHistoryWriter(v valid, members int) historyWriter {
 // first pass counts the key's bytes and the second writes it into a buffer of exactly that size.
 // write writes the whole key into h.w, or counts it when h.w has no buffer. A key without text is
 // empty.
-func (h *historyWriter) writeKey(bound keyBound, limit int, write func()) (key string, onePass bool) {
+func (h *historyWriter) writeKey(bound keyBound, room keyRoom, write func()) (key string, onePass bool) {
 	size := bound.size
-	if onePass = size <= limit; onePass {
+	if onePass = size <= room.limit; onePass {
 		h.named = bound.named
 	} else {
 		write()
@@ -68,7 +68,7 @@ func (h *historyWriter) writeKey(bound keyBound, limit int, write func()) (key s
 		}
 		size = h.w.n
 	}
-	h.w = writerOf(size)
+	h.w = room.writer(size)
 	write()
 	if !h.w.text {
 		return "", onePass

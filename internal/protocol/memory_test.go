@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/cacheroute/cacheroute/internal/protocol"
 	"github.com/cacheroute/cacheroute/internal/reqkey"
@@ -253,5 +254,54 @@ func TestParseAgentMemoryIsBoundedByBodySizeForTinyParts(t *testing.T) {
 			}
 			checkParseMemory(t, shape.p.parse, shape.body(size))
 		})
+	}
+}
+
+// keyMemory is a Header without headers that gives memory for keys from a buffer of its own, and
+// counts what it gave.
+type keyMemory struct {
+	buf   []byte
+	asked int
+}
+
+func (m *keyMemory) Get(string) string { return "" }
+
+func (m *keyMemory) KeyMemory(n int) []byte {
+	m.asked++
+	if n > cap(m.buf) {
+		return make([]byte, 0, n)
+	}
+	return m.buf[:0:n]
+}
+
+// A request read with a Header that gives memory for keys (the proxy's: its body's) has its
+// history key or routing text written there, in every protocol, and no other copy of it made.
+func TestAKeyIsWrittenIntoTheMemoryTheHeaderGives(t *testing.T) {
+	long := strings.Repeat("word ", 1000)
+	for _, tc := range []struct {
+		name  string
+		parse func(reqkey.Header, []byte) (*protocol.Request, error)
+		body  string
+	}{
+		{"chat", protocol.ParseChat, `{"model":"m","messages":[{"role":"user","content":"` + long + `"}]}`},
+		{"completions", protocol.ParseCompletions, `{"model":"m","prompt":"` + long + `"}`},
+		{"responses", protocol.ParseResponses, `{"model":"m","input":"` + long + `"}`},
+		{"messages", protocol.ParseMessages, `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"` + long + `"}]}`},
+	} {
+		mem := &keyMemory{buf: make([]byte, 0, 4*len(tc.body))}
+		r, err := tc.parse(mem, []byte(tc.body))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		heap, err := tc.parse(nil, []byte(tc.body))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if r.Text != heap.Text || !strings.Contains(r.Text, long) {
+			t.Errorf("%s: the key written into given memory differs from the key on the heap", tc.name)
+		}
+		if mem.asked != 1 || unsafe.StringData(r.Text) != unsafe.SliceData(mem.buf[:1]) {
+			t.Errorf("%s: the key is not in the memory given (asked %d times)", tc.name, mem.asked)
+		}
 	}
 }

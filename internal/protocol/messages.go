@@ -52,7 +52,7 @@ func ParseMessages(h reqkey.Header, raw []byte) (*Request, error) {
 	r := &Request{Model: string(b.model), Stream: b.stream, Chat: b.messages.pos != 0, MaxTokens: b.maxTokens,
 		query: messagesQuery}
 	if r.Chat {
-		r.Text, _ = b.key(raw, onePassLimit(raw))
+		r.Text, _ = b.key(raw, roomFor(h, raw))
 	}
 	userID := string(b.userID)
 	r.SessionKey = reqkey.SessionKey(h, "", []string{userID}, nil)
@@ -231,8 +231,8 @@ func blockKind(typ []byte) kind {
 }
 
 // key writes the history key of the body raw; see writeMessages.
-func (b *messagesBody) key(raw []byte, limit int) (key string, onePass bool) {
-	return agentKey(raw, limit, func(h *historyWriter) { h.writeMessages(b) }, b.tools, b.system, b.messages)
+func (b *messagesBody) key(raw []byte, room keyRoom) (key string, onePass bool) {
+	return agentKey(raw, room, func(h *historyWriter) { h.writeMessages(b) }, b.tools, b.system, b.messages)
 }
 
 // writeMessages writes the history key of a Messages body, in chat's framing (see historyKey)

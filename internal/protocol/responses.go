@@ -23,7 +23,7 @@ func ParseResponses(h reqkey.Header, raw []byte) (*Request, error) {
 		PreviousResponseID: string(b.previousID), NoStore: b.noStore,
 		query: responsesQuery}
 	if r.Chat {
-		r.Text, _ = b.key(raw, onePassLimit(raw))
+		r.Text, _ = b.key(raw, roomFor(h, raw))
 	}
 	conversation, cacheKey, user := string(b.conversation), string(b.cacheKey), string(b.user)
 	r.SessionKey = reqkey.SessionKey(h, string(b.paramsID), []string{conversation, cacheKey}, []string{user})
@@ -229,8 +229,8 @@ func partKind(typ []byte) kind {
 }
 
 // key writes the history key of the body raw; see writeResponses.
-func (b *responsesBody) key(raw []byte, limit int) (key string, onePass bool) {
-	return agentKey(raw, limit, func(h *historyWriter) { h.writeResponses(b) }, b.tools, b.instructions, b.input)
+func (b *responsesBody) key(raw []byte, room keyRoom) (key string, onePass bool) {
+	return agentKey(raw, room, func(h *historyWriter) { h.writeResponses(b) }, b.tools, b.instructions, b.input)
 }
 
 // writeResponses writes the history key of a Responses body, in chat's framing (see historyKey)

@@ -3,6 +3,8 @@ package protocol
 import (
 	"unicode/utf8"
 	"unsafe"
+
+	"github.com/cacheroute/cacheroute/internal/reqkey"
 )
 
 // writer.go is where keys are written, into a buffer allocated once, however many parts a key is
@@ -36,7 +38,37 @@ func (w *keyWriter) reset(m mark) {
 	w.buf, w.n, w.text = w.buf[:m.len], m.n, m.text
 }
 
-// writerOf returns a writer into a buffer of size bytes, which the key must not outgrow.
+// KeyMemory is a Header that also gives the memory a request's keys are written into: memory that
+// lives as long as the request's body, so that a large request's history key is not a new heap
+// allocation (the proxy's, from package bodies). KeyMemory(n) returns an empty slice with room for
+// n bytes. A request's keys, read from such a Header, must not be used after its body is released.
+type KeyMemory interface {
+	reqkey.Header
+	KeyMemory(n int) []byte
+}
+
+// keyRoom is where the keys of one body are written: in one pass when a key's bound is at most
+// limit (see onePassLimit), into mem's memory when there is one, else into heap memory.
+type keyRoom struct {
+	limit int
+	mem   KeyMemory
+}
+
+// roomFor is the room for the keys of the body raw, whose headers are h.
+func roomFor(h reqkey.Header, raw []byte) keyRoom {
+	mem, _ := h.(KeyMemory)
+	return keyRoom{limit: onePassLimit(raw), mem: mem}
+}
+
+// writer returns a writer into a buffer of size bytes, which the key must not outgrow.
+func (r keyRoom) writer(size int) keyWriter {
+	if r.mem != nil {
+		return keyWriter{buf: r.mem.KeyMemory(size)[:0:size]}
+	}
+	return writerOf(size)
+}
+
+// writerOf returns a writer into a new buffer of size bytes, which the key must not outgrow.
 func writerOf(size int) keyWriter { return keyWriter{buf: make([]byte, 0, size)} }
 
 func (w *keyWriter) counting() bool { return w.buf == nil }

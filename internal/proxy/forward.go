@@ -405,7 +405,7 @@ func (s *Server) identify(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 // prepareByPolicy reads the body by the route's protocol and finds the workers serving its
 // model; it answers the request itself and reports false when there is nothing to route.
 func (s *Server) prepareByPolicy(ctx *fasthttp.RequestCtx, ex *exchange) bool {
-	req, err := ex.route.read(requestHeaders{&ctx.Request.Header}, ctx.PostBody())
+	req, err := ex.route.read(bodyHeaders{requestHeaders{&ctx.Request.Header}, ex.body}, ctx.PostBody())
 	if err != nil {
 		s.finish(ctx, ex, s.fail(ctx, ex, fasthttp.StatusBadRequest, "invalid_request_error", "invalid_json", err.Error()))
 		return false

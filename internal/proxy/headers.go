@@ -4,6 +4,8 @@ import (
 	"bytes"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/cacheroute/cacheroute/internal/bodies"
 )
 
 // Header names the router reads or writes, in one place.
@@ -99,3 +101,14 @@ type requestHeaders struct{ h *fasthttp.RequestHeader }
 
 // Get returns the first value of key, matched case-insensitively.
 func (r requestHeaders) Get(key string) string { return string(r.h.Peek(key)) }
+
+// bodyHeaders are a routed request's headers with its body, whose memory the keys read from the
+// body are written into (protocol.KeyMemory): the exchange holds the body until its end, past
+// every use of the keys.
+type bodyHeaders struct {
+	requestHeaders
+	body *bodies.Body
+}
+
+// KeyMemory returns memory for n bytes of a key, the body's.
+func (b bodyHeaders) KeyMemory(n int) []byte { return b.body.Scratch(n) }

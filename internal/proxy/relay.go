@@ -48,8 +48,7 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, ex *exchange, resp *fasthttp.Re
 	if !ex.in.Request.Stream && size >= 0 && size <= maxBufferedAnswer {
 		// A non-streamed answer of known, modest size is read whole now and sent with the
 		// headers in one write; nothing waits on it in between.
-		_, err := io.CopyN(ctx.Response.BodyWriter(), r, int64(size))
-		if err != nil && r.upErr == nil {
+		if err := readWhole(&ctx.Response, r, int64(size)); err != nil && r.upErr == nil {
 			r.upErr = err
 		}
 		if r.upErr != nil {
@@ -76,6 +75,28 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, ex *exchange, resp *fasthttp.Re
 	ctx.Response.SetBodyStream(r, max(size, -1)) // relayed chunked unless its length is known
 }
 
+// readWhole appends size bytes read from r to dst's body, through a pooled buffer (io.CopyN took
+// a new reader and buffer for every answer). It returns io.EOF when r ends before size bytes.
+func readWhole(dst *fasthttp.Response, r io.Reader, size int64) error {
+	buf := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(buf)
+	for size > 0 {
+		n, err := r.Read((*buf)[:min(int64(len(*buf)), size)])
+		dst.AppendBody((*buf)[:n])
+		size -= int64(n)
+		switch {
+		case err == io.EOF && size > 0:
+			return io.EOF
+		case err != nil && err != io.EOF:
+			return err
+		}
+	}
+	return nil
+}
+
+// copyBuffers are readWhole's buffers.
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}
+
 // answerHeaders gives the client the worker's status and end-to-end headers, and the router's
 // headers that say who served the request and why.
 func (s *Server) answerHeaders(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, dec policy.Decision, status int) {
@@ -92,14 +113,20 @@ func (s *Server) answerHeaders(ctx *fasthttp.RequestCtx, resp *fasthttp.Response
 	setStatus(h, status) // a worker's 529 as well
 }
 
-// extendWriteDeadline gives the client the client write timeout, from now, to take what is
-// written next; never past the request's deadline. fasthttp writes each piece the relay reads
+// extendWriteDeadline gives the client at least the client write timeout, from now, to take what
+// is written next; never past the request's deadline. fasthttp writes each piece the relay reads
 // right after the read, so a deadline set at the end of each read bounds the time a client may
-// accept no byte, not the time the worker takes to produce the next one.
+// accept no byte, not the time the worker takes to produce the next one. The deadline is set an
+// eighth of the timeout further than needed and moved only once less than the timeout is left: a
+// streamed answer reads once per token, and moving a deadline is a timer's update each time.
 func (r *relayBody) extendWriteDeadline() {
+	t := r.s.opts.ClientWriteTimeout
+	if !r.writeBy.IsZero() && (r.writeBy.Equal(r.ex.deadline) || (t > 0 && time.Until(r.writeBy) >= t)) {
+		return // the client has the timeout still, or the request's deadline, which comes first
+	}
 	d := r.ex.deadline
-	if t := r.s.opts.ClientWriteTimeout; t > 0 {
-		if soon := time.Now().Add(t); soon.Before(d) {
+	if t > 0 {
+		if soon := time.Now().Add(t + t/8); soon.Before(d) {
 			d = soon
 		}
 	}

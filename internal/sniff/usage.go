@@ -7,7 +7,6 @@ package sniff
 
 import (
 	"bytes"
-	"encoding/json"
 	"sync"
 )
 
@@ -141,8 +140,7 @@ func (u *Usage) Result() Tokens {
 }
 
 // objectAt returns the JSON object data starts with (after white space), up to its closing
-// brace, found by its brackets outside strings; ok is false when it does not close. Decoding that
-// span alone, rather than streaming data into a decoder, copies nothing of what follows it.
+// brace, found by its brackets outside strings; ok is false when it does not close.
 func objectAt(data []byte) (obj []byte, ok bool) {
 	data = bytes.TrimLeft(data, " \t\r\n")
 	if len(data) == 0 || data[0] != '{' {
@@ -171,16 +169,10 @@ func objectAt(data []byte) (obj []byte, ok bool) {
 // lastUsage reads the last "usage" object in data that reports a prompt, with the output tokens
 // of the last usage object of all (an Anthropic stream counts its output once more at its end,
 // in a usage without the prompt).
-func lastUsage(data []byte) Tokens { return lastUsageBy(data, decodeObjectAt) }
+func lastUsage(data []byte) Tokens { return lastUsageBy(data, readUsageAt) }
 
-// decodeObjectAt decodes the usage object data starts with.
-func decodeObjectAt(data []byte) (u UsageObject, ok bool) {
-	obj, ok := objectAt(data)
-	return u, ok && json.Unmarshal(obj, &u) == nil
-}
-
-// lastUsageBy is lastUsage reading each usage object, which follows its key's colon, with decode.
-func lastUsageBy(data []byte, decode func([]byte) (UsageObject, bool)) Tokens {
+// lastUsageBy is lastUsage reading each usage object, which follows its key's colon, with read.
+func lastUsageBy(data []byte, read func([]byte) (Tokens, bool)) Tokens {
 	key := []byte(`"usage"`)
 	output, last := 0, true
 	for end := len(data); ; {
@@ -193,11 +185,10 @@ func lastUsageBy(data []byte, decode func([]byte) (UsageObject, bool)) Tokens {
 		if len(rest) == 0 || rest[0] != ':' {
 			continue
 		}
-		u, ok := decode(rest[1:])
+		r, ok := read(rest[1:])
 		if !ok {
 			continue
 		}
-		r := u.Tokens()
 		if last {
 			output, last = r.Output, false
 		}

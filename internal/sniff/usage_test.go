@@ -45,3 +45,14 @@ func chunks(s string, n int) func(func(string) bool) {
 		}
 	}
 }
+
+func TestReadingAUsageObjectAllocatesNothing(t *testing.T) {
+	obj := []byte(`{"prompt_tokens":100,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":64},"x":[{"a":"b"}]}`)
+	var got Tokens
+	if n := testing.AllocsPerRun(100, func() { got, _ = readUsageAt(obj) }); n != 0 {
+		t.Errorf("%v allocations per read, want 0", n)
+	}
+	if want := (Tokens{Prompt: 100, Cached: 64, Output: 5, OK: true, CachedKnown: true}); got != want {
+		t.Errorf("read %+v, want %+v", got, want)
+	}
+}

@@ -109,6 +109,43 @@ func TestPool_StaleConnectionIsResentOnANewOne(t *testing.T) {
 	}
 }
 
+// A worker that closes a connection while it sits idle in the pool (its keep-alive timeout) is
+// seen to have closed it before reuse, once the connection has been idle for closeCheckAfter: the
+// next call goes out on a new connection at once, not sent on the dead one and then again.
+func TestPool_ConnectionTheWorkerClosedWhileIdleIsNotReused(t *testing.T) {
+	w := testkit.NewRawServer(t, func(w *testkit.RawServer, c net.Conn, br *bufio.Reader) {
+		if w.Read(br) {
+			_, _ = io.WriteString(c, okAnswer) // then close, as at a keep-alive timeout
+		}
+	})
+	var resent []Failure
+	pool, err := testPools(func(f Failure) { resent = append(resent, f) }).Pool(w.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		call := newCall(&peer{})
+		resp, c, f := pool.Send(modelsRequest(w.URL), call)
+		if resp == nil {
+			t.Fatalf("call %d failed: %+v", i, f)
+		}
+		_, _ = io.ReadAll(resp.BodyStream())
+		if !call.Finish(c, resp, true) {
+			t.Fatalf("call %d: its connection did not go back to the pool", i)
+		}
+		testkit.WaitFor(t, "the worker's close to arrive", func() bool { return PeerClosed(c.raw) })
+		pool.mu.Lock()
+		pool.idle[0].idleSince = time.Now().Add(-closeCheckAfter) // idle long enough to be checked
+		pool.mu.Unlock()
+	}
+	if len(resent) != 0 {
+		t.Errorf("re-sends %+v, want none: the closed connection should not have been used", resent)
+	}
+	if n, m := w.Requests.Load(), w.Conns.Load(); n != 2 || m != 2 {
+		t.Errorf("the worker read %d requests on %d connections, want 2 on 2", n, m)
+	}
+}
+
 // Cut ends a call waiting for its answer at once, closing its connection (a worker learns so
 // that its client left), and a call that is cut before it takes a connection never sends.
 func TestCall_CutClosesTheConnectionInUse(t *testing.T) {
