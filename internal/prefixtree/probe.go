@@ -1,6 +1,10 @@
 package prefixtree
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
+)
 
 // ProbeInline is how many tenants a Probe keeps inside itself; the holds of a key held by more
 // go to the spare array its caller lends, or to a new one. A router's fleet is mostly a handful
@@ -27,7 +31,7 @@ type Probe struct {
 
 // Hold is what one tenant holds of a probed key.
 type Hold struct {
-	Tenant string
+	Tenant tenant.ID
 	// Held is how many bytes of the key the tenant holds that count (MatchTenant); Age is how
 	// old the deepest of them is (MatchTenantAt), 0 when Held is 0.
 	Held int
@@ -49,9 +53,9 @@ func (p *Probe) Holds() []Hold {
 func (p *Probe) Spill() []Hold { return p.spill }
 
 // Of is what tenant holds of the key; the zero Hold when it holds none.
-func (p *Probe) Of(tenant string) Hold {
+func (p *Probe) Of(worker tenant.ID) Hold {
 	for _, h := range p.Holds() {
-		if h.Tenant == tenant {
+		if h.Tenant == worker {
 			return h
 		}
 	}
@@ -60,7 +64,7 @@ func (p *Probe) Of(tenant string) Hold {
 
 // Holders appends to dst, sorted, every tenant holding exactly the longest prefix that counts:
 // Match's Holders. It appends none when Matched is 0.
-func (p *Probe) Holders(dst []string) []string {
+func (p *Probe) Holders(dst []tenant.ID) []tenant.ID {
 	if p.Matched == 0 {
 		return dst
 	}
@@ -76,7 +80,7 @@ func (p *Probe) Holders(dst []string) []string {
 
 // WholeHolders appends to dst, sorted, every tenant holding the whole earlier key of length
 // Whole, horizons ignored: the taught Match's WholeHolders. It appends none when Whole is 0.
-func (p *Probe) WholeHolders(dst []string) []string {
+func (p *Probe) WholeHolders(dst []tenant.ID) []tenant.ID {
 	if p.Whole == 0 {
 		return dst
 	}

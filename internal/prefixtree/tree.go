@@ -91,7 +91,7 @@ const overBudgetSlack = 10
 const tenantEntryBytes = 48
 
 // tenantCost is what interning tenant costs the heap, beyond the tenantNames slot.
-func tenantCost(tenant string) int { return allocBytes(len(tenant)) + tenantEntryBytes }
+func tenantCost(worker tenant.ID) int { return allocBytes(len(worker)) + tenantEntryBytes }
 
 // spaceEntryBytes is charged per namespace for its entry in the spaces map (key header, root
 // pointer and the map's spare slots): a map[string]*node measures 35 to 55 bytes per entry
@@ -128,8 +128,8 @@ type Tree struct {
 	tenantBytes int
 	maxBytes    int
 
-	tenantIDs   map[string]uint32
-	tenantNames []string // indexed by id; "" for a free id
+	tenantIDs   map[tenant.ID]uint32
+	tenantNames []tenant.ID // indexed by id; "" for a free id
 	freeIDs     []uint32
 	// reach is, by tenant id, how much the tenant was taught and how far back its cache is
 	// known to reach (see Reach); bounded counts the tenants whose reach is known, so that
@@ -160,13 +160,13 @@ type Match struct {
 	Matched int
 	// Holders are every tenant that holds exactly the longest matched prefix, sorted.
 	// Empty when Matched is 0.
-	Holders []string
+	Holders []tenant.ID
 	// Whole is the length of the longest key inserted before that is a prefix of this key (0
 	// if none): the part of the key that continues something the tree was given whole, such
 	// as the previous turn of the same conversation, rather than a prefix several keys share.
 	Whole int
 	// WholeHolders are every tenant that holds that whole prefix, sorted.
-	WholeHolders []string
+	WholeHolders []tenant.ID
 	// Branch is the length of the matched prefix up to the deepest point on it where keys
 	// already in the tree diverge (0 if none): the part of the match shared by several
 	// conversations, such as a common system prompt. Matched − Branch is the part that
@@ -177,19 +177,19 @@ type Match struct {
 // New returns an empty tree whose heap use, as Bytes counts it, is held to maxBytes.
 // maxBytes <= 0 means no budget: nothing is ever evicted.
 func New(maxBytes int) *Tree {
-	return &Tree{maxBytes: maxBytes, spaces: make(map[string]*node), tenantIDs: make(map[string]uint32)}
+	return &Tree{maxBytes: maxBytes, spaces: make(map[string]*node), tenantIDs: make(map[tenant.ID]uint32)}
 }
 
 // Insert records that tenant now holds key, and every prefix of it, in namespace ns, and
 // marks the path as just used. If the tree ends up more than 10% over budget it evicts down
 // to the budget, in any namespace, and returns the bytes freed, as Bytes counts them.
-func (t *Tree) Insert(ns, key, tenant string) (freed int) {
+func (t *Tree) Insert(ns, key string, worker tenant.ID) (freed int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if key == "" {
 		return 0
 	}
-	id := t.internLocked(tenant)
+	id := t.internLocked(worker)
 	t.clock++
 	now := t.clock
 
@@ -363,7 +363,7 @@ func (w *matchWalk) step(c *node, l int, full bool) {
 	}
 }
 
-func (w *matchWalk) result(names func([]holder) []string) Match {
+func (w *matchWalk) result(names func([]holder) []tenant.ID) Match {
 	if w.deepest == nil {
 		return Match{}
 	}
@@ -405,8 +405,8 @@ func (t *Tree) heldLocked(n *node) bool {
 }
 
 // allNamesLocked returns the sorted tenant names of all the holders, horizons ignored.
-func (t *Tree) allNamesLocked(holders []holder) []string {
-	names := make([]string, len(holders))
+func (t *Tree) allNamesLocked(holders []holder) []tenant.ID {
+	names := make([]tenant.ID, len(holders))
 	for i, h := range holders {
 		names[i] = t.tenantNames[h.id]
 	}
@@ -415,8 +415,8 @@ func (t *Tree) allNamesLocked(holders []holder) []string {
 }
 
 // namesLocked returns the sorted tenant names of the holders that still count.
-func (t *Tree) namesLocked(holders []holder) []string {
-	names := make([]string, 0, len(holders))
+func (t *Tree) namesLocked(holders []holder) []tenant.ID {
+	names := make([]tenant.ID, 0, len(holders))
 	for _, h := range holders {
 		if t.live(h) {
 			names = append(names, t.tenantNames[h.id])
@@ -427,18 +427,18 @@ func (t *Tree) namesLocked(holders []holder) []string {
 }
 
 // MatchTenant returns how many bytes of key tenant holds in namespace ns (0 if none).
-func (t *Tree) MatchTenant(ns, key, tenant string) int {
-	held, _ := t.MatchTenantAt(ns, key, tenant)
+func (t *Tree) MatchTenant(ns, key string, worker tenant.ID) int {
+	held, _ := t.MatchTenantAt(ns, key, worker)
 	return held
 }
 
 // MatchTenantAt returns how many bytes of key tenant holds in namespace ns, and the age of the
 // deepest of them (its oldest along the path; see Reach; 0 when it holds none), for Evicted or
 // Kept once the tenant says what it served.
-func (t *Tree) MatchTenantAt(ns, key, tenant string) (held int, age uint64) {
+func (t *Tree) MatchTenantAt(ns, key string, worker tenant.ID) (held int, age uint64) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	id, ok := t.tenantIDs[tenant]
+	id, ok := t.tenantIDs[worker]
 	n := t.spaces[ns]
 	if !ok || n == nil {
 		return 0, 0
@@ -471,7 +471,7 @@ func (t *Tree) MatchTenantAt(ns, key, tenant string) (held int, age uint64) {
 
 // Holding is how many bytes of a key one tenant holds.
 type Holding struct {
-	Tenant string
+	Tenant tenant.ID
 	Held   int
 }
 
@@ -528,10 +528,10 @@ func (t *Tree) Holdings(ns, key string, dst []Holding) []Holding {
 // Evicted records that tenant's cache no longer holds what it last used age ago (a
 // MatchTenantAt reading): its holds that old or older stop counting in every lookup, until an
 // Insert uses them again. The holds themselves stay until the tree evicts them.
-func (t *Tree) Evicted(tenant string, age uint64) {
+func (t *Tree) Evicted(worker tenant.ID, age uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	id, ok := t.tenantIDs[tenant]
+	id, ok := t.tenantIDs[worker]
 	if !ok {
 		return
 	}
@@ -546,20 +546,20 @@ func (t *Tree) Evicted(tenant string, age uint64) {
 
 // Kept records that tenant's cache reaches further back than its horizon said (it served more
 // from cache than predicted): the horizon grows by a quarter.
-func (t *Tree) Kept(tenant string) {
+func (t *Tree) Kept(worker tenant.ID) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if id, ok := t.tenantIDs[tenant]; ok && int(id) < len(t.reach) && t.reach[id].Horizon != 0 {
+	if id, ok := t.tenantIDs[worker]; ok && int(id) < len(t.reach) && t.reach[id].Horizon != 0 {
 		r := &t.reach[id]
 		r.Horizon += max(r.Horizon/4, 1)
 	}
 }
 
 // ReachOf returns what the tree knows of tenant's cache.
-func (t *Tree) ReachOf(tenant string) Reach {
+func (t *Tree) ReachOf(worker tenant.ID) Reach {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	if id, ok := t.tenantIDs[tenant]; ok && int(id) < len(t.reach) {
+	if id, ok := t.tenantIDs[worker]; ok && int(id) < len(t.reach) {
 		return t.reach[id]
 	}
 	return Reach{}
@@ -617,10 +617,10 @@ func (t *Tree) evictLocked() int {
 
 // RemoveTenant drops tenant from every node of every namespace, prunes the nodes nobody holds
 // any more (and the namespaces left empty) and returns the bytes freed, as Bytes counts them.
-func (t *Tree) RemoveTenant(tenant string) int {
+func (t *Tree) RemoveTenant(worker tenant.ID) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	id, ok := t.tenantIDs[tenant]
+	id, ok := t.tenantIDs[worker]
 	if !ok {
 		return 0
 	}
@@ -635,7 +635,7 @@ func (t *Tree) RemoveTenantsWithBase(base string) int {
 	defer t.mu.Unlock()
 	var ids []uint32
 	for name, id := range t.tenantIDs {
-		if tenant.HasBase(name, base) {
+		if tenant.HasBase(string(name), base) {
 			ids = append(ids, id)
 		}
 	}
@@ -670,10 +670,10 @@ func (t *Tree) RemoveTenantsWithBase(base string) int {
 // Key-end markers need no clearing: a node that survives still has a holder, and every holder
 // of a node holds the whole path down to it, so a marker left on a surviving node still marks
 // a key the tree was given and that is held whole; markers on pruned nodes go with them.
-func (t *Tree) Release(ns, key, tenant string, held int) (freed int) {
+func (t *Tree) Release(ns, key string, worker tenant.ID, held int) (freed int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	id, ok := t.tenantIDs[tenant]
+	id, ok := t.tenantIDs[worker]
 	n := t.spaces[ns]
 	if !ok || n == nil || held >= len(key) {
 		return 0
@@ -771,21 +771,21 @@ func (t *Tree) dropSubtreeLocked(n *node) {
 }
 
 // internLocked returns tenant's id, assigning one (reusing ids of removed tenants) if new.
-func (t *Tree) internLocked(tenant string) uint32 {
-	if id, ok := t.tenantIDs[tenant]; ok {
+func (t *Tree) internLocked(worker tenant.ID) uint32 {
+	if id, ok := t.tenantIDs[worker]; ok {
 		return id
 	}
-	tenant = strings.Clone(tenant)
+	worker = tenant.ID(strings.Clone(string(worker)))
 	var id uint32
 	if n := len(t.freeIDs); n > 0 {
 		id = t.freeIDs[n-1]
 		t.freeIDs = t.freeIDs[:n-1]
-		t.tenantNames[id] = tenant
+		t.tenantNames[id] = worker
 	} else {
 		id = uint32(len(t.tenantNames))
-		t.tenantNames = append(t.tenantNames, tenant)
+		t.tenantNames = append(t.tenantNames, worker)
 	}
-	t.tenantIDs[tenant] = id
-	t.tenantBytes += tenantCost(tenant)
+	t.tenantIDs[worker] = id
+	t.tenantBytes += tenantCost(worker)
 	return id
 }

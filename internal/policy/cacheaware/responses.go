@@ -8,6 +8,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/reqkey"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -45,16 +46,17 @@ func responseKey(id string) string {
 
 // ResponseStored records that w produced the stored response id, for the session TTL.
 func (p *Policy) ResponseStored(ctx context.Context, id string, w *workers.Worker) {
-	_ = p.store.Set(ctx, responseNamespace, responseKey(id), producedBy+w.Tenant())
+	_ = p.store.Set(ctx, responseNamespace, responseKey(id), producedBy+string(w.ID()))
 }
 
-// ResponseHolder returns the tenant that produced response id, if the store knows it.
-func (p *Policy) ResponseHolder(ctx context.Context, id string) (string, bool) {
+// ResponseHolder returns the worker that produced response id, if the store knows it.
+func (p *Policy) ResponseHolder(ctx context.Context, id string) (tenant.ID, bool) {
 	v, ok, err := p.store.Get(ctx, responseNamespace, responseKey(id))
 	if err != nil || !ok {
 		return "", false
 	}
-	return strings.CutPrefix(v, producedBy)
+	worker, ok := strings.CutPrefix(v, producedBy)
+	return tenant.ID(worker), ok
 }
 
 // ResponseDeleted forgets response id.
