@@ -302,7 +302,7 @@ func (p *Policy) Accepted(in policy.Input, dec policy.Decision) {
 		p.report(evictedTree, p.tree.RemoveTenant(t))
 	}
 	if d.key != "" && dec.Label != LabelSessionMatch {
-		_ = p.store.Set(d.ctx, d.model, d.key, string(dec.Worker.ID()))
+		_ = p.store.Set(d.ctx, d.model, d.key, dec.Worker.ID())
 	}
 	if d.text != "" {
 		p.report(evictedTree, p.tree.Insert(d.model, d.text, dec.Worker.ID()))
@@ -351,7 +351,7 @@ func (p *Policy) unlearn(in policy.Input, dec policy.Decision) {
 	if d.key == "" {
 		return
 	}
-	if stored, ok, err := p.store.Get(d.ctx, d.model, d.key); err == nil && ok && tenant.ID(stored) == dec.Worker.ID() {
+	if worker, ok, err := p.store.Get(d.ctx, d.model, d.key); err == nil && ok && worker == dec.Worker.ID() {
 		_ = p.store.Delete(d.ctx, d.model, d.key)
 	}
 }

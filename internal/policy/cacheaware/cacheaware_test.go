@@ -280,7 +280,7 @@ func TestSessionOnUnhealthyWorkerIsDroppedAndReplaced(t *testing.T) {
 	if d.Worker == home || d.Label == LabelSessionMatch {
 		t.Fatalf("%s on %s", d.Label, d.Worker.ID())
 	}
-	if tenant, _, _ := p.store.Get(context.Background(), "m", "session:s"); tenant != string(d.Worker.ID()) {
+	if tenant, _, _ := p.store.Get(context.Background(), "m", "session:s"); tenant != d.Worker.ID() {
 		t.Fatalf("session points at %q, want the new worker %s", tenant, d.Worker.ID())
 	}
 }

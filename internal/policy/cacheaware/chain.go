@@ -144,7 +144,7 @@ func (p *Policy) sessionWorker(d *decision) *workers.Worker {
 		d.sessionLooked = true
 		if d.key != "" {
 			if worker, ok, err := p.store.Get(d.ctx, d.model, d.key); err == nil && ok {
-				d.session = candidate(d.in.Candidates, tenant.ID(worker))
+				d.session = candidate(d.in.Candidates, worker)
 			}
 		}
 	}

@@ -62,7 +62,7 @@ func TestFailedAttemptDoesNotKeepTheSessionPinned(t *testing.T) {
 	// Success and cancellation keep what Accepted taught.
 	for _, o := range []workers.Outcome{workers.Succeeded, workers.Cancelled} {
 		d := attempt(p, in, o)
-		if tenant, ok, _ := p.store.Get(context.Background(), "m", r.SessionKey); !ok || tenant != string(d.Worker.ID()) {
+		if tenant, ok, _ := p.store.Get(context.Background(), "m", r.SessionKey); !ok || tenant != d.Worker.ID() {
 			t.Fatalf("after %s the session points at %q, want %s", o, tenant, d.Worker.ID())
 		}
 	}

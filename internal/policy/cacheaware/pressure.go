@@ -180,11 +180,10 @@ func (p *Policy) place(d *decision) policy.Decision {
 // is taken as resident there, its working set unknown: the store's word is the best there is,
 // and the turn makes the session known here.
 func (p *Policy) resident(d *decision, rec *sessionRecord, s residency.Session, known bool) (*workers.Worker, int, bool) {
-	stored, ok, err := p.store.Get(d.ctx, d.model, d.key)
+	id, ok, err := p.store.Get(d.ctx, d.model, d.key)
 	if err != nil || !ok {
 		return nil, 0, false
 	}
-	id := tenant.ID(stored)
 	held := 0
 	if known && s.Worker == id {
 		if !s.Resident {

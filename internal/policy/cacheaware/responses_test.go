@@ -40,7 +40,7 @@ func TestContinuationDoesNotTeachItsInputAsAHistory(t *testing.T) {
 		t.Fatalf("the tree learned %d chars of a continuation's partial input", p.TreeChars())
 	}
 	// Its conversation id is a session key like any other: it follows the worker.
-	if tenant, ok, _ := p.store.Get(context.Background(), "m", "session:conv"); !ok || tenant != string(ws[0].ID()) {
+	if tenant, ok, _ := p.store.Get(context.Background(), "m", "session:conv"); !ok || tenant != ws[0].ID() {
 		t.Fatalf("conversation session points at %q, want %s", tenant, ws[0].ID())
 	}
 }
