@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/prefixtree"
 	"github.com/cacheroute/cacheroute/internal/protocol"
 	"github.com/cacheroute/cacheroute/internal/session"
 	"github.com/cacheroute/cacheroute/internal/tenant"
@@ -68,10 +69,17 @@ func route(p *Policy, pool *workers.Pool, r *protocol.Request) policy.Decision {
 	return d
 }
 
-// heldBy is how many bytes of r's history key the tree says tenant holds.
+// heldBy is how many bytes of r's history key the tree says worker holds.
 func heldBy(p *Policy, r *protocol.Request, worker tenant.ID) int {
 	d := newDecision(policy.Input{Request: r, Model: r.Model})
-	return p.tree.MatchTenant(d.model, d.text, worker)
+	return holdOf(p, d.model, d.text, worker).Held
+}
+
+// holdOf is what the tree says worker holds of key in namespace ns.
+func holdOf(p *Policy, ns, key string, worker tenant.ID) prefixtree.Hold {
+	var probe prefixtree.Probe
+	p.tree.Probe(&probe, ns, key, nil)
+	return probe.Of(worker)
 }
 
 // chat renders a conversation body: system prompt, then the given user/assistant turns.

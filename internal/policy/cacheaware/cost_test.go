@@ -116,7 +116,7 @@ func TestCostMode_ChoosesTheLeastCostlyWorker(t *testing.T) {
 		in := policy.Input{Context: context.Background(), Request: r, Model: "m", Candidates: ws, All: ws}
 		d := p.Select(in)
 		cost := func(w *workers.Worker) int64 {
-			held := p.tree.MatchTenant("m", r.Text, w.ID()) / blockBytes * blockBytes
+			held := holdOf(p, "m", r.Text, w.ID()).Held / blockBytes * blockBytes
 			return w.Load()*1024*bytesPerToken + int64(len(r.Text)-held)
 		}
 		if d.Label == LabelLoadBalance {

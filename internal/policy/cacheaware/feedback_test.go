@@ -118,7 +118,7 @@ func TestEvictedWorkerStillGetsTheNextTurnOfItsOwnConversation(t *testing.T) {
 	turn1 := chat(system, []string{"fix the bug"}, "")
 	selectCommit(t, p, ws[:1], turn1)
 	selectCommit(t, p, ws[:1], chat(strings.Repeat("Other work. ", 400), []string{"q"}, ""))
-	_, age := p.tree.MatchTenantAt("m", req(t, turn1).Text, ws[0].ID())
+	age := holdOf(p, "m", req(t, turn1).Text, ws[0].ID()).Age
 	p.tree.Evicted(ws[0].ID(), age) // the worker lost the first conversation
 	reserve(t, ws[0], 1)            // and is busier than the other
 
