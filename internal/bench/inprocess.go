@@ -38,7 +38,7 @@ func startRouter(ctx context.Context, cfg config.Config, name string, ps *ports)
 	for _, w := range r.Pool().All() {
 		if !w.Healthy() {
 			lr.stop()
-			return nil, fmt.Errorf("router %s: worker %s did not answer its health check", name, w.Tenant())
+			return nil, fmt.Errorf("router %s: worker %s did not answer its health check", name, w.Name())
 		}
 	}
 	return lr, nil

@@ -17,6 +17,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/metrics"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -290,7 +291,7 @@ func (d *Dashboard) Data(ctx context.Context) Data {
 	}
 
 	scraped := out.LoadSignal == workers.SignalEngine
-	streams := map[string]kvevents.Status{}
+	streams := map[tenant.ID]kvevents.Status{}
 	if d.opts.KVEvents != nil {
 		for _, st := range d.opts.KVEvents() {
 			streams[st.Worker] = st
@@ -321,7 +322,7 @@ func (d *Dashboard) Data(ctx context.Context) Data {
 				info.Scrape.AgeSeconds = &age
 			}
 		}
-		if st, ok := streams[w.Name()]; ok {
+		if st, ok := streams[w.ID()]; ok {
 			info.KVEvents = &KVEvents{Complete: st.Complete, Blocks: st.Blocks, Batches: st.Batches, Gaps: st.Gaps, Resyncs: st.Resyncs}
 			if !st.LastEvent.IsZero() {
 				age := max(time.Since(st.LastEvent), 0).Round(time.Millisecond).Seconds()

@@ -208,7 +208,7 @@ func startRig(t *testing.T, policy string) *rig {
 	testkit.Go(t, cancel, func() error { return r.Serve(ctx, ln, nil) })
 	for _, w := range r.Pool().All() {
 		if !w.Healthy() {
-			t.Fatalf("worker %s did not answer its health check", w.Tenant())
+			t.Fatalf("worker %s did not answer its health check", w.ID())
 		}
 	}
 	return &rig{fleet: fleet, url: "http://" + ln.Addr().String(), accessLog: cfg.AccessLog, trap: startTrap(t)}

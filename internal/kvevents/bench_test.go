@@ -3,6 +3,8 @@ package kvevents
 import (
 	"runtime"
 	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
 )
 
 // benchBatch is a batch as an engine under agent traffic sends it: 32 events, each storing four
@@ -51,7 +53,7 @@ func BenchmarkDecode(b *testing.B) {
 // perBlockBytes) over a million blocks on 8 workers, and the cost of applying a store.
 func BenchmarkIndexBytesPerBlock(b *testing.B) {
 	const blocks = 1 << 20
-	workers := []string{"w0", "w1", "w2", "w3", "w4", "w5", "w6", "w7"}
+	workers := []tenant.ID{"w0", "w1", "w2", "w3", "w4", "w5", "w6", "w7"}
 	tokens := make([]uint32, 16)
 	for b.Loop() {
 		runtime.GC()

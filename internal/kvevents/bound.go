@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/go-zeromq/zmq4"
 )
 
@@ -48,7 +49,7 @@ type Bound struct {
 	apply sync.Mutex
 
 	mu         sync.Mutex
-	workers    map[string]*boundSub // by worker name
+	workers    map[tenant.ID]*boundSub
 	byTopic    map[string]*boundSub
 	byHostPort map[string]*boundSub
 }
@@ -63,7 +64,7 @@ func NewBound(endpoint string, index *Index, log *slog.Logger) *Bound {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	b := &Bound{endpoint: endpoint, index: index, log: log, workers: map[string]*boundSub{},
+	b := &Bound{endpoint: endpoint, index: index, log: log, workers: map[tenant.ID]*boundSub{},
 		byTopic: map[string]*boundSub{}, byHostPort: map[string]*boundSub{}}
 	b.connLimit.Store(boundConnections(0))
 	return b
@@ -170,7 +171,7 @@ func (b *Bound) Sync(want []BoundWorker) {
 	defer b.apply.Unlock()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	wanted := make(map[string]BoundWorker, len(want))
+	wanted := make(map[tenant.ID]BoundWorker, len(want))
 	for _, w := range want {
 		wanted[w.Worker] = w
 	}
@@ -213,7 +214,7 @@ func sameBound(a, b BoundWorker) bool {
 	return true
 }
 
-// Status reports every worker read from the socket, by worker name.
+// Status reports every worker read from the socket, by worker.
 func (b *Bound) Status() []Status {
 	b.mu.Lock()
 	defer b.mu.Unlock()

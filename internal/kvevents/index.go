@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -43,13 +44,13 @@ type Index struct {
 	mu      sync.RWMutex
 	budget  int64 // bytes for all workers together
 	used    int64
-	workers map[string]*held
+	workers map[tenant.ID]*held
 }
 
 // NewIndex returns an empty index bounded by budget bytes for all workers together; past it, the
 // blocks stored longest ago by the worker holding the most are forgotten first.
 func NewIndex(budget int64) *Index {
-	return &Index{budget: budget, workers: map[string]*held{}}
+	return &Index{budget: budget, workers: map[tenant.ID]*held{}}
 }
 
 type engineKey struct {
@@ -102,7 +103,7 @@ type ApplyResult struct {
 }
 
 // Apply applies a worker's batch. model is the model the worker serves.
-func (x *Index) Apply(worker, model string, b Batch) ApplyResult {
+func (x *Index) Apply(worker tenant.ID, model string, b Batch) ApplyResult {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	h := x.workers[worker]
@@ -265,7 +266,7 @@ func (x *Index) evict() {
 }
 
 // Match returns how many of keys, from the first, the worker holds.
-func (x *Index) Match(worker string, keys []uint64) Match {
+func (x *Index) Match(worker tenant.ID, keys []uint64) Match {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	h := x.workers[worker]
@@ -289,7 +290,7 @@ func (x *Index) Match(worker string, keys []uint64) Match {
 // BlockSize is the tokens per block of the worker's engine, from its stored blocks; 0 before the
 // first, or since the worker was forgotten. An AllBlocksCleared keeps it: the engine is still
 // known, and holds nothing.
-func (x *Index) BlockSize(worker string) int {
+func (x *Index) BlockSize(worker tenant.ID) int {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	if h := x.workers[worker]; h != nil {
@@ -299,7 +300,7 @@ func (x *Index) BlockSize(worker string) int {
 }
 
 // Blocks is the number of blocks indexed for worker.
-func (x *Index) Blocks(worker string) int {
+func (x *Index) Blocks(worker tenant.ID) int {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	if h := x.workers[worker]; h != nil {
@@ -317,7 +318,7 @@ func (x *Index) Bytes() int64 {
 
 // Forget drops everything indexed for worker: it left the fleet, or its stream can no longer be
 // trusted (a sequence gap without replay, a publisher restart).
-func (x *Index) Forget(worker string) {
+func (x *Index) Forget(worker tenant.ID) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if h := x.workers[worker]; h != nil {

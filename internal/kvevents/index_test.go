@@ -3,13 +3,15 @@ package kvevents
 import (
 	"runtime"
 	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
 )
 
 const bs = 16
 
 // chain stores n blocks of consecutive tokens from start on worker w, hashes base+1 … base+n,
 // the first after parent (nil: a sequence's first block).
-func chain(t *testing.T, x *Index, w, model string, parent any, base, start, n int, extra ...any) ApplyResult {
+func chain(t *testing.T, x *Index, w tenant.ID, model string, parent any, base, start, n int, extra ...any) ApplyResult {
 	t.Helper()
 	hashes := make([]any, n)
 	for i := range hashes {
@@ -165,7 +167,7 @@ func TestIndexStaysWithinItsBudgetUnderAFlood(t *testing.T) {
 	x := NewIndex(budget)
 	// Three workers store ten times what the budget holds, with removals in between.
 	for round := range 50 {
-		for w, name := range []string{"w1", "w2", "w3"} {
+		for w, name := range []tenant.ID{"w1", "w2", "w3"} {
 			base := (round*3 + w) * 100
 			chain(t, x, name, "m", nil, base, base, 100)
 			x.Apply(name, "m", decode(t, encodeArrays(t, nil, wireRemoved{hashes: []any{base + 50}})))

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
 )
 
 // Set runs one Subscriber per worker into one Index. Sync makes the running set the wanted one:
@@ -22,7 +24,7 @@ type Set struct {
 	log   *slog.Logger
 
 	mu    sync.Mutex
-	subs  map[string]*running
+	subs  map[tenant.ID]*running
 	bound *Bound    // the publishers that dial the router; nil without --kv-events-bind
 	drops PeerDrops // of the dialled streams and their replays
 }
@@ -39,7 +41,7 @@ func NewSet(index *Index, log *slog.Logger) *Set {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Set{index: index, log: log, subs: map[string]*running{}}
+	return &Set{index: index, log: log, subs: map[tenant.ID]*running{}}
 }
 
 // Bind adds the streams of b, read from the endpoint publishers dial, to the set's Status and
@@ -80,7 +82,7 @@ func (s *Set) Index() *Index { return s.index }
 func (s *Set) Sync(ctx context.Context, want []Source) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	wanted := make(map[string]Source, len(want))
+	wanted := make(map[tenant.ID]Source, len(want))
 	for _, src := range want {
 		wanted[src.Worker] = src
 	}
@@ -103,7 +105,7 @@ func (s *Set) Sync(ctx context.Context, want []Source) {
 }
 
 // stop ends one subscriber and forgets its worker's blocks; s.mu is held.
-func (s *Set) stop(name string, r *running) {
+func (s *Set) stop(name tenant.ID, r *running) {
 	r.cancel()
 	<-r.done
 	delete(s.subs, name)
@@ -124,7 +126,7 @@ func (s *Set) Close() {
 
 // Status is one worker's stream and index, for metrics and the status page.
 type Status struct {
-	Worker                                                                      string
+	Worker                                                                      tenant.ID
 	Endpoint, Replay                                                            string // dialled ("" Replay: none)
 	Complete                                                                    bool
 	Blocks                                                                      int
@@ -133,7 +135,7 @@ type Status struct {
 	Orphans                                                                     int64 // stored blocks not indexed
 }
 
-// Status reports every running subscriber, by worker name.
+// Status reports every running subscriber, by worker.
 func (s *Set) Status() []Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -149,7 +151,7 @@ func (s *Set) Status() []Status {
 }
 
 // status is the subscriber's Status as worker name's stream from endpoint.
-func (sub *Subscriber) status(name, endpoint string, index *Index) Status {
+func (sub *Subscriber) status(name tenant.ID, endpoint string, index *Index) Status {
 	st := &sub.Stats
 	return Status{
 		Worker: name, Endpoint: endpoint, Replay: sub.src.Replay, Complete: sub.Complete(), Blocks: index.Blocks(name), LastEvent: st.LastEvent(),

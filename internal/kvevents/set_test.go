@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/cacheroute/cacheroute/internal/kvevents/kvtest"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
@@ -18,10 +19,10 @@ func TestSetRunsASubscriberPerWantedWorkerAndForgetsTheRemovedOnes(t *testing.T)
 	set.Sync(ctx, []Source{{Worker: "w1", Endpoint: p1.Endpoint}, {Worker: "w2", Endpoint: p2.Endpoint}})
 	for _, c := range []struct {
 		p    *kvtest.Publisher
-		name string
+		name tenant.ID
 		base int
 	}{{p1, "w1", 0}, {p2, "w2", 100}} {
-		testkit.WaitFor(t, "blocks on "+c.name, func() bool {
+		testkit.WaitFor(t, "blocks on "+string(c.name), func() bool {
 			c.p.Send(stores(t, nil, c.base, 1), false) // until the subscriber joined; repeats re-store the block
 			return x.Blocks(c.name) == 1
 		})

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/go-zeromq/zmq4"
 )
 
@@ -31,11 +32,11 @@ import (
 
 // Source is one worker's event stream.
 type Source struct {
-	Worker   string // the worker's name in the index
-	Model    string // the model it serves, the root of its blocks' keys
-	Endpoint string // its PUB socket, tcp://host:port
-	Replay   string // its replay ROUTER socket, or "" when it has none
-	Topic    string // the topic prefix to subscribe to; "" for every message
+	Worker   tenant.ID // the worker's key in the index
+	Model    string    // the model it serves, the root of its blocks' keys
+	Endpoint string    // its PUB socket, tcp://host:port
+	Replay   string    // its replay ROUTER socket, or "" when it has none
+	Topic    string    // the topic prefix to subscribe to; "" for every message
 }
 
 // Stats count what a subscriber saw; they only grow.

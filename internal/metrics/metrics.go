@@ -438,7 +438,7 @@ func (c *kvEventsCollector) Collect(ch chan<- prometheus.Metric) {
 	now := time.Now()
 	for _, st := range (*source).Status() {
 		counter := func(d *prometheus.Desc, v int64) {
-			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), st.Worker)
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), st.Worker.Redacted())
 		}
 		counter(kvBatchesDesc, st.Batches)
 		counter(kvEventsDesc, st.Events)
@@ -447,14 +447,14 @@ func (c *kvEventsCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(kvReplaysDesc, st.Replays)
 		counter(kvResyncsDesc, st.Resyncs)
 		counter(kvOrphansDesc, st.Orphans)
-		ch <- prometheus.MustNewConstMetric(kvBlocksDesc, prometheus.GaugeValue, float64(st.Blocks), st.Worker)
+		ch <- prometheus.MustNewConstMetric(kvBlocksDesc, prometheus.GaugeValue, float64(st.Blocks), st.Worker.Redacted())
 		complete := 0.0
 		if st.Complete {
 			complete = 1
 		}
-		ch <- prometheus.MustNewConstMetric(kvCompleteDesc, prometheus.GaugeValue, complete, st.Worker)
+		ch <- prometheus.MustNewConstMetric(kvCompleteDesc, prometheus.GaugeValue, complete, st.Worker.Redacted())
 		if !st.LastEvent.IsZero() {
-			ch <- prometheus.MustNewConstMetric(kvAgeDesc, prometheus.GaugeValue, now.Sub(st.LastEvent).Seconds(), st.Worker)
+			ch <- prometheus.MustNewConstMetric(kvAgeDesc, prometheus.GaugeValue, now.Sub(st.LastEvent).Seconds(), st.Worker.Redacted())
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(kvIndexBytesDesc, prometheus.GaugeValue, float64((*source).Index().Bytes()))

@@ -96,7 +96,7 @@ func (p *ConsistentHash) ringFor(all []*workers.Worker) *ring {
 	r := &ring{members: slices.Clone(all), points: make([]ringPoint, 0, len(all)*VirtualNodes)}
 	for _, w := range all {
 		for v := range VirtualNodes {
-			r.points = append(r.points, ringPoint{hash: Hash64(w.Tenant() + "#" + strconv.Itoa(v)), worker: w})
+			r.points = append(r.points, ringPoint{hash: Hash64(string(w.ID()) + "#" + strconv.Itoa(v)), worker: w})
 		}
 	}
 	slices.SortFunc(r.points, func(a, b ringPoint) int {
@@ -137,7 +137,7 @@ func RendezvousPick(key string, candidates []*workers.Worker) *workers.Worker {
 	var best *workers.Worker
 	var bestScore uint64
 	for _, w := range candidates {
-		if s := mix64(k ^ Hash64(w.Tenant())); best == nil || s > bestScore {
+		if s := mix64(k ^ Hash64(string(w.ID()))); best == nil || s > bestScore {
 			best, bestScore = w, s
 		}
 	}

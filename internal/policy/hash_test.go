@@ -9,6 +9,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/protocol"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -44,10 +45,10 @@ func TestConsistentHashIsDeterministic(t *testing.T) {
 	for _, k := range keys(500) {
 		w := pick(a, k, all, all)
 		if again := pick(a, k, all, all); again != w {
-			t.Fatalf("key %q: %s then %s", k, w.Tenant(), again.Tenant())
+			t.Fatalf("key %q: %s then %s", k, w.ID(), again.ID())
 		}
 		if other := pick(b, k, all, all); other != w {
-			t.Fatalf("key %q: two policy instances disagree (%s, %s)", k, w.Tenant(), other.Tenant())
+			t.Fatalf("key %q: two policy instances disagree (%s, %s)", k, w.ID(), other.ID())
 		}
 		if perm := pick(a, k, shuffled(all, r), all); perm != w {
 			t.Fatalf("key %q: candidate order changed the pick", k)
@@ -62,8 +63,8 @@ func TestConsistentHashAgreesAcrossReplicas(t *testing.T) {
 	for _, k := range keys(300) {
 		w1 := pick(a, k, p1.All(), p1.All())
 		w2 := pick(b, k, p2.All(), p2.All())
-		if w1.Tenant() != w2.Tenant() {
-			t.Fatalf("key %q: replica 1 %s, replica 2 %s", k, w1.Tenant(), w2.Tenant())
+		if w1.ID() != w2.ID() {
+			t.Fatalf("key %q: replica 1 %s, replica 2 %s", k, w1.ID(), w2.ID())
 		}
 	}
 }
@@ -79,7 +80,7 @@ func TestConsistentHashSpreadsKeys(t *testing.T) {
 	}
 	for _, w := range all {
 		if c := got[w]; c < n/8/2 || c > n/8*2 { // even share 2000
-			t.Errorf("%s owns %d of %d keys; want within [%d, %d]", w.Tenant(), c, n, n/16, n/4)
+			t.Errorf("%s owns %d of %d keys; want within [%d, %d]", w.ID(), c, n, n/16, n/4)
 		}
 	}
 }
@@ -105,7 +106,7 @@ func TestConsistentHashAddingAWorkerMovesAMinorityOnlyToIt(t *testing.T) {
 		if w != owner[k] {
 			moved++
 			if w != added[0] {
-				t.Fatalf("key %q moved from %s to %s, not to the new worker", k, owner[k].Tenant(), w.Tenant())
+				t.Fatalf("key %q moved from %s to %s, not to the new worker", k, owner[k].ID(), w.ID())
 			}
 		}
 	}
@@ -131,7 +132,7 @@ func TestConsistentHashRemovingAWorkerMovesOnlyItsKeys(t *testing.T) {
 	for k, was := range owner {
 		now := pick(ch, k, rest, rest)
 		if was != gone && now != was {
-			t.Fatalf("key %q moved from %s to %s though its owner stayed", k, was.Tenant(), now.Tenant())
+			t.Fatalf("key %q moved from %s to %s though its owner stayed", k, was.ID(), now.ID())
 		}
 		if now == gone {
 			t.Fatalf("key %q still on the removed worker", k)
@@ -161,15 +162,15 @@ func TestConsistentHashUnavailableOwnerWalksToNextRingNode(t *testing.T) {
 			ringsWithout[owner] = policy.NewConsistentHash()
 		}
 		if want := pick(ringsWithout[owner], k, cands, cands); fb != want {
-			t.Fatalf("key %q: fallback %s, but the next node on the ring is %s", k, fb.Tenant(), want.Tenant())
+			t.Fatalf("key %q: fallback %s, but the next node on the ring is %s", k, fb.ID(), want.ID())
 		}
 		// Stable: again, from another candidate order, and with the ring already built.
 		if again := pick(ch, k, shuffled(cands, r), all); again != fb {
-			t.Fatalf("key %q: fallback moved from %s to %s", k, fb.Tenant(), again.Tenant())
+			t.Fatalf("key %q: fallback moved from %s to %s", k, fb.ID(), again.ID())
 		}
 		// Keys whose owner is healthy do not move when some other worker is unavailable.
 		if other := pick(ch, k, without(all, fb), all); other != owner {
-			t.Fatalf("key %q: owner %s available but got %s", k, owner.Tenant(), other.Tenant())
+			t.Fatalf("key %q: owner %s available but got %s", k, owner.ID(), other.ID())
 		}
 		if fallbacks[owner] == nil {
 			fallbacks[owner] = map[*workers.Worker]int{}
@@ -179,7 +180,7 @@ func TestConsistentHashUnavailableOwnerWalksToNextRingNode(t *testing.T) {
 	// One owner's keys spread over several fallbacks, as its virtual nodes neighbour many others.
 	for owner, fbs := range fallbacks {
 		if len(fbs) < 4 {
-			t.Errorf("keys of %s fall back to only %d workers: %v", owner.Tenant(), len(fbs), fbs)
+			t.Errorf("keys of %s fall back to only %d workers: %v", owner.ID(), len(fbs), fbs)
 		}
 	}
 }
@@ -195,7 +196,7 @@ func TestConsistentHashSkipsEveryUnavailableOwnerInTurn(t *testing.T) {
 		for len(cands) > 1 {
 			w := pick(ch, k, cands, all)
 			if want := pick(policy.NewConsistentHash(), k, cands, cands); w != want {
-				t.Fatalf("key %q with %d candidates: %s, want %s", k, len(cands), w.Tenant(), want.Tenant())
+				t.Fatalf("key %q with %d candidates: %s, want %s", k, len(cands), w.ID(), want.ID())
 			}
 			cands = without(cands, w)
 		}
@@ -206,9 +207,9 @@ func TestConsistentHashDataParallelRanksAreDistinctNodes(t *testing.T) {
 	p := newFleet(t, 2, 4)
 	all := p.All()
 	ch := policy.NewConsistentHash()
-	got := map[string]int{}
+	got := map[tenant.ID]int{}
 	for _, k := range keys(4000) {
-		got[pick(ch, k, all, all).Tenant()]++
+		got[pick(ch, k, all, all).ID()]++
 	}
 	if len(got) != 8 {
 		t.Errorf("keys landed on %d of 8 tenants: %v", len(got), got)
@@ -235,7 +236,7 @@ func TestConsistentHashRebuildsOnMembershipChange(t *testing.T) {
 	fresh := policy.NewConsistentHash()
 	for _, k := range keys(1000) {
 		if a, b := pick(ch, k, all, all), pick(fresh, k, all, all); a != b {
-			t.Fatalf("key %q: %s from the reused policy, %s from a fresh ring", k, a.Tenant(), b.Tenant())
+			t.Fatalf("key %q: %s from the reused policy, %s from a fresh ring", k, a.ID(), b.ID())
 		}
 	}
 }
@@ -254,7 +255,7 @@ func TestRendezvousPicksTheHighestScore(t *testing.T) {
 		// The maximum beats every other worker head to head, and any subset containing it.
 		for _, w := range all {
 			if w != best && policy.RendezvousPick(k, []*workers.Worker{w, best}) != best {
-				t.Fatalf("key %q: %s wins against the overall pick %s", k, w.Tenant(), best.Tenant())
+				t.Fatalf("key %q: %s wins against the overall pick %s", k, w.ID(), best.ID())
 			}
 		}
 		sub := shuffled(all, r)[:1+r.IntN(len(all))]
@@ -279,7 +280,7 @@ func TestRendezvousSpreadsKeys(t *testing.T) {
 	}
 	for _, w := range all {
 		if c := got[w]; c < n/16 || c > n/4 {
-			t.Errorf("%s owns %d of %d keys", w.Tenant(), c, n)
+			t.Errorf("%s owns %d of %d keys", w.ID(), c, n)
 		}
 	}
 }
@@ -292,7 +293,7 @@ func TestRendezvousOnlyTheRemovedWorkersKeysMove(t *testing.T) {
 	for _, k := range keys(6000) {
 		was, now := policy.RendezvousPick(k, all), policy.RendezvousPick(k, rest)
 		if was != gone && now != was {
-			t.Fatalf("key %q moved from %s to %s though its owner stayed", k, was.Tenant(), now.Tenant())
+			t.Fatalf("key %q moved from %s to %s though its owner stayed", k, was.ID(), now.ID())
 		}
 		if was == gone {
 			moved++
@@ -388,7 +389,7 @@ func TestPoliciesSelectConcurrentlyWhileMembershipChanges(t *testing.T) {
 	<-done
 	for _, w := range p.All() {
 		if w.Load() != 0 {
-			t.Errorf("%s load %d after every lease was released", w.Tenant(), w.Load())
+			t.Errorf("%s load %d after every lease was released", w.ID(), w.Load())
 		}
 	}
 }

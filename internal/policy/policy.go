@@ -66,6 +66,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/admission"
 	"github.com/cacheroute/cacheroute/internal/protocol"
 	"github.com/cacheroute/cacheroute/internal/reqkey"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -244,8 +245,8 @@ func (Base) State() State                                      { return nil }
 type ResponseStore interface {
 	// ResponseStored records that w produced the stored response id.
 	ResponseStored(ctx context.Context, id string, w *workers.Worker)
-	// ResponseHolder returns the tenant that produced response id, if known.
-	ResponseHolder(ctx context.Context, id string) (tenant string, ok bool)
+	// ResponseHolder returns the worker that produced response id, if known.
+	ResponseHolder(ctx context.Context, id string) (worker tenant.ID, ok bool)
 	// ResponseDeleted forgets id, once its worker deleted it.
 	ResponseDeleted(ctx context.Context, id string)
 }

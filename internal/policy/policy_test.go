@@ -8,6 +8,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/protocol"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -33,16 +34,16 @@ func input(p *workers.Pool, hashKey string) policy.Input {
 }
 
 // counts selects n times and counts the picks by tenant.
-func counts(t *testing.T, pol policy.Policy, in policy.Input, n int) map[string]int {
+func counts(t *testing.T, pol policy.Policy, in policy.Input, n int) map[tenant.ID]int {
 	t.Helper()
-	got := map[string]int{}
+	got := map[tenant.ID]int{}
 	for range n {
 		d := pol.Select(in)
 		if d.Worker == nil {
 			t.Fatal("Select returned no worker")
 		}
 		if !slices.Contains(in.Candidates, d.Worker) {
-			t.Fatalf("%s picked %s, not a candidate", pol.Name(), d.Worker.Tenant())
+			t.Fatalf("%s picked %s, not a candidate", pol.Name(), d.Worker.ID())
 		}
 		if d.Label != pol.Name() {
 			t.Fatalf("label %q, want the policy name %q", d.Label, pol.Name())
@@ -50,7 +51,7 @@ func counts(t *testing.T, pol policy.Policy, in policy.Input, n int) map[string]
 		if d.Match != 0 {
 			t.Fatalf("baseline policy predicted a match of %v", d.Match)
 		}
-		got[d.Worker.Tenant()]++
+		got[d.Worker.ID()]++
 	}
 	return got
 }
@@ -59,12 +60,12 @@ func TestRoundRobinCyclesThroughCandidates(t *testing.T) {
 	p := newFleet(t, 3, 1)
 	rr := &policy.RoundRobin{}
 	in := input(p, "")
-	var got []string
+	var got []tenant.ID
 	for range 7 {
-		got = append(got, rr.Select(in).Worker.Tenant())
+		got = append(got, rr.Select(in).Worker.ID())
 	}
 	all := p.All()
-	want := []string{all[0].Tenant(), all[1].Tenant(), all[2].Tenant(), all[0].Tenant(), all[1].Tenant(), all[2].Tenant(), all[0].Tenant()}
+	want := []tenant.ID{all[0].ID(), all[1].ID(), all[2].ID(), all[0].ID(), all[1].ID(), all[2].ID(), all[0].ID()}
 	if !slices.Equal(got, want) {
 		t.Errorf("sequence %v, want %v", got, want)
 	}
@@ -81,7 +82,7 @@ func TestRoundRobinSkipsUnavailableWorkers(t *testing.T) {
 		t.Fatalf("%d candidates, want 2", len(in.Candidates))
 	}
 	got := counts(t, rr, in, 100)
-	if got[all[0].Tenant()] != 50 || got[all[2].Tenant()] != 50 || len(got) != 2 {
+	if got[all[0].ID()] != 50 || got[all[2].ID()] != 50 || len(got) != 2 {
 		t.Errorf("picks %v, want 50 each on the two available workers", got)
 	}
 	// Consecutive picks alternate.
@@ -89,7 +90,7 @@ func TestRoundRobinSkipsUnavailableWorkers(t *testing.T) {
 	for range 10 {
 		w := rr.Select(in).Worker
 		if w == prev {
-			t.Fatalf("%s picked twice in a row", w.Tenant())
+			t.Fatalf("%s picked twice in a row", w.ID())
 		}
 		prev = w
 	}
@@ -132,7 +133,7 @@ func TestPowerOfTwoPrefersTheLessLoaded(t *testing.T) {
 		defer all[0].Reserve().Release()
 	}
 	got := counts(t, policy.PowerOfTwo{}, input(p, ""), 200)
-	if got[all[1].Tenant()] != 200 {
+	if got[all[1].ID()] != 200 {
 		t.Errorf("picks %v: with two candidates the less loaded must always win", got)
 	}
 }
@@ -152,13 +153,13 @@ func TestPowerOfTwoNeverPicksTheBusiestOfMany(t *testing.T) {
 		}
 	}
 	got := counts(t, policy.PowerOfTwo{}, input(p, ""), 3000)
-	if got[busiest.Tenant()] != 0 {
-		t.Errorf("the busiest worker, which loses every pairing, was picked %d times", got[busiest.Tenant()])
+	if got[busiest.ID()] != 0 {
+		t.Errorf("the busiest worker, which loses every pairing, was picked %d times", got[busiest.ID()])
 	}
 	// The idle workers (loads 0) win every pairing they are in: at least 2/6 of draws each minus
 	// their head-to-head; expected about 0.3.
 	for _, i := range []int{0, 3} {
-		if n := got[all[i].Tenant()]; n < 600 {
+		if n := got[all[i].ID()]; n < 600 {
 			t.Errorf("idle worker %d picked only %d of 3000 times", i, n)
 		}
 	}
@@ -179,7 +180,7 @@ func TestPowerOfTwoOnlyCandidatesAndSpreadsTies(t *testing.T) {
 	}
 	one := policy.Input{Request: &protocol.Request{}, Candidates: all[:1], All: all}
 	if w := (policy.PowerOfTwo{}).Select(one).Worker; w != all[0] {
-		t.Errorf("single candidate: picked %s", w.Tenant())
+		t.Errorf("single candidate: picked %s", w.ID())
 	}
 }
 
@@ -194,7 +195,7 @@ func TestLeastLoadedPicksTheMinimum(t *testing.T) {
 	}
 	for range 50 {
 		if w := policy.LeastLoaded(all); w != all[1] {
-			t.Fatalf("picked %s (load %d), want the load-1 worker", w.Tenant(), w.Load())
+			t.Fatalf("picked %s (load %d), want the load-1 worker", w.ID(), w.Load())
 		}
 	}
 	if policy.LeastLoaded(nil) != nil {

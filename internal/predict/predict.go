@@ -16,6 +16,8 @@ package predict
 import (
 	"sync"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
 )
 
 // Priors, until a worker has taught its own figures: vLLM's prefill on one GPU runs at some
@@ -45,7 +47,7 @@ type Work struct {
 // Model holds each worker's learned figures.
 type Model struct {
 	mu      sync.Mutex
-	workers map[string]*figures
+	workers map[tenant.ID]*figures
 }
 
 type figures struct {
@@ -55,9 +57,9 @@ type figures struct {
 }
 
 // New returns a model with no worker taught yet.
-func New() *Model { return &Model{workers: map[string]*figures{}} }
+func New() *Model { return &Model{workers: map[tenant.ID]*figures{}} }
 
-func (m *Model) figures(worker string) figures {
+func (m *Model) figures(worker tenant.ID) figures {
 	if f := m.workers[worker]; f != nil {
 		return *f
 	}
@@ -65,7 +67,7 @@ func (m *Model) figures(worker string) figures {
 }
 
 // TTFT is the time to first token predicted for w on worker.
-func (m *Model) TTFT(worker string, w Work) time.Duration {
+func (m *Model) TTFT(worker tenant.ID, w Work) time.Duration {
 	m.mu.Lock()
 	f := m.figures(worker)
 	m.mu.Unlock()
@@ -77,14 +79,14 @@ func (f figures) ttft(w Work) time.Duration {
 }
 
 // PerToken is worker's learned prefill time per token.
-func (m *Model) PerToken(worker string) time.Duration {
+func (m *Model) PerToken(worker tenant.ID) time.Duration {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return time.Duration(m.figures(worker).perToken * float64(time.Second))
 }
 
 // Observe teaches worker what a request achieved: its TTFT for the work it asked.
-func (m *Model) Observe(worker string, w Work, ttft time.Duration) {
+func (m *Model) Observe(worker tenant.ID, w Work, ttft time.Duration) {
 	if ttft <= 0 {
 		return
 	}
@@ -112,7 +114,7 @@ func (m *Model) Observe(worker string, w Work, ttft time.Duration) {
 }
 
 // Forget drops worker's figures (it left the fleet).
-func (m *Model) Forget(worker string) {
+func (m *Model) Forget(worker tenant.ID) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.workers, worker)

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
 )
 
 // historyGen produces chat histories the way agent workloads send them: one system prompt
@@ -56,10 +58,10 @@ func (g *historyGen) history(n int) string {
 	return h
 }
 
-var benchTenants = func() []string {
-	t := make([]string, 8)
+var benchTenants = func() []tenant.ID {
+	t := make([]tenant.ID, 8)
 	for i := range t {
-		t[i] = fmt.Sprintf("http://10.0.0.%d:8000", i+1)
+		t[i] = tenant.ID(fmt.Sprintf("http://10.0.0.%d:8000", i+1))
 	}
 	return t
 }()

@@ -9,7 +9,7 @@ import (
 
 // fuzzTenants include tenants that share the base "u" with and without a rank, and look-alikes
 // that must survive RemoveTenantsWithBase("u").
-var fuzzTenants = []string{"u", "u@0", "u@1", "u2", "ux@0", "v", "v@3", "u@"}
+var fuzzTenants = []tenant.ID{"u", "u@0", "u@1", "u2", "ux@0", "v", "v@3", "u@"}
 
 var fuzzBases = []string{"u", "v", "u@1", "w"}
 
@@ -18,16 +18,19 @@ var fuzzBases = []string{"u", "v", "u@1", "w"}
 var fuzzSpaces = []string{"a", "ab", ""}
 
 // refEntry is one (namespace, key, tenant) triple the reference model holds.
-type refEntry struct{ ns, key, tenant string }
+type refEntry struct {
+	ns, key string
+	tenant  tenant.ID
+}
 
 // referenceTree is the naive model the fuzz target compares against: the set of
 // (namespace, key, tenant) triples that were inserted and not removed.
 type referenceTree map[refEntry]bool
 
-func (r referenceTree) heldBy(ns, key, tenant string) int {
+func (r referenceTree) heldBy(ns, key string, worker tenant.ID) int {
 	best := 0
 	for e := range r {
-		if e.ns == ns && e.tenant == tenant {
+		if e.ns == ns && e.tenant == worker {
 			best = max(best, commonPrefixLen(e.key, key))
 		}
 	}
@@ -36,13 +39,13 @@ func (r referenceTree) heldBy(ns, key, tenant string) int {
 
 func (r referenceTree) match(ns, key string) Match {
 	var m Match
-	for _, tenant := range fuzzTenants {
-		switch n := r.heldBy(ns, key, tenant); {
+	for _, worker := range fuzzTenants {
+		switch n := r.heldBy(ns, key, worker); {
 		case n == 0 || n < m.Matched:
 		case n > m.Matched:
-			m = Match{Matched: n, Holders: []string{tenant}}
+			m = Match{Matched: n, Holders: []tenant.ID{worker}}
 		default:
-			m.Holders = append(m.Holders, tenant)
+			m.Holders = append(m.Holders, worker)
 		}
 	}
 	slices.Sort(m.Holders)
@@ -72,12 +75,12 @@ func (r referenceTree) spaces() int {
 
 // release is Release in the model: tenant keeps, of each of its keys in ns that runs past byte
 // from of key, the first from bytes (which are key's), and nothing if from is 0.
-func (r referenceTree) release(ns, key, tenant string, from int) {
+func (r referenceTree) release(ns, key string, worker tenant.ID, from int) {
 	for e := range r {
-		if e.ns == ns && e.tenant == tenant && commonPrefixLen(e.key, key) > from {
+		if e.ns == ns && e.tenant == worker && commonPrefixLen(e.key, key) > from {
 			delete(r, e)
 			if from > 0 {
-				r[refEntry{ns, key[:from], tenant}] = true
+				r[refEntry{ns, key[:from], worker}] = true
 			}
 		}
 	}
@@ -113,7 +116,7 @@ func releaseFrom(tr *Tree, ns, key string, held int) (int, bool) {
 	return 0, false
 }
 
-func (r referenceTree) removeIf(drop func(tenant string) bool) {
+func (r referenceTree) removeIf(drop func(tenant.ID) bool) {
 	for e := range r {
 		if drop(e.tenant) {
 			delete(r, e)
@@ -184,14 +187,14 @@ func FuzzTree(f *testing.F) {
 				}
 			case 3:
 				before := tr.Bytes()
-				ref.removeIf(func(s string) bool { return s == who })
+				ref.removeIf(func(s tenant.ID) bool { return s == who })
 				if got, want := tr.RemoveTenant(who), before-tr.Bytes(); got != want {
 					t.Fatalf("RemoveTenant(%q) freed %d, Bytes() fell by %d", who, got, want)
 				}
 			case 4:
 				base := fuzzBases[int(key2byte(k))%len(fuzzBases)]
 				before := tr.Bytes()
-				ref.removeIf(func(s string) bool { return tenant.HasBase(s, base) })
+				ref.removeIf(func(s tenant.ID) bool { return tenant.HasBase(string(s), base) })
 				if got, want := tr.RemoveTenantsWithBase(base), before-tr.Bytes(); got != want {
 					t.Fatalf("RemoveTenantsWithBase(%q) freed %d, Bytes() fell by %d", base, got, want)
 				}

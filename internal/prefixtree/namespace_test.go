@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
 )
 
 func TestNamespaces_IdenticalKeysInDifferentNamespacesNeverMatch(t *testing.T) {
@@ -19,7 +21,7 @@ func TestNamespaces_IdenticalKeysInDifferentNamespacesNeverMatch(t *testing.T) {
 	if got := tr.MatchTenant("model-a", key, workerB); got != 0 {
 		t.Fatalf("B holds %d bytes of model-a's key, all of them in model-b", got)
 	}
-	if m := tr.Match("model-b", key+"|more"); m.Whole != len(key) || !slices.Equal(m.WholeHolders, []string{workerB}) || m.Branch != 0 {
+	if m := tr.Match("model-b", key+"|more"); m.Whole != len(key) || !slices.Equal(m.WholeHolders, []tenant.ID{workerB}) || m.Branch != 0 {
 		t.Fatalf("model-b sees model-a's copy of the key: %+v", m)
 	}
 	// Each namespace stores its own copy; the names count in no length.
@@ -47,7 +49,7 @@ func TestNamespaces_OneBudgetBoundsAllNamespacesTogether(t *testing.T) {
 	const budget, spaces = 256 << 10, 2000
 	tr := New(budget)
 	rng := rand.New(rand.NewPCG(3, 4))
-	tenants := []string{workerA, workerB, workerC}
+	tenants := []tenant.ID{workerA, workerB, workerC}
 	sent := 0
 	for i := range spaces {
 		ns := fmt.Sprintf("model-%d", i)

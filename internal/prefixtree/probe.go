@@ -1,22 +1,27 @@
 package prefixtree
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
+)
 
 // ProbeInline is how many tenants a Probe keeps inside itself; the holds of a key held by more
 // go to the spare array its caller lends, or to a new one. A router's fleet is mostly a handful
 // of workers, so a probe allocates nothing.
 const ProbeInline = 16
 
-// Probe is what one walk of a key's path in a namespace tells: everything Matches, Holdings and
-// MatchTenantAt would tell of that key, each of which walks the path again. A router asks it
-// once per decision and derives each answer from it without the lock.
+// Probe is what one walk of a key's path in a namespace tells: the longest prefix held, by whom,
+// and what each tenant holds of the key. A router asks it once per decision and derives each
+// answer from it without the lock.
 type Probe struct {
-	// Matched and Branch are those of the Match that counts (Match): the bytes matched by the
-	// deepest holders whose holds count, and where the keys on that match last diverge.
+	// Matched is the bytes of the key matched by the deepest holders whose holds count. Branch
+	// is the length of that match up to the deepest point on it where keys already in the tree
+	// diverge (0 if none): the part shared by several conversations, such as a system prompt.
 	Matched int
 	Branch  int
 	// Whole is the length of the longest key the tree was given that is a prefix of this key,
-	// horizons ignored (the taught Match of Matches): the conversation's own past.
+	// horizons ignored: the conversation's own past.
 	Whole int
 
 	n      int
@@ -27,9 +32,9 @@ type Probe struct {
 
 // Hold is what one tenant holds of a probed key.
 type Hold struct {
-	Tenant string
-	// Held is how many bytes of the key the tenant holds that count (MatchTenant); Age is how
-	// old the deepest of them is (MatchTenantAt), 0 when Held is 0.
+	Tenant tenant.ID
+	// Held is how many bytes of the key the tenant holds that count; Age is how old the deepest
+	// of them is (see Reach), 0 when Held is 0.
 	Held int
 	Age  uint64
 	// Taught is how many bytes of the key the tenant was given, horizons ignored: at least Held.
@@ -49,18 +54,18 @@ func (p *Probe) Holds() []Hold {
 func (p *Probe) Spill() []Hold { return p.spill }
 
 // Of is what tenant holds of the key; the zero Hold when it holds none.
-func (p *Probe) Of(tenant string) Hold {
+func (p *Probe) Of(worker tenant.ID) Hold {
 	for _, h := range p.Holds() {
-		if h.Tenant == tenant {
+		if h.Tenant == worker {
 			return h
 		}
 	}
 	return Hold{}
 }
 
-// Holders appends to dst, sorted, every tenant holding exactly the longest prefix that counts:
-// Match's Holders. It appends none when Matched is 0.
-func (p *Probe) Holders(dst []string) []string {
+// Holders appends to dst, sorted, every tenant holding exactly the longest prefix that counts.
+// It appends none when Matched is 0.
+func (p *Probe) Holders(dst []tenant.ID) []tenant.ID {
 	if p.Matched == 0 {
 		return dst
 	}
@@ -75,8 +80,8 @@ func (p *Probe) Holders(dst []string) []string {
 }
 
 // WholeHolders appends to dst, sorted, every tenant holding the whole earlier key of length
-// Whole, horizons ignored: the taught Match's WholeHolders. It appends none when Whole is 0.
-func (p *Probe) WholeHolders(dst []string) []string {
+// Whole, horizons ignored. It appends none when Whole is 0.
+func (p *Probe) WholeHolders(dst []tenant.ID) []tenant.ID {
 	if p.Whole == 0 {
 		return dst
 	}
@@ -118,11 +123,10 @@ func (p *Probe) at(i int) *Hold {
 }
 
 // Probe walks key's path in namespace ns once and sets p to what it tells (see Probe); p is
-// filled in place, as a Probe is too large to be worth copying out. Holds
-// beyond their tenant's horizon (Reach) count in Matched, Branch and Held as in Match and
-// MatchTenantAt: not at all. spare, which may be nil, is an array the holds past the first
-// ProbeInline may go to, so that a caller probing for a large fleet can reuse one (Spill returns
-// it, or the larger one that replaced it).
+// filled in place, as a Probe is too large to be worth copying out. Holds beyond their
+// tenant's horizon (Reach) count in Matched, Branch and Held not at all. spare, which may be
+// nil, is an array the holds past the first ProbeInline may go to, so that a caller probing for
+// a large fleet can reuse one (Spill returns it, or the larger one that replaced it).
 //
 // The holders of a node hold its parent too, each no younger there, so a tenant's holds that
 // count are a prefix of the path it holds: its deepest one that counts is where its Held ends,

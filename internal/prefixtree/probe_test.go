@@ -5,11 +5,13 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
 )
 
 // checkProbe fails unless one Probe of key says what Matches, Holdings and MatchTenantAt say of
 // it, for every tenant.
-func checkProbe(t *testing.T, tr *Tree, key string, tenants []string) {
+func checkProbe(t *testing.T, tr *Tree, key string, tenants []tenant.ID) {
 	t.Helper()
 	var p Probe
 	tr.Probe(&p, model, key, nil)
@@ -32,14 +34,14 @@ func checkProbe(t *testing.T, tr *Tree, key string, tenants []string) {
 			t.Fatalf("Probe(%q) lent %d holds' room = %+v, without = %+v", key, cap(spare), q.Holds(), p.Holds())
 		}
 	}
-	seen := map[string]bool{}
+	seen := map[tenant.ID]bool{}
 	for _, h := range p.Holds() {
 		if seen[h.Tenant] || h.Taught < h.Held || h.Taught == 0 {
 			t.Fatalf("Probe(%q) holds %+v: listed twice, or taught less than held, or nothing", key, h)
 		}
 		seen[h.Tenant] = true
 	}
-	holdings := map[string]int{}
+	holdings := map[tenant.ID]int{}
 	for _, h := range tr.Holdings(model, key, nil) {
 		holdings[h.Tenant] = h.Held
 	}
@@ -60,9 +62,9 @@ func TestProbe_AgreesWithMatchesHoldingsAndMatchTenantAt(t *testing.T) {
 	for _, n := range []int{3, ProbeInline + 5} {
 		t.Run(fmt.Sprintf("tenants=%d", n), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(11, uint64(n)))
-			tenants := make([]string, n)
+			tenants := make([]tenant.ID, n)
 			for i := range tenants {
-				tenants[i] = fmt.Sprintf("http://10.0.0.%d:8000", i)
+				tenants[i] = tenant.ID(fmt.Sprintf("http://10.0.0.%d:8000", i))
 			}
 			words := []string{"sys|", "tools|", "user: a|", "user: b|", "assistant: c|", "user: d|"}
 			key := func() string {
@@ -116,7 +118,7 @@ func BenchmarkProbe(b *testing.B) {
 		tr := New(0)
 		shared := "system prompt and tools|" + string(make([]byte, 4096))
 		for i := range tenants * 8 {
-			tr.Insert(model, fmt.Sprintf("%sconversation %d|%s", shared, i, string(make([]byte, 2048))), fmt.Sprintf("http://10.0.0.%d:8000", i%tenants))
+			tr.Insert(model, fmt.Sprintf("%sconversation %d|%s", shared, i, string(make([]byte, 2048))), tenant.ID(fmt.Sprintf("http://10.0.0.%d:8000", i%tenants)))
 		}
 		key := fmt.Sprintf("%sconversation %d|%s|next turn", shared, 3, string(make([]byte, 2048)))
 		b.Run(fmt.Sprintf("tenants=%d/probe", tenants), func(b *testing.B) {

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
 )
 
 func TestEvicted_HidesTheTenantsHoldsThatOld(t *testing.T) {
@@ -32,10 +34,10 @@ func TestEvicted_HidesTheTenantsHoldsThatOld(t *testing.T) {
 	if got := tr.MatchTenant(model, recent, workerA); got != len(recent) {
 		t.Errorf("A holds %d bytes of the conversation it used after, want all %d", got, len(recent))
 	}
-	if m := tr.Match(model, old); m.Matched != len(old) || !slices.Equal(m.Holders, []string{workerB}) || !slices.Equal(m.WholeHolders, []string{workerB}) {
+	if m := tr.Match(model, old); m.Matched != len(old) || !slices.Equal(m.Holders, []tenant.ID{workerB}) || !slices.Equal(m.WholeHolders, []tenant.ID{workerB}) {
 		t.Errorf("Match = %+v; want the old conversation held by B alone", m)
 	}
-	if _, taught := tr.Matches(model, old); taught.Matched != len(old) || !slices.Equal(taught.WholeHolders, []string{workerA, workerB}) {
+	if _, taught := tr.Matches(model, old); taught.Matched != len(old) || !slices.Equal(taught.WholeHolders, []tenant.ID{workerA, workerB}) {
 		t.Errorf("taught match = %+v; want the old conversation taught to A and B", taught)
 	}
 }
@@ -133,7 +135,7 @@ func TestEvicted_ARemovedTenantsIDStartsUnbounded(t *testing.T) {
 // Holdings must agree with MatchTenant for every tenant, holds beyond a horizon included.
 func TestHoldings_AgreesWithMatchTenantForEveryTenant(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 13))
-	tenants := []string{workerA, workerB, workerC}
+	tenants := []tenant.ID{workerA, workerB, workerC}
 	words := []string{"sys|", "tools|", "user: a|", "user: b|", "assistant: c|", "user: d|"}
 	key := func() string {
 		s := ""
@@ -145,15 +147,15 @@ func TestHoldings_AgreesWithMatchTenantForEveryTenant(t *testing.T) {
 	tr := New(0)
 	var keys []string
 	for i := range 400 {
-		k, tenant := key(), tenants[rng.IntN(len(tenants))]
-		tr.Insert(model, k, tenant)
+		k, who := key(), tenants[rng.IntN(len(tenants))]
+		tr.Insert(model, k, who)
 		keys = append(keys, k)
 		if i%37 == 0 {
-			_, age := tr.MatchTenantAt(model, keys[rng.IntN(len(keys))], tenant)
-			tr.Evicted(tenant, age)
+			_, age := tr.MatchTenantAt(model, keys[rng.IntN(len(keys))], who)
+			tr.Evicted(who, age)
 		}
 		probe := key()
-		got := map[string]int{}
+		got := map[tenant.ID]int{}
 		for _, h := range tr.Holdings(model, probe, nil) {
 			if _, dup := got[h.Tenant]; dup || h.Held == 0 {
 				t.Fatalf("Holdings(%q) lists %s twice or with 0 bytes", probe, h.Tenant)
@@ -172,7 +174,7 @@ func TestHoldings_AgreesWithMatchTenantForEveryTenant(t *testing.T) {
 	checkInvariants(t, tr)
 }
 
-func maxHeld(h map[string]int) int {
+func maxHeld(h map[tenant.ID]int) int {
 	best := 0
 	for _, n := range h {
 		best = max(best, n)
@@ -186,7 +188,7 @@ func BenchmarkHoldings(b *testing.B) {
 			tr := New(0)
 			shared := "system prompt and tools|" + string(make([]byte, 4096))
 			for i := range tenants * 8 {
-				tr.Insert(model, fmt.Sprintf("%sconversation %d|%s", shared, i, string(make([]byte, 2048))), fmt.Sprintf("http://10.0.0.%d:8000", i%tenants))
+				tr.Insert(model, fmt.Sprintf("%sconversation %d|%s", shared, i, string(make([]byte, 2048))), tenant.ID(fmt.Sprintf("http://10.0.0.%d:8000", i%tenants)))
 			}
 			key := fmt.Sprintf("%sconversation %d|%s|next turn", shared, 3, string(make([]byte, 2048)))
 			dst := make([]Holding, 0, tenants)

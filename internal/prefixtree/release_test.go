@@ -4,6 +4,8 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
 )
 
 // treeView is what a caller can observe of a tree: its charge, its stored history and the
@@ -11,11 +13,11 @@ import (
 type treeView struct {
 	bytes, chars int
 	matches      []Match
-	held         map[string][]int
+	held         map[tenant.ID][]int
 }
 
-func viewOf(tr *Tree, ns string, probes []string, tenants ...string) treeView {
-	v := treeView{bytes: tr.Bytes(), chars: tr.Chars(), held: map[string][]int{}}
+func viewOf(tr *Tree, ns string, probes []string, tenants ...tenant.ID) treeView {
+	v := treeView{bytes: tr.Bytes(), chars: tr.Chars(), held: map[tenant.ID][]int{}}
 	for _, p := range probes {
 		v.matches = append(v.matches, tr.Match(ns, p))
 		for _, tenant := range tenants {
@@ -28,7 +30,7 @@ func viewOf(tr *Tree, ns string, probes []string, tenants ...string) treeView {
 // sendAndFail does what the router does for an attempt that fails: it reads what tenant held,
 // teaches the tree that tenant holds key, then releases it. It returns the bytes Release freed
 // and checks they are what Bytes lost.
-func sendAndFail(t *testing.T, tr *Tree, ns, key, tenant string) int {
+func sendAndFail(t *testing.T, tr *Tree, ns, key string, tenant tenant.ID) int {
 	t.Helper()
 	held := tr.MatchTenant(ns, key, tenant)
 	tr.Insert(ns, key, tenant)
@@ -103,7 +105,7 @@ func TestRelease_KeepsOtherTenantsHolds(t *testing.T) {
 	}
 	assertMatch(t, tr, model, key, len(key), workerB, workerC)
 	m := tr.Match(model, key+"next|")
-	if m.Whole != len(key) || !slices.Equal(m.WholeHolders, []string{workerB, workerC}) {
+	if m.Whole != len(key) || !slices.Equal(m.WholeHolders, []tenant.ID{workerB, workerC}) {
 		t.Fatalf("the key is no longer whole for B and C: whole %d by %v", m.Whole, m.WholeHolders)
 	}
 	if got := tr.MatchTenant(model, key+"more|", workerC); got != len(key+"more|") {
@@ -125,7 +127,7 @@ func TestRelease_KeepsTheTenantsEarlierPrefix(t *testing.T) {
 		t.Fatalf("A holds %d bytes of the failed turn, want its earlier turn's %d", got, len(turn1))
 	}
 	m := tr.Match(model, turn2)
-	if m.Whole != len(turn1) || !slices.Equal(m.WholeHolders, []string{workerA}) {
+	if m.Whole != len(turn1) || !slices.Equal(m.WholeHolders, []tenant.ID{workerA}) {
 		t.Fatalf("A's earlier turn is no longer whole: whole %d by %v", m.Whole, m.WholeHolders)
 	}
 

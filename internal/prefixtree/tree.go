@@ -11,7 +11,7 @@
 // Every key lives in a namespace; the router uses one per model, because a worker's KV cache
 // is per model. A namespace is an independent radix tree with its own root inside the one
 // Tree: keys in different namespaces never match each other, however alike, and the namespace
-// is never joined to a key, so a lookup copies nothing and the lengths Match reports are bytes
+// is never joined to a key, so a lookup copies nothing and the lengths Probe reports are bytes
 // of the key alone. All namespaces share one lock, one budget, one leaf heap and one tenant
 // table: eviction takes the least recently used leaf whichever namespace holds it, so one
 // budget bounds the whole tree, and removing a tenant clears it in every namespace. A
@@ -44,20 +44,19 @@
 // evicts on its own only when the tree is more than 10% over budget, so the sweep does the
 // work in the common case and Bytes never stays above 1.1× the budget after an Insert.
 //
-// Match, MatchTenant and Probe do not refresh access times: they run under a read lock, and the
-// router inserts the key it routes right after deciding, which refreshes the path. Probe answers
-// in one walk of a key's path what Matches, Holdings and MatchTenantAt answer in one walk each,
-// for a caller that needs all of them for one decision.
+// Probe and Holdings do not refresh access times: they run under a read lock, and the router
+// inserts the key it routes right after deciding, which refreshes the path. Probe answers in one
+// walk of a key's path everything one decision asks of it.
 //
 // # Release
 //
 // The router teaches the tree when it sends a request, before the worker answers. Release
 // undoes that for an attempt that failed: given how many bytes of the key the tenant held
-// before (MatchTenant's answer), it drops the tenant's hold on the key's path from the first
+// before (its Probe's Held), it drops the tenant's hold on the key's path from the first
 // node that begins at or after that byte, prunes what nobody holds any more, and leaves other
 // tenants' holds alone. Holding is per node and Insert splits the path where the key leaves
 // what the tenant held, so when nothing else was inserted for the tenant along the key in
-// between, MatchTenant answers as it did before the Insert.
+// between, a Probe finds the tenant holding what it held before the Insert.
 //
 // # Memory
 //
@@ -91,7 +90,7 @@ const overBudgetSlack = 10
 const tenantEntryBytes = 48
 
 // tenantCost is what interning tenant costs the heap, beyond the tenantNames slot.
-func tenantCost(tenant string) int { return allocBytes(len(tenant)) + tenantEntryBytes }
+func tenantCost(worker tenant.ID) int { return allocBytes(len(worker)) + tenantEntryBytes }
 
 // spaceEntryBytes is charged per namespace for its entry in the spaces map (key header, root
 // pointer and the map's spare slots): a map[string]*node measures 35 to 55 bytes per entry
@@ -128,8 +127,8 @@ type Tree struct {
 	tenantBytes int
 	maxBytes    int
 
-	tenantIDs   map[string]uint32
-	tenantNames []string // indexed by id; "" for a free id
+	tenantIDs   map[tenant.ID]uint32
+	tenantNames []tenant.ID // indexed by id; "" for a free id
 	freeIDs     []uint32
 	// reach is, by tenant id, how much the tenant was taught and how far back its cache is
 	// known to reach (see Reach); bounded counts the tenants whose reach is known, so that
@@ -153,43 +152,22 @@ type Reach struct {
 	Horizon uint64
 }
 
-// Match is the result of a longest-prefix lookup in one namespace. Its lengths are bytes of
-// the key; the namespace's name counts in none of them.
-type Match struct {
-	// Matched is the number of bytes of the key matched by the deepest holders.
-	Matched int
-	// Holders are every tenant that holds exactly the longest matched prefix, sorted.
-	// Empty when Matched is 0.
-	Holders []string
-	// Whole is the length of the longest key inserted before that is a prefix of this key (0
-	// if none): the part of the key that continues something the tree was given whole, such
-	// as the previous turn of the same conversation, rather than a prefix several keys share.
-	Whole int
-	// WholeHolders are every tenant that holds that whole prefix, sorted.
-	WholeHolders []string
-	// Branch is the length of the matched prefix up to the deepest point on it where keys
-	// already in the tree diverge (0 if none): the part of the match shared by several
-	// conversations, such as a common system prompt. Matched − Branch is the part that
-	// continues one line of keys only: the conversation the query most likely belongs to.
-	Branch int
-}
-
 // New returns an empty tree whose heap use, as Bytes counts it, is held to maxBytes.
 // maxBytes <= 0 means no budget: nothing is ever evicted.
 func New(maxBytes int) *Tree {
-	return &Tree{maxBytes: maxBytes, spaces: make(map[string]*node), tenantIDs: make(map[string]uint32)}
+	return &Tree{maxBytes: maxBytes, spaces: make(map[string]*node), tenantIDs: make(map[tenant.ID]uint32)}
 }
 
 // Insert records that tenant now holds key, and every prefix of it, in namespace ns, and
 // marks the path as just used. If the tree ends up more than 10% over budget it evicts down
 // to the budget, in any namespace, and returns the bytes freed, as Bytes counts them.
-func (t *Tree) Insert(ns, key, tenant string) (freed int) {
+func (t *Tree) Insert(ns, key string, worker tenant.ID) (freed int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if key == "" {
 		return 0
 	}
-	id := t.internLocked(tenant)
+	id := t.internLocked(worker)
 	t.clock++
 	now := t.clock
 
@@ -298,82 +276,6 @@ func (t *Tree) splitLocked(parent *node, i int, c *node, l int) *node {
 	return upper
 }
 
-// Match returns the longest prefix of key held by any tenant in namespace ns and every tenant
-// holding it. Holds beyond their tenant's horizon (Reach) do not count.
-func (t *Tree) Match(ns, key string) Match {
-	counted, _ := t.Matches(ns, key)
-	return counted
-}
-
-// Matches returns, in one walk, the Match of key that counts and the one of everything the tree
-// was taught, horizons ignored: where a conversation was sent, even if its worker has since
-// lost part of it. The two are the same while no tenant has a horizon.
-func (t *Tree) Matches(ns, key string) (counted, taught Match) {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	n := t.spaces[ns]
-	if n == nil {
-		return Match{}, Match{}
-	}
-	var cw, tw matchWalk
-	counting := true
-	rest := key
-	for len(rest) > 0 {
-		c, _ := n.child(rest[0])
-		if c == nil {
-			break
-		}
-		l := commonPrefixLen(c.label, rest)
-		full := l == len(c.label)
-		tw.step(c, l, full)
-		if counting = counting && t.heldLocked(c); counting {
-			cw.step(c, l, full)
-		}
-		if !full {
-			break
-		}
-		rest = rest[l:]
-		n = c
-	}
-	counted = cw.result(t.namesLocked)
-	if t.bounded == 0 {
-		return counted, counted
-	}
-	return counted, tw.result(t.allNamesLocked)
-}
-
-// matchWalk accumulates a Match down a key's path.
-type matchWalk struct {
-	matched, whole, branch int
-	deepest, wholeNode     *node
-}
-
-// step takes node c, of which the key matched l bytes (all of its label when full).
-func (w *matchWalk) step(c *node, l int, full bool) {
-	w.matched += l
-	w.deepest = c
-	if !full {
-		return
-	}
-	if c.keyEnd {
-		w.whole, w.wholeNode = w.matched, c
-	}
-	if len(c.children) > 1 {
-		w.branch = w.matched
-	}
-}
-
-func (w *matchWalk) result(names func([]holder) []string) Match {
-	if w.deepest == nil {
-		return Match{}
-	}
-	m := Match{Matched: w.matched, Holders: names(w.deepest.holders), Branch: w.branch}
-	if w.wholeNode != nil {
-		m.Whole, m.WholeHolders = w.whole, names(w.wholeNode.holders)
-	}
-	return m
-}
-
 // live reports whether h still counts: its tenant's cache reaches back to it.
 func (t *Tree) live(h holder) bool {
 	if t.bounded == 0 {
@@ -404,74 +306,9 @@ func (t *Tree) heldLocked(n *node) bool {
 	return false
 }
 
-// allNamesLocked returns the sorted tenant names of all the holders, horizons ignored.
-func (t *Tree) allNamesLocked(holders []holder) []string {
-	names := make([]string, len(holders))
-	for i, h := range holders {
-		names[i] = t.tenantNames[h.id]
-	}
-	slices.Sort(names)
-	return names
-}
-
-// namesLocked returns the sorted tenant names of the holders that still count.
-func (t *Tree) namesLocked(holders []holder) []string {
-	names := make([]string, 0, len(holders))
-	for _, h := range holders {
-		if t.live(h) {
-			names = append(names, t.tenantNames[h.id])
-		}
-	}
-	slices.Sort(names)
-	return names
-}
-
-// MatchTenant returns how many bytes of key tenant holds in namespace ns (0 if none).
-func (t *Tree) MatchTenant(ns, key, tenant string) int {
-	held, _ := t.MatchTenantAt(ns, key, tenant)
-	return held
-}
-
-// MatchTenantAt returns how many bytes of key tenant holds in namespace ns, and the age of the
-// deepest of them (its oldest along the path; see Reach; 0 when it holds none), for Evicted or
-// Kept once the tenant says what it served.
-func (t *Tree) MatchTenantAt(ns, key, tenant string) (held int, age uint64) {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	id, ok := t.tenantIDs[tenant]
-	n := t.spaces[ns]
-	if !ok || n == nil {
-		return 0, 0
-	}
-	var used uint64
-	rest := key
-	for len(rest) > 0 {
-		c, _ := n.child(rest[0])
-		if c == nil {
-			break
-		}
-		i := c.holderIndex(id)
-		if i < 0 || !t.live(c.holders[i]) {
-			break
-		}
-		used = c.holders[i].used
-		l := commonPrefixLen(c.label, rest)
-		held += l
-		if l < len(c.label) {
-			break
-		}
-		rest = rest[l:]
-		n = c
-	}
-	if held == 0 {
-		return 0, 0
-	}
-	return held, t.reach[id].Taught - used
-}
-
 // Holding is how many bytes of a key one tenant holds.
 type Holding struct {
-	Tenant string
+	Tenant tenant.ID
 	Held   int
 }
 
@@ -526,12 +363,12 @@ func (t *Tree) Holdings(ns, key string, dst []Holding) []Holding {
 }
 
 // Evicted records that tenant's cache no longer holds what it last used age ago (a
-// MatchTenantAt reading): its holds that old or older stop counting in every lookup, until an
+// Probe's Age): its holds that old or older stop counting in every lookup, until an
 // Insert uses them again. The holds themselves stay until the tree evicts them.
-func (t *Tree) Evicted(tenant string, age uint64) {
+func (t *Tree) Evicted(worker tenant.ID, age uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	id, ok := t.tenantIDs[tenant]
+	id, ok := t.tenantIDs[worker]
 	if !ok {
 		return
 	}
@@ -546,20 +383,20 @@ func (t *Tree) Evicted(tenant string, age uint64) {
 
 // Kept records that tenant's cache reaches further back than its horizon said (it served more
 // from cache than predicted): the horizon grows by a quarter.
-func (t *Tree) Kept(tenant string) {
+func (t *Tree) Kept(worker tenant.ID) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if id, ok := t.tenantIDs[tenant]; ok && int(id) < len(t.reach) && t.reach[id].Horizon != 0 {
+	if id, ok := t.tenantIDs[worker]; ok && int(id) < len(t.reach) && t.reach[id].Horizon != 0 {
 		r := &t.reach[id]
 		r.Horizon += max(r.Horizon/4, 1)
 	}
 }
 
 // ReachOf returns what the tree knows of tenant's cache.
-func (t *Tree) ReachOf(tenant string) Reach {
+func (t *Tree) ReachOf(worker tenant.ID) Reach {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	if id, ok := t.tenantIDs[tenant]; ok && int(id) < len(t.reach) {
+	if id, ok := t.tenantIDs[worker]; ok && int(id) < len(t.reach) {
 		return t.reach[id]
 	}
 	return Reach{}
@@ -617,10 +454,10 @@ func (t *Tree) evictLocked() int {
 
 // RemoveTenant drops tenant from every node of every namespace, prunes the nodes nobody holds
 // any more (and the namespaces left empty) and returns the bytes freed, as Bytes counts them.
-func (t *Tree) RemoveTenant(tenant string) int {
+func (t *Tree) RemoveTenant(worker tenant.ID) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	id, ok := t.tenantIDs[tenant]
+	id, ok := t.tenantIDs[worker]
 	if !ok {
 		return 0
 	}
@@ -635,7 +472,7 @@ func (t *Tree) RemoveTenantsWithBase(base string) int {
 	defer t.mu.Unlock()
 	var ids []uint32
 	for name, id := range t.tenantIDs {
-		if tenant.HasBase(name, base) {
+		if tenant.HasBase(string(name), base) {
 			ids = append(ids, id)
 		}
 	}
@@ -646,7 +483,7 @@ func (t *Tree) RemoveTenantsWithBase(base string) int {
 }
 
 // Release undoes what Insert(ns, key, tenant) taught, for a tenant that held the first held
-// bytes of key before that Insert (as MatchTenant reported them): the caller sent key to
+// bytes of key before that Insert (as a Probe's Held reported them): the caller sent key to
 // tenant, the attempt failed, and tenant should not be predicted to hold what it was never
 // given. It returns the bytes freed, as Bytes counts them.
 //
@@ -657,8 +494,8 @@ func (t *Tree) RemoveTenantsWithBase(base string) int {
 // one. Nodes that begin before byte held keep tenant's hold, including one that straddles
 // held: the Insert split the path wherever key left what tenant held before, so a node
 // straddling held was not extended by that Insert but held by tenant through another key.
-// Hence, when nothing else was inserted for tenant along key in between, MatchTenant(ns, key,
-// tenant) == held afterwards. held <= 0 takes every hold tenant has along key; held >= len(key)
+// Hence, when nothing else was inserted for tenant along key in between, a Probe of key finds
+// tenant holding held bytes afterwards. held <= 0 takes every hold tenant has along key; held >= len(key)
 // changes nothing. Other tenants' holds are untouched.
 //
 // Release undoes the hold, not everything the Insert did: a split it made stays (nodes are
@@ -670,10 +507,10 @@ func (t *Tree) RemoveTenantsWithBase(base string) int {
 // Key-end markers need no clearing: a node that survives still has a holder, and every holder
 // of a node holds the whole path down to it, so a marker left on a surviving node still marks
 // a key the tree was given and that is held whole; markers on pruned nodes go with them.
-func (t *Tree) Release(ns, key, tenant string, held int) (freed int) {
+func (t *Tree) Release(ns, key string, worker tenant.ID, held int) (freed int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	id, ok := t.tenantIDs[tenant]
+	id, ok := t.tenantIDs[worker]
 	n := t.spaces[ns]
 	if !ok || n == nil || held >= len(key) {
 		return 0
@@ -771,21 +608,21 @@ func (t *Tree) dropSubtreeLocked(n *node) {
 }
 
 // internLocked returns tenant's id, assigning one (reusing ids of removed tenants) if new.
-func (t *Tree) internLocked(tenant string) uint32 {
-	if id, ok := t.tenantIDs[tenant]; ok {
+func (t *Tree) internLocked(worker tenant.ID) uint32 {
+	if id, ok := t.tenantIDs[worker]; ok {
 		return id
 	}
-	tenant = strings.Clone(tenant)
+	worker = tenant.ID(strings.Clone(string(worker)))
 	var id uint32
 	if n := len(t.freeIDs); n > 0 {
 		id = t.freeIDs[n-1]
 		t.freeIDs = t.freeIDs[:n-1]
-		t.tenantNames[id] = tenant
+		t.tenantNames[id] = worker
 	} else {
 		id = uint32(len(t.tenantNames))
-		t.tenantNames = append(t.tenantNames, tenant)
+		t.tenantNames = append(t.tenantNames, worker)
 	}
-	t.tenantIDs[tenant] = id
-	t.tenantBytes += tenantCost(tenant)
+	t.tenantIDs[worker] = id
+	t.tenantBytes += tenantCost(worker)
 	return id
 }

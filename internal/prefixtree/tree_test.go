@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"unsafe"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
 )
 
 const (
@@ -19,7 +21,7 @@ const (
 // model is the namespace of the tests that need only one.
 const model = "meta-llama/Llama-3.1-8B-Instruct"
 
-func assertMatch(t *testing.T, tr *Tree, ns, key string, wantMatched int, wantHolders ...string) {
+func assertMatch(t *testing.T, tr *Tree, ns, key string, wantMatched int, wantHolders ...tenant.ID) {
 	t.Helper()
 	got := tr.Match(ns, key)
 	if got.Matched != wantMatched || !slices.Equal(got.Holders, wantHolders) {
@@ -154,7 +156,7 @@ func TestMatchTenant_ReportsEachTenantsOwnPrefix(t *testing.T) {
 
 	key := "sys|a1|a2|a3|a4"
 	for _, tc := range []struct {
-		tenant string
+		tenant tenant.ID
 		want   int
 	}{
 		{workerA, len("sys|a1|a2|a3")},
@@ -217,19 +219,19 @@ func TestRemoveTenant_ReusedTenantIDStartsEmpty(t *testing.T) {
 func TestRemoveTenantsWithBase_RemovesWorkerAndItsRanksOnly(t *testing.T) {
 	const url = "http://10.0.0.1:8000"
 	tr := New(0)
-	removed := []string{url, url + "@0", url + "@1", url + "@12"}
-	kept := []string{url + "2", url + "x@0", url + "@", url + "@r1", "http://10.0.0.1:800"}
+	removed := []tenant.ID{url, url + "@0", url + "@1", url + "@12"}
+	kept := []tenant.ID{url + "2", url + "x@0", url + "@", url + "@r1", "http://10.0.0.1:800"}
 	for _, tenant := range append(slices.Clone(removed), kept...) {
-		tr.Insert(model, "sys|"+tenant, tenant)
+		tr.Insert(model, "sys|"+string(tenant), tenant)
 	}
 	tr.RemoveTenantsWithBase(url)
 	for _, tenant := range removed {
-		if got := tr.MatchTenant(model, "sys|"+tenant, tenant); got != 0 {
+		if got := tr.MatchTenant(model, "sys|"+string(tenant), tenant); got != 0 {
 			t.Errorf("%q should be removed, still holds %d bytes", tenant, got)
 		}
 	}
 	for _, tenant := range kept {
-		if got, want := tr.MatchTenant(model, "sys|"+tenant, tenant), len("sys|"+tenant); got != want {
+		if got, want := tr.MatchTenant(model, "sys|"+string(tenant), tenant), len("sys|"+string(tenant)); got != want {
 			t.Errorf("%q should be kept, holds %d bytes, want %d", tenant, got, want)
 		}
 	}
@@ -328,7 +330,7 @@ func TestBudget_HoldsUnderALongRandomInsertWorkload(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	system := randomHistory(rng, "system:", 2000)
 	sessions := make([]string, 16)
-	tenants := []string{workerA, workerB, workerC, workerA + "@1"}
+	tenants := []tenant.ID{workerA, workerB, workerC, workerA + "@1"}
 	for i := range 4000 {
 		s := rng.IntN(len(sessions))
 		if sessions[s] == "" || rng.IntN(20) == 0 {
@@ -362,7 +364,7 @@ func TestBudget_KeyLargerThanTheBudgetIsEvicted(t *testing.T) {
 
 func TestConcurrent_InsertMatchRemove(t *testing.T) {
 	tr := New(32 << 10)
-	tenants := []string{workerA, workerA + "@0", workerA + "@1", workerB, workerC}
+	tenants := []tenant.ID{workerA, workerA + "@0", workerA + "@1", workerB, workerC}
 	var wg sync.WaitGroup
 	for g := range 4 {
 		wg.Go(func() {

@@ -3,6 +3,8 @@ package prefixtree
 import (
 	"slices"
 	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
 )
 
 func TestWholeIsTheLongestInsertedKeyThatPrefixesTheQuery(t *testing.T) {
@@ -12,14 +14,14 @@ func TestWholeIsTheLongestInsertedKeyThatPrefixesTheQuery(t *testing.T) {
 	tr.Insert(model, "sys|tools|task-2.", "c")
 
 	m := tr.Match(model, "sys|tools|task-1.reply.more.next.")
-	if m.Whole != len("sys|tools|task-1.reply.more.") || !slices.Equal(m.WholeHolders, []string{"b"}) {
+	if m.Whole != len("sys|tools|task-1.reply.more.") || !slices.Equal(m.WholeHolders, []tenant.ID{"b"}) {
 		t.Fatalf("continuation of b's key: whole %d by %v", m.Whole, m.WholeHolders)
 	}
 	m = tr.Match(model, "sys|tools|task-1.reply.other.")
-	if m.Whole != len("sys|tools|task-1.") || !slices.Equal(m.WholeHolders, []string{"a", "b"}) {
+	if m.Whole != len("sys|tools|task-1.") || !slices.Equal(m.WholeHolders, []tenant.ID{"a", "b"}) {
 		t.Fatalf("fork after a's key: whole %d by %v", m.Whole, m.WholeHolders)
 	}
-	if m.Matched != len("sys|tools|task-1.reply.") || !slices.Equal(m.Holders, []string{"b"}) {
+	if m.Matched != len("sys|tools|task-1.reply.") || !slices.Equal(m.Holders, []tenant.ID{"b"}) {
 		t.Fatalf("fork after a's key: matched %d by %v", m.Matched, m.Holders)
 	}
 }
@@ -42,10 +44,10 @@ func TestKeyEndingInsideAnEdgeMarksTheSplit(t *testing.T) {
 	}
 	tr.Insert(model, "abc", "b")
 	m := tr.Match(model, "abcq")
-	if m.Whole != 3 || !slices.Equal(m.WholeHolders, []string{"a", "b"}) {
+	if m.Whole != 3 || !slices.Equal(m.WholeHolders, []tenant.ID{"a", "b"}) {
 		t.Fatalf("after inserting abc: whole %d by %v", m.Whole, m.WholeHolders)
 	}
-	if m := tr.Match(model, "abcdef"); m.Whole != 6 || !slices.Equal(m.WholeHolders, []string{"a"}) {
+	if m := tr.Match(model, "abcdef"); m.Whole != 6 || !slices.Equal(m.WholeHolders, []tenant.ID{"a"}) {
 		t.Fatalf("the same key again: whole %d by %v", m.Whole, m.WholeHolders)
 	}
 }
@@ -56,7 +58,7 @@ func TestWholeForgetsRemovedTenants(t *testing.T) {
 	tr.Insert(model, "conv.more.", "b")
 	tr.RemoveTenant("a")
 	m := tr.Match(model, "conv.next.")
-	if m.Whole != len("conv.") || !slices.Equal(m.WholeHolders, []string{"b"}) {
+	if m.Whole != len("conv.") || !slices.Equal(m.WholeHolders, []tenant.ID{"b"}) {
 		t.Fatalf("after removing a: whole %d by %v", m.Whole, m.WholeHolders)
 	}
 	tr.RemoveTenant("b")

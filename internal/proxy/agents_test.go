@@ -157,7 +157,7 @@ func TestStoredResponseIsLearnedFromJSONAndStreamAnswers(t *testing.T) {
 			}
 			id := responseID(t, body)
 			tenant, ok := p.ResponseHolder(t.Context(), id)
-			if !ok || tenant != tp.worker(t, h.Get(HeaderWorker)).Tenant() {
+			if !ok || tenant != tp.worker(t, h.Get(HeaderWorker)).ID() {
 				t.Fatalf("holder of %s: %q %v, want the worker that answered (%s)", id, tenant, ok, h.Get(HeaderWorker))
 			}
 		})
@@ -214,7 +214,7 @@ func TestUnknownResponseIDIsAskedOfEveryWorkerThenRemembered(t *testing.T) {
 	if status != http.StatusOK || h.Get(HeaderDecision) != labelResponseSearch || h.Get(HeaderWorker) != ws[2].URL {
 		t.Fatalf("search: %d %s on %s: %s", status, h.Get(HeaderDecision), h.Get(HeaderWorker), body)
 	}
-	if tenant, ok := p.ResponseHolder(t.Context(), "resp_from_elsewhere"); !ok || tenant != tp.worker(t, ws[2].URL).Tenant() {
+	if tenant, ok := p.ResponseHolder(t.Context(), "resp_from_elsewhere"); !ok || tenant != tp.worker(t, ws[2].URL).ID() {
 		t.Fatalf("the search's find was not remembered: %q %v", tenant, ok)
 	}
 	if _, h, _ := tp.do(t, http.MethodGet, "/v1/responses/resp_from_elsewhere"); h.Get(HeaderDecision) != labelResponseHolder {

@@ -443,7 +443,7 @@ func (s *Server) prepareByResponseID(ctx *fasthttp.RequestCtx, ex *exchange) boo
 			ex.label = labelResponseHolder
 			ex.in.Candidates = nil
 			for _, w := range candidates {
-				if w.Tenant() == tenant {
+				if w.ID() == tenant {
 					ex.in.Candidates = []*workers.Worker{w}
 				}
 			}

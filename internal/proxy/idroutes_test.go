@@ -174,7 +174,7 @@ func TestContinuationOfAnUnknownResponseFollowsTheWorkerThatHoldsIt(t *testing.T
 	if status != http.StatusOK || h.Get(HeaderWorker) != ws[2].URL || h.Get(HeaderDecision) != labelResponseSearch {
 		t.Fatalf("turn: %d %s on %s: %s; want the holder's answer, %s", status, h.Get(HeaderDecision), h.Get(HeaderWorker), answer, labelResponseSearch)
 	}
-	if tenant, ok := p.ResponseHolder(t.Context(), "resp_before_restart"); !ok || tenant != tp.worker(t, ws[2].URL).Tenant() {
+	if tenant, ok := p.ResponseHolder(t.Context(), "resp_before_restart"); !ok || tenant != tp.worker(t, ws[2].URL).ID() {
 		t.Fatalf("the holder found was not remembered: %q %v", tenant, ok)
 	}
 	before := totalHits(ws)

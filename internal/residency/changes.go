@@ -3,6 +3,8 @@ package residency
 import (
 	"encoding/binary"
 	"errors"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
 )
 
 // ChangeKind names what a Change did.
@@ -26,10 +28,10 @@ const MaxChangeString = 4096
 type Change struct {
 	Kind   ChangeKind
 	Key    string
-	Worker string // ChangeStarted: where the turn was placed
-	Prompt int    // ChangeStarted, ChangeEnded: the turn's prompt tokens
-	Output int    // ChangeEnded: its output tokens
-	OK     bool   // ChangeEnded: the worker reported the tokens
+	Worker tenant.ID // ChangeStarted: where the turn was placed
+	Prompt int       // ChangeStarted, ChangeEnded: the turn's prompt tokens
+	Output int       // ChangeEnded: its output tokens
+	OK     bool      // ChangeEnded: the worker reported the tokens
 }
 
 var errBadChange = errors.New("residency: malformed change")
@@ -77,7 +79,7 @@ func ReadChange(b []byte) (Change, []byte, error) {
 		}
 		strs[i], b = string(b[n:n+int(l)]), b[n+int(l):]
 	}
-	c.Key, c.Worker = strs[0], strs[1]
+	c.Key, c.Worker = strs[0], tenant.ID(strs[1])
 	if c.Key == "" || (c.Kind == ChangeStarted && c.Worker == "") {
 		return Change{}, nil, errBadChange
 	}

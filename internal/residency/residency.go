@@ -16,6 +16,8 @@ import (
 	"container/list"
 	"sync"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
 )
 
 // Defaults for Options.
@@ -85,7 +87,7 @@ func (o *Options) ApplyDefaults() {
 // Session is what the tracker knows of one session.
 type Session struct {
 	// Worker is the worker its last turn was placed on.
-	Worker string
+	Worker tenant.ID
 	// Tokens is its working set: its last turn's prompt and output tokens, or the prompt of a
 	// turn still in flight when that is larger.
 	Tokens int
@@ -127,7 +129,7 @@ type session struct {
 }
 
 type worker struct {
-	name     string
+	name     tenant.ID
 	capacity int        // tokens; 0: unknown
 	sessions *list.List // of *session, most recently used first
 }
@@ -136,7 +138,7 @@ type worker struct {
 type Tracker struct {
 	opts     Options
 	mu       sync.Mutex
-	workers  map[string]*worker
+	workers  map[tenant.ID]*worker
 	sessions map[string]*session
 	all      *list.List // of *session, most recently used first
 }
@@ -144,13 +146,13 @@ type Tracker struct {
 // New returns an empty tracker.
 func New(opts Options) *Tracker {
 	opts.ApplyDefaults()
-	return &Tracker{opts: opts, workers: map[string]*worker{}, sessions: map[string]*session{}, all: list.New()}
+	return &Tracker{opts: opts, workers: map[tenant.ID]*worker{}, sessions: map[string]*session{}, all: list.New()}
 }
 
 // Options returns the tracker's options, defaults applied.
 func (t *Tracker) Options() Options { return t.opts }
 
-func (t *Tracker) worker(name string) *worker {
+func (t *Tracker) worker(name tenant.ID) *worker {
 	w := t.workers[name]
 	if w == nil {
 		w = &worker{name: name, sessions: list.New()}
@@ -161,14 +163,14 @@ func (t *Tracker) worker(name string) *worker {
 
 // SetCapacity records the tokens worker's KV cache holds (0: unknown, which turns the room
 // accounting off for it).
-func (t *Tracker) SetCapacity(worker string, tokens int) {
+func (t *Tracker) SetCapacity(worker tenant.ID, tokens int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.worker(worker).capacity = max(tokens, 0)
 }
 
 // Capacity is the tokens worker's KV cache holds, 0 when unknown.
-func (t *Tracker) Capacity(worker string) int {
+func (t *Tracker) Capacity(worker tenant.ID) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if w := t.workers[worker]; w != nil {
@@ -178,7 +180,7 @@ func (t *Tracker) Capacity(worker string) int {
 }
 
 // RemoveWorker forgets worker and the sessions placed on it: their next turns are new sessions'.
-func (t *Tracker) RemoveWorker(worker string) {
+func (t *Tracker) RemoveWorker(worker tenant.ID) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	w := t.workers[worker]
@@ -247,7 +249,7 @@ func (t *Tracker) horizon(s *session) time.Duration {
 // Room is the tokens worker can take for a new session without its live sessions' working sets
 // passing its capacity less the headroom; it may be negative. ok is false when the worker's
 // capacity is unknown.
-func (t *Tracker) Room(worker string) (room int, ok bool) {
+func (t *Tracker) Room(worker tenant.ID) (room int, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	w := t.workers[worker]
@@ -273,7 +275,7 @@ func (t *Tracker) room(w *worker, now time.Time) (room, live int) {
 // FitsOn reports whether worker can take a new session of need tokens: its capacity is unknown,
 // its room holds need, or none of its sessions is live (there is nothing to protect, and waiting
 // would not make a working set larger than the whole cache fit).
-func (t *Tracker) FitsOn(worker string, need int) bool {
+func (t *Tracker) FitsOn(worker tenant.ID, need int) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	w := t.workers[worker]
@@ -303,7 +305,7 @@ func (t *Tracker) Fits(need int) bool {
 }
 
 // Live is the count of worker's live sessions.
-func (t *Tracker) Live(worker string) int {
+func (t *Tracker) Live(worker tenant.ID) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	w := t.workers[worker]
@@ -317,11 +319,11 @@ func (t *Tracker) Live(worker string) int {
 // Started records a turn of key placed on worker with prompt tokens: the session moves there if
 // it was elsewhere (its cache there is a new one), becomes its worker's most recently used, and
 // is live while the turn runs.
-func (t *Tracker) Started(key, worker string, prompt int) {
+func (t *Tracker) Started(key string, worker tenant.ID, prompt int) {
 	t.record(Change{Kind: ChangeStarted, Key: key, Worker: worker, Prompt: prompt})
 }
 
-func (t *Tracker) started(key, worker string, prompt int) {
+func (t *Tracker) started(key string, worker tenant.ID, prompt int) {
 	now := t.opts.Now()
 	s := t.sessions[key]
 	switch {

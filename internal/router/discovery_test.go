@@ -469,7 +469,7 @@ func TestDataParallelRanksApplyPerDiscoveredPod(t *testing.T) {
 	testkit.WaitFor(t, "the pod to join", func() bool { return tr.available(pods[0].url) })
 	var tenants []string
 	for _, w := range tr.Pool().Get(pods[0].url) {
-		tenants = append(tenants, w.Tenant())
+		tenants = append(tenants, string(w.ID()))
 	}
 	if !slices.Equal(tenants, []string{pods[0].url + "@0", pods[0].url + "@1"}) {
 		t.Fatalf("tenants %v", tenants)

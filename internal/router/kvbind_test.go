@@ -61,7 +61,7 @@ func TestPublishersDiallingTheBoundEndpointFeedTheWorkerTheirTopicNames(t *testi
 		// The prompt goes straight to b's engine, as another replica would have sent it.
 		testkit.WaitFor(t, "b's engine's blocks in the index, under "+want, func() bool {
 			for _, st := range tr.kvEvents.Status() {
-				if st.Worker == want && st.Blocks >= 50 {
+				if string(st.Worker) == want && st.Blocks >= 50 {
 					return true
 				}
 			}

@@ -148,7 +148,7 @@ func TestWorkersOwnEndpointOutsideTheAllowListIsNotDialled(t *testing.T) {
 		if _, err := tr.Join(t.Context(), fleet.Admin, u, workers.RoleColocated, kvevents.WorkerEndpoints{Events: c.endpoint}); err != nil {
 			t.Fatal(err)
 		}
-		srcs := tr.kvSources(t.Context(), map[string]resolvedEndpoints{})
+		srcs := tr.kvSources(t.Context(), map[tenant.ID]resolvedEndpoints{})
 		if c.want == "" && len(srcs) != 0 {
 			t.Fatalf("%s, outside the list: subscribed %+v", c.endpoint, srcs)
 		}

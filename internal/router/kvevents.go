@@ -30,8 +30,8 @@ const tokenCacheBytes = 16 << 20
 
 // syncKVEvents keeps the subscriptions the fleet's until ctx ends, then stops them.
 func (r *Router) syncKVEvents(ctx context.Context) {
-	resolved := map[string]resolvedEndpoints{} // by worker name, for workers whose host had to be resolved
-	replays := map[string]string{}             // by worker name: the replay endpoint of a worker read from the bound endpoint
+	resolved := map[tenant.ID]resolvedEndpoints{} // by worker, for workers whose host had to be resolved
+	replays := map[tenant.ID]string{}             // by worker: the replay endpoint of a worker read from the bound endpoint
 	if r.kvBound != nil {
 		if err := r.kvBound.Listen(ctx); err != nil {
 			r.log.Error("kv events: --kv-events-bind: cannot bind; no publisher can dial the router", "endpoint", r.kvBound.Endpoint(), "error", err)
@@ -79,12 +79,12 @@ func workerEventEndpoints(cfg config.Config) map[tenant.URL]kvevents.WorkerEndpo
 // --kv-events-endpoint template's. With --worker-url-allow, an endpoint whose host is a name is
 // resolved once and its address checked, as every connection to a worker is; a worker outside the
 // list is not subscribed to.
-func (r *Router) kvSources(ctx context.Context, resolved map[string]resolvedEndpoints) []kvevents.Source {
+func (r *Router) kvSources(ctx context.Context, resolved map[tenant.ID]resolvedEndpoints) []kvevents.Source {
 	ws := r.pool.All()
 	out := make([]kvevents.Source, 0, len(ws))
-	seen := make(map[string]bool, len(ws))
+	seen := make(map[tenant.ID]bool, len(ws))
 	for _, w := range ws {
-		seen[w.Name()] = true
+		seen[w.ID()] = true
 		u, err := tenant.ParseURL(w.URL())
 		if err != nil {
 			continue
@@ -93,24 +93,24 @@ func (r *Router) kvSources(ctx context.Context, resolved map[string]resolvedEndp
 		if from.IsZero() {
 			from = kvevents.WorkerEndpoints{Events: r.cfg.KVEventsEndpoint, Replay: r.cfg.KVEventsReplayEndpoint}
 		}
-		ep, ok := resolved[w.Name()]
+		ep, ok := resolved[w.ID()]
 		if !ok || ep.from != from {
 			if from.Events == "" {
-				delete(resolved, w.Name())
+				delete(resolved, w.ID())
 				continue // no template, and no endpoint of its own
 			}
 			if ep, err = r.workerEndpoints(ctx, w, from); err != nil {
 				r.log.Warn("kv events: worker not subscribed to", "worker", w.Name(), "error", err)
-				delete(resolved, w.Name())
+				delete(resolved, w.ID())
 				continue
 			}
-			resolved[w.Name()] = ep
+			resolved[w.ID()] = ep
 		}
-		out = append(out, kvevents.Source{Worker: w.Name(), Endpoint: ep.events, Replay: ep.replay, Topic: r.cfg.KVEventsTopic})
+		out = append(out, kvevents.Source{Worker: w.ID(), Endpoint: ep.events, Replay: ep.replay, Topic: r.cfg.KVEventsTopic})
 	}
-	for name := range resolved {
-		if !seen[name] {
-			delete(resolved, name)
+	for id := range resolved {
+		if !seen[id] {
+			delete(resolved, id)
 		}
 	}
 	return out
@@ -186,8 +186,8 @@ func (r *Router) kvEventsHost(ctx context.Context, host string) (string, error) 
 // kvBoundWorkers are the fleet's workers read from the --kv-events-bind endpoint: every worker
 // not dialled, named by the topics --kv-events-bind-topics gives its URL and by its URL's
 // host:port (llm-d's kv@HOST:PORT@MODEL).
-func (r *Router) kvBoundWorkers(ctx context.Context, dialled []kvevents.Source, replays map[string]string) []kvevents.BoundWorker {
-	skip := make(map[string]bool, len(dialled))
+func (r *Router) kvBoundWorkers(ctx context.Context, dialled []kvevents.Source, replays map[tenant.ID]string) []kvevents.BoundWorker {
+	skip := make(map[tenant.ID]bool, len(dialled))
 	for _, src := range dialled {
 		skip[src.Worker] = true
 	}
@@ -200,7 +200,7 @@ func (r *Router) kvBoundWorkers(ctx context.Context, dialled []kvevents.Source, 
 	ws := r.pool.All()
 	out := make([]kvevents.BoundWorker, 0, len(ws))
 	for _, w := range ws {
-		if skip[w.Name()] {
+		if skip[w.ID()] {
 			continue
 		}
 		u, err := url.Parse(w.URL())
@@ -211,7 +211,7 @@ func (r *Router) kvBoundWorkers(ctx context.Context, dialled []kvevents.Source, 
 		if port == "" {
 			port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
 		}
-		bw := kvevents.BoundWorker{Source: kvevents.Source{Worker: w.Name(), Replay: r.boundReplay(ctx, w, u, replays)},
+		bw := kvevents.BoundWorker{Source: kvevents.Source{Worker: w.ID(), Replay: r.boundReplay(ctx, w, u, replays)},
 			HostPort: net.JoinHostPort(u.Hostname(), port)}
 		if n, err := tenant.NormalizeURL(w.URL()); err == nil {
 			bw.Topics = topics[n]
@@ -219,9 +219,9 @@ func (r *Router) kvBoundWorkers(ctx context.Context, dialled []kvevents.Source, 
 		}
 		out = append(out, bw)
 	}
-	for name := range replays {
-		if !slices.ContainsFunc(ws, func(w *workers.Worker) bool { return w.Name() == name }) {
-			delete(replays, name) // gone from the fleet
+	for id := range replays {
+		if !slices.ContainsFunc(ws, func(w *workers.Worker) bool { return w.ID() == id }) {
+			delete(replays, id) // gone from the fleet
 		}
 	}
 	return out
@@ -231,17 +231,17 @@ func (r *Router) kvBoundWorkers(ctx context.Context, dialled []kvevents.Source, 
 // --kv-events-replay-endpoint template at its host (vLLM's replay socket binds on the engine,
 // whichever way its events go), checked as every endpoint dialled is, once per worker; "" without
 // a template or when the check refuses it.
-func (r *Router) boundReplay(ctx context.Context, w *workers.Worker, u *url.URL, replays map[string]string) string {
+func (r *Router) boundReplay(ctx context.Context, w *workers.Worker, u *url.URL, replays map[tenant.ID]string) string {
 	if r.cfg.KVEventsReplayEndpoint == "" {
 		return ""
 	}
-	if ep, ok := replays[w.Name()]; ok {
+	if ep, ok := replays[w.ID()]; ok {
 		return ep
 	}
 	ep, err := r.dialable(ctx, r.cfg.KVEventsReplayEndpoint, u.Hostname(), w.Rank())
 	if err != nil {
 		r.log.Warn("kv events: no replay for a worker read from the bound endpoint", "worker", w.Name(), "error", err)
 	}
-	replays[w.Name()] = ep
+	replays[w.ID()] = ep
 	return ep
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/cacheroute/cacheroute/internal/kvevents/kvtest"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
@@ -104,7 +105,7 @@ func TestRouterDoesNotSubscribeToAWorkerOutsideTheAllowList(t *testing.T) {
 		if err := tr.AddWorker(t.Context(), byName); err != nil {
 			t.Fatal(err)
 		}
-		srcs := tr.kvSources(t.Context(), map[string]resolvedEndpoints{})
+		srcs := tr.kvSources(t.Context(), map[tenant.ID]resolvedEndpoints{})
 		if len(srcs) != c.want {
 			t.Fatalf("--worker-url-allow %v: %d subscriptions %+v, want %d", c.allow, len(srcs), srcs, c.want)
 		}
@@ -296,11 +297,11 @@ func TestWorkerEndpointsNameSingleWorkersStreamsInPlaceOfTheTemplate(t *testing.
 				t.Fatal(err)
 			}
 		}
-		srcs := tr.kvSources(t.Context(), map[string]resolvedEndpoints{})
+		srcs := tr.kvSources(t.Context(), map[tenant.ID]resolvedEndpoints{})
 		if len(srcs) != c.want {
 			t.Fatalf("--worker-url-allow %v: %+v, want %d subscription", c.allow, srcs, c.want)
 		}
-		if c.want == 1 && (srcs[0].Worker != own || srcs[0].Endpoint != "tcp://localhost:6001") {
+		if c.want == 1 && (string(srcs[0].Worker) != own || srcs[0].Endpoint != "tcp://localhost:6001") {
 			t.Fatalf("%+v, want the worker's own endpoint, and none for the worker without one and without a template", srcs[0])
 		}
 	}

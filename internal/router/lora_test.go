@@ -48,7 +48,7 @@ func TestRequestsForTwoAdaptersOfOneBaseModelNeverMatchEachOthersBlocks(t *testi
 	}
 	blocksOn := func(worker string) int {
 		for _, st := range tr.kvEvents.Status() {
-			if st.Worker == worker {
+			if string(st.Worker) == worker {
 				return st.Blocks
 			}
 		}

@@ -437,7 +437,7 @@ func TestLoadCountersReturnToZeroAfterMixedBurst(t *testing.T) {
 	testkit.WaitFor(t, "every load counter back at zero", func() bool { return tr.totalLoad() == 0 })
 	for _, w := range tr.Pool().All() {
 		if w.Load() != 0 {
-			t.Errorf("%s load %d", w.Tenant(), w.Load())
+			t.Errorf("%s load %d", w.ID(), w.Load())
 		}
 	}
 }

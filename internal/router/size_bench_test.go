@@ -374,7 +374,7 @@ func (w *sizeWorker) awaitIndexed(b *testing.B, r *Router) {
 // indexedBlocks is how many blocks the router's index holds for worker.
 func indexedBlocks(r *Router, worker string) int {
 	for _, st := range r.kvEvents.Status() {
-		if st.Worker == worker {
+		if string(st.Worker) == worker {
 			return st.Blocks
 		}
 	}

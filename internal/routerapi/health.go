@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/kvevents"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -56,10 +57,10 @@ func describeWorker(w *workers.Worker) WorkerInfo {
 
 // describeWorkers shows ws, each with its event stream when the router subscribes to it.
 func (a *API) describeWorkers(ws []*workers.Worker) []WorkerInfo {
-	var streams map[string]kvevents.Status
+	var streams map[tenant.ID]kvevents.Status
 	if a.opts.KVEvents != nil {
 		all := a.opts.KVEvents()
-		streams = make(map[string]kvevents.Status, len(all))
+		streams = make(map[tenant.ID]kvevents.Status, len(all))
 		for _, st := range all {
 			streams[st.Worker] = st
 		}
@@ -67,7 +68,7 @@ func (a *API) describeWorkers(ws []*workers.Worker) []WorkerInfo {
 	out := make([]WorkerInfo, 0, len(ws))
 	for _, w := range ws {
 		info := describeWorker(w)
-		if st, ok := streams[w.Name()]; ok {
+		if st, ok := streams[w.ID()]; ok {
 			info.KVEvents = &WorkerKVEvents{Endpoint: st.Endpoint, Replay: st.Replay, Complete: st.Complete, Blocks: st.Blocks, OrphanedBlocks: st.Orphans}
 		}
 		out = append(out, info)

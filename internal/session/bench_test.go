@@ -6,15 +6,17 @@ import (
 	"runtime"
 	"sync/atomic"
 	"testing"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
 )
 
 // sessionKey returns a 40-byte session key, the length of a typical hashed conversation id.
 func sessionKey(i int) string { return fmt.Sprintf("session-%032x", i) }
 
-var benchTenants = func() []string {
-	t := make([]string, 8)
+var benchTenants = func() []tenant.ID {
+	t := make([]tenant.ID, 8)
 	for i := range t {
-		t[i] = fmt.Sprintf("http://10.0.0.%d:8000", i+1)
+		t[i] = tenant.ID(fmt.Sprintf("http://10.0.0.%d:8000", i+1))
 	}
 	return t
 }()

@@ -240,7 +240,7 @@ func heldEntries(m *Memory) int {
 // new key in an empty model evict from another one.
 func TestConcurrent_CapacityHoldsAcrossModelsAtEveryMoment(t *testing.T) {
 	models := []string{"m0", "m1", "m2", "m3", "m4", "m5"}
-	tenants := []string{workerA, workerA + "@1", workerB}
+	tenants := []tenant.ID{workerA, workerA + "@1", workerB}
 	for _, capacity := range []int{1, 7, 200} {
 		t.Run(fmt.Sprintf("capacity=%d", capacity), func(t *testing.T) {
 			clock := testkit.NewClock()
@@ -332,7 +332,7 @@ func TestMemory_MatchesAReferenceAcrossModels(t *testing.T) {
 			}
 		}})
 	type refEntry struct {
-		tenant string
+		tenant tenant.ID
 		last   time.Time
 	}
 	models := []string{"m0", "m1", "m2", "m3"}
@@ -367,7 +367,7 @@ func TestMemory_MatchesAReferenceAcrossModels(t *testing.T) {
 		return mdl, key
 	}
 	rng := rand.New(rand.NewPCG(2, 2))
-	tenants := []string{workerA, workerA + "@1", workerB}
+	tenants := []tenant.ID{workerA, workerA + "@1", workerB}
 	fromOtherModel, fromOwnModel := 0, 0
 	for step := range 20000 {
 		clock.Advance(time.Duration(1+rng.IntN(3)) * time.Second) // distinct, increasing times
@@ -411,7 +411,7 @@ func TestMemory_MatchesAReferenceAcrossModels(t *testing.T) {
 			_ = m.RemoveTenantsWithBase(ctx, workerA)
 			for _, other := range models {
 				for k, e := range ref[other] {
-					if tenant.HasBase(e.tenant, workerA) {
+					if tenant.HasBase(string(e.tenant), workerA) {
 						want = append(want, other+"/"+WorkerRemoved.String())
 						delete(ref[other], k)
 					}

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
 )
 
 // Operation names and results reported to FallbackOptions.Observe; they are metric label values.
@@ -160,14 +162,14 @@ func detach(ctx context.Context) context.Context {
 }
 
 // Get asks the primary (refreshing the entry's TTL there) and falls back to the local store.
-func (f *Fallback) Get(ctx context.Context, model, key string) (string, bool, error) {
+func (f *Fallback) Get(ctx context.Context, model, key string) (tenant.ID, bool, error) {
 	if !f.tryPrimary() {
 		f.observe(OpGet, ResultSkipped, 0)
 		return f.local.Get(ctx, model, key)
 	}
 	pctx := detach(ctx)
 	start := time.Now()
-	tenant, ok, err := f.primary.Get(pctx, model, key)
+	worker, ok, err := f.primary.Get(pctx, model, key)
 	d := time.Since(start)
 	if err != nil {
 		f.failed(OpGet, err, d)
@@ -176,30 +178,30 @@ func (f *Fallback) Get(ctx context.Context, model, key string) (string, bool, er
 	f.succeeded()
 	if ok {
 		f.observe(OpGet, ResultHit, d)
-		_ = f.local.Set(ctx, model, key, tenant)
-		return tenant, true, nil
+		_ = f.local.Set(ctx, model, key, worker)
+		return worker, true, nil
 	}
 	f.observe(OpGet, ResultMiss, d)
-	tenant, ok, _ = f.local.Get(ctx, model, key)
+	worker, ok, _ = f.local.Get(ctx, model, key)
 	if ok {
-		f.setPrimary(pctx, model, key, tenant)
+		f.setPrimary(pctx, model, key, worker)
 	}
-	return tenant, ok, nil
+	return worker, ok, nil
 }
 
 // Set writes the primary synchronously (so this replica reads its own write) and the local store.
-func (f *Fallback) Set(ctx context.Context, model, key, tenant string) error {
-	_ = f.local.Set(ctx, model, key, tenant)
+func (f *Fallback) Set(ctx context.Context, model, key string, worker tenant.ID) error {
+	_ = f.local.Set(ctx, model, key, worker)
 	if !f.tryPrimary() {
 		f.observe(OpSet, ResultSkipped, 0)
 		return nil
 	}
-	f.setPrimary(detach(ctx), model, key, tenant)
+	f.setPrimary(detach(ctx), model, key, worker)
 	return nil
 }
 
-func (f *Fallback) setPrimary(ctx context.Context, model, key, tenant string) {
-	f.callPrimary(OpSet, func() error { return f.primary.Set(ctx, model, key, tenant) })
+func (f *Fallback) setPrimary(ctx context.Context, model, key string, worker tenant.ID) {
+	f.callPrimary(OpSet, func() error { return f.primary.Set(ctx, model, key, worker) })
 }
 
 // callPrimary runs call, the operation op of the primary store, and records its outcome: a

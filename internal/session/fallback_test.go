@@ -12,6 +12,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/session"
 	"github.com/cacheroute/cacheroute/internal/session/redistest"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
@@ -48,18 +49,18 @@ func (p *fakePrimary) callCount() int {
 	return p.calls
 }
 
-func (p *fakePrimary) Get(ctx context.Context, model, key string) (string, bool, error) {
+func (p *fakePrimary) Get(ctx context.Context, model, key string) (tenant.ID, bool, error) {
 	if err := p.enter(ctx); err != nil {
 		return "", false, err
 	}
 	return p.Memory.Get(ctx, model, key)
 }
 
-func (p *fakePrimary) Set(ctx context.Context, model, key, tenant string) error {
+func (p *fakePrimary) Set(ctx context.Context, model, key string, worker tenant.ID) error {
 	if err := p.enter(ctx); err != nil {
 		return err
 	}
-	return p.Memory.Set(ctx, model, key, tenant)
+	return p.Memory.Set(ctx, model, key, worker)
 }
 
 func (p *fakePrimary) Delete(ctx context.Context, model, key string) error {

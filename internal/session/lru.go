@@ -130,35 +130,35 @@ func (ms *modelSessions) moveToFrontLocked(i int32) {
 	ms.pushFrontLocked(i)
 }
 
-// tenantTable interns tenant strings so entries hold a 4-byte id instead of a copy of the
-// worker URL. Ids are reference counted and reused once no entry points at them.
+// tenantTable interns worker IDs so entries hold a 4-byte id instead of a copy of the worker
+// URL. Ids are reference counted and reused once no entry points at them.
 type tenantTable struct {
-	ids   map[string]uint32
-	names []string
+	ids   map[tenant.ID]uint32
+	names []tenant.ID
 	refs  []int32
 	free  []uint32
 }
 
-func (tt *tenantTable) acquire(tenant string) uint32 {
-	if id, ok := tt.ids[tenant]; ok {
+func (tt *tenantTable) acquire(worker tenant.ID) uint32 {
+	if id, ok := tt.ids[worker]; ok {
 		tt.refs[id]++
 		return id
 	}
 	if tt.ids == nil {
-		tt.ids = make(map[string]uint32)
+		tt.ids = make(map[tenant.ID]uint32)
 	}
-	tenant = strings.Clone(tenant)
+	worker = tenant.ID(strings.Clone(string(worker)))
 	var id uint32
 	if n := len(tt.free); n > 0 {
 		id = tt.free[n-1]
 		tt.free = tt.free[:n-1]
-		tt.names[id], tt.refs[id] = tenant, 1
+		tt.names[id], tt.refs[id] = worker, 1
 	} else {
 		id = uint32(len(tt.names))
-		tt.names = append(tt.names, tenant)
+		tt.names = append(tt.names, worker)
 		tt.refs = append(tt.refs, 1)
 	}
-	tt.ids[tenant] = id
+	tt.ids[worker] = id
 	return id
 }
 
@@ -175,7 +175,7 @@ func (tt *tenantTable) release(id uint32) {
 func (tt *tenantTable) withBase(base string) []uint32 {
 	var ids []uint32
 	for name, id := range tt.ids {
-		if tenant.HasBase(name, base) {
+		if tenant.HasBase(string(name), base) {
 			ids = append(ids, id)
 		}
 	}

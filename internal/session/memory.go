@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
 )
 
 // Defaults for MemoryOptions.
@@ -170,7 +172,7 @@ func (m *Memory) lookupOrCreate(model string) *modelSessions {
 
 // Get returns the tenant for key and refreshes the entry. An expired entry is removed and
 // reported as a miss.
-func (m *Memory) Get(_ context.Context, model, key string) (string, bool, error) {
+func (m *Memory) Get(_ context.Context, model, key string) (tenant.ID, bool, error) {
 	ms := m.lookup(model)
 	if ms == nil {
 		return "", false, nil
@@ -192,15 +194,15 @@ func (m *Memory) Get(_ context.Context, model, key string) (string, bool, error)
 	}
 	e.lastUsed = now
 	ms.moveToFrontLocked(i)
-	tenant := ms.tenants.names[e.tenant]
+	worker := ms.tenants.names[e.tenant]
 	ms.mu.Unlock()
-	return tenant, true, nil
+	return worker, true, nil
 }
 
 // Set points key at tenant and makes it the most recently used entry. Adding a key to a full
 // store evicts the store's least recently used entry, of whichever model, and reports it
 // under the model it belonged to: SessionTTL if it had expired anyway, else SessionCapacity.
-func (m *Memory) Set(_ context.Context, model, key, tenant string) error {
+func (m *Memory) Set(_ context.Context, model, key string, worker tenant.ID) error {
 	ms := m.lookupOrCreate(model)
 	claimed := false // a slot of the total freed in another model for this Set
 	for {
@@ -208,9 +210,9 @@ func (m *Memory) Set(_ context.Context, model, key, tenant string) error {
 		now := m.now() // read under the lock, so list order is access-time order
 		if i, ok := ms.index[key]; ok {
 			e := &ms.entries[i]
-			if ms.tenants.names[e.tenant] != tenant {
+			if ms.tenants.names[e.tenant] != worker {
 				ms.tenants.release(e.tenant)
-				e.tenant = ms.tenants.acquire(tenant)
+				e.tenant = ms.tenants.acquire(worker)
 			}
 			e.lastUsed = now
 			ms.moveToFrontLocked(i)
@@ -221,7 +223,7 @@ func (m *Memory) Set(_ context.Context, model, key, tenant string) error {
 			return nil
 		}
 		if claimed || m.claim() {
-			ms.addLocked(strings.Clone(key), ms.tenants.acquire(tenant), now)
+			ms.addLocked(strings.Clone(key), ms.tenants.acquire(worker), now)
 			ms.mu.Unlock()
 			return nil
 		}
@@ -232,7 +234,7 @@ func (m *Memory) Set(_ context.Context, model, key, tenant string) error {
 			// does not change.
 			reason := m.evictReason(ms.entries[ms.tail].lastUsed, now)
 			ms.removeLocked(ms.tail)
-			ms.addLocked(strings.Clone(key), ms.tenants.acquire(tenant), now)
+			ms.addLocked(strings.Clone(key), ms.tenants.acquire(worker), now)
 			ms.mu.Unlock()
 			m.report(model, reason, 1)
 			return nil

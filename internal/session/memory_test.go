@@ -42,22 +42,22 @@ func (l *evictLog) count(model string, reason EvictReason) int {
 
 var ctx = context.Background()
 
-func set(t *testing.T, s Store, model, key, tenant string) {
+func set(t *testing.T, s Store, model, key string, worker tenant.ID) {
 	t.Helper()
-	if err := s.Set(ctx, model, key, tenant); err != nil {
-		t.Fatalf("Set(%q, %q, %q): %v", model, key, tenant, err)
+	if err := s.Set(ctx, model, key, worker); err != nil {
+		t.Fatalf("Set(%q, %q, %q): %v", model, key, worker, err)
 	}
 }
 
-func assertGet(t *testing.T, s Store, model, key, wantTenant string) {
+func assertGet(t *testing.T, s Store, model, key string, wantTenant tenant.ID) {
 	t.Helper()
-	tenant, ok, err := s.Get(ctx, model, key)
+	worker, ok, err := s.Get(ctx, model, key)
 	if err != nil {
 		t.Fatalf("Get(%q, %q): %v", model, key, err)
 	}
 	wantOK := wantTenant != ""
-	if ok != wantOK || tenant != wantTenant {
-		t.Fatalf("Get(%q, %q) = (%q, %v), want (%q, %v)", model, key, tenant, ok, wantTenant, wantOK)
+	if ok != wantOK || worker != wantTenant {
+		t.Fatalf("Get(%q, %q) = (%q, %v), want (%q, %v)", model, key, worker, ok, wantTenant, wantOK)
 	}
 }
 
@@ -219,11 +219,11 @@ func TestRemoveTenantsWithBase_RemovesWorkerAndItsRanksOnly(t *testing.T) {
 	const url = "http://10.0.0.1:8000"
 	var log evictLog
 	m := NewMemory(MemoryOptions{OnEvict: log.record})
-	removed := []string{url, url + "@0", url + "@1", url + "@12"}
-	kept := []string{url + "2", url + "x@0", url + "@", url + "@r1", workerB}
+	removed := []tenant.ID{url, url + "@0", url + "@1", url + "@12"}
+	kept := []tenant.ID{url + "2", url + "x@0", url + "@", url + "@r1", workerB}
 	for _, mdl := range []string{"m1", "m2"} {
-		for _, tenant := range append(append([]string{}, removed...), kept...) {
-			set(t, m, mdl, "session-on-"+tenant, tenant)
+		for _, tenant := range append(append([]tenant.ID{}, removed...), kept...) {
+			set(t, m, mdl, "session-on-"+string(tenant), tenant)
 		}
 	}
 	if err := m.RemoveTenantsWithBase(ctx, url); err != nil {
@@ -231,10 +231,10 @@ func TestRemoveTenantsWithBase_RemovesWorkerAndItsRanksOnly(t *testing.T) {
 	}
 	for _, mdl := range []string{"m1", "m2"} {
 		for _, tenant := range removed {
-			assertGet(t, m, mdl, "session-on-"+tenant, "")
+			assertGet(t, m, mdl, "session-on-"+string(tenant), "")
 		}
 		for _, tenant := range kept {
-			assertGet(t, m, mdl, "session-on-"+tenant, tenant)
+			assertGet(t, m, mdl, "session-on-"+string(tenant), tenant)
 		}
 		if n := log.count(mdl, WorkerRemoved); n != len(removed) {
 			t.Fatalf("OnEvict(%q, WorkerRemoved) total = %d, want %d", mdl, n, len(removed))
@@ -280,7 +280,7 @@ func TestMemory_MatchesAReferenceUnderRandomOperations(t *testing.T) {
 	clock := testkit.NewClock()
 	m := NewMemory(MemoryOptions{MaxEntries: capacity, TTL: 100 * time.Second, Now: clock.Now})
 	type refEntry struct {
-		tenant string
+		tenant tenant.ID
 		last   time.Time
 	}
 	ref := map[string]refEntry{}
@@ -294,7 +294,7 @@ func TestMemory_MatchesAReferenceUnderRandomOperations(t *testing.T) {
 		delete(ref, oldest)
 	}
 	rng := rand.New(rand.NewPCG(1, 1))
-	tenants := []string{workerA, workerA + "@1", workerB}
+	tenants := []tenant.ID{workerA, workerA + "@1", workerB}
 	for range 20000 {
 		clock.Advance(time.Duration(1+rng.IntN(3)) * time.Second) // distinct, increasing times
 		key := fmt.Sprintf("s%d", rng.IntN(40))
@@ -325,7 +325,7 @@ func TestMemory_MatchesAReferenceUnderRandomOperations(t *testing.T) {
 		default:
 			_ = m.RemoveTenantsWithBase(ctx, workerA)
 			for k, e := range ref {
-				if tenant.HasBase(e.tenant, workerA) {
+				if tenant.HasBase(string(e.tenant), workerA) {
 					delete(ref, k)
 				}
 			}
@@ -388,7 +388,7 @@ func TestConcurrent_GetSetAcrossModels(t *testing.T) {
 				case 2:
 					_ = m.Delete(ctx, mdl, key)
 				case 3, 4, 5, 6, 7:
-					_ = m.Set(ctx, mdl, key, []string{workerA, workerA + "@1", workerB}[rng.IntN(3)])
+					_ = m.Set(ctx, mdl, key, []tenant.ID{workerA, workerA + "@1", workerB}[rng.IntN(3)])
 				default:
 					if tenant, ok, _ := m.Get(ctx, mdl, key); ok && tenant == "" {
 						t.Errorf("hit with an empty tenant")

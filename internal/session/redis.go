@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 )
@@ -161,17 +162,17 @@ func (r *Redis) bounded(ctx context.Context) (context.Context, context.CancelFun
 }
 
 // Get returns the tenant for key and refreshes its TTL, in one GETEX.
-func (r *Redis) Get(ctx context.Context, model, key string) (string, bool, error) {
+func (r *Redis) Get(ctx context.Context, model, key string) (tenant.ID, bool, error) {
 	ctx, cancel := r.bounded(ctx)
 	defer cancel()
-	tenant, err := r.client.GetEx(ctx, r.Key(model, key), r.ttl).Result()
+	worker, err := r.client.GetEx(ctx, r.Key(model, key), r.ttl).Result()
 	if errors.Is(err, redis.Nil) {
 		return "", false, nil
 	}
 	if err != nil {
 		return "", false, wrapBusy(err)
 	}
-	return tenant, true, nil
+	return tenant.ID(worker), true, nil
 }
 
 func wrapBusy(err error) error {
@@ -181,11 +182,12 @@ func wrapBusy(err error) error {
 	return err
 }
 
-// Set points key at tenant with a fresh TTL, synchronously.
-func (r *Redis) Set(ctx context.Context, model, key, tenant string) error {
+// Set points key at worker with a fresh TTL, synchronously. The value is the ID's string, as every
+// release has written it, so that replicas of different releases read each other's entries.
+func (r *Redis) Set(ctx context.Context, model, key string, worker tenant.ID) error {
 	ctx, cancel := r.bounded(ctx)
 	defer cancel()
-	return wrapBusy(r.client.Set(ctx, r.Key(model, key), tenant, r.ttl).Err())
+	return wrapBusy(r.client.Set(ctx, r.Key(model, key), string(worker), r.ttl).Err())
 }
 
 // Delete removes key.

@@ -20,6 +20,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/session"
 	"github.com/cacheroute/cacheroute/internal/session/redistest"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
@@ -43,7 +44,7 @@ func newRedis(t *testing.T, srv *redistest.Server, opts session.RedisOptions) *s
 	return r
 }
 
-func mustGet(t *testing.T, s session.Store, model, key, want string) {
+func mustGet(t *testing.T, s session.Store, model, key string, want tenant.ID) {
 	t.Helper()
 	got, ok, err := s.Get(context.Background(), model, key)
 	if err != nil {
@@ -57,10 +58,10 @@ func mustGet(t *testing.T, s session.Store, model, key, want string) {
 	}
 }
 
-func mustSet(t *testing.T, s session.Store, model, key, tenant string) {
+func mustSet(t *testing.T, s session.Store, model, key string, worker tenant.ID) {
 	t.Helper()
-	if err := s.Set(context.Background(), model, key, tenant); err != nil {
-		t.Fatalf("Set(%q, %q, %q): %v", model, key, tenant, err)
+	if err := s.Set(context.Background(), model, key, worker); err != nil {
+		t.Fatalf("Set(%q, %q, %q): %v", model, key, worker, err)
 	}
 }
 
@@ -110,6 +111,13 @@ func TestRedis_KeyLayout(t *testing.T) {
 	if err != nil || len(keys) != 1 {
 		t.Fatalf("keys %v, %v; want exactly one", keys, err)
 	}
+	// The value is the worker's ID as it is, credentials included: what every release writes and
+	// reads, so that replicas of two releases share the entries while a fleet is upgraded.
+	const withCredentials = "http://user:pw@10.0.0.3:8000@1"
+	if err := c.Set(ctx, r.Key(redisModel, "session:old"), withCredentials, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	mustGet(t, r, redisModel, "session:old", withCredentials)
 
 	// A ':' in the model name is escaped, so model "m:x" and model "m" with the same key are
 	// different entries.

@@ -6,17 +6,17 @@ package session
 
 import (
 	"context"
+
+	"github.com/cacheroute/cacheroute/internal/tenant"
 )
 
-// Store maps (model, session key) → worker tenant.
-//
-// A tenant is a worker identity such as "http://10.0.0.1:8000" or "http://10.0.0.1:8000@3"
-// (data-parallel rank 3).
+// Store maps (model, session key) → worker, by its tenant.ID such as "http://10.0.0.1:8000" or
+// "http://10.0.0.1:8000@3" (data-parallel rank 3).
 type Store interface {
-	// Get returns the tenant for key and refreshes the entry's access time (and TTL).
-	Get(ctx context.Context, model, key string) (tenant string, ok bool, err error)
-	// Set points key at tenant (insert or overwrite), resetting its TTL.
-	Set(ctx context.Context, model, key, tenant string) error
+	// Get returns the worker for key and refreshes the entry's access time (and TTL).
+	Get(ctx context.Context, model, key string) (worker tenant.ID, ok bool, err error)
+	// Set points key at worker (insert or overwrite), resetting its TTL.
+	Set(ctx context.Context, model, key string, worker tenant.ID) error
 	// Delete removes key; deleting a missing key is not an error.
 	Delete(ctx context.Context, model, key string) error
 	// RemoveTenantsWithBase drops every entry pointing at base or base+"@<rank>" (a removed

@@ -1,6 +1,7 @@
 // Package tenant owns a worker's identity: it checks and normalises worker URLs, names routing
-// targets and redacts credentials from every name shown outside the router. A worker URL is one
-// tenant, or with data parallelism one tenant per rank, "URL@rank". The policy state (prefix tree, session map) is keyed by tenant,
+// targets (ID) and redacts credentials from every name shown outside the router. A worker URL is
+// one tenant, or with data parallelism one tenant per rank, "URL@rank". Everything kept per worker
+// (prefix tree, KV-event index, session store, residency, TTFT predictor) is keyed by its ID,
 // and removing a worker removes every tenant of its URL.
 package tenant
 

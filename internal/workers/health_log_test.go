@@ -59,7 +59,7 @@ func TestProbeFailureReasonNamesTheCause(t *testing.T) {
 			for _, w := range added {
 				st, ok := w.Probe()
 				if !ok || !strings.Contains(st.LastError, tc.want) || !st.LastErrorTime.Equal(now) || st.Failures != 1 {
-					t.Errorf("%s probe status %+v (ok %v), want the reason %q at %v after 1 failure", w.Tenant(), st, ok, tc.want, now)
+					t.Errorf("%s probe status %+v (ok %v), want the reason %q at %v after 1 failure", w.ID(), st, ok, tc.want, now)
 				}
 			}
 			if got := logs.Lines("worker health check failed"); len(got) != 1 || !strings.Contains(got[0], tc.want) {

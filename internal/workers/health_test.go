@@ -99,10 +99,10 @@ func TestCheckerFirstPassingProbeMarksHealthyAtOnce(t *testing.T) {
 	c.Check(context.Background(), f.srv.URL)
 	for _, w := range p.Get(f.srv.URL) {
 		if !w.Healthy() {
-			t.Errorf("%s unhealthy after a first passing probe", w.Tenant())
+			t.Errorf("%s unhealthy after a first passing probe", w.ID())
 		}
 		if got := w.Models(); !slices.Equal(got, []string{"llama"}) {
-			t.Errorf("%s models = %v, want [llama]", w.Tenant(), got)
+			t.Errorf("%s models = %v, want [llama]", w.ID(), got)
 		}
 	}
 }
@@ -221,7 +221,7 @@ func TestCheckerRefreshesModels(t *testing.T) {
 	c.Check(ctx, f.srv.URL)
 	for _, w := range p.Get(f.srv.URL) {
 		if got := w.Models(); !slices.Equal(got, []string{"llama", "llama-lora"}) {
-			t.Errorf("%s models = %v after refresh", w.Tenant(), got)
+			t.Errorf("%s models = %v after refresh", w.ID(), got)
 		}
 	}
 	if got := p.Models(); !slices.Equal(got, []string{"llama", "llama-lora"}) {

@@ -14,11 +14,11 @@ import (
 // with --intra-node-data-parallel-size N it is N tenants "URL@0".."URL@N-1" that share the URL and
 // are told apart by the X-data-parallel-rank header.
 type Worker struct {
-	url    string
-	rank   int // -1 without data parallelism
-	ranks  int // the URL's data-parallel ranks, this one among them (1 without)
-	tenant string
-	name   string // tenant without credentials: what clients, logs and metrics see
+	url   string
+	rank  int // -1 without data parallelism
+	ranks int // the URL's data-parallel ranks, this one among them (1 without)
+	id    tenant.ID
+	name  string // id.Redacted(), kept: what clients, logs and metrics see
 
 	role    atomic.Uint32 // a Role (role.go)
 	load    atomic.Int64
@@ -51,8 +51,8 @@ type loadConfig struct {
 }
 
 func newWorker(url string, rank, ranks int, breaker *Breaker, lc *loadConfig) *Worker {
-	w := &Worker{url: url, rank: rank, ranks: ranks, tenant: tenant.Name(url, rank), breaker: breaker, lc: lc}
-	w.name = tenant.Redact(w.tenant)
+	w := &Worker{url: url, rank: rank, ranks: ranks, id: tenant.IDOf(url, rank), breaker: breaker, lc: lc}
+	w.name = w.id.Redacted()
 	w.models.Store(&[]string{})
 	return w
 }
@@ -63,11 +63,12 @@ func (w *Worker) URL() string { return w.url }
 // Rank is the data-parallel rank, or -1 without data parallelism.
 func (w *Worker) Rank() int { return w.rank }
 
-// Tenant is the routing identity: URL, or URL@rank.
-func (w *Worker) Tenant() string { return w.tenant }
+// ID is the worker's one identity: URL, or URL@rank. Every part of the router that keeps
+// something per worker keys it by ID.
+func (w *Worker) ID() tenant.ID { return w.id }
 
-// Name is the tenant as shown outside the router (headers, health, metric labels, logs): the
-// tenant with any userinfo of its URL removed.
+// Name is the ID as shown outside the router (headers, health, metric labels, logs): the ID
+// without any userinfo of its URL (ID.Redacted, computed once).
 func (w *Worker) Name() string { return w.name }
 
 // BaseName is the worker URL as shown outside the router, without userinfo.

@@ -14,7 +14,7 @@ import (
 func tenants(ws []*Worker) []string {
 	out := make([]string, len(ws))
 	for i, w := range ws {
-		out[i] = w.Tenant()
+		out[i] = string(w.ID())
 	}
 	return out
 }
@@ -25,7 +25,7 @@ func TestPoolWithoutDataParallelismHasOneTenantPerURL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(added) != 1 || added[0].Tenant() != "http://a:1" || added[0].Rank() != -1 || added[0].URL() != "http://a:1" {
+	if len(added) != 1 || added[0].ID() != "http://a:1" || added[0].Rank() != -1 || added[0].URL() != "http://a:1" {
 		t.Fatalf("Add = %v (rank %d), want one tenant http://a:1 with rank -1", tenants(added), added[0].Rank())
 	}
 	if added[0].Healthy() {
@@ -46,10 +46,10 @@ func TestPoolDataParallelSizeTwoMakesRankedTenants(t *testing.T) {
 	}
 	for i, w := range p.All() {
 		if w.Rank() != i%2 {
-			t.Errorf("%s: Rank = %d, want %d", w.Tenant(), w.Rank(), i%2)
+			t.Errorf("%s: Rank = %d, want %d", w.ID(), w.Rank(), i%2)
 		}
-		if w.URL() != tenant.Base(w.Tenant()) {
-			t.Errorf("%s: URL = %q", w.Tenant(), w.URL())
+		if w.URL() != tenant.Base(string(w.ID())) {
+			t.Errorf("%s: URL = %q", w.ID(), w.URL())
 		}
 	}
 	a := p.Get("http://a:1")

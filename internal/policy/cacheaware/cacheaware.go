@@ -19,6 +19,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/residency"
 	"github.com/cacheroute/cacheroute/internal/session"
 	"github.com/cacheroute/cacheroute/internal/telemetry"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -190,7 +191,7 @@ type decision struct {
 	key     string // session key; "" when the request has none or is not a chat
 	minLoad int64
 	maxLoad int64
-	forget  []string // tenants found gone while choosing, dropped at Accepted
+	forget  []tenant.ID // tenants found gone while choosing, dropped at Accepted
 	// eventsHeld is the prompt tokens the chosen worker holds by its KV-cache events, when the
 	// events chose it (LabelKVEventsMatch, LabelSessionEvicted).
 	eventsHeld int
@@ -240,7 +241,7 @@ func (p *Policy) Select(in policy.Input) policy.Decision {
 	p.probe(d)
 
 	w, label, step := p.choose(d)
-	chosen := d.probe.Of(w.Tenant())
+	chosen := d.probe.Of(w.ID())
 	held, heldAge := chosen.Held, chosen.Age
 	match := 0.0
 	switch {
@@ -275,7 +276,7 @@ type choice struct {
 	heldAge uint64
 	// forget are tenants found gone or unavailable while choosing; Accepted drops their state,
 	// so that Select itself changes nothing.
-	forget []string
+	forget []tenant.ID
 	// session is the pressure model's record of the decision; nil when it did not place it.
 	session *sessionRecord
 }
@@ -301,10 +302,10 @@ func (p *Policy) Accepted(in policy.Input, dec policy.Decision) {
 		p.report(evictedTree, p.tree.RemoveTenant(t))
 	}
 	if d.key != "" && dec.Label != LabelSessionMatch {
-		_ = p.store.Set(d.ctx, d.model, d.key, dec.Worker.Tenant())
+		_ = p.store.Set(d.ctx, d.model, d.key, dec.Worker.ID())
 	}
 	if d.text != "" {
-		p.report(evictedTree, p.tree.Insert(d.model, d.text, dec.Worker.Tenant()))
+		p.report(evictedTree, p.tree.Insert(d.model, d.text, dec.Worker.ID()))
 	}
 	p.recordSession(d, dec.Worker)
 	if rec := choiceOf(dec).session; rec != nil {
@@ -345,12 +346,12 @@ func (p *Policy) Done(in policy.Input, dec policy.Decision, o workers.Outcome, u
 func (p *Policy) unlearn(in policy.Input, dec policy.Decision) {
 	d := newDecision(in)
 	if d.text != "" {
-		p.tree.Release(d.model, d.text, dec.Worker.Tenant(), choiceOf(dec).held)
+		p.tree.Release(d.model, d.text, dec.Worker.ID(), choiceOf(dec).held)
 	}
 	if d.key == "" {
 		return
 	}
-	if tenant, ok, err := p.store.Get(d.ctx, d.model, d.key); err == nil && ok && tenant == dec.Worker.Tenant() {
+	if worker, ok, err := p.store.Get(d.ctx, d.model, d.key); err == nil && ok && worker == dec.Worker.ID() {
 		_ = p.store.Delete(d.ctx, d.model, d.key)
 	}
 }
@@ -379,13 +380,13 @@ func (p *Policy) byEvents(d *decision) (*workers.Worker, bool) {
 	var best *workers.Worker
 	bestHeld, bestCost := 0, 0.0
 	for i, w := range d.in.Candidates {
-		if bs := p.opts.KVIndex.BlockSize(w.Name()); bs > 0 {
+		if bs := p.opts.KVIndex.BlockSize(w.ID()); bs > 0 {
 			k, ok := keys[bs]
 			if !ok {
 				k = eventKeys(d.in, tokens, bs)
 				keys[bs] = k
 			}
-			m := p.opts.KVIndex.Match(w.Name(), k)
+			m := p.opts.KVIndex.Match(w.ID(), k)
 			held[i] = m.Blocks * bs
 			worth[i] = (float64(m.GPUBlocks) + p.opts.OffloadedWeight*float64(m.Blocks-m.GPUBlocks)) * float64(bs)
 		}
@@ -403,7 +404,7 @@ func (p *Policy) byEvents(d *decision) (*workers.Worker, bool) {
 	if p.opts.CacheIndex == IndexAuto && d.text != "" {
 		if conversation := p.continuation(d); conversation != nil {
 			for i, w := range d.in.Candidates {
-				if worth[i] == most && slices.Contains(conversation, w.Tenant()) {
+				if worth[i] == most && slices.Contains(conversation, w.ID()) {
 					d.eventsHeld = held[i]
 					return w, true
 				}
@@ -453,7 +454,7 @@ func (p *Policy) leastLoaded(d *decision, ws []*workers.Worker) *workers.Worker 
 func (p *Policy) leastLoadedByMatch(d *decision) *workers.Worker {
 	tied := lowest(d.in.Candidates, func(w *workers.Worker) int64 { return w.Load() })
 	if len(tied) > 1 && d.text != "" {
-		tied = lowest(tied, func(w *workers.Worker) int64 { return -int64(d.probe.Of(w.Tenant()).Held) })
+		tied = lowest(tied, func(w *workers.Worker) int64 { return -int64(d.probe.Of(w.ID()).Held) })
 	}
 	return p.leastLoaded(d, tied)
 }
@@ -487,9 +488,9 @@ func loadRange(ws []*workers.Worker) (minLoad, maxLoad int64) {
 	return minLoad, maxLoad
 }
 
-func candidate(ws []*workers.Worker, tenant string) *workers.Worker {
+func candidate(ws []*workers.Worker, id tenant.ID) *workers.Worker {
 	for _, w := range ws {
-		if w.Tenant() == tenant {
+		if w.ID() == id {
 			return w
 		}
 	}
@@ -498,7 +499,7 @@ func candidate(ws []*workers.Worker, tenant string) *workers.Worker {
 
 // live reports whether tenant is registered and available. A live tenant that is not a
 // candidate (already tried by this request, or not serving its model) keeps its state.
-func live(all []*workers.Worker, tenant string) bool {
-	w := candidate(all, tenant)
+func live(all []*workers.Worker, id tenant.ID) bool {
+	w := candidate(all, id)
 	return w != nil && w.Available()
 }

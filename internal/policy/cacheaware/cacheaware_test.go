@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/prefixtree"
 	"github.com/cacheroute/cacheroute/internal/protocol"
 	"github.com/cacheroute/cacheroute/internal/session"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/testkit"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -67,10 +69,17 @@ func route(p *Policy, pool *workers.Pool, r *protocol.Request) policy.Decision {
 	return d
 }
 
-// heldBy is how many bytes of r's history key the tree says tenant holds.
-func heldBy(p *Policy, r *protocol.Request, tenant string) int {
+// heldBy is how many bytes of r's history key the tree says worker holds.
+func heldBy(p *Policy, r *protocol.Request, worker tenant.ID) int {
 	d := newDecision(policy.Input{Request: r, Model: r.Model})
-	return p.tree.MatchTenant(d.model, d.text, tenant)
+	return holdOf(p, d.model, d.text, worker).Held
+}
+
+// holdOf is what the tree says worker holds of key in namespace ns.
+func holdOf(p *Policy, ns, key string, worker tenant.ID) prefixtree.Hold {
+	var probe prefixtree.Probe
+	p.tree.Probe(&probe, ns, key, nil)
+	return probe.Of(worker)
 }
 
 // chat renders a conversation body: system prompt, then the given user/assistant turns.
@@ -105,7 +114,7 @@ func TestSessionIDWithSharedPrefixDoesNotFollowShorterID(t *testing.T) {
 		t.Fatalf("session-12 matched session-1's entry")
 	}
 	if second.Worker == first.Worker {
-		t.Fatalf("session-12 followed session-1 onto the busier worker %s", first.Worker.Tenant())
+		t.Fatalf("session-12 followed session-1 onto the busier worker %s", first.Worker.ID())
 	}
 	_ = ws
 }
@@ -118,7 +127,7 @@ func TestUnknownSessionLandsOnHistoryHolderThenSticks(t *testing.T) {
 	turn2 := chat(longSystem, []string{"fix the bug in parser.go", "done", "now add a test"}, "")
 	d := route(p, pool, req(t, turn2, "x-session-id", "s-new"))
 	if d.Label != LabelFullHistoryMatch || d.Worker != placed.Worker {
-		t.Fatalf("turn 2 of an unknown session: %s on %s, want %s on %s", d.Label, d.Worker.Tenant(), LabelFullHistoryMatch, placed.Worker.Tenant())
+		t.Fatalf("turn 2 of an unknown session: %s on %s, want %s on %s", d.Label, d.Worker.ID(), LabelFullHistoryMatch, placed.Worker.ID())
 	}
 	if d.Match <= 0.3 {
 		t.Fatalf("predicted match %v, want above the threshold", d.Match)
@@ -126,7 +135,7 @@ func TestUnknownSessionLandsOnHistoryHolderThenSticks(t *testing.T) {
 	turn3 := chat(longSystem, []string{"fix the bug in parser.go", "done", "now add a test", "added", "run it"}, "")
 	d = route(p, pool, req(t, turn3, "x-session-id", "s-new"))
 	if d.Label != LabelSessionMatch || d.Worker != placed.Worker {
-		t.Fatalf("turn 3: %s on %s, want session_id_match on %s", d.Label, d.Worker.Tenant(), placed.Worker.Tenant())
+		t.Fatalf("turn 3: %s on %s, want session_id_match on %s", d.Label, d.Worker.ID(), placed.Worker.ID())
 	}
 }
 
@@ -141,7 +150,7 @@ func TestChatWithoutIDsLandsOnHolderOfSystemPromptAndTools(t *testing.T) {
 	for i := range 5 {
 		d := route(p, pool, req(t, chat(longSystem, []string{fmt.Sprintf("another task %d", i)}, tools)))
 		if d.Label != LabelCacheAffinity || d.Worker != first.Worker {
-			t.Fatalf("request %d: %s on %s, want cache_affinity on %s", i, d.Label, d.Worker.Tenant(), first.Worker.Tenant())
+			t.Fatalf("request %d: %s on %s, want cache_affinity on %s", i, d.Label, d.Worker.ID(), first.Worker.ID())
 		}
 	}
 }
@@ -154,7 +163,7 @@ func TestImageOnlyChatWithUnknownSessionIsEmptyHistoryMinLoad(t *testing.T) {
 	body := `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]}`
 	d := route(p, pool, req(t, body, "x-session-id", "img"))
 	if d.Label != LabelEmptyHistory || d.Worker != ws[1] {
-		t.Fatalf("%s on %s, want %s on the idle %s", d.Label, d.Worker.Tenant(), LabelEmptyHistory, ws[1].Tenant())
+		t.Fatalf("%s on %s, want %s on the idle %s", d.Label, d.Worker.ID(), LabelEmptyHistory, ws[1].ID())
 	}
 }
 
@@ -166,7 +175,7 @@ func TestChangingRequestIDDoesNotChangeWorker(t *testing.T) {
 	for i := 1; i < 10; i++ {
 		d := route(p, pool, req(t, body, "x-request-id", fmt.Sprintf("r-%d", i), "x-correlation-id", fmt.Sprint(i), "traceparent", fmt.Sprint(i)))
 		if d.Worker != first.Worker || d.Label != LabelCacheAffinity {
-			t.Fatalf("request %d: %s on %s, want cache_affinity on %s", i, d.Label, d.Worker.Tenant(), first.Worker.Tenant())
+			t.Fatalf("request %d: %s on %s, want cache_affinity on %s", i, d.Label, d.Worker.ID(), first.Worker.ID())
 		}
 	}
 }
@@ -177,7 +186,7 @@ func TestHeaderAndBodySessionIDsReachTheSameSession(t *testing.T) {
 	first := route(p, pool, req(t, chat("", []string{"a"}, ""), "x-session-id", "abc"))
 	d := route(p, pool, req(t, chat("", []string{"completely different text"}, `,"session_params":{"session_id":"abc"}`)))
 	if d.Label != LabelSessionMatch || d.Worker != first.Worker {
-		t.Fatalf("body id: %s on %s, want session_id_match on %s", d.Label, d.Worker.Tenant(), first.Worker.Tenant())
+		t.Fatalf("body id: %s on %s, want session_id_match on %s", d.Label, d.Worker.ID(), first.Worker.ID())
 	}
 }
 
@@ -192,14 +201,14 @@ func TestBalanceGateOverridesSessionHitAndSessionFollows(t *testing.T) {
 	}
 	d := route(p, pool, req(t, body, "x-session-id", "s"))
 	if d.Label != LabelLoadBalance || d.Worker == home.Worker {
-		t.Fatalf("imbalanced: %s on %s, want load_balance away from %s", d.Label, d.Worker.Tenant(), home.Worker.Tenant())
+		t.Fatalf("imbalanced: %s on %s, want load_balance away from %s", d.Label, d.Worker.ID(), home.Worker.ID())
 	}
 	for _, l := range leases {
 		l.Release()
 	}
 	again := route(p, pool, req(t, body, "x-session-id", "s"))
 	if again.Label != LabelSessionMatch || again.Worker != d.Worker {
-		t.Fatalf("after the gate: %s on %s, want session_id_match on the new worker %s", again.Label, again.Worker.Tenant(), d.Worker.Tenant())
+		t.Fatalf("after the gate: %s on %s, want session_id_match on the new worker %s", again.Label, again.Worker.ID(), d.Worker.ID())
 	}
 }
 
@@ -228,7 +237,7 @@ func TestWorkerRemovalClearsSessionsAndTree(t *testing.T) {
 	p := newPolicy(defaultOptions())
 	body := chat(longSystem, []string{"task"}, "")
 	home := route(p, pool, req(t, body, "x-session-id", "s"))
-	if heldBy(p, req(t, body), home.Worker.Tenant()) == 0 {
+	if heldBy(p, req(t, body), home.Worker.ID()) == 0 {
 		t.Fatal("the chosen worker was not taught the history")
 	}
 	url := home.Worker.URL()
@@ -239,12 +248,12 @@ func TestWorkerRemovalClearsSessionsAndTree(t *testing.T) {
 	if tenant, ok, _ := p.store.Get(context.Background(), "m", "session:s"); ok {
 		t.Fatalf("session still points at %s", tenant)
 	}
-	if got := heldBy(p, req(t, body), home.Worker.Tenant()); got != 0 {
+	if got := heldBy(p, req(t, body), home.Worker.ID()); got != 0 {
 		t.Fatalf("removed worker still holds %d chars in the tree", got)
 	}
 	d := route(p, pool, req(t, body, "x-session-id", "s"))
 	if d.Worker.URL() == url || d.Label == LabelSessionMatch {
-		t.Fatalf("after removal: %s on %s", d.Label, d.Worker.Tenant())
+		t.Fatalf("after removal: %s on %s", d.Label, d.Worker.ID())
 	}
 }
 
@@ -256,9 +265,9 @@ func TestUnhealthyHolderIsStaleAndForgotten(t *testing.T) {
 	holder.SetHealthy(false)
 	d := route(p, pool, req(t, body))
 	if d.Label != LabelFirstHealthyFallback || d.Worker == holder {
-		t.Fatalf("no session: %s on %s", d.Label, d.Worker.Tenant())
+		t.Fatalf("no session: %s on %s", d.Label, d.Worker.ID())
 	}
-	if heldBy(p, req(t, body), holder.Tenant()) != 0 {
+	if heldBy(p, req(t, body), holder.ID()) != 0 {
 		t.Fatal("stale holder kept in the tree")
 	}
 	// With a session key: the history's holder is gone.
@@ -266,7 +275,7 @@ func TestUnhealthyHolderIsStaleAndForgotten(t *testing.T) {
 	holder2 := route(p, pool, req(t, body2)).Worker
 	holder2.SetHealthy(false)
 	if d := route(p, pool, req(t, body2, "x-session-id", "fresh")); d.Label != LabelStaleTenant || d.Worker == holder2 {
-		t.Fatalf("session miss with stale holder: %s on %s", d.Label, d.Worker.Tenant())
+		t.Fatalf("session miss with stale holder: %s on %s", d.Label, d.Worker.ID())
 	}
 }
 
@@ -277,10 +286,10 @@ func TestSessionOnUnhealthyWorkerIsDroppedAndReplaced(t *testing.T) {
 	home.SetHealthy(false)
 	d := route(p, pool, req(t, chat("", []string{"x"}, ""), "x-session-id", "s"))
 	if d.Worker == home || d.Label == LabelSessionMatch {
-		t.Fatalf("%s on %s", d.Label, d.Worker.Tenant())
+		t.Fatalf("%s on %s", d.Label, d.Worker.ID())
 	}
-	if tenant, _, _ := p.store.Get(context.Background(), "m", "session:s"); tenant != d.Worker.Tenant() {
-		t.Fatalf("session points at %q, want the new worker %s", tenant, d.Worker.Tenant())
+	if tenant, _, _ := p.store.Get(context.Background(), "m", "session:s"); tenant != d.Worker.ID() {
+		t.Fatalf("session points at %q, want the new worker %s", tenant, d.Worker.ID())
 	}
 }
 
@@ -293,7 +302,7 @@ func TestLowMatchAndCompletionLabels(t *testing.T) {
 		t.Fatalf("first completion: %s", first.Label)
 	}
 	if d := route(p, pool, req(t, prompt)); d.Label != LabelCacheAffinity || d.Worker != first.Worker {
-		t.Fatalf("repeated completion: %s on %s", d.Label, d.Worker.Tenant())
+		t.Fatalf("repeated completion: %s on %s", d.Label, d.Worker.ID())
 	}
 	// A chat whose history shares too little with anything cached.
 	d := route(p, pool, req(t, chat("", []string{"unrelated"}, ""), "x-session-id", "new"))
@@ -324,7 +333,7 @@ func TestMinLoadTiesAreSpreadNotByIndex(t *testing.T) {
 		d1 := route(a, pool, req(t, chat("", []string{"x"}, ""), "x-session-id", key))
 		d2 := route(b, pool, req(t, chat("", []string{"x"}, ""), "x-session-id", key))
 		if d1.Worker != d2.Worker {
-			t.Fatalf("two routers placed %s differently: %s vs %s", key, d1.Worker.Tenant(), d2.Worker.Tenant())
+			t.Fatalf("two routers placed %s differently: %s vs %s", key, d1.Worker.ID(), d2.Worker.ID())
 		}
 		counts[d1.Worker]++
 	}
@@ -420,7 +429,7 @@ func TestParallelRequestsOnOneSession(t *testing.T) {
 			for i := range 50 {
 				d := route(p, pool, req(t, chat(longSystem, []string{"turn", "reply", fmt.Sprintf("g%d-%d", g, i)}, ""), "x-session-id", "shared"))
 				if d.Worker != first.Worker || d.Label != LabelSessionMatch {
-					t.Errorf("%s on %s", d.Label, d.Worker.Tenant())
+					t.Errorf("%s on %s", d.Label, d.Worker.ID())
 					return
 				}
 			}
@@ -435,27 +444,27 @@ func TestNewConversationsOnASharedPromptSpreadByLoad(t *testing.T) {
 	first := route(p, pool, req(t, chat(longSystem, []string{"task one"}, ""), "x-session-id", "one"))
 	// A second conversation on the prompt looks like a continuation of the only one there.
 	if d := route(p, pool, req(t, chat(longSystem, []string{"task zero"}, ""), "x-session-id", "zero")); d.Worker != first.Worker {
-		t.Fatalf("second conversation: %s on %s", d.Label, d.Worker.Tenant())
+		t.Fatalf("second conversation: %s on %s", d.Label, d.Worker.ID())
 	}
 	lease := first.Worker.Reserve() // turn 1 of session one is still running
 	defer lease.Release()
 	d := route(p, pool, req(t, chat(longSystem, []string{"task two"}, ""), "x-session-id", "two"))
 	if d.Worker == first.Worker || d.Label != LabelHistoryLowMatch {
 		t.Fatalf("a new session sharing only the system prompt: %s on %s, want %s on an idle worker",
-			d.Label, d.Worker.Tenant(), LabelHistoryLowMatch)
+			d.Label, d.Worker.ID(), LabelHistoryLowMatch)
 	}
 	// Without session ids the same holds (the idle holder of the prompt, session two's worker,
 	// is preferred to idle workers that would prefill it), and each conversation then stays where
 	// it started.
 	n := route(p, pool, req(t, chat(longSystem, []string{"task three"}, "")))
 	if n.Worker != d.Worker || n.Label != LabelCacheAffinity {
-		t.Fatalf("a new conversation without id: %s on %s, want cache_affinity on the idle holder %s", n.Label, n.Worker.Tenant(), d.Worker.Tenant())
+		t.Fatalf("a new conversation without id: %s on %s, want cache_affinity on the idle holder %s", n.Label, n.Worker.ID(), d.Worker.ID())
 	}
 	for range 3 {
 		defer n.Worker.Reserve().Release() // busier than the others, below the gate
 	}
 	next := route(p, pool, req(t, chat(longSystem, []string{"task three", "done", "next step"}, "")))
 	if next.Worker != n.Worker || next.Label != LabelCacheAffinity {
-		t.Fatalf("turn 2 of that conversation: %s on %s, want cache_affinity on %s", next.Label, next.Worker.Tenant(), n.Worker.Tenant())
+		t.Fatalf("turn 2 of that conversation: %s on %s, want cache_affinity on %s", next.Label, next.Worker.ID(), n.Worker.ID())
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"slices"
 
 	"github.com/cacheroute/cacheroute/internal/prefixtree"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -142,8 +143,8 @@ func (p *Policy) sessionWorker(d *decision) *workers.Worker {
 	if !d.sessionLooked {
 		d.sessionLooked = true
 		if d.key != "" {
-			if tenant, ok, err := p.store.Get(d.ctx, d.model, d.key); err == nil && ok {
-				d.session = candidate(d.in.Candidates, tenant)
+			if worker, ok, err := p.store.Get(d.ctx, d.model, d.key); err == nil && ok {
+				d.session = candidate(d.in.Candidates, worker)
 			}
 		}
 	}
@@ -274,7 +275,7 @@ func (p *Policy) tooLittleCached(d *decision, h *history) (*workers.Worker, stri
 
 // holdersGone: no holder of the match is a candidate: the least loaded.
 func (p *Policy) holdersGone(d *decision, h *history) (*workers.Worker, string, bool) {
-	var names [16]string
+	var names [16]tenant.ID
 	if len(p.candidateHolders(d, d.probe.Holders(names[:0]))) > 0 {
 		return nil, "", false
 	}
@@ -293,7 +294,7 @@ func (p *Policy) byCostMode(d *decision, h *history) (*workers.Worker, string, b
 // byLoad: in the threshold mode, a match above the threshold that is only a shared prefix. The
 // least-loaded candidate; among equally loaded ones, a holder of that prefix.
 func (p *Policy) byLoad(d *decision, h *history) (*workers.Worker, string, bool) {
-	var names [16]string
+	var names [16]tenant.ID
 	holders := p.candidateHolders(d, d.probe.Holders(names[:0]))
 	tied := lowest(d.in.Candidates, func(w *workers.Worker) int64 { return w.Load() })
 	var tiedHolders []*workers.Worker
@@ -322,7 +323,7 @@ func (p *Policy) above(d *decision, n int) bool {
 // the tree's conversations diverge; nil when it continues none. A whole earlier request is
 // followed to wherever it was sent, even if that worker has since lost part of it (its horizon):
 // it is this conversation's own past, and no other worker holds more of it.
-func (p *Policy) continuation(d *decision) []string {
+func (p *Policy) continuation(d *decision) []tenant.ID {
 	switch {
 	case p.above(d, d.probe.Whole):
 		return d.probe.WholeHolders(nil)
@@ -338,7 +339,7 @@ func (p *Policy) continuation(d *decision) []string {
 // when the chosen worker holds the longest match among the candidates (its cache decided),
 // else the low label (its load did).
 func (p *Policy) byCost(d *decision, hit, low string) (*workers.Worker, string) {
-	heldBy := func(w *workers.Worker) int { return d.probe.Of(w.Tenant()).Held / blockBytes * blockBytes }
+	heldBy := func(w *workers.Worker) int { return d.probe.Of(w.ID()).Held / blockBytes * blockBytes }
 	unit := int64(p.opts.LoadUnitTokens) * bytesPerToken
 	cost := func(w *workers.Worker) int64 { return w.Load()*unit + int64(len(d.text)-heldBy(w)) }
 	tied := lowest(d.in.Candidates, cost)
@@ -359,13 +360,13 @@ func (p *Policy) byCost(d *decision, hit, low string) (*workers.Worker, string) 
 // candidateHolders returns the candidates among tenants, and marks the tenants that are gone or
 // unavailable to be removed from the tree at Accepted. A live tenant that is not a candidate for
 // this request (already tried, or not serving its model) keeps its place.
-func (p *Policy) candidateHolders(d *decision, tenants []string) []*workers.Worker {
+func (p *Policy) candidateHolders(d *decision, tenants []tenant.ID) []*workers.Worker {
 	var holders []*workers.Worker
-	for _, tenant := range tenants {
-		if w := candidate(d.in.Candidates, tenant); w != nil {
+	for _, id := range tenants {
+		if w := candidate(d.in.Candidates, id); w != nil {
 			holders = append(holders, w)
-		} else if !live(d.in.All, tenant) && !slices.Contains(d.forget, tenant) {
-			d.forget = append(d.forget, tenant)
+		} else if !live(d.in.All, id) && !slices.Contains(d.forget, id) {
+			d.forget = append(d.forget, id)
 		}
 	}
 	return holders

@@ -104,7 +104,7 @@ func TestEachReasonIsNamedByTheStepThatDecided(t *testing.T) {
 	sharedThenGone := func(t *testing.T, p *Policy, pool *workers.Pool) {
 		shared(t, p, pool)
 		for _, w := range pool.All() {
-			if heldBy(p, req(t, chat(longSystem, []string{"x"}, "")), w.Tenant()) > 0 {
+			if heldBy(p, req(t, chat(longSystem, []string{"x"}, "")), w.ID()) > 0 {
 				w.SetHealthy(false)
 			}
 		}
@@ -133,25 +133,25 @@ func TestEachReasonIsNamedByTheStepThatDecided(t *testing.T) {
 			opts: func(o *Options) { o.KVIndex = kvevents.NewIndex(1 << 20) },
 			decide: func(t *testing.T, p *Policy, pool *workers.Pool, ws []*workers.Worker) policy.Decision {
 				x, prompt := p.opts.KVIndex, tokens(1000, 3*16)
-				store(x, ws[1].Name(), prompt, 3, 0)
-				store(x, ws[1].Name(), tokens(9000, 16), 1, 50) // the engine holds something else still
+				store(x, ws[1].ID(), prompt, 3, 0)
+				store(x, ws[1].ID(), tokens(9000, 16), 1, 50) // the engine holds something else still
 				in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
 					Candidates: pool.All(), All: pool.All(), Tokens: prompt}
 				p.Accepted(in, policy.Decision{Worker: ws[1], Label: LabelFullHistoryMatch})
-				x.Apply(ws[1].Name(), "", kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.Removed, BlockHashes: []kvevents.Hash{1, 2, 3}}}})
+				x.Apply(ws[1].ID(), "", kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.Removed, BlockHashes: []kvevents.Hash{1, 2, 3}}}})
 				d, _ := sessionTurn(t, p, pool, prompt)
 				return d
 			}},
 		{name: "engines hold the prompt", step: "kv_events", label: LabelKVEventsMatch,
 			opts: func(o *Options) { o.KVIndex = kvevents.NewIndex(1 << 20) },
 			decide: func(t *testing.T, p *Policy, pool *workers.Pool, ws []*workers.Worker) policy.Decision {
-				store(p.opts.KVIndex, ws[1].Name(), tokens(0, 64), 4, 0)
+				store(p.opts.KVIndex, ws[1].ID(), tokens(0, 64), 4, 0)
 				return selectWith(t, p, pool, tokens(0, 64))
 			}},
 		{name: "no engine holds the prompt, events alone", step: "no_engine_holds_any", label: LabelLowMatch,
 			opts: func(o *Options) { o.KVIndex, o.CacheIndex = kvevents.NewIndex(1<<20), IndexEvents },
 			decide: func(t *testing.T, p *Policy, pool *workers.Pool, ws []*workers.Worker) policy.Decision {
-				store(p.opts.KVIndex, ws[1].Name(), tokens(0, 64), 4, 0)
+				store(p.opts.KVIndex, ws[1].ID(), tokens(0, 64), 4, 0)
 				return selectWith(t, p, pool, tokens(5000, 64))
 			}},
 		{name: "unknown session without text", step: "empty_history", label: LabelEmptyHistory,

@@ -20,7 +20,7 @@ func TestSelectAloneTeachesNothing(t *testing.T) {
 		if d.Label == LabelSessionMatch {
 			t.Fatal("a selection that was never committed became the session's holder")
 		}
-		if heldBy(p, r, d.Worker.Tenant()) != 0 {
+		if heldBy(p, r, d.Worker.ID()) != 0 {
 			t.Fatal("a selection that was never committed taught the tree")
 		}
 	}
@@ -43,9 +43,9 @@ func TestCommitMakesTheAcceptedWorkerTheHolder(t *testing.T) {
 	in.Candidates = pool.All()
 	next := p.Select(in)
 	if next.Label != LabelSessionMatch || next.Worker != second.Worker {
-		t.Fatalf("next turn: %s on %s, want session_id_match on the committed %s", next.Label, next.Worker.Tenant(), second.Worker.Tenant())
+		t.Fatalf("next turn: %s on %s, want session_id_match on the committed %s", next.Label, next.Worker.ID(), second.Worker.ID())
 	}
-	if heldBy(p, r, first.Worker.Tenant()) != 0 {
+	if heldBy(p, r, first.Worker.ID()) != 0 {
 		t.Fatal("the refused worker holds the history")
 	}
 }
@@ -62,8 +62,8 @@ func TestFailedAttemptDoesNotKeepTheSessionPinned(t *testing.T) {
 	// Success and cancellation keep what Accepted taught.
 	for _, o := range []workers.Outcome{workers.Succeeded, workers.Cancelled} {
 		d := attempt(p, in, o)
-		if tenant, ok, _ := p.store.Get(context.Background(), "m", r.SessionKey); !ok || tenant != d.Worker.Tenant() {
-			t.Fatalf("after %s the session points at %q, want %s", o, tenant, d.Worker.Tenant())
+		if tenant, ok, _ := p.store.Get(context.Background(), "m", r.SessionKey); !ok || tenant != d.Worker.ID() {
+			t.Fatalf("after %s the session points at %q, want %s", o, tenant, d.Worker.ID())
 		}
 	}
 }

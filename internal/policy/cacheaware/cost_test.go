@@ -47,7 +47,7 @@ func TestCostMode_ALongDocumentBelowTheThresholdGoesToItsHolderWhileItIsWorthIt(
 	d := route(p, pool, req(t, withDocument("second question")))
 	if d.Worker != holder || d.Label != LabelCacheAffinity {
 		t.Fatalf("a new conversation on the document with its holder 3 requests busier: %s on %s, want %s on %s",
-			d.Label, d.Worker.Tenant(), LabelCacheAffinity, holder.Tenant())
+			d.Label, d.Worker.ID(), LabelCacheAffinity, holder.ID())
 	}
 }
 
@@ -59,7 +59,7 @@ func TestCostMode_ASwampedHolderLosesTheDocumentToAnIdleWorker(t *testing.T) {
 	d := route(p, pool, req(t, withDocument("second question")))
 	if d.Worker == holder || d.Label != LabelLowMatch {
 		t.Fatalf("a new conversation on the document with its holder swamped: %s on %s, want %s elsewhere",
-			d.Label, d.Worker.Tenant(), LabelLowMatch)
+			d.Label, d.Worker.ID(), LabelLowMatch)
 	}
 }
 
@@ -70,7 +70,7 @@ func TestThresholdMode_IgnoresAMatchBelowTheThreshold(t *testing.T) {
 	reserve(t, holder, 1)
 	d := route(p, pool, req(t, withDocument("second question")))
 	if d.Worker == holder || d.Label != LabelLowMatch {
-		t.Fatalf("threshold mode: %s on %s, want %s on an idle worker", d.Label, d.Worker.Tenant(), LabelLowMatch)
+		t.Fatalf("threshold mode: %s on %s, want %s on an idle worker", d.Label, d.Worker.ID(), LabelLowMatch)
 	}
 }
 
@@ -79,11 +79,11 @@ func TestCostMode_WithASessionTheLabelsAreTheHistoryStepsOwn(t *testing.T) {
 	p := newPolicy(costOptions(HistoryCost))
 	holder := route(p, pool, req(t, withDocument("first question"), "x-session-id", "a")).Worker
 	if d := route(p, pool, req(t, withDocument("second question"), "x-session-id", "b")); d.Worker != holder || d.Label != LabelFullHistoryMatch {
-		t.Fatalf("new session on the document: %s on %s, want %s on the holder", d.Label, d.Worker.Tenant(), LabelFullHistoryMatch)
+		t.Fatalf("new session on the document: %s on %s, want %s on the holder", d.Label, d.Worker.ID(), LabelFullHistoryMatch)
 	}
 	reserve(t, holder, 12)
 	if d := route(p, pool, req(t, withDocument("third question"), "x-session-id", "c")); d.Worker == holder || d.Label != LabelHistoryLowMatch {
-		t.Fatalf("new session on the document, holder swamped: %s on %s, want %s elsewhere", d.Label, d.Worker.Tenant(), LabelHistoryLowMatch)
+		t.Fatalf("new session on the document, holder swamped: %s on %s, want %s elsewhere", d.Label, d.Worker.ID(), LabelHistoryLowMatch)
 	}
 }
 
@@ -101,9 +101,9 @@ func TestCostMode_ChoosesTheLeastCostlyWorker(t *testing.T) {
 		for _, w := range ws {
 			switch rng.IntN(3) {
 			case 1:
-				p.tree.Insert("m", req(t, chat(doc, nil, "")).Text, w.Tenant())
+				p.tree.Insert("m", req(t, chat(doc, nil, "")).Text, w.ID())
 			case 2:
-				p.tree.Insert("m", req(t, chat(doc, []string{"q"}, "")).Text, w.Tenant())
+				p.tree.Insert("m", req(t, chat(doc, []string{"q"}, "")).Text, w.ID())
 			}
 		}
 		var leases []*workers.Lease
@@ -116,7 +116,7 @@ func TestCostMode_ChoosesTheLeastCostlyWorker(t *testing.T) {
 		in := policy.Input{Context: context.Background(), Request: r, Model: "m", Candidates: ws, All: ws}
 		d := p.Select(in)
 		cost := func(w *workers.Worker) int64 {
-			held := p.tree.MatchTenant("m", r.Text, w.Tenant()) / blockBytes * blockBytes
+			held := holdOf(p, "m", r.Text, w.ID()).Held / blockBytes * blockBytes
 			return w.Load()*1024*bytesPerToken + int64(len(r.Text)-held)
 		}
 		if d.Label == LabelLoadBalance {
@@ -125,7 +125,7 @@ func TestCostMode_ChoosesTheLeastCostlyWorker(t *testing.T) {
 		minLoad := d.Worker.Load()
 		for _, w := range ws {
 			if cost(w) < cost(d.Worker) {
-				t.Fatalf("trial %d: %s (%s) costs %d, %s costs %d", trial, d.Worker.Tenant(), d.Label, cost(d.Worker), w.Tenant(), cost(w))
+				t.Fatalf("trial %d: %s (%s) costs %d, %s costs %d", trial, d.Worker.ID(), d.Label, cost(d.Worker), w.ID(), cost(w))
 			}
 			minLoad = min(minLoad, w.Load())
 		}

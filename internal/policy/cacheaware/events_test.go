@@ -7,6 +7,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/kvevents"
 	"github.com/cacheroute/cacheroute/internal/policy"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -20,7 +21,7 @@ func tokens(start, n int) []uint32 {
 }
 
 // holding is an index where worker holds the first blocks of ts, in blocks of 16 tokens.
-func holding(worker string, ts []uint32, blocks int) *kvevents.Index {
+func holding(worker tenant.ID, ts []uint32, blocks int) *kvevents.Index {
 	x := kvevents.NewIndex(1 << 20)
 	e := kvevents.Event{Kind: kvevents.Stored, BlockSize: 16, TokenIDs: ts[:blocks*16]}
 	for i := range blocks {
@@ -42,7 +43,7 @@ func TestEventsSendARequestWithoutSessionToTheWorkerWhoseEngineHoldsItsPrompt(t 
 	pool, ws := fleet(t, 3)
 	prompt := tokens(1000, 5*16+7)
 	opts := defaultOptions()
-	opts.KVIndex = holding(ws[2].Name(), prompt, 4)
+	opts.KVIndex = holding(ws[2].ID(), prompt, 4)
 	p := newPolicy(opts)
 	d := selectWith(t, p, pool, prompt)
 	if d.Worker != ws[2] || d.Label != LabelKVEventsMatch {
@@ -66,7 +67,7 @@ func TestEventsWeighWhatAWorkerHoldsAgainstItsLoad(t *testing.T) {
 	opts := defaultOptions()
 	opts.LoadUnitTokens = 16 // one request in flight is worth one block of prefill
 	opts.BalanceAbsThreshold = 1000
-	opts.KVIndex = holding(ws[1].Name(), prompt, 2) // 32 tokens: worth 2 units of load
+	opts.KVIndex = holding(ws[1].ID(), prompt, 2) // 32 tokens: worth 2 units of load
 	p := newPolicy(opts)
 	if d := selectWith(t, p, pool, prompt); d.Worker != ws[1] {
 		t.Fatalf("idle fleet: %s on %s, want the holder", d.Label, d.Worker.Name())
@@ -97,7 +98,7 @@ func TestCacheIndexChoosesWhichPictureOfTheCachesPlacesARequest(t *testing.T) {
 		p.Accepted(teach, policy.Decision{Worker: ws[0], Label: LabelCacheAffinity}) // the tree: ws[0] holds the text
 		return p.Select(in)
 	}
-	heldBy2 := func() *kvevents.Index { return holding(ws[2].Name(), prompt, 4) }
+	heldBy2 := func() *kvevents.Index { return holding(ws[2].ID(), prompt, 4) }
 	if d := place(IndexAuto, heldBy2()); d.Worker != ws[2] || d.Label != LabelKVEventsMatch {
 		t.Errorf("auto, an engine holds it: %s on %s, want the events' holder", d.Label, d.Worker.Name())
 	}
@@ -114,7 +115,7 @@ func TestCacheIndexChoosesWhichPictureOfTheCachesPlacesARequest(t *testing.T) {
 }
 
 // store records that worker's engine stored the first blocks of ts, hashes from base+1.
-func store(x *kvevents.Index, worker string, ts []uint32, blocks, base int) {
+func store(x *kvevents.Index, worker tenant.ID, ts []uint32, blocks, base int) {
 	e := kvevents.Event{Kind: kvevents.Stored, BlockSize: 16, TokenIDs: ts[:blocks*16]}
 	for i := range blocks {
 		e.BlockHashes = append(e.BlockHashes, kvevents.Hash(base+i+1))
@@ -147,8 +148,8 @@ func TestSessionWhoseWorkerClearedItsCacheMovesWithSessionEvicted(t *testing.T) 
 	pool, ws := fleet(t, 3)
 	prompt := tokens(1000, 4*16)
 	x := kvevents.NewIndex(1 << 20)
-	store(x, ws[0].Name(), prompt, 4, 0)
-	store(x, ws[2].Name(), prompt, 2, 100) // another worker holds part of it too
+	store(x, ws[0].ID(), prompt, 4, 0)
+	store(x, ws[2].ID(), prompt, 2, 100) // another worker holds part of it too
 	p := policyReading(x)
 	// The session's first turn is asked its tokens and lands on ws[0], which the events show
 	// holding them.
@@ -164,7 +165,7 @@ func TestSessionWhoseWorkerClearedItsCacheMovesWithSessionEvicted(t *testing.T) 
 		t.Fatalf("worker still holds it: %s on %s (tokens asked: %v), want %s on %s without tokens",
 			d.Label, d.Worker.Name(), asked, LabelSessionMatch, ws[0].Name())
 	}
-	x.Apply(ws[0].Name(), "", kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.Cleared}}})
+	x.Apply(ws[0].ID(), "", kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.Cleared}}})
 	d, asked := sessionTurn(t, p, pool, prompt)
 	if !asked || d.Label != LabelSessionEvicted || d.Worker != ws[2] {
 		t.Fatalf("after AllBlocksCleared: %s on %s (tokens asked: %v), want %s on %s, the events' holder",
@@ -183,13 +184,13 @@ func TestSessionWhoseWorkerRemovedItsBlocksMovesWithSessionEvicted(t *testing.T)
 	pool, ws := fleet(t, 2)
 	prompt := tokens(1000, 3*16)
 	x := kvevents.NewIndex(1 << 20)
-	store(x, ws[1].Name(), prompt, 3, 0)
-	store(x, ws[1].Name(), tokens(9000, 16), 1, 50) // the engine holds something else still
+	store(x, ws[1].ID(), prompt, 3, 0)
+	store(x, ws[1].ID(), tokens(9000, 16), 1, 50) // the engine holds something else still
 	p := policyReading(x)
 	in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
 		Candidates: pool.All(), All: pool.All(), Tokens: prompt}
 	p.Accepted(in, policy.Decision{Worker: ws[1], Label: LabelFullHistoryMatch})
-	x.Apply(ws[1].Name(), "", kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.Removed, BlockHashes: []kvevents.Hash{1, 2, 3}}}})
+	x.Apply(ws[1].ID(), "", kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.Removed, BlockHashes: []kvevents.Hash{1, 2, 3}}}})
 	if d, asked := sessionTurn(t, p, pool, prompt); !asked || d.Label != LabelSessionEvicted {
 		t.Fatalf("after BlockRemoved of its blocks: %s on %s (tokens asked: %v), want %s", d.Label, d.Worker.Name(), asked,
 			LabelSessionEvicted)
@@ -202,7 +203,7 @@ func TestSessionWhoseBlocksAreNotPublishedYetStays(t *testing.T) {
 	pool, ws := fleet(t, 2)
 	prompt := tokens(1000, 3*16)
 	x := kvevents.NewIndex(1 << 20)
-	store(x, ws[0].Name(), tokens(9000, 16), 1, 50) // the engine is known, the session's blocks not yet
+	store(x, ws[0].ID(), tokens(9000, 16), 1, 50) // the engine is known, the session's blocks not yet
 	p := policyReading(x)
 	in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
 		Candidates: pool.All(), All: pool.All(), Tokens: prompt}
@@ -211,9 +212,9 @@ func TestSessionWhoseBlocksAreNotPublishedYetStays(t *testing.T) {
 		t.Fatalf("blocks not published yet: %s on %s (tokens asked: %v), want %s on %s without tokens",
 			d.Label, d.Worker.Name(), asked, LabelSessionMatch, ws[0].Name())
 	}
-	store(x, ws[0].Name(), prompt, 3, 0) // published now, seen at the next accepted turn
+	store(x, ws[0].ID(), prompt, 3, 0) // published now, seen at the next accepted turn
 	p.Accepted(policy.Input{Request: in.Request, Candidates: pool.All(), All: pool.All()}, policy.Decision{Worker: ws[0], Label: LabelSessionMatch})
-	x.Apply(ws[0].Name(), "", kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.Cleared}}})
+	x.Apply(ws[0].ID(), "", kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.Cleared}}})
 	if d, asked := sessionTurn(t, p, pool, prompt); !asked || d.Label != LabelSessionEvicted {
 		t.Fatalf("seen, then cleared: %s on %s (tokens asked: %v), want %s", d.Label, d.Worker.Name(), asked, LabelSessionEvicted)
 	}
@@ -268,7 +269,7 @@ func policyReading(x *kvevents.Index) *Policy {
 }
 
 // storeFor is store for blocks computed with LoRA adapter lora.
-func storeFor(x *kvevents.Index, worker, lora string, ts []uint32, blocks, base int) {
+func storeFor(x *kvevents.Index, worker tenant.ID, lora string, ts []uint32, blocks, base int) {
 	e := kvevents.Event{Kind: kvevents.Stored, BlockSize: 16, TokenIDs: ts[:blocks*16], LoRA: lora}
 	for i := range blocks {
 		e.BlockHashes = append(e.BlockHashes, kvevents.Hash(base+i+1))
@@ -280,8 +281,8 @@ func TestEventsMatchARequestOnlyAgainstTheBlocksOfItsOwnAdapter(t *testing.T) {
 	pool, ws := fleet(t, 3)
 	prompt := tokens(1000, 4*16)
 	x := kvevents.NewIndex(1 << 20)
-	storeFor(x, ws[0].Name(), "", prompt, 4, 0)
-	storeFor(x, ws[1].Name(), "sql", prompt, 4, 100)
+	storeFor(x, ws[0].ID(), "", prompt, 4, 0)
+	storeFor(x, ws[1].ID(), "sql", prompt, 4, 100)
 	p := policyReading(x)
 	sel := func(lora string) policy.Decision {
 		r := req(t, `{"messages":[{"role":"user","content":"a prompt the tree has never seen"}]}`)
@@ -304,8 +305,8 @@ func TestAnAdaptersSessionIsCheckedAgainstItsAdaptersBlocks(t *testing.T) {
 	pool, ws := fleet(t, 2)
 	prompt := tokens(1000, 4*16)
 	x := kvevents.NewIndex(1 << 20)
-	storeFor(x, ws[0].Name(), "sql", prompt, 4, 0)
-	storeFor(x, ws[1].Name(), "", prompt, 4, 100)
+	storeFor(x, ws[0].ID(), "sql", prompt, 4, 0)
+	storeFor(x, ws[1].ID(), "", prompt, 4, 100)
 	p := policyReading(x)
 	in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
 		Candidates: pool.All(), All: pool.All(), Tokens: prompt, LoRA: "sql"}
@@ -314,7 +315,7 @@ func TestAnAdaptersSessionIsCheckedAgainstItsAdaptersBlocks(t *testing.T) {
 		t.Fatalf("its worker holds it: %s on %s (tokens asked: %v), want %s on %s", d.Label, d.Worker.Name(), asked,
 			LabelSessionMatch, ws[0].Name())
 	}
-	x.Apply(ws[0].Name(), "", kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.Cleared}}})
+	x.Apply(ws[0].ID(), "", kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.Cleared}}})
 	d, asked := adapterSessionTurn(t, p, pool, prompt, "sql")
 	if !asked || d.Label != LabelSessionEvicted || d.Match != 0 {
 		t.Fatalf("after AllBlocksCleared: %s on %s, match %v (tokens asked: %v), want %s matching nothing",
@@ -333,8 +334,8 @@ func TestAConversationTheTreeSawPlacedStaysWhileItsEngineHoldsAsMuchAsAny(t *tes
 	body := `{"messages":[{"role":"user","content":"` + strings.Repeat("one conversation's own history ", 40) + `"}]}`
 	index := func(held0, held1 int) *kvevents.Index {
 		x := kvevents.NewIndex(1 << 20)
-		storeFor(x, ws[0].Name(), "", prompt, held0, 0)
-		storeFor(x, ws[1].Name(), "", prompt, held1, 0)
+		storeFor(x, ws[0].ID(), "", prompt, held0, 0)
+		storeFor(x, ws[1].ID(), "", prompt, held1, 0)
 		return x
 	}
 	if pool.Acquire(ws[0]) == nil { // the conversation's worker is the busier one
@@ -381,7 +382,7 @@ func TestASessionPlacedBeforeItsEngineIsKnownIsTokenizedOnceTheEngineIs(t *testi
 	if p.WantsTokens(later) {
 		t.Fatal("asked again while its worker's engine has published nothing")
 	}
-	storeFor(x, ws[1].Name(), "", tokens(90000, 16), 1, 500) // the engine publishes another prompt's block
+	storeFor(x, ws[1].ID(), "", tokens(90000, 16), 1, 500) // the engine publishes another prompt's block
 	if !p.WantsTokens(later) {
 		t.Fatal("not asked once its worker's engine is known, so its first block is never recorded")
 	}
@@ -410,7 +411,7 @@ func TestOffloadedBlocksCountAtTheirWeight(t *testing.T) {
 			for b := range held.blocks {
 				e.BlockHashes = append(e.BlockHashes, kvevents.Hash(b+1))
 			}
-			x.Apply(ws[i].Name(), "", kvevents.Batch{Events: []kvevents.Event{e}})
+			x.Apply(ws[i].ID(), "", kvevents.Batch{Events: []kvevents.Event{e}})
 		}
 		opts := defaultOptions()
 		opts.LoadUnitTokens, opts.BalanceAbsThreshold = 16, 1000
@@ -434,7 +435,7 @@ func TestAnUnknownSessionIsPlacedByTheEventsBeforeTheTree(t *testing.T) {
 		label string
 	}{{IndexAuto, 2, LabelKVEventsMatch}, {IndexText, 0, LabelFullHistoryMatch}} {
 		opts := defaultOptions()
-		opts.KVIndex, opts.CacheIndex = holding(ws[2].Name(), prompt, 4), c.index
+		opts.KVIndex, opts.CacheIndex = holding(ws[2].ID(), prompt, 4), c.index
 		p := newPolicy(opts)
 		teach := policy.Input{Request: req(t, body, "x-session-id", "other"), Candidates: pool.All(), All: pool.All()}
 		p.Accepted(teach, policy.Decision{Worker: ws[0], Label: LabelCacheAffinity}) // the tree: ws[0] holds the text

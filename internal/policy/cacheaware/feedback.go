@@ -35,10 +35,10 @@ func (p *Policy) served(in policy.Input, d policy.Decision, prompt, cached int) 
 		// least the request it has just run, so the horizon stays above this request's text.
 		lost := uint64(float64(c.held) * (1 - float64(cached)/float64(predicted)))
 		horizon := max(c.heldAge-min(lost, c.heldAge), uint64(len(newDecision(in).text))+1)
-		p.tree.Evicted(d.Worker.Tenant(), horizon)
+		p.tree.Evicted(d.Worker.ID(), horizon)
 		return true
 	case cached-predicted >= minShortfallTokens:
-		p.tree.Kept(d.Worker.Tenant())
+		p.tree.Kept(d.Worker.ID())
 	}
 	return false
 }

@@ -34,23 +34,23 @@ func TestServed_AWorkerThatEvictedIsNoLongerCountedOnForWhatItUsedBefore(t *test
 	// Before any feedback the tree sends a new conversation on the older manual to its holder.
 	probe := chatInputAmong(t, ws, chat(older, []string{"another question"}, ""))
 	if d := p.Select(probe); d.Worker != ws[0] || d.Label != LabelCacheAffinity {
-		t.Fatalf("before feedback: %s on %s, want %s on %s", d.Label, d.Worker.Tenant(), LabelCacheAffinity, ws[0].Tenant())
+		t.Fatalf("before feedback: %s on %s, want %s on %s", d.Label, d.Worker.ID(), LabelCacheAffinity, ws[0].ID())
 	}
 
 	// A conversation on the newer contract goes to the first worker, which reports that it served
 	// none of it from cache: it evicted the contract, and with it the older manual.
 	in, d := selectCommit(t, p, ws, chat(newer, []string{"second question"}, ""))
 	if d.Worker != ws[0] || choiceOf(d).held == 0 {
-		t.Fatalf("the contract's conversation went to %s holding %d bytes, want the holder", d.Worker.Tenant(), choiceOf(d).held)
+		t.Fatalf("the contract's conversation went to %s holding %d bytes, want the holder", d.Worker.ID(), choiceOf(d).held)
 	}
 	if !p.Done(in, d, workers.Succeeded, policy.Usage{Known: true, Prompt: 2000, Cached: 0}) {
 		t.Fatal("a worker serving 0 of a predicted large prefix was not corrected")
 	}
 	if d := p.Select(probe); d.Label != LabelLowMatch {
-		t.Fatalf("after the correction a conversation on the evicted manual: %s on %s, want %s (nobody holds it)", d.Label, d.Worker.Tenant(), LabelLowMatch)
+		t.Fatalf("after the correction a conversation on the evicted manual: %s on %s, want %s (nobody holds it)", d.Label, d.Worker.ID(), LabelLowMatch)
 	}
 	// The contract the worker has just prefilled again is still counted.
-	if held := heldBy(p, req(t, chat(newer, []string{"third question"}, "")), ws[0].Tenant()); held < len(newer) {
+	if held := heldBy(p, req(t, chat(newer, []string{"third question"}, "")), ws[0].ID()); held < len(newer) {
 		t.Errorf("the worker holds %d bytes of the contract it just prefilled, want at least %d", held, len(newer))
 	}
 }
@@ -70,7 +70,7 @@ func TestServed_KeepsAPredictionTheWorkerMet(t *testing.T) {
 	if p.Done(in, policy.Decision{Worker: d.Worker, Label: d.Label}, workers.Succeeded, policy.Usage{Known: true, Prompt: 2000, Cached: 0}) {
 		t.Error("a decision that predicted nothing was corrected")
 	}
-	if held := heldBy(p, in.Request, ws[0].Tenant()); held != len(in.Request.Text) {
+	if held := heldBy(p, in.Request, ws[0].ID()); held != len(in.Request.Text) {
 		t.Errorf("the worker holds %d bytes after met predictions, want %d", held, len(in.Request.Text))
 	}
 }
@@ -98,12 +98,12 @@ func TestServed_AWorkerServingMoreThanPredictedWidensItsReach(t *testing.T) {
 	if !p.Done(in, d, workers.Succeeded, policy.Usage{Known: true, Prompt: 2000, Cached: 0}) {
 		t.Fatal("not corrected")
 	}
-	before := p.tree.ReachOf(ws[0].Tenant()).Horizon
+	before := p.tree.ReachOf(ws[0].ID()).Horizon
 	in, d = selectCommit(t, p, ws[:1], chat(strings.Repeat("Unknown text. ", 300), []string{"q"}, ""))
 	if p.Done(in, d, workers.Succeeded, policy.Usage{Known: true, Prompt: 2000, Cached: 1500}) {
 		t.Fatal("serving more than predicted counted as an eviction")
 	}
-	if after := p.tree.ReachOf(ws[0].Tenant()).Horizon; after <= before {
+	if after := p.tree.ReachOf(ws[0].ID()).Horizon; after <= before {
 		t.Fatalf("horizon %d after the worker served more than predicted, was %d", after, before)
 	}
 }
@@ -118,14 +118,14 @@ func TestEvictedWorkerStillGetsTheNextTurnOfItsOwnConversation(t *testing.T) {
 	turn1 := chat(system, []string{"fix the bug"}, "")
 	selectCommit(t, p, ws[:1], turn1)
 	selectCommit(t, p, ws[:1], chat(strings.Repeat("Other work. ", 400), []string{"q"}, ""))
-	_, age := p.tree.MatchTenantAt("m", req(t, turn1).Text, ws[0].Tenant())
-	p.tree.Evicted(ws[0].Tenant(), age) // the worker lost the first conversation
-	reserve(t, ws[0], 1)                // and is busier than the other
+	age := holdOf(p, "m", req(t, turn1).Text, ws[0].ID()).Age
+	p.tree.Evicted(ws[0].ID(), age) // the worker lost the first conversation
+	reserve(t, ws[0], 1)            // and is busier than the other
 
 	if d := p.Select(chatInputAmong(t, ws, chat(system, []string{"fix the bug", "done", "now the tests"}, ""))); d.Worker != ws[0] || d.Label != LabelCacheAffinity {
-		t.Fatalf("turn 2 of the conversation: %s on %s, want %s on its worker %s", d.Label, d.Worker.Tenant(), LabelCacheAffinity, ws[0].Tenant())
+		t.Fatalf("turn 2 of the conversation: %s on %s, want %s on its worker %s", d.Label, d.Worker.ID(), LabelCacheAffinity, ws[0].ID())
 	}
 	if d := p.Select(chatInputAmong(t, ws, chat(system, []string{"write the docs"}, ""))); d.Worker != ws[1] {
-		t.Fatalf("a new conversation on the lost prompt: %s on %s, want the idle %s", d.Label, d.Worker.Tenant(), ws[1].Tenant())
+		t.Fatalf("a new conversation on the lost prompt: %s on %s, want the idle %s", d.Label, d.Worker.ID(), ws[1].ID())
 	}
 }

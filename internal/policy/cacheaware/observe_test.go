@@ -45,20 +45,20 @@ func TestFailedAttemptDoesNotMakeTheWorkerTheHistorysHolder(t *testing.T) {
 	in := chatInput(t, pool, chat(longSystem, []string{"task"}, ""))
 
 	d := p.Select(in)
-	if before := heldBy(p, in.Request, d.Worker.Tenant()); before != choiceOf(d).held {
-		t.Fatalf("Select says %s held %d bytes, the tree says %d", d.Worker.Tenant(), choiceOf(d).held, before)
+	if before := heldBy(p, in.Request, d.Worker.ID()); before != choiceOf(d).held {
+		t.Fatalf("Select says %s held %d bytes, the tree says %d", d.Worker.ID(), choiceOf(d).held, before)
 	}
 	p.Accepted(in, d)
-	if heldBy(p, in.Request, d.Worker.Tenant()) != len(in.Request.Text) {
+	if heldBy(p, in.Request, d.Worker.ID()) != len(in.Request.Text) {
 		t.Fatal("Accepted did not teach the chosen worker the history")
 	}
 	p.Done(in, d, workers.Failed, policy.Usage{}) // unreachable, a 503, no first byte in time
 
-	if got := heldBy(p, in.Request, d.Worker.Tenant()); got != choiceOf(d).held {
-		t.Fatalf("after the failed attempt %s holds %d bytes of the history, held %d before", d.Worker.Tenant(), got, choiceOf(d).held)
+	if got := heldBy(p, in.Request, d.Worker.ID()); got != choiceOf(d).held {
+		t.Fatalf("after the failed attempt %s holds %d bytes of the history, held %d before", d.Worker.ID(), got, choiceOf(d).held)
 	}
 	if next := p.Select(in); next.Worker == d.Worker && next.Label == LabelCacheAffinity {
-		t.Fatalf("the same history went back to %s as %s, which never served it", d.Worker.Tenant(), next.Label)
+		t.Fatalf("the same history went back to %s as %s, which never served it", d.Worker.ID(), next.Label)
 	}
 	if n := reported.count("tree"); n != 0 {
 		t.Fatalf("what the failed attempt taught was reported as %d bytes evicted", n)
@@ -88,9 +88,9 @@ func TestRetryAfterAFailedAttemptLeavesTheServingWorkerTheOnlyHolder(t *testing.
 	d := p.Select(next)
 	if d.Worker != served.Worker || d.Label != LabelCacheAffinity {
 		t.Fatalf("next turn: %s on %s, want cache_affinity on %s, which served the conversation",
-			d.Label, d.Worker.Tenant(), served.Worker.Tenant())
+			d.Label, d.Worker.ID(), served.Worker.ID())
 	}
-	if got := heldBy(p, next.Request, failed.Worker.Tenant()); got != 0 {
+	if got := heldBy(p, next.Request, failed.Worker.ID()); got != 0 {
 		t.Fatalf("the worker that failed holds %d bytes of the conversation", got)
 	}
 }
@@ -105,15 +105,15 @@ func TestFailedNextTurnKeepsThePreviousTurnOnItsWorker(t *testing.T) {
 	d := p.Select(in)
 	if d.Worker != home.Worker || choiceOf(d).held != len(first.Request.Text) {
 		t.Fatalf("next turn: %s holding %d bytes, want %s holding the first turn's %d",
-			d.Worker.Tenant(), choiceOf(d).held, home.Worker.Tenant(), len(first.Request.Text))
+			d.Worker.ID(), choiceOf(d).held, home.Worker.ID(), len(first.Request.Text))
 	}
 	p.Accepted(in, d)
 	p.Done(in, d, workers.Failed, policy.Usage{})
 
-	if got := heldBy(p, in.Request, home.Worker.Tenant()); got != len(first.Request.Text) {
-		t.Fatalf("after the failed turn %s holds %d bytes of it, want the first turn's %d", home.Worker.Tenant(), got, len(first.Request.Text))
+	if got := heldBy(p, in.Request, home.Worker.ID()); got != len(first.Request.Text) {
+		t.Fatalf("after the failed turn %s holds %d bytes of it, want the first turn's %d", home.Worker.ID(), got, len(first.Request.Text))
 	}
-	if got := heldBy(p, first.Request, home.Worker.Tenant()); got != len(first.Request.Text) {
-		t.Fatalf("%s holds %d bytes of the first turn, which it served, want all %d", home.Worker.Tenant(), got, len(first.Request.Text))
+	if got := heldBy(p, first.Request, home.Worker.ID()); got != len(first.Request.Text) {
+		t.Fatalf("%s holds %d bytes of the first turn, which it served, want all %d", home.Worker.ID(), got, len(first.Request.Text))
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/predict"
 	"github.com/cacheroute/cacheroute/internal/residency"
 	"github.com/cacheroute/cacheroute/internal/session"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -105,7 +106,7 @@ func (pr *pressure) active(d *decision) bool {
 	known := false
 	for _, w := range d.in.Candidates {
 		c := w.KVCapacity()
-		pr.res.SetCapacity(w.Tenant(), int(c))
+		pr.res.SetCapacity(w.ID(), int(c))
 		known = known || c > 0
 	}
 	return known
@@ -138,7 +139,7 @@ func (pr *pressure) learnSize(size, prompt int) {
 
 // cost is the first token's predicted time on w for a request that computes compute tokens there.
 func (pr *pressure) cost(w *workers.Worker, compute int) time.Duration {
-	return pr.ttft.TTFT(w.Tenant(), predict.Work{Compute: max(compute, 0), Ahead: int(w.PendingPrefillTokens())})
+	return pr.ttft.TTFT(w.ID(), predict.Work{Compute: max(compute, 0), Ahead: int(w.PendingPrefillTokens())})
 }
 
 // place chooses for a request with a session key under the pressure model: the session's resident
@@ -179,18 +180,18 @@ func (p *Policy) place(d *decision) policy.Decision {
 // is taken as resident there, its working set unknown: the store's word is the best there is,
 // and the turn makes the session known here.
 func (p *Policy) resident(d *decision, rec *sessionRecord, s residency.Session, known bool) (*workers.Worker, int, bool) {
-	tenant, ok, err := p.store.Get(d.ctx, d.model, d.key)
+	id, ok, err := p.store.Get(d.ctx, d.model, d.key)
 	if err != nil || !ok {
 		return nil, 0, false
 	}
 	held := 0
-	if known && s.Worker == tenant {
+	if known && s.Worker == id {
 		if !s.Resident {
 			return nil, 0, false
 		}
 		held = min(s.Prompt, rec.prompt)
 	}
-	w := candidate(d.in.Candidates, tenant)
+	w := candidate(d.in.Candidates, id)
 	if w == nil {
 		return nil, 0, false
 	}
@@ -218,7 +219,7 @@ func (p *Policy) pressured(d *decision, rec *sessionRecord, w *workers.Worker, l
 func (p *Policy) cheapestWithRoom(d *decision, rec *sessionRecord, not *workers.Worker) (*workers.Worker, time.Duration, int) {
 	room := make([]*workers.Worker, 0, len(d.in.Candidates))
 	for _, w := range d.in.Candidates {
-		if w != not && p.pressure.res.FitsOn(w.Tenant(), rec.prompt) {
+		if w != not && p.pressure.res.FitsOn(w.ID(), rec.prompt) {
 			room = append(room, w)
 		}
 	}
@@ -238,11 +239,11 @@ func (p *Policy) cheapest(d *decision, rec *sessionRecord, ws []*workers.Worker)
 	pr := p.pressure
 	fewest := math.MaxInt
 	for _, w := range ws {
-		fewest = min(fewest, pr.res.Live(w.Tenant()))
+		fewest = min(fewest, pr.res.Live(w.ID()))
 	}
 	spreadOut := make([]*workers.Worker, 0, len(ws))
 	for _, w := range ws {
-		if pr.res.Live(w.Tenant()) <= fewest+spread {
+		if pr.res.Live(w.ID()) <= fewest+spread {
 			spreadOut = append(spreadOut, w)
 		}
 	}
@@ -251,7 +252,7 @@ func (p *Policy) cheapest(d *decision, rec *sessionRecord, ws []*workers.Worker)
 	var best []*workers.Worker
 	var bestCost time.Duration
 	for _, w := range ws {
-		cost := pr.cost(w, rec.prompt-held[w.Tenant()])
+		cost := pr.cost(w, rec.prompt-held[w.ID()])
 		switch {
 		case best == nil || cost < bestCost:
 			best, bestCost = append(best[:0], w), cost
@@ -260,22 +261,22 @@ func (p *Policy) cheapest(d *decision, rec *sessionRecord, ws []*workers.Worker)
 		}
 	}
 	if len(best) > 1 {
-		best = lowest(best, func(w *workers.Worker) int64 { return int64(pr.res.Live(w.Tenant())) })
+		best = lowest(best, func(w *workers.Worker) int64 { return int64(pr.res.Live(w.ID())) })
 	}
 	if len(best) > 1 {
-		best = lowest(best, func(w *workers.Worker) int64 { room, _ := pr.res.Room(w.Tenant()); return -int64(room) })
+		best = lowest(best, func(w *workers.Worker) int64 { room, _ := pr.res.Room(w.ID()); return -int64(room) })
 	}
 	w := p.leastLoaded(d, best)
-	return w, bestCost, rec.prompt - held[w.Tenant()]
+	return w, bestCost, rec.prompt - held[w.ID()]
 }
 
 // treeHeld is, in prompt tokens, what each worker holds of the request's text by the tree.
-func (p *Policy) treeHeld(d *decision, prompt int) map[string]int {
+func (p *Policy) treeHeld(d *decision, prompt int) map[tenant.ID]int {
 	if d.text == "" || prompt <= 0 {
 		return nil
 	}
 	holdings := p.tree.Holdings(d.model, d.text, nil)
-	held := make(map[string]int, len(holdings))
+	held := make(map[tenant.ID]int, len(holdings))
 	for _, h := range holdings {
 		held[h.Tenant] = min(h.Held*prompt/len(d.text), prompt)
 	}
@@ -284,7 +285,7 @@ func (p *Policy) treeHeld(d *decision, prompt int) map[string]int {
 
 // started, firstByte and ended follow a pressured decision through its attempt.
 func (pr *pressure) started(rec *sessionRecord, w *workers.Worker) {
-	pr.res.Started(rec.key, w.Tenant(), rec.prompt)
+	pr.res.Started(rec.key, w.ID(), rec.prompt)
 }
 
 func (pr *pressure) ended(in policy.Input, rec *sessionRecord, w *workers.Worker, o workers.Outcome, u policy.Usage) {
@@ -297,7 +298,7 @@ func (pr *pressure) ended(in policy.Input, rec *sessionRecord, w *workers.Worker
 			if u.Known {
 				compute = u.Prompt - u.Cached
 			}
-			pr.ttft.Observe(w.Tenant(), predict.Work{Compute: compute, Ahead: rec.ahead}, rec.ttft)
+			pr.ttft.Observe(w.ID(), predict.Work{Compute: compute, Ahead: rec.ahead}, rec.ttft)
 		}
 	}
 	if pr.queue != nil {

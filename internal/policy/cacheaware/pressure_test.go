@@ -182,7 +182,7 @@ func TestASessionAnotherReplicaPlacedStaysWhereTheSharedStoreSays(t *testing.T) 
 	o.Store = store
 	o.Pressure = &PressureOptions{Admission: true, AdmissionTimeout: time.Minute, AdmissionQueue: 16}
 	p := newPolicy(o)
-	if err := store.Set(context.Background(), DefaultModel, "session:a", ws[2].Tenant()); err != nil {
+	if err := store.Set(context.Background(), DefaultModel, "session:a", ws[2].ID()); err != nil {
 		t.Fatal(err)
 	}
 	r := req(t, chat("sys", []string{"hello"}, ""), "x-session-id", "a")

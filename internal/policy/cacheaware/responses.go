@@ -8,6 +8,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/reqkey"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -27,10 +28,11 @@ var responseLabels = []string{LabelResponseMatch, LabelResponseGone, LabelRespon
 // model (GET /v1/responses/{id} names none), and no served model is called "".
 const responseNamespace = ""
 
-// producedBy marks the value of a response entry. Removing a worker drops the session entries
-// that point at it, but a response entry must outlive its worker: a turn that continues a
-// removed worker's response is then answered response_id_gone at once, rather than sent to a
-// worker that cannot know the id. The entry ends with its TTL like any other.
+// producedBy marks the value of a response entry, the ID of the worker that produced it. Marked,
+// it names no worker: removing a worker drops the session entries that point at it, but a response
+// entry must outlive its worker: a turn that continues a removed worker's response is then
+// answered response_id_gone at once, rather than sent to a worker that cannot know the id. The
+// entry ends with its TTL like any other.
 const producedBy = "response-of:"
 
 // responseKey is the store key of a response id: the id itself, or a fixed-size hash of an id
@@ -45,16 +47,17 @@ func responseKey(id string) string {
 
 // ResponseStored records that w produced the stored response id, for the session TTL.
 func (p *Policy) ResponseStored(ctx context.Context, id string, w *workers.Worker) {
-	_ = p.store.Set(ctx, responseNamespace, responseKey(id), producedBy+w.Tenant())
+	_ = p.store.Set(ctx, responseNamespace, responseKey(id), producedBy+w.ID())
 }
 
-// ResponseHolder returns the tenant that produced response id, if the store knows it.
-func (p *Policy) ResponseHolder(ctx context.Context, id string) (string, bool) {
+// ResponseHolder returns the worker that produced response id, if the store knows it.
+func (p *Policy) ResponseHolder(ctx context.Context, id string) (tenant.ID, bool) {
 	v, ok, err := p.store.Get(ctx, responseNamespace, responseKey(id))
 	if err != nil || !ok {
 		return "", false
 	}
-	return strings.CutPrefix(v, producedBy)
+	worker, ok := strings.CutPrefix(string(v), producedBy)
+	return tenant.ID(worker), ok
 }
 
 // ResponseDeleted forgets response id.

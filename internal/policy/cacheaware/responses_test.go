@@ -26,7 +26,7 @@ func TestTurnContinuingAStoredResponseGoesToItsWorkerDespiteTheGate(t *testing.T
 	}
 	d := route(p, pool, continuing("resp_1", ""))
 	if d.Label != LabelResponseMatch || d.Worker != ws[2] {
-		t.Fatalf("%s on %v, want response_id_match on %s", d.Label, d.Worker, ws[2].Tenant())
+		t.Fatalf("%s on %v, want response_id_match on %s", d.Label, d.Worker, ws[2].ID())
 	}
 }
 
@@ -40,8 +40,8 @@ func TestContinuationDoesNotTeachItsInputAsAHistory(t *testing.T) {
 		t.Fatalf("the tree learned %d chars of a continuation's partial input", p.TreeChars())
 	}
 	// Its conversation id is a session key like any other: it follows the worker.
-	if tenant, ok, _ := p.store.Get(context.Background(), "m", "session:conv"); !ok || tenant != ws[0].Tenant() {
-		t.Fatalf("conversation session points at %q, want %s", tenant, ws[0].Tenant())
+	if tenant, ok, _ := p.store.Get(context.Background(), "m", "session:conv"); !ok || tenant != ws[0].ID() {
+		t.Fatalf("conversation session points at %q, want %s", tenant, ws[0].ID())
 	}
 }
 
@@ -74,7 +74,7 @@ func TestResponseOfAnUnavailableWorkerIsRefusedForNow(t *testing.T) {
 	}
 	ws[0].SetHealthy(true)
 	if d := route(p, pool, continuing("resp_1", "")); d.Worker != ws[0] {
-		t.Fatalf("healthy again: %s on %v, want %s", d.Label, d.Worker, ws[0].Tenant())
+		t.Fatalf("healthy again: %s on %v, want %s", d.Label, d.Worker, ws[0].ID())
 	}
 }
 
@@ -84,7 +84,7 @@ func TestUnknownResponseIDIsPlacedByTheRestOfTheChain(t *testing.T) {
 	home := route(p, pool, req(t, chat("", []string{"x"}, ""), "x-session-id", "conv")).Worker
 	d := route(p, pool, continuing("resp_never_seen", "conv"))
 	if d.Label != LabelSessionMatch || d.Worker != home {
-		t.Fatalf("%s on %v, want session_id_match on %s", d.Label, d.Worker, home.Tenant())
+		t.Fatalf("%s on %v, want session_id_match on %s", d.Label, d.Worker, home.ID())
 	}
 	if d := route(p, pool, continuing("resp_never_seen", "")); d.Worker == nil || d.Refusal != nil {
 		t.Fatalf("no session: refused or unplaced: %+v", d)
@@ -105,7 +105,7 @@ func TestDeletedResponseIsForgotten(t *testing.T) {
 	p := newPolicy(defaultOptions())
 	ctx := context.Background()
 	p.ResponseStored(ctx, "resp_1", ws[0])
-	if tenant, ok := p.ResponseHolder(ctx, "resp_1"); !ok || tenant != ws[0].Tenant() {
+	if tenant, ok := p.ResponseHolder(ctx, "resp_1"); !ok || tenant != ws[0].ID() {
 		t.Fatalf("holder %q %v", tenant, ok)
 	}
 	p.ResponseDeleted(ctx, "resp_1")
@@ -120,7 +120,7 @@ func TestLongResponseIDsAreKeptAsAFixedSizeHash(t *testing.T) {
 	ctx := context.Background()
 	long := strings.Repeat("r", 10_000)
 	p.ResponseStored(ctx, long, ws[1])
-	if tenant, ok := p.ResponseHolder(ctx, long); !ok || tenant != ws[1].Tenant() {
+	if tenant, ok := p.ResponseHolder(ctx, long); !ok || tenant != ws[1].ID() {
 		t.Fatalf("long id: holder %q %v", tenant, ok)
 	}
 	if _, ok := p.ResponseHolder(ctx, long[:9_999]); ok {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/session"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -19,9 +20,9 @@ import (
 
 // sessionBlock is what is kept of a session's last turn.
 type sessionBlock struct {
-	first     uint64 // the key of its first block, as kvevents.Keys cuts it
-	blockSize int    // the block size the key was cut at
-	worker    string // the worker it went to, by name, as the index knows it
+	first     uint64    // the key of its first block, as kvevents.Keys cuts it
+	blockSize int       // the block size the key was cut at
+	worker    tenant.ID // the worker it went to
 	// seen says that the worker's engine has been seen holding that block since. An engine
 	// publishes what it stored some milliseconds after storing it, so a block not yet seen may
 	// be on its way: only one seen and gone since says that the engine evicted the session.
@@ -110,7 +111,7 @@ func (p *Policy) sessionEvicted(d *decision, w *workers.Worker) bool {
 	if !p.eventsChecked() {
 		return false
 	}
-	bs := p.opts.KVIndex.BlockSize(w.Name())
+	bs := p.opts.KVIndex.BlockSize(w.ID())
 	first, ok := firstBlock(d.in, bs)
 	if !ok && len(d.in.Tokens) == 0 {
 		var b sessionBlock
@@ -123,13 +124,13 @@ func (p *Policy) sessionEvicted(d *decision, w *workers.Worker) bool {
 
 // holds reports whether w's engine holds the block keyed first, by its events.
 func (p *Policy) holds(w *workers.Worker, first uint64) bool {
-	return p.opts.KVIndex.Match(w.Name(), []uint64{first}).Blocks > 0
+	return p.opts.KVIndex.Match(w.ID(), []uint64{first}).Blocks > 0
 }
 
 // seenBefore reports whether the session's record says w's engine was seen holding first.
 func (p *Policy) seenBefore(d *decision, w *workers.Worker, first uint64) bool {
 	b, ok := p.blocks.get(d.model, d.key)
-	return ok && b.seen && b.worker == w.Name() && b.first == first
+	return ok && b.seen && b.worker == w.ID() && b.first == first
 }
 
 // recordSession keeps the first block of an accepted session turn that came with its tokens, and
@@ -138,19 +139,19 @@ func (p *Policy) recordSession(d *decision, w *workers.Worker) {
 	if !p.eventsChecked() || d.key == "" {
 		return
 	}
-	bs := p.opts.KVIndex.BlockSize(w.Name())
+	bs := p.opts.KVIndex.BlockSize(w.ID())
 	if first, ok := firstBlock(d.in, bs); ok {
 		seen := p.holds(w, first) || p.seenBefore(d, w, first)
-		p.blocks.put(d.model, d.key, sessionBlock{first: first, blockSize: bs, worker: w.Name(), seen: seen})
+		p.blocks.put(d.model, d.key, sessionBlock{first: first, blockSize: bs, worker: w.ID(), seen: seen})
 		return
 	}
 	if bs == 0 && len(d.in.Tokens) > 0 {
 		// The worker's engine has published nothing yet, so its block size is unknown: the
 		// session is recorded without a key, and tokenized again once the engine is known.
-		p.blocks.put(d.model, d.key, sessionBlock{worker: w.Name()})
+		p.blocks.put(d.model, d.key, sessionBlock{worker: w.ID()})
 		return
 	}
-	if b, ok := p.blocks.get(d.model, d.key); ok && !b.seen && b.worker == w.Name() && b.blockSize == bs && p.holds(w, b.first) {
+	if b, ok := p.blocks.get(d.model, d.key); ok && !b.seen && b.worker == w.ID() && b.blockSize == bs && p.holds(w, b.first) {
 		b.seen = true
 		p.blocks.put(d.model, d.key, b)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/protocol"
 	"github.com/cacheroute/cacheroute/internal/reqkey"
+	"github.com/cacheroute/cacheroute/internal/tenant"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
 
@@ -126,8 +127,8 @@ func benchDecisionBySize(b *testing.B, size int, mode string) {
 	want := map[string]string{modeIDs: LabelSessionMatch, modeNoIDs: LabelCacheAffinity, modeNoIDsEvts: LabelKVEventsMatch}[mode]
 
 	var conv agentConversation
-	var holder string // the worker whose engine holds the conversation's first blocks
-	held := 0         // how many
+	var holder tenant.ID // the worker whose engine holds the conversation's first blocks
+	held := 0            // how many
 	var header http.Header
 	turn := func(n, t int) {
 		body := conv.bodies[t]
@@ -151,8 +152,8 @@ func benchDecisionBySize(b *testing.B, size int, mode string) {
 		}
 		if index != nil { // the engine stores the blocks the turn added, and says so
 			b.StopTimer()
-			if d.Worker.Name() != holder {
-				holder, held = d.Worker.Name(), 0
+			if d.Worker.ID() != holder {
+				holder, held = d.Worker.ID(), 0
 			}
 			held = storeTurn(index, holder, n, conv.tokens[:prompt], held)
 			b.StartTimer()
@@ -182,7 +183,7 @@ func benchDecisionBySize(b *testing.B, size int, mode string) {
 // storeTurn applies worker's BlockStored event for the full blocks of tokens past the first held
 // ones, chained to them, as an engine publishes what a turn added to its cache, and returns the
 // blocks it now holds. Block j of conversation n has hash n<<32 + j + 1.
-func storeTurn(index *kvevents.Index, worker string, n int, tokens []uint32, held int) int {
+func storeTurn(index *kvevents.Index, worker tenant.ID, n int, tokens []uint32, held int) int {
 	full := len(tokens) / eventBlockSize
 	if full <= held {
 		return held
