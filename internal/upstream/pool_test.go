@@ -39,6 +39,19 @@ func modelsRequest(url string) *fasthttp.Request {
 	return out
 }
 
+// sendWhole sends call i of a test to the worker at url through pool, reads its answer whole and
+// finishes the call; it returns the call's connection and whether it went back to the pool.
+func sendWhole(t *testing.T, pool *Pool, url string, i int) (*Conn, bool) {
+	t.Helper()
+	call := newCall(&peer{})
+	resp, c, f := pool.Send(modelsRequest(url), call)
+	if resp == nil {
+		t.Fatalf("call %d failed: %+v", i, f)
+	}
+	_, _ = io.ReadAll(resp.BodyStream())
+	return c, call.Finish(c, resp, true)
+}
+
 // An answer read to its end leaves its connection for the next call: two calls, one connection.
 // The worker's bytes are its progress.
 func TestPool_ConnectionOfAWholeAnswerIsReused(t *testing.T) {
@@ -90,13 +103,7 @@ func TestPool_StaleConnectionIsResentOnANewOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 2 {
-		call := newCall(&peer{})
-		resp, c, f := pool.Send(modelsRequest(w.URL), call)
-		if resp == nil {
-			t.Fatalf("call %d failed: %+v", i, f)
-		}
-		_, _ = io.ReadAll(resp.BodyStream())
-		call.Finish(c, resp, true)
+		sendWhole(t, pool, w.URL, i)
 	}
 	if n := w.Requests.Load(); n != 2 {
 		t.Errorf("the worker read %d requests, want 2", n)
@@ -124,13 +131,8 @@ func TestPool_ConnectionTheWorkerClosedWhileIdleIsNotReused(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 2 {
-		call := newCall(&peer{})
-		resp, c, f := pool.Send(modelsRequest(w.URL), call)
-		if resp == nil {
-			t.Fatalf("call %d failed: %+v", i, f)
-		}
-		_, _ = io.ReadAll(resp.BodyStream())
-		if !call.Finish(c, resp, true) {
+		c, pooled := sendWhole(t, pool, w.URL, i)
+		if !pooled {
 			t.Fatalf("call %d: its connection did not go back to the pool", i)
 		}
 		testkit.WaitFor(t, "the worker's close to arrive", func() bool { return PeerClosed(c.raw) })
