@@ -225,8 +225,10 @@ func newDecision(in policy.Input) *decision {
 	return d
 }
 
-// Select runs the decision chain. It changes no state: what the choice teaches is recorded by
-// Accepted, once the proxy has accepted the worker.
+// Select runs the decision chain. It changes no learned state: what the choice teaches is
+// recorded by Accepted, once the proxy has accepted the worker. The one thing it writes is the
+// pressure model's claim on a new session's worker (claims.go), a hint that Accepted ends and
+// that lapses by itself.
 func (p *Policy) Select(in policy.Input) policy.Decision {
 	d := newDecision(in)
 	if id := in.Request.PreviousResponseID; id != "" {

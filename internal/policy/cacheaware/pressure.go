@@ -29,7 +29,7 @@ import (
 //     fewest: a prefix that other sessions share (a common system prompt and tools) is worth one
 //     prefill on each worker, not every new session on the first worker that computed it; among
 //     equals, the worker with the fewest live sessions, so sessions spread over an idle fleet
-//     (kv_room). No worker with room: the request waits for room (a Hold, when session
+//     (kv_room). A session placed and not yet accepted counts as live (claims.go). No worker with room: the request waits for room (a Hold, when session
 //     admission is on), and is placed when room appears (kv_room_after_wait) or when its wait is
 //     over (kv_room_exhausted: the engines will evict to make room).
 
@@ -62,6 +62,9 @@ type pressure struct {
 	res   *residency.Tracker
 	ttft  *predict.Model
 	queue *admission.SessionQueue // nil: session admission off
+	// claims are the new sessions placed and not yet accepted, which count as live on their
+	// workers (claims.go).
+	claims *claims
 	// bytesPerToken is the request bytes a prompt token takes, learned from the answers' usage,
 	// as float64 bits: the estimate of a prompt's tokens when the request came without them.
 	bytesPerToken atomic.Uint64
@@ -79,7 +82,11 @@ type PressureOptions struct {
 }
 
 func newPressure(o PressureOptions) *pressure {
-	pr := &pressure{res: residency.New(o.Residency), ttft: predict.New()}
+	now := o.Residency.Now
+	if now == nil {
+		now = time.Now
+	}
+	pr := &pressure{res: residency.New(o.Residency), ttft: predict.New(), claims: newClaims(now)}
 	pr.bytesPerToken.Store(math.Float64bits(bytesPerToken))
 	if o.Admission {
 		pr.queue = admission.NewSessionQueue(admission.SessionQueueOptions{Max: o.AdmissionQueue,
@@ -156,6 +163,10 @@ func (p *Policy) place(d *decision) policy.Decision {
 		}
 		return p.pressured(d, rec, w0, LabelSessionMatch, rec.prompt-held, stay)
 	}
+	// Choosing a new session's worker and claiming it are one step, so that placements running at
+	// once see each other.
+	pr.claims.placing.Lock()
+	defer pr.claims.placing.Unlock()
 	w, cost, compute := p.cheapestWithRoom(d, rec, nil)
 	label := LabelKVRoom
 	switch {
@@ -169,6 +180,7 @@ func (p *Policy) place(d *decision) policy.Decision {
 	case known:
 		label = LabelSessionEvicted
 	}
+	pr.claims.add(rec.key, w.ID())
 	return p.pressured(d, rec, w, label, compute, cost)
 }
 
@@ -239,11 +251,11 @@ func (p *Policy) cheapest(d *decision, rec *sessionRecord, ws []*workers.Worker)
 	pr := p.pressure
 	fewest := math.MaxInt
 	for _, w := range ws {
-		fewest = min(fewest, pr.res.Live(w.ID()))
+		fewest = min(fewest, pr.live(w.ID()))
 	}
 	spreadOut := make([]*workers.Worker, 0, len(ws))
 	for _, w := range ws {
-		if pr.res.Live(w.ID()) <= fewest+spread {
+		if pr.live(w.ID()) <= fewest+spread {
 			spreadOut = append(spreadOut, w)
 		}
 	}
@@ -261,7 +273,7 @@ func (p *Policy) cheapest(d *decision, rec *sessionRecord, ws []*workers.Worker)
 		}
 	}
 	if len(best) > 1 {
-		best = lowest(best, func(w *workers.Worker) int64 { return int64(pr.res.Live(w.ID())) })
+		best = lowest(best, func(w *workers.Worker) int64 { return int64(pr.live(w.ID())) })
 	}
 	if len(best) > 1 {
 		best = lowest(best, func(w *workers.Worker) int64 { room, _ := pr.res.Room(w.ID()); return -int64(room) })
@@ -283,9 +295,16 @@ func (p *Policy) treeHeld(d *decision, prompt int) map[tenant.ID]int {
 	return held
 }
 
-// started, firstByte and ended follow a pressured decision through its attempt.
+// live is the count of worker's live sessions, those placed there and not yet accepted included.
+func (pr *pressure) live(worker tenant.ID) int {
+	return pr.res.Live(worker) + pr.claims.on(worker)
+}
+
+// started, firstByte and ended follow a pressured decision through its attempt. The session is
+// recorded on its worker before its claim ends, so that it counts there throughout.
 func (pr *pressure) started(rec *sessionRecord, w *workers.Worker) {
 	pr.res.Started(rec.key, w.ID(), rec.prompt)
+	pr.claims.release(rec.key)
 }
 
 func (pr *pressure) ended(in policy.Input, rec *sessionRecord, w *workers.Worker, o workers.Outcome, u policy.Usage) {

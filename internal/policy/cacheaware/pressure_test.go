@@ -114,6 +114,58 @@ func TestSessionsSharingAPrefixSpreadOverAnIdleFleet(t *testing.T) {
 	}
 }
 
+// Eight new sessions whose Selects all run before any is accepted (a burst arriving at once)
+// spread as if placed one after another: each placement claims its worker from the moment it is
+// chosen.
+func TestNewSessionsChosenBeforeAnyIsAcceptedSpread(t *testing.T) {
+	p, pool, _, _ := pressuredPolicy(t, 4, 1_000_000)
+	system := strings.Repeat("shared tools and system prompt ", 4000)
+	var ins []policy.Input
+	var decs []policy.Decision
+	per := map[string]int{}
+	for s := range 8 {
+		in := turn{id: fmt.Sprintf("s%d", s), system: system, turns: []string{"start"}}.input(t, pool)
+		d := p.Select(in)
+		if d.Worker == nil || d.Label != LabelKVRoom {
+			t.Fatalf("session %d: %+v, want %s", s, d, LabelKVRoom)
+		}
+		ins, decs = append(ins, in), append(decs, d)
+		per[d.Worker.Name()]++
+	}
+	for w, n := range per {
+		if n != 2 {
+			t.Fatalf("%s took %d of 8 sessions (%v), want 2 each", w, n, per)
+		}
+	}
+	for i := range ins {
+		p.Accepted(ins[i], decs[i])
+	}
+	if n := len(p.pressure.claims.by); n != 0 {
+		t.Fatalf("%d claims left once every placement was accepted, want none", n)
+	}
+}
+
+// A placement the proxy never makes (its worker's breaker refused it, its client left) counts on
+// its worker only until its claim lapses.
+func TestANewSessionsClaimLapsesWhenItIsNeverAccepted(t *testing.T) {
+	p, pool, _, clock := pressuredPolicy(t, 2, 1_000_000)
+	first := p.Select(turn{id: "a", system: "sys", turns: []string{"hi"}}.input(t, pool))
+	second := p.Select(turn{id: "b", system: "sys", turns: []string{"hi"}}.input(t, pool))
+	if first.Worker == second.Worker {
+		t.Fatalf("both unaccepted placements went to %s, want the second on the other worker", first.Worker.Name())
+	}
+	if n := p.pressure.claims.on(first.Worker.ID()); n != 1 {
+		t.Fatalf("%d claims on %s, want 1", n, first.Worker.Name())
+	}
+	clock.advance(claimTTL)
+	if n := p.pressure.claims.on(first.Worker.ID()); n != 0 {
+		t.Fatalf("%d claims on %s after %v, want none", n, first.Worker.Name(), claimTTL)
+	}
+	if n := len(p.pressure.claims.by); n != 0 {
+		t.Fatalf("%d lapsed claims kept, want none", n)
+	}
+}
+
 func TestASessionNoWorkerHasRoomForWaitsThenIsPlaced(t *testing.T) {
 	p, pool, _, c := pressuredPolicy(t, 2, 10_000)
 	// Two sessions of 6,000 tokens fill both workers' room (9,000 each, with the headroom).
