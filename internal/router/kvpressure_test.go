@@ -20,7 +20,7 @@ import (
 // of an agent sends first.
 func sharedPrompt() string {
 	var b strings.Builder
-	for i := 0; b.Len() < 200_000; i++ {
+	for i := 0; b.Len() < 100_000; i++ {
 		fmt.Fprintf(&b, "tool_%d takes a path and a pattern and returns the lines that match them. ", i)
 	}
 	return b.String()
@@ -28,8 +28,8 @@ func sharedPrompt() string {
 
 // Eight agent sessions that share a 30k-token system prompt start at once on four idle workers
 // whose engines report their KV capacity: the prefix is worth one prefill on each worker, so the
-// sessions spread (no worker takes more than 3), and each stays on its worker, its cached tokens
-// growing every turn.
+// sessions spread (no worker takes more than 3, however their Selects interleave), and each stays
+// on its worker, its cached tokens growing every turn.
 func TestSessionsSharingALongPrefixSpreadAndStay(t *testing.T) {
 	simCfg := instantSim()
 	fleet := startSimFleetOf(t, 4, simCfg)
@@ -52,16 +52,23 @@ func TestSessionsSharingALongPrefixSpreadAndStay(t *testing.T) {
 		Content string `json:"content"`
 	}
 	homes := make([]string, 8)
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
+	histories := make([][]msg, 8)
+	prevCached := make([]int, 8)
 	for s := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			history := []msg{{"system", system}, {"user", fmt.Sprintf("Session %d: fix issue %d.", s, 100+s)}}
-			prevCached := -1
-			for turn := 1; turn <= 4; turn++ {
-				body, _ := json.Marshal(map[string]any{"model": "sim-model", "messages": history, "max_tokens": 16})
+		histories[s] = []msg{{"system", system}, {"user", fmt.Sprintf("Session %d: fix issue %d.", s, 100+s)}}
+		prevCached[s] = -1
+	}
+	// The eight sessions send each turn at once, and the next turn once every session has its
+	// answer: a turn that arrived while another session's first prefill was still queued on its
+	// worker could rightly move to a worker that computes it sooner (session_moved).
+	for turn := 1; turn <= 4; turn++ {
+		var wg sync.WaitGroup
+		errs := make(chan error, 8)
+		for s := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				body, _ := json.Marshal(map[string]any{"model": "sim-model", "messages": histories[s], "max_tokens": 16})
 				resp := tr.post(t, "/v1/chat/completions", string(body), "x-session-id", fmt.Sprintf("agent-%d", s))
 				raw := readAll(t, resp)
 				var reply chatReply
@@ -77,20 +84,20 @@ func TestSessionsSharingALongPrefixSpreadAndStay(t *testing.T) {
 				case worker != homes[s] || decision != "session_id_match":
 					errs <- fmt.Errorf("session %d turn %d: %s on %s, want session_id_match on %s", s, turn, decision, worker, homes[s])
 					return
-				case cached <= prevCached:
-					errs <- fmt.Errorf("session %d turn %d: %d cached tokens, %d the turn before: want more every turn", s, turn, cached, prevCached)
+				case cached <= prevCached[s]:
+					errs <- fmt.Errorf("session %d turn %d: %d cached tokens, %d the turn before: want more every turn", s, turn, cached, prevCached[s])
 					return
 				}
-				prevCached = cached
-				history = append(history, msg{"assistant", reply.Choices[0].Message.Content},
+				prevCached[s] = cached
+				histories[s] = append(histories[s], msg{"assistant", reply.Choices[0].Message.Content},
 					msg{"user", fmt.Sprintf("Turn %d: the tests printed %d lines.", turn, turn*11)})
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
 	}
 	per := map[string]int{}
 	for _, h := range homes {
