@@ -2,13 +2,11 @@ package proxy
 
 import (
 	"net/http"
-	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/cacheroute/cacheroute/internal/clientkeys"
-	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
 // Client API keys: the routed endpoints and /v1/models closed to callers without one.
@@ -22,27 +20,10 @@ func keySet(t *testing.T, file string) *clientkeys.Set {
 	return set
 }
 
-// authWorker records the Authorization and x-api-key headers it receives.
-type authWorker struct {
-	*testkit.Server
-	mu       sync.Mutex
-	auth, xk []string
-}
-
-func newAuthWorker(t *testing.T) *authWorker {
-	aw := &authWorker{}
-	aw.Server = testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
-		aw.mu.Lock()
-		aw.auth, aw.xk = append(aw.auth, r.Header.Get("Authorization")), append(aw.xk, r.Header.Get("X-Api-Key"))
-		aw.mu.Unlock()
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"object":"list","data":[]}`))
-	})
-	return aw
-}
-
-func keyedProxy(t *testing.T, forward bool) (*testProxy, *authWorker) {
-	w := newAuthWorker(t)
+// keyedProxy is a test router that takes alice's and bob's client keys, and holds a key of its
+// own for its one worker, which records the credentials each request brought it.
+func keyedProxy(t *testing.T, forward bool) (*testProxy, *recordingWorker) {
+	w := newRecordingWorker(t, http.StatusOK, `{"object":"list","data":[]}`)
 	opts := testOptions()
 	opts.ClientKeys = keySet(t, "sk-alice tenant=alice\nsk-bob tenant=bob priority=batch\n")
 	opts.ForwardClientAuth = forward
@@ -84,11 +65,10 @@ func TestClientKeyIsReplacedByTheWorkerKeyUpstream(t *testing.T) {
 	if a, b := testutil.ToFloat64(tp.Metrics.TenantRequests.WithLabelValues("alice")), testutil.ToFloat64(tp.Metrics.TenantRequests.WithLabelValues("bob")); a != 1 || b != 1 {
 		t.Errorf("tenant_requests_total alice %v bob %v, want 1 and 1", a, b)
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for i := range w.auth {
-		if w.auth[i] != "Bearer worker-key" || w.xk[i] != "" {
-			t.Errorf("request %d reached the worker with Authorization %q, x-api-key %q: the client's key must not leave the router", i, w.auth[i], w.xk[i])
+	auth, xk := w.headerValues("Authorization"), w.headerValues("X-Api-Key")
+	for i := range auth {
+		if auth[i] != "Bearer worker-key" || xk[i] != "" {
+			t.Errorf("request %d reached the worker with Authorization %q, x-api-key %q: the client's key must not leave the router", i, auth[i], xk[i])
 		}
 	}
 }
@@ -96,9 +76,7 @@ func TestClientKeyIsReplacedByTheWorkerKeyUpstream(t *testing.T) {
 func TestForwardClientAuthSendsTheClientsKeyUpstream(t *testing.T) {
 	tp, w := keyedProxy(t, true)
 	tp.post(t, chatPath, chatBody, "Authorization", "Bearer sk-alice")
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if len(w.auth) != 1 || w.auth[0] != "Bearer sk-alice" {
-		t.Fatalf("worker got %q, want the client's key", w.auth)
+	if auth := w.headerValues("Authorization"); len(auth) != 1 || auth[0] != "Bearer sk-alice" {
+		t.Fatalf("worker got %q, want the client's key", auth)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -215,6 +216,70 @@ func sseWorker(t *testing.T, name string, n int) *testkit.Server {
 		}
 		_, _ = io.WriteString(w, "data: [DONE]\n\n")
 	})
+}
+
+// seenRequest is what a recordingWorker kept of one request it received.
+type seenRequest struct {
+	line   string      // "METHOD /path?query body"
+	header http.Header // the request's headers as the worker got them
+}
+
+// recordingWorker answers every request with one status and JSON body, and keeps what it got of
+// each request, in order: the tests of what the router hands a worker (paths, bodies, headers,
+// keys, trace context) read it back. One worker serves them all, so that each test says only
+// what it looks at.
+type recordingWorker struct {
+	*testkit.Server
+	mu  sync.Mutex
+	got []seenRequest
+}
+
+func newRecordingWorker(t *testing.T, status int, body string) *recordingWorker {
+	rw := &recordingWorker{}
+	rw.Server = testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		rw.mu.Lock()
+		rw.got = append(rw.got, seenRequest{r.Method + " " + r.URL.RequestURI() + " " + string(b), r.Header.Clone()})
+		rw.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = io.WriteString(w, body)
+	})
+	return rw
+}
+
+// seen is a copy of what the worker kept so far, in the order the requests came.
+func (rw *recordingWorker) seen() []seenRequest {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	return append([]seenRequest(nil), rw.got...)
+}
+
+// lines is each request's "METHOD /path?query body", in order.
+func (rw *recordingWorker) lines() []string {
+	var out []string
+	for _, r := range rw.seen() {
+		out = append(out, r.line)
+	}
+	return out
+}
+
+// headerValues is each request's value of header name ("" where it had none), in order.
+func (rw *recordingWorker) headerValues(name string) []string {
+	var out []string
+	for _, r := range rw.seen() {
+		out = append(out, r.header.Get(name))
+	}
+	return out
+}
+
+// lastHeader is the headers of the last request the worker got, nil before the first.
+func (rw *recordingWorker) lastHeader() http.Header {
+	got := rw.seen()
+	if len(got) == 0 {
+		return nil
+	}
+	return got[len(got)-1].header
 }
 
 // hangingWorker reads each request in full and never answers; the connection stays open until

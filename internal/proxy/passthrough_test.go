@@ -5,47 +5,17 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
-
-	"github.com/cacheroute/cacheroute/internal/testkit"
 )
-
-// echoWorker answers every request 200 with the method, path and query it got, and a body of its
-// own name; it records what it got.
-type echoWorker struct {
-	*testkit.Server
-	mu  sync.Mutex
-	got []string // "METHOD /path?query body"
-}
-
-func newEchoWorker(t *testing.T, name string) *echoWorker {
-	e := &echoWorker{}
-	e.Server = testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		e.mu.Lock()
-		e.got = append(e.got, r.Method+" "+r.URL.RequestURI()+" "+string(body))
-		e.mu.Unlock()
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"worker":"`+name+`"}`)
-	})
-	return e
-}
-
-func (e *echoWorker) requests() []string {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return append([]string(nil), e.got...)
-}
 
 // A path the router neither routes nor serves itself (vLLM's /version, /ping, /invocations, a
 // path vLLM adds later) reaches a worker as it came, whatever its method, body and query, and is
 // counted under one label, never its own path.
 func TestUnknownPathsAreForwardedToAWorker(t *testing.T) {
-	w := newEchoWorker(t, "w")
+	w := newRecordingWorker(t, http.StatusOK, `{"worker":"w"}`)
 	tp := newTestProxy(t, setup{urls: []string{w.URL}})
 	for _, tc := range []struct{ method, path, body string }{
 		{http.MethodGet, "/version", ""},
@@ -69,7 +39,7 @@ func TestUnknownPathsAreForwardedToAWorker(t *testing.T) {
 		if resp.Header.Get(HeaderWorker) == "" {
 			t.Errorf("%s %s: no %s header", tc.method, tc.path, HeaderWorker)
 		}
-		got := w.requests()
+		got := w.lines()
 		if last := got[len(got)-1]; last != tc.method+" "+tc.path+" "+tc.body {
 			t.Errorf("the worker got %q, want %q", last, tc.method+" "+tc.path+" "+tc.body)
 		}
@@ -85,7 +55,7 @@ func TestUnknownPathsAreForwardedToAWorker(t *testing.T) {
 // A HEAD to a forwarded path gets the worker's status and headers and no body, and the
 // connection serves the next request.
 func TestHEADToAnUnknownPathIsForwardedWithoutABody(t *testing.T) {
-	w := newEchoWorker(t, "w")
+	w := newRecordingWorker(t, http.StatusOK, `{"worker":"w"}`)
 	tp := newTestProxy(t, setup{urls: []string{w.URL}})
 	c := tp.dial(t)
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
@@ -104,7 +74,7 @@ func TestHEADToAnUnknownPathIsForwardedWithoutABody(t *testing.T) {
 			t.Fatalf("%s /version: %d, %d body bytes, %v", method, resp.StatusCode, len(body), err)
 		}
 	}
-	if got := w.requests(); len(got) != 3 || got[0] != "HEAD /version " {
+	if got := w.lines(); len(got) != 3 || got[0] != "HEAD /version " {
 		t.Fatalf("the worker got %q", got)
 	}
 }
@@ -112,7 +82,7 @@ func TestHEADToAnUnknownPathIsForwardedWithoutABody(t *testing.T) {
 // The router's own paths stay its own: health, models, metrics, the admin API and the root are
 // answered by the router and never reach a worker, whatever the method.
 func TestTheRoutersOwnPathsAreNotForwarded(t *testing.T) {
-	w := newEchoWorker(t, "w")
+	w := newRecordingWorker(t, http.StatusOK, `{"worker":"w"}`)
 	tp := newTestProxy(t, setup{urls: []string{w.URL}})
 	for _, tc := range []struct {
 		method, path string
@@ -131,7 +101,7 @@ func TestTheRoutersOwnPathsAreNotForwarded(t *testing.T) {
 			t.Errorf("%s %s: %d %s, want %d", tc.method, tc.path, status, body, tc.status)
 		}
 	}
-	if got := w.requests(); len(got) != 0 {
+	if got := w.lines(); len(got) != 0 {
 		t.Fatalf("the worker got %q", got)
 	}
 }
@@ -158,7 +128,7 @@ func TestHEADAndGETOfTheRootAnswer200(t *testing.T) {
 // With RefuseUnknownPaths an unknown path is answered 404 with the routed paths, and no worker
 // is asked.
 func TestUnknownPathListsTheRoutedPathsWhenRefused(t *testing.T) {
-	w := newEchoWorker(t, "w")
+	w := newRecordingWorker(t, http.StatusOK, `{"worker":"w"}`)
 	opts := testOptions()
 	opts.RefuseUnknownPaths = true
 	tp := newTestProxy(t, setup{urls: []string{w.URL}, opts: &opts})
@@ -166,7 +136,7 @@ func TestUnknownPathListsTheRoutedPathsWhenRefused(t *testing.T) {
 	if status != http.StatusNotFound || !strings.Contains(body, "/v1/responses") || !strings.Contains(body, "/v1/messages") {
 		t.Fatalf("%d %s", status, body)
 	}
-	if got := w.requests(); len(got) != 0 {
+	if got := w.lines(); len(got) != 0 {
 		t.Fatalf("the worker got %q", got)
 	}
 }
@@ -194,9 +164,7 @@ func TestForwardedPathsTakeClientKeys(t *testing.T) {
 	if status, _, _ := tp.do(t, http.MethodGet, "/version", "Authorization", "Bearer sk-alice"); status != http.StatusOK {
 		t.Fatalf("GET /version with a key: %d", status)
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if len(w.auth) != 1 || w.auth[0] != "Bearer worker-key" {
-		t.Fatalf("the worker got Authorization %q, want the worker key", w.auth)
+	if auth := w.headerValues("Authorization"); len(auth) != 1 || auth[0] != "Bearer worker-key" {
+		t.Fatalf("the worker got Authorization %q, want the worker key", auth)
 	}
 }

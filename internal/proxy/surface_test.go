@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,36 +18,10 @@ import (
 // headers, hop-by-hop headers, worker credentials, the health body, the admin key, error
 // messages and the payload limit.
 
-// headerWorker answers 200 and keeps the headers of the last request it received.
-type headerWorker struct {
-	*testkit.Server
-	mu   sync.Mutex
-	last http.Header
-}
-
-func newHeaderWorker(t *testing.T) *headerWorker {
-	hw := &headerWorker{}
-	hw.Server = testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		hw.mu.Lock()
-		hw.last = r.Header.Clone()
-		hw.mu.Unlock()
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{}`)
-	})
-	return hw
-}
-
-func (hw *headerWorker) header() http.Header {
-	hw.mu.Lock()
-	defer hw.mu.Unlock()
-	return hw.last
-}
-
 var generatedID = regexp.MustCompile(`^[0-9a-f]{32}$`)
 
 func TestSurface_ValidRequestIDIsEchoedAndForwarded(t *testing.T) {
-	w := newHeaderWorker(t)
+	w := newRecordingWorker(t, http.StatusOK, `{}`)
 	tp := newTestProxy(t, setup{urls: []string{w.URL}})
 	for _, id := range []string{"req-42_abc.DEF~!", strings.Repeat("a", MaxRequestIDLen)} {
 		status, h, body := tp.post(t, chatPath, chatBody, HeaderRequestID, id)
@@ -58,14 +31,14 @@ func TestSurface_ValidRequestIDIsEchoedAndForwarded(t *testing.T) {
 		if got := h.Get(HeaderRequestID); got != id {
 			t.Errorf("echoed %s = %q, want %q", HeaderRequestID, got, id)
 		}
-		if got := w.header().Get(HeaderRequestID); got != id {
+		if got := w.lastHeader().Get(HeaderRequestID); got != id {
 			t.Errorf("worker got %s = %q, want %q", HeaderRequestID, got, id)
 		}
 	}
 }
 
 func TestSurface_InvalidRequestIDIsReplacedByAGeneratedOne(t *testing.T) {
-	w := newHeaderWorker(t)
+	w := newRecordingWorker(t, http.StatusOK, `{}`)
 	tp := newTestProxy(t, setup{urls: []string{w.URL}})
 	cases := map[string]string{
 		"129 characters": strings.Repeat("a", MaxRequestIDLen+1),
@@ -89,7 +62,7 @@ func TestSurface_InvalidRequestIDIsReplacedByAGeneratedOne(t *testing.T) {
 			if !generatedID.MatchString(got) {
 				t.Errorf("echoed %s = %q, want a generated 32-hex id", HeaderRequestID, got)
 			}
-			if fwd := w.header().Get(HeaderRequestID); fwd != got {
+			if fwd := w.lastHeader().Get(HeaderRequestID); fwd != got {
 				t.Errorf("worker got %s = %q, want the generated %q", HeaderRequestID, fwd, got)
 			}
 		})
@@ -143,22 +116,22 @@ func TestSurface_MethodNotAllowedOnAnEndpointThatIsNotRouted(t *testing.T) {
 }
 
 func TestSurface_ForwardedHeadersReachTheWorker(t *testing.T) {
-	w := newHeaderWorker(t)
+	w := newRecordingWorker(t, http.StatusOK, `{}`)
 	tp := newTestProxy(t, setup{urls: []string{w.URL}})
 
 	tp.post(t, chatPath, chatBody)
-	if got := w.header().Get(HeaderForwardedFor); got != "127.0.0.1" {
+	if got := w.lastHeader().Get(HeaderForwardedFor); got != "127.0.0.1" {
 		t.Errorf("%s = %q, want the client's address 127.0.0.1", HeaderForwardedFor, got)
 	}
-	if got := w.header().Get(HeaderForwardedProto); got != "http" {
+	if got := w.lastHeader().Get(HeaderForwardedProto); got != "http" {
 		t.Errorf("%s = %q, want http", HeaderForwardedProto, got)
 	}
 
 	tp.post(t, chatPath, chatBody, HeaderForwardedFor, "203.0.113.7", HeaderForwardedProto, "https")
-	if got := w.header().Values(HeaderForwardedFor); len(got) != 1 || got[0] != "203.0.113.7, 127.0.0.1" {
+	if got := w.lastHeader().Values(HeaderForwardedFor); len(got) != 1 || got[0] != "203.0.113.7, 127.0.0.1" {
 		t.Errorf("%s = %q, want the client's address appended to the one it sent", HeaderForwardedFor, got)
 	}
-	if got := w.header().Get(HeaderForwardedProto); got != "https" {
+	if got := w.lastHeader().Get(HeaderForwardedProto); got != "https" {
 		t.Errorf("%s = %q, want the client's own https (a TLS terminator in front) kept", HeaderForwardedProto, got)
 	}
 }
@@ -167,7 +140,7 @@ func TestSurface_ForwardedHeadersReachTheWorker(t *testing.T) {
 // reaches the worker in order, with the client's own address last, where a worker that trusts
 // only the nearest hop looks for it.
 func TestSurface_SeveralForwardedForLinesKeepEveryAddressInOrder(t *testing.T) {
-	w := newHeaderWorker(t)
+	w := newRecordingWorker(t, http.StatusOK, `{}`)
 	tp := newTestProxy(t, setup{urls: []string{w.URL}})
 
 	c := tp.dial(t)
@@ -175,7 +148,7 @@ func TestSurface_SeveralForwardedForLinesKeepEveryAddressInOrder(t *testing.T) {
 		HeaderForwardedFor+": 203.0.113.7", HeaderForwardedFor+": 198.51.100.2")); status != http.StatusOK {
 		t.Fatalf("status %d", status)
 	}
-	if got := w.header().Values(HeaderForwardedFor); strings.Join(got, ", ") != "203.0.113.7, 198.51.100.2, 127.0.0.1" {
+	if got := w.lastHeader().Values(HeaderForwardedFor); strings.Join(got, ", ") != "203.0.113.7, 198.51.100.2, 127.0.0.1" {
 		t.Errorf("two %s lines reached the worker as the lines %q, want the addresses in order and the client's last",
 			HeaderForwardedFor, got)
 	}
@@ -194,14 +167,14 @@ var hopRequestHeaders = []string{
 }
 
 func TestSurface_HopByHopRequestHeadersAreNotForwarded(t *testing.T) {
-	w := newHeaderWorker(t)
+	w := newRecordingWorker(t, http.StatusOK, `{}`)
 	tp := newTestProxy(t, setup{urls: []string{w.URL}})
 
 	c := tp.dial(t)
 	if status := roundTrip(t, c, rawRequest(http.MethodPost, chatPath, chatBody, hopRequestHeaders...)); status != http.StatusOK {
 		t.Fatalf("status %d", status)
 	}
-	got := w.header()
+	got := w.lastHeader()
 	for _, name := range []string{"Connection", "X-Client-Hop", "Keep-Alive", "Te", "Upgrade", "Proxy-Authorization", "Proxy-Connection"} {
 		if v := got.Values(name); len(v) > 0 {
 			t.Errorf("the worker got hop-by-hop %s: %q", name, v)
@@ -216,7 +189,7 @@ func TestSurface_HopByHopRequestHeadersAreNotForwarded(t *testing.T) {
 // hop-by-hop, in either direction.
 func TestSurface_HeadersNamedInAnyConnectionLineAreNotForwarded(t *testing.T) {
 	t.Run("request", func(t *testing.T) {
-		w := newHeaderWorker(t)
+		w := newRecordingWorker(t, http.StatusOK, `{}`)
 		tp := newTestProxy(t, setup{urls: []string{w.URL}})
 		c := tp.dial(t)
 		req := rawRequest(http.MethodPost, chatPath, chatBody,
@@ -224,7 +197,7 @@ func TestSurface_HeadersNamedInAnyConnectionLineAreNotForwarded(t *testing.T) {
 		if status := roundTrip(t, c, req); status != http.StatusOK {
 			t.Fatalf("status %d", status)
 		}
-		got := w.header()
+		got := w.lastHeader()
 		for _, name := range []string{"X-Hop-A", "X-Hop-B", "Connection"} {
 			if v := got.Values(name); len(v) > 0 {
 				t.Errorf("the worker got hop-by-hop %s: %q", name, v)

@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -32,27 +31,6 @@ func tracedProxy(t *testing.T, urls ...string) (*testProxy, *tracetest.SpanRecor
 	opts := testOptions()
 	opts.Tracer = telemetry.NewTracerFrom(tp)
 	return newTestProxy(t, setup{opts: &opts, urls: urls}), rec
-}
-
-// traceparentWorker answers 200 and remembers the traceparent of each request it got.
-type traceparentWorker struct {
-	*testkit.Server
-	mu   sync.Mutex
-	seen []string
-}
-
-func newTraceparentWorker(t *testing.T, status int) *traceparentWorker {
-	tw := &traceparentWorker{}
-	tw.Server = testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		tw.mu.Lock()
-		tw.seen = append(tw.seen, r.Header.Get("traceparent"))
-		tw.mu.Unlock()
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(status)
-		_, _ = io.WriteString(w, `{"ok":true}`)
-	})
-	return tw
 }
 
 // ended waits for n ended spans (a relayed answer's spans end after the client has its body).
@@ -91,7 +69,7 @@ func hasEvent(s sdktrace.ReadOnlySpan, name string) bool {
 }
 
 func TestTracing_SpanTreeAttributesAndPropagation(t *testing.T) {
-	w := newTraceparentWorker(t, http.StatusOK)
+	w := newRecordingWorker(t, http.StatusOK, `{"ok":true}`)
 	tp, rec := tracedProxy(t, w.URL)
 	const session = "secret-session-id-42"
 	if status, _, body := tp.post(t, chatPath, chatBody, "x-session-id", session); status != http.StatusOK {
@@ -149,14 +127,13 @@ func TestTracing_SpanTreeAttributesAndPropagation(t *testing.T) {
 	}
 	noSessionID(t, spans, session)
 
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if len(w.seen) != 1 {
-		t.Fatalf("worker saw %d requests", len(w.seen))
+	seen := w.headerValues("traceparent")
+	if len(seen) != 1 {
+		t.Fatalf("worker saw %d requests", len(seen))
 	}
 	sc := up[0].SpanContext()
-	if wantTP := fmt.Sprintf("00-%s-%s-01", sc.TraceID(), sc.SpanID()); w.seen[0] != wantTP {
-		t.Errorf("worker got traceparent %q, want the attempt's %q", w.seen[0], wantTP)
+	if wantTP := fmt.Sprintf("00-%s-%s-01", sc.TraceID(), sc.SpanID()); seen[0] != wantTP {
+		t.Errorf("worker got traceparent %q, want the attempt's %q", seen[0], wantTP)
 	}
 }
 
@@ -177,7 +154,7 @@ func noSessionID(t *testing.T, spans []sdktrace.ReadOnlySpan, id string) {
 }
 
 func TestTracing_IncomingTraceparentIsContinued(t *testing.T) {
-	w := newTraceparentWorker(t, http.StatusOK)
+	w := newRecordingWorker(t, http.StatusOK, `{"ok":true}`)
 	tp, rec := tracedProxy(t, w.URL)
 	const traceID, parentID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 	if status, _, _ := tp.post(t, chatPath, chatBody, "traceparent", "00-"+traceID+"-"+parentID+"-01", "tracestate", "vendor=x"); status != http.StatusOK {
@@ -188,16 +165,15 @@ func TestTracing_IncomingTraceparentIsContinued(t *testing.T) {
 	if srv.SpanContext().TraceID().String() != traceID || srv.Parent().SpanID().String() != parentID {
 		t.Errorf("server span in trace %s under %s, want %s under %s", srv.SpanContext().TraceID(), srv.Parent().SpanID(), traceID, parentID)
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !strings.HasPrefix(w.seen[0], "00-"+traceID+"-") || strings.Contains(w.seen[0], parentID) {
-		t.Errorf("worker got traceparent %q, want trace %s with the router's span as parent", w.seen[0], traceID)
+	seen := w.headerValues("traceparent")
+	if !strings.HasPrefix(seen[0], "00-"+traceID+"-") || strings.Contains(seen[0], parentID) {
+		t.Errorf("worker got traceparent %q, want trace %s with the router's span as parent", seen[0], traceID)
 	}
 }
 
 func TestTracing_RetriesAreSiblingAttempts(t *testing.T) {
-	bad := newTraceparentWorker(t, http.StatusServiceUnavailable)
-	good := newTraceparentWorker(t, http.StatusOK)
+	bad := newRecordingWorker(t, http.StatusServiceUnavailable, `{"ok":true}`)
+	good := newRecordingWorker(t, http.StatusOK, `{"ok":true}`)
 	tp, rec := tracedProxy(t, bad.URL, good.URL)
 	if status, _, _ := tp.post(t, chatPath, chatBody); status != http.StatusOK {
 		t.Fatalf("status %d", status)
@@ -222,17 +198,14 @@ func TestTracing_RetriesAreSiblingAttempts(t *testing.T) {
 	if got, _ := attr(srv, "cacheroute.attempts"); got.AsInt64() != 2 {
 		t.Errorf("attempts attribute %v", got.Emit())
 	}
-	bad.mu.Lock()
-	good.mu.Lock()
-	defer bad.mu.Unlock()
-	defer good.mu.Unlock()
-	if len(bad.seen) != 1 || len(good.seen) != 1 || bad.seen[0] == good.seen[0] {
-		t.Errorf("traceparents %v then %v: want one per attempt, each its own span", bad.seen, good.seen)
+	badSeen, goodSeen := bad.headerValues("traceparent"), good.headerValues("traceparent")
+	if len(badSeen) != 1 || len(goodSeen) != 1 || badSeen[0] == goodSeen[0] {
+		t.Errorf("traceparents %v then %v: want one per attempt, each its own span", badSeen, goodSeen)
 	}
 }
 
 func TestTracing_UpstreamFailureIsAnError(t *testing.T) {
-	bad := newTraceparentWorker(t, http.StatusBadGateway)
+	bad := newRecordingWorker(t, http.StatusBadGateway, `{"ok":true}`)
 	opts := testOptions()
 	opts.MaxRetries = 0
 	rec := tracetest.NewSpanRecorder()
@@ -284,15 +257,13 @@ func TestTracing_CutStreamIsAnError(t *testing.T) {
 }
 
 func TestTracing_OffSendsTheClientsTraceparentUnchanged(t *testing.T) {
-	w := newTraceparentWorker(t, http.StatusOK)
+	w := newRecordingWorker(t, http.StatusOK, `{"ok":true}`)
 	tp := newTestProxy(t, setup{urls: []string{w.URL}})
 	const given = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	if status, _, _ := tp.post(t, chatPath, chatBody, "traceparent", given); status != http.StatusOK {
 		t.Fatalf("status %d", status)
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.seen[0] != given {
-		t.Errorf("worker got %q, want the client's %q", w.seen[0], given)
+	if seen := w.headerValues("traceparent"); seen[0] != given {
+		t.Errorf("worker got %q, want the client's %q", seen[0], given)
 	}
 }
