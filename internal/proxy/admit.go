@@ -78,12 +78,7 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	}
 	// The wait ends early when the client leaves: the client watch cancels it.
 	wait, stop := context.WithDeadline(ex.in.Context, ex.deadline)
-	defer stop()
-	ex.cancelWait.Store(&stop)
-	defer ex.cancelWait.Store(nil)
-	if ex.gone.Load() {
-		stop()
-	}
+	defer ex.watchWait(stop)()
 	defer context.AfterFunc(s.queueClosed, stop)() // the shutdown grace ended
 	permit, err := a.Controller.Admit(wait, admission.Ticket{Tenant: tenant, Priority: priority, Model: ex.in.Model})
 	var rej *admission.Rejection
@@ -166,12 +161,7 @@ func (s *Server) hold(ex *exchange, h *policy.Hold) bool {
 	}
 	ex.held.Need, ex.held.Served = h.Need, h.Served
 	wait, stop := context.WithDeadline(ex.in.Context, ex.deadline)
-	defer stop()
-	ex.cancelWait.Store(&stop)
-	defer ex.cancelWait.Store(nil)
-	if ex.gone.Load() {
-		stop()
-	}
+	defer ex.watchWait(stop)()
 	s.metrics.SessionAdmissionWaiting.Inc()
 	start := time.Now()
 	err := h.Queue.Wait(wait, ex.held)

@@ -138,6 +138,20 @@ func (ex *exchange) check() {
 	ex.call.Cut()
 }
 
+// watchWait lets the client watch end a wait done for the request (admission, a hold for KV
+// room, a response search) through its cancel stop, at once when the client has left already.
+// The func it returns, deferred by the waiter, takes the wait from the watch and ends it.
+func (ex *exchange) watchWait(stop context.CancelFunc) func() {
+	ex.cancelWait.Store(&stop)
+	if ex.gone.Load() {
+		stop()
+	}
+	return func() {
+		ex.cancelWait.Store(nil)
+		stop()
+	}
+}
+
 func (ex *exchange) stopWatch() {
 	ex.done.Store(true)
 	if t := ex.watch.Load(); t != nil {

@@ -26,6 +26,23 @@ const (
 	rejectedByTotalSearchBudget = "response_search_total"
 )
 
+// searchRefusal is the answer to a search that a budget refused: its admission_rejections_total
+// reason and its error.
+type searchRefusal struct {
+	reason         string
+	status         int
+	typ, code, msg string
+}
+
+// searchRefusals answers a search past each budget: 429 past the client's own, 503 past the one
+// of all clients together; both say when to try again.
+var searchRefusals = map[responsesearch.Over]searchRefusal{
+	responsesearch.OverClient: {rejectedBySearchBudget, fasthttp.StatusTooManyRequests, "rate_limit_error", "response_search_limit",
+		"too many searches for unknown response ids from this client; try again later"},
+	responsesearch.OverTotal: {rejectedByTotalSearchBudget, fasthttp.StatusServiceUnavailable, "server_error", "response_search_busy",
+		"the router searches the workers for as many unknown response ids as it may a second (--response-search-total-per-second); try again shortly"},
+}
+
 // searchID is the stored response the request must find a worker for, or "" when it needs no
 // search: an id route whose id the policy does not know (prepareByResponseID said so), or a turn
 // continuing a response the policy does not know.
@@ -58,28 +75,16 @@ func (s *Server) findResponse(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		}
 		ex.label = labelResponseSearch
 	}
-	switch wait, over := s.search.Admit(clientName(ex.caller.Tenant, ctx.RemoteIP()), time.Now()); over {
-	case responsesearch.OverClient:
+	if wait, over := s.search.Admit(clientName(ex.caller.Tenant, ctx.RemoteIP()), time.Now()); over != responsesearch.Within {
+		r := searchRefusals[over]
 		ctx.Response.Header.Set(HeaderRetryAfter, retryAfter(wait))
-		s.metrics.AdmissionRejections.WithLabelValues(rejectedBySearchBudget).Inc()
-		s.finish(ctx, ex, s.fail(ctx, ex, fasthttp.StatusTooManyRequests, "rate_limit_error", "response_search_limit",
-			"too many searches for unknown response ids from this client; try again later"))
-		return false
-	case responsesearch.OverTotal:
-		ctx.Response.Header.Set(HeaderRetryAfter, retryAfter(wait))
-		s.metrics.AdmissionRejections.WithLabelValues(rejectedByTotalSearchBudget).Inc()
-		s.finish(ctx, ex, s.fail(ctx, ex, fasthttp.StatusServiceUnavailable, "server_error", "response_search_busy",
-			"the router searches the workers for as many unknown response ids as it may a second (--response-search-total-per-second); try again shortly"))
+		s.metrics.AdmissionRejections.WithLabelValues(r.reason).Inc()
+		s.finish(ctx, ex, s.fail(ctx, ex, r.status, r.typ, r.code, r.msg))
 		return false
 	}
 	// The client watch ends the search when the client leaves, as it ends a wait for admission.
 	wait, stop := context.WithCancel(context.Background())
-	defer stop()
-	ex.cancelWait.Store(&stop)
-	defer ex.cancelWait.Store(nil)
-	if ex.gone.Load() {
-		stop()
-	}
+	defer ex.watchWait(stop)()
 	res := s.search.Search(responsesearch.Query{ID: id, Candidates: ex.in.Candidates, Deadline: ex.deadline, Context: wait,
 		Lookup: func(out *fasthttp.Request, w *workers.Worker) { s.lookupRequest(ctx, out, w, ex.rid, id) },
 		Charge: func() bool { return s.chargeLookup(ctx, ex, id) }})
