@@ -391,6 +391,15 @@ func errorCode(t *testing.T, body string) string {
 	return e.Error.Code
 }
 
+// wantErrorAnswer stops the test unless the answer is status with an OpenAI error body of code:
+// the router's own answer when no worker's answer could be relayed.
+func wantErrorAnswer(t *testing.T, status int, body string, wantStatus int, wantCode string) {
+	t.Helper()
+	if status != wantStatus || errorCode(t, body) != wantCode {
+		t.Fatalf("got %d %q, want %d %s", status, body, wantStatus, wantCode)
+	}
+}
+
 // anthropicErrorType is the error type of an Anthropic error body, failing the test on any other
 // body.
 func anthropicErrorType(t *testing.T, body string) string {

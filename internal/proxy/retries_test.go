@@ -201,12 +201,7 @@ func TestRetries_FreshConnectionClosedAfterTheRequestIsNotRetried(t *testing.T) 
 	tp := newTestProxy(t, setup{urls: []string{closer.URL, other.URL}})
 
 	status, _, body := tp.post(t, chatPath, chatBody)
-	if status != http.StatusBadGateway {
-		t.Fatalf("got %d %q, want 502", status, body)
-	}
-	if code := errorCode(t, body); code != "upstream_unavailable" {
-		t.Errorf("error code %q, want upstream_unavailable", code)
-	}
+	wantErrorAnswer(t, status, body, http.StatusBadGateway, "upstream_unavailable")
 	if got := closer.Requests.Load(); got != 1 {
 		t.Errorf("closing worker read %d requests, want 1", got)
 	}

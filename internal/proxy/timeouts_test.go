@@ -32,9 +32,7 @@ func TestTimeouts_FirstByteDeadlineIs504AndTheSilentWorkerTakesNoNextRequest(t *
 	tp := newTestProxy(t, setup{opts: &opts, urls: []string{hang.URL, live.URL}})
 
 	status, _, body := tp.post(t, chatPath, streamBody)
-	if status != http.StatusGatewayTimeout || errorCode(t, body) != "upstream_timeout" {
-		t.Fatalf("got %d %q, want 504 upstream_timeout", status, body)
-	}
+	wantErrorAnswer(t, status, body, http.StatusGatewayTimeout, "upstream_timeout")
 	tp.wantUpstreamErrors(t, upstream.KindFirstByte, 1)
 	for range 3 {
 		status, h, body := tp.post(t, chatPath, streamBody)
@@ -95,12 +93,7 @@ func TestTimeouts_RequestTimeoutIs504AndNotRetried(t *testing.T) {
 	tp := newTestProxy(t, setup{opts: &opts, urls: []string{hang.URL, live.URL}})
 
 	status, _, body := tp.post(t, chatPath, chatBody)
-	if status != http.StatusGatewayTimeout {
-		t.Fatalf("got %d %q, want 504", status, body)
-	}
-	if code := errorCode(t, body); code != "upstream_timeout" {
-		t.Errorf("error code %q, want upstream_timeout", code)
-	}
+	wantErrorAnswer(t, status, body, http.StatusGatewayTimeout, "upstream_timeout")
 	if got := live.Hits.Load(); got != 0 {
 		t.Errorf("the other worker got %d requests, want 0 (not retried)", got)
 	}
@@ -352,9 +345,7 @@ func TestTimeouts_SlowHeadersAreAFirstByteTimeout(t *testing.T) {
 	tp := newTestProxy(t, setup{opts: &opts, urls: []string{slow.URL}})
 
 	status, _, body := tp.post(t, chatPath, streamBody)
-	if status != http.StatusGatewayTimeout || errorCode(t, body) != "upstream_timeout" {
-		t.Fatalf("got %d %q, want 504 upstream_timeout", status, body)
-	}
+	wantErrorAnswer(t, status, body, http.StatusGatewayTimeout, "upstream_timeout")
 	tp.wantUpstreamErrors(t, upstream.KindFirstByte, 1)
 	tp.wantUpstreamErrors(t, upstream.KindBadReply, 0)
 	tp.loadReturnsToZero(t)
@@ -371,9 +362,7 @@ func TestTimeouts_ARetryWaitsWithinTheFirstAttemptsFirstByteDeadline(t *testing.
 	tp.Client.Timeout = 15 * time.Second
 
 	status, _, body := tp.post(t, chatPath, chatBody)
-	if status != http.StatusGatewayTimeout || errorCode(t, body) != "upstream_timeout" {
-		t.Fatalf("got %d %s, want 504 upstream_timeout", status, body)
-	}
+	wantErrorAnswer(t, status, body, http.StatusGatewayTimeout, "upstream_timeout")
 	if busy.Hits.Load() != 1 || slow.Requests.Load() != 1 {
 		t.Errorf("the workers got %d and %d requests, want one each", busy.Hits.Load(), slow.Requests.Load())
 	}
