@@ -118,51 +118,42 @@ func TestRequestsBeyondTheConcurrencyLimitWaitTheirTurn(t *testing.T) {
 	}
 }
 
-// A request that waited out the queue timeout gets 408, as from the vLLM router (a full queue is
-// 429), in its route's shape, with Retry-After.
-func TestQueueTimeoutIsAnswered408InTheRoutesShape(t *testing.T) {
-	w := newGateWorker(t)
-	defer close(w.gate)
-	tp := admittingProxy(t, w, admission.Options{MaxInFlight: 1, QueueSize: 4, QueueTimeout: 50 * time.Millisecond}, nil, false)
-	first := background(t, tp, embed("first"))
-	testkit.WaitWithin(t, 5*time.Second, "the first request at the worker", func() bool { return w.inFlight.Load() == 1 })
-	status, h, body := tp.post(t, "/v1/embeddings", embed("second"))
-	if status != http.StatusRequestTimeout || errorCode(t, body) != "queue_timeout" || h.Get(HeaderRetryAfter) == "" {
-		t.Fatalf("%d %s (Retry-After %q), want 408 queue_timeout with Retry-After", status, body, h.Get(HeaderRetryAfter))
-	}
-	status, _, body = tp.post(t, "/v1/messages", `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`)
-	if status != http.StatusRequestTimeout || anthropicErrorType(t, body) == "" {
-		t.Fatalf("messages: %d %s, want 408 in Anthropic's shape", status, body)
-	}
-	if n := tp.Metrics.AdmissionRejections.WithLabelValues("queue_timeout"); testutil.ToFloat64(n) != 2 {
-		t.Fatalf("admission_rejections_total{queue_timeout} = %v, want 2", testutil.ToFloat64(n))
-	}
-	w.gate <- struct{}{}
-	if s := <-first; s != http.StatusOK {
-		t.Fatalf("the admitted request ended %d", s)
-	}
-}
-
-func TestFullQueueIsRefusedAtOnceWith429InTheRoutesShape(t *testing.T) {
-	w := newGateWorker(t)
-	defer close(w.gate)
-	tp := admittingProxy(t, w, admission.Options{MaxInFlight: 1}, nil, false)
-	first := background(t, tp, embed("first"))
-	testkit.WaitWithin(t, 5*time.Second, "the first request at the worker", func() bool { return w.inFlight.Load() == 1 })
-	status, h, body := tp.post(t, "/v1/embeddings", embed("second"))
-	if status != http.StatusTooManyRequests || errorCode(t, body) != "queue_full" || h.Get(HeaderRetryAfter) == "" {
-		t.Fatalf("%d %s (Retry-After %q), want 429 queue_full with Retry-After", status, body, h.Get(HeaderRetryAfter))
-	}
-	status, _, body = tp.post(t, "/v1/messages", `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`)
-	if status != http.StatusTooManyRequests || anthropicErrorType(t, body) != "rate_limit_error" {
-		t.Fatalf("messages: %d %s, want 429 rate_limit_error", status, body)
-	}
-	if n := tp.Metrics.AdmissionRejections.WithLabelValues("queue_full"); testutil.ToFloat64(n) != 2 {
-		t.Fatalf("admission_rejections_total{queue_full} = %v, want 2", testutil.ToFloat64(n))
-	}
-	w.gate <- struct{}{}
-	if s := <-first; s != http.StatusOK {
-		t.Fatalf("the admitted request ended %d", s)
+// A request that cannot be admitted while the only place is taken is answered in its route's
+// shape, with Retry-After, and counted under its reason: 408 once it waited out the queue timeout,
+// as from the vLLM router, and 429 at once when there is no queue to wait in.
+func TestAnUnadmittedRequestIsAnsweredInItsRoutesShape(t *testing.T) {
+	for _, tc := range []struct {
+		name, reason  string
+		opts          admission.Options
+		status        int
+		anthropicType string
+	}{
+		{"queue timeout is 408", "queue_timeout", admission.Options{MaxInFlight: 1, QueueSize: 4, QueueTimeout: 50 * time.Millisecond},
+			http.StatusRequestTimeout, "invalid_request_error"},
+		{"full queue is 429 at once", "queue_full", admission.Options{MaxInFlight: 1}, http.StatusTooManyRequests, "rate_limit_error"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newGateWorker(t)
+			defer close(w.gate)
+			tp := admittingProxy(t, w, tc.opts, nil, false)
+			first := background(t, tp, embed("first"))
+			testkit.WaitWithin(t, 5*time.Second, "the first request at the worker", func() bool { return w.inFlight.Load() == 1 })
+			status, h, body := tp.post(t, "/v1/embeddings", embed("second"))
+			if status != tc.status || errorCode(t, body) != tc.reason || h.Get(HeaderRetryAfter) == "" {
+				t.Fatalf("%d %s (Retry-After %q), want %d %s with Retry-After", status, body, h.Get(HeaderRetryAfter), tc.status, tc.reason)
+			}
+			status, _, body = tp.post(t, "/v1/messages", `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`)
+			if status != tc.status || anthropicErrorType(t, body) != tc.anthropicType {
+				t.Fatalf("messages: %d %s, want %d %s", status, body, tc.status, tc.anthropicType)
+			}
+			if n := tp.Metrics.AdmissionRejections.WithLabelValues(tc.reason); testutil.ToFloat64(n) != 2 {
+				t.Fatalf("admission_rejections_total{%s} = %v, want 2", tc.reason, testutil.ToFloat64(n))
+			}
+			w.gate <- struct{}{}
+			if s := <-first; s != http.StatusOK {
+				t.Fatalf("the admitted request ended %d", s)
+			}
+		})
 	}
 }
 
