@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,25 +19,6 @@ import (
 // stops generating for a request whose connection closed), the worker's load is given back, and
 // nothing more is sent anywhere. It is no verdict on the worker: its breaker does not count it
 // (the breakers here open on a single failure, so "still closed" proves it).
-
-// signal is a channel closed once, however many times fire is called.
-type signal struct {
-	ch   chan struct{}
-	once sync.Once
-}
-
-func newSignal() *signal { return &signal{ch: make(chan struct{})} }
-func (s *signal) fire()  { s.once.Do(func() { close(s.ch) }) }
-
-// wait fails the test when the signal does not fire within d.
-func (s *signal) wait(t *testing.T, d time.Duration, what string) {
-	t.Helper()
-	select {
-	case <-s.ch:
-	case <-time.After(d):
-		t.Fatalf("not within %v: %s", d, what)
-	}
-}
 
 // totalUpstreamErrors sums upstream_errors_total over every kind.
 func (tp *testProxy) totalUpstreamErrors() float64 {

@@ -282,6 +282,25 @@ func (rw *recordingWorker) lastHeader() http.Header {
 	return got[len(got)-1].header
 }
 
+// signal is a channel closed once, however many times fire is called.
+type signal struct {
+	ch   chan struct{}
+	once sync.Once
+}
+
+func newSignal() *signal { return &signal{ch: make(chan struct{})} }
+func (s *signal) fire()  { s.once.Do(func() { close(s.ch) }) }
+
+// wait fails the test when the signal does not fire within d.
+func (s *signal) wait(t *testing.T, d time.Duration, what string) {
+	t.Helper()
+	select {
+	case <-s.ch:
+	case <-time.After(d):
+		t.Fatalf("not within %v: %s", d, what)
+	}
+}
+
 // hangingWorker reads each request in full and never answers; the connection stays open until
 // the router closes it (or the test ends).
 func hangingWorker(t *testing.T) *testkit.RawServer {

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -115,24 +114,20 @@ func TestTimeouts_SlowBodyIsCutAfterClientBodyTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { // 40 bytes at most: the body would need 250 s
-		defer wg.Done()
+	testkit.Go(t, func() { close(stop) }, func() error { // 40 bytes at most: the body would need 250 s
 		for range 40 {
 			select {
 			case <-stop:
-				return
+				return nil
 			case <-time.After(250 * time.Millisecond):
 			}
 			if _, err := c.Write([]byte("x")); err != nil {
-				return
+				return nil
 			}
 		}
-	}()
+		return nil
+	})
 	got := waitClosed(t, c, 8*time.Second)
-	close(stop)
-	wg.Wait()
 	if len(got) > 0 && !bytes.HasPrefix(got, []byte("HTTP/1.1 408 ")) {
 		t.Errorf("answer before the close: %q, want 408 or nothing", got)
 	}
@@ -249,10 +244,9 @@ func floodStream(w http.ResponseWriter, r *http.Request, limit time.Duration) {
 // A streaming client that never reads its answer cannot hold the worker's load past the request
 // timeout: the lease is given back whatever the client does, and the worker connection closes.
 func TestTimeouts_StreamingClientThatNeverReadsReleasesTheLoad(t *testing.T) {
-	stopped := make(chan struct{})
-	var once sync.Once
+	stopped := newSignal()
 	flood := testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
-		defer once.Do(func() { close(stopped) })
+		defer stopped.fire()
 		_, _ = io.Copy(io.Discard, r.Body)
 		floodStream(w, r, 20*time.Second)
 	})
@@ -265,11 +259,7 @@ func TestTimeouts_StreamingClientThatNeverReadsReleasesTheLoad(t *testing.T) {
 	testkit.WaitWithin(t, 5*time.Second, "the worker is streaming", func() bool { return flood.Hits.Load() == 1 })
 
 	testkit.WaitWithin(t, 8*time.Second, "load back to 0 with a client that never reads", func() bool { return w.Load() == 0 })
-	select {
-	case <-stopped:
-	case <-time.After(8 * time.Second):
-		t.Error("the worker was never told to stop streaming")
-	}
+	stopped.wait(t, 8*time.Second, "the worker is told to stop streaming")
 	testkit.WaitWithin(t, 5*time.Second, "the request counted once", func() bool {
 		n := 0.0
 		for _, class := range []string{"2xx", "4xx", "5xx", metrics.StatusCut} {
