@@ -375,12 +375,7 @@ func TestLoadOnlyRoutesTeachThePolicyNothing(t *testing.T) {
 }
 
 func TestAudioBodyIsForwardedAsItCameWithItsFormModel(t *testing.T) {
-	var got []byte
-	w := testkit.NewServer(t, func(rw http.ResponseWriter, r *http.Request) {
-		got, _ = io.ReadAll(r.Body)
-		rw.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(rw, `{"text":"ok"}`)
-	})
+	w := newRecordingWorker(t, http.StatusOK, `{"text":"ok"}`)
 	tp := newTestProxy(t, setup{urls: []string{w.URL}})
 	var body bytes.Buffer
 	form := multipart.NewWriter(&body)
@@ -395,8 +390,8 @@ func TestAudioBodyIsForwardedAsItCameWithItsFormModel(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || !bytes.Equal(got, body.Bytes()) {
-		t.Fatalf("status %d; worker got %d bytes, want the %d sent", resp.StatusCode, len(got), body.Len())
+	if got := w.lines(); resp.StatusCode != http.StatusOK || len(got) != 1 || got[0] != "POST /v1/audio/transcriptions "+body.String() {
+		t.Fatalf("status %d; worker got %d requests, want the one sent, its %d-byte body as it came", resp.StatusCode, len(got), body.Len())
 	}
 
 	r, err := readMultipart(req.Header, body.Bytes())
@@ -409,23 +404,14 @@ func TestAudioBodyIsForwardedAsItCameWithItsFormModel(t *testing.T) {
 }
 
 func TestClientsAnthropicKeyIsNotReplacedByTheRoutersKey(t *testing.T) {
-	var auth []string
-	var mu sync.Mutex
-	w := testkit.NewServer(t, func(rw http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		auth = append(auth, r.Header.Get("Authorization"))
-		mu.Unlock()
-		_, _ = io.Copy(io.Discard, r.Body)
-	})
+	w := newRecordingWorker(t, http.StatusOK, `{}`)
 	opts := testOptions()
 	opts.Upstream.APIKey = "router-key"
 	tp := newTestProxy(t, setup{urls: []string{w.URL}, opts: &opts})
 	msg := `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`
 	tp.post(t, "/v1/messages", msg, "x-api-key", "client-key")
 	tp.post(t, "/v1/messages", msg)
-	mu.Lock()
-	defer mu.Unlock()
-	if len(auth) != 2 || auth[0] != "" || auth[1] != "Bearer router-key" {
+	if auth := w.headerValues("Authorization"); len(auth) != 2 || auth[0] != "" || auth[1] != "Bearer router-key" {
 		t.Fatalf("Authorization sent upstream: %q, want none beside the client's x-api-key, then the router's key", auth)
 	}
 }
