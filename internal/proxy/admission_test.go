@@ -74,39 +74,25 @@ func admittingProxy(t *testing.T, w *gateWorker, opts admission.Options, limiter
 
 func embed(input string) string { return fmt.Sprintf(`{"model":"m","input":%q}`, input) }
 
-// background sends a request that will wait at the gate, and returns its status when done.
-func background(t *testing.T, tp *testProxy, body string, header ...string) <-chan int {
-	done := make(chan int, 1)
-	go func() {
-		req, _ := http.NewRequest(http.MethodPost, tp.URL+"/v1/embeddings", strings.NewReader(body))
-		for i := 0; i+1 < len(header); i += 2 {
-			req.Header.Set(header[i], header[i+1])
-		}
-		resp, err := tp.Client.Do(req)
-		if err != nil {
-			done <- 0
-			return
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		done <- resp.StatusCode
-	}()
-	return done
+// background sends an embeddings request that will wait at the gate, and hands over its answer
+// when it ends.
+func background(tp *testProxy, body string, header ...string) <-chan answer {
+	return tp.sendInBackground(http.MethodPost, "/v1/embeddings", body, header...)
 }
 
 func TestRequestsBeyondTheConcurrencyLimitWaitTheirTurn(t *testing.T) {
 	w := newGateWorker(t)
 	tp := admittingProxy(t, w, admission.Options{MaxInFlight: 1, QueueSize: 8}, nil, false)
-	var dones []<-chan int
+	var dones []<-chan answer
 	for i := range 4 {
-		dones = append(dones, background(t, tp, embed(fmt.Sprint(i))))
+		dones = append(dones, background(tp, embed(fmt.Sprint(i))))
 	}
 	testkit.WaitWithin(t, 5*time.Second, "one request at the worker and three queued", func() bool {
 		return w.inFlight.Load() == 1 && tp.Server.opts.Admission.Controller.Queued() == 3
 	})
 	close(w.gate)
 	for _, d := range dones {
-		if status := <-d; status != http.StatusOK {
+		if status := (<-d).status; status != http.StatusOK {
 			t.Fatalf("a queued request ended %d, want 200", status)
 		}
 	}
@@ -136,7 +122,7 @@ func TestAnUnadmittedRequestIsAnsweredInItsRoutesShape(t *testing.T) {
 			w := newGateWorker(t)
 			defer close(w.gate)
 			tp := admittingProxy(t, w, tc.opts, nil, false)
-			first := background(t, tp, embed("first"))
+			first := background(tp, embed("first"))
 			testkit.WaitWithin(t, 5*time.Second, "the first request at the worker", func() bool { return w.inFlight.Load() == 1 })
 			status, h, body := tp.post(t, "/v1/embeddings", embed("second"))
 			if status != tc.status || errorCode(t, body) != tc.reason || h.Get(HeaderRetryAfter) == "" {
@@ -150,7 +136,7 @@ func TestAnUnadmittedRequestIsAnsweredInItsRoutesShape(t *testing.T) {
 				t.Fatalf("admission_rejections_total{%s} = %v, want 2", tc.reason, testutil.ToFloat64(n))
 			}
 			w.gate <- struct{}{}
-			if s := <-first; s != http.StatusOK {
+			if s := (<-first).status; s != http.StatusOK {
 				t.Fatalf("the admitted request ended %d", s)
 			}
 		})
@@ -160,14 +146,14 @@ func TestAnUnadmittedRequestIsAnsweredInItsRoutesShape(t *testing.T) {
 func TestHigherPriorityLeavesTheQueueFirst(t *testing.T) {
 	w := newGateWorker(t)
 	tp := admittingProxy(t, w, admission.Options{MaxInFlight: 1, QueueSize: 8, Priorities: []string{"interactive", "batch"}}, nil, true)
-	first := background(t, tp, embed("first"), HeaderPriority, "batch")
+	first := background(tp, embed("first"), HeaderPriority, "batch")
 	testkit.WaitWithin(t, 5*time.Second, "the first request at the worker", func() bool { return w.inFlight.Load() == 1 })
-	batch := background(t, tp, embed("batch"), HeaderPriority, "batch")
+	batch := background(tp, embed("batch"), HeaderPriority, "batch")
 	testkit.WaitWithin(t, 5*time.Second, "the batch request queued", func() bool { return tp.Server.opts.Admission.Controller.Queued() == 1 })
-	interactive := background(t, tp, embed("interactive"), HeaderPriority, "interactive")
+	interactive := background(tp, embed("interactive"), HeaderPriority, "interactive")
 	testkit.WaitWithin(t, 5*time.Second, "both queued", func() bool { return tp.Server.opts.Admission.Controller.Queued() == 2 })
 	close(w.gate)
-	for _, d := range []<-chan int{first, batch, interactive} {
+	for _, d := range []<-chan answer{first, batch, interactive} {
 		<-d
 	}
 	w.mu.Lock()
@@ -184,7 +170,7 @@ func TestQueuedRequestWhoseClientLeftGivesUpItsPlace(t *testing.T) {
 	w := newGateWorker(t)
 	defer close(w.gate)
 	tp := admittingProxy(t, w, admission.Options{MaxInFlight: 1, QueueSize: 8}, nil, false)
-	background(t, tp, embed("first"))
+	background(tp, embed("first"))
 	testkit.WaitWithin(t, 5*time.Second, "the first request at the worker", func() bool { return w.inFlight.Load() == 1 })
 	c := tp.dial(t)
 	if _, err := c.Write([]byte(rawRequest("POST", "/v1/embeddings", embed("leaves")))); err != nil {

@@ -165,6 +165,43 @@ func (tp *testProxy) do(t *testing.T, method, path string, header ...string) (in
 	return testkit.Send(t, tp.Client, method, tp.URL+path, "", header...)
 }
 
+// answer is how a request sent in the background ended: its status and body, or status 0 and
+// the error when it got no answer.
+type answer struct {
+	status int
+	body   string
+}
+
+// sendInBackground sends one request as testkit.Send does (a JSON body when body is not empty,
+// then header as name, value pairs) on a goroutine of its own, and hands over its answer once it
+// ends: for the tests whose request must still be waiting while they act on the router or its
+// workers.
+func (tp *testProxy) sendInBackground(method, path, body string, header ...string) <-chan answer {
+	done := make(chan answer, 1)
+	go func() {
+		req, err := http.NewRequest(method, tp.URL+path, strings.NewReader(body))
+		if err != nil {
+			done <- answer{body: err.Error()}
+			return
+		}
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		for k, v := range testkit.Header(header...) {
+			req.Header[k] = v
+		}
+		resp, err := tp.Client.Do(req)
+		if err != nil {
+			done <- answer{body: err.Error()}
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		done <- answer{resp.StatusCode, string(b)}
+	}()
+	return done
+}
+
 // upstreamErrors is upstream_errors_total{kind}.
 func (tp *testProxy) upstreamErrors(kind string) float64 {
 	return testutil.ToFloat64(tp.Metrics.UpstreamErrors.WithLabelValues(kind))

@@ -70,16 +70,7 @@ func TestIDRouteSearchAsksAtMostItsConcurrencyOfWorkersAtOnce(t *testing.T) {
 	opts := testOptions()
 	opts.ResponseSearch.Concurrency = 3
 	tp := newTestProxy(t, setup{urls: urls, policy: cacheAwarePolicy(), opts: &opts})
-	done := make(chan int, 1)
-	go func() {
-		resp, err := tp.Client.Get(tp.URL + "/v1/responses/resp_unknown")
-		if err != nil {
-			done <- 0
-			return
-		}
-		resp.Body.Close()
-		done <- resp.StatusCode
-	}()
+	done := tp.sendInBackground(http.MethodGet, "/v1/responses/resp_unknown", "")
 	// Each time as many lookups as the search may run are held, one is answered.
 	for released := int64(0); released < 8; released++ {
 		want := min(3, 8-released)
@@ -90,7 +81,7 @@ func TestIDRouteSearchAsksAtMostItsConcurrencyOfWorkersAtOnce(t *testing.T) {
 		})
 		h.release <- struct{}{}
 	}
-	if status := <-done; status != http.StatusNotFound {
+	if status := (<-done).status; status != http.StatusNotFound {
 		t.Fatalf("GET: %d, want 404 once every worker answered 404", status)
 	}
 	if h.most > 3 || h.arrived.Load() != 8 {

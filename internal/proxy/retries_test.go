@@ -147,20 +147,9 @@ func TestRetries_StaleConnectionIsResentOnAFreshConnectionNotAnotherPooledOne(t 
 	})
 	tp := newTestProxy(t, setup{urls: []string{w.URL}})
 
-	var wg sync.WaitGroup
-	statuses := make([]int, pooled)
+	answers := make([]<-chan answer, pooled)
 	for i := range pooled {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			resp, err := tp.Client.Post(tp.URL+chatPath, "application/json", strings.NewReader(chatBody))
-			if err != nil {
-				return
-			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			_ = resp.Body.Close()
-			statuses[i] = resp.StatusCode
-		}()
+		answers[i] = tp.sendInBackground(http.MethodPost, chatPath, chatBody)
 	}
 	done := make(chan struct{})
 	go func() { arrived.Wait(); close(done) }()
@@ -170,9 +159,8 @@ func TestRetries_StaleConnectionIsResentOnAFreshConnectionNotAnotherPooledOne(t 
 		t.Fatal("the first requests did not reach the worker on their own connections")
 	}
 	close(release)
-	wg.Wait()
-	for i, st := range statuses {
-		if st != http.StatusOK {
+	for i, a := range answers {
+		if st := (<-a).status; st != http.StatusOK {
 			t.Fatalf("concurrent request %d: status %d, want 200", i, st)
 		}
 	}

@@ -23,21 +23,7 @@ func TestStall_AttemptWaitingOnAStalledWorkerIsRetriedElsewhere(t *testing.T) {
 
 	tp := newTestProxy(t, setup{opts: &opts, urls: []string{hung.URL, live.URL}}) // round robin: hung first
 
-	type answer struct {
-		status int
-		body   string
-	}
-	done := make(chan answer, 1)
-	go func() {
-		resp, err := tp.Client.Post(tp.URL+chatPath, "application/json", strings.NewReader(chatBody))
-		if err != nil {
-			done <- answer{body: err.Error()}
-			return
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		done <- answer{resp.StatusCode, string(b)}
-	}()
+	done := tp.sendInBackground(http.MethodPost, chatPath, chatBody)
 	testkit.WaitWithin(t, 5*time.Second, "the hung worker has the request", func() bool { return hung.Requests.Load() == 1 })
 	tp.worker(t, hung.URL).SetStalled(true)
 
