@@ -72,6 +72,17 @@ func admittingProxy(t *testing.T, w *gateWorker, opts admission.Options, limiter
 	return newTestProxy(t, setup{urls: []string{w.URL}, opts: &po})
 }
 
+// defaultRateLimiter is an in-memory rate limiter that gives every caller, all of them the
+// default tenant here, rate.
+func defaultRateLimiter(t *testing.T, rate admission.Rate) admission.Limiter {
+	t.Helper()
+	limiter, err := admission.NewMemoryLimiter(map[string]admission.Rate{"default": rate}, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return limiter
+}
+
 func embed(input string) string { return fmt.Sprintf(`{"model":"m","input":%q}`, input) }
 
 // background sends an embeddings request that will wait at the gate, and hands over its answer
@@ -188,11 +199,7 @@ func TestQueuedRequestWhoseClientLeftGivesUpItsPlace(t *testing.T) {
 func TestTenantOverItsRequestRateGets429WithRateLimitHeaders(t *testing.T) {
 	w := newGateWorker(t)
 	close(w.gate)
-	limiter, err := admission.NewMemoryLimiter(map[string]admission.Rate{"default": {RequestsPerMinute: 2}}, time.Now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tp := admittingProxy(t, w, admission.Options{}, limiter, false)
+	tp := admittingProxy(t, w, admission.Options{}, defaultRateLimiter(t, admission.Rate{RequestsPerMinute: 2}), false)
 	for i := range 2 {
 		status, h, _ := tp.post(t, "/v1/embeddings", embed("x"))
 		if status != http.StatusOK || h.Get("x-ratelimit-limit-requests") != "2" || h.Get("x-ratelimit-remaining-requests") != fmt.Sprint(1-i) {
@@ -211,11 +218,7 @@ func TestTenantOverItsRequestRateGets429WithRateLimitHeaders(t *testing.T) {
 func TestRequestAskingMoreTokensThanATenantsMinuteIsRefusedWithoutRetryAfter(t *testing.T) {
 	w := newGateWorker(t)
 	close(w.gate)
-	limiter, err := admission.NewMemoryLimiter(map[string]admission.Rate{"default": {TokensPerMinute: 1000}}, time.Now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tp := admittingProxy(t, w, admission.Options{}, limiter, false)
+	tp := admittingProxy(t, w, admission.Options{}, defaultRateLimiter(t, admission.Rate{TokensPerMinute: 1000}), false)
 	status, h, body := tp.post(t, chatPath, `{"model":"m","max_tokens":5000,"messages":[{"role":"user","content":"hi"}]}`)
 	if status != http.StatusTooManyRequests || h.Get(HeaderRetryAfter) != "" || errorCode(t, body) != "rate_limit_exceeded" {
 		t.Fatalf("%d %s (Retry-After %q), want 429 with no Retry-After: the request alone exceeds the minute", status, body, h.Get(HeaderRetryAfter))

@@ -133,12 +133,8 @@ func TestIDRouteSearchesPastTheClientsBudgetAreRefused429(t *testing.T) {
 }
 
 func TestIDRouteSearchCountsEachWorkerCallAgainstTheRateLimit(t *testing.T) {
-	limiter, err := admission.NewMemoryLimiter(map[string]admission.Rate{"default": {RequestsPerMinute: 10}}, time.Now)
-	if err != nil {
-		t.Fatal(err)
-	}
 	opts := testOptions()
-	opts.Admission = &Admission{Limiter: limiter}
+	opts.Admission = &Admission{Limiter: defaultRateLimiter(t, admission.Rate{RequestsPerMinute: 10})}
 	tp, ws := searchFleet(t, 3, &opts)
 	status, h, _ := tp.do(t, http.MethodGet, "/v1/responses/resp_a")
 	if status != http.StatusNotFound || h.Get("x-ratelimit-remaining-requests") != "6" {
