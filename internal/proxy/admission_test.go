@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,17 +23,21 @@ import (
 // once and the order of the requests' "input" markers.
 type gateWorker struct {
 	*testkit.Server
-	gate  chan struct{}
-	held  heldCount
-	mu    sync.Mutex
-	order []string
+	gate     chan struct{}
+	inFlight atomic.Int64
+	peak     atomic.Int64
+	mu       sync.Mutex
+	order    []string
 }
 
 func newGateWorker(t *testing.T) *gateWorker {
 	g := &gateWorker{gate: make(chan struct{})}
 	g.Server = testkit.NewServer(t, func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		defer g.held.hold()()
+		n := g.inFlight.Add(1)
+		defer g.inFlight.Add(-1)
+		for p := g.peak.Load(); n > p && !g.peak.CompareAndSwap(p, n); p = g.peak.Load() {
+		}
 		g.mu.Lock()
 		g.order = append(g.order, marker(string(body)))
 		g.mu.Unlock()
@@ -94,7 +99,7 @@ func TestRequestsBeyondTheConcurrencyLimitWaitTheirTurn(t *testing.T) {
 		dones = append(dones, background(tp, embed(fmt.Sprint(i))))
 	}
 	testkit.WaitWithin(t, 5*time.Second, "one request at the worker and three queued", func() bool {
-		return w.held.current() == 1 && tp.Server.opts.Admission.Controller.Queued() == 3
+		return w.inFlight.Load() == 1 && tp.Server.opts.Admission.Controller.Queued() == 3
 	})
 	close(w.gate)
 	for _, d := range dones {
@@ -102,7 +107,7 @@ func TestRequestsBeyondTheConcurrencyLimitWaitTheirTurn(t *testing.T) {
 			t.Fatalf("a queued request ended %d, want 200", status)
 		}
 	}
-	if p := w.held.peak(); p != 1 {
+	if p := w.peak.Load(); p != 1 {
 		t.Fatalf("the worker held %d requests at once, want the limit of 1", p)
 	}
 	if c := tp.Server.opts.Admission.Controller; c.InFlight() != 0 || c.Queued() != 0 {
@@ -129,7 +134,7 @@ func TestAnUnadmittedRequestIsAnsweredInItsRoutesShape(t *testing.T) {
 			defer close(w.gate)
 			tp := admittingProxy(t, w, tc.opts, nil, false)
 			first := background(tp, embed("first"))
-			testkit.WaitWithin(t, 5*time.Second, "the first request at the worker", func() bool { return w.held.current() == 1 })
+			testkit.WaitWithin(t, 5*time.Second, "the first request at the worker", func() bool { return w.inFlight.Load() == 1 })
 			status, h, body := tp.post(t, "/v1/embeddings", embed("second"))
 			if status != tc.status || errorCode(t, body) != tc.reason || h.Get(HeaderRetryAfter) == "" {
 				t.Fatalf("%d %s (Retry-After %q), want %d %s with Retry-After", status, body, h.Get(HeaderRetryAfter), tc.status, tc.reason)
@@ -153,7 +158,7 @@ func TestHigherPriorityLeavesTheQueueFirst(t *testing.T) {
 	w := newGateWorker(t)
 	tp := admittingProxy(t, w, admission.Options{MaxInFlight: 1, QueueSize: 8, Priorities: []string{"interactive", "batch"}}, nil, true)
 	first := background(tp, embed("first"), HeaderPriority, "batch")
-	testkit.WaitWithin(t, 5*time.Second, "the first request at the worker", func() bool { return w.held.current() == 1 })
+	testkit.WaitWithin(t, 5*time.Second, "the first request at the worker", func() bool { return w.inFlight.Load() == 1 })
 	batch := background(tp, embed("batch"), HeaderPriority, "batch")
 	testkit.WaitWithin(t, 5*time.Second, "the batch request queued", func() bool { return tp.Server.opts.Admission.Controller.Queued() == 1 })
 	interactive := background(tp, embed("interactive"), HeaderPriority, "interactive")
@@ -177,7 +182,7 @@ func TestQueuedRequestWhoseClientLeftGivesUpItsPlace(t *testing.T) {
 	defer close(w.gate)
 	tp := admittingProxy(t, w, admission.Options{MaxInFlight: 1, QueueSize: 8}, nil, false)
 	background(tp, embed("first"))
-	testkit.WaitWithin(t, 5*time.Second, "the first request at the worker", func() bool { return w.held.current() == 1 })
+	testkit.WaitWithin(t, 5*time.Second, "the first request at the worker", func() bool { return w.inFlight.Load() == 1 })
 	c := tp.dial(t)
 	if _, err := c.Write([]byte(rawRequest("POST", "/v1/embeddings", embed("leaves")))); err != nil {
 		t.Fatal(err)

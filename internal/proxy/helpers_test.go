@@ -338,40 +338,6 @@ func (s *signal) wait(t *testing.T, d time.Duration, what string) {
 	}
 }
 
-// heldCount counts the requests a test worker holds at a time, and the most it held at once: the
-// tests of a concurrency limit wait on the first and check the second.
-type heldCount struct {
-	mu        sync.Mutex
-	now, most int64
-}
-
-// hold counts one request in; the func it returns counts it out.
-func (c *heldCount) hold() func() {
-	c.mu.Lock()
-	c.now++
-	c.most = max(c.most, c.now)
-	c.mu.Unlock()
-	return func() {
-		c.mu.Lock()
-		c.now--
-		c.mu.Unlock()
-	}
-}
-
-// current is how many requests are held now.
-func (c *heldCount) current() int64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-// peak is the most requests held at once so far.
-func (c *heldCount) peak() int64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.most
-}
-
 // hangingWorker reads each request in full and never answers; the connection stays open until
 // the router closes it (or the test ends).
 func hangingWorker(t *testing.T) *testkit.RawServer {
