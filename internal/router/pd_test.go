@@ -77,8 +77,7 @@ func joinAs(t *testing.T, tr *testRouter, role workers.Role, urls ...string) {
 }
 
 func (r *pdRig) openAI(base string) *openai.Client {
-	c := openai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey("sk-test"), option.WithHTTPClient(r.client),
-		option.WithMaxRetries(0), option.WithRequestTimeout(30*time.Second))
+	c := openAIClient(base, r.client)
 	return &c
 }
 
