@@ -13,17 +13,23 @@ import (
 	"github.com/cacheroute/cacheroute/internal/testkit"
 )
 
-// stubChatWorker answers /v1/models with model "m" and every other request with a fixed small
-// chat completion: a worker that costs the benchmarks next to nothing.
-var stubChatWorker = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path == "/v1/models" {
-		_, _ = io.WriteString(w, `{"object":"list","data":[{"id":"m"}]}`)
-		return
+// stubWorker answers /v1/models with model "m" and every other request, once its body is read,
+// with the fixed JSON reply: a worker that costs the benchmarks next to nothing, whatever leg it
+// stands for.
+func stubWorker(reply string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/models" {
+			_, _ = io.WriteString(w, `{"object":"list","data":[{"id":"m"}]}`)
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, reply)
 	}
-	_, _ = io.Copy(io.Discard, r.Body)
-	w.Header().Set("Content-Type", "application/json")
-	_, _ = io.WriteString(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`)
-})
+}
+
+// stubChatWorker answers every chat with a fixed small chat completion.
+var stubChatWorker = stubWorker(`{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`)
 
 // BenchmarkProxyChat measures one small chat request through the router to a loopback worker, over
 // real HTTP on both legs (client → router → worker).

@@ -211,6 +211,28 @@ func (tr *testRouter) chat(t *testing.T, session, text string) (worker, decision
 	return resp.Header.Get(proxy.HeaderBaseWorker), resp.Header.Get(proxy.HeaderDecision)
 }
 
+// routesTo sends a session-less chat turn and fails the test unless it reached worker (a base
+// URL): how a discovery test sees that the pods it left in the pool are the ones in use. when
+// names the moment in the failure.
+func (tr *testRouter) routesTo(t *testing.T, worker, when string) {
+	t.Helper()
+	if w, _ := tr.chat(t, "", "hi"); w != worker {
+		t.Fatalf("%s: a request went to %s, want %s", when, w, worker)
+	}
+}
+
+// reached sends n session-less chat turns and returns the set of workers (base URLs) they
+// reached.
+func (tr *testRouter) reached(t *testing.T, n int) map[string]bool {
+	t.Helper()
+	seen := map[string]bool{}
+	for range n {
+		w, _ := tr.chat(t, "", "hi")
+		seen[w] = true
+	}
+	return seen
+}
+
 // The time from a pod turning Ready to the first request routed to it, measured while a client
 // sends requests back to back. Target: at most 1 s; asserted only against a generous bound.
 func TestReadyPodJoinsAndIsRoutedToSoon(t *testing.T) {
@@ -288,9 +310,7 @@ func TestNotReadyPodDrainsAtOnceAndReturnsWhenReady(t *testing.T) {
 	}
 	before := pods[0].hits.Load()
 	for range 10 {
-		if w, _ := tr.chat(t, "", "hi"); w != pods[1].url {
-			t.Fatalf("request went to %s while vllm-a drains", w)
-		}
+		tr.routesTo(t, pods[1].url, "while vllm-a drains")
 	}
 	if pods[0].hits.Load() != before || !tr.registered(pods[0].url) {
 		t.Fatal("a draining pod got requests, or left the pool")
@@ -299,12 +319,7 @@ func TestNotReadyPodDrainsAtOnceAndReturnsWhenReady(t *testing.T) {
 	markReady(a, true)
 	c.updateStatus(t, a)
 	testkit.WaitFor(t, "vllm-a to take requests again", func() bool { return tr.available(pods[0].url) })
-	seen := map[string]bool{}
-	for range 4 {
-		w, _ := tr.chat(t, "", "hi")
-		seen[w] = true
-	}
-	if !seen[pods[0].url] {
+	if seen := tr.reached(t, 4); !seen[pods[0].url] {
 		t.Fatalf("vllm-a took no request after it was Ready again: %v", seen)
 	}
 }
@@ -347,9 +362,7 @@ func TestTerminatingPodFinishesInFlightRequestsAndTakesNoNewOnes(t *testing.T) {
 	c.updateStatus(t, a)
 	testkit.WaitFor(t, "vllm-a to drain", func() bool { return tr.Pool().Get(pods[0].url)[0].Draining() })
 	for range 8 {
-		if w, _ := tr.chat(t, "", "hi"); w != pods[1].url {
-			t.Fatalf("a new request went to terminating %s", w)
-		}
+		tr.routesTo(t, pods[1].url, "while vllm-a terminates")
 	}
 	if got := pods[0].hits.Load(); got != 1 {
 		t.Fatalf("terminating vllm-a got %d requests, want only the one in flight", got)
@@ -454,9 +467,7 @@ func TestPodAddressChangeIsALeaveAndAJoin(t *testing.T) {
 	c.delete(t, "vllm-0")
 	c.create(t, newPod("vllm-0", pods[1].ip, true))
 	testkit.WaitFor(t, "only the new address", func() bool { return !tr.registered(pods[0].url) && tr.available(pods[1].url) })
-	if w, _ := tr.chat(t, "", "hi"); w != pods[1].url {
-		t.Fatalf("routed to %s", w)
-	}
+	tr.routesTo(t, pods[1].url, "after the address change")
 }
 
 func TestDataParallelRanksApplyPerDiscoveredPod(t *testing.T) {
@@ -614,21 +625,14 @@ func TestDNSDiscoveredWorkersJoinAndLeave(t *testing.T) {
 	cfg.DNSRefreshSecs = 0.01
 	tr, _ := startDiscovering(t, cfg, discoveryEnv{lookup: lookup})
 	testkit.WaitFor(t, "both addresses to join", func() bool { return tr.available(pods[0].url) && tr.available(pods[1].url) })
-	seen := map[string]bool{}
-	for range 4 {
-		w, _ := tr.chat(t, "", "hi")
-		seen[w] = true
-	}
-	if len(seen) != 2 {
+	if seen := tr.reached(t, 4); len(seen) != 2 {
 		t.Fatalf("requests reached %v", seen)
 	}
 	mu.Lock()
 	addrs = addrs[1:]
 	mu.Unlock()
 	testkit.WaitFor(t, "the first address to leave", func() bool { return !tr.registered(pods[0].url) })
-	if w, _ := tr.chat(t, "", "hi"); w != pods[1].url {
-		t.Fatalf("routed to %s", w)
-	}
+	tr.routesTo(t, pods[1].url, "after the first address left")
 }
 
 // With the namespace flag empty the router's own namespace is watched; with it set, that one.

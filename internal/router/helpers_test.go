@@ -9,6 +9,8 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -191,6 +193,33 @@ func (tr *testRouter) withKey(t *testing.T, method, path, key string) (int, stri
 	}
 	code, _, body := testkit.Send(t, nil, method, tr.url+path, "", header...)
 	return code, body
+}
+
+// chatWithKey sends a small chat presenting key as a bearer token and returns the answer's
+// status: whether the client keys let that key through, and within its tenant's limits.
+func (tr *testRouter) chatWithKey(t *testing.T, key string) int {
+	t.Helper()
+	resp := tr.post(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, "Authorization", "Bearer "+key)
+	readAll(t, resp)
+	return resp.StatusCode
+}
+
+// clientKeysFile writes lines as a client API keys file (--client-api-keys-file) in a fresh
+// temporary folder and returns its path.
+func clientKeysFile(t testing.TB, lines string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "keys")
+	writeClientKeys(t, path, lines)
+	return path
+}
+
+// writeClientKeys replaces the content of the keys file at path with lines, as an operator's
+// edit before a reload does.
+func writeClientKeys(t testing.TB, path, lines string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(lines), 0o600); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (tr *testRouter) totalLoad() int64 {

@@ -11,8 +11,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -478,12 +476,8 @@ func benchFairness(b *testing.B, reserve int) {
 		lead         = time.Second
 	)
 	for range b.N {
-		keys := filepath.Join(b.TempDir(), "keys")
-		if err := os.WriteFile(keys, []byte("sk-batch tenant=batch priority=batch\nsk-inter tenant=inter priority=interactive\n"), 0o600); err != nil {
-			b.Fatal(err)
-		}
 		cfg := testConfig()
-		cfg.ClientAPIKeysFile = keys
+		cfg.ClientAPIKeysFile = clientKeysFile(b, "sk-batch tenant=batch priority=batch\nsk-inter tenant=inter priority=interactive\n")
 		cfg.PriorityLevels = []string{"interactive", "default", "batch"}
 		cfg.MaxConcurrentRequests = olWorkers * olSeqs
 		cfg.QueueSize = 64

@@ -1,7 +1,6 @@
 package router
 
 import (
-	"io"
 	"net/http"
 	"testing"
 
@@ -29,10 +28,8 @@ func TestARoutedBodyIsParsedOnceEvenWhenItIsTokenized(t *testing.T) {
 	for _, b := range bodies {
 		parses, asked := protocol.Parses(), tokenizeCount(t, tr)
 		resp := tr.post(t, b.path, b.body)
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("%s: status %d", b.path, resp.StatusCode)
+		if raw := readAll(t, resp); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: status %d: %s", b.path, resp.StatusCode, raw)
 		}
 		if got := tokenizeCount(t, tr) - asked; got != 1 {
 			t.Fatalf("%s: /tokenize asked %v times, want once", b.path, got)

@@ -77,8 +77,7 @@ func joinAs(t *testing.T, tr *testRouter, role workers.Role, urls ...string) {
 }
 
 func (r *pdRig) openAI(base string) *openai.Client {
-	c := openai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey("sk-test"), option.WithHTTPClient(r.client),
-		option.WithMaxRetries(0), option.WithRequestTimeout(30*time.Second))
+	c := openAIClient(base, r.client)
 	return &c
 }
 
@@ -312,17 +311,9 @@ func contains(list []string, s string) bool {
 }
 
 // stubPrefillWorker answers a prefill leg at once with the parameters a decode leg needs.
-var stubPrefillWorker = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path == "/v1/models" {
-		_, _ = io.WriteString(w, `{"object":"list","data":[{"id":"m"}]}`)
-		return
-	}
-	_, _ = io.Copy(io.Discard, r.Body)
-	w.Header().Set("Content-Type", "application/json")
-	_, _ = io.WriteString(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"o"},"finish_reason":"length"}],`+
-		`"usage":{"prompt_tokens":20,"completion_tokens":1,"total_tokens":21,"prompt_tokens_details":{"cached_tokens":0}},`+
-		`"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_engine_id":"e","remote_block_ids":[0],"remote_request_id":"r","remote_host":"127.0.0.1","remote_port":1,"tp_size":1}}`)
-})
+var stubPrefillWorker = stubWorker(`{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"o"},"finish_reason":"length"}],` +
+	`"usage":{"prompt_tokens":20,"completion_tokens":1,"total_tokens":21,"prompt_tokens_details":{"cached_tokens":0}},` +
+	`"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_engine_id":"e","remote_block_ids":[0],"remote_request_id":"r","remote_host":"127.0.0.1","remote_port":1,"tp_size":1}}`)
 
 // BenchmarkProxyPD measures one small chat request through a P/D router that always transfers:
 // client → router → prefill worker, then router → decode worker, over real HTTP on loopback.

@@ -6,15 +6,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/cacheroute/cacheroute/internal/config"
 	"github.com/cacheroute/cacheroute/internal/session/redistest"
 )
 
 func TestReplicasSharingRedisShareATenantsRateLimit(t *testing.T) {
 	srv := redistest.Start(t)
-	fleet := startSimFleet(t, 2)
-	cfg := redisReplicaConfig(srv.URL())
-	cfg.TenantRPM = 3
-	a, b := startReplica(t, cfg, fleet), startReplica(t, cfg, fleet)
+	_, a, b := startRedisReplicas(t, srv, 2, func(c *config.Config) { c.TenantRPM = 3 })
 	status := func(tr *testRouter) int {
 		resp := tr.post(t, "/v1/chat/completions", `{"model":"`+simModel+`","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`)
 		readAll(t, resp)

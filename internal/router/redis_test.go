@@ -72,6 +72,19 @@ func startReplica(t *testing.T, cfg config.Config, fleet *sim.Fleet) *testRouter
 	return tr
 }
 
+// startRedisReplicas starts a fleet of n simulated workers and two replicas in front of it that
+// share the Redis srv (redisReplicaConfig, changed by tweak first when it is not nil): the two
+// routers every shared-store test compares.
+func startRedisReplicas(t *testing.T, srv *redistest.Server, n int, tweak func(*config.Config)) (fleet *sim.Fleet, a, b *testRouter) {
+	t.Helper()
+	fleet = startSimFleet(t, n)
+	cfg := redisReplicaConfig(srv.URL())
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	return fleet, startReplica(t, cfg, fleet), startReplica(t, cfg, fleet)
+}
+
 // conversation is one agent session; each turn resends the growing history.
 type conversation struct {
 	id      string
@@ -102,6 +115,16 @@ func (c *conversation) turn(t *testing.T, tr *testRouter) (worker, decision stri
 		map[string]string{"role": "assistant", "content": fmt.Sprintf("Reply %d of %s.", c.turns, c.id)},
 		map[string]string{"role": "user", "content": fmt.Sprintf("Turn %d: the tool printed %d lines.", c.turns, c.turns*13)})
 	return resp.Header.Get(proxy.HeaderWorker), resp.Header.Get(proxy.HeaderDecision)
+}
+
+// follows sends c's next turn through tr and fails the test unless the turn landed on home by
+// session_id_match: the check each step of a shared or remembered session makes. when names the
+// step in the failure.
+func (c *conversation) follows(t *testing.T, tr *testRouter, home, when string) {
+	t.Helper()
+	if w, d := c.turn(t, tr); w != home || d != cacheawareSessionMatch {
+		t.Fatalf("%s %s via %s: %s on %s, want session_id_match on %s", c.id, when, tr.url, d, w, home)
+	}
 }
 
 // storeHealth is the session_store object of a replica's /health.
@@ -155,10 +178,7 @@ func assertShared(t *testing.T, id string, a, b *testRouter) {
 	c := newConversation(id)
 	home, _ := c.turn(t, a)
 	for i, tr := range []*testRouter{b, a, b} {
-		w, d := c.turn(t, tr)
-		if w != home || d != cacheawareSessionMatch {
-			t.Fatalf("%s turn %d: %s on %s, want session_id_match on %s (placed by the other replica)", id, i+2, d, w, home)
-		}
+		c.follows(t, tr, home, fmt.Sprintf("turn %d (placed by the other replica)", i+2))
 	}
 }
 
@@ -169,11 +189,7 @@ const cacheawareSessionMatch = "session_id_match"
 // stores, for contrast, do not know each other's sessions.
 func TestRedisReplicasShareSessions(t *testing.T) {
 	srv := redistest.Start(t)
-	fleet := startSimFleet(t, 3)
-	cfg := redisReplicaConfig(srv.URL())
-	cfg.RedisKeyPrefix = "it"
-	a := startReplica(t, cfg, fleet)
-	b := startReplica(t, cfg, fleet)
+	fleet, a, b := startRedisReplicas(t, srv, 3, func(c *config.Config) { c.RedisKeyPrefix = "it" })
 
 	homes := map[string]int{}
 	for s := range 8 {
@@ -185,10 +201,7 @@ func TestRedisReplicasShareSessions(t *testing.T) {
 			if turn%2 == 1 {
 				via = a
 			}
-			w, d := c.turn(t, via)
-			if w != home || d != cacheawareSessionMatch {
-				t.Fatalf("%s turn %d: %s on %s, want session_id_match on %s", c.id, turn, d, w, home)
-			}
+			c.follows(t, via, home, fmt.Sprintf("turn %d", turn))
 		}
 		// The entry is where the documented key layout says, holding the worker tenant.
 		if got, err := srv.Client().Get(t.Context(), sessionRedisKey("it", "session:"+c.id)).Result(); err != nil || got != home {
@@ -218,11 +231,7 @@ func TestRedisReplicasShareSessions(t *testing.T) {
 // it passes, and the session is placed anew afterwards.
 func TestRedisSessionTTLExpiresInRedis(t *testing.T) {
 	srv := redistest.Start(t)
-	fleet := startSimFleet(t, 2)
-	cfg := redisReplicaConfig(srv.URL())
-	cfg.SessionTTL = time.Second
-	a := startReplica(t, cfg, fleet)
-	b := startReplica(t, cfg, fleet)
+	_, a, b := startRedisReplicas(t, srv, 2, func(c *config.Config) { c.SessionTTL = time.Second })
 	client := srv.Client()
 
 	c := newConversation("short-lived")
@@ -243,9 +252,7 @@ func TestRedisSessionTTLExpiresInRedis(t *testing.T) {
 		t.Fatal("replica A still matched the expired session")
 	}
 	// A's new placement is shared again.
-	if wb, db := c.turn(t, b); wb != w || db != cacheawareSessionMatch {
-		t.Fatalf("replica B after the new placement: %s on %s, want session_id_match on %s", db, wb, w)
-	}
+	c.follows(t, b, w, "after the new placement")
 }
 
 // A worker removed through replica A's admin API is never chosen by A again, even for sessions
@@ -253,10 +260,7 @@ func TestRedisSessionTTLExpiresInRedis(t *testing.T) {
 // follows. Removed through B's admin API as well, neither replica routes to it.
 func TestRedisWorkerRemovalThroughEitherReplica(t *testing.T) {
 	srv := redistest.Start(t)
-	fleet := startSimFleet(t, 3)
-	cfg := redisReplicaConfig(srv.URL())
-	a := startReplica(t, cfg, fleet)
-	b := startReplica(t, cfg, fleet)
+	_, a, b := startRedisReplicas(t, srv, 3, nil)
 
 	// Place sessions until one worker holds at least two of them.
 	var convs []*conversation
@@ -285,9 +289,7 @@ func TestRedisWorkerRemovalThroughEitherReplica(t *testing.T) {
 			t.Fatalf("%s via A after removal: %s on %s", c.id, d, w)
 		}
 		// B still has the worker, but Redis now says where A put the session.
-		if wb, db := c.turn(t, b); wb != w || db != cacheawareSessionMatch {
-			t.Fatalf("%s via B: %s on %s, want session_id_match on %s", c.id, db, wb, w)
-		}
+		c.follows(t, b, w, "after the removal through A")
 	}
 
 	req, _ := http.NewRequest(http.MethodDelete, b.url+"/workers/"+url.PathEscape(gone), nil)
@@ -317,27 +319,20 @@ func TestRedisWorkerRemovalThroughEitherReplica(t *testing.T) {
 // during the outage.
 func TestRedisKilledMidRunThenRestarted(t *testing.T) {
 	srv := redistest.Start(t)
-	fleet := startSimFleet(t, 3)
-	cfg := redisReplicaConfig(srv.URL())
-	a := startReplica(t, cfg, fleet)
-	b := startReplica(t, cfg, fleet)
+	_, a, b := startRedisReplicas(t, srv, 3, nil)
 
 	convs := make([]*conversation, 4)
 	homes := make([]string, 4)
 	for i := range convs {
 		convs[i] = newConversation(fmt.Sprintf("outage-%d", i))
 		homes[i], _ = convs[i].turn(t, a)
-		if w, d := convs[i].turn(t, b); w != homes[i] || d != cacheawareSessionMatch {
-			t.Fatalf("before the outage: %s on %s", d, w)
-		}
+		convs[i].follows(t, b, homes[i], "before the outage")
 	}
 
 	srv.Stop()
 	for i, c := range convs {
 		for _, tr := range []*testRouter{a, b} {
-			if w, d := c.turn(t, tr); w != homes[i] || d != cacheawareSessionMatch {
-				t.Fatalf("%s during the outage via %s: %s on %s, want session_id_match on %s from the local map", c.id, tr.url, d, w, homes[i])
-			}
+			c.follows(t, tr, homes[i], "during the outage (from the local map)")
 		}
 	}
 	during := newConversation("placed-during-outage")
@@ -360,12 +355,8 @@ func TestRedisKilledMidRunThenRestarted(t *testing.T) {
 	assertShared(t, "after-restart", a, b)
 	// The session placed during the outage lives only in A's local map; its next turn through A
 	// writes it back, and B follows it.
-	if w, d := during.turn(t, a); w != duringHome || d != cacheawareSessionMatch {
-		t.Fatalf("outage session via A after recovery: %s on %s", d, w)
-	}
-	if w, d := during.turn(t, b); w != duringHome || d != cacheawareSessionMatch {
-		t.Fatalf("outage session via B after recovery: %s on %s, want session_id_match on %s", d, w, duringHome)
-	}
+	during.follows(t, a, duringHome, "after recovery")
+	during.follows(t, b, duringHome, "after recovery")
 }
 
 // Redis stalled (the process stopped with SIGSTOP: connections are accepted, nothing is
@@ -374,17 +365,11 @@ func TestRedisKilledMidRunThenRestarted(t *testing.T) {
 // a timeout), the others skipped Redis, and no get was answered by Redis.
 func TestRedisStalledRequestsDoNotWait(t *testing.T) {
 	srv := redistest.Start(t)
-	fleet := startSimFleet(t, 3)
-	cfg := redisReplicaConfig(srv.URL())
-	cfg.RedisTimeout = 100 * time.Millisecond
-	a := startReplica(t, cfg, fleet)
-	b := startReplica(t, cfg, fleet)
+	_, a, b := startRedisReplicas(t, srv, 3, func(c *config.Config) { c.RedisTimeout = 100 * time.Millisecond })
 
 	c := newConversation("stall")
 	home, _ := c.turn(t, a)
-	if w, d := c.turn(t, b); w != home || d != cacheawareSessionMatch {
-		t.Fatalf("before the stall: %s on %s", d, w)
-	}
+	c.follows(t, b, home, "before the stall")
 	answered := func(tr *testRouter) float64 {
 		return storeResults(tr, session.OpGet, session.ResultHit) + storeResults(tr, session.OpGet, session.ResultMiss)
 	}
@@ -394,9 +379,7 @@ func TestRedisStalledRequestsDoNotWait(t *testing.T) {
 	defer srv.Resume()
 	for i := range 6 {
 		for _, tr := range []*testRouter{a, b} {
-			if w, d := c.turn(t, tr); w != home || d != cacheawareSessionMatch {
-				t.Fatalf("stalled turn %d via %s: %s on %s", i, tr.url, d, w)
-			}
+			c.follows(t, tr, home, fmt.Sprintf("stalled turn %d", i))
 			newConversation(fmt.Sprintf("stall-new-%d", i)).turn(t, tr)
 		}
 	}
@@ -426,17 +409,12 @@ func TestRedisStalledRequestsDoNotWait(t *testing.T) {
 func TestRedisDownAtStartup(t *testing.T) {
 	srv := redistest.Start(t)
 	srv.Stop()
-	fleet := startSimFleet(t, 2)
-	cfg := redisReplicaConfig(srv.URL())
-	a := startReplica(t, cfg, fleet)
-	b := startReplica(t, cfg, fleet)
+	_, a, b := startRedisReplicas(t, srv, 2, nil)
 	a.Start(t.Context()) // the startup check must not block or fail
 
 	c := newConversation("early")
 	home, _ := c.turn(t, a)
-	if w, d := c.turn(t, a); w != home || d != cacheawareSessionMatch {
-		t.Fatalf("with Redis down: %s on %s", d, w)
-	}
+	c.follows(t, a, home, "with Redis down")
 	if code, st := storeHealth(t, a); code != http.StatusOK || st.Reachable {
 		t.Fatalf("/health with Redis down: %d %+v", code, st)
 	}

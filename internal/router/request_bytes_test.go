@@ -64,10 +64,7 @@ func noise(t *testing.T, tr *testRouter, n int, bait string) {
 }
 
 func TestWorkerAddedByQueryKeepsItsURLWhileOtherRequestsReuseTheBuffers(t *testing.T) {
-	keys := filepath.Join(t.TempDir(), "keys")
-	if err := os.WriteFile(keys, []byte("sk-client tenant=a\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	keys := clientKeysFile(t, "sk-client tenant=a\n")
 	for _, keyed := range []bool{false, true} {
 		for _, path := range []string{"/add_worker?url=", "/workers?url="} {
 			t.Run(fmt.Sprintf("%s keys=%v", path, keyed), func(t *testing.T) {

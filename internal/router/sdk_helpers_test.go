@@ -71,26 +71,34 @@ func startSDKRig(t *testing.T, policy string) *sdkRig {
 	return &sdkRig{tr: tr, fleet: fleet, block: int64(simCfg.BlockSize), client: &http.Client{Transport: transport}}
 }
 
-// openAI is an OpenAI client whose base URL is the router's /v1. Retries are off, so that every
-// answer the router gives reaches the test.
-func (r *sdkRig) openAI() openai.Client {
+// openAI is an OpenAI client of the rig's router over the rig's HTTP client.
+func (r *sdkRig) openAI() openai.Client { return openAIClient(r.tr.url, r.client) }
+
+// anthropic is an Anthropic client of the rig's router over the rig's HTTP client.
+func (r *sdkRig) anthropic() anthropic.Client { return anthropicClient(r.tr.url, r.client) }
+
+// openAIClient is an OpenAI client whose base URL is the /v1 of the router at base, sending
+// through hc, each request bounded by sdkTimeout. Retries are off, so that every answer the
+// router gives reaches the test.
+func openAIClient(base string, hc *http.Client) openai.Client {
 	return openai.NewClient(
-		option.WithBaseURL(r.tr.url+"/v1"),
+		option.WithBaseURL(base+"/v1"),
 		option.WithAPIKey("sk-test"),
-		option.WithHTTPClient(r.client),
+		option.WithHTTPClient(hc),
 		option.WithMaxRetries(0),
 		option.WithRequestTimeout(sdkTimeout),
 	)
 }
 
-// anthropic is an Anthropic client whose base URL is the router itself (the SDK adds /v1/messages).
-// It reads nothing from the environment.
-func (r *sdkRig) anthropic() anthropic.Client {
+// anthropicClient is an Anthropic client whose base URL is the router at base itself (the SDK
+// adds /v1/messages), sending through hc, each request bounded by sdkTimeout. Retries are off,
+// and it reads nothing from the environment.
+func anthropicClient(base string, hc *http.Client) anthropic.Client {
 	return anthropic.NewClient(
 		anthropicoption.WithoutEnvironmentDefaults(),
-		anthropicoption.WithBaseURL(r.tr.url),
+		anthropicoption.WithBaseURL(base),
 		anthropicoption.WithAPIKey("sk-ant-test"),
-		anthropicoption.WithHTTPClient(r.client),
+		anthropicoption.WithHTTPClient(hc),
 		anthropicoption.WithMaxRetries(0),
 		anthropicoption.WithRequestTimeout(sdkTimeout),
 	)

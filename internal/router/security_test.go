@@ -2,44 +2,31 @@ package router
 
 import (
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 )
 
 func TestClientKeysFileClosesTheRouteAndReloadRotatesKeys(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "keys")
-	if err := os.WriteFile(path, []byte("sk-old tenant=team-a\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	path := clientKeysFile(t, "sk-old tenant=team-a\n")
 	cfg := testConfig()
 	cfg.ClientAPIKeysFile = path
 	tr := startRouter(t, cfg, newFakeWorker(t))
-	const chat = `{"messages":[{"role":"user","content":"hi"}]}`
-	status := func(key string) int {
-		resp := tr.post(t, "/v1/chat/completions", chat, "Authorization", "Bearer "+key)
-		readAll(t, resp)
-		return resp.StatusCode
-	}
+	status := func(key string) int { return tr.chatWithKey(t, key) }
 	if got := status("sk-old"); got != http.StatusOK {
 		t.Fatalf("listed key: %d, want 200", got)
 	}
 	if got := status("sk-new"); got != http.StatusUnauthorized {
 		t.Fatalf("unlisted key: %d, want 401", got)
 	}
-	if err := os.WriteFile(path, []byte("sk-new tenant=team-a\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeClientKeys(t, path, "sk-new tenant=team-a\n")
 	if err := tr.ReloadClientKeys(); err != nil {
 		t.Fatal(err)
 	}
 	if status("sk-new") != http.StatusOK || status("sk-old") != http.StatusUnauthorized {
 		t.Fatal("after the reload the new key is not accepted or the old one still is")
 	}
-	if err := os.WriteFile(path, []byte("this line is not a key file entry tenant=\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeClientKeys(t, path, "this line is not a key file entry tenant=\n")
 	if err := tr.ReloadClientKeys(); err == nil || strings.Contains(err.Error(), "sk-") {
 		t.Fatalf("a bad file reloaded without error, or its error shows key material: %v", err)
 	}
@@ -57,19 +44,11 @@ func TestUnreadableClientKeysFileStopsTheStart(t *testing.T) {
 }
 
 func TestTenantRateLimitsApplyToEachKeysTenant(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "keys")
-	if err := os.WriteFile(path, []byte("sk-a tenant=a\nsk-b tenant=b\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	cfg := testConfig()
-	cfg.ClientAPIKeysFile = path
+	cfg.ClientAPIKeysFile = clientKeysFile(t, "sk-a tenant=a\nsk-b tenant=b\n")
 	cfg.TenantRPM = 1
 	tr := startRouter(t, cfg, newFakeWorker(t))
-	status := func(key string) int {
-		resp := tr.post(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, "Authorization", "Bearer "+key)
-		readAll(t, resp)
-		return resp.StatusCode
-	}
+	status := func(key string) int { return tr.chatWithKey(t, key) }
 	if status("sk-a") != http.StatusOK || status("sk-a") != http.StatusTooManyRequests {
 		t.Fatal("tenant a: want its one request a minute, then 429")
 	}
@@ -79,12 +58,8 @@ func TestTenantRateLimitsApplyToEachKeysTenant(t *testing.T) {
 }
 
 func TestKeysFileNamingAnUnknownPriorityDoesNotLoad(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "keys")
-	if err := os.WriteFile(path, []byte("sk-a tenant=a priority=urgent\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	cfg := testConfig()
-	cfg.ClientAPIKeysFile = path
+	cfg.ClientAPIKeysFile = clientKeysFile(t, "sk-a tenant=a priority=urgent\n")
 	cfg.MaxConcurrentRequests = 4
 	cfg.PriorityLevels = []string{"interactive", "default", "batch"}
 	if _, err := New(cfg, nil); err == nil || !strings.Contains(err.Error(), "urgent") {
