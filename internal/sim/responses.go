@@ -272,16 +272,9 @@ func appendResponsesItems(msgs []prompt.Message, items []responsesItem) ([]promp
 // firstPartText is what vLLM takes of an assistant message's content: a
 // string, or its first part's text.
 func firstPartText(raw json.RawMessage) (string, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || raw[0] != '[' {
-		return contentText(raw)
-	}
-	var parts []responsesPart
-	if err := json.Unmarshal(raw, &parts); err != nil {
-		return "", errors.New("expected a string or a list of content parts")
-	}
-	if len(parts) == 0 {
-		return "", nil
+	text, parts, list, err := textOrList[responsesPart](raw, "parts")
+	if !list || err != nil || len(parts) == 0 {
+		return text, err
 	}
 	return parts[0].Text, nil
 }
@@ -318,13 +311,9 @@ func appendOutputItems(msgs []prompt.Message, output []any) []prompt.Message {
 // responsesContentText reduces a message content or a function call output
 // (absent, a string or a list of parts) to text.
 func responsesContentText(raw json.RawMessage) (string, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || raw[0] != '[' {
-		return contentText(raw) // absent, null or a string
-	}
-	var parts []responsesPart
-	if err := json.Unmarshal(raw, &parts); err != nil {
-		return "", errors.New("expected a string or a list of content parts")
+	text, parts, list, err := textOrList[responsesPart](raw, "parts")
+	if !list || err != nil {
+		return text, err
 	}
 	var b strings.Builder
 	for _, p := range parts {
