@@ -3,7 +3,6 @@ package sim
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"strings"
 
@@ -314,21 +313,18 @@ func anthropicToolChoice(raw json.RawMessage) (toolChoice, error) {
 // writeMessagesError writes err as a 400 in Anthropic's shape when it is a
 // badRequest, else as a 500.
 func (w *Worker) writeMessagesError(rw http.ResponseWriter, err error) {
-	var bad *badRequest
-	if errors.As(err, &bad) {
-		w.writeAnthropicError(rw, http.StatusBadRequest, "invalid_request_error", bad.msg)
-		return
+	code, msg := errorStatus(err)
+	typ := "invalid_request_error"
+	if code >= 500 {
+		typ = "api_error"
 	}
-	w.writeAnthropicError(rw, http.StatusInternalServerError, "api_error", err.Error())
+	w.writeAnthropicError(rw, code, typ, msg)
 }
 
 // readMessages decodes a Messages API body and renders its prompt into seq.
 // On failure it has answered the client and returns ok false.
 func (w *Worker) readMessages(rw http.ResponseWriter, r *http.Request, req *messagesRequest, seq *prompt.Sequence) (model string, msgs []prompt.Message, specs []toolSpec, choice toolChoice, ok bool) {
-	body, err := readBody(rw, r)
-	if err == nil {
-		err = decodeJSON(body, req)
-	}
+	err := readJSON(rw, r, req)
 	if err != nil {
 		w.writeMessagesError(rw, err)
 		return

@@ -390,12 +390,8 @@ func responsesToolChoice(raw json.RawMessage) (toolChoice, json.RawMessage, erro
 // writeResponsesError writes err as a 400 in OpenAI's shape when it is a
 // badRequest, else as a 500.
 func (w *Worker) writeResponsesError(rw http.ResponseWriter, err error) {
-	var bad *badRequest
-	if errors.As(err, &bad) {
-		w.writeOpenAIError(rw, http.StatusBadRequest, "BadRequestError", bad.msg)
-		return
-	}
-	w.writeOpenAIError(rw, http.StatusInternalServerError, "InternalServerError", err.Error())
+	code, msg := errorStatus(err)
+	w.writeOpenAIError(rw, code, openAIErrorType(code), msg)
 }
 
 // writeResponseNotFound answers an id the worker does not hold, as vLLM does.
@@ -405,11 +401,7 @@ func (w *Worker) writeResponseNotFound(rw http.ResponseWriter, id string) {
 
 func (w *Worker) handleResponses(rw http.ResponseWriter, r *http.Request) {
 	var req responsesRequest
-	body, err := readBody(rw, r)
-	if err == nil {
-		err = decodeJSON(body, &req)
-	}
-	if err != nil {
+	if err := readJSON(rw, r, &req); err != nil {
 		w.writeResponsesError(rw, err)
 		return
 	}
