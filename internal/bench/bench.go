@@ -258,11 +258,7 @@ func runPolicies(ctx context.Context, o Options, rep *Report) error {
 		}
 		simCfg.KVEvents = sim.KVEventsConfig{Endpoint: "tcp://127.0.0.1:" + strconv.Itoa(base), Bind: true} // worker n: base+n
 	}
-	addrs, err := o.ports.addrs(o.Workers)
-	if err != nil {
-		return fmt.Errorf("the simulated workers: %w", err)
-	}
-	fleet, err := sim.Start(addrs, simCfg)
+	fleet, err := o.ports.startSims(o.Workers, simCfg)
 	if err != nil {
 		return err
 	}

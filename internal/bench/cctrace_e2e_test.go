@@ -6,8 +6,6 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
-
-	"github.com/cacheroute/cacheroute/internal/sim"
 )
 
 // cctraceSample is the one session of the real trace set kept uncompressed beside the set: a
@@ -57,20 +55,12 @@ func TestCCTraceReplayOfARealSessionReachesItsCeilingWhenNothingIsEvicted(t *tes
 	if len(w.Sessions) != 2 || w.ReuseCeiling == nil {
 		t.Fatalf("%d sessions, ceiling %v; want the session and its sub-agent", len(w.Sessions), w.ReuseCeiling)
 	}
-	simCfg := sim.DefaultConfig()
-	simCfg.TimeScale = 0.002
+	simCfg := scaledSim(0.002)
 	simCfg.BlockSize = 16
 	simCfg.KVCacheBlocks = 8192
 	simCfg.MaxNumSeqs = 64
-	policies, err := ParsePolicies([]string{"round_robin,cache_aware"}, SessionHeader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep, err := Run(t.Context(), Options{Workload: w, Policies: policies, Workers: 2, Sim: simCfg,
-		Concurrency: 2, Timeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep := mustRun(t, Options{Workload: w, Policies: mustPolicies(t, []string{"round_robin,cache_aware"}, SessionHeader),
+		Workers: 2, Sim: simCfg, Concurrency: 2, Timeout: time.Minute})
 	if rep.ReuseCeiling == nil || *rep.ReuseCeiling != *w.ReuseCeiling {
 		t.Fatalf("report's ceiling %v, workload's %v", rep.ReuseCeiling, *w.ReuseCeiling)
 	}
@@ -110,12 +100,8 @@ func TestCCTraceReplayOfARealSessionReachesItsCeilingWhenNothingIsEvicted(t *tes
 	if err != nil {
 		t.Fatal(err)
 	}
-	policies, _ = ParsePolicies([]string{"cache_aware"}, SessionHeader)
-	rep, err = Run(t.Context(), Options{Workload: w, Policies: policies, Workers: 1, Sim: simCfg, KVOversubscription: 0.5,
-		Concurrency: 1, Timeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep = mustRun(t, Options{Workload: w, Policies: mustPolicies(t, []string{"cache_aware"}, SessionHeader), Workers: 1, Sim: simCfg,
+		KVOversubscription: 0.5, Concurrency: 1, Timeout: time.Minute})
 	tr := rep.Targets[0]
 	blocks, _ := rep.Params["kv_cache_blocks"].(int)
 	if tr.Errors != 0 || tr.Pressure == nil || tr.Pressure.KVCapacityTokens != int64(16*blocks) || !(tr.Pressure.Mean > 0 && tr.Pressure.Mean <= tr.Pressure.Peak && tr.Pressure.Peak <= 1) {

@@ -17,24 +17,12 @@ import (
 // session on one worker, which holds the whole previous turn. One session at a time keeps the
 // outcome free of timing.
 func TestInProcessBenchCacheAwareBeatsRoundRobin(t *testing.T) {
-	agent := AgentConfig{Sessions: 6, Turns: 5, SharedPrefixTokens: 64, ToolSets: 1, TaskTokens: 300,
-		ToolResult: Dist{Kind: "fixed", A: 250}, OutputTokens: 8, Seed: 3}
-	w, err := Agent(agent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	simCfg := sim.DefaultConfig()
-	simCfg.TimeScale = 0.01
+	w := mustAgent(t, AgentConfig{Sessions: 6, Turns: 5, SharedPrefixTokens: 64, ToolSets: 1, TaskTokens: 300,
+		ToolResult: Dist{Kind: "fixed", A: 250}, OutputTokens: 8, Seed: 3})
+	simCfg := scaledSim(0.01)
 	simCfg.KVCacheBlocks = 320
-	policies, err := ParsePolicies([]string{"round_robin,cache_aware"}, SessionHeader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep, err := Run(t.Context(), Options{Workload: w, Policies: policies, Workers: 2, Sim: simCfg,
-		Concurrency: 1, Timeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep := mustRun(t, Options{Workload: w, Policies: mustPolicies(t, []string{"round_robin,cache_aware"}, SessionHeader),
+		Workers: 2, Sim: simCfg, Concurrency: 1, Timeout: 30 * time.Second})
 	if len(rep.Targets) != 2 || rep.Requests != 30 || rep.Sessions != 6 || rep.TimeScale != 0.01 {
 		t.Fatalf("report %+v", rep)
 	}
@@ -72,23 +60,8 @@ func TestInProcessBenchCacheAwareBeatsRoundRobin(t *testing.T) {
 // per policy over 4 simulated workers, one session at a time.
 func chainBench(t *testing.T, api string, policies ...string) *Report {
 	t.Helper()
-	w, err := Agent(AgentConfig{Sessions: 8, Turns: 4, SharedPrefixTokens: 64, ToolSets: 1, TaskTokens: 100,
-		ToolResult: Dist{Kind: "fixed", A: 50}, OutputTokens: 8, Seed: 5})
-	if err != nil {
-		t.Fatal(err)
-	}
-	simCfg := sim.DefaultConfig()
-	simCfg.TimeScale = 0.01
-	ps, err := ParsePolicies(policies, SessionHeader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep, err := Run(t.Context(), Options{Workload: w, Policies: ps, Workers: 4, Sim: simCfg, API: api,
-		Concurrency: 1, Timeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rep
+	return mustRun(t, Options{Workload: tinyAgent(t, 8, 4), Policies: mustPolicies(t, policies, SessionHeader), Workers: 4,
+		Sim: scaledSim(0.01), API: api, Concurrency: 1, Timeout: 30 * time.Second})
 }
 
 // A chained Responses session works only on the worker that stored its previous response.
@@ -143,12 +116,7 @@ func TestEveryAPIKeepsItsSessionOnOneWorkerThroughCacheAware(t *testing.T) {
 // replayAgent is a short agent workload for the in-process tests below.
 func replayAgent(t *testing.T, sessions int) Workload {
 	t.Helper()
-	w, err := Agent(AgentConfig{Sessions: sessions, Turns: 4, SharedPrefixTokens: 64, ToolSets: 1, TaskTokens: 100,
-		ToolResult: Dist{Kind: "fixed", A: 50}, OutputTokens: 8, Seed: 7})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return w
+	return shortAgent(t, sessions, 4, 7)
 }
 
 // --router-arg reaches only the entry it names: with the balance gate at zero (any difference
@@ -158,21 +126,13 @@ func replayAgent(t *testing.T, sessions int) Workload {
 // placement weighs load by predicted time instead). The report shows the args, and cache_aware's
 // predicted hit rate, as every answer carries its prefix match.
 func TestRouterArgTakesEffectOnTheEntryItNames(t *testing.T) {
-	ps, err := ParsePolicies([]string{"plain=cache_aware:none,gated=cache_aware:none"}, SessionHeader)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ps := mustPolicies(t, []string{"plain=cache_aware:none,gated=cache_aware:none"}, SessionHeader)
 	args := []string{"gated=--balance-abs-threshold=0", "gated=--balance-rel-threshold=1"}
 	if err := ApplyRouterArgs(ps, args); err != nil {
 		t.Fatal(err)
 	}
-	simCfg := sim.DefaultConfig()
-	simCfg.TimeScale = 0.01
-	rep, err := Run(t.Context(), Options{Workload: replayAgent(t, 8), Policies: ps, Workers: 2, Sim: simCfg,
+	rep := mustRun(t, Options{Workload: replayAgent(t, 8), Policies: ps, Workers: 2, Sim: scaledSim(0.01),
 		Concurrency: 4, Timeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
 	plain, gated := rep.Targets[0], rep.Targets[1]
 	for _, tr := range rep.Targets {
 		if tr.Errors != 0 || tr.Requests != 32 {
@@ -212,20 +172,12 @@ func TestRouterArgTakesEffectOnTheEntryItNames(t *testing.T) {
 // has never seen its session.
 func TestReplicasShareTheirSessionsThroughRedis(t *testing.T) {
 	redistest.Require(t)
-	ps, err := ParsePolicies([]string{"shared=cache_aware,own=cache_aware"}, SessionHeader)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ps := mustPolicies(t, []string{"shared=cache_aware,own=cache_aware"}, SessionHeader)
 	if err := ApplyRouterArgs(ps, []string{"own=--session-store=memory"}); err != nil {
 		t.Fatal(err)
 	}
-	simCfg := sim.DefaultConfig()
-	simCfg.TimeScale = 0.01
-	rep, err := Run(t.Context(), Options{Workload: replayAgent(t, 4), Policies: ps, Workers: 4, Replicas: 2, Sim: simCfg,
+	rep := mustRun(t, Options{Workload: replayAgent(t, 4), Policies: ps, Workers: 4, Replicas: 2, Sim: scaledSim(0.01),
 		Concurrency: 1, Timeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
 	shared, own := rep.Targets[0], rep.Targets[1]
 	for _, tr := range rep.Targets {
 		if tr.Errors != 0 || tr.Requests != 16 || len(tr.URLs) != 2 || tr.Replicas != 2 {
@@ -299,10 +251,7 @@ func TestReplicaLoadsAreSummedPerWorker(t *testing.T) {
 
 func TestReplicasWithoutRedisServerFailBeforeRunning(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
-	ps, err := ParsePolicies([]string{"cache_aware"}, SessionHeader)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ps := mustPolicies(t, []string{"cache_aware"}, SessionHeader)
 	rep, err := Run(t.Context(), Options{Workload: replayAgent(t, 1), Policies: ps, Workers: 1, Replicas: 2, Sim: sim.DefaultConfig(), Concurrency: 1})
 	if err == nil || !strings.Contains(err.Error(), "--replicas 2") || !strings.Contains(err.Error(), "redis-server not found") || len(rep.Targets) != 0 {
 		t.Fatalf("error %v", err)
@@ -315,17 +264,8 @@ func TestReplicasWithoutRedisServerFailBeforeRunning(t *testing.T) {
 // depends on timing, which a test does not assert: the bench's figures are in docs/kv-events.md.)
 func TestKVEventsLetReplicasWithoutSessionIDsFollowTheEngines(t *testing.T) {
 	redistest.Require(t)
-	ps, err := ParsePolicies([]string{"cache_aware:none"}, SessionHeader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	simCfg := sim.DefaultConfig()
-	simCfg.TimeScale = 0.01
-	rep, err := Run(t.Context(), Options{Workload: replayAgent(t, 4), Policies: ps, Workers: 4, Replicas: 2, Sim: simCfg,
-		KVEvents: true, Concurrency: 1, Timeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep := mustRun(t, Options{Workload: replayAgent(t, 4), Policies: mustPolicies(t, []string{"cache_aware:none"}, SessionHeader),
+		Workers: 4, Replicas: 2, Sim: scaledSim(0.01), KVEvents: true, Concurrency: 1, Timeout: 30 * time.Second})
 	tr := rep.Targets[0]
 	if tr.Errors != 0 || tr.Requests != 16 {
 		t.Fatalf("%d requests, %d errors %v", tr.Requests, tr.Errors, tr.ErrorSamples)

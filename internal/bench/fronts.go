@@ -182,11 +182,7 @@ func runFronts(ctx context.Context, o Options, rep *Report) error {
 		events = "tcp://127.0.0.1:" + strconv.Itoa(port)
 		simCfg.KVEvents = sim.KVEventsConfig{Endpoint: events, Bind: true}
 	}
-	addrs, err := o.ports.addrs(1)
-	if err != nil {
-		return fmt.Errorf("the simulated worker: %w", err)
-	}
-	fleet, err := sim.Start(addrs, simCfg)
+	fleet, err := o.ports.startSims(1, simCfg)
 	if err != nil {
 		return err
 	}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/cacheroute/cacheroute/internal/haproxyproc"
 	"github.com/cacheroute/cacheroute/internal/metrics"
-	"github.com/cacheroute/cacheroute/internal/sim"
 )
 
 // RouterChildEnv, set in the environment, makes the test binary run the cacheroute command line
@@ -223,14 +222,10 @@ func TestFrontsReportEveryFrontPairedWithDirect(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.CapOutputTokens(4)
-	simCfg := sim.DefaultConfig()
+	simCfg := scaledSim(0.1)
 	simCfg.BlockSize = 16
-	simCfg.TimeScale = 0.1
-	rep, err := Run(t.Context(), Options{Workload: w, Fronts: fs, RouterCommand: []string{os.Args[0]}, Sim: simCfg,
+	rep := mustRun(t, Options{Workload: w, Fronts: fs, RouterCommand: []string{os.Args[0]}, Sim: simCfg,
 		Concurrency: 1, Timeout: 30 * time.Second, FrontIdle: 100 * time.Millisecond, FrontRound: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if len(rep.Fronts) != len(fs) || len(rep.Targets) != len(fs) || rep.PromptBytes == nil || !(rep.PromptBytes.Max > 0) {
 		t.Fatalf("%d fronts, %d targets, prompt bytes %+v, want %d", len(rep.Fronts), len(rep.Targets), rep.PromptBytes, len(fs))
 	}

@@ -16,17 +16,9 @@ func TestHAProxyFrontSticksOnTheSessionHeader(t *testing.T) {
 	if _, err := haproxyproc.Start(haproxyproc.Config{}); errors.Is(err, haproxyproc.ErrNotInstalled) {
 		t.Skip(err)
 	}
-	ps, err := ParsePolicies([]string{"sticky=haproxy,plain=haproxy:none"}, SessionHeader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	simCfg := sim.DefaultConfig()
-	simCfg.TimeScale = 0.01
-	rep, err := Run(t.Context(), Options{Workload: replayAgent(t, 4), Policies: ps, Workers: 3, Sim: simCfg,
+	ps := mustPolicies(t, []string{"sticky=haproxy,plain=haproxy:none"}, SessionHeader)
+	rep := mustRun(t, Options{Workload: replayAgent(t, 4), Policies: ps, Workers: 3, Sim: scaledSim(0.01),
 		Concurrency: 2, Timeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
 	sticky, plain := rep.Targets[0], rep.Targets[1]
 	for _, tr := range rep.Targets {
 		if tr.Errors != 0 || tr.Requests != 16 || tr.Policy != HAProxyPolicy || len(tr.WorkerShare) == 0 {
@@ -45,14 +37,11 @@ func TestHAProxyFrontSticksOnTheSessionHeader(t *testing.T) {
 }
 
 func TestHAProxyFrontRefusesBodySessionIDsAndRouterArgs(t *testing.T) {
-	ps, err := ParsePolicies([]string{"h=haproxy:body"}, SessionHeader)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ps := mustPolicies(t, []string{"h=haproxy:body"}, SessionHeader)
 	if err := ApplyRouterArgs(ps, []string{"h=--cache-threshold=0.5"}); err == nil || !strings.Contains(err.Error(), "runs no router") {
 		t.Fatalf("router arg for haproxy: %v", err)
 	}
-	_, err = Run(t.Context(), Options{Workload: replayAgent(t, 1), Policies: ps, Workers: 1, Sim: sim.DefaultConfig(), Concurrency: 1})
+	_, err := Run(t.Context(), Options{Workload: replayAgent(t, 1), Policies: ps, Workers: 1, Sim: sim.DefaultConfig(), Concurrency: 1})
 	if err == nil || !strings.Contains(err.Error(), "x-session-id header") {
 		t.Fatalf("haproxy:body ran: %v", err)
 	}

@@ -60,21 +60,11 @@ func TestOracleSendsATurnToTheWorkerThatHoldsItsConversation(t *testing.T) {
 }
 
 func TestOracleRunsAsABenchPolicy(t *testing.T) {
-	w, err := Agent(AgentConfig{Sessions: 4, Turns: 4, SharedPrefixTokens: 64, ToolSets: 1, TaskTokens: 300,
+	w := mustAgent(t, AgentConfig{Sessions: 4, Turns: 4, SharedPrefixTokens: 64, ToolSets: 1, TaskTokens: 300,
 		ToolResult: Dist{Kind: "fixed", A: 200}, OutputTokens: 8, Seed: 5})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := sim.DefaultConfig()
-	cfg.TimeScale = 0.01
-	policies, err := ParsePolicies([]string{"round_robin,oracle"}, SessionNone)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep, err := Run(t.Context(), Options{Workload: w, Policies: policies, Workers: 3, Sim: cfg, Concurrency: 2, Timeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := scaledSim(0.01)
+	policies := mustPolicies(t, []string{"round_robin,oracle"}, SessionNone)
+	rep := mustRun(t, Options{Workload: w, Policies: policies, Workers: 3, Sim: cfg, Concurrency: 2, Timeout: 30 * time.Second})
 	rr, or := rep.Targets[0], rep.Targets[1]
 	if or.Errors != 0 || or.Decisions[oracleDecision] != or.Requests || or.Requests != 16 {
 		t.Fatalf("oracle: %d requests, %d errors %v, decisions %v", or.Requests, or.Errors, or.ErrorSamples, or.Decisions)
@@ -88,10 +78,7 @@ func TestOracleRunsAsABenchPolicy(t *testing.T) {
 }
 
 func TestOracleTakesNoRouterArgs(t *testing.T) {
-	specs, err := ParsePolicies([]string{"cache_aware,best=oracle"}, SessionNone)
-	if err != nil {
-		t.Fatal(err)
-	}
+	specs := mustPolicies(t, []string{"cache_aware,best=oracle"}, SessionNone)
 	if err := ApplyRouterArgs(specs, []string{"--cache-threshold=0.5"}); err != nil || len(specs[1].Args) != 0 || len(specs[0].Args) != 1 {
 		t.Fatalf("an arg for every entry: %v, args %v / %v; want it on the router entry only", err, specs[0].Args, specs[1].Args)
 	}

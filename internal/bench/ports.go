@@ -7,6 +7,8 @@ import (
 	"net"
 	"strconv"
 	"strings"
+
+	"github.com/cacheroute/cacheroute/internal/sim"
 )
 
 // PortRange is the loopback ports the bench's simulated workers, their KV-cache event publishers,
@@ -83,6 +85,20 @@ func (p *ports) addrs(n int) ([]string, error) {
 		ln.Close()
 	}
 	return out, nil
+}
+
+// startSims starts n simulated workers of cfg on addresses from addrs, the run's own when it has
+// a port range.
+func (p *ports) startSims(n int, cfg sim.Config) (*sim.Fleet, error) {
+	addrs, err := p.addrs(n)
+	if err != nil {
+		what := "workers"
+		if n == 1 {
+			what = "worker"
+		}
+		return nil, fmt.Errorf("the simulated %s: %w", what, err)
+	}
+	return sim.Start(addrs, cfg)
 }
 
 // consecutive returns the first of n consecutive loopback ports, free when asked (listeners that

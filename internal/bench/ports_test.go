@@ -10,8 +10,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/cacheroute/cacheroute/internal/sim"
 )
 
 func TestParsePortRange(t *testing.T) {
@@ -75,12 +73,8 @@ func TestPortRangeConfinesEveryListenerOfTheRun(t *testing.T) {
 	}
 	r := PortRange{Lo: base, Hi: base + 39}
 	w := tinyAgent(t, 4, 3)
-	simCfg := sim.DefaultConfig()
-	simCfg.TimeScale = 0.05
-	policies, err := ParsePolicies([]string{"round_robin,cache_aware," + OraclePolicy}, SessionHeader)
-	if err != nil {
-		t.Fatal(err)
-	}
+	simCfg := scaledSim(0.05)
+	policies := mustPolicies(t, []string{"round_robin,cache_aware," + OraclePolicy}, SessionHeader)
 
 	var mu sync.Mutex
 	seen := map[int]bool{}
@@ -146,10 +140,5 @@ func TestPortRangeTooSmallIsRefusedBeforeTheRun(t *testing.T) {
 // tinyAgent is an agent workload of short sessions with little shared prefix.
 func tinyAgent(t *testing.T, sessions, turns int) Workload {
 	t.Helper()
-	w, err := Agent(AgentConfig{Sessions: sessions, Turns: turns, SharedPrefixTokens: 64, ToolSets: 1, TaskTokens: 100,
-		ToolResult: Dist{Kind: "fixed", A: 50}, OutputTokens: 8, Seed: 5})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return w
+	return shortAgent(t, sessions, turns, 5)
 }

@@ -6,8 +6,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/cacheroute/cacheroute/internal/sim"
 )
 
 // TestKVEventsBenchCountsTokenizeCallsPerRequest: with --kv-events, each entry reports its routers'
@@ -15,17 +13,9 @@ import (
 // tokenized (a new prompt each turn, so once each), requests with one only on their session's
 // first turn; the text table shows the figure.
 func TestKVEventsBenchCountsTokenizeCallsPerRequest(t *testing.T) {
-	ps, err := ParsePolicies([]string{"ids=cache_aware", "none=cache_aware:none"}, SessionHeader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	simCfg := sim.DefaultConfig()
-	simCfg.TimeScale = 0.01
-	rep, err := Run(t.Context(), Options{Workload: replayAgent(t, 4), Policies: ps, Workers: 2, Sim: simCfg,
+	ps := mustPolicies(t, []string{"ids=cache_aware", "none=cache_aware:none"}, SessionHeader)
+	rep := mustRun(t, Options{Workload: replayAgent(t, 4), Policies: ps, Workers: 2, Sim: scaledSim(0.01),
 		KVEvents: true, Concurrency: 1, Timeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ids, none := rep.Targets[0], rep.Targets[1]
 	for _, tr := range []TargetReport{ids, none} {
 		if tr.Errors != 0 || tr.TokenizeCallsPerRequest == nil || tr.TokenizeCachedPerRequest == nil {
@@ -65,17 +55,9 @@ func TestKVEventsBenchCountsTokenizeCallsPerRequest(t *testing.T) {
 // TestBenchWithoutKVEventsReportsNoTokenizeCalls: an entry whose routers do not route on events
 // has no tokenize figure, rather than a 0 that would read as free.
 func TestBenchWithoutKVEventsReportsNoTokenizeCalls(t *testing.T) {
-	ps, err := ParsePolicies([]string{"cache_aware:none"}, SessionHeader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	simCfg := sim.DefaultConfig()
-	simCfg.TimeScale = 0.01
-	rep, err := Run(t.Context(), Options{Workload: replayAgent(t, 2), Policies: ps, Workers: 2, Sim: simCfg,
+	ps := mustPolicies(t, []string{"cache_aware:none"}, SessionHeader)
+	rep := mustRun(t, Options{Workload: replayAgent(t, 2), Policies: ps, Workers: 2, Sim: scaledSim(0.01),
 		Concurrency: 1, Timeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if tr := rep.Targets[0]; tr.TokenizeCallsPerRequest != nil {
 		t.Fatalf("tokenize calls %v per request without --kv-events", *tr.TokenizeCallsPerRequest)
 	}

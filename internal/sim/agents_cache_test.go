@@ -69,27 +69,47 @@ func stepItems(s agentStep) []any {
 	return items
 }
 
+// responsesClient is a Responses client's side of one conversation. With chain, each request
+// sends only its new items after previous_response_id, the worker holding the rest; without, it
+// resends the whole conversation and asks nothing to be stored.
+type responsesClient struct {
+	chain bool
+	input []any // the conversation so far, for a full resend
+	prev  string
+}
+
+// create sends items, the conversation's new input, with body's other fields, and returns the
+// answer.
+func (c *responsesClient) create(t *testing.T, w *Worker, body map[string]any, items []any) respReply {
+	t.Helper()
+	if c.chain {
+		body["input"] = items
+		if c.prev != "" {
+			body["previous_response_id"] = c.prev
+		}
+	} else {
+		c.input = append(c.input, items...)
+		body["input"] = c.input
+		body["store"] = false
+	}
+	r := createResponse(t, w, body)
+	c.prev = r.ID
+	return r
+}
+
+// answered adds the assistant's output to the conversation a full resend sends again (a chained
+// request finds it in the stored response).
+func (c *responsesClient) answered(items ...any) { c.input = append(c.input, items...) }
+
 func runResponses(t *testing.T, system string, steps []agentStep, chain bool) []turnUsage {
 	w := newWorker(t, testConfig())
-	var input []any
-	prev := ""
+	c := responsesClient{chain: chain}
 	var out []turnUsage
 	for _, s := range steps {
-		body := map[string]any{"instructions": system, "tools": []any{responsesWeatherTool()}, "tool_choice": "none", "max_output_tokens": 20, "ignore_eos": true}
-		if chain {
-			body["input"] = stepItems(s)
-			if prev != "" {
-				body["previous_response_id"] = prev
-			}
-		} else {
-			input = append(input, stepItems(s)...)
-			body["input"] = input
-			body["store"] = false
-		}
-		r := createResponse(t, w, body)
+		r := c.create(t, w, map[string]any{"instructions": system, "tools": []any{responsesWeatherTool()}, "tool_choice": "none",
+			"max_output_tokens": 20, "ignore_eos": true}, stepItems(s))
 		out = append(out, turnUsage{r.Usage.InputTokens, r.Usage.InputTokensDetails.CachedTokens, r.text()})
-		prev = r.ID
-		input = append(input, map[string]any{"role": "assistant", "content": r.text()})
+		c.answered(map[string]any{"role": "assistant", "content": r.text()})
 	}
 	return out
 }
@@ -146,109 +166,74 @@ func TestSameConversationSameCacheAcrossChatResponsesAndMessages(t *testing.T) {
 func TestSimToolCallsCacheAlikeInChatResponsesAndMessages(t *testing.T) {
 	const system = "You are an agent."
 	tasks := []string{words("task0", 300), "now the second task", "and the third"}
-	type reqUsage struct {
-		prompt, cached int
-		call           string // name and arguments of the call, or ""
-	}
-
-	messages := func() []reqUsage {
+	messages := func() []toolUsage {
 		w := newWorker(t, fullReplies())
 		var msgs []any
-		var out []reqUsage
-		for _, task := range tasks {
-			msgs = append(msgs, map[string]any{"role": "user", "content": task})
-			for round := 0; ; round++ {
-				if round == 4 {
-					t.Fatalf("messages: the tool loop does not end: %+v", out)
-				}
-				r := createMessage(t, w, map[string]any{"system": system, "tools": []any{messagesWeatherTool()}, "max_tokens": 48, "messages": msgs})
-				u := reqUsage{prompt: r.prompt(), cached: r.Usage.CacheReadInputTokens}
-				if r.StopReason != "tool_use" {
-					out = append(out, u)
-					msgs = append(msgs, map[string]any{"role": "assistant", "content": r.text()})
-					break
-				}
-				c := r.Content[0]
-				u.call = c.Name + compactJSON(t, c.Input)
-				out = append(out, u)
-				msgs = append(msgs,
-					map[string]any{"role": "assistant", "content": []any{map[string]any{"type": "tool_use", "id": c.ID, "name": c.Name, "input": c.Input}}},
-					map[string]any{"role": "user", "content": []any{map[string]any{"type": "tool_result", "tool_use_id": c.ID, "content": "result"}}})
+		return runToolLoop(t, "messages", tasks, func(task string) toolUsage {
+			if task != "" {
+				msgs = append(msgs, map[string]any{"role": "user", "content": task})
 			}
-		}
-		return out
+			r := createMessage(t, w, map[string]any{"system": system, "tools": []any{messagesWeatherTool()}, "max_tokens": 48, "messages": msgs})
+			u := toolUsage{prompt: r.prompt(), cached: r.Usage.CacheReadInputTokens}
+			if r.StopReason != "tool_use" {
+				msgs = append(msgs, map[string]any{"role": "assistant", "content": r.text()})
+				return u
+			}
+			c := r.Content[0]
+			u.call = c.Name + compactJSON(t, c.Input)
+			msgs = append(msgs,
+				map[string]any{"role": "assistant", "content": []any{map[string]any{"type": "tool_use", "id": c.ID, "name": c.Name, "input": c.Input}}},
+				map[string]any{"role": "user", "content": []any{map[string]any{"type": "tool_result", "tool_use_id": c.ID, "content": "result"}}})
+			return u
+		})
 	}
 
-	chat := func() []reqUsage {
+	chat := func() []toolUsage {
 		w := newWorker(t, fullReplies())
 		msgs := []any{map[string]any{"role": "system", "content": system}}
-		var out []reqUsage
-		for _, task := range tasks {
-			msgs = append(msgs, map[string]any{"role": "user", "content": task})
-			for round := 0; ; round++ {
-				if round == 4 {
-					t.Fatalf("chat: the tool loop does not end: %+v", out)
-				}
-				rec := do(t, w, "POST", "/v1/chat/completions", jsonBody(t, map[string]any{"messages": msgs,
-					"tools": []any{chatWeatherTool()}, "tool_choice": "auto", "max_tokens": 48}))
-				var r chatToolReply
-				if err := json.Unmarshal(rec.Body.Bytes(), &r); err != nil || rec.Code != 200 || len(r.Choices) != 1 {
-					t.Fatalf("chat: %d %s", rec.Code, rec.Body)
-				}
-				u := reqUsage{prompt: r.Usage.PromptTokens, cached: r.Usage.PromptTokensDetails.CachedTokens}
-				if r.Choices[0].FinishReason != "tool_calls" {
-					out = append(out, u)
-					msgs = append(msgs, map[string]any{"role": "assistant", "content": r.text(t)})
-					break
-				}
-				c := r.call(t)
-				u.call = c.Function.Name + compactJSON(t, []byte(c.Function.Arguments))
-				out = append(out, u)
-				msgs = append(msgs, chatAssistantCall(c), chatToolResult(c, "result"))
+		return runToolLoop(t, "chat", tasks, func(task string) toolUsage {
+			if task != "" {
+				msgs = append(msgs, map[string]any{"role": "user", "content": task})
 			}
-		}
-		return out
+			rec := do(t, w, "POST", "/v1/chat/completions", jsonBody(t, map[string]any{"messages": msgs,
+				"tools": []any{chatWeatherTool()}, "tool_choice": "auto", "max_tokens": 48}))
+			var r chatToolReply
+			if err := json.Unmarshal(rec.Body.Bytes(), &r); err != nil || rec.Code != 200 || len(r.Choices) != 1 {
+				t.Fatalf("chat: %d %s", rec.Code, rec.Body)
+			}
+			u := toolUsage{prompt: r.Usage.PromptTokens, cached: r.Usage.PromptTokensDetails.CachedTokens}
+			if r.Choices[0].FinishReason != "tool_calls" {
+				msgs = append(msgs, map[string]any{"role": "assistant", "content": r.text(t)})
+				return u
+			}
+			c := r.call(t)
+			u.call = c.Function.Name + compactJSON(t, []byte(c.Function.Arguments))
+			msgs = append(msgs, chatAssistantCall(c), chatToolResult(c, "result"))
+			return u
+		})
 	}
 
-	responses := func(chain bool) []reqUsage {
+	responses := func(chain bool) []toolUsage {
 		w := newWorker(t, fullReplies())
-		var input, turn []any
-		prev := ""
-		var out []reqUsage
-		for _, task := range tasks {
-			turn = append(turn, map[string]any{"role": "user", "content": task})
-			for round := 0; ; round++ {
-				if round == 4 {
-					t.Fatalf("responses: the tool loop does not end: %+v", out)
-				}
-				body := map[string]any{"instructions": system, "tools": []any{responsesWeatherTool()}, "max_output_tokens": 48}
-				if chain {
-					body["input"] = turn
-					if prev != "" {
-						body["previous_response_id"] = prev
-					}
-				} else {
-					input = append(input, turn...)
-					body["input"] = input
-					body["store"] = false
-				}
-				turn = nil
-				r := createResponse(t, w, body)
-				prev = r.ID
-				u := reqUsage{prompt: r.Usage.InputTokens, cached: r.Usage.InputTokensDetails.CachedTokens}
-				o := r.Output[0]
-				if o.Type != "function_call" {
-					out = append(out, u)
-					input = append(input, map[string]any{"role": "assistant", "content": r.text()})
-					break
-				}
-				u.call = o.Name + compactJSON(t, []byte(o.Arguments))
-				out = append(out, u)
-				input = append(input, map[string]any{"type": "function_call", "call_id": o.CallID, "name": o.Name, "arguments": o.Arguments})
-				turn = append(turn, map[string]any{"type": "function_call_output", "call_id": o.CallID, "output": "result"})
+		c := responsesClient{chain: chain}
+		var turn []any // the items sent after the last response: the task, or a call's output
+		return runToolLoop(t, "responses", tasks, func(task string) toolUsage {
+			if task != "" {
+				turn = append(turn, map[string]any{"role": "user", "content": task})
 			}
-		}
-		return out
+			r := c.create(t, w, map[string]any{"instructions": system, "tools": []any{responsesWeatherTool()}, "max_output_tokens": 48}, turn)
+			turn = nil
+			u := toolUsage{prompt: r.Usage.InputTokens, cached: r.Usage.InputTokensDetails.CachedTokens}
+			o := r.Output[0]
+			if o.Type != "function_call" {
+				c.answered(map[string]any{"role": "assistant", "content": r.text()})
+				return u
+			}
+			u.call = o.Name + compactJSON(t, []byte(o.Arguments))
+			c.answered(map[string]any{"type": "function_call", "call_id": o.CallID, "name": o.Name, "arguments": o.Arguments})
+			turn = append(turn, map[string]any{"type": "function_call_output", "call_id": o.CallID, "output": "result"})
+			return u
+		})
 	}
 
 	want := messages()
@@ -281,6 +266,36 @@ func TestAgentRoutesMethods(t *testing.T) {
 			t.Errorf("%s %s: %d, want 405", req.method, req.path, rec.Code)
 		}
 	}
+}
+
+// toolUsage is what one request of a tool loop cost, and the call it made: its name and compacted
+// arguments, or "" when the request was answered.
+type toolUsage struct {
+	prompt, cached int
+	call           string
+}
+
+// runToolLoop drives one API's tool loop over tasks and returns each request's usage. For each
+// task it calls send with the task, then with "" after each call send reports, until send
+// reports an answer; a task still calling after 4 requests fails the test, as the loop would not
+// end.
+func runToolLoop(t *testing.T, api string, tasks []string, send func(task string) toolUsage) []toolUsage {
+	t.Helper()
+	var out []toolUsage
+	for _, task := range tasks {
+		for round := 0; ; round++ {
+			if round == 4 {
+				t.Fatalf("%s: the tool loop does not end: %+v", api, out)
+			}
+			u := send(task)
+			out = append(out, u)
+			if u.call == "" {
+				break
+			}
+			task = ""
+		}
+	}
+	return out
 }
 
 // compactJSON is a call's arguments compacted, so that calls compare alike whether a client got

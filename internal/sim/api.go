@@ -175,6 +175,22 @@ func contentText(raw json.RawMessage) (string, error) {
 	}
 }
 
+// textOrList reads a content field of the Messages or Responses API (absent, null, a string or
+// a list of blocks or parts): a list it decodes into elems with list true; anything else it
+// reduces to text as a chat content (contentText). what names the list's elements ("blocks",
+// "parts") in the error a malformed list gets.
+func textOrList[T any](raw json.RawMessage, what string) (text string, elems []T, list bool, err error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || raw[0] != '[' {
+		text, err = contentText(raw)
+		return text, nil, false, err
+	}
+	if err := json.Unmarshal(raw, &elems); err != nil {
+		return "", nil, true, errors.New("expected a string or a list of content " + what)
+	}
+	return "", elems, true, nil
+}
+
 // toolsJSON returns the request's tools as compact JSON, or nil.
 func toolsJSON(raw json.RawMessage) ([]byte, error) {
 	raw = bytes.TrimSpace(raw)

@@ -23,11 +23,7 @@ const (
 // decodeRequest reads the body into req and resolves the model it names. On failure it has
 // already answered the client and returns false.
 func (w *Worker) decodeRequest(rw http.ResponseWriter, r *http.Request, req interface{ modelName() string }) (string, bool) {
-	body, err := readBody(rw, r)
-	if err == nil {
-		err = decodeJSON(body, req)
-	}
-	if err != nil {
+	if err := readJSON(rw, r, req); err != nil {
 		w.writeClientError(rw, err)
 		return "", false
 	}

@@ -167,6 +167,16 @@ func clockedConfig() (Config, *ManualClock) {
 	return cfg, clock
 }
 
+// flatPrefillConfig is clockedConfig with every prefill taking 10 ms of the clock whatever the
+// prompt's length, so that a test moves requests through prefill by advancing the clock in
+// whole prefills.
+func flatPrefillConfig() (Config, *ManualClock) {
+	cfg, clock := clockedConfig()
+	cfg.PrefillOverhead = 10 * time.Millisecond
+	cfg.PrefillTimePerToken = 0
+	return cfg, clock
+}
+
 // fullReplies is testConfig with replies that run to max tokens unless a
 // tool call ends them: for tests that need a reply long enough to fill a
 // block of the cache.

@@ -48,10 +48,8 @@ func TestWorker_TTFTGrowsWithUncachedTokens(t *testing.T) {
 }
 
 func TestWorker_QueuesPastMaxNumSeqs(t *testing.T) {
-	cfg, clock := clockedConfig()
+	cfg, clock := flatPrefillConfig()
 	cfg.MaxNumSeqs = 2
-	cfg.PrefillOverhead = 10 * time.Millisecond
-	cfg.PrefillTimePerToken = 0
 	w := newWorker(t, cfg)
 	rs := collect(w)
 
@@ -126,10 +124,8 @@ func TestWorker_QueueIsFIFO(t *testing.T) {
 }
 
 func TestWorker_TimeScaleMultipliesSleeps(t *testing.T) {
-	cfg, clock := clockedConfig()
+	cfg, clock := flatPrefillConfig()
 	cfg.TimeScale = 0.5
-	cfg.PrefillOverhead = 10 * time.Millisecond
-	cfg.PrefillTimePerToken = 0
 	w := newWorker(t, cfg)
 	rs := collect(w)
 	done := make(chan struct{})

@@ -182,11 +182,7 @@ type loraRequest struct {
 // readLoRARequest decodes a load or unload body; on failure it has answered the client.
 func (w *Worker) readLoRARequest(rw http.ResponseWriter, r *http.Request) (loraRequest, bool) {
 	var req loraRequest
-	body, err := readBody(rw, r)
-	if err == nil {
-		err = decodeJSON(body, &req)
-	}
-	if err != nil {
+	if err := readJSON(rw, r, &req); err != nil {
 		w.writeClientError(rw, err)
 		return req, false
 	}

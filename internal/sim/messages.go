@@ -3,7 +3,6 @@ package sim
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"strings"
 
@@ -137,21 +136,16 @@ func (r *messagesRequest) conversation() ([]prompt.Message, error) {
 		default:
 			return nil, badf("messages.%d.role: Input should be 'user', 'assistant' or 'system'", i)
 		}
-		raw := bytes.TrimSpace(m.Content)
-		if len(raw) == 0 || raw[0] != '[' {
-			text, err := contentText(raw)
-			if err != nil {
-				return nil, badf("messages.%d.content: %v", i, err)
-			}
+		text, blocks, list, err := textOrList[anthropicBlock](m.Content, "blocks")
+		if err != nil {
+			return nil, badf("messages.%d.content: %v", i, err)
+		}
+		if !list {
 			if m.Role == "user" {
 				r.lastUser = len(msgs)
 			}
 			msgs = append(msgs, prompt.Message{Role: m.Role, Content: text})
 			continue
-		}
-		var blocks []anthropicBlock
-		if err := json.Unmarshal(raw, &blocks); err != nil {
-			return nil, badf("messages.%d.content: expected a string or a list of content blocks", i)
 		}
 		if m.Role == "assistant" {
 			msgs = append(msgs, assistantBlocks(blocks))
@@ -233,13 +227,9 @@ func blockText(b *anthropicBlock) string {
 // or a list of blocks) to text as vLLM does: its text blocks concatenated,
 // Claude Code's billing header block (a hash of each request) left out.
 func systemText(raw json.RawMessage) (string, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || raw[0] != '[' {
-		return contentText(raw)
-	}
-	var blocks []anthropicBlock
-	if err := json.Unmarshal(raw, &blocks); err != nil {
-		return "", errors.New("expected a string or a list of content blocks")
+	text, blocks, list, err := textOrList[anthropicBlock](raw, "blocks")
+	if !list || err != nil {
+		return text, err
 	}
 	var b strings.Builder
 	for k := range blocks {
@@ -258,14 +248,9 @@ const billingHeader = "x-anthropic-billing-header"
 // of blocks) as vLLM does: its text blocks joined by newlines, and its images
 // apart, rendered for the user message that follows the tool message.
 func toolResultText(raw json.RawMessage) (text, images string, err error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || raw[0] != '[' {
-		text, err = contentText(raw)
+	text, blocks, list, err := textOrList[anthropicBlock](raw, "blocks")
+	if !list || err != nil {
 		return text, "", err
-	}
-	var blocks []anthropicBlock
-	if err := json.Unmarshal(raw, &blocks); err != nil {
-		return "", "", errors.New("expected a string or a list of content blocks")
 	}
 	var texts []string
 	var img strings.Builder
@@ -328,21 +313,18 @@ func anthropicToolChoice(raw json.RawMessage) (toolChoice, error) {
 // writeMessagesError writes err as a 400 in Anthropic's shape when it is a
 // badRequest, else as a 500.
 func (w *Worker) writeMessagesError(rw http.ResponseWriter, err error) {
-	var bad *badRequest
-	if errors.As(err, &bad) {
-		w.writeAnthropicError(rw, http.StatusBadRequest, "invalid_request_error", bad.msg)
-		return
+	code, msg := errorStatus(err)
+	typ := "invalid_request_error"
+	if code >= 500 {
+		typ = "api_error"
 	}
-	w.writeAnthropicError(rw, http.StatusInternalServerError, "api_error", err.Error())
+	w.writeAnthropicError(rw, code, typ, msg)
 }
 
 // readMessages decodes a Messages API body and renders its prompt into seq.
 // On failure it has answered the client and returns ok false.
 func (w *Worker) readMessages(rw http.ResponseWriter, r *http.Request, req *messagesRequest, seq *prompt.Sequence) (model string, msgs []prompt.Message, specs []toolSpec, choice toolChoice, ok bool) {
-	body, err := readBody(rw, r)
-	if err == nil {
-		err = decodeJSON(body, req)
-	}
+	err := readJSON(rw, r, req)
 	if err != nil {
 		w.writeMessagesError(rw, err)
 		return

@@ -272,16 +272,9 @@ func appendResponsesItems(msgs []prompt.Message, items []responsesItem) ([]promp
 // firstPartText is what vLLM takes of an assistant message's content: a
 // string, or its first part's text.
 func firstPartText(raw json.RawMessage) (string, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || raw[0] != '[' {
-		return contentText(raw)
-	}
-	var parts []responsesPart
-	if err := json.Unmarshal(raw, &parts); err != nil {
-		return "", errors.New("expected a string or a list of content parts")
-	}
-	if len(parts) == 0 {
-		return "", nil
+	text, parts, list, err := textOrList[responsesPart](raw, "parts")
+	if !list || err != nil || len(parts) == 0 {
+		return text, err
 	}
 	return parts[0].Text, nil
 }
@@ -318,13 +311,9 @@ func appendOutputItems(msgs []prompt.Message, output []any) []prompt.Message {
 // responsesContentText reduces a message content or a function call output
 // (absent, a string or a list of parts) to text.
 func responsesContentText(raw json.RawMessage) (string, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || raw[0] != '[' {
-		return contentText(raw) // absent, null or a string
-	}
-	var parts []responsesPart
-	if err := json.Unmarshal(raw, &parts); err != nil {
-		return "", errors.New("expected a string or a list of content parts")
+	text, parts, list, err := textOrList[responsesPart](raw, "parts")
+	if !list || err != nil {
+		return text, err
 	}
 	var b strings.Builder
 	for _, p := range parts {
@@ -401,12 +390,8 @@ func responsesToolChoice(raw json.RawMessage) (toolChoice, json.RawMessage, erro
 // writeResponsesError writes err as a 400 in OpenAI's shape when it is a
 // badRequest, else as a 500.
 func (w *Worker) writeResponsesError(rw http.ResponseWriter, err error) {
-	var bad *badRequest
-	if errors.As(err, &bad) {
-		w.writeOpenAIError(rw, http.StatusBadRequest, "BadRequestError", bad.msg)
-		return
-	}
-	w.writeOpenAIError(rw, http.StatusInternalServerError, "InternalServerError", err.Error())
+	code, msg := errorStatus(err)
+	w.writeOpenAIError(rw, code, openAIErrorType(code), msg)
 }
 
 // writeResponseNotFound answers an id the worker does not hold, as vLLM does.
@@ -416,11 +401,7 @@ func (w *Worker) writeResponseNotFound(rw http.ResponseWriter, id string) {
 
 func (w *Worker) handleResponses(rw http.ResponseWriter, r *http.Request) {
 	var req responsesRequest
-	body, err := readBody(rw, r)
-	if err == nil {
-		err = decodeJSON(body, &req)
-	}
-	if err != nil {
+	if err := readJSON(rw, r, &req); err != nil {
 		w.writeResponsesError(rw, err)
 		return
 	}

@@ -216,6 +216,16 @@ func readBody(rw http.ResponseWriter, r *http.Request) ([]byte, error) {
 	return body, nil
 }
 
+// readJSON reads the bounded request body and decodes it into v: every failure is a badRequest
+// that says what was wrong.
+func readJSON(rw http.ResponseWriter, r *http.Request, v any) error {
+	body, err := readBody(rw, r)
+	if err != nil {
+		return err
+	}
+	return decodeJSON(body, v)
+}
+
 // resolveModel returns the model a request names; an empty name means the
 // first served model.
 func (w *Worker) resolveModel(name string) (string, bool) {
@@ -259,19 +269,30 @@ func (w *Worker) fitContext(promptTokens, maxTokens int) (int, error) {
 	return min(maxTokens, limit-promptTokens), nil
 }
 
-// writeError writes a vLLM-style error body.
+// writeError writes a vLLM-style error body of the type vLLM gives code.
 func (w *Worker) writeError(rw http.ResponseWriter, code int, msg string) {
-	typ := "BadRequestError"
+	w.writeTypedError(rw, code, openAIErrorType(code), msg)
+}
+
+// openAIErrorType is the error type vLLM's OpenAI-compatible server names for status code.
+func openAIErrorType(code int) string {
 	switch {
 	case code == http.StatusNotFound:
-		typ = "NotFoundError"
+		return "NotFoundError"
 	case code >= 500:
-		typ = "InternalServerError"
+		return "InternalServerError"
 	}
-	if code < 500 {
-		w.count(func(s *Stats) { s.Rejected++ })
+	return "BadRequestError"
+}
+
+// errorStatus is the answer an error met while serving a request gets: a badRequest is the
+// client's, a 400 with its message; anything else is the worker's, a 500 with err's text.
+func errorStatus(err error) (code int, msg string) {
+	var bad *badRequest
+	if errors.As(err, &bad) {
+		return http.StatusBadRequest, bad.msg
 	}
-	writeJSON(rw, code, errorBody{Object: "error", Message: msg, Type: typ, Param: nil, Code: code})
+	return http.StatusInternalServerError, err.Error()
 }
 
 // writeOpenAIError writes an error in OpenAI's nested shape, the one vLLM's
@@ -306,12 +327,8 @@ func (w *Worker) writeAnthropicError(rw http.ResponseWriter, code int, typ, msg 
 
 // writeClientError reports err as 400 when it is a badRequest, else 500.
 func (w *Worker) writeClientError(rw http.ResponseWriter, err error) {
-	var bad *badRequest
-	if errors.As(err, &bad) {
-		w.writeError(rw, http.StatusBadRequest, bad.msg)
-		return
-	}
-	w.writeError(rw, http.StatusInternalServerError, err.Error())
+	code, msg := errorStatus(err)
+	w.writeError(rw, code, msg)
 }
 
 func (w *Worker) writeUnknownModel(rw http.ResponseWriter, model string) {

@@ -97,23 +97,29 @@ func TestRenderChat_Format(t *testing.T) {
 // reply tokens and AssistantEnd is, token for token, the start of the
 // rendered turn 2.
 func TestRenderChat_ReplyIsPrefixOfNextTurn(t *testing.T) {
+	checkReplyStartsNextTurn(t, nil, []string{"the", " bug", " is", " on", " a", " row"},
+		Message{Role: "assistant", Content: "the bug is on a row"}, Message{Role: "user", Content: "Fix it"})
+}
+
+// checkReplyStartsNextTurn checks the property the prefix cache depends on: turn 1, conversation()
+// rendered with tools and followed by the generated reply tokens and AssistantEnd, is token for
+// token the start of turn 2, conversation() followed by next rendered with the same tools.
+func checkReplyStartsNextTurn(t *testing.T, tools []byte, generated []string, next ...Message) {
+	t.Helper()
 	var turn1 Sequence
-	RenderChat(&turn1, nil, conversation(), true)
-	for _, tok := range []string{"the", " bug", " is", " on", " a", " row"} {
+	RenderChat(&turn1, tools, conversation(), true)
+	for _, tok := range generated {
 		turn1.AppendToken(tok)
 	}
 	turn1.AppendText(AssistantEnd)
 
-	reply := "the bug is on a row"
-	msgs2 := append(conversation(), Message{Role: "assistant", Content: reply}, Message{Role: "user", Content: "Fix it"})
 	var turn2 Sequence
-	RenderChat(&turn2, nil, msgs2, true)
-
+	RenderChat(&turn2, tools, append(conversation(), next...), true)
 	if !strings.HasPrefix(string(turn2.Text), string(turn1.Text)) {
 		t.Fatalf("turn 2 text does not start with turn 1 + reply:\n%q\n%q", turn2.Text, turn1.Text)
 	}
 	if !reflect.DeepEqual(turn2.Ends[:turn1.Len()], turn1.Ends) {
-		t.Fatalf("turn 2 tokens differ from turn 1 + reply within the shared prefix")
+		t.Fatal("turn 2 tokens differ from turn 1 + reply within the shared prefix")
 	}
 }
 
@@ -131,23 +137,9 @@ func TestRenderIDs(t *testing.T) {
 // of turn 2, which sends the call back and its result.
 func TestAppendToolCall_ReplyIsPrefixOfNextTurn(t *testing.T) {
 	tools := []byte(`[{"type":"function","function":{"name":"read"}}]`)
-	var turn1 Sequence
-	RenderChat(&turn1, tools, conversation(), true)
 	call := ToolCall{Name: "read", Arguments: `{"path":"main.go","n":1}`}
-	for _, tok := range Tokenize(string(AppendToolCall(nil, call))) {
-		turn1.AppendToken(tok)
-	}
-	turn1.AppendText(AssistantEnd)
-
-	msgs2 := append(conversation(), Message{Role: "assistant", ToolCalls: []ToolCall{call}}, Message{Role: "tool", Content: "package main"})
-	var turn2 Sequence
-	RenderChat(&turn2, tools, msgs2, true)
-	if !strings.HasPrefix(string(turn2.Text), string(turn1.Text)) {
-		t.Fatalf("turn 2 text does not start with turn 1 + call:\n%q\n%q", turn2.Text, turn1.Text)
-	}
-	if !reflect.DeepEqual(turn2.Ends[:turn1.Len()], turn1.Ends) {
-		t.Fatal("turn 2 tokens differ from turn 1 + call within the shared prefix")
-	}
+	checkReplyStartsNextTurn(t, tools, Tokenize(string(AppendToolCall(nil, call))),
+		Message{Role: "assistant", ToolCalls: []ToolCall{call}}, Message{Role: "tool", Content: "package main"})
 }
 
 func TestTokenID_EqualTokensEqualIDsAndIDPromptsKeepTheirIDs(t *testing.T) {
