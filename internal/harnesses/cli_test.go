@@ -63,12 +63,7 @@ func TestClaudeCodeSessionStaysOnOneWorkerWithAGrowingCacheHit(t *testing.T) {
 				}
 				turns = append(turns, func() { run(t, project, env, claude, args...) })
 			}
-			got := rg.session(t, "/v1/messages", turns)
-			report(t, "claude", policy, got, rg.simRequests())
-			rg.trap.check(t)
-			if policy == "cache_aware" {
-				checkStickyAndCached(t, got, rg.simRequests())
-			}
+			rg.checkSession(t, "claude", policy, "/v1/messages", turns)
 		})
 	}
 }
@@ -98,12 +93,7 @@ func TestCodexExecAndResumeStayOnOneWorkerWithAGrowingCacheHit(t *testing.T) {
 					run(t, project, env, codex, "exec", "resume", "--last", "--skip-git-repo-check", "thanks, summarize that in one line")
 				},
 			}
-			got := rg.session(t, "/v1/responses", turns)
-			report(t, "codex", policy, got, rg.simRequests())
-			rg.trap.check(t)
-			if policy == "cache_aware" {
-				checkStickyAndCached(t, got, rg.simRequests())
-			}
+			rg.checkSession(t, "codex", policy, "/v1/responses", turns)
 		})
 	}
 }

@@ -496,6 +496,19 @@ func checkStickyAndCached(t *testing.T, turns []turn, simRequests []int64) {
 	}
 }
 
+// checkSession runs the turns of the CLI name's session through rg, which routes by policy, logs
+// the session's figures, fails on anything that got past the router to the trap, and under
+// cache_aware checks what that policy promises a session (checkStickyAndCached).
+func (rg *rig) checkSession(t *testing.T, name, policy, route string, turns []func()) {
+	t.Helper()
+	got := rg.session(t, route, turns)
+	report(t, name, policy, got, rg.simRequests())
+	rg.trap.check(t)
+	if policy == "cache_aware" {
+		checkStickyAndCached(t, got, rg.simRequests())
+	}
+}
+
 // policies are the policies the tests run each CLI through: cache_aware, plus those listed in
 // $CACHEROUTE_AGENT_POLICIES (comma-separated, e.g. round_robin) for a comparison of the figures
 // the tests log. Only cache_aware is held to one worker and a growing cache hit.
