@@ -69,10 +69,8 @@ func TestAdmit_NoQueueRejectsWhatCannotStart(t *testing.T) {
 
 func TestAdmit_FullQueueDisplacesTheNewestLowerPriorityRequest(t *testing.T) {
 	c := newController(t, admission.Options{MaxInFlight: 1, QueueSize: 2, Priorities: threeLevels})
-	hold := mustAdmit(t, c, admission.Ticket{})
-	out := make(chan outcome, 3)
-	enqueue(t, c, "batch-old", admission.Ticket{Tenant: "b", Priority: "batch"}, out)
-	enqueue(t, c, "batch-new", admission.Ticket{Tenant: "b", Priority: "batch"}, out)
+	batch := admission.Ticket{Tenant: "b", Priority: "batch"}
+	hold, out := occupy(t, c, waiter{"batch-old", batch}, waiter{"batch-new", batch})
 
 	arriveAtFullQueue(t, c, "interactive", admission.Ticket{Tenant: "u", Priority: "interactive"}, out, "batch-new")
 	if c.Queued() != 2 {
@@ -86,12 +84,8 @@ func TestAdmit_FullQueueDisplacesTheNewestLowerPriorityRequest(t *testing.T) {
 
 func TestAdmit_FullQueueDisplacesTheFloodingTenantOnly(t *testing.T) {
 	c := newController(t, admission.Options{MaxInFlight: 1, QueueSize: 4})
-	hold := mustAdmit(t, c, admission.Ticket{})
-	out := make(chan outcome, 5)
-	for _, id := range []string{"a0", "a1", "a2"} {
-		enqueue(t, c, id, admission.Ticket{Tenant: "a"}, out)
-	}
-	enqueue(t, c, "c0", admission.Ticket{Tenant: "c"}, out)
+	a := admission.Ticket{Tenant: "a"}
+	hold, out := occupy(t, c, waiter{"a0", a}, waiter{"a1", a}, waiter{"a2", a}, waiter{"c0", admission.Ticket{Tenant: "c"}})
 
 	// b has none waiting, a has three: a's newest makes room, not c's only request.
 	arriveAtFullQueue(t, c, "b0", admission.Ticket{Tenant: "b"}, out, "a2")
@@ -107,10 +101,8 @@ func TestAdmit_FullQueueDisplacesTheFloodingTenantOnly(t *testing.T) {
 
 func TestAdmit_FullQueueRefusesALowerPriorityArrival(t *testing.T) {
 	c := newController(t, admission.Options{MaxInFlight: 1, QueueSize: 2, Priorities: threeLevels})
-	hold := mustAdmit(t, c, admission.Ticket{})
-	out := make(chan outcome, 2)
-	enqueue(t, c, "i0", admission.Ticket{Tenant: "a", Priority: "interactive"}, out)
-	enqueue(t, c, "i1", admission.Ticket{Tenant: "a", Priority: "interactive"}, out)
+	interactive := admission.Ticket{Tenant: "a", Priority: "interactive"}
+	hold, out := occupy(t, c, waiter{"i0", interactive}, waiter{"i1", interactive})
 
 	// The batch arrival's tenant has nothing waiting, but everything waiting outranks it.
 	_, err := admitBounded(t, c, admission.Ticket{Tenant: "b", Priority: "batch"})
