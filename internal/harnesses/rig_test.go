@@ -496,16 +496,23 @@ func checkStickyAndCached(t *testing.T, turns []turn, simRequests []int64) {
 	}
 }
 
-// checkSession runs the turns of the CLI name's session through rg, which routes by policy, logs
-// the session's figures, fails on anything that got past the router to the trap, and under
+// sessionUnderEachPolicy runs, for each of policies() in a subtest, one session of the CLI name:
+// a new rig routing by that policy, a new home and project, and the turns session returns for
+// them (each a function that runs one invocation, sending its requests to route). It logs the
+// session's figures, fails on anything that got past the router to the trap, and under
 // cache_aware checks what that policy promises a session (checkStickyAndCached).
-func (rg *rig) checkSession(t *testing.T, name, policy, route string, turns []func()) {
-	t.Helper()
-	got := rg.session(t, route, turns)
-	report(t, name, policy, got, rg.simRequests())
-	rg.trap.check(t)
-	if policy == "cache_aware" {
-		checkStickyAndCached(t, got, rg.simRequests())
+func sessionUnderEachPolicy(t *testing.T, name, route string, session func(t *testing.T, rg *rig, home, project string) []func()) {
+	for _, policy := range policies() {
+		t.Run(policy, func(t *testing.T) {
+			rg := startRig(t, policy)
+			home, project := newHome(t)
+			got := rg.session(t, route, session(t, rg, home, project))
+			report(t, name, policy, got, rg.simRequests())
+			rg.trap.check(t)
+			if policy == "cache_aware" {
+				checkStickyAndCached(t, got, rg.simRequests())
+			}
+		})
 	}
 }
 
