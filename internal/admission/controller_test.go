@@ -72,10 +72,7 @@ func TestAdmit_WithoutLimitsNeverQueues(t *testing.T) {
 
 func TestPermit_ReleaseCountsOnce(t *testing.T) {
 	c := newController(t, admission.Options{MaxInFlight: 1, QueueSize: 2})
-	hold := mustAdmit(t, c, admission.Ticket{})
-	out := make(chan outcome, 2)
-	enqueue(t, c, "first", admission.Ticket{}, out)
-	enqueue(t, c, "second", admission.Ticket{}, out)
+	hold, out := occupy(t, c, waiter{"first", admission.Ticket{}}, waiter{"second", admission.Ticket{}})
 
 	hold.Release()
 	hold.Release() // must not free a second place

@@ -65,6 +65,25 @@ func enqueue(t *testing.T, c *admission.Controller, id string, tk admission.Tick
 	testkit.WaitFor(t, "request "+id+" queued", func() bool { return c.Queued() == want })
 }
 
+// waiter is a request to queue: its id and its ticket.
+type waiter struct {
+	id string
+	tk admission.Ticket
+}
+
+// occupy fills c, which lets one request in at a time: it admits one and holds its permit, then
+// queues the waiting requests behind it in order. out, where their outcomes arrive, has room for
+// one more, an arrival's. The common start of the tests of a busy controller's queue.
+func occupy(t *testing.T, c *admission.Controller, waiting ...waiter) (hold *admission.Permit, out chan outcome) {
+	t.Helper()
+	hold = mustAdmit(t, c, admission.Ticket{})
+	out = make(chan outcome, len(waiting)+1)
+	for _, w := range waiting {
+		enqueue(t, c, w.id, w.tk, out)
+	}
+	return hold, out
+}
+
 // receive returns the next outcome, failing the test after patience.
 func receive(t *testing.T, out <-chan outcome) outcome {
 	t.Helper()

@@ -21,6 +21,23 @@ func rejection(t *testing.T, err error) *admission.Rejection {
 	return rej
 }
 
+// arriveAtFullQueue sends request id with tk to c, whose queue is full, and fails unless the first
+// request to return is the one named refused, turned away with queue_full: the arrival itself, or
+// the waiting request it displaced. It returns that refusal.
+func arriveAtFullQueue(t *testing.T, c *admission.Controller, id string, tk admission.Ticket, out chan outcome, refused string) *admission.Rejection {
+	t.Helper()
+	admitAsync(t.Context(), c, id, tk, out)
+	o := receive(t, out)
+	if o.id != refused {
+		t.Fatalf("%s returned first (%v), want %s refused", o.id, o.err, refused)
+	}
+	rej := rejection(t, o.err)
+	if rej.Reason != admission.QueueFull {
+		t.Fatalf("%s refused with %+v, want queue_full", o.id, rej)
+	}
+	return rej
+}
+
 func TestAdmit_FullQueueRejectsAtOnce(t *testing.T) {
 	rec := newRecorder()
 	c := newController(t, admission.Options{MaxInFlight: 1, QueueSize: 1, RetryAfter: 3 * time.Second, Reporter: rec})
@@ -29,14 +46,9 @@ func TestAdmit_FullQueueRejectsAtOnce(t *testing.T) {
 	enqueue(t, c, "queued", admission.Ticket{Tenant: "a"}, out)
 
 	// No QueueTimeout and a context that never ends: only an immediate answer returns.
-	admitAsync(t.Context(), c, "over", admission.Ticket{Tenant: "a"}, out)
-	o := receive(t, out)
-	if o.id != "over" {
-		t.Fatalf("%s returned first, want the request over the queue's size", o.id)
-	}
-	rej := rejection(t, o.err)
-	if rej.Reason != admission.QueueFull || rej.RetryAfter != 3*time.Second {
-		t.Fatalf("rejection %+v, want queue_full with Retry-After 3s", rej)
+	rej := arriveAtFullQueue(t, c, "over", admission.Ticket{Tenant: "a"}, out, "over")
+	if rej.RetryAfter != 3*time.Second {
+		t.Fatalf("rejection %+v, want Retry-After 3s", rej)
 	}
 	if n := rec.rejections(admission.DefaultLevel, admission.QueueFull); n != 1 {
 		t.Fatalf("reported %d queue_full rejections, want 1", n)
@@ -57,16 +69,10 @@ func TestAdmit_NoQueueRejectsWhatCannotStart(t *testing.T) {
 
 func TestAdmit_FullQueueDisplacesTheNewestLowerPriorityRequest(t *testing.T) {
 	c := newController(t, admission.Options{MaxInFlight: 1, QueueSize: 2, Priorities: threeLevels})
-	hold := mustAdmit(t, c, admission.Ticket{})
-	out := make(chan outcome, 3)
-	enqueue(t, c, "batch-old", admission.Ticket{Tenant: "b", Priority: "batch"}, out)
-	enqueue(t, c, "batch-new", admission.Ticket{Tenant: "b", Priority: "batch"}, out)
+	batch := admission.Ticket{Tenant: "b", Priority: "batch"}
+	hold, out := occupy(t, c, waiter{"batch-old", batch}, waiter{"batch-new", batch})
 
-	admitAsync(t.Context(), c, "interactive", admission.Ticket{Tenant: "u", Priority: "interactive"}, out)
-	o := receive(t, out)
-	if o.id != "batch-new" || rejection(t, o.err).Reason != admission.QueueFull {
-		t.Fatalf("%s returned %v, want batch-new displaced with queue_full", o.id, o.err)
-	}
+	arriveAtFullQueue(t, c, "interactive", admission.Ticket{Tenant: "u", Priority: "interactive"}, out, "batch-new")
 	if c.Queued() != 2 {
 		t.Fatalf("queued %d, want 2", c.Queued())
 	}
@@ -78,19 +84,11 @@ func TestAdmit_FullQueueDisplacesTheNewestLowerPriorityRequest(t *testing.T) {
 
 func TestAdmit_FullQueueDisplacesTheFloodingTenantOnly(t *testing.T) {
 	c := newController(t, admission.Options{MaxInFlight: 1, QueueSize: 4})
-	hold := mustAdmit(t, c, admission.Ticket{})
-	out := make(chan outcome, 5)
-	for _, id := range []string{"a0", "a1", "a2"} {
-		enqueue(t, c, id, admission.Ticket{Tenant: "a"}, out)
-	}
-	enqueue(t, c, "c0", admission.Ticket{Tenant: "c"}, out)
+	a := admission.Ticket{Tenant: "a"}
+	hold, out := occupy(t, c, waiter{"a0", a}, waiter{"a1", a}, waiter{"a2", a}, waiter{"c0", admission.Ticket{Tenant: "c"}})
 
 	// b has none waiting, a has three: a's newest makes room, not c's only request.
-	admitAsync(t.Context(), c, "b0", admission.Ticket{Tenant: "b"}, out)
-	o := receive(t, out)
-	if o.id != "a2" || rejection(t, o.err).Reason != admission.QueueFull {
-		t.Fatalf("%s returned %v, want a2 displaced", o.id, o.err)
-	}
+	arriveAtFullQueue(t, c, "b0", admission.Ticket{Tenant: "b"}, out, "a2")
 	// Now a has two and b one: displacing would only swap their shares, so b is refused.
 	testkit.WaitFor(t, "b0 queued", func() bool { return c.Queued() == 4 })
 	_, err := admitBounded(t, c, admission.Ticket{Tenant: "b"})
@@ -103,10 +101,8 @@ func TestAdmit_FullQueueDisplacesTheFloodingTenantOnly(t *testing.T) {
 
 func TestAdmit_FullQueueRefusesALowerPriorityArrival(t *testing.T) {
 	c := newController(t, admission.Options{MaxInFlight: 1, QueueSize: 2, Priorities: threeLevels})
-	hold := mustAdmit(t, c, admission.Ticket{})
-	out := make(chan outcome, 2)
-	enqueue(t, c, "i0", admission.Ticket{Tenant: "a", Priority: "interactive"}, out)
-	enqueue(t, c, "i1", admission.Ticket{Tenant: "a", Priority: "interactive"}, out)
+	interactive := admission.Ticket{Tenant: "a", Priority: "interactive"}
+	hold, out := occupy(t, c, waiter{"i0", interactive}, waiter{"i1", interactive})
 
 	// The batch arrival's tenant has nothing waiting, but everything waiting outranks it.
 	_, err := admitBounded(t, c, admission.Ticket{Tenant: "b", Priority: "batch"})

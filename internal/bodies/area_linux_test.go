@@ -41,11 +41,7 @@ func TestBodyRelease_KeepsTheMappingForTheNextBody(t *testing.T) {
 	if &h2.area.b[0] == at || len(h2.area.b) < len(big) {
 		t.Error("a body larger than the spare mapping was given it")
 	}
-	h.Release()
-	h2.Release()
-	if got := b.Held(); got != 0 {
-		t.Errorf("bodies released still count %d bytes", got)
-	}
+	releaseAll(t, b, h, h2)
 }
 
 // The mappings kept for reuse stay within their bounds: at most maxSpares of them, holding at most

@@ -40,6 +40,18 @@ func newHeld(b *Budget, client string, limit int) *Body {
 	return h
 }
 
+// releaseAll gives back every one of bodies and fails the test unless b then counts nothing: no
+// body leaves a byte behind in the budget once released.
+func releaseAll(t *testing.T, b *Budget, bodies ...*Body) {
+	t.Helper()
+	for _, h := range bodies {
+		h.Release()
+	}
+	if held := b.Held(); held != 0 {
+		t.Errorf("%d bytes counted after the releases", held)
+	}
+}
+
 // A body is counted as it arrives: never more than twice a read ahead of what came (the bytes and
 // their copy), and once read, twice the pages it touched. Given back, it counts nothing.
 func TestBodyRead_CountsTheBytesAsTheyArrive(t *testing.T) {
@@ -69,10 +81,7 @@ func TestBodyRead_CountsTheBytesAsTheyArrive(t *testing.T) {
 	if held := b.Held(); held != area+100 {
 		t.Errorf("%d bytes counted once the copy is known, want %d", held, area+100)
 	}
-	h.Release()
-	if held := b.Held(); held != 0 {
-		t.Errorf("%d bytes counted after the release", held)
-	}
+	releaseAll(t, b, h)
 }
 
 // A body that would take its client past its share stops being read there; another client's
@@ -93,11 +102,7 @@ func TestBodyRead_StopsAtTheClientsShare(t *testing.T) {
 	if err := other.read(&pieces{data: make([]byte, 256<<10), size: 64 << 10}, 256<<10, 256<<10); err != nil {
 		t.Errorf("another client's body: %v", err)
 	}
-	h.Release()
-	other.Release()
-	if held := b.Held(); held != 0 {
-		t.Errorf("%d bytes counted after the releases", held)
-	}
+	releaseAll(t, b, h, other)
 }
 
 // A chunked body longer than the limit is too large; a body shorter than its announced length is
@@ -113,10 +118,7 @@ func TestBodyRead_TooLargeAndCutBodiesCountNothing(t *testing.T) {
 	if err := h.read(&pieces{data: make([]byte, 50<<10), size: 4 << 10}, 100<<10, 100<<10); !errors.Is(err, ErrCut) {
 		t.Errorf("short body: %v, want cut", err)
 	}
-	h.Release()
-	if held := b.Held(); held != 0 {
-		t.Errorf("%d bytes counted after the releases", held)
-	}
+	releaseAll(t, b, h)
 }
 
 // Once the heap bytes given back (copies routing made of bodies) reach an eighth of the total, a

@@ -34,6 +34,21 @@ func load(t *testing.T, args ...string) (config.Config, []string, error) {
 	return final, fs.Args(), err
 }
 
+// wantErrorNaming fails the test with ifNil when err is nil, and otherwise for each of wants that
+// its text does not contain: the check of every refusal that must name all it is about (flags,
+// URLs, the way out).
+func wantErrorNaming(t *testing.T, err error, ifNil string, wants ...string) {
+	t.Helper()
+	if err == nil {
+		t.Fatal(ifNil)
+	}
+	for _, want := range wants {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %q", err, want)
+		}
+	}
+}
+
 func mustLoad(t *testing.T, args ...string) config.Config {
 	t.Helper()
 	c, rest, err := load(t, args...)
@@ -735,29 +750,14 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	c.Policy = "nope"
 	c.WorkerURLs = []string{"localhost:8000"}
 	c.HealthFailureThreshold = -2
-	err := c.Validate()
-	if err == nil {
-		t.Fatal("Validate accepted three bad values")
-	}
-	for _, flag := range []string{"--policy", "--worker-urls", "--health-failure-threshold"} {
-		if !strings.Contains(err.Error(), flag) {
-			t.Errorf("error %q does not name %s", err, flag)
-		}
-	}
+	wantErrorNaming(t, c.Validate(), "Validate accepted three bad values", "--policy", "--worker-urls", "--health-failure-threshold")
 }
 
 // The first-byte deadline is one attempt's share of the whole request's: a value above
 // --request-timeout-secs could never fire, so it is rejected with both flags named.
 func TestFirstByteTimeoutBoundedByRequestTimeout(t *testing.T) {
 	_, _, err := load(t, "--request-timeout-secs", "20", "--first-byte-timeout-secs", "60")
-	if err == nil {
-		t.Fatal("Load accepted a first-byte timeout above the request timeout")
-	}
-	for _, flag := range []string{"--first-byte-timeout-secs", "--request-timeout-secs"} {
-		if !strings.Contains(err.Error(), flag) {
-			t.Errorf("error %q does not name %s", err, flag)
-		}
-	}
+	wantErrorNaming(t, err, "Load accepted a first-byte timeout above the request timeout", "--first-byte-timeout-secs", "--request-timeout-secs")
 	if c := mustLoad(t, "--request-timeout-secs", "20", "--first-byte-timeout-secs", "0"); c.FirstByteTimeout() != 0 {
 		t.Errorf("FirstByteTimeout() = %v with --first-byte-timeout-secs 0, want 0 (disabled)", c.FirstByteTimeout())
 	}
@@ -969,14 +969,7 @@ func TestWorkerURLEndingInV1StopsTheStartWithTheURLToGive(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, _, err := load(t, args...)
-			if err == nil {
-				t.Fatal("accepted a worker URL ending in /v1")
-			}
-			for _, want := range []string{"--worker-urls:", "ends in /v1", `"http://10.0.0.1:8000"`} {
-				if !strings.Contains(err.Error(), want) {
-					t.Errorf("error %q does not contain %q", err, want)
-				}
-			}
+			wantErrorNaming(t, err, "accepted a worker URL ending in /v1", "--worker-urls:", "ends in /v1", `"http://10.0.0.1:8000"`)
 		})
 	}
 }
@@ -984,15 +977,8 @@ func TestWorkerURLEndingInV1StopsTheStartWithTheURLToGive(t *testing.T) {
 // A router with no worker, no discovery and no --allow-empty would answer 503 to everything
 // after a normal-looking start: the check says what to give instead.
 func TestNoWorkerSourceIsAnErrorUnlessAllowEmpty(t *testing.T) {
-	err := mustLoad(t).RequireWorkerSource()
-	if err == nil {
-		t.Fatal("no workers and no discovery accepted")
-	}
-	for _, want := range []string{"--worker-urls", "--service-discovery", "--dns-discovery", "--allow-empty", "admin API"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error %q does not mention %s", err, want)
-		}
-	}
+	wantErrorNaming(t, mustLoad(t).RequireWorkerSource(), "no workers and no discovery accepted",
+		"--worker-urls", "--service-discovery", "--dns-discovery", "--allow-empty", "admin API")
 	for name, c := range map[string]config.Config{
 		"static workers":                 mustLoad(t, "--worker-urls", "http://127.0.0.1:8000"),
 		"allow empty":                    mustLoad(t, "--allow-empty"),

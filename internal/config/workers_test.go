@@ -33,15 +33,7 @@ func TestURLInTwoRolesIsRefused(t *testing.T) {
 	c := config.Default()
 	c.Prefill = []string{"http://127.0.0.1:8001"}
 	c.Decode = []string{"http://127.0.0.1:8002", "http://127.0.0.1:8001/"}
-	err := c.Validate()
-	if err == nil {
-		t.Fatal("a URL given as prefill and decode was accepted")
-	}
-	for _, want := range []string{"--decode", "http://127.0.0.1:8001", "--prefill"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error %q does not name %s", err, want)
-		}
-	}
+	wantErrorNaming(t, c.Validate(), "a URL given as prefill and decode was accepted", "--decode", "http://127.0.0.1:8001", "--prefill")
 }
 
 // A role's selector alone is enough for --service-discovery; without discovery it is refused, and

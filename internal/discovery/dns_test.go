@@ -74,6 +74,16 @@ func dnsSource(t *testing.T, r *resolver) *recorder {
 	return runSource(t, src)
 }
 
+// oneWorkerByDNS starts a DNS source over a resolver answering 10.0.0.1 and returns both once the
+// source has its one worker: the start of the tests of what changes in the answers do to it.
+func oneWorkerByDNS(t *testing.T) (*resolver, *recorder) {
+	t.Helper()
+	r := newResolver("10.0.0.1")
+	rec := dnsSource(t, r)
+	rec.waitFor(t, "the worker", is("http://10.0.0.1:8000", true))
+	return r, rec
+}
+
 func TestDNSEveryAddressIsAReadyWorker(t *testing.T) {
 	r := newResolver("10.0.0.2", "fd00::7", "10.0.0.1", "::ffff:10.0.0.2", "fe80::1%eth0")
 	rec := dnsSource(t, r)
@@ -95,9 +105,7 @@ func TestDNSAddressesThatAppearJoinAndThoseThatGoLeave(t *testing.T) {
 }
 
 func TestDNSFailedLookupKeepsTheWorkers(t *testing.T) {
-	r := newResolver("10.0.0.1")
-	rec := dnsSource(t, r)
-	rec.waitFor(t, "the worker", is("http://10.0.0.1:8000", true))
+	r, rec := oneWorkerByDNS(t)
 	_, before := rec.last()
 	r.fail(&net.DNSError{Err: "i/o timeout", Name: "vllm.llm.svc.cluster.local", IsTimeout: true})
 	r.waitLookups(t, 5)
@@ -111,9 +119,7 @@ func TestDNSFailedLookupKeepsTheWorkers(t *testing.T) {
 }
 
 func TestDNSNameWithoutAddressesEmptiesTheSet(t *testing.T) {
-	r := newResolver("10.0.0.1")
-	rec := dnsSource(t, r)
-	rec.waitFor(t, "the worker", is("http://10.0.0.1:8000", true))
+	r, rec := oneWorkerByDNS(t)
 	// A headless Service with no ready pod has no records: NXDOMAIN.
 	r.fail(&net.DNSError{Err: "no such host", Name: "vllm.llm.svc.cluster.local", IsNotFound: true})
 	rec.waitFor(t, "no workers", is())

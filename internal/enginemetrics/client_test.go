@@ -12,6 +12,21 @@ import (
 	"github.com/cacheroute/cacheroute/internal/upstream"
 )
 
+// serveMetrics starts a worker whose every answer is the metrics text, over TLS when overTLS is
+// set, and closes it when the test ends.
+func serveMetrics(t *testing.T, text string, overTLS bool) *httptest.Server {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte(text))
+	}))
+	if overTLS {
+		srv.StartTLS()
+	} else {
+		srv.Start()
+	}
+	t.Cleanup(srv.Close)
+	return srv
+}
+
 func TestScrapeReadsAChunkedAnswer(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte("vllm:num_requests_running 2\n"))
@@ -53,10 +68,7 @@ func TestScrapeSendsTheURLsCredentialsAndPathPrefix(t *testing.T) {
 }
 
 func TestScrapeRedialsAConnectionTheWorkerClosed(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = w.Write([]byte("vllm:num_requests_running 3\n"))
-	}))
-	defer srv.Close()
+	srv := serveMetrics(t, "vllm:num_requests_running 3\n", false)
 	pool := enginePool(t, 1, srv.URL)
 	s := newScraper(pool, Options{Interval: time.Second})
 	defer s.Close()
@@ -73,10 +85,7 @@ func TestScrapeRedialsAConnectionTheWorkerClosed(t *testing.T) {
 }
 
 func TestScrapeOverTLSTrustsTheGivenCAs(t *testing.T) {
-	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = w.Write([]byte("vllm:num_requests_running 4\n"))
-	}))
-	defer srv.Close()
+	srv := serveMetrics(t, "vllm:num_requests_running 4\n", true)
 	pool := enginePool(t, 1, srv.URL)
 	untrusting := newScraper(pool, Options{Interval: time.Second})
 	if err := untrusting.Scrape(t.Context(), srv.URL); err == nil {

@@ -85,6 +85,18 @@ func mustURL(t *testing.T, raw string) tenant.URL {
 	return u
 }
 
+// mustJoin joins the worker at u to f for src in role, without KV events, and returns once its
+// first probe is done: the start of the tests about what a fleet does with a worker it holds.
+func mustJoin(t *testing.T, f *Fleet, src Source, u tenant.URL, role workers.Role) Joined {
+	t.Helper()
+	j, err := f.Join(t.Context(), src, u, role, noEvents)
+	if err != nil {
+		t.Fatalf("Join(%s, %s, %v): %v", src, u, role, err)
+	}
+	waitProbed(t, j)
+	return j
+}
+
 func waitProbed(t *testing.T, j Joined) {
 	t.Helper()
 	select {
@@ -141,11 +153,7 @@ func TestOneWorkerUnderSeveralSpellingsJoinsOnce(t *testing.T) {
 	}
 	raw := healthyWorker(t)
 	_, port, _ := strings.Cut(strings.TrimPrefix(raw, "http://"), ":")
-	j, err := f.Join(t.Context(), Admin, mustURL(t, raw), workers.RoleColocated, noEvents)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitProbed(t, j)
+	mustJoin(t, f, Admin, mustURL(t, raw), workers.RoleColocated)
 	for _, c := range []struct {
 		src      Source
 		spelling string
@@ -177,11 +185,7 @@ func TestOneWorkerUnderSeveralSpellingsJoinsOnce(t *testing.T) {
 func TestWorkerHeldByTwoSourcesStaysUntilBothLeave(t *testing.T) {
 	f, pool, rec := newFleet(t)
 	u := mustURL(t, healthyWorker(t))
-	j, err := f.Join(t.Context(), Static, u, workers.RolePrefill, noEvents)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitProbed(t, j)
+	mustJoin(t, f, Static, u, workers.RolePrefill)
 	again, err := f.Join(t.Context(), "kubernetes-prefill", u, workers.RolePrefill, noEvents)
 	if err != nil || again.New {
 		t.Fatalf("second source's join: %+v, %v; want held already", again, err)
@@ -215,11 +219,7 @@ func TestWorkerHeldByTwoSourcesStaysUntilBothLeave(t *testing.T) {
 func TestJoinInAnotherRoleIsRefused(t *testing.T) {
 	f, pool, _ := newFleet(t)
 	u := mustURL(t, healthyWorker(t))
-	j, err := f.Join(t.Context(), Static, u, workers.RolePrefill, noEvents)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitProbed(t, j)
+	mustJoin(t, f, Static, u, workers.RolePrefill)
 	if _, err := f.Join(t.Context(), Admin, u, workers.RoleDecode, noEvents); !errors.Is(err, ErrRoleConflict) {
 		t.Fatalf("join as decode: %v, want ErrRoleConflict", err)
 	}
@@ -236,11 +236,7 @@ func TestRemoveTakesTheWorkerFromEverySource(t *testing.T) {
 	f, pool, rec := newFleet(t)
 	u := mustURL(t, healthyWorker(t))
 	for _, src := range []Source{Static, "dns"} {
-		j, err := f.Join(t.Context(), src, u, workers.RoleColocated, noEvents)
-		if err != nil {
-			t.Fatal(err)
-		}
-		waitProbed(t, j)
+		mustJoin(t, f, src, u, workers.RoleColocated)
 	}
 	if err := f.Remove(u); err != nil {
 		t.Fatal(err)
@@ -274,11 +270,7 @@ func TestWorkersEventEndpointsAreTheAdminAPIsThenDiscoverysThenTheCommandLines(t
 			t.Fatalf("%s: %+v, want %+v", what, got, want)
 		}
 	}
-	j, err := f.Join(t.Context(), Static, u, workers.RoleColocated, noEvents)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitProbed(t, j)
+	mustJoin(t, f, Static, u, workers.RoleColocated)
 	step("joined by the static list", flag)
 	if _, err := f.Join(t.Context(), "kubernetes", u, workers.RoleColocated, pod); err != nil {
 		t.Fatal(err)

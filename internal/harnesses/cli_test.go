@@ -49,61 +49,42 @@ supports_websockets = false
 // in front of four sims.
 func TestClaudeCodeSessionStaysOnOneWorkerWithAGrowingCacheHit(t *testing.T) {
 	claude := requireCLI(t, claudePackage, claudeVersion, "claude")
-	for _, policy := range policies() {
-		t.Run(policy, func(t *testing.T) {
-			rg := startRig(t, policy)
-			home, project := newHome(t)
-			env := rg.claudeEnv(home)
-			prompts := []string{"say hi", "look at README.md and tell me what this project is", "thanks, summarize that in one line"}
-			var turns []func()
-			for i, p := range prompts {
-				args := []string{"-p", p, "--model", model}
-				if i > 0 {
-					args = append(args, "--continue")
-				}
-				turns = append(turns, func() { run(t, project, env, claude, args...) })
+	sessionUnderEachPolicy(t, "claude", "/v1/messages", func(t *testing.T, rg *rig, home, project string) []func() {
+		env := rg.claudeEnv(home)
+		prompts := []string{"say hi", "look at README.md and tell me what this project is", "thanks, summarize that in one line"}
+		var turns []func()
+		for i, p := range prompts {
+			args := []string{"-p", p, "--model", model}
+			if i > 0 {
+				args = append(args, "--continue")
 			}
-			got := rg.session(t, "/v1/messages", turns)
-			report(t, "claude", policy, got, rg.simRequests())
-			rg.trap.check(t)
-			if policy == "cache_aware" {
-				checkStickyAndCached(t, got, rg.simRequests())
-			}
-		})
-	}
+			turns = append(turns, func() { run(t, project, env, claude, args...) })
+		}
+		return turns
+	})
 }
 
 // Codex CLI, `codex exec` then `codex exec resume --last` twice, through a router in front of
 // four sims.
 func TestCodexExecAndResumeStayOnOneWorkerWithAGrowingCacheHit(t *testing.T) {
 	codex := requireCLI(t, codexPackage, codexVersion, "codex")
-	for _, policy := range policies() {
-		t.Run(policy, func(t *testing.T) {
-			rg := startRig(t, policy)
-			home, project := newHome(t)
-			codexHome := filepath.Join(home, ".codex")
-			if err := os.MkdirAll(codexHome, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(filepath.Join(codexHome, "config.toml"), []byte(codexConfig(rg.url)), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			env := append(rg.baseEnv(home), "CODEX_HOME="+codexHome, "CACHEROUTE_API_KEY=sk-dummy")
-			turns := []func(){
-				func() { run(t, project, env, codex, "exec", "--skip-git-repo-check", "say hi") },
-				func() {
-					run(t, project, env, codex, "exec", "resume", "--last", "--skip-git-repo-check", "look at README.md and tell me what this project is")
-				},
-				func() {
-					run(t, project, env, codex, "exec", "resume", "--last", "--skip-git-repo-check", "thanks, summarize that in one line")
-				},
-			}
-			got := rg.session(t, "/v1/responses", turns)
-			report(t, "codex", policy, got, rg.simRequests())
-			rg.trap.check(t)
-			if policy == "cache_aware" {
-				checkStickyAndCached(t, got, rg.simRequests())
-			}
-		})
-	}
+	sessionUnderEachPolicy(t, "codex", "/v1/responses", func(t *testing.T, rg *rig, home, project string) []func() {
+		codexHome := filepath.Join(home, ".codex")
+		if err := os.MkdirAll(codexHome, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(codexHome, "config.toml"), []byte(codexConfig(rg.url)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		env := append(rg.baseEnv(home), "CODEX_HOME="+codexHome, "CACHEROUTE_API_KEY=sk-dummy")
+		return []func(){
+			func() { run(t, project, env, codex, "exec", "--skip-git-repo-check", "say hi") },
+			func() {
+				run(t, project, env, codex, "exec", "resume", "--last", "--skip-git-repo-check", "look at README.md and tell me what this project is")
+			},
+			func() {
+				run(t, project, env, codex, "exec", "resume", "--last", "--skip-git-repo-check", "thanks, summarize that in one line")
+			},
+		}
+	})
 }

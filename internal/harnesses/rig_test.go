@@ -496,6 +496,26 @@ func checkStickyAndCached(t *testing.T, turns []turn, simRequests []int64) {
 	}
 }
 
+// sessionUnderEachPolicy runs, for each of policies() in a subtest, one session of the CLI name:
+// a new rig routing by that policy, a new home and project, and the turns session returns for
+// them (each a function that runs one invocation, sending its requests to route). It logs the
+// session's figures, fails on anything that got past the router to the trap, and under
+// cache_aware checks what that policy promises a session (checkStickyAndCached).
+func sessionUnderEachPolicy(t *testing.T, name, route string, session func(t *testing.T, rg *rig, home, project string) []func()) {
+	for _, policy := range policies() {
+		t.Run(policy, func(t *testing.T) {
+			rg := startRig(t, policy)
+			home, project := newHome(t)
+			got := rg.session(t, route, session(t, rg, home, project))
+			report(t, name, policy, got, rg.simRequests())
+			rg.trap.check(t)
+			if policy == "cache_aware" {
+				checkStickyAndCached(t, got, rg.simRequests())
+			}
+		})
+	}
+}
+
 // policies are the policies the tests run each CLI through: cache_aware, plus those listed in
 // $CACHEROUTE_AGENT_POLICIES (comma-separated, e.g. round_robin) for a comparison of the figures
 // the tests log. Only cache_aware is held to one worker and a growing cache hit.

@@ -48,12 +48,20 @@ func stores(t *testing.T, parent any, base, n int) []byte {
 
 func keysOf(base, n int) []uint64 { return Keys("m", "", "", u32(seq(base*bs, n*bs)), bs) }
 
-func TestSubscriberIndexesWhatTheEngineStores(t *testing.T) {
-	p := kvtest.New(t, "", false)
-	s, x := subscribe(t, p)
+// storeFourBlocks has the engine behind p store the chain of blocks 0 to 3, in two batches of two,
+// and waits until x indexes all four for w1: the common start of the tests of what a subscriber
+// does with a worker it already knows.
+func storeFourBlocks(t *testing.T, p *kvtest.Publisher, x *Index) {
+	t.Helper()
 	p.Send(stores(t, nil, 0, 2), false)
 	p.Send(stores(t, 2, 2, 2), false)
 	testkit.WaitFor(t, "four blocks indexed", func() bool { return x.Blocks("w1") == 4 })
+}
+
+func TestSubscriberIndexesWhatTheEngineStores(t *testing.T) {
+	p := kvtest.New(t, "", false)
+	s, x := subscribe(t, p)
+	storeFourBlocks(t, p, x)
 	if m := x.Match("w1", keysOf(0, 4)); m.Blocks != 4 {
 		t.Fatalf("%+v, want 4 blocks", m)
 	}
@@ -97,9 +105,7 @@ func TestSubscriberWithoutReplayForgetsTheWorkerOnAGap(t *testing.T) {
 func TestSubscriberForgetsTheWorkerWhenItsPublisherRestarts(t *testing.T) {
 	p := kvtest.New(t, "", false)
 	s, x := subscribe(t, p)
-	p.Send(stores(t, nil, 0, 2), false)
-	p.Send(stores(t, 2, 2, 2), false)
-	testkit.WaitFor(t, "four blocks indexed", func() bool { return x.Blocks("w1") == 4 })
+	storeFourBlocks(t, p, x)
 	p.Restart()
 	p.Send(stores(t, nil, 20, 1), false)
 	testkit.WaitFor(t, "the restart to be seen", func() bool { return s.Stats.Restarts.Load() == 1 })

@@ -66,14 +66,7 @@ func TestProbe_AgreesWithMatchesHoldingsAndMatchTenantAt(t *testing.T) {
 			for i := range tenants {
 				tenants[i] = tenant.ID(fmt.Sprintf("http://10.0.0.%d:8000", i))
 			}
-			words := []string{"sys|", "tools|", "user: a|", "user: b|", "assistant: c|", "user: d|"}
-			key := func() string {
-				s := ""
-				for range 1 + rng.IntN(7) {
-					s += words[rng.IntN(len(words))]
-				}
-				return s
-			}
+			key := func() string { return randomTurnsKey(rng, 7) }
 			tr := New(0)
 			var keys []string
 			for i := range 600 {

@@ -132,18 +132,24 @@ func TestEvicted_ARemovedTenantsIDStartsUnbounded(t *testing.T) {
 	}
 }
 
+// randomTurnWords are the pieces randomTurnsKey builds keys of: few, so that random keys share
+// long prefixes and diverge at every depth, as conversations do.
+var randomTurnWords = []string{"sys|", "tools|", "user: a|", "user: b|", "assistant: c|", "user: d|"}
+
+// randomTurnsKey returns a key of 1 to most of randomTurnWords, drawn by rng with repeats.
+func randomTurnsKey(rng *rand.Rand, most int) string {
+	s := ""
+	for range 1 + rng.IntN(most) {
+		s += randomTurnWords[rng.IntN(len(randomTurnWords))]
+	}
+	return s
+}
+
 // Holdings must agree with MatchTenant for every tenant, holds beyond a horizon included.
 func TestHoldings_AgreesWithMatchTenantForEveryTenant(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 13))
 	tenants := []tenant.ID{workerA, workerB, workerC}
-	words := []string{"sys|", "tools|", "user: a|", "user: b|", "assistant: c|", "user: d|"}
-	key := func() string {
-		s := ""
-		for range 1 + rng.IntN(6) {
-			s += words[rng.IntN(len(words))]
-		}
-		return s
-	}
+	key := func() string { return randomTurnsKey(rng, 6) }
 	tr := New(0)
 	var keys []string
 	for i := range 400 {

@@ -359,37 +359,34 @@ func (c *agentConv) meaning() string {
 // Messages' cache_control marker moved to the newest message), the conversation's key is a byte
 // prefix of the continuation's, and a continuation is longer when it has text.
 func TestAgentKeyPrefixProperty(t *testing.T) {
-	for i, p := range agentProtocols {
-		t.Run(p.name, func(t *testing.T) {
-			r := rand.New(rand.NewPCG(21, uint64(i)))
-			cases := scaled(3000)
-			nonEmpty := 0
-			for n := range cases {
-				c := randAgentConv(r, p)
-				var prev string
-				for turn := range 1 + r.IntN(6) {
-					for range 1 + r.IntN(2) {
-						c.items = append(c.items, c.randItem(r))
-					}
-					c.marked = len(c.items) - 1
-					k := c.key(t)
-					if turn > 0 && !strings.HasPrefix(k, prev) {
-						t.Fatalf("case %d turn %d: key %q does not extend %q\n%s", n, turn, k, prev, c.body(t))
-					}
-					if turn > 0 && k != "" && len(k) <= len(prev) {
-						t.Fatalf("case %d turn %d: appended items added nothing to the key %q", n, turn, k)
-					}
-					if k != "" {
-						nonEmpty++
-					}
-					prev = k
+	forEachAgentProtocol(t, 21, func(t *testing.T, p *agentProtocol, r *rand.Rand) {
+		cases := scaled(3000)
+		nonEmpty := 0
+		for n := range cases {
+			c := randAgentConv(r, p)
+			var prev string
+			for turn := range 1 + r.IntN(6) {
+				for range 1 + r.IntN(2) {
+					c.items = append(c.items, c.randItem(r))
 				}
+				c.marked = len(c.items) - 1
+				k := c.key(t)
+				if turn > 0 && !strings.HasPrefix(k, prev) {
+					t.Fatalf("case %d turn %d: key %q does not extend %q\n%s", n, turn, k, prev, c.body(t))
+				}
+				if turn > 0 && k != "" && len(k) <= len(prev) {
+					t.Fatalf("case %d turn %d: appended items added nothing to the key %q", n, turn, k)
+				}
+				if k != "" {
+					nonEmpty++
+				}
+				prev = k
 			}
-			if nonEmpty < cases {
-				t.Fatalf("only %d turns with a key: the generator is too narrow", nonEmpty)
-			}
-		})
-	}
+		}
+		if nonEmpty < cases {
+			t.Fatalf("only %d turns with a key: the generator is too narrow", nonEmpty)
+		}
+	})
 }
 
 // keyReader reads a history key back by its grammar (see writeResponses and writeMessages).
@@ -557,75 +554,69 @@ func decodeMessages(key string) (string, bool) {
 // between fields, parts, items or blocks, however it forges the framing. Keys are also checked
 // not to collide across the conversations generated.
 func TestAgentKeyReadsBackIntoItsMeaning(t *testing.T) {
-	for i, p := range agentProtocols {
+	forEachAgentProtocol(t, 22, func(t *testing.T, p *agentProtocol, r *rand.Rand) {
 		decode := decodeResponses
 		if p == &messagesProtocol {
 			decode = decodeMessages
 		}
-		t.Run(p.name, func(t *testing.T) {
-			r := rand.New(rand.NewPCG(22, uint64(i)))
-			cases := scaled(20000)
-			seen := make(map[string]string, cases)
-			for range cases {
-				c := randAgentConv(r, p)
-				for range r.IntN(4) {
-					c.items = append(c.items, c.randItem(r))
-				}
-				if r.IntN(2) == 0 {
-					c.marked = r.IntN(len(c.items) + 1)
-				}
-				k := c.key(t)
-				if k == "" {
-					continue
-				}
-				if got, ok := decode(k); !ok || got != c.meaning() {
-					t.Fatalf("the key %q reads back into\n%s (ok %v), not\n%s\n%s", k, got, ok, c.meaning(), c.body(t))
-				}
-				if prev, ok := seen[k]; ok && prev != c.meaning() {
-					t.Fatalf("two different conversations share the key %q:\n%s\n%s", k, prev, c.meaning())
-				}
-				seen[k] = c.meaning()
+		cases := scaled(20000)
+		seen := make(map[string]string, cases)
+		for range cases {
+			c := randAgentConv(r, p)
+			for range r.IntN(4) {
+				c.items = append(c.items, c.randItem(r))
 			}
-			if len(seen) < cases/4 {
-				t.Fatalf("only %d distinct keys: the generator is too narrow to test anything", len(seen))
+			if r.IntN(2) == 0 {
+				c.marked = r.IntN(len(c.items) + 1)
 			}
-		})
-	}
+			k := c.key(t)
+			if k == "" {
+				continue
+			}
+			if got, ok := decode(k); !ok || got != c.meaning() {
+				t.Fatalf("the key %q reads back into\n%s (ok %v), not\n%s\n%s", k, got, ok, c.meaning(), c.body(t))
+			}
+			if prev, ok := seen[k]; ok && prev != c.meaning() {
+				t.Fatalf("two different conversations share the key %q:\n%s\n%s", k, prev, c.meaning())
+			}
+			seen[k] = c.meaning()
+		}
+		if len(seen) < cases/4 {
+			t.Fatalf("only %d distinct keys: the generator is too narrow to test anything", len(seen))
+		}
+	})
 }
 
 // Once an earlier item or message means something else, the key of any continuation no longer
 // extends the conversation's: the worker that served it holds another prefix.
 func TestAgentKeyBreaksWithEarlierChanges(t *testing.T) {
-	for i, p := range agentProtocols {
-		t.Run(p.name, func(t *testing.T) {
-			r := rand.New(rand.NewPCG(23, uint64(i)))
-			cases := scaled(3000)
-			changed := 0
-			for range cases {
-				c := randAgentConv(r, p)
-				for range 1 + r.IntN(4) {
-					c.items = append(c.items, c.randItem(r))
-				}
-				k := c.key(t)
-				if k == "" {
-					continue
-				}
-				j := r.IntN(len(c.items))
-				old := c.items[j]
-				for c.items[j].Norm == old.Norm {
-					c.items[j] = c.randItem(r)
-				}
-				for range r.IntN(3) {
-					c.items = append(c.items, c.randItem(r))
-				}
-				if k2 := c.key(t); strings.HasPrefix(k2, k) {
-					t.Fatalf("item %d changed from %s to %s, and the key %q still extends %q", j, old.Norm, c.items[j].Norm, k2, k)
-				}
-				changed++
+	forEachAgentProtocol(t, 23, func(t *testing.T, p *agentProtocol, r *rand.Rand) {
+		cases := scaled(3000)
+		changed := 0
+		for range cases {
+			c := randAgentConv(r, p)
+			for range 1 + r.IntN(4) {
+				c.items = append(c.items, c.randItem(r))
 			}
-			if changed < cases/3 {
-				t.Fatalf("only %d conversations changed: the generator is too narrow", changed)
+			k := c.key(t)
+			if k == "" {
+				continue
 			}
-		})
-	}
+			j := r.IntN(len(c.items))
+			old := c.items[j]
+			for c.items[j].Norm == old.Norm {
+				c.items[j] = c.randItem(r)
+			}
+			for range r.IntN(3) {
+				c.items = append(c.items, c.randItem(r))
+			}
+			if k2 := c.key(t); strings.HasPrefix(k2, k) {
+				t.Fatalf("item %d changed from %s to %s, and the key %q still extends %q", j, old.Norm, c.items[j].Norm, k2, k)
+			}
+			changed++
+		}
+		if changed < cases/3 {
+			t.Fatalf("only %d conversations changed: the generator is too narrow", changed)
+		}
+	})
 }

@@ -3,6 +3,7 @@ package protocol_test
 import (
 	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -21,12 +22,33 @@ func mustParseAs(t testing.TB, p *agentProtocol, h http.Header, body string) *pr
 	return r
 }
 
+// fieldsCase is a body and the fields, all but the keys, a protocol's reader takes from it.
+type fieldsCase struct {
+	name string
+	body string
+	want protocol.Request // all but the keys
+}
+
+// checkFields parses each case's body with the reader of p and fails where the fields read differ
+// from the case's, or where a body without a conversation still has a key.
+func checkFields(t *testing.T, p *agentProtocol, tests []fieldsCase) {
+	t.Helper()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := mustParseAs(t, p, nil, tt.body)
+			got := protocol.Request{Model: r.Model, Stream: r.Stream, Chat: r.Chat, PreviousResponseID: r.PreviousResponseID, NoStore: r.NoStore}
+			if got != tt.want {
+				t.Errorf("got %+v\nwant %+v", got, tt.want)
+			}
+			if !r.Chat && (r.Text != "" || r.HashKey != "") {
+				t.Errorf("a body without a conversation has a key: %+v", r)
+			}
+		})
+	}
+}
+
 func TestParseResponsesFields(t *testing.T) {
-	tests := []struct {
-		name string
-		body string
-		want protocol.Request // all but the keys
-	}{
+	checkFields(t, &responsesProtocol, []fieldsCase{
 		{"every field", `{"model":"gpt-5","stream":true,"store":false,"previous_response_id":"resp_1","input":"hi"}`,
 			protocol.Request{Model: "gpt-5", Stream: true, Chat: true, PreviousResponseID: "resp_1", NoStore: true}},
 		{"store true is stored", `{"store":true,"input":"hi"}`, protocol.Request{Chat: true}},
@@ -44,19 +66,7 @@ func TestParseResponsesFields(t *testing.T) {
 		{"unknown fields ignored", `{"model":"m","temperature":0.2,"reasoning":{"effort":"high"},"text":{"format":{"type":"text"}},"include":["reasoning.encrypted_content"],"x":[1e400]}`,
 			protocol.Request{Model: "m"}},
 		{"leading whitespace", " \n\t{\"model\":\"m\"}", protocol.Request{Model: "m"}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			r := mustParseAs(t, &responsesProtocol, nil, tt.body)
-			got := protocol.Request{Model: r.Model, Stream: r.Stream, Chat: r.Chat, PreviousResponseID: r.PreviousResponseID, NoStore: r.NoStore}
-			if got != tt.want {
-				t.Errorf("got %+v\nwant %+v", got, tt.want)
-			}
-			if !r.Chat && (r.Text != "" || r.HashKey != "") {
-				t.Errorf("a body without a conversation has a key: %+v", r)
-			}
-		})
-	}
+	})
 	// A continuation of a stored response still has its key: the policy decides what to do.
 	r := mustParseAs(t, &responsesProtocol, nil, `{"previous_response_id":"resp_1","input":[{"role":"user","content":"and then?"}]}`)
 	if r.Text != spelled("ucand then?·.") {
@@ -65,11 +75,7 @@ func TestParseResponsesFields(t *testing.T) {
 }
 
 func TestParseMessagesFields(t *testing.T) {
-	tests := []struct {
-		name string
-		body string
-		want protocol.Request // all but the keys
-	}{
+	checkFields(t, &messagesProtocol, []fieldsCase{
 		{"every field", `{"model":"claude","stream":true,"max_tokens":1024,"messages":[{"role":"user","content":"hi"}]}`,
 			protocol.Request{Model: "claude", Stream: true, Chat: true}},
 		{"messages empty", `{"messages":[]}`, protocol.Request{Chat: true}},
@@ -79,16 +85,7 @@ func TestParseMessagesFields(t *testing.T) {
 		{"unknown fields ignored", `{"model":"m","thinking":{"type":"enabled","budget_tokens":1e400},"tool_choice":{"type":"auto"},"stop_sequences":["x"]}`,
 			protocol.Request{Model: "m"}},
 		{"no Responses fields", `{"store":false,"previous_response_id":"r","input":"x"}`, protocol.Request{}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			r := mustParseAs(t, &messagesProtocol, nil, tt.body)
-			got := protocol.Request{Model: r.Model, Stream: r.Stream, Chat: r.Chat, PreviousResponseID: r.PreviousResponseID, NoStore: r.NoStore}
-			if got != tt.want {
-				t.Errorf("got %+v\nwant %+v", got, tt.want)
-			}
-		})
-	}
+	})
 }
 
 // Fields of the wrong type are errors that name the field and the type, in Parse's words; the
@@ -236,18 +233,16 @@ func TestParseAgentKeysAreCaseSensitive(t *testing.T) {
 // A Responses body's session key: session_params.session_id, the session headers, conversation
 // (a string, or an object's id), prompt_cache_key, then the user-scoped x-user-id header and user.
 func TestResponsesSessionKeyPrecedence(t *testing.T) {
-	checkKeyPrecedence(t, `"input":"hi"`, []keySource{
-		{body: `"session_params":{"session_id":"sp"}`, value: "session:sp"},
-		{header: "x-session-id", value: "session:xs"},
-		{header: "x-claude-code-session-id", value: "session:cc"},
-		{header: "x-session-affinity", value: "session:aff"},
-		{header: "session-id", value: "session:dash"},
-		{header: "session_id", value: "session:under"},
-		{body: `"conversation":"conv"`, value: "session:conv"},
-		{body: `"prompt_cache_key":"pck"`, value: "session:pck"},
-		{header: "x-user-id", value: "user:xu"},
-		{body: `"user":"bw"`, value: "user:bw"},
-	}, func(h http.Header, body string) *protocol.Request { return mustParseAs(t, &responsesProtocol, h, body) })
+	checkKeyPrecedence(t, `"input":"hi"`, slices.Concat(
+		[]keySource{{body: `"session_params":{"session_id":"sp"}`, value: "session:sp"}},
+		sessionHeaderSources,
+		[]keySource{
+			{body: `"conversation":"conv"`, value: "session:conv"},
+			{body: `"prompt_cache_key":"pck"`, value: "session:pck"},
+			{header: "x-user-id", value: "user:xu"},
+			{body: `"user":"bw"`, value: "user:bw"},
+		},
+	), func(h http.Header, body string) *protocol.Request { return mustParseAs(t, &responsesProtocol, h, body) })
 	for body, want := range map[string]string{
 		`{"conversation":{"id":"conv_1"}}`:                          "session:conv_1",
 		`{"conversation":{"id":7}}`:                                 "session:7",
@@ -264,15 +259,13 @@ func TestResponsesSessionKeyPrecedence(t *testing.T) {
 // A Messages body's session key: the session headers (Claude Code's among them), then
 // metadata.user_id, session-scoped, then the user-scoped x-user-id header.
 func TestMessagesSessionKeyPrecedence(t *testing.T) {
-	checkKeyPrecedence(t, `"messages":[{"role":"user","content":"hi"}]`, []keySource{
-		{header: "x-session-id", value: "session:xs"},
-		{header: "x-claude-code-session-id", value: "session:cc"},
-		{header: "x-session-affinity", value: "session:aff"},
-		{header: "session-id", value: "session:dash"},
-		{header: "session_id", value: "session:under"},
-		{body: `"metadata":{"user_id":"user_abc_session_1"}`, value: "session:user_abc_session_1"},
-		{header: "x-user-id", value: "user:xu"},
-	}, func(h http.Header, body string) *protocol.Request { return mustParseAs(t, &messagesProtocol, h, body) })
+	checkKeyPrecedence(t, `"messages":[{"role":"user","content":"hi"}]`, slices.Concat(
+		sessionHeaderSources,
+		[]keySource{
+			{body: `"metadata":{"user_id":"user_abc_session_1"}`, value: "session:user_abc_session_1"},
+			{header: "x-user-id", value: "user:xu"},
+		},
+	), func(h http.Header, body string) *protocol.Request { return mustParseAs(t, &messagesProtocol, h, body) })
 	// Neither chat's body ids nor a top-level user_id are Messages fields.
 	r := mustParseAs(t, &messagesProtocol, nil, `{"user":"u","user_id":"u","session_id":"s","session_params":{"session_id":"p"}}`)
 	if r.SessionKey != "" || r.HashKey != "" {

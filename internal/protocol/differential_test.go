@@ -3,6 +3,7 @@ package protocol_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -67,6 +68,28 @@ func exactKeys(body []byte) bool {
 
 const typeErrorPrefix = "invalid JSON body: field "
 
+// referenceMismatch says how a reader's result (got, err) differs from its encoding/json
+// reference's (want, refErr): one of them failing alone, errors that sameError does not count as
+// the same, or different Requests. It is "" when they agree; the readers' differential tests and
+// fuzz targets all judge agreement by it.
+func referenceMismatch(got *protocol.Request, err error, want *protocol.Request, refErr error, sameError func(err, refErr error) bool) string {
+	switch {
+	case (err == nil) != (refErr == nil):
+		return fmt.Sprintf("error %v, reference error %v", err, refErr)
+	case err != nil:
+		if !sameError(err, refErr) {
+			return fmt.Sprintf("error %q, reference error %q", err, refErr)
+		}
+	case protocol.Routing(got) != protocol.Routing(want):
+		return fmt.Sprintf("\n got  %+v\n want %+v", got, want)
+	}
+	return ""
+}
+
+// sameErrorText counts two errors as the same when their texts are: the chat reader's errors
+// match its reference's word for word.
+func sameErrorText(err, refErr error) bool { return err.Error() == refErr.Error() }
+
 // FuzzParseMatchesEncodingJSON: Parse accepts exactly the bodies that are valid JSON objects (but
 // for fields of the wrong type), and on a body whose keys are spelled exactly it derives the same
 // Request, or fails with the same type error, as the encoding/json reference.
@@ -93,14 +116,10 @@ func FuzzParseMatchesEncodingJSON(f *testing.F) {
 			if err != nil && !strings.HasPrefix(err.Error(), typeErrorPrefix) {
 				t.Fatalf("valid body %q rejected: %v", body, err)
 			}
-		case (err == nil) != (refErr == nil):
-			t.Fatalf("body %q: error %v, reference error %v", body, err, refErr)
-		case err != nil:
-			if err.Error() != refErr.Error() {
-				t.Fatalf("body %q: error %q, reference error %q", body, err, refErr)
+		default:
+			if m := referenceMismatch(got, err, want, refErr, sameErrorText); m != "" {
+				t.Fatalf("body %q: %s", body, m)
 			}
-		case protocol.Routing(got) != protocol.Routing(want):
-			t.Fatalf("body %q:\n got  %+v\n want %+v", body, got, want)
 		}
 	})
 }
@@ -295,16 +314,10 @@ func TestParseMatchesReferenceOnRandomBodies(t *testing.T) {
 		body := randomDoc(r)
 		got, err := protocol.ParseChat(nil, body)
 		want, refErr := refParse(nil, body)
-		switch {
-		case (err == nil) != (refErr == nil):
-			t.Fatalf("body %s: error %v, reference error %v", body, err, refErr)
-		case err != nil:
-			if err.Error() != refErr.Error() {
-				t.Fatalf("body %s: error %q, reference error %q", body, err, refErr)
-			}
-		case protocol.Routing(got) != protocol.Routing(want):
-			t.Fatalf("body %s:\n got  %+v\n want %+v", body, got, want)
-		default:
+		if m := referenceMismatch(got, err, want, refErr, sameErrorText); m != "" {
+			t.Fatalf("body %s: %s", body, m)
+		}
+		if err == nil {
 			ok++
 			if got.Chat && got.Text != "" {
 				chats++

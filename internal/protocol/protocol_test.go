@@ -3,6 +3,7 @@ package protocol_test
 import (
 	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -111,24 +112,32 @@ func TestHashKeyFallsBackToRoutingTextNotToNestedIDs(t *testing.T) {
 }
 
 func TestSessionKeyPrecedence(t *testing.T) {
-	checkKeyPrecedence(t, `"messages":[{"role":"user","content":"hi"}]`, []keySource{
-		{body: `"session_params":{"session_id":"sp"}`, value: "session:sp"},
-		{header: "x-session-id", value: "session:xs"},
-		{header: "x-claude-code-session-id", value: "session:cc"},
-		{header: "x-session-affinity", value: "session:aff"},
-		{header: "session-id", value: "session:dash"},
-		{header: "session_id", value: "session:under"},
-		{body: `"session_id":"bs"`, value: "session:bs"},
-		{header: "x-user-id", value: "user:xu"},
-		{body: `"user_id":"bu"`, value: "user:bu"},
-		{body: `"user":"bw"`, value: "user:bw"},
-	}, func(h http.Header, body string) *protocol.Request { return mustParse(t, h, body) })
+	checkKeyPrecedence(t, `"messages":[{"role":"user","content":"hi"}]`, slices.Concat(
+		[]keySource{{body: `"session_params":{"session_id":"sp"}`, value: "session:sp"}},
+		sessionHeaderSources,
+		[]keySource{
+			{body: `"session_id":"bs"`, value: "session:bs"},
+			{header: "x-user-id", value: "user:xu"},
+			{body: `"user_id":"bu"`, value: "user:bu"},
+			{body: `"user":"bw"`, value: "user:bw"},
+		},
+	), func(h http.Header, body string) *protocol.Request { return mustParse(t, h, body) })
 }
 
 // keySource is one place a session key comes from: a header or a body member (exactly one is
 // set), and the key it gives.
 type keySource struct {
 	header, body, value string
+}
+
+// sessionHeaderSources are the session headers every protocol reads (the same list for chat,
+// Responses and Messages), highest precedence first, each with a value of its own.
+var sessionHeaderSources = []keySource{
+	{header: "x-session-id", value: "session:xs"},
+	{header: "x-claude-code-session-id", value: "session:cc"},
+	{header: "x-session-affinity", value: "session:aff"},
+	{header: "session-id", value: "session:dash"},
+	{header: "session_id", value: "session:under"},
 }
 
 // checkKeyPrecedence fails unless, for each of sources (from the highest precedence down), a body

@@ -21,14 +21,31 @@ var benchTenants = func() []tenant.ID {
 	return t
 }()
 
-func BenchmarkGetHit(b *testing.B) {
-	const n = 1 << 16
-	m := NewMemory(MemoryOptions{})
+// sessionKeys returns the keys of sessions 0 to n-1, each sessionKey(i).
+func sessionKeys(n int) []string {
 	keys := make([]string, n)
 	for i := range keys {
 		keys[i] = sessionKey(i)
-		_ = m.Set(ctx, model, keys[i], benchTenants[i%len(benchTenants)])
 	}
+	return keys
+}
+
+// fillSpread sets each of keys in m, key i in the model modelOf(i) on benchTenants[i%8]: the
+// sessions a benchmark starts from, spread over the workers.
+func fillSpread(m *Memory, keys []string, modelOf func(i int) string) {
+	for i, k := range keys {
+		_ = m.Set(ctx, modelOf(i), k, benchTenants[i%len(benchTenants)])
+	}
+}
+
+// onlyModel is the modelOf of a store that holds one model's sessions.
+func onlyModel(int) string { return model }
+
+func BenchmarkGetHit(b *testing.B) {
+	const n = 1 << 16
+	m := NewMemory(MemoryOptions{})
+	keys := sessionKeys(n)
+	fillSpread(m, keys, onlyModel)
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
@@ -43,13 +60,8 @@ func BenchmarkGetHit(b *testing.B) {
 func BenchmarkSetNew(b *testing.B) {
 	const n = 1 << 16
 	m := NewMemory(MemoryOptions{MaxEntries: n})
-	keys := make([]string, 2*n)
-	for i := range keys {
-		keys[i] = sessionKey(i)
-	}
-	for i := range n {
-		_ = m.Set(ctx, model, keys[i], benchTenants[i%len(benchTenants)])
-	}
+	keys := sessionKeys(2 * n)
+	fillSpread(m, keys[:n], onlyModel)
 	b.ReportAllocs()
 	i := n
 	for b.Loop() {
@@ -64,10 +76,7 @@ func BenchmarkSetNew(b *testing.B) {
 // oldest of them.
 func BenchmarkSetNewModels(b *testing.B) {
 	const n = 1 << 16
-	keys := make([]string, 2*n)
-	for i := range keys {
-		keys[i] = sessionKey(i)
-	}
+	keys := sessionKeys(2 * n)
 	for _, count := range []int{1, 2, 4, 10} {
 		b.Run(fmt.Sprintf("models=%d", count), func(b *testing.B) {
 			models := make([]string, count)
@@ -80,9 +89,7 @@ func BenchmarkSetNewModels(b *testing.B) {
 				of[i] = models[rng.IntN(count)]
 			}
 			m := NewMemory(MemoryOptions{MaxEntries: n})
-			for i := range n {
-				_ = m.Set(ctx, of[i], keys[i], benchTenants[i%len(benchTenants)])
-			}
+			fillSpread(m, keys[:n], func(i int) string { return of[i] })
 			b.ReportAllocs()
 			i := n
 			for b.Loop() {
@@ -101,13 +108,8 @@ func BenchmarkSetNewParallel(b *testing.B) {
 	const n = 1 << 16
 	models := []string{"m0", "m1", "m2", "m3"}
 	m := NewMemory(MemoryOptions{MaxEntries: n})
-	keys := make([]string, 2*n)
-	for i := range keys {
-		keys[i] = sessionKey(i)
-	}
-	for i := range n {
-		_ = m.Set(ctx, models[i%len(models)], keys[i], benchTenants[i%len(benchTenants)])
-	}
+	keys := sessionKeys(2 * n)
+	fillSpread(m, keys[:n], func(i int) string { return models[i%len(models)] })
 	var next atomic.Int64
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -124,10 +126,9 @@ func BenchmarkSetNewParallel(b *testing.B) {
 func BenchmarkSetOverwrite(b *testing.B) {
 	const n = 1 << 16
 	m := NewMemory(MemoryOptions{})
-	keys := make([]string, n)
-	for i := range keys {
-		keys[i] = sessionKey(i)
-		_ = m.Set(ctx, model, keys[i], benchTenants[0])
+	keys := sessionKeys(n)
+	for _, k := range keys {
+		_ = m.Set(ctx, model, k, benchTenants[0])
 	}
 	b.ReportAllocs()
 	i := 0

@@ -36,6 +36,20 @@ func halfOpen(t *testing.T, threshold int, timeout time.Duration) (*Breaker, *te
 	return b, clk
 }
 
+// checkOpenFor fails unless b, opened at clk's present time, stays open and lets nothing through
+// until just before timeout has passed, and at timeout is half-open, offering a trial.
+func checkOpenFor(t *testing.T, b *Breaker, clk *testkit.Clock, timeout time.Duration) {
+	t.Helper()
+	clk.Advance(timeout - time.Nanosecond)
+	if b.State() != BreakerOpen || b.Allows() {
+		t.Fatalf("just before the timeout: state %v, want open", b.State())
+	}
+	clk.Advance(time.Nanosecond)
+	if b.State() != BreakerHalfOpen || !b.Allows() {
+		t.Fatalf("at the timeout: state %v, want half_open and allowing a trial", b.State())
+	}
+}
+
 // inTrial is halfOpen with the trial taken.
 func inTrial(t *testing.T, threshold int, timeout time.Duration) (*Breaker, *testkit.Clock) {
 	t.Helper()
@@ -78,14 +92,7 @@ func TestBreakerSuccessResetsFailureCount(t *testing.T) {
 func TestBreakerStaysOpenUntilTimeout(t *testing.T) {
 	b, clk := newTestBreaker(1, 10*time.Second)
 	fail(t, b, 1)
-	clk.Advance(10*time.Second - time.Nanosecond)
-	if b.State() != BreakerOpen || b.Allows() {
-		t.Fatalf("just before the timeout: state %v, want open", b.State())
-	}
-	clk.Advance(time.Nanosecond)
-	if b.State() != BreakerHalfOpen || !b.Allows() {
-		t.Fatalf("at the timeout: state %v, want half_open and allowing", b.State())
-	}
+	checkOpenFor(t, b, clk, 10*time.Second)
 }
 
 func TestBreakerHalfOpenLetsExactlyOneTrialThrough(t *testing.T) {
@@ -146,14 +153,7 @@ func TestBreakerTrialFailureReopens(t *testing.T) {
 		t.Fatalf("after a failed trial: state %v, want open", b.State())
 	}
 	// The new open period runs from the trial's failure.
-	clk.Advance(time.Minute - time.Second)
-	if b.State() != BreakerOpen {
-		t.Errorf("reopened breaker half-opened before a full timeout: %v", b.State())
-	}
-	clk.Advance(time.Second)
-	if b.State() != BreakerHalfOpen || !b.Acquire() {
-		t.Errorf("reopened breaker did not offer a new trial after the timeout: %v", b.State())
-	}
+	checkOpenFor(t, b, clk, time.Minute)
 }
 
 func TestBreakerAbandonFreesTheTrial(t *testing.T) {

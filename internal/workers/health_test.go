@@ -74,6 +74,19 @@ func (f *fakeWorker) setModels(m ...string) {
 	f.mu.Unlock()
 }
 
+// checkedAlone adds f's worker, alone, to a new pool and returns it with a checker of that pool
+// (opts with newTestChecker's defaults): the setup of every test of how one worker's probes move
+// its health.
+func checkedAlone(t *testing.T, f *fakeWorker, opts HealthOptions) (*Worker, *Checker) {
+	t.Helper()
+	p := NewPool(Options{})
+	added, err := p.Add(f.srv.URL)
+	if err != nil || len(added) != 1 {
+		t.Fatalf("Add(%s) = %v, %v; want one worker", f.srv.URL, added, err)
+	}
+	return added[0], newTestChecker(p, opts)
+}
+
 func newTestChecker(p *Pool, opts HealthOptions) *Checker {
 	if opts.Endpoint == "" {
 		opts.Endpoint = "/health"
@@ -110,25 +123,20 @@ func TestCheckerFirstPassingProbeMarksHealthyAtOnce(t *testing.T) {
 func TestCheckerFirstFailingProbeMarksUnhealthyAtOnce(t *testing.T) {
 	f := newFakeWorker(t, "/health", "llama")
 	f.status.Store(http.StatusServiceUnavailable)
-	p := NewPool(Options{})
-	added, _ := p.Add(f.srv.URL)
-	added[0].SetHealthy(true) // even if something said otherwise before the first probe
-	c := newTestChecker(p, HealthOptions{FailureThreshold: 5})
+	w, c := checkedAlone(t, f, HealthOptions{FailureThreshold: 5})
+	w.SetHealthy(true) // even if something said otherwise before the first probe
 	c.Check(context.Background(), f.srv.URL)
-	if added[0].Healthy() {
+	if w.Healthy() {
 		t.Error("healthy after a first failing probe")
 	}
-	if len(added[0].Models()) != 0 {
-		t.Errorf("models read from a failing worker: %v", added[0].Models())
+	if len(w.Models()) != 0 {
+		t.Errorf("models read from a failing worker: %v", w.Models())
 	}
 }
 
 func TestCheckerFailureThresholdMarksUnhealthy(t *testing.T) {
 	f := newFakeWorker(t, "/health")
-	p := NewPool(Options{})
-	added, _ := p.Add(f.srv.URL)
-	w := added[0]
-	c := newTestChecker(p, HealthOptions{FailureThreshold: 3, SuccessThreshold: 2})
+	w, c := checkedAlone(t, f, HealthOptions{FailureThreshold: 3, SuccessThreshold: 2})
 	ctx := context.Background()
 	c.Check(ctx, f.srv.URL)
 	if !w.Healthy() {
@@ -152,10 +160,7 @@ func TestCheckerFailureThresholdMarksUnhealthy(t *testing.T) {
 
 func TestCheckerSuccessThresholdBringsWorkerBack(t *testing.T) {
 	f := newFakeWorker(t, "/health")
-	p := NewPool(Options{})
-	added, _ := p.Add(f.srv.URL)
-	w := added[0]
-	c := newTestChecker(p, HealthOptions{FailureThreshold: 1, SuccessThreshold: 3})
+	w, c := checkedAlone(t, f, HealthOptions{FailureThreshold: 1, SuccessThreshold: 3})
 	ctx := context.Background()
 	c.Check(ctx, f.srv.URL) // it has been up once: from now on the thresholds apply
 	f.probed(ctx, c, http.StatusBadGateway, 1)
@@ -285,17 +290,15 @@ func TestCheckOfRemovedWorkerIsHarmless(t *testing.T) {
 func TestCheckerWorkerThatWasNotUpYetIsHealthyAtItsFirstPass(t *testing.T) {
 	f := newFakeWorker(t, "/health", "m")
 	f.status.Store(http.StatusServiceUnavailable) // still loading
-	p := NewPool(Options{})
-	added, _ := p.Add(f.srv.URL)
-	c := newTestChecker(p, HealthOptions{SuccessThreshold: 3})
+	w, c := checkedAlone(t, f, HealthOptions{SuccessThreshold: 3})
 	ctx := context.Background()
 	c.Check(ctx, f.srv.URL)
 	c.Check(ctx, f.srv.URL)
-	if added[0].Healthy() {
+	if w.Healthy() {
 		t.Fatal("healthy while its probes fail")
 	}
 	f.probed(ctx, c, http.StatusOK, 1)
-	if !added[0].Healthy() {
+	if !w.Healthy() {
 		t.Fatal("a worker that was never up is not healthy at its first passing probe")
 	}
 }
@@ -307,9 +310,7 @@ func TestCheckerWorkerThatWasNotUpYetIsHealthyAtItsFirstPass(t *testing.T) {
 func TestCheckerProbesAWorkerThatIsNotUpYetUntilItsFirstPass(t *testing.T) {
 	f := newFakeWorker(t, "/health", "m")
 	f.status.Store(http.StatusServiceUnavailable)
-	p := NewPool(Options{})
-	added, _ := p.Add(f.srv.URL)
-	c := newTestChecker(p, HealthOptions{SuccessThreshold: 2})
+	w, c := checkedAlone(t, f, HealthOptions{SuccessThreshold: 2})
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan struct{})
 	go func() { defer close(ran); c.Run(ctx) }()
@@ -317,11 +318,11 @@ func TestCheckerProbesAWorkerThatIsNotUpYetUntilItsFirstPass(t *testing.T) {
 
 	c.Check(ctx, f.srv.URL) // what the router does when it registers a worker
 	testkit.WaitFor(t, "a few start-up probes", func() bool { return f.probes.Load() >= 3 })
-	if added[0].Healthy() {
+	if w.Healthy() {
 		t.Fatal("healthy while its probes fail")
 	}
 	f.status.Store(http.StatusOK)
-	testkit.WaitFor(t, "healthy after the worker came up", added[0].Healthy)
+	testkit.WaitFor(t, "healthy after the worker came up", w.Healthy)
 }
 
 // TestCheckerReadsWhichModelsAreAdaptersOfWhichBase runs a simulated vLLM worker serving a base

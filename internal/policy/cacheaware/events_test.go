@@ -23,11 +23,7 @@ func tokens(start, n int) []uint32 {
 // holding is an index where worker holds the first blocks of ts, in blocks of 16 tokens.
 func holding(worker tenant.ID, ts []uint32, blocks int) *kvevents.Index {
 	x := kvevents.NewIndex(1 << 20)
-	e := kvevents.Event{Kind: kvevents.Stored, BlockSize: 16, TokenIDs: ts[:blocks*16]}
-	for i := range blocks {
-		e.BlockHashes = append(e.BlockHashes, kvevents.Hash(i+1))
-	}
-	x.Apply(worker, "", kvevents.Batch{Events: []kvevents.Event{e}})
+	store(x, worker, ts, blocks, 0)
 	return x
 }
 
@@ -116,11 +112,7 @@ func TestCacheIndexChoosesWhichPictureOfTheCachesPlacesARequest(t *testing.T) {
 
 // store records that worker's engine stored the first blocks of ts, hashes from base+1.
 func store(x *kvevents.Index, worker tenant.ID, ts []uint32, blocks, base int) {
-	e := kvevents.Event{Kind: kvevents.Stored, BlockSize: 16, TokenIDs: ts[:blocks*16]}
-	for i := range blocks {
-		e.BlockHashes = append(e.BlockHashes, kvevents.Hash(base+i+1))
-	}
-	x.Apply(worker, "", kvevents.Batch{Events: []kvevents.Event{e}})
+	storeFor(x, worker, "", ts, blocks, base)
 }
 
 // sessionTurn is one turn of session "s1" to the policy, its tokens given only when the policy
