@@ -66,8 +66,8 @@ var benchTenants = func() []tenant.ID {
 	return t
 }()
 
-// BenchmarkInsertMatch measures one routing step on a growing conversation: Match the new
-// history, then Insert it, where everything but the newest turn is already in the tree.
+// BenchmarkInsertMatch measures one routing step on a growing conversation: Probe the new
+// history, as cache_aware does, then Insert it, where everything but the newest turn is already in the tree.
 // Sixteen conversations over eight tenants share a system prompt; each operation advances one
 // conversation by one turn, so keys run from the named size to a few turns past it.
 func BenchmarkInsertMatch(b *testing.B) {
@@ -95,6 +95,7 @@ func BenchmarkInsertMatch(b *testing.B) {
 			}
 			var tr *Tree
 			step := 0
+			var p Probe
 			reset := func() {
 				tr = New(0)
 				for s := range turns {
@@ -115,8 +116,8 @@ func BenchmarkInsertMatch(b *testing.B) {
 				s, turn := step%sessions, 1+step/sessions
 				key := turns[s][turn]
 				tenant := benchTenants[s%len(benchTenants)]
-				if m := tr.Match(model, key); m.Matched < len(turns[s][turn-1]) {
-					b.Fatalf("matched %d of %d bytes already routed", m.Matched, len(turns[s][turn-1]))
+				if tr.Probe(&p, model, key, nil); p.Matched < len(turns[s][turn-1]) {
+					b.Fatalf("matched %d of %d bytes already routed", p.Matched, len(turns[s][turn-1]))
 				}
 				tr.Insert(model, key, tenant)
 				step++
@@ -125,7 +126,7 @@ func BenchmarkInsertMatch(b *testing.B) {
 	}
 }
 
-// BenchmarkMatchOnly is the read path alone on a 512 KiB key whose first 500 KiB are stored.
+// BenchmarkMatchOnly512KiB is the read path (Probe) alone on a 512 KiB key whose first 500 KiB are stored.
 func BenchmarkMatchOnly512KiB(b *testing.B) {
 	gen := newHistoryGen(2, 2<<10, 12<<10, 12<<10)
 	stored := gen.history(500 << 10)
@@ -139,8 +140,9 @@ func BenchmarkMatchOnly512KiB(b *testing.B) {
 	}
 	b.ReportAllocs()
 	b.SetBytes(int64(len(key)))
+	var p Probe
 	for b.Loop() {
-		tr.Match(model, key)
+		tr.Probe(&p, model, key, nil)
 	}
 }
 
