@@ -24,6 +24,9 @@ type Env struct {
 	LoadUnitTokens int
 	// KVIndex is what the workers' engines report they hold (--kv-events-endpoint); nil: none.
 	KVIndex *kvevents.Index
+	// Tokenizer gives a request's prompt tokens (Input.PromptTokens) when the workers' KV-cache
+	// events are on; nil: none (a policy then decides without tokens).
+	Tokenizer Tokenizer
 }
 
 // Reporter receives a policy's state events; the router's metrics implement it, so that a policy

@@ -9,8 +9,6 @@
 // The proxy drives every policy through the same hooks, in this order, and never asks a policy
 // what it can do: a hook a policy has no use for is inherited from Base and does nothing.
 //
-//   - WantsTokens(in), asked first when the workers' KV-cache events are on, says whether the
-//     request is worth its prompt tokens (a /tokenize round trip), which Select then sees.
 //   - Select(in) decides without changing any state; the proxy may call it again (without the
 //     refused worker) when the worker's breaker refuses the attempt. What the policy needs to
 //     remember about its choice goes in Decision.State, which only the policy reads. A policy
@@ -49,6 +47,11 @@
 //		})
 //	}
 //
+// Input carries what every policy needs of a request; what one policy needs beyond it, it reaches
+// through the Env it was built with: a policy that matches requests against the workers' KV-cache
+// events asks for a request's prompt tokens in Select (Input.PromptTokens with Env.Tokenizer),
+// which costs a /tokenize round trip, for the requests worth it.
+//
 // A policy that learns overrides Accepted and Done, keeping what it must remember of a choice in
 // Decision.State; one with a background sweep overrides Run; one that follows stored responses
 // returns its map from Responses. A policy with knobs gives Spec.Options, its options at their
@@ -86,21 +89,17 @@ type Input struct {
 	// All is every registered tenant, candidate or not, for policies whose mapping must not move
 	// when a worker is briefly unavailable (the hash ring).
 	All []*workers.Worker
-	// Tokens are the request's prompt tokens as the engines render them (their /tokenize), when
-	// the proxy asked for them: a chat, Responses or Messages request whose body renders exactly
-	// as a chat, or a completion of one prompt string, that the policy wants them for
-	// (WantsTokens), with the workers' KV-cache events subscribed to. nil otherwise.
-	Tokens []uint32
-	// LoRA is the LoRA adapter Tokens were asked for, "" for a base model: the request's own
-	// model when the worker that tokenized it lists it as an adapter. Engines compute an
-	// adapter's KV blocks apart (vLLM hashes the adapter's name into them), so a policy matches
-	// the tokens against the KV-cache events under it: an adapter's blocks never serve the base
-	// model or another adapter.
-	LoRA string
-	// CacheSalt is the request's cache_salt when it came with Tokens, "" for none. vLLM folds it
-	// into a request's first block, so a salted request matches only blocks computed with the same
-	// salt.
-	CacheSalt string
+	// Path is the route's path (/v1/chat/completions ...): the scope a tokenizer keeps a
+	// request's tokens under, as the APIs' prompts may render apart.
+	Path string
+	// Body is the request body, the bytes Request was parsed from: a tokenizer renders its query
+	// from them. It is the server's memory for the request and does not outlive it: a policy reads
+	// it within the hook it is given to, and keeps no reference to it.
+	Body []byte
+	// Prompt is the request's memo of its prompt tokens, made by the proxy per request, so that a
+	// request Selected again (a retry, after a Hold, its prefill leg) is tokenized at most once
+	// (PromptTokens). nil: each PromptTokens asks anew.
+	Prompt *PromptMemo
 	// Size is the request body's length in bytes: the prompt's size when the request has no
 	// routing text.
 	Size int
@@ -191,9 +190,6 @@ type Policy interface {
 	// decisions per label in cache_aware_decisions_total. The set is fixed, so metric series
 	// stay bounded. nil: the policy labels its decisions with its name only.
 	Labels() []string
-	// WantsTokens says whether the request is worth its prompt tokens (Input.Tokens), which cost
-	// the proxy a /tokenize round trip; asked only when the workers' KV-cache events are on.
-	WantsTokens(in Input) bool
 	// Select chooses a worker among in.Candidates, changing no state.
 	Select(in Input) Decision
 	// Accepted records a decision the proxy carried out.
@@ -223,11 +219,6 @@ type Policy interface {
 type Base struct{}
 
 func (Base) Labels() []string { return nil }
-
-// WantsTokens asks for the tokens of a request without session or response id.
-func (Base) WantsTokens(in Input) bool {
-	return in.Request != nil && in.Request.SessionKey == "" && in.Request.PreviousResponseID == ""
-}
 
 func (Base) Accepted(Input, Decision)                          {}
 func (Base) FirstByte(Input, Decision, time.Duration)          {}

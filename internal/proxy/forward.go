@@ -35,6 +35,7 @@ type exchange struct {
 	headersBy time.Time
 	rid       string
 	in        policy.Input
+	prompt    policy.PromptMemo // the request's prompt tokens once a policy asked them (in.Prompt)
 	// responseID is the stored response a byResponseID path names; label and searching say how
 	// its worker is found: the known holder, or a search of the healthy workers (search.go).
 	responseID string
@@ -172,6 +173,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, id string, body *b
 	ctx.Response.Header.Set(HeaderRequestID, ex.rid)
 	ex.trace = s.opts.Tracer.Start(&ctx.Request.Header, ex.method, rt.path, ex.rid, ex.start)
 	defer func() {
+		// The body is the server's memory for the handler: every Select, the one hook that reads
+		// it, ran by now; a policy's hooks after (Done, at a streamed answer's end) see none.
+		ex.in.Body = nil
 		if !ex.handedOver {
 			s.end(ctx, ex)
 		}
@@ -431,8 +435,11 @@ func (s *Server) prepareByPolicy(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		return false
 	}
 	ex.body.Derived(len(req.Text)) // the history key or routing text: the copy the body counted
-	ex.in = policy.Input{Context: context.Background(), Request: req, Model: served, Candidates: candidates, All: s.pool.All(), Size: len(ctx.PostBody())}
-	s.addPromptTokens(ex.route, &ex.in, ctx.PostBody())
+	// The route's path and the body are what a policy's tokenizer asks the prompt's tokens with
+	// (policy.Input.PromptTokens); ex.prompt remembers them, so that the request is tokenized at
+	// most once however many times it is chosen for.
+	ex.in = policy.Input{Context: context.Background(), Request: req, Model: served, Candidates: candidates, All: s.pool.All(),
+		Size: len(ctx.PostBody()), Path: ex.route.path, Body: ctx.PostBody(), Prompt: &ex.prompt}
 	ex.trace.Request(truncate(req.Model, maxShownModel), req.SessionKey)
 	return true
 }

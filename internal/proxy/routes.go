@@ -30,8 +30,8 @@ const (
 )
 
 // bodyReader derives what routing needs from a request's headers and body, in one parse: the
-// route's protocol. The Request it returns also renders the body's /tokenize query when the
-// policy wants the request's prompt tokens (tokens.go).
+// route's protocol. The Request it returns also renders the body's /tokenize query when a
+// policy asks for the request's prompt tokens (policy.Input.PromptTokens).
 type bodyReader func(h reqkey.Header, body []byte) (*protocol.Request, error)
 
 // route is one routed endpoint, with its metric series resolved once rather than looked up by

@@ -38,7 +38,6 @@ import (
 	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/responsesearch"
 	"github.com/cacheroute/cacheroute/internal/telemetry"
-	"github.com/cacheroute/cacheroute/internal/tokenize"
 	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
 )
@@ -85,9 +84,6 @@ type Options struct {
 	// (a client: its key's tenant, else its address); over it 429 (package bodies); 0: none.
 	MaxBodyBytesPerClient int64
 
-	// Tokenize, when set, asks an engine for the prompt tokens of the requests the policy may
-	// match against the engines' KV-cache events (tokens.go).
-	Tokenize *tokenize.Client
 	// PD, when set, prefills and decodes the requests of the routes that allow it on two workers
 	// (pd.go).
 	PD *PDOptions

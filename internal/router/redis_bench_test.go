@@ -70,7 +70,7 @@ func BenchmarkSessionStoreDecision(b *testing.B) {
 				added[0].SetHealthy(true)
 			}
 			m := metrics.New(pool)
-			p, shared, err := newPolicy(cfg, m, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+			p, shared, err := newPolicy(cfg, m, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, nil)
 			if err != nil {
 				b.Fatal(err)
 			}

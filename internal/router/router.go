@@ -100,14 +100,20 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		}
 	}
 	var kvIndex *kvevents.Index // what the workers' engines report they hold; nil unless --kv-events-endpoint
+	var tokens policy.Tokenizer // the policies' tokenizer, for the requests they match against kvIndex; nil without it
 	if cfg.KVEventsOn() {
 		kvIndex = kvevents.NewIndex(int64(cfg.KVEventsIndexSize))
+		opts := tokenize.Options{CacheBytes: tokenCacheBytes, Dialer: dialer, Metrics: r.metrics, Log: log}
+		if cfg.TokenizeURL != "" {
+			opts.URL, _ = tenant.NormalizeURL(cfg.TokenizeURL) // validated with the configuration
+		}
+		tokens = tokenize.New(opts)
 	}
 	decodeCfg := cfg
 	if cfg.PDDisaggregation {
 		decodeCfg.Policy = cfg.PolicyFor(cfg.DecodePolicy)
 	}
-	p, store, err := newPolicy(decodeCfg, r.metrics, log, kvIndex)
+	p, store, err := newPolicy(decodeCfg, r.metrics, log, kvIndex, tokens)
 	if err != nil {
 		return nil, err
 	}
@@ -117,7 +123,8 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 		// The prefill side's own policy: its own session map and prefix tree, in this process,
 		// reporting nothing, so that its state never mixes with the decode side's.
 		name := cfg.PolicyFor(cfg.PrefillPolicy)
-		env := policy.Env{Log: log, SessionTTL: cfg.SessionTTL, MaxSessions: cfg.MaxSessions, LoadUnitTokens: cfg.LoadUnitTokens, KVIndex: kvIndex}
+		env := policy.Env{Log: log, SessionTTL: cfg.SessionTTL, MaxSessions: cfg.MaxSessions, LoadUnitTokens: cfg.LoadUnitTokens,
+			KVIndex: kvIndex, Tokenizer: tokens}
 		if r.prefill, err = policy.New(name, env, cfg.PolicyOptions[name]); err != nil {
 			return nil, fmt.Errorf("--prefill-policy: %w", err)
 		}
@@ -143,7 +150,6 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 			Dialer:   dialer,
 		}, log)
 	}
-	var tokens *tokenize.Client
 	if kvIndex != nil {
 		r.kvEvents = kvevents.NewSet(kvIndex, log)
 		if cfg.KVEventsBind != "" {
@@ -154,11 +160,6 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 			r.kvEvents.Bind(r.kvBound)
 		}
 		r.metrics.SetKVEvents(r.kvEvents)
-		opts := tokenize.Options{CacheBytes: tokenCacheBytes, Dialer: dialer, Metrics: r.metrics, Log: log}
-		if cfg.TokenizeURL != "" {
-			opts.URL, _ = tenant.NormalizeURL(cfg.TokenizeURL) // validated with the configuration
-		}
-		tokens = tokenize.New(opts)
 	}
 	if r.admission, err = r.newAdmission(cfg); err != nil {
 		return nil, err
@@ -234,8 +235,7 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 			Dialer:           dialer,
 			MaxIdlePerWorker: maxIdlePerWorker,
 		},
-		Tokenize: tokens,
-		PD:       pd,
+		PD: pd,
 
 		StrictModels:       cfg.StrictModelMatching,
 		RefuseUnknownPaths: cfg.RefuseUnknownPaths,
@@ -250,11 +250,12 @@ func New(cfg config.Config, log *slog.Logger) (*Router, error) {
 const maxIdlePerWorker = 256
 
 // newPolicy builds the configured policy from the registry and, with --session-store redis, the
-// shared session store it uses.
-func newPolicy(cfg config.Config, m *metrics.Metrics, log *slog.Logger, kvIndex *kvevents.Index) (policy.Policy, *sharedStore, error) {
+// shared session store it uses; kvIndex and tokens are the workers' KV-cache events and the
+// tokenizer of the requests matched against them, nil without events.
+func newPolicy(cfg config.Config, m *metrics.Metrics, log *slog.Logger, kvIndex *kvevents.Index, tokens policy.Tokenizer) (policy.Policy, *sharedStore, error) {
 	var store *sharedStore
 	env := policy.Env{Log: log, Reporter: m, SessionTTL: cfg.SessionTTL, MaxSessions: cfg.MaxSessions,
-		LoadUnitTokens: cfg.LoadUnitTokens, KVIndex: kvIndex}
+		LoadUnitTokens: cfg.LoadUnitTokens, KVIndex: kvIndex, Tokenizer: tokens}
 	if cfg.SessionStore == "redis" {
 		var err error
 		if store, err = newSharedStore(cfg, m, log); err != nil {

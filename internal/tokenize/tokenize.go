@@ -1,8 +1,8 @@
 // Package tokenize asks an engine for a request's prompt tokens, as it will render them: vLLM's
 // POST /tokenize with a chat's messages and tools and add_generation_prompt, or a completion's
 // prompt. A policy that matches requests against the engines' KV-cache events needs them; the
-// policy says which requests are worth the round trip (policy.Policy.WantsTokens), the request
-// renders its own query (Query: package protocol writes it), and this package does the rest: which worker to ask
+// policy asks for them through its environment (policy.Env.Tokenizer, Input.PromptTokens) when
+// a request is worth the round trip, the request renders its own query (Query: package protocol writes it), and this package does the rest: which worker to ask
 // (workers.TokenizeOn: the least loaded candidate, and the model to ask it for), or the render
 // service instead (--tokenize-url); the call, through the router's worker client and within
 // upstream.Timeouts.TokenizeFor; the answers remembered by route, model and history key, so that
@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/metrics"
+	"github.com/cacheroute/cacheroute/internal/policy"
 	"github.com/cacheroute/cacheroute/internal/protocol"
 	"github.com/cacheroute/cacheroute/internal/upstream"
 	"github.com/cacheroute/cacheroute/internal/workers"
@@ -77,6 +78,13 @@ const maxRefreshing = 2
 func New(opts Options) *Client {
 	return &Client{opts: opts, http: opts.Dialer.Client(), cache: newCache(opts.CacheBytes),
 		refreshing: make(chan struct{}, maxRefreshing)}
+}
+
+// PromptTokens gives the prompt tokens of the request a policy is choosing for (Tokens, with the
+// request's route path, routing text, candidates, model and body): the client is the policies'
+// policy.Tokenizer.
+func (c *Client) PromptTokens(in policy.Input) ([]uint32, string) {
+	return c.Tokens(in.Path, in.Request.Text, in.Candidates, in.Request.Model, in.Body, in.Request)
 }
 
 // Tokens returns the prompt tokens of a request for model (its routing text text, on the route

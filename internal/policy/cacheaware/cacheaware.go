@@ -83,6 +83,9 @@ type Options struct {
 	// requests that come with their tokens are matched against it before the prefix tree, as
 	// CacheIndex says.
 	KVIndex *kvevents.Index
+	// Tokenizer, when set beside KVIndex, gives the prompt tokens of the requests worth matching
+	// against the events (wantsTokens); nil: no request comes with its tokens.
+	Tokenizer policy.Tokenizer
 	// CacheIndex is which picture of the caches places a request without session key that came
 	// with its tokens: IndexAuto (the events when an engine reports holding part of the prompt,
 	// else the prefix tree), IndexEvents (the events alone), IndexText (the prefix tree alone).
@@ -184,7 +187,10 @@ func (p *Policy) report(kind string, n int) {
 
 // decision is the chain's working state for one request.
 type decision struct {
-	in      policy.Input
+	in policy.Input
+	// prompt is the request's prompt tokens, when asked for this request (askTokens, in Select;
+	// Accepted reads them back from the request's memo); the zero Prompt otherwise.
+	prompt  policy.Prompt
 	ctx     context.Context
 	model   string
 	text    string // the request's history key or routing text; in the tree under model
@@ -231,6 +237,7 @@ func newDecision(in policy.Input) *decision {
 // that lapses by itself.
 func (p *Policy) Select(in policy.Input) policy.Decision {
 	d := newDecision(in)
+	p.askTokens(in, d)
 	if id := in.Request.PreviousResponseID; id != "" {
 		if dec, ok := p.followResponse(d, id); ok {
 			return dec
@@ -250,7 +257,7 @@ func (p *Policy) Select(in policy.Input) policy.Decision {
 	case d.eventsHeld > 0:
 		// The engine's own account: the share of the prompt's tokens it holds; the held bytes stay the
 		// tree's, which is what Done undoes on a failure.
-		match = float64(d.eventsHeld) / float64(len(in.Tokens))
+		match = float64(d.eventsHeld) / float64(len(d.prompt.Tokens))
 	case len(d.text) > 0:
 		match = float64(held) / float64(len(d.text))
 	}
@@ -300,6 +307,7 @@ func (p *Policy) Accepted(in policy.Input, dec policy.Decision) {
 		return // nothing was chosen
 	}
 	d := newDecision(in)
+	d.prompt = in.Asked() // as Select saw them
 	for _, t := range choiceOf(dec).forget {
 		p.report(evictedTree, p.tree.RemoveTenant(t))
 	}
@@ -370,7 +378,7 @@ func (p *Policy) unlearn(in policy.Input, dec policy.Decision) {
 // events holds nothing here. The keys carry the request's LoRA adapter, if any (eventKeys), so a
 // request matches only blocks computed for its own adapter or base model.
 func (p *Policy) byEvents(d *decision) (*workers.Worker, bool) {
-	tokens := d.in.Tokens
+	tokens := d.prompt.Tokens
 	if p.opts.KVIndex == nil || len(tokens) == 0 {
 		return nil, false
 	}
@@ -385,7 +393,7 @@ func (p *Policy) byEvents(d *decision) (*workers.Worker, bool) {
 		if bs := p.opts.KVIndex.BlockSize(w.ID()); bs > 0 {
 			k, ok := keys[bs]
 			if !ok {
-				k = eventKeys(d.in, tokens, bs)
+				k = eventKeys(d.prompt, tokens, bs)
 				keys[bs] = k
 			}
 			m := p.opts.KVIndex.Match(w.ID(), k)
@@ -425,8 +433,8 @@ func (p *Policy) byEvents(d *decision) (*workers.Worker, bool) {
 // at the adapter its BlockStored names, with in's cache_salt in the first block, as vLLM hashes it. The model is "" on both sides: the index keeps each
 // worker's blocks apart, and the proxy asks for tokens only of the base model a worker lists
 // first and of its adapters.
-func eventKeys(in policy.Input, tokens []uint32, bs int) []uint64 {
-	return kvevents.Keys("", in.LoRA, in.CacheSalt, tokens, bs)
+func eventKeys(prompt policy.Prompt, tokens []uint32, bs int) []uint64 {
+	return kvevents.Keys("", prompt.LoRA, prompt.CacheSalt, tokens, bs)
 }
 
 func (p *Policy) imbalanced(minLoad, maxLoad int64) bool {

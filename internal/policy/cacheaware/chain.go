@@ -187,7 +187,7 @@ func (p *Policy) placeByEvents(d *decision) (*workers.Worker, string, bool) {
 // noEngineHoldsAny: with the events alone (IndexEvents), a request without session key that came
 // with its tokens, which no engine holds any of: the least loaded.
 func (p *Policy) noEngineHoldsAny(d *decision) (*workers.Worker, string, bool) {
-	if d.key != "" || p.opts.CacheIndex != IndexEvents || p.opts.KVIndex == nil || len(d.in.Tokens) == 0 {
+	if d.key != "" || p.opts.CacheIndex != IndexEvents || p.opts.KVIndex == nil || len(d.prompt.Tokens) == 0 {
 		return nil, "", false
 	}
 	return p.minLoad(d), LabelLowMatch, true

@@ -135,8 +135,8 @@ func TestEachReasonIsNamedByTheStepThatDecided(t *testing.T) {
 				x, prompt := p.opts.KVIndex, tokens(1000, 3*16)
 				store(x, ws[1].ID(), prompt, 3, 0)
 				store(x, ws[1].ID(), tokens(9000, 16), 1, 50) // the engine holds something else still
-				in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
-					Candidates: pool.All(), All: pool.All(), Tokens: prompt}
+				in := withTokens(policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
+					Candidates: pool.All(), All: pool.All()}, prompt, "")
 				p.Accepted(in, policy.Decision{Worker: ws[1], Label: LabelFullHistoryMatch})
 				x.Apply(ws[1].ID(), "", kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.Removed, BlockHashes: []kvevents.Hash{1, 2, 3}}}})
 				d, _ := sessionTurn(t, p, pool, prompt)

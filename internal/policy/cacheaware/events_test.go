@@ -31,8 +31,7 @@ func holding(worker tenant.ID, ts []uint32, blocks int) *kvevents.Index {
 func selectWith(t *testing.T, p *Policy, pool *workers.Pool, ts []uint32) policy.Decision {
 	t.Helper()
 	r := req(t, `{"messages":[{"role":"user","content":"a prompt the tree has never seen"}]}`)
-	in := policy.Input{Request: r, Candidates: pool.All(), All: pool.All(), Tokens: ts}
-	return p.Select(in)
+	return p.Select(withTokens(policy.Input{Request: r, Candidates: pool.All(), All: pool.All()}, ts, ""))
 }
 
 func TestEventsSendARequestWithoutSessionToTheWorkerWhoseEngineHoldsItsPrompt(t *testing.T) {
@@ -88,9 +87,8 @@ func TestCacheIndexChoosesWhichPictureOfTheCachesPlacesARequest(t *testing.T) {
 		opts := defaultOptions()
 		opts.KVIndex, opts.CacheIndex = idx, index
 		p := newPolicy(opts)
-		in := policy.Input{Request: req(t, body), Candidates: pool.All(), All: pool.All(), Tokens: prompt}
-		teach := in
-		teach.Tokens = nil
+		teach := policy.Input{Request: req(t, body), Candidates: pool.All(), All: pool.All()}
+		in := withTokens(teach, prompt, "")
 		p.Accepted(teach, policy.Decision{Worker: ws[0], Label: LabelCacheAffinity}) // the tree: ws[0] holds the text
 		return p.Select(in)
 	}
@@ -115,8 +113,9 @@ func store(x *kvevents.Index, worker tenant.ID, ts []uint32, blocks, base int) {
 	storeFor(x, worker, "", ts, blocks, base)
 }
 
-// sessionTurn is one turn of session "s1" to the policy, its tokens given only when the policy
-// asks for them, as the proxy does; the decision is accepted.
+// sessionTurn is one turn of session "s1" to the policy, its tokens given by the policy's
+// tokenizer only when the policy asks for them; the decision is accepted. It reports whether the
+// tokens were asked.
 func sessionTurn(t *testing.T, p *Policy, pool *workers.Pool, ts []uint32) (policy.Decision, bool) {
 	t.Helper()
 	return adapterSessionTurn(t, p, pool, ts, "")
@@ -125,15 +124,14 @@ func sessionTurn(t *testing.T, p *Policy, pool *workers.Pool, ts []uint32) (poli
 // adapterSessionTurn is sessionTurn for a request whose tokens are for LoRA adapter lora.
 func adapterSessionTurn(t *testing.T, p *Policy, pool *workers.Pool, ts []uint32, lora string) (policy.Decision, bool) {
 	t.Helper()
-	in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
-		Candidates: pool.All(), All: pool.All()}
-	asked := p.WantsTokens(in)
-	if asked {
-		in.Tokens, in.LoRA = ts, lora
-	}
+	body := chat("", []string{"hello"}, "")
+	in := policy.Input{Request: req(t, body, "x-session-id", "s1"), Body: []byte(body),
+		Candidates: pool.All(), All: pool.All(), Prompt: &policy.PromptMemo{}}
+	tk := &tokenizer{tokens: ts, lora: lora}
+	p.opts.Tokenizer = tk
 	d := p.Select(in)
 	p.Accepted(in, d)
-	return d, asked
+	return d, tk.calls > 0
 }
 
 func TestSessionWhoseWorkerClearedItsCacheMovesWithSessionEvicted(t *testing.T) {
@@ -147,11 +145,10 @@ func TestSessionWhoseWorkerClearedItsCacheMovesWithSessionEvicted(t *testing.T) 
 	// holding them.
 	in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
 		Candidates: pool.All(), All: pool.All()}
-	if !p.WantsTokens(in) {
+	if !p.wantsTokens(newDecision(in)) {
 		t.Fatal("a session the policy has no first block for is not asked its tokens")
 	}
-	in.Tokens = prompt
-	p.Accepted(in, policy.Decision{Worker: ws[0], Label: LabelFullHistoryMatch})
+	p.Accepted(withTokens(in, prompt, ""), policy.Decision{Worker: ws[0], Label: LabelFullHistoryMatch})
 
 	if d, asked := sessionTurn(t, p, pool, prompt); asked || d.Label != LabelSessionMatch || d.Worker != ws[0] {
 		t.Fatalf("worker still holds it: %s on %s (tokens asked: %v), want %s on %s without tokens",
@@ -179,8 +176,8 @@ func TestSessionWhoseWorkerRemovedItsBlocksMovesWithSessionEvicted(t *testing.T)
 	store(x, ws[1].ID(), prompt, 3, 0)
 	store(x, ws[1].ID(), tokens(9000, 16), 1, 50) // the engine holds something else still
 	p := policyReading(x)
-	in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
-		Candidates: pool.All(), All: pool.All(), Tokens: prompt}
+	in := withTokens(policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
+		Candidates: pool.All(), All: pool.All()}, prompt, "")
 	p.Accepted(in, policy.Decision{Worker: ws[1], Label: LabelFullHistoryMatch})
 	x.Apply(ws[1].ID(), "", kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.Removed, BlockHashes: []kvevents.Hash{1, 2, 3}}}})
 	if d, asked := sessionTurn(t, p, pool, prompt); !asked || d.Label != LabelSessionEvicted {
@@ -197,8 +194,8 @@ func TestSessionWhoseBlocksAreNotPublishedYetStays(t *testing.T) {
 	x := kvevents.NewIndex(1 << 20)
 	store(x, ws[0].ID(), tokens(9000, 16), 1, 50) // the engine is known, the session's blocks not yet
 	p := policyReading(x)
-	in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
-		Candidates: pool.All(), All: pool.All(), Tokens: prompt}
+	in := withTokens(policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
+		Candidates: pool.All(), All: pool.All()}, prompt, "")
 	p.Accepted(in, policy.Decision{Worker: ws[0], Label: LabelFullHistoryMatch})
 	if d, asked := sessionTurn(t, p, pool, prompt); asked || d.Label != LabelSessionMatch || d.Worker != ws[0] {
 		t.Fatalf("blocks not published yet: %s on %s (tokens asked: %v), want %s on %s without tokens",
@@ -224,14 +221,17 @@ func TestSessionStaysWithoutEventsOrWhenItsWorkersEngineIsUnknown(t *testing.T) 
 	} {
 		opts := defaultOptions()
 		opts.KVIndex = tc.x
+		tk := &tokenizer{tokens: prompt}
+		opts.Tokenizer = tk
 		p := newPolicy(opts)
-		in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
-			Candidates: pool.All(), All: pool.All(), Tokens: prompt}
+		in := withTokens(policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
+			Candidates: pool.All(), All: pool.All()}, prompt, "")
 		p.Accepted(in, policy.Decision{Worker: ws[1], Label: LabelFullHistoryMatch})
 		if d := p.Select(in); d.Label != LabelSessionMatch || d.Worker != ws[1] {
 			t.Errorf("%s: %s on %s, want %s on %s", tc.name, d.Label, d.Worker.Name(), LabelSessionMatch, ws[1].Name())
 		}
-		if tc.x == nil && p.WantsTokens(in) {
+		again := policy.Input{Request: in.Request, Candidates: pool.All(), All: pool.All(), Prompt: &policy.PromptMemo{}}
+		if p.Select(again); tc.x == nil && tk.calls > 0 {
 			t.Errorf("%s: a session request is asked its tokens", tc.name)
 		}
 	}
@@ -278,7 +278,7 @@ func TestEventsMatchARequestOnlyAgainstTheBlocksOfItsOwnAdapter(t *testing.T) {
 	p := policyReading(x)
 	sel := func(lora string) policy.Decision {
 		r := req(t, `{"messages":[{"role":"user","content":"a prompt the tree has never seen"}]}`)
-		return p.Select(policy.Input{Request: r, Candidates: pool.All(), All: pool.All(), Tokens: prompt, LoRA: lora})
+		return p.Select(withTokens(policy.Input{Request: r, Candidates: pool.All(), All: pool.All()}, prompt, lora))
 	}
 	for lora, want := range map[string]*workers.Worker{"": ws[0], "sql": ws[1]} {
 		if d := sel(lora); d.Worker != want || d.Label != LabelKVEventsMatch {
@@ -300,8 +300,8 @@ func TestAnAdaptersSessionIsCheckedAgainstItsAdaptersBlocks(t *testing.T) {
 	storeFor(x, ws[0].ID(), "sql", prompt, 4, 0)
 	storeFor(x, ws[1].ID(), "", prompt, 4, 100)
 	p := policyReading(x)
-	in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
-		Candidates: pool.All(), All: pool.All(), Tokens: prompt, LoRA: "sql"}
+	in := withTokens(policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
+		Candidates: pool.All(), All: pool.All()}, prompt, "sql")
 	p.Accepted(in, policy.Decision{Worker: ws[0], Label: LabelFullHistoryMatch})
 	if d, asked := adapterSessionTurn(t, p, pool, prompt, "sql"); asked || d.Label != LabelSessionMatch || d.Worker != ws[0] {
 		t.Fatalf("its worker holds it: %s on %s (tokens asked: %v), want %s on %s", d.Label, d.Worker.Name(), asked,
@@ -338,9 +338,8 @@ func TestAConversationTheTreeSawPlacedStaysWhileItsEngineHoldsAsMuchAsAny(t *tes
 		opts.LoadUnitTokens, opts.BalanceAbsThreshold = 16, 1000
 		opts.KVIndex, opts.CacheIndex = idx, cacheIndex
 		p := newPolicy(opts)
-		in := policy.Input{Request: req(t, body), Candidates: pool.All(), All: pool.All(), Tokens: prompt}
-		teach := in
-		teach.Tokens = nil
+		teach := policy.Input{Request: req(t, body), Candidates: pool.All(), All: pool.All()}
+		in := withTokens(teach, prompt, "")
 		p.Accepted(teach, policy.Decision{Worker: ws[0], Label: LabelCacheAffinity}) // the tree: ws[0] has it
 		return p.Select(in)
 	}
@@ -363,23 +362,23 @@ func TestASessionPlacedBeforeItsEngineIsKnownIsTokenizedOnceTheEngineIs(t *testi
 	prompt := tokens(1000, 3*16)
 	x := kvevents.NewIndex(1 << 20)
 	p := policyReading(x)
-	in := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
-		Candidates: pool.All(), All: pool.All(), Tokens: prompt}
-	if !p.WantsTokens(in) {
+	later := policy.Input{Request: req(t, chat("", []string{"hello"}, ""), "x-session-id", "s1"),
+		Candidates: pool.All(), All: pool.All()}
+	wants := func() bool { return p.wantsTokens(newDecision(later)) }
+	if !wants() {
 		t.Fatal("a new session is not asked its tokens")
 	}
+	in := withTokens(later, prompt, "")
 	p.Accepted(in, policy.Decision{Worker: ws[1], Label: LabelFullHistoryMatch})
-	later := in
-	later.Tokens = nil
-	if p.WantsTokens(later) {
+	if wants() {
 		t.Fatal("asked again while its worker's engine has published nothing")
 	}
 	storeFor(x, ws[1].ID(), "", tokens(90000, 16), 1, 500) // the engine publishes another prompt's block
-	if !p.WantsTokens(later) {
+	if !wants() {
 		t.Fatal("not asked once its worker's engine is known, so its first block is never recorded")
 	}
 	p.Accepted(in, policy.Decision{Worker: ws[1], Label: LabelSessionMatch})
-	if p.WantsTokens(later) {
+	if wants() {
 		t.Fatal("asked again after its first block was recorded")
 	}
 }
@@ -431,9 +430,33 @@ func TestAnUnknownSessionIsPlacedByTheEventsBeforeTheTree(t *testing.T) {
 		p := newPolicy(opts)
 		teach := policy.Input{Request: req(t, body, "x-session-id", "other"), Candidates: pool.All(), All: pool.All()}
 		p.Accepted(teach, policy.Decision{Worker: ws[0], Label: LabelCacheAffinity}) // the tree: ws[0] holds the text
-		in := policy.Input{Request: req(t, body, "x-session-id", "new"), Candidates: pool.All(), All: pool.All(), Tokens: prompt}
+		in := withTokens(policy.Input{Request: req(t, body, "x-session-id", "new"), Candidates: pool.All(), All: pool.All()}, prompt, "")
 		if d := p.Select(in); d.Worker != ws[c.want] || d.Label != c.label {
 			t.Errorf("%s: %s on %s, want %s on %s", c.index, d.Label, d.Worker.Name(), c.label, ws[c.want].Name())
 		}
+	}
+}
+
+// The policy asks its tokenizer for the tokens of a request without session key among several
+// candidates, and a retry's Select of the same request (its memo) uses them without asking again.
+func TestARetriedRequestIsMatchedByTheTokensItsFirstSelectAsked(t *testing.T) {
+	pool, ws := fleet(t, 3)
+	prompt := tokens(1000, 5*16+7)
+	opts := defaultOptions()
+	opts.KVIndex = holding(ws[2].ID(), prompt, 4)
+	tk := &tokenizer{tokens: prompt}
+	opts.Tokenizer = tk
+	p := newPolicy(opts)
+	body := `{"messages":[{"role":"user","content":"a prompt the tree has never seen"}]}`
+	in := policy.Input{Request: req(t, body), Body: []byte(body), Candidates: pool.All(), All: pool.All(), Prompt: &policy.PromptMemo{}}
+	if d := p.Select(in); d.Worker != ws[2] || d.Label != LabelKVEventsMatch {
+		t.Fatalf("first Select: %s on %s, want %s on %s", d.Label, d.Worker.Name(), LabelKVEventsMatch, ws[2].Name())
+	}
+	in.Candidates = []*workers.Worker{ws[0], ws[2]} // the retry, without a refused worker
+	if d := p.Select(in); d.Worker != ws[2] || d.Label != LabelKVEventsMatch {
+		t.Fatalf("retry: %s on %s, want %s on %s", d.Label, d.Worker.Name(), LabelKVEventsMatch, ws[2].Name())
+	}
+	if tk.calls != 1 {
+		t.Fatalf("tokenizer asked %d times for one request, want once", tk.calls)
 	}
 }

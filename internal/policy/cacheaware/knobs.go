@@ -154,6 +154,7 @@ func (k *Knobs) Options(env policy.Env) Options {
 		SessionTTL:          env.SessionTTL,
 		MaxSessions:         env.MaxSessions,
 		KVIndex:             env.KVIndex,
+		Tokenizer:           env.Tokenizer,
 		Pressure:            k.pressure(),
 	}
 }

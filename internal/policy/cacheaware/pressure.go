@@ -121,11 +121,11 @@ func (pr *pressure) active(d *decision) bool {
 
 // promptTokens is the request's prompt in tokens: its own when it came with them, else its size
 // at the bytes a token has taken in the answers so far.
-func (pr *pressure) promptTokens(in policy.Input) int {
-	if len(in.Tokens) > 0 {
-		return len(in.Tokens)
+func (pr *pressure) promptTokens(d *decision) int {
+	if n := len(d.prompt.Tokens); n > 0 {
+		return n
 	}
-	return int(float64(in.Size) / math.Float64frombits(pr.bytesPerToken.Load()))
+	return int(float64(d.in.Size) / math.Float64frombits(pr.bytesPerToken.Load()))
 }
 
 // learnSize teaches the bytes a token takes from a request of size bytes whose prompt was prompt
@@ -154,7 +154,7 @@ func (pr *pressure) cost(w *workers.Worker, compute int) time.Duration {
 func (p *Policy) place(d *decision) policy.Decision {
 	pr := p.pressure
 	in := d.in
-	rec := &sessionRecord{key: d.model + "\x00" + d.key, prompt: pr.promptTokens(in)}
+	rec := &sessionRecord{key: d.model + "\x00" + d.key, prompt: pr.promptTokens(d)}
 	s, known := pr.res.Session(rec.key)
 	if w0, held, ok := p.resident(d, rec, s, known); ok {
 		stay := pr.cost(w0, rec.prompt-held)

@@ -92,14 +92,14 @@ func (p *Policy) eventsChecked() bool {
 	return p.opts.KVIndex != nil && p.opts.CacheIndex != IndexText
 }
 
-// firstBlock is the key of the first block of in's tokens at block size bs, if they fill one:
-// keyed with its LoRA adapter, as every block of the request is (eventKeys), so an adapter's
+// firstBlock is the key of the first block of the prompt's tokens at block size bs, if they fill
+// one: keyed with its LoRA adapter, as every block of the request is (eventKeys), so an adapter's
 // session is checked against its adapter's blocks.
-func firstBlock(in policy.Input, bs int) (uint64, bool) {
-	if bs <= 0 || len(in.Tokens) < bs {
+func firstBlock(prompt policy.Prompt, bs int) (uint64, bool) {
+	if bs <= 0 || len(prompt.Tokens) < bs {
 		return 0, false
 	}
-	return eventKeys(in, in.Tokens[:bs], bs)[0], true
+	return eventKeys(prompt, prompt.Tokens[:bs], bs)[0], true
 }
 
 // sessionEvicted reports whether the events show that w, the worker the session map names, holds
@@ -112,8 +112,8 @@ func (p *Policy) sessionEvicted(d *decision, w *workers.Worker) bool {
 		return false
 	}
 	bs := p.opts.KVIndex.BlockSize(w.ID())
-	first, ok := firstBlock(d.in, bs)
-	if !ok && len(d.in.Tokens) == 0 {
+	first, ok := firstBlock(d.prompt, bs)
+	if !ok && len(d.prompt.Tokens) == 0 {
 		var b sessionBlock
 		b, ok = p.blocks.get(d.model, d.key)
 		ok = ok && b.blockSize == bs
@@ -140,12 +140,12 @@ func (p *Policy) recordSession(d *decision, w *workers.Worker) {
 		return
 	}
 	bs := p.opts.KVIndex.BlockSize(w.ID())
-	if first, ok := firstBlock(d.in, bs); ok {
+	if first, ok := firstBlock(d.prompt, bs); ok {
 		seen := p.holds(w, first) || p.seenBefore(d, w, first)
 		p.blocks.put(d.model, d.key, sessionBlock{first: first, blockSize: bs, worker: w.ID(), seen: seen})
 		return
 	}
-	if bs == 0 && len(d.in.Tokens) > 0 {
+	if bs == 0 && len(d.prompt.Tokens) > 0 {
 		// The worker's engine has published nothing yet, so its block size is unknown: the
 		// session is recorded without a key, and tokenized again once the engine is known.
 		p.blocks.put(d.model, d.key, sessionBlock{worker: w.ID()})
@@ -157,15 +157,27 @@ func (p *Policy) recordSession(d *decision, w *workers.Worker) {
 	}
 }
 
-// WantsTokens says which requests are worth their prompt tokens (a /tokenize round trip) when
+// askTokens gives d, the decision for in, the request's prompt tokens (d.prompt) when it is worth
+// them (wantsTokens) and the events are on. A request whose tokens were asked at an earlier
+// Select (a retry, after a Hold) keeps them, and is never asked twice (Input.PromptTokens).
+func (p *Policy) askTokens(in policy.Input, d *decision) {
+	if d.prompt = in.Asked(); p.opts.Tokenizer == nil || p.opts.KVIndex == nil || d.prompt.Tokens != nil {
+		return
+	}
+	if p.wantsTokens(d) {
+		d.prompt = in.PromptTokens(p.opts.Tokenizer)
+	}
+}
+
+// wantsTokens says which requests are worth their prompt tokens (a /tokenize round trip) when
 // the events are on: those without any id, which the events place among several candidates; a session this router has no
 // first block for (a new session, or one placed by another replica, or forgotten, or one whose
 // worker's engine had published nothing when it came, once that engine has), to record it;
 // and a session whose worker's engine, by the events, no longer holds its first block, which moves
 // and is placed by the events. A session whose worker still holds it, and a turn that continues a
 // stored response, are decided without them.
-func (p *Policy) WantsTokens(in policy.Input) bool {
-	d := newDecision(in)
+func (p *Policy) wantsTokens(d *decision) bool {
+	in := d.in
 	switch {
 	case in.Request.PreviousResponseID != "":
 		return false

@@ -100,8 +100,8 @@ func prose(rng *rand.Rand, n int) string {
 
 // BenchmarkDecisionBySize is one whole decision for a turn of an agent conversation, as the proxy
 // drives the policy: parse the body, ask for the prompt tokens when the events are on
-// (WantsTokens; the tokens themselves are given, their /tokenize is the router's to measure), then
-// Select, Accepted and Done, over 8 workers. Each timed turn continues the previous turn of its
+// (the policy asks its tokenizer; the tokens themselves are given, their /tokenize is the router's
+// to measure) in Select, then Accepted and Done, over 8 workers. Each timed turn continues the previous turn of its
 // conversation, which the policy already holds (the tree, the session map, and with events the
 // engine's blocks of the previous turn in the index). Sizes and modes as promptSizes and
 // sizeModes:
@@ -118,10 +118,12 @@ func BenchmarkDecisionBySize(b *testing.B) {
 func benchDecisionBySize(b *testing.B, size int, mode string) {
 	pool, _ := fleet(b, 8)
 	env := policy.Env{LoadUnitTokens: workers.DefaultLoadUnitTokens, SessionTTL: time.Hour, MaxSessions: 100_000}
+	tk := &tokenizer{}           // the conversation's tokens, given to the policy when it asks
+	memo := &policy.PromptMemo{} // each turn's, made afresh as the proxy's exchange holds one
 	var index *kvevents.Index
 	if mode == modeNoIDsEvts {
 		index = kvevents.NewIndex(64 << 20)
-		env.KVIndex = index
+		env.KVIndex, env.Tokenizer = index, tk
 	}
 	p := newPolicy(DefaultKnobs().Options(env))
 	want := map[string]string{modeIDs: LabelSessionMatch, modeNoIDs: LabelCacheAffinity, modeNoIDsEvts: LabelKVEventsMatch}[mode]
@@ -136,11 +138,11 @@ func benchDecisionBySize(b *testing.B, size int, mode string) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		in := policy.Input{Context: b.Context(), Request: r, Model: r.Model, Candidates: pool.All(), All: pool.All(), Size: len(body)}
 		prompt := tokenCount(body)
-		if index != nil && p.WantsTokens(in) {
-			in.Tokens = conv.tokens[:prompt]
-		}
+		tk.tokens = conv.tokens[:prompt]
+		*memo = policy.PromptMemo{}
+		in := policy.Input{Context: b.Context(), Request: r, Model: r.Model, Candidates: pool.All(), All: pool.All(), Size: len(body),
+			Body: body, Prompt: memo}
 		d := p.Select(in)
 		if d.Worker == nil {
 			b.Fatalf("conversation %d turn %d: no worker (%s)", n, t, d.Label)
