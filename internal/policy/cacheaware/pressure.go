@@ -29,9 +29,10 @@ import (
 //     fewest: a prefix that other sessions share (a common system prompt and tools) is worth one
 //     prefill on each worker, not every new session on the first worker that computed it; among
 //     equals, the worker with the fewest live sessions, so sessions spread over an idle fleet
-//     (kv_room). A session placed and not yet accepted counts as live (claims.go). No worker with room: the request waits for room (a Hold, when session
-//     admission is on), and is placed when room appears (kv_room_after_wait) or when its wait is
-//     over (kv_room_exhausted: the engines will evict to make room).
+//     (kv_room). A session placed and not yet accepted counts as live (claims.go). No worker
+//     with room: the request waits for room (a Hold, when session admission is on), and is
+//     placed when room appears (kv_room_after_wait) or when its wait is over
+//     (kv_room_exhausted: the engines will evict to make room).
 
 // Labels of the pressure-aware placement.
 const (
@@ -82,11 +83,8 @@ type PressureOptions struct {
 }
 
 func newPressure(o PressureOptions) *pressure {
-	now := o.Residency.Now
-	if now == nil {
-		now = time.Now
-	}
-	pr := &pressure{res: residency.New(o.Residency), ttft: predict.New(), claims: newClaims(now)}
+	res := residency.New(o.Residency)
+	pr := &pressure{res: res, ttft: predict.New(), claims: newClaims(res.Options().Now)}
 	pr.bytesPerToken.Store(math.Float64bits(bytesPerToken))
 	if o.Admission {
 		pr.queue = admission.NewSessionQueue(admission.SessionQueueOptions{Max: o.AdmissionQueue,
