@@ -18,8 +18,10 @@ import (
 	"github.com/cacheroute/cacheroute/internal/router"
 )
 
-// Main runs the command line and returns the process exit code.
+// Main runs the command line and returns the process exit code. It first runs the program again
+// with the runtime's system monitor kept out of deep sleep (keepSysmonAwake), once.
 func Main(args []string) int {
+	keepSysmonAwake()
 	if err := Execute(context.Background(), args, os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "cacheroute:", err)
 		return 1
