@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"reflect"
 	"runtime"
+	"slices"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -225,5 +227,84 @@ func FuzzDecode(f *testing.F) {
 		if x.Bytes() > 64*perBlockBytes || x.Bytes() < 0 {
 			t.Fatalf("index bytes %d outside [0, budget]", x.Bytes())
 		}
+	})
+}
+
+// referenceTokenIDs reads an array of token ids the way tokens did before it read the payload
+// itself: msgpack.Decoder.DecodeUint64 for each, then the range check.
+func referenceTokenIDs(payload []byte) ([]uint32, int, error) {
+	r := bytes.NewReader(payload)
+	d := msgpack.NewDecoder(r)
+	n, err := d.DecodeArrayLen()
+	if err != nil || n > r.Len() {
+		return nil, 0, fmt.Errorf("bad length %d: %v", n, err)
+	}
+	n = max(n, 0) // a nil in place of the array reads as empty (Decoder.length)
+	out := make([]uint32, n)
+	for i := range out {
+		v, err := d.DecodeUint64()
+		if err != nil {
+			return nil, 0, err
+		}
+		if v > 1<<32-1 {
+			return nil, 0, fmt.Errorf("token id %d out of range", v)
+		}
+		out[i] = uint32(v)
+	}
+	return out, len(payload) - r.Len(), nil
+}
+
+// decodeTokenIDs reads an array of token ids with the decoder's tokens, and the bytes it took.
+func decodeTokenIDs(payload []byte) ([]uint32, int, error) {
+	dec := NewDecoder()
+	dec.payload = payload
+	dec.r.Reset(payload)
+	dec.d.Reset(&dec.r)
+	ids, err := dec.tokens()
+	return ids, len(payload) - dec.r.Len(), err
+}
+
+func checkTokenIDsAgree(t *testing.T, payload []byte) {
+	t.Helper()
+	want, wantUsed, wantErr := referenceTokenIDs(payload)
+	got, used, err := decodeTokenIDs(payload)
+	if (err != nil) != (wantErr != nil) {
+		t.Fatalf("payload %x: error %v, msgpack's decoder: %v", payload, err, wantErr)
+	}
+	if err == nil && (!slices.Equal(got, want) || used != wantUsed) {
+		t.Fatalf("payload %x: %v in %d bytes, msgpack's decoder: %v in %d", payload, got, used, want, wantUsed)
+	}
+}
+
+func TestTokenIDsReadAsMsgpacksDecoderReadsThem(t *testing.T) {
+	var values []any
+	for _, v := range []int64{0, 1, 127, 128, 255, 256, 65535, 65536, 1<<31 - 1, 1 << 31, 1<<32 - 1, 1 << 32, -1, -32, -33, -128, -129, -32768, -32769, -1 << 31, -1<<31 - 1} {
+		values = append(values, v, uint64(v), int8(v), int16(v), int32(v), uint8(v), uint16(v), uint32(v))
+	}
+	values = append(values, nil, 1.0, "7", true, []any{1})
+	for _, v := range values {
+		one := mustMarshal(t, []any{v, 5})
+		checkTokenIDsAgree(t, one)
+		for cut := 1; cut < len(one); cut++ { // every truncation
+			checkTokenIDsAgree(t, one[:cut])
+		}
+	}
+	// Every integer form msgpack has, encoded by hand where the encoder would pick a shorter one.
+	for _, p := range [][]byte{
+		{0x91, 0xcc, 7}, {0x91, 0xcd, 0, 7}, {0x91, 0xce, 0, 0, 0, 7}, {0x91, 0xcf, 0, 0, 0, 0, 0, 0, 0, 7},
+		{0x91, 0xd0, 7}, {0x91, 0xd1, 0, 7}, {0x91, 0xd2, 0, 0, 0, 7}, {0x91, 0xd3, 0, 0, 0, 0, 0, 0, 0, 7},
+		{0x91, 0xd3, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, {0x91, 0xcf, 0, 0, 0, 1, 0, 0, 0, 0},
+		{0x91, 0xd2, 0x80, 0, 0, 0}, {0x91, 0xce, 0xff, 0xff, 0xff, 0xff},
+	} {
+		checkTokenIDsAgree(t, p)
+	}
+}
+
+func FuzzTokenIDsReadAsMsgpacksDecoderReadsThem(f *testing.F) {
+	f.Add(mustMarshal(f, seq(0, 300)))
+	f.Add([]byte{0x92, 0xd3, 0, 0, 0, 0, 0, 0, 0, 7, 0xc0})
+	f.Add([]byte{0x93, 0xff, 0xcc, 0x80, 0xd0})
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		checkTokenIDsAgree(t, payload)
 	})
 }
