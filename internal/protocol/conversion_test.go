@@ -45,7 +45,7 @@ func checkConverted(t testing.TB, p *agentProtocol, body []byte) bool {
 	if err != nil {
 		return false
 	}
-	got, ok := r.TokenizeBody(body, "m")
+	got, ok := r.AppendTokenizeBody(nil, body, "m")
 	want, wantOK := refConvertedBody(p, body, "m")
 	if ok != wantOK || !bytes.Equal(got, want) {
 		t.Fatalf("%s body %s:\nquery     %s %v\nreference %s %v", p.name, body, got, ok, want, wantOK)
@@ -122,7 +122,7 @@ func checkQuery(t *testing.T, parse func(h reqkey.Header, raw []byte) (*protocol
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, ok := r.TokenizeBody([]byte(body), "m")
+	got, ok := r.AppendTokenizeBody(nil, []byte(body), "m")
 	if !ok || string(got) != want {
 		t.Errorf("query\n%s %v\nwant\n%s", got, ok, want)
 	}
@@ -340,7 +340,7 @@ func BenchmarkTokenizeBody(b *testing.B) {
 						}
 						var ok bool
 						if way == "one-parse" {
-							_, ok = r.TokenizeBody(body, "m")
+							_, ok = r.AppendTokenizeBody(nil, body, "m")
 						} else {
 							_, ok = p.ref(body)
 						}

@@ -44,17 +44,18 @@ type query struct {
 	buf []byte // scratch space for decoded strings
 }
 
-// TokenizeBody returns the body of a POST /tokenize that asks model for the prompt tokens of the
-// request read from body, as the engine will render them: a chat's messages and tools, a
-// Responses or Messages body as the chat vLLM converts it to, or a completion's prompt. ok is
-// false when the request is not tokenized (see Tokenizes), or when its body would not be rendered
-// exactly (a Responses or Messages body vLLM renders from what the router cannot see). body must
-// be the bytes the request was parsed from.
-func (r *Request) TokenizeBody(body []byte, model string) (ask []byte, ok bool) {
+// AppendTokenizeBody appends to dst the body of a POST /tokenize that asks model for the prompt
+// tokens of the request read from body, as the engine will render them: a chat's messages and
+// tools, a Responses or Messages body as the chat vLLM converts it to, or a completion's prompt.
+// ok is false when the request is not tokenized (see Tokenizes), or when its body would not be
+// rendered exactly (a Responses or Messages body vLLM renders from what the router cannot see).
+// body must be the bytes the request was parsed from. dst may be a buffer kept between queries:
+// the query is about as long as body.
+func (r *Request) AppendTokenizeBody(dst, body []byte, model string) (ask []byte, ok bool) {
 	if r.query == notTokenized {
 		return nil, false
 	}
-	q := query{v: valid(body), out: make([]byte, 0, len(body)+len(model)+64)}
+	q := query{v: valid(body), out: slices.Grow(dst, len(body)+len(model)+64)}
 	q.out = append(q.out, `{"model":`...)
 	q.out = appendString(q.out, model)
 	if !renderings[r.query](&q) {
@@ -64,7 +65,7 @@ func (r *Request) TokenizeBody(body []byte, model string) (ask []byte, ok bool) 
 }
 
 // Tokenizes reports whether the request's protocol renders a /tokenize query for it (see
-// TokenizeBody): a chat, a completion, a Responses or a Messages request.
+// AppendTokenizeBody): a chat, a completion, a Responses or a Messages request.
 func (r *Request) Tokenizes() bool { return r.query != notTokenized }
 
 // CacheSalt is the top-level cache_salt of body, the bytes the request was parsed from ("" without

@@ -92,7 +92,7 @@ func checkTokenizeBody(t testing.TB, body []byte) (asked int) {
 			continue
 		}
 		for _, model := range models {
-			got, ok := r.TokenizeBody(body, model)
+			got, ok := r.AppendTokenizeBody(nil, body, model)
 			want, wantOK := refTokenizeBody(body, model, completion)
 			if ok != wantOK || !bytes.Equal(got, want) {
 				t.Fatalf("body %s (completion %v): query\n%s %v\nreference\n%s %v", body, completion, got, ok, want, wantOK)
@@ -176,7 +176,7 @@ func TestCompletionIsAskedWithItsOnePromptString(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", c.body, err)
 		}
-		got, ok := r.TokenizeBody([]byte(c.body), "m")
+		got, ok := r.AppendTokenizeBody(nil, []byte(c.body), "m")
 		if want := c.want + "\n"; ok != (c.want != "") || ok && string(got) != want {
 			t.Errorf("%s: %q, %v; want %q", c.body, got, ok, c.want)
 		}
@@ -194,7 +194,7 @@ func TestChatIsAskedWithItsMessagesAndToolsAsSent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, ok := r.TokenizeBody([]byte(body), "m")
+	got, ok := r.AppendTokenizeBody(nil, []byte(body), "m")
 	want := `{"model":"m","messages":[{"role":"user","content":"hi \u00e9 </b>"}],"tools":[{"type":"function","function":{"name":"f <x>"}}],"add_generation_prompt":true}` + "\n"
 	if !ok || string(got) != want {
 		t.Errorf("query %s, want %s", got, want)

@@ -77,7 +77,7 @@ func TestConvertedChatTokenizesAsTheSimRendersTheBody(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tt.name, err)
 		}
-		ask, ok := routed.TokenizeBody([]byte(tt.body), w.cfg.Models[0])
+		ask, ok := routed.AppendTokenizeBody(nil, []byte(tt.body), w.cfg.Models[0])
 		if !ok {
 			t.Fatalf("%s: not converted", tt.name)
 		}

@@ -25,6 +25,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cacheroute/cacheroute/internal/metrics"
@@ -47,12 +48,12 @@ type Options struct {
 	Log     *slog.Logger
 }
 
-// Query renders a request's POST /tokenize body for the model the engine is asked for; ok is
-// false when the request would not be rendered exactly as the engine will serve it, and is not
-// tokenized. A request that package protocol read renders its own (protocol.Request), from its
-// one parse of body.
+// Query renders a request's POST /tokenize body for the model the engine is asked for, appended
+// to dst; ok is false when the request would not be rendered exactly as the engine will serve it,
+// and is not tokenized. A request that package protocol read renders its own (protocol.Request),
+// from its one parse of body.
 type Query interface {
-	TokenizeBody(body []byte, model string) (ask []byte, ok bool)
+	AppendTokenizeBody(dst, body []byte, model string) (ask []byte, ok bool)
 }
 
 // maxAnswer bounds the answer read from /tokenize.
@@ -123,7 +124,7 @@ func (c *Client) Tokens(scope, text string, candidates []*workers.Worker, model 
 			}
 		}
 	}
-	ask, ok := q.TokenizeBody(body, asked)
+	ask, ok := render(q, body, asked)
 	if !ok {
 		return nil, "" // not rendered exactly: routed as without events
 	}
@@ -135,8 +136,8 @@ func (c *Client) Tokens(scope, text string, candidates []*workers.Worker, model 
 	return nil, ""
 }
 
-// ask calls for the tokens of the query ask, and counts the call.
-func (c *Client) ask(w *workers.Worker, ask []byte) ([]uint32, bool) {
+// ask calls for the tokens of the query ask, counts the call, and releases the query.
+func (c *Client) ask(w *workers.Worker, ask *query) ([]uint32, bool) {
 	start := time.Now()
 	ts, err := c.call(w, ask)
 	c.opts.Metrics.TokenizeDuration.Observe(time.Since(start).Seconds())
@@ -163,7 +164,7 @@ func (c *Client) refresh(w *workers.Worker, asked string, key uint64, earlier []
 	default:
 		return
 	}
-	ask, ok := q.TokenizeBody(body, asked)
+	ask, ok := render(q, body, asked)
 	if !ok {
 		<-c.refreshing
 		return
@@ -185,21 +186,27 @@ func (c *Client) refresh(w *workers.Worker, asked string, key uint64, earlier []
 	}()
 }
 
-// call asks the render service (--tokenize-url), else w, for the tokens of the query ask.
-func (c *Client) call(w *workers.Worker, ask []byte) ([]uint32, error) {
+// call asks the render service (--tokenize-url), else w, for the tokens of the query ask, and
+// releases it.
+func (c *Client) call(w *workers.Worker, ask *query) ([]uint32, error) {
 	base := w.URL()
 	if c.opts.URL != "" {
 		base = c.opts.URL
 	}
+	defer ask.release()
 	ctx, cancel := context.WithCancel(context.Background())
-	if t := c.opts.Dialer.Timeouts.TokenizeFor(len(ask)); t > 0 {
+	if t := c.opts.Dialer.Timeouts.TokenizeFor(ask.size()); t > 0 {
 		ctx, cancel = context.WithTimeout(ctx, t)
 	}
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/tokenize", bytes.NewReader(ask))
+	body := ask.body()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/tokenize", body)
 	if err != nil {
+		body.Close()
 		return nil, err
 	}
+	req.ContentLength = int64(ask.size())
+	req.GetBody = func() (io.ReadCloser, error) { return ask.body(), nil }
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.http.Do(req)
 	if err != nil {
@@ -211,7 +218,7 @@ func (c *Client) call(w *workers.Worker, ask []byte) ([]uint32, error) {
 	}
 	buf := answers.Get().(*bytes.Buffer)
 	defer func() {
-		if buf.Cap() <= maxKeptAnswer {
+		if buf.Cap() <= maxKeptBuffer {
 			answers.Put(buf)
 		}
 	}()
@@ -227,14 +234,70 @@ func (c *Client) call(w *workers.Worker, ask []byte) ([]uint32, error) {
 	}
 	// A token takes at least two bytes of the answer (a digit and a comma): a query's prompt
 	// has about a token per four bytes of it, which sizes the slice in one go.
-	return parseTokens(buf.Bytes(), min(len(ask)/4, buf.Len()/2))
+	return parseTokens(buf.Bytes(), min(ask.size()/4, buf.Len()/2))
 }
 
-// answers are the buffers the answers of /tokenize are read into, kept between calls; one that
-// grew past maxKeptAnswer (the answer of a prompt of about 300k tokens) is left to the collector.
+// queries are the buffers /tokenize queries are rendered into, kept between calls as answers are.
+var queries = sync.Pool{New: func() any { return new([]byte) }}
+
+// query is one rendered /tokenize query, in a buffer from queries. The buffer goes back when the
+// call and every request body made of it are done with it: a transport may read a body after the
+// call has returned (net/http closes it when it is done with it, perhaps on a goroutine of its
+// own), and makes a body again (GetBody) to send a request again.
+type query struct {
+	buf  *[]byte
+	refs atomic.Int32 // the call's, and one per body not closed yet
+}
+
+// render renders q's query for body and model; the caller holds it until release.
+func render(q Query, body []byte, model string) (*query, bool) {
+	buf := queries.Get().(*[]byte)
+	b, ok := q.AppendTokenizeBody((*buf)[:0], body, model)
+	if !ok {
+		queries.Put(buf)
+		return nil, false
+	}
+	*buf = b
+	ask := &query{buf: buf}
+	ask.refs.Store(1)
+	return ask, true
+}
+
+func (q *query) size() int { return len(*q.buf) }
+
+// body is a request body of the query.
+func (q *query) body() io.ReadCloser {
+	q.refs.Add(1)
+	b := &queryBody{q: q}
+	b.Reset(*q.buf)
+	return b
+}
+
+// release ends one hold on the buffer; the last gives it back, unless it grew past maxKeptBuffer.
+func (q *query) release() {
+	if q.refs.Add(-1) == 0 && cap(*q.buf) <= maxKeptBuffer {
+		queries.Put(q.buf)
+	}
+}
+
+// queryBody is one request body of a query: closing it, once, ends its hold on the buffer.
+type queryBody struct {
+	bytes.Reader
+	q    *query
+	once sync.Once
+}
+
+func (b *queryBody) Close() error {
+	b.once.Do(b.q.release)
+	return nil
+}
+
+// answers are the buffers the answers of /tokenize are read into, kept between calls.
 var answers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
-const maxKeptAnswer = 2 << 20
+// maxKeptBuffer bounds the buffers kept for queries and answers: one that grew past it (the query
+// of a prompt of about 2 MB, the answer of one of about 300k tokens) is left to the collector.
+const maxKeptBuffer = 2 << 20
 
 // cache remembers answers by a hash of their scope, model and routing text, oldest forgotten
 // first.

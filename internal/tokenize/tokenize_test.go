@@ -99,12 +99,12 @@ func fleet(t *testing.T, opts Options, urls ...string) (*Client, []*workers.Work
 // chatQuery renders a body of chat messages as the query asking model for their tokens.
 type chatQuery struct{}
 
-func (chatQuery) TokenizeBody(body []byte, model string) ([]byte, bool) {
+func (chatQuery) AppendTokenizeBody(dst, body []byte, model string) ([]byte, bool) {
 	ask, err := json.Marshal(struct {
 		Model    string          `json:"model"`
 		Messages json.RawMessage `json:"messages"`
 	}{model, body})
-	return ask, err == nil
+	return append(dst, ask...), err == nil
 }
 
 var chat chatQuery
