@@ -49,7 +49,9 @@ func (rawQuery) AppendTokenizeBody(dst, body []byte, model string) ([]byte, bool
 }
 
 // The query of a long prompt is rendered into a kept buffer: a call allocates far less than the
-// prompt it sends.
+// prompt it sends. Without the buffer each call allocates the whole prompt; under the race
+// detector a sync.Pool drops a quarter of what it is given, on purpose, so the bound is half the
+// prompt per call over many calls rather than next to nothing.
 func TestAQueryAllocatesNoCopyOfItsPrompt(t *testing.T) {
 	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
@@ -75,14 +77,14 @@ func TestAQueryAllocatesNoCopyOfItsPrompt(t *testing.T) {
 	// A collection empties the pool (a second one frees what it held), which a process allocating
 	// as fast as the test's engine and client do would run now and then: none runs while counting.
 	defer debug.SetGCPercent(debug.SetGCPercent(-1))
-	const calls = 20
+	const calls = 60
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	for range calls {
 		ask()
 	}
 	runtime.ReadMemStats(&after)
-	if perCall := (after.TotalAlloc - before.TotalAlloc) / calls; perCall > size/4 {
-		t.Errorf("a call of a %d-byte prompt allocated %d bytes, want at most a quarter of the prompt", size, perCall)
+	if perCall := (after.TotalAlloc - before.TotalAlloc) / calls; perCall > size/2 {
+		t.Errorf("a call of a %d-byte prompt allocated %d bytes, want at most half the prompt", size, perCall)
 	}
 }
