@@ -1,6 +1,7 @@
 package cacheaware
 
 import (
+	"slices"
 	"sync"
 	"time"
 
@@ -22,13 +23,25 @@ type claims struct {
 	// step with respect to other placements.
 	placing sync.Mutex
 	by      map[string]claim // by session key in the residency model
-	now     func() time.Time
+	on      map[tenant.ID]int // the count of live claims on each worker
+	// made are the claims in the order they were made, from made[head] on, so that the lapsed
+	// ones are found at the front: an entry whose claim was released or made again since is
+	// passed over there.
+	made []made
+	head int
+	now  func() time.Time
 }
 
 // claim is one placement waiting for Accepted.
 type claim struct {
 	worker tenant.ID
 	at     time.Time
+}
+
+// made is one claim as it was made.
+type made struct {
+	key string
+	at  time.Time
 }
 
 const (
@@ -41,52 +54,69 @@ const (
 )
 
 func newClaims(now func() time.Time) *claims {
-	return &claims{by: map[string]claim{}, now: now}
+	return &claims{by: map[string]claim{}, on: map[tenant.ID]int{}, now: now}
 }
 
 // add claims worker for the session key.
 func (c *claims) add(key string, worker tenant.ID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.by[key]; !ok && len(c.by) >= maxClaims {
-		c.expire()
-		if len(c.by) >= maxClaims {
-			return
-		}
+	now := c.now()
+	c.expire(now)
+	if old, ok := c.by[key]; ok {
+		c.drop(key, old)
+	} else if len(c.by) >= maxClaims {
+		return
 	}
-	c.by[key] = claim{worker: worker, at: c.now()}
+	c.by[key] = claim{worker: worker, at: now}
+	c.on[worker]++
+	if len(c.made)-c.head >= 2*maxClaims { // mostly released claims waiting to lapse: keep the live ones
+		c.made, c.head = c.made[:0], 0
+		for k, cl := range c.by {
+			c.made = append(c.made, made{k, cl.at})
+		}
+		slices.SortFunc(c.made, func(a, b made) int { return a.at.Compare(b.at) })
+	}
+	c.made = append(c.made, made{key, now})
 }
 
 // release ends the session key's claim: Accepted recorded the session.
 func (c *claims) release(key string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.by, key)
+	if cl, ok := c.by[key]; ok {
+		c.drop(key, cl)
+	}
 }
 
-// on is the count of live claims on worker.
-func (c *claims) on(worker tenant.ID) int {
+// onWorker is the count of live claims on worker, in constant time.
+func (c *claims) onWorker(worker tenant.ID) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(c.by) == 0 {
-		return 0
-	}
-	c.expire()
-	n := 0
-	for _, cl := range c.by {
-		if cl.worker == worker {
-			n++
-		}
-	}
-	return n
+	c.expire(c.now())
+	return c.on[worker]
 }
 
-// expire drops the lapsed claims; c.mu is held.
-func (c *claims) expire() {
-	now := c.now()
-	for k, cl := range c.by {
-		if now.Sub(cl.at) >= claimTTL {
-			delete(c.by, k)
+// drop removes the claim cl of key; c.mu is held.
+func (c *claims) drop(key string, cl claim) {
+	delete(c.by, key)
+	if c.on[cl.worker]--; c.on[cl.worker] == 0 {
+		delete(c.on, cl.worker)
+	}
+}
+
+// expire drops the claims that lapsed by now, from the front of made, and moves what is left of
+// made to the start of its array once the passed entries are the larger part; c.mu is held.
+func (c *claims) expire(now time.Time) {
+	for c.head < len(c.made) && now.Sub(c.made[c.head].at) >= claimTTL {
+		m := c.made[c.head]
+		if cl, ok := c.by[m.key]; ok && cl.at.Equal(m.at) {
+			c.drop(m.key, cl)
 		}
+		c.made[c.head] = made{}
+		c.head++
+	}
+	if c.head > len(c.made)/2 {
+		c.made, c.head = append(c.made[:0], c.made[c.head:]...), 0
 	}
 }

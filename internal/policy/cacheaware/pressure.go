@@ -295,7 +295,7 @@ func (p *Policy) treeHeld(d *decision, prompt int) map[tenant.ID]int {
 
 // live is the count of worker's live sessions, those placed there and not yet accepted included.
 func (pr *pressure) live(worker tenant.ID) int {
-	return pr.res.Live(worker) + pr.claims.on(worker)
+	return pr.res.Live(worker) + pr.claims.onWorker(worker)
 }
 
 // started, firstByte and ended follow a pressured decision through its attempt. The session is

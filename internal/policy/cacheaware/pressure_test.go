@@ -154,11 +154,11 @@ func TestANewSessionsClaimLapsesWhenItIsNeverAccepted(t *testing.T) {
 	if first.Worker == second.Worker {
 		t.Fatalf("both unaccepted placements went to %s, want the second on the other worker", first.Worker.Name())
 	}
-	if n := p.pressure.claims.on(first.Worker.ID()); n != 1 {
+	if n := p.pressure.claims.onWorker(first.Worker.ID()); n != 1 {
 		t.Fatalf("%d claims on %s, want 1", n, first.Worker.Name())
 	}
 	clock.advance(claimTTL)
-	if n := p.pressure.claims.on(first.Worker.ID()); n != 0 {
+	if n := p.pressure.claims.onWorker(first.Worker.ID()); n != 0 {
 		t.Fatalf("%d claims on %s after %v, want none", n, first.Worker.Name(), claimTTL)
 	}
 	if n := len(p.pressure.claims.by); n != 0 {
