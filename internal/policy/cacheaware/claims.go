@@ -22,7 +22,7 @@ type claims struct {
 	// placing serializes the new-session placements: choosing a worker and claiming it are one
 	// step with respect to other placements.
 	placing sync.Mutex
-	by      map[string]claim // by session key in the residency model
+	by      map[string]claim  // by session key in the residency model
 	on      map[tenant.ID]int // the count of live claims on each worker
 	// made are the claims in the order they were made, from made[head] on, so that the lapsed
 	// ones are found at the front: an entry whose claim was released or made again since is
