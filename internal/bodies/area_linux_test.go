@@ -72,8 +72,8 @@ func TestBodyRelease_KeepsSparesWithinTheirBounds(t *testing.T) {
 }
 
 // Memory for what routing derives from a mapped body comes after the body in its own mapping,
-// which has room for twice the body there; a body on the heap, or more than that room, gets heap
-// memory.
+// which has room for twice the body there, and a small body's after it in its kept buffer; more
+// than that room gets heap memory.
 func TestScratch_OfAMappedBodyIsTheRoomAfterItsBytes(t *testing.T) {
 	b := NewBudget(0, 0)
 	body := bytes.Repeat([]byte("a"), 100<<10)
@@ -105,7 +105,16 @@ func TestScratch_OfAMappedBodyIsTheRoomAfterItsBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Release()
-	if p := s.Scratch(64); cap(p) < 64 || within(p, s.area.b[:cap(s.area.b)]) {
-		t.Error("scratch of a heap body is not heap memory of its own")
+	kept := *s.area.kept
+	p := s.Scratch(64)
+	if len(p) != 0 || cap(p) < 64 || !within(p, kept[len(small):]) {
+		t.Errorf("scratch of a small body (len %d, cap %d) is not the room after it in its buffer", len(p), cap(p))
+	}
+	_ = append(p, "key"...)
+	if !bytes.Equal(s.Bytes(), small) {
+		t.Error("writing the scratch memory changed the small body")
+	}
+	if big := s.Scratch(len(kept)); within(big, kept) {
+		t.Error("scratch larger than a small body's room was given its buffer")
 	}
 }

@@ -247,11 +247,14 @@ const derivedRoom = 2
 func (h *Body) Scratch(n int) []byte {
 	a := &h.area
 	start := (len(h.bytes) + 63) &^ 63
-	if !a.mapped || start > len(a.b) || n > len(a.b)-start {
-		return make([]byte, 0, n)
+	switch {
+	case a.kept != nil && start+n <= len(*a.kept):
+		return (*a.kept)[start : start : start+n]
+	case a.mapped && start <= len(a.b) && n <= len(a.b)-start:
+		a.backed = max(a.backed, min((start+n+pageSize-1)/pageSize*pageSize, len(a.b)))
+		return a.b[start : start : start+n]
 	}
-	a.backed = max(a.backed, min((start+n+pageSize-1)/pageSize*pageSize, len(a.b)))
-	return a.b[start : start : start+n]
+	return make([]byte, 0, n)
 }
 
 // Hold adds an owner (the proxy's exchange, until its end).
@@ -271,6 +274,7 @@ func (h *Body) Release() {
 	h.budget.mu.Unlock()
 	h.count(0, 0, false)
 	h.bytes = nil
+	h.area.giveKept()
 	h.budget.spares.give(&h.area)
 	h.budget.gaveBack(heap)
 }
@@ -369,6 +373,8 @@ type bodyArea struct {
 	b      []byte // the room made so far; for a mapping, all of it
 	limit  int
 	mapped bool // b is a mapping of its own (area_linux.go), not heap memory
+	// kept is the whole buffer of a small body's area, b its first limit bytes (smallAreas).
+	kept *[]byte
 	// backed are the bytes of a mapping's pages written so far, by this body or an earlier one
 	// that had the mapping: the kernel keeps them backed until the mapping goes.
 	backed int
@@ -377,10 +383,51 @@ type bodyArea struct {
 // smallBody is the largest body read into heap memory made for it whole, at once.
 const smallBody = 64 << 10
 
-// heapArea is room on the heap for a body of at most limit bytes: made whole at once for a small
-// body, else grown by doubling as the body arrives.
+// heapArea is room on the heap for a body of at most limit bytes: for a small body a buffer kept
+// from an earlier one (smallAreas), else made at smallBody and grown by doubling as the body
+// arrives.
 func heapArea(limit int) bodyArea {
-	return bodyArea{b: make([]byte, min(limit, smallBody)), limit: limit}
+	if limit > smallBody {
+		return bodyArea{b: make([]byte, smallBody), limit: limit}
+	}
+	class := smallClass(limit)
+	kept, _ := smallAreas[class].Get().(*[]byte)
+	if kept == nil {
+		b := make([]byte, (1+derivedRoom)*smallestClass<<class)
+		kept = &b
+	}
+	return bodyArea{b: (*kept)[:limit], limit: limit, kept: kept}
+}
+
+// smallAreas keep the heap buffers of small bodies for the next ones, by size class: a buffer of
+// class c holds a body of up to smallestClass<<c bytes and, after it, derivedRoom times as much
+// for Scratch, as a mapping does; so a small request's body and history key take no new heap
+// memory either. The whole buffer is counted as the body's while the body holds it. A collection
+// empties them. Making a body's buffer anew per request, and its key's, was a seventh of the
+// router's CPU per request at 4 KiB (docs/performance.md).
+var smallAreas [smallClasses]sync.Pool
+
+const (
+	smallestClass = 4 << 10
+	smallClasses  = 5 // 4, 8, 16, 32 and 64 KiB: smallestClass<<(smallClasses-1) == smallBody
+)
+
+// smallClass is the class of the buffers that hold a body of limit bytes, at most smallBody.
+func smallClass(limit int) int {
+	c := 0
+	for smallestClass<<c < limit {
+		c++
+	}
+	return c
+}
+
+// giveKept puts a small body's buffer back for the next one.
+func (a *bodyArea) giveKept() {
+	if a.kept != nil {
+		poisonArea(*a.kept)
+		smallAreas[smallClass(a.limit)].Put(a.kept)
+		a.kept = nil
+	}
 }
 
 // room makes room for n bytes and returns the memory the area then takes: for a mapping, the
@@ -391,6 +438,9 @@ func (a *bodyArea) room(n int) int64 {
 		a.backed = max(a.backed, pages)
 		return int64(pages)
 	}
+	if a.kept != nil {
+		return int64(len(*a.kept))
+	}
 	if n > len(a.b) {
 		grown := make([]byte, min(a.limit, max(n, 2*len(a.b))))
 		copy(grown, a.b)
@@ -398,3 +448,6 @@ func (a *bodyArea) room(n int) int64 {
 	}
 	return int64(len(a.b))
 }
+
+// poisonArea overwrites a released small body's buffer in the poison build (poison.go).
+var poisonArea = func([]byte) {}
