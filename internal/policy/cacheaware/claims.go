@@ -68,8 +68,6 @@ func (c *claims) add(key string, worker tenant.ID) {
 	} else if len(c.by) >= maxClaims {
 		return
 	}
-	c.by[key] = claim{worker: worker, at: now}
-	c.on[worker]++
 	if len(c.made)-c.head >= 2*maxClaims { // mostly released claims waiting to lapse: keep the live ones
 		c.made, c.head = c.made[:0], 0
 		for k, cl := range c.by {
@@ -77,6 +75,8 @@ func (c *claims) add(key string, worker tenant.ID) {
 		}
 		slices.SortFunc(c.made, func(a, b made) int { return a.at.Compare(b.at) })
 	}
+	c.by[key] = claim{worker: worker, at: now}
+	c.on[worker]++
 	c.made = append(c.made, made{key, now})
 }
 
