@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/cacheroute/cacheroute/internal/policy/cacheaware"
 )
 
 // cctraceSample is the one session of the real trace set kept uncompressed beside the set: a
@@ -39,10 +41,13 @@ func cctraceData(t *testing.T) string {
 	}
 }
 
-// The real session replayed through 2 simulated workers with room for everything: cache_aware
-// with session ids keeps each session on its worker and reaches the trace's own reuse ceiling,
-// and the router's prediction agrees; round_robin, which spreads each session over both workers,
-// stays below. Then the same fleet with KV for half the working sets reports its pressure.
+// The real session replayed one request at a time through 2 simulated workers with room for
+// everything: cache_aware with session ids keeps each session on its worker and reaches the
+// trace's own reuse ceiling, and the router's prediction agrees; round_robin, which spreads each
+// session over both workers, stays below. Then the same fleet with KV for half the working sets
+// reports its pressure. One request at a time, since with two a turn can find its worker busy
+// with the other session's first prefill and rightly move to the idle one (session_moved), which
+// computes it again.
 func TestCCTraceReplayOfARealSessionReachesItsCeilingWhenNothingIsEvicted(t *testing.T) {
 	files, err := ReadCCTraces(filepath.Join(cctraceData(t), cctraceSample), 0, 0)
 	if err != nil {
@@ -60,7 +65,7 @@ func TestCCTraceReplayOfARealSessionReachesItsCeilingWhenNothingIsEvicted(t *tes
 	simCfg.KVCacheBlocks = 8192
 	simCfg.MaxNumSeqs = 64
 	rep := mustRun(t, Options{Workload: w, Policies: mustPolicies(t, []string{"round_robin,cache_aware"}, SessionHeader),
-		Workers: 2, Sim: simCfg, Concurrency: 2, Timeout: time.Minute})
+		Workers: 2, Sim: simCfg, Concurrency: 1, Timeout: time.Minute})
 	if rep.ReuseCeiling == nil || *rep.ReuseCeiling != *w.ReuseCeiling {
 		t.Fatalf("report's ceiling %v, workload's %v", rep.ReuseCeiling, *w.ReuseCeiling)
 	}
@@ -88,10 +93,8 @@ func TestCCTraceReplayOfARealSessionReachesItsCeilingWhenNothingIsEvicted(t *tes
 	if !(rr.HitRate < ca.HitRate-0.05) {
 		t.Fatalf("round_robin %.4f, cache_aware %.4f: want round_robin well below", rr.HitRate, ca.HitRate)
 	}
-	for wk, ws := range ca.WorkerSessions {
-		if ws.Sessions != 1 {
-			t.Fatalf("cache_aware: worker %s served %d sessions, want 1 (one session each)", wk, ws.Sessions)
-		}
+	if ca.SameWorker == nil || *ca.SameWorker != 1 || ca.Decisions[cacheaware.LabelSessionMoved] != 0 {
+		t.Fatalf("cache_aware: %s of later turns on their session's worker, decisions %v; want every one", optPct(ca.SameWorker), ca.Decisions)
 	}
 
 	// Cut at 300 blocks, one session at a time on one worker whose KV is twice the mean working
