@@ -98,12 +98,18 @@ func TestCCTraceReplayOfARealSessionReachesItsCeilingWhenNothingIsEvicted(t *tes
 	}
 
 	// Cut at 300 blocks, one session at a time on one worker whose KV is twice the mean working
-	// set: the report says how much of the KV the session in progress asked for.
+	// set: the report says how much of the KV the session in progress asked for. The sub-agent
+	// finds no room while its session is live, and on the router's clock (not scaled) the
+	// session stays live for half a minute: session admission is off, so it is placed at once.
 	w, err = CCTrace(files, CCTraceConfig{BlockTokens: 16, MaxBlocks: 300})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep = mustRun(t, Options{Workload: w, Policies: mustPolicies(t, []string{"cache_aware"}, SessionHeader), Workers: 1, Sim: simCfg,
+	placeAtOnce := mustPolicies(t, []string{"cache_aware"}, SessionHeader)
+	if err := ApplyRouterArgs(placeAtOnce, []string{"--session-admission=false"}); err != nil {
+		t.Fatal(err)
+	}
+	rep = mustRun(t, Options{Workload: w, Policies: placeAtOnce, Workers: 1, Sim: simCfg,
 		KVOversubscription: 0.5, Concurrency: 1, Timeout: time.Minute})
 	tr := rep.Targets[0]
 	blocks, _ := rep.Params["kv_cache_blocks"].(int)
