@@ -99,8 +99,8 @@ func TestCCTraceReplayOfARealSessionReachesItsCeilingWhenNothingIsEvicted(t *tes
 
 	// Cut at 300 blocks, one session at a time on one worker whose KV is twice the mean working
 	// set: the report says how much of the KV the session in progress asked for. The sub-agent
-	// finds no room while its session is live, and on the router's clock (not scaled) the
-	// session stays live for half a minute: session admission is off, so it is placed at once.
+	// finds no room while the parent session is live, and on the router's clock (not scaled) the
+	// parent stays live for half a minute: session admission is off, so it is placed at once.
 	w, err = CCTrace(files, CCTraceConfig{BlockTokens: 16, MaxBlocks: 300})
 	if err != nil {
 		t.Fatal(err)
