@@ -132,7 +132,7 @@ func (dec *Decoder) batch(b *Batch) error {
 			return err
 		}
 		for range n {
-			key, err := dec.d.DecodeString()
+			key, err := dec.str()
 			if err != nil {
 				return err
 			}
@@ -268,12 +268,12 @@ func (dec *Decoder) event(e *Event) (bool, error) {
 			return false, err
 		}
 		for range n {
-			key, err := dec.d.DecodeString()
+			key, err := dec.str()
 			if err != nil {
 				return false, err
 			}
 			if key == "type" {
-				tag, err := dec.d.DecodeString()
+				tag, err := dec.str()
 				if err != nil {
 					return false, err
 				}
@@ -292,7 +292,7 @@ func (dec *Decoder) event(e *Event) (bool, error) {
 		if n < 1 {
 			return false, errors.New("an event array without its tag")
 		}
-		tag, err := dec.d.DecodeString()
+		tag, err := dec.str()
 		if err != nil {
 			return false, err
 		}
@@ -339,7 +339,7 @@ func (dec *Decoder) hash() (Hash, error) {
 	}
 	switch {
 	case msgpcode.IsBin(code) || msgpcode.IsString(code):
-		b, err := dec.d.DecodeBytes()
+		b, err := dec.bytes()
 		if err != nil {
 			return 0, err
 		}
@@ -463,7 +463,28 @@ func (dec *Decoder) optString() (string, error) {
 	if code, err := dec.d.PeekCode(); err != nil || code == msgpcode.Nil {
 		return "", dec.d.DecodeNil()
 	}
-	return dec.d.DecodeString()
+	return dec.str()
+}
+
+// bytes reads a byte or text string as the payload's own bytes (nil reads as empty), its length
+// checked against what the payload has left before anything is read: msgpack's DecodeBytes
+// makes a buffer of whatever length a header claims, 4 GiB for a few bytes, and its DecodeString
+// and Skip grow the decoder's own buffer, kept from one payload to the next, by a MiB each time
+// a header claims more than the buffer holds. The result aliases the payload.
+func (dec *Decoder) bytes() ([]byte, error) {
+	n, err := dec.length(dec.d.DecodeBytesLen())
+	if err != nil {
+		return nil, err
+	}
+	at := len(dec.payload) - dec.r.Len()
+	_, err = dec.r.Seek(int64(n), io.SeekCurrent) // the msgpack decoder reads on from there
+	return dec.payload[at : at+n], err
+}
+
+// str reads a byte or text string as a string of its own.
+func (dec *Decoder) str() (string, error) {
+	b, err := dec.bytes()
+	return string(b), err
 }
 
 // skip passes over one value at depth depth, refusing arrays and maps nested past maxNesting.
@@ -472,8 +493,19 @@ func (dec *Decoder) skip(depth int) error {
 	if err != nil {
 		return err
 	}
-	if !isMap(code) && !isArray(code) {
-		return dec.d.Skip() // a scalar: msgpack skips it without recursing
+	switch {
+	case msgpcode.IsBin(code) || msgpcode.IsString(code):
+		_, err := dec.bytes()
+		return err
+	case msgpcode.IsExt(code):
+		_, n, err := dec.d.DecodeExtHeader()
+		if n, err = dec.length(n, err); err != nil {
+			return err
+		}
+		_, err = dec.r.Seek(int64(n), io.SeekCurrent)
+		return err
+	case !isMap(code) && !isArray(code):
+		return dec.d.Skip() // a number, nil or a bool: msgpack skips it in place
 	}
 	if depth >= maxNesting {
 		return fmt.Errorf("arrays and maps nested deeper than %d", maxNesting)

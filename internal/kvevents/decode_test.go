@@ -195,6 +195,36 @@ func TestDecodeAllocatesAtMost24TimesThePayload(t *testing.T) {
 	}
 }
 
+func TestDecodeAllocatesNothingForTheLengthAStringClaims(t *testing.T) {
+	lie := func(code byte) []byte { return []byte{code, 0xff, 0xff, 0xff, 0xf0, 'a', 'b'} } // 4 GiB claimed, 2 bytes there
+	removed := func(hash []byte) []byte {
+		return append([]byte{0x92, 0x01, 0x91, 0x92, 0xac}, append([]byte("BlockRemoved\x91"), hash...)...)
+	}
+	cases := map[string][]byte{
+		"a block hash as bin 32":   removed(lie(0xc6)),
+		"a block hash as str 32":   removed(lie(0xdb)),
+		"an event's tag":           append([]byte{0x92, 0x01, 0x91, 0x91}, lie(0xdb)...),
+		"a batch field's name":     append([]byte{0x81}, lie(0xdb)...),
+		"a value skipped (str 32)": append([]byte{0x94, 0x01, 0x90, 0x00}, lie(0xdb)...),
+		"a value skipped (bin 32)": append([]byte{0x94, 0x01, 0x90, 0x00}, lie(0xc6)...),
+		"a value skipped (ext 32)": append([]byte{0x94, 0x01, 0x90, 0x00}, lie(0xc9)...),
+	}
+	dec := NewDecoder()
+	for name, payload := range cases {
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		_, err := dec.Decode(payload)
+		runtime.ReadMemStats(&after)
+		if !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: err %v, want ErrMalformed", name, err)
+		}
+		if got := after.TotalAlloc - before.TotalAlloc; got > 64<<10 {
+			t.Errorf("%s: %d bytes allocated for a payload of %d bytes", name, got, len(payload))
+		}
+	}
+}
+
 func mustMarshal(t testing.TB, v any) []byte {
 	t.Helper()
 	b, err := msgpack.Marshal(v)
