@@ -196,8 +196,9 @@ func TestDecodeAllocatesAtMost24TimesThePayload(t *testing.T) {
 }
 
 // A string, byte string or ext whose header claims more than the payload has left is refused
-// before anything is made for it, by one decoder kept across the payloads as a worker's subscriber keeps
-// it: msgpack's own reader made 4 GiB for such a hash, and grew its kept buffer for the others.
+// before anything is made for it, by one decoder kept across the payloads as a worker's
+// subscriber keeps it: msgpack's own reader made 4 GiB for such a hash, and grew its kept buffer
+// for the others.
 func TestDecodeAllocatesNothingForTheLengthAStringClaims(t *testing.T) {
 	lie := func(code byte) []byte { return []byte{code, 0xff, 0xff, 0xff, 0xf0, 'a', 'b'} } // 4 GiB claimed, 2 bytes there
 	removed := func(hash []byte) []byte {
