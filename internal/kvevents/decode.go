@@ -373,7 +373,7 @@ func (dec *Decoder) tokens() ([]uint32, error) {
 		return nil, err
 	}
 	out := make([]uint32, n)
-	p := dec.payload[len(dec.payload)-dec.r.Len():]
+	p := dec.payload[dec.pos():]
 	for i := range out {
 		id, size, err := tokenID(p)
 		if err != nil {
@@ -471,15 +471,22 @@ func (dec *Decoder) optString() (string, error) {
 // makes a buffer of whatever length a header claims, 4 GiB for a few bytes, and its DecodeString
 // and Skip grow the decoder's own buffer, kept from one payload to the next, by a MiB each time
 // a header claims more than the buffer holds. The result aliases the payload.
-func (dec *Decoder) bytes() ([]byte, error) {
-	n, err := dec.length(dec.d.DecodeBytesLen())
-	if err != nil {
+func (dec *Decoder) bytes() ([]byte, error) { return dec.take(dec.d.DecodeBytesLen()) }
+
+// take passes over the payload's next n bytes and returns them, n and err as a length's header
+// read them, and n checked against what the payload has left (length) first. The bytes alias the
+// payload.
+func (dec *Decoder) take(n int, err error) ([]byte, error) {
+	if n, err = dec.length(n, err); err != nil {
 		return nil, err
 	}
-	at := len(dec.payload) - dec.r.Len()
+	at := dec.pos()
 	_, err = dec.r.Seek(int64(n), io.SeekCurrent) // the msgpack decoder reads on from there
 	return dec.payload[at : at+n], err
 }
+
+// pos is where the decoder is in the payload.
+func (dec *Decoder) pos() int { return len(dec.payload) - dec.r.Len() }
 
 // str reads a byte or text string as a string of its own.
 func (dec *Decoder) str() (string, error) {
@@ -499,10 +506,7 @@ func (dec *Decoder) skip(depth int) error {
 		return err
 	case msgpcode.IsExt(code):
 		_, n, err := dec.d.DecodeExtHeader()
-		if n, err = dec.length(n, err); err != nil {
-			return err
-		}
-		_, err = dec.r.Seek(int64(n), io.SeekCurrent)
+		_, err = dec.take(n, err)
 		return err
 	case !isMap(code) && !isArray(code):
 		return dec.d.Skip() // a number, nil or a bool: msgpack skips it in place
@@ -530,11 +534,11 @@ func (dec *Decoder) skip(depth int) error {
 
 // raw is the next value, at depth depth, as its msgpack bytes, copied out of the payload.
 func (dec *Decoder) raw(depth int) ([]byte, error) {
-	start := len(dec.payload) - dec.r.Len()
+	start := dec.pos()
 	if err := dec.skip(depth); err != nil {
 		return nil, err
 	}
-	return bytes.Clone(dec.payload[start : len(dec.payload)-dec.r.Len()]), nil
+	return bytes.Clone(dec.payload[start:dec.pos()]), nil
 }
 
 func isArray(code byte) bool {
