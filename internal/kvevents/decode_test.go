@@ -295,7 +295,7 @@ func decodeTokenIDs(payload []byte) ([]uint32, int, error) {
 	dec.r.Reset(payload)
 	dec.d.Reset(&dec.r)
 	ids, err := dec.tokens()
-	return ids, len(payload) - dec.r.Len(), err
+	return ids, dec.pos(), err
 }
 
 func checkTokenIDsAgree(t *testing.T, payload []byte) {
