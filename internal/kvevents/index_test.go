@@ -1,7 +1,10 @@
 package kvevents
 
 import (
+	"encoding/binary"
+	"hash/maphash"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/cacheroute/cacheroute/internal/tenant"
@@ -227,4 +230,26 @@ func TestIndexHeapStaysWithinItsBudgetUnderAFlood(t *testing.T) {
 		t.Fatalf("%d blocks in %d heap bytes, %.2f times the budget of %d", x.Blocks("w1"), heap, float64(heap)/(held*perBlockBytes), held*perBlockBytes)
 	}
 	runtime.KeepAlive(x)
+}
+
+// chainKey hashes a block in one call where it fits its buffer and in runs where it does not: the
+// key must be the hash of the same bytes either way, or a long block or a long extra key would
+// never match its engine's.
+func TestChainKeyHashesTheSameBytesWhateverTheBlocksLength(t *testing.T) {
+	for _, extra := range []string{"", "salt", strings.Repeat("x", 600)} {
+		for _, n := range []int{0, 1, 16, 125, 126, 127, 128, 200, 1000} {
+			tokens := make([]uint32, n)
+			for i := range tokens {
+				tokens[i] = uint32(i) * 2654435761
+			}
+			want := binary.LittleEndian.AppendUint64(nil, 42)
+			want = append(append(want, extra...), 0)
+			for _, tok := range tokens {
+				want = binary.LittleEndian.AppendUint32(want, tok)
+			}
+			if got := chainKey(42, extra, tokens); got != maphash.Bytes(keySeed, want) {
+				t.Errorf("extra of %d bytes, %d tokens: the key is not the hash of the block's bytes", len(extra), n)
+			}
+		}
+	}
 }
