@@ -151,3 +151,25 @@ func BenchmarkKeys(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkKeyMemoTurn is the keys of a turn of a 1 MiB prompt that appends 512 tokens to the
+// earlier turn the memo remembers: what a turn of a long conversation pays (BenchmarkKeys is
+// what it paid before the memo, and what a prompt the memo has not seen pays).
+func BenchmarkKeyMemoTurn(b *testing.B) {
+	tokens := make([]uint32, 1<<18)
+	for i := range tokens {
+		tokens[i] = uint32(i) * 2654435761
+	}
+	earlier := tokens[:len(tokens)-512]
+	b.SetBytes(int64(4 * len(tokens)))
+	b.ReportAllocs()
+	for b.Loop() {
+		b.StopTimer()
+		var m KeyMemo
+		m.Keys("", "", earlier, 16)
+		b.StartTimer()
+		if k := m.Keys("", "", tokens, 16); len(k) != len(tokens)/16 {
+			b.Fatal(len(k))
+		}
+	}
+}

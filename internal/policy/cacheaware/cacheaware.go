@@ -117,9 +117,10 @@ type Policy struct {
 	reporter Reporter
 	log      *slog.Logger
 	tree     *prefixtree.Tree
-	blocks   *sessionBlocks // the first block of each session's last turn, for the events' check
-	pressure *pressure      // nil: the pressure-aware placement is off
-	spares   sync.Pool      // of *[]prefixtree.Hold: arrays the probes of a large fleet borrow (probe)
+	blocks   *sessionBlocks   // the first block of each session's last turn, for the events' check
+	pressure *pressure        // nil: the pressure-aware placement is off
+	spares   sync.Pool        // of *[]prefixtree.Hold: arrays the probes of a large fleet borrow (probe)
+	keys     kvevents.KeyMemo // the event keys of recent prompts, which their next turns extend
 }
 
 // New returns the policy. r may be nil (nothing reported).
@@ -393,7 +394,7 @@ func (p *Policy) byEvents(d *decision) (*workers.Worker, bool) {
 		if bs := p.opts.KVIndex.BlockSize(w.ID()); bs > 0 {
 			k, ok := keys[bs]
 			if !ok {
-				k = eventKeys(d.prompt, tokens, bs)
+				k = p.keys.Keys(d.prompt.LoRA, d.prompt.CacheSalt, tokens, bs) // eventKeys, from the earlier turn's
 				keys[bs] = k
 			}
 			m := p.opts.KVIndex.Match(w.ID(), k)
