@@ -394,7 +394,7 @@ func (p *Policy) byEvents(d *decision) (*workers.Worker, bool) {
 		if bs := p.opts.KVIndex.BlockSize(w.ID()); bs > 0 {
 			k, ok := keys[bs]
 			if !ok {
-				k = p.keys.Keys(d.prompt.LoRA, d.prompt.CacheSalt, tokens, bs) // eventKeys, from the earlier turn's
+				k = p.keys.Keys(d.prompt.LoRA, d.prompt.CacheSalt, tokens, bs) // as eventKeys, chained on from an earlier turn's
 				keys[bs] = k
 			}
 			m := p.opts.KVIndex.Match(w.ID(), k)
