@@ -335,9 +335,17 @@ func Keys(model, lora, salt string, tokens []uint32, blockSize int) []uint64 {
 	if blockSize <= 0 {
 		return nil
 	}
-	keys := make([]uint64, 0, len(tokens)/blockSize)
+	return chainKeys(make([]uint64, 0, len(tokens)/blockSize), model, lora, salt, tokens, blockSize)
+}
+
+// chainKeys appends to keys, the keys of tokens' first len(keys) blocks, the keys of its further
+// full blocks, as Keys chains them.
+func chainKeys(keys []uint64, model, lora, salt string, tokens []uint32, blockSize int) []uint64 {
 	parent := rootKey(model, lora)
-	for i := 0; (i+1)*blockSize <= len(tokens); i++ {
+	if len(keys) > 0 {
+		parent = keys[len(keys)-1]
+	}
+	for i := len(keys); (i+1)*blockSize <= len(tokens); i++ {
 		extra := ""
 		if i == 0 {
 			extra = salt

@@ -48,18 +48,7 @@ func (m *KeyMemo) Keys(lora, salt string, tokens []uint32, blockSize int) []uint
 	}
 	keys := make([]uint64, len(from.keys), len(whole)/blockSize)
 	copy(keys, from.keys)
-	parent := rootKey("", lora)
-	if len(keys) > 0 {
-		parent = keys[len(keys)-1]
-	}
-	for i := len(keys); i < cap(keys); i++ {
-		extra := ""
-		if i == 0 {
-			extra = salt
-		}
-		parent = chainKey(parent, extra, whole[i*blockSize:(i+1)*blockSize])
-		keys = append(keys, parent)
-	}
+	keys = chainKeys(keys, "", lora, salt, whole, blockSize)
 	if len(keys) > 0 {
 		m.mu.Lock()
 		m.remember(memoEntry{lora: lora, salt: salt, blockSize: blockSize, tokens: whole, keys: keys}, from)
