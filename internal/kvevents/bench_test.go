@@ -139,10 +139,7 @@ func BenchmarkMatch(b *testing.B) {
 // each) in blocks of 16: what a request without a session id pays to be matched against the
 // engines' events, and, per stored block, what applying an engine's events pays.
 func BenchmarkKeys(b *testing.B) {
-	tokens := make([]uint32, 1<<18)
-	for i := range tokens {
-		tokens[i] = uint32(i) * 2654435761
-	}
+	tokens := u32(seq(0, 1<<18))
 	b.SetBytes(int64(4 * len(tokens)))
 	b.ReportAllocs()
 	for b.Loop() {
@@ -156,10 +153,7 @@ func BenchmarkKeys(b *testing.B) {
 // earlier turn the memo remembers: what a turn of a long conversation pays (BenchmarkKeys is
 // what it paid before the memo, and what a prompt the memo has not seen pays).
 func BenchmarkKeyMemoTurn(b *testing.B) {
-	tokens := make([]uint32, 1<<18)
-	for i := range tokens {
-		tokens[i] = uint32(i) * 2654435761
-	}
+	tokens := u32(seq(0, 1<<18))
 	earlier := tokens[:len(tokens)-512]
 	b.SetBytes(int64(4 * len(tokens)))
 	b.ReportAllocs()

@@ -238,10 +238,7 @@ func TestIndexHeapStaysWithinItsBudgetUnderAFlood(t *testing.T) {
 func TestChainKeyHashesTheSameBytesWhateverTheBlocksLength(t *testing.T) {
 	for _, extra := range []string{"", "salt", strings.Repeat("x", 600)} {
 		for _, n := range []int{0, 1, 16, 125, 126, 127, 128, 200, 1000} {
-			tokens := make([]uint32, n)
-			for i := range tokens {
-				tokens[i] = uint32(i) * 2654435761
-			}
+			tokens := u32(seq(0, n))
 			want := binary.LittleEndian.AppendUint64(nil, 42)
 			want = append(append(want, extra...), 0)
 			for _, tok := range tokens {
