@@ -305,7 +305,7 @@ func (h *historyWriter) agentTools(pos int, ts *toolSchema) {
 	h.elements(pos, func(e int) int {
 		t, end := h.readAgentTool(e, ts)
 		switch {
-		case h.jstr(t.name).len() == 0:
+		case h.jstr(t.name).empty():
 			h.writeAgentTool(&t)
 		case h.w.counting():
 			h.named++
@@ -349,7 +349,7 @@ func (h *historyWriter) readAgentTool(pos int, ts *toolSchema) (agentTool, int) 
 	})
 	var buf [nameLen]byte
 	switch {
-	case typ.len() != 0 && string(typ.name(buf[:])) != ts.function:
+	case !typ.empty() && string(typ.name(buf[:])) != ts.function:
 		return agentTool{name: flat.name, whole: pos}, end
 	case inFunction:
 		return nested, end
@@ -676,7 +676,7 @@ func (c *chat) convertTools(pos int, schema string, accept func(typ jstr, t []in
 			return false
 		}
 		name, ok := q.str(t[1])
-		if !ok || name.len() == 0 {
+		if !ok || name.empty() {
 			return false
 		}
 		c.tools = append(c.tools, `,{"type":"function","function":{"name":`...)

@@ -447,7 +447,7 @@ func (h *historyWriter) tools() {
 	h.v.fold(h.outer, func(pos int) int { return h.readTool(pos, &t) }, func() {
 		h.w.text = true
 		switch {
-		case t.name == 0 || h.jstr(t.name).len() == 0:
+		case t.name == 0 || h.jstr(t.name).empty():
 			h.writeTool(&t)
 		case h.w.counting():
 			h.named++
@@ -575,11 +575,11 @@ func (h *historyWriter) start(m *message) {
 	}
 	m.started = true
 	h.role(m.role)
-	if m.name.len() > 0 {
+	if !m.name.empty() {
 		h.w.byte('n')
 		h.w.field(m.name)
 	}
-	if m.toolCallID.len() > 0 {
+	if !m.toolCallID.empty() {
 		h.w.byte('i')
 		h.w.field(m.toolCallID)
 	}
@@ -659,7 +659,7 @@ func (h *historyWriter) part(i int) (text jstr, end int) {
 		}
 		pos, more = h.v.next(end)
 	}
-	if !isText || (typ.len() > 0 && !typ.is("text") && !typ.is("input_text")) {
+	if !isText || (!typ.empty() && !typ.is("text") && !typ.is("input_text")) {
 		return jstr{}, pos
 	}
 	return text, pos

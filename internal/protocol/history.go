@@ -121,7 +121,7 @@ func textPart(w *keyWriter, j jstr) { tagged(w, 'c', j) }
 
 // tagged writes the text j as a field behind tag, when it is not empty.
 func tagged(w *keyWriter, tag byte, j jstr) {
-	if j.len() > 0 {
+	if !j.empty() {
 		w.text = true
 		w.byte(tag)
 		w.field(j)

@@ -82,34 +82,52 @@ func (j jstr) len() int {
 	if j.plain {
 		return len(j.raw)
 	}
-	n := 0
-	for i := 0; i < len(j.raw); {
-		k := ownValue(j.raw, i)
+	s, n := j.raw, 0
+	for i := 0; i < len(s); {
+		k := ownValue(s, i)
 		n += k - i
-		if k < len(j.raw) {
+		switch {
+		case k == len(s):
+			return n
+		case s[k] == '\\' && s[k+1] != 'u':
+			n++
+			i = k + 2
+		default:
 			var r rune
-			r, k = decodeRune(j.raw, k)
+			r, i = decodeRune(s, k)
 			n += utf8.RuneLen(r)
 		}
-		i = k
 	}
 	return n
 }
 
-// appendTo appends the value to b.
+// empty reports whether the value is the empty string. Every escape and every byte between the
+// quotes stands for at least one character, so only a string with nothing written between them
+// is empty: no decoding needed, unlike len.
+func (j jstr) empty() bool { return len(j.raw) == 0 }
+
+// appendTo appends the value to b: runs of bytes that are their own value copied whole, and a
+// one-letter escape, the commonest other thing in code and tool output, written without decoding
+// it as a character.
 func (j jstr) appendTo(b []byte) []byte {
 	if j.plain {
 		return append(b, j.raw...)
 	}
-	for i := 0; i < len(j.raw); {
-		k := ownValue(j.raw, i)
-		b = append(b, j.raw[i:k]...)
-		if k < len(j.raw) {
+	s := j.raw
+	for i := 0; i < len(s); {
+		k := ownValue(s, i)
+		b = append(b, s[i:k]...)
+		switch {
+		case k == len(s):
+			return b
+		case s[k] == '\\' && s[k+1] != 'u':
+			b = append(b, unescape(s[k+1]))
+			i = k + 2
+		default:
 			var r rune
-			r, k = decodeRune(j.raw, k)
+			r, i = decodeRune(s, k)
 			b = utf8.AppendRune(b, r)
 		}
-		i = k
 	}
 	return b
 }

@@ -404,7 +404,7 @@ func renderMessages(q *query) bool {
 		return false
 	}
 	ok := c.convertTools(q.at[3], "input_schema", func(typ jstr, t []int) bool {
-		return (typ.len() == 0 || typ.is("custom")) && t[4] == 0 // not defer_loading
+		return (typ.empty() || typ.is("custom")) && t[4] == 0 // not defer_loading
 	})
 	if !ok {
 		return false
@@ -478,7 +478,7 @@ func (c *chat) message(pos int) bool {
 			return false
 		case typ.is("text"):
 			text, ok := q.str(b[1])
-			if ok && text.len() > 0 {
+			if ok && !text.empty() {
 				c.parts = append(c.parts, text)
 			}
 			return ok
@@ -519,7 +519,7 @@ func (c *chat) message(pos int) bool {
 // how vLLM writes them. A block without an id is refused: vLLM makes one up from the clock.
 func (c *chat) toolUse(idAt, nameAt, input int) (toolCall, bool) {
 	id, ok := c.q.str(idAt)
-	if !ok || id.len() == 0 {
+	if !ok || id.empty() {
 		return toolCall{}, false
 	}
 	name, ok := c.q.str(nameAt)
@@ -549,7 +549,7 @@ func (c *chat) toolUse(idAt, nameAt, input int) (toolCall, bool) {
 func (c *chat) toolResult(idAt, content int) bool {
 	q := c.q
 	id, ok := q.str(idAt)
-	if !ok || id.len() == 0 {
+	if !ok || id.empty() {
 		return false
 	}
 	c.text = c.text[:0]

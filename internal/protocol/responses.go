@@ -295,7 +295,7 @@ func (h *historyWriter) item(pos int) int {
 	// streams reports whether an array, the value of a member that the item's kind k writes
 	// after what was read so far, can be written as it is read.
 	streams := func(k kind, ready bool) bool {
-		return ready && it.typ.len() > 0 && itemKind(it.typ.name(buf[:])) == k
+		return ready && !it.typ.empty() && itemKind(it.typ.name(buf[:])) == k
 	}
 	messageParts := func(pos int) int { return h.partsOf('c', 'x', pos) }
 	end := h.object(pos, func(key []byte, val int) int {
@@ -417,7 +417,7 @@ func renderResponses(q *query) bool {
 	if !ok {
 		return false
 	}
-	if instructions.len() > 0 {
+	if !instructions.empty() {
 		c.add("system", c.jstr(instructions))
 	}
 	switch input := q.at[5]; {
@@ -467,7 +467,7 @@ func (c *chat) items(pos int) bool {
 		}
 		partial = false
 		switch {
-		case typ.len() == 0 || typ.is("message"):
+		case typ.empty() || typ.is("message"):
 			status, ok := q.str(it[1])
 			role, ok2 := q.str(it[2])
 			if !ok || !ok2 {
@@ -499,7 +499,7 @@ func (c *chat) items(pos int) bool {
 			id, ok := q.str(it[5])
 			name, ok2 := q.str(it[6])
 			args, ok3 := q.str(it[7])
-			if it[4] != 0 || !ok || !ok2 || !ok3 || id.len() == 0 || name.len() == 0 {
+			if it[4] != 0 || !ok || !ok2 || !ok3 || id.empty() || name.empty() {
 				return false // a namespaced call is not one vLLM renders as such
 			}
 			if last == nil {
@@ -509,7 +509,7 @@ func (c *chat) items(pos int) bool {
 			c.call(c.jstr(id), c.jstr(name), c.jstr(args))
 		case typ.is("function_call_output"):
 			id, ok := q.str(it[5])
-			if !ok || id.len() == 0 {
+			if !ok || id.empty() {
 				return false
 			}
 			content, ok := c.inputContent(it[8])

@@ -1,7 +1,6 @@
 package protocol
 
 import (
-	"unicode/utf8"
 	"unsafe"
 
 	"github.com/cacheroute/cacheroute/internal/reqkey"
@@ -109,19 +108,9 @@ func (w *keyWriter) value(j jstr) {
 		w.n += j.len()
 		return
 	}
-	raw := j.raw
-	for i := 0; i < len(raw); {
-		// Copy the longest run of bytes that are their own value, then decode one character.
-		k := ownValue(raw, i)
-		w.write(raw[i:k])
-		if k < len(raw) {
-			var buf [utf8.UTFMax]byte
-			var r rune
-			r, k = decodeRune(raw, k)
-			w.write(utf8.AppendRune(buf[:0], r))
-		}
-		i = k
-	}
+	start := len(w.buf)
+	w.buf = j.appendTo(w.buf)
+	w.n += len(w.buf) - start
 }
 
 // fieldEnd is the byte that ends every field of a key (see historyKey): 0xFF, which no UTF-8
