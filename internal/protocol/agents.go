@@ -31,6 +31,7 @@ import (
 type field struct {
 	pos int
 	keyBound
+	tools toolsRead // of a tools field
 }
 
 // historyField reads the value of a field the history key is written from, whose first byte
@@ -51,6 +52,19 @@ func (s *scanner) historyField(name, types string, read func(*scanner)) field {
 	s.hist = keyBound{}
 	read(s)
 	f.keyBound = s.hist
+	return f
+}
+
+// toolsField reads a tools field of the API kind (responsesToolsKind or messagesToolsKind), whose
+// tools are of the shape ts, through the tools memo.
+func (s *scanner) toolsField(kind byte, ts *toolSchema) field {
+	var tools toolsRead
+	f := s.historyField("tools", "[", func(s *scanner) {
+		_, tools = s.toolsArray(kind, func(s *scanner) int {
+			return s.array(func(s *scanner) { s.tool(ts) })
+		})
+	})
+	f.tools = tools
 	return f
 }
 

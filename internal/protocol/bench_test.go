@@ -429,10 +429,22 @@ func toolsChatBody() []byte {
 	return b
 }
 
-// BenchmarkParseAgentTools is Parse of a chat whose key is mostly tool schemas in canonical form.
+// BenchmarkParseAgentTools is Parse of a chat whose key is mostly tool schemas in canonical form:
+// schemas met for the first time, and met again, as an agent resends them every turn (the tools
+// memo, toolsmemo.go).
 func BenchmarkParseAgentTools(b *testing.B) {
 	h := http.Header{}
 	h.Set("x-session-id", "bench-session")
 	body := toolsChatBody()
-	benchParse(b, h, body)
+	b.Run("new", func(b *testing.B) {
+		defer protocol.FreshToolsMemo()()
+		perBody(b, body)
+		for b.Loop() {
+			protocol.FreshToolsMemo()
+			if r, err := protocol.ParseChat(h, body); err != nil || r.Text == "" {
+				b.Fatalf("Parse: %v", err)
+			}
+		}
+	})
+	b.Run("remembered", func(b *testing.B) { benchParse(b, h, body) })
 }

@@ -105,9 +105,9 @@ func (b *body) member(s *scanner, key []byte) {
 	case "stream":
 		b.stream = s.boolean("stream", false)
 	case "messages":
-		b.messages = s.arrayField("messages", b.messages, checkMessage)
+		b.messages = s.arrayField("messages", b.messages, checkMessage, 0)
 	case "tools":
-		b.tools = s.arrayField("tools", b.tools, checkTool)
+		b.tools = s.arrayField("tools", b.tools, checkTool, chatToolsKind)
 	case "prompt":
 		b.prompt = s.prompt("prompt")
 	case "text":
@@ -139,21 +139,26 @@ func (b *body) member(s *scanner, key []byte) {
 // elements again from the body, finding the later arrays by their key.
 type arrays struct {
 	data     []byte
-	name     string // the field's key
-	first    int    // the position of the first array
-	n        int    // how many arrays
-	keyBound        // of the elements of all of them
+	name     string    // the field's key
+	first    int       // the position of the first array
+	n        int       // how many arrays
+	keyBound           // of the elements of all of them
+	tools    toolsRead // of the one array of tools, when n is 1
 }
 
 // arrayField reads an array of objects given for the field a, whose elements check reads, and
-// returns what the field is then.
-func (s *scanner) arrayField(name string, a *arrays, check func(*scanner)) *arrays {
+// returns what the field is then. The first array of tools (memo kind, else 0) goes through the
+// tools memo.
+func (s *scanner) arrayField(name string, a *arrays, check func(*scanner), memo byte) *arrays {
 	s.in(name)
 	switch s.peek() {
 	case '[':
 		start := s.pos
 		s.hist = keyBound{inOrder: true}
-		n := s.array(check)
+		if a != nil && a.n > 0 {
+			memo = 0
+		}
+		n, tools := s.toolsArray(memo, func(s *scanner) int { return s.array(check) })
 		if a == nil {
 			a = &arrays{data: s.data, name: name}
 		}
@@ -162,7 +167,7 @@ func (s *scanner) arrayField(name string, a *arrays, check func(*scanner)) *arra
 			a.n, a.keyBound = 0, keyBound{} // an empty array decodes into a new, empty slice
 		case a.n == 0:
 			a.first, a.n = start, 1
-			a.keyBound = s.hist
+			a.keyBound, a.tools = s.hist, tools
 		default:
 			a.n++
 			a.size += s.hist.size
@@ -392,7 +397,14 @@ func (a *arrays) bound() keyBound {
 }
 
 func (h *historyWriter) write(tools, messages *arrays) {
-	if tools != nil && tools.n > 0 {
+	switch {
+	case tools == nil || tools.n == 0:
+	case tools.n == 1:
+		h.toolsPart(tools.tools, func() {
+			h.outer = h.positions(tools, h.outer)
+			h.tools()
+		})
+	default:
 		h.outer = h.positions(tools, h.outer)
 		h.tools()
 	}

@@ -152,3 +152,20 @@ func Routing(r *Request) Request {
 	c.query = notTokenized
 	return c
 }
+
+// FreshToolsMemo has the parsers use an empty tools memo until restore puts the earlier one back.
+func FreshToolsMemo() (restore func()) {
+	old := rememberedTools
+	rememberedTools = &toolsMemo{seed: old.seed}
+	return func() { rememberedTools = old }
+}
+
+// ToolsRemembered reports whether the tools memo holds the array raw, as a tools field of any API.
+func ToolsRemembered(raw []byte) bool {
+	for _, kind := range []byte{chatToolsKind, responsesToolsKind, messagesToolsKind} {
+		if e := rememberedTools.find(kind, raw); e != nil && len(e.raw) == len(raw) {
+			return true
+		}
+	}
+	return false
+}

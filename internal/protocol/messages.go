@@ -80,7 +80,7 @@ func (b *messagesBody) member(s *scanner, key []byte) {
 	case "max_tokens":
 		b.maxTokens = s.tokenCount()
 	case "tools":
-		b.tools = s.historyField("tools", "[", checkMessagesTools)
+		b.tools = s.toolsField(messagesToolsKind, &messagesTools)
 	case "system":
 		b.system = s.historyField("system", `"[`, checkSystem)
 	case "messages":
@@ -257,7 +257,7 @@ func (b *messagesBody) key(raw []byte, room keyRoom) (key string, onePass bool) 
 // newest message every turn, so a key that held it would lose the prefix property.
 func (h *historyWriter) writeMessages(b *messagesBody) {
 	if b.tools.pos != 0 {
-		h.agentTools(b.tools.pos, &messagesTools)
+		h.toolsPart(b.tools.tools, func() { h.agentTools(b.tools.pos, &messagesTools) })
 	}
 	if b.system.pos != 0 {
 		h.w.byte('s')
@@ -381,8 +381,6 @@ func (h *historyWriter) block(pos int) int {
 	}
 	return end
 }
-
-func checkMessagesTools(s *scanner) { s.array(func(s *scanner) { s.tool(&messagesTools) }) }
 
 // billingHeader starts the text block Claude Code adds to its system prompt with a hash of the
 // request, which vLLM's Messages serving leaves out of the prompt.

@@ -58,7 +58,7 @@ func (b *responsesBody) member(s *scanner, key []byte) {
 	case "previous_response_id":
 		s.nullableString("previous_response_id", &b.previousID)
 	case "tools":
-		b.tools = s.historyField("tools", "[", checkResponsesTools)
+		b.tools = s.toolsField(responsesToolsKind, &responsesTools)
 	case "instructions":
 		b.instructions = s.historyField("instructions", `"`, checkInstructions)
 	case "input":
@@ -260,7 +260,7 @@ func (b *responsesBody) key(raw []byte, room keyRoom) (key string, onePass bool)
 // An item's id and status are not written: they are no part of the prompt.
 func (h *historyWriter) writeResponses(b *responsesBody) {
 	if b.tools.pos != 0 {
-		h.agentTools(b.tools.pos, &responsesTools)
+		h.toolsPart(b.tools.tools, func() { h.agentTools(b.tools.pos, &responsesTools) })
 	}
 	if b.instructions.pos != 0 {
 		h.w.byte('s')
@@ -396,8 +396,6 @@ func (h *historyWriter) partsOf(tag, refusal byte, pos int) int {
 		return end
 	})
 }
-
-func checkResponsesTools(s *scanner) { s.array(func(s *scanner) { s.tool(&responsesTools) }) }
 
 // renderResponses writes the chat vLLM's Responses serving converts a body that continues no
 // stored response to (see agents.go): the instructions as a system message, the input (a string:
