@@ -56,13 +56,13 @@ func (v valid) str(i int) (jstr, int) {
 
 // longStr returns the string whose contents start at start and are plain ASCII up to j, and the
 // position after it. The first quote from j closes it unless a backslash comes before: then it
-// has an escape, and is read to its end by strEnd. Otherwise it is the string's value when it is
-// valid UTF-8, which utf8.Valid checks at the speed of ASCII until it finds a byte outside.
+// has an escape, and its end is found by closingQuote. Otherwise it is the string's value when it
+// is valid UTF-8, which utf8.Valid checks at the speed of ASCII until it finds a byte outside.
 func (v valid) longStr(start, j int) (jstr, int) {
 	q := j + bytes.IndexByte(v[j:], '"')
 	if bytes.IndexByte(v[j:q], '\\') >= 0 {
-		end := v.strEnd(start - 1)
-		return jstr{raw: v[start : end-1]}, end
+		q = v.closingQuote(j)
+		return jstr{raw: v[start:q]}, q + 1
 	}
 	return jstr{raw: v[start:q], plain: utf8.Valid(v[j:q])}, q + 1
 }
@@ -70,7 +70,7 @@ func (v valid) longStr(start, j int) (jstr, int) {
 // strFrom returns the string whose contents start at start and are plain ASCII up to j, and the
 // position after it.
 func (v valid) strFrom(start, j int) (jstr, int) {
-	escaped, high := false, false
+	high := false
 	highMask := uint64(highs) // bytes outside ASCII are looked at until one is found
 	for {
 		for ; j+8 <= len(v); j += 8 {
@@ -83,10 +83,10 @@ func (v valid) strFrom(start, j int) (jstr, int) {
 		switch c := v[j]; {
 		case c == '"':
 			raw := v[start:j]
-			return jstr{raw: raw, plain: !escaped && (!high || utf8.Valid(raw))}, j + 1
-		case c == '\\':
-			escaped = true
-			j += 2 // the escaped byte; the hex digits of \u escapes are ASCII
+			return jstr{raw: raw, plain: !high || utf8.Valid(raw)}, j + 1
+		case c == '\\': // not the value: only its end is left to find
+			q := v.closingQuote(j)
+			return jstr{raw: v[start:q]}, q + 1
 		case c >= utf8.RuneSelf:
 			high, highMask = true, 0
 			j++
@@ -96,38 +96,39 @@ func (v valid) strFrom(start, j int) (jstr, int) {
 	}
 }
 
-// strEnd returns the position after the string at i.
+// strEnd returns the position after the string at i. It reads a few words for the closing quote
+// before handing the rest to closingQuote, whose IndexByte is fast once started but slow to start.
 func (v valid) strEnd(i int) int {
-	for j := i + 1; ; {
-		// Look a few words ahead before handing a long string to IndexByte, which is fast once
-		// started but slow to start.
-		words := 0
-		for ; words < 4 && j+8 <= len(v); words++ {
-			if m := quoteOrBackslash8(binary.LittleEndian.Uint64(v[j:])); m != 0 {
-				j += bits.TrailingZeros64(m) / 8 // the first such byte: later bits may be wrong
-				break
+	j := i + 1
+	for words := 0; words < 4 && j+8 <= len(v); words++ {
+		if m := quoteOrBackslash8(binary.LittleEndian.Uint64(v[j:])); m != 0 {
+			j += bits.TrailingZeros64(m) / 8 // the first such byte: later bits may be wrong
+			if v[j] == '"' {
+				return j + 1
 			}
-			j += 8
+			break
 		}
-		if words == 4 {
-			q := j + bytes.IndexByte(v[j:], '"')
-			b := q
-			for v[b-1] == '\\' {
-				b--
-			}
-			if (q-b)%2 == 0 {
-				return q + 1
-			}
-			j = q + 1
-			continue
+		j += 8
+	}
+	return v.closingQuote(j) + 1
+}
+
+// closingQuote returns the position of the quote that closes the string in which j is, outside
+// an escape. Only an escape can hold a quote, and an escaped quote is one after an odd run of
+// backslashes: a run of them starts an escape (none ends with a backslash but \\), so it is
+// escapes of a backslash, and a last one that escapes the quote when it is odd. Escapes of other
+// bytes, a newline every few bytes in code, are passed over at memchr speed.
+func (v valid) closingQuote(j int) int {
+	for {
+		q := j + bytes.IndexByte(v[j:], '"')
+		b := q
+		for v[b-1] == '\\' {
+			b--
 		}
-		for v[j] != '"' && v[j] != '\\' {
-			j++
+		if (q-b)%2 == 0 {
+			return q
 		}
-		if v[j] == '"' {
-			return j + 1
-		}
-		j += 2 // the escaped byte; the hex digits of \u escapes hold no quote
+		j = q + 1
 	}
 }
 
