@@ -147,18 +147,18 @@ type arrays struct {
 }
 
 // arrayField reads an array of objects given for the field a, whose elements check reads, and
-// returns what the field is then. The first array of tools (memo kind, else 0) goes through the
-// tools memo.
-func (s *scanner) arrayField(name string, a *arrays, check func(*scanner), memo byte) *arrays {
+// returns what the field is then. The first array goes through the tools memo as an array of
+// memoKind (0: not a tools field).
+func (s *scanner) arrayField(name string, a *arrays, check func(*scanner), memoKind byte) *arrays {
 	s.in(name)
 	switch s.peek() {
 	case '[':
 		start := s.pos
 		s.hist = keyBound{inOrder: true}
 		if a != nil && a.n > 0 {
-			memo = 0
+			memoKind = 0
 		}
-		n, tools := s.toolsArray(memo, func(s *scanner) int { return s.array(check) })
+		n, tools := s.toolsArray(memoKind, func(s *scanner) int { return s.array(check) })
 		if a == nil {
 			a = &arrays{data: s.data, name: name}
 		}

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -368,13 +369,25 @@ func roundTrip(t *testing.T, c net.Conn, req string) int {
 	return resp.StatusCode
 }
 
-// closedPort returns the URL of a loopback port nothing listens on: dialing it is refused.
+// closedPort returns the URL of a loopback port nothing listens on: dialing it is refused. A
+// socket bound to the port, never listening, holds it until the test ends. A port only closed
+// again could be handed to the next listener opened, a worker of the same test included, which
+// would then answer for the dead worker.
 func closedPort(t *testing.T) string {
 	t.Helper()
-	ln := testkit.Listen(t)
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return "http://" + addr
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("http://127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
 }
 
 // rawRequest is an HTTP/1.1 request written by hand: the header lines exactly as given (the router
