@@ -32,6 +32,7 @@ type field struct {
 	pos int
 	keyBound
 	tools toolsRead // of a tools field
+	conv  convRead  // of a conversation field
 }
 
 // historyField reads the value of a field the history key is written from, whose first byte

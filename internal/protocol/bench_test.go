@@ -448,3 +448,40 @@ func BenchmarkParseAgentTools(b *testing.B) {
 	})
 	b.Run("remembered", func(b *testing.B) { benchParse(b, h, body) })
 }
+
+// BenchmarkParseTurns is Parse of the turns of agent conversations of about 100 KiB and 400 KiB:
+// each turn resends the conversation with a reply and a tool result of 1 KiB each appended, 32
+// turns a conversation, each conversation its own (the conversation memo, convmemo.go).
+func BenchmarkParseTurns(b *testing.B) {
+	for _, size := range []int{100 << 10, 400 << 10} {
+		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
+			const turns = 32
+			system := strings.Repeat("the agent reads the file then runs the tests ", 40)
+			body := func(conv, turn int) []byte {
+				msgs := []string{fmt.Sprintf(`{"role":"system","content":%q}`, system),
+					fmt.Sprintf(`{"role":"user","content":"conversation %d: %s"}`, conv, strings.Repeat("fix the build ", size/14))}
+				for t := range turn {
+					msgs = append(msgs, fmt.Sprintf(`{"role":"assistant","content":"turn %d %s"}`, t, strings.Repeat("reply ", 170)),
+						fmt.Sprintf(`{"role":"user","content":"tool result %d\\n%s"}`, t, strings.Repeat(`output\n`, 146)))
+				}
+				return []byte(`{"model":"m","messages":[` + strings.Join(msgs, ",") + `]}`)
+			}
+			bodies := make([][][]byte, 4)
+			for c := range bodies {
+				for t := range turns {
+					bodies[c] = append(bodies[c], body(c, t))
+				}
+			}
+			b.ReportAllocs()
+			b.SetBytes(int64(size))
+			i := 0
+			for b.Loop() {
+				c, t := i/turns, i%turns
+				if _, err := protocol.ParseChat(nil, bodies[c%len(bodies)][t]); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+		})
+	}
+}

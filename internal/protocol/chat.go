@@ -105,7 +105,7 @@ func (b *body) member(s *scanner, key []byte) {
 	case "stream":
 		b.stream = s.boolean("stream", false)
 	case "messages":
-		b.messages = s.arrayField("messages", b.messages, checkMessage, 0)
+		b.messages = s.arrayField("messages", b.messages, checkMessage, chatMessagesKind)
 	case "tools":
 		b.tools = s.arrayField("tools", b.tools, checkTool, chatToolsKind)
 	case "prompt":
@@ -144,11 +144,12 @@ type arrays struct {
 	n        int       // how many arrays
 	keyBound           // of the elements of all of them
 	tools    toolsRead // of the one array of tools, when n is 1
+	conv     convRead  // of the one array of messages, when n is 1
 }
 
 // arrayField reads an array of objects given for the field a, whose elements check reads, and
-// returns what the field is then. The first array goes through the tools memo as an array of
-// memoKind (0: not a tools field).
+// returns what the field is then. The first array goes through the memo of its memoKind: the
+// tools memo, or the conversation memo for chatMessagesKind (0: none).
 func (s *scanner) arrayField(name string, a *arrays, check func(*scanner), memoKind byte) *arrays {
 	s.in(name)
 	switch s.peek() {
@@ -158,7 +159,14 @@ func (s *scanner) arrayField(name string, a *arrays, check func(*scanner), memoK
 		if a != nil && a.n > 0 {
 			memoKind = 0
 		}
-		n, tools := s.toolsArray(memoKind, func(s *scanner) int { return s.array(check) })
+		var n int
+		var tools toolsRead
+		var conv convRead
+		if memoKind == chatMessagesKind {
+			n, conv = s.conversation(memoKind, check)
+		} else {
+			n, tools = s.toolsArray(memoKind, func(s *scanner) int { return s.array(check) })
+		}
 		if a == nil {
 			a = &arrays{data: s.data, name: name}
 		}
@@ -167,7 +175,7 @@ func (s *scanner) arrayField(name string, a *arrays, check func(*scanner), memoK
 			a.n, a.keyBound = 0, keyBound{} // an empty array decodes into a new, empty slice
 		case a.n == 0:
 			a.first, a.n = start, 1
-			a.keyBound, a.tools = s.hist, tools
+			a.keyBound, a.tools, a.conv = s.hist, tools, conv
 		default:
 			a.n++
 			a.size += s.hist.size
@@ -411,7 +419,7 @@ func (h *historyWriter) write(tools, messages *arrays) {
 	if messages.n > 0 {
 		h.outer = h.positions(messages, h.outer)
 		h.elems = scratch(h.elems, messages.n)
-		h.messages()
+		h.messages(messages)
 	}
 }
 
@@ -525,19 +533,29 @@ type message struct {
 	started     bool // its role, name and tool_call_id are written
 }
 
-// messages writes each message in order.
-func (h *historyWriter) messages() {
+// messages writes each message of a in order.
+func (h *historyWriter) messages(a *arrays) {
 	var m message
 	h.elems, h.callsN = h.elems[:0], 0
 	read := func(pos int) int {
 		h.elems = append(h.elems, pos)
 		return h.readMessage(pos, &m)
 	}
-	h.v.fold(h.outer, read, func() {
+	emit := func() {
 		h.writeMessage(&m)
 		m = message{}
 		h.elems, h.callsN = h.elems[:0], 0
-	})
+	}
+	if a.n == 1 {
+		// One array: its elements in order, through the conversation memo.
+		h.conversationPart(a.conv, func(pos int) int {
+			end := read(pos)
+			emit()
+			return end
+		})
+		return
+	}
+	h.v.fold(h.outer, read, emit)
 }
 
 // readMessage reads one element of messages over m and returns the position after it.

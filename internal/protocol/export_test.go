@@ -169,3 +169,22 @@ func ToolsRemembered(raw []byte) bool {
 	}
 	return false
 }
+
+// FreshConversationMemo has the parsers use an empty conversation memo until restore puts the
+// earlier one back.
+func FreshConversationMemo() (restore func()) {
+	old := rememberedConversations
+	rememberedConversations = newConvMemo(convMemoBytes)
+	return func() { rememberedConversations = old }
+}
+
+// ConversationRemembered reports whether the conversation memo holds a beginning of the array raw,
+// as a conversation of any API.
+func ConversationRemembered(raw []byte) bool {
+	for _, kind := range []byte{chatMessagesKind, messagesMessagesKind} {
+		if rememberedConversations.find(kind, raw) != nil {
+			return true
+		}
+	}
+	return false
+}

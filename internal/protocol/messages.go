@@ -84,7 +84,11 @@ func (b *messagesBody) member(s *scanner, key []byte) {
 	case "system":
 		b.system = s.historyField("system", `"[`, checkSystem)
 	case "messages":
-		b.messages = s.historyField("messages", "[", checkMessages)
+		var conv convRead
+		b.messages = s.historyField("messages", "[", func(s *scanner) {
+			_, conv = s.conversation(messagesMessagesKind, checkMessagesMessage)
+		})
+		b.messages.conv = conv
 	case "metadata":
 		s.idIn("user_id", &b.userID)
 	default:
@@ -95,8 +99,6 @@ func (b *messagesBody) member(s *scanner, key []byte) {
 func checkSystem(s *scanner) {
 	s.hist.size += len("s.") + s.blocksSize()
 }
-
-func checkMessages(s *scanner) { s.array(checkMessagesMessage) }
 
 // checkMessagesMessage reads one element of messages.
 func checkMessagesMessage(s *scanner) {
@@ -264,7 +266,12 @@ func (h *historyWriter) writeMessages(b *messagesBody) {
 		h.blocks(textValue{pos: b.system.pos, s: h.jstr(b.system.pos)})
 		h.w.byte('.')
 	}
-	h.elements(b.messages.pos, h.message)
+	h.conversationPart(b.messages.conv, func(pos int) int {
+		if h.v[pos] == '{' {
+			return h.message(pos)
+		}
+		return h.v.skip(pos)
+	})
 }
 
 // message writes the message at pos and returns the position after it. A content array after a

@@ -34,9 +34,9 @@ const (
 	messagesToolsKind
 )
 
-// toolsAdded is what checking a tools array added to the scanner: the key bound of the field,
-// the counts the bound of the whole key is made of, and the array's length.
-type toolsAdded struct {
+// scanAdded is what checking an array (or its first n elements) added to the scanner: the key
+// bound of the field, the counts the bound of the whole key is made of, and the elements' count.
+type scanAdded struct {
 	hist               keyBound
 	grow, floats, keys int
 	n                  int
@@ -48,7 +48,7 @@ type toolsEntry struct {
 	raw   []byte // the array as sent
 	key   []byte // the part of the history key written for it
 	text  bool   // that part is text (a key without text is empty)
-	added toolsAdded
+	added scanAdded
 	used  atomic.Bool // matched since the clock last passed it
 }
 
@@ -57,7 +57,7 @@ type toolsEntry struct {
 type toolsRead struct {
 	kind       byte // 0: not to be remembered
 	start, end int
-	added      toolsAdded
+	added      scanAdded
 	entry      *toolsEntry
 }
 
@@ -96,7 +96,7 @@ func (m *toolsMemo) find(kind byte, rest []byte) *toolsEntry {
 // offer is told of an array of kind read in full: raw, the part key of the history key written
 // for it, and what checking it added. It is remembered when it was offered before, and fits.
 // raw and key are copied.
-func (m *toolsMemo) offer(kind byte, raw, key []byte, text bool, added toolsAdded) {
+func (m *toolsMemo) offer(kind byte, raw, key []byte, text bool, added scanAdded) {
 	if len(raw) < toolsMemoMinBytes || len(raw)+len(key) > toolsMemoMaxBytes {
 		return
 	}
@@ -148,7 +148,7 @@ func (s *scanner) toolsArray(kind byte, read func(*scanner) int) (int, toolsRead
 	}
 	at := s.counts()
 	n := read(s)
-	return n, toolsRead{kind: kind, start: at.pos, end: s.pos, added: toolsAdded{hist: s.hist,
+	return n, toolsRead{kind: kind, start: at.pos, end: s.pos, added: scanAdded{hist: s.hist,
 		grow: s.grow - at.grow, floats: s.floats - at.floats, keys: s.keys - at.keys, n: n}}
 }
 

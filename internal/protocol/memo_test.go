@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/cacheroute/cacheroute/internal/protocol"
@@ -43,10 +44,10 @@ func toolArrays(r *rand.Rand, doc func() []byte, accepts func([]byte) bool, tool
 	return arrays
 }
 
-// withTools puts the tools array into the body doc, first or last: where a later tools field
-// replaces it, or it replaces an earlier one.
-func withTools(r *rand.Rand, doc, tools []byte) []byte {
-	member := append([]byte(`"tools":`), tools...)
+// withField puts the member name: value into the body doc, first or last: where a later member
+// of the same name replaces it, or it replaces an earlier one.
+func withField(r *rand.Rand, doc []byte, name string, value []byte) []byte {
+	member := append([]byte(`"`+name+`":`), value...)
 	switch {
 	case bytes.Equal(doc, []byte("{}")):
 		return append(append([]byte{'{'}, member...), '}')
@@ -81,7 +82,7 @@ func TestRememberedToolsAreReadAsTheFirstTime(t *testing.T) {
 			if protocol.ToolsRemembered(tools) {
 				remembered++
 			}
-			if parse(withTools(r, doc(), tools)) == nil {
+			if parse(withField(r, doc(), "tools", tools)) == nil {
 				parsed++
 			}
 		}
@@ -119,4 +120,87 @@ func TestRememberedToolsAreReadAsTheFirstTime(t *testing.T) {
 			})
 		})
 	}
+}
+
+// messageElements returns the elements of the messages arrays of random bodies from doc that the
+// parser accepts, and of any of them, of every shape the generator makes.
+func messageElements(doc func() []byte, accepts func([]byte) bool) (valid, any []json.RawMessage) {
+	for len(valid) < 100 {
+		body := doc()
+		var top map[string]json.RawMessage
+		var arr []json.RawMessage
+		if json.Unmarshal(body, &top) == nil && json.Unmarshal(top["messages"], &arr) == nil {
+			any = append(any, arr...)
+			if accepts(body) {
+				valid = append(valid, arr...)
+			}
+		}
+	}
+	return valid, any
+}
+
+// The turns of a conversation are read as if each were the first: on conversations of random
+// messages that grow turn by turn (each turn appending some and now and then changing the last,
+// as a client that moves its cache marker does) in random bodies, each parser agrees with its
+// encoding/json reference and writes the same key in one pass and in two, whether the memo held
+// the beginning of the conversation or not.
+func TestConversationTurnsAreReadAsTheFirstTime(t *testing.T) {
+	defer protocol.FreshConversationMemo()()
+	long := `{"role":"user","content":"` + strings.Repeat(`read the file\n\t\"main.go\" `, 80) + `"}`
+	check := func(t *testing.T, r *rand.Rand, doc func() []byte, parse func(body []byte) error) {
+		valid, any := messageElements(doc, func(body []byte) bool { return parse(body) == nil })
+		draw := func() []byte {
+			if r.IntN(10) == 0 {
+				return any[r.IntN(len(any))]
+			}
+			return valid[r.IntN(len(valid))]
+		}
+		turns, remembered, parsed := 0, 0, 0
+		for range scaled(2000) {
+			msgs := [][]byte{[]byte(long), draw()}
+			for range 2 + r.IntN(8) {
+				if r.IntN(2) == 0 {
+					msgs[len(msgs)-1] = draw() // the last message changes
+				}
+				for range 1 + r.IntN(3) {
+					msgs = append(msgs, draw())
+				}
+				arr := append(append([]byte{'['}, bytes.Join(msgs, []byte{','})...), ']')
+				if protocol.ConversationRemembered(arr) {
+					remembered++
+				}
+				turns++
+				if parse(withField(r, doc(), "messages", arr)) == nil {
+					parsed++
+				}
+			}
+		}
+		if remembered < turns/3 || parsed < turns/20 {
+			t.Fatalf("%d of %d turns parsed, %d began with a remembered conversation: the memo went unused", parsed, turns, remembered)
+		}
+		t.Logf("%d of %d turns parsed, %d began with a remembered conversation", parsed, turns, remembered)
+	}
+	t.Run("chat", func(t *testing.T) {
+		r := rand.New(rand.NewPCG(22, 0))
+		check(t, r, func() []byte { return randomDoc(r) }, func(body []byte) error {
+			got, err := protocol.ParseChat(nil, body)
+			want, refErr := refParse(nil, body)
+			if m := referenceMismatch(got, err, want, refErr, sameErrorText); m != "" {
+				t.Fatalf("body %.300s: %s", body, m)
+			}
+			if k, ok := protocol.HistoryKeyBothWays(body); ok && (k.OnePass != k.TwoPass || k.Written > k.Bound) {
+				t.Fatalf("body %.300s: key %d bytes in one pass, %d in two, %d written within a bound of %d",
+					body, len(k.OnePass), len(k.TwoPass), k.Written, k.Bound)
+			}
+			return err
+		})
+	})
+	t.Run("messages", func(t *testing.T) {
+		r := rand.New(rand.NewPCG(22, 1))
+		check(t, r, func() []byte { return randomAgentDoc(r, &messagesProtocol) }, func(body []byte) error {
+			_, err := sameAsReference(t, &messagesProtocol, nil, body)
+			checkAgentBothWays(t, &messagesProtocol, body)
+			return err
+		})
+	})
 }
