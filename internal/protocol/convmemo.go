@@ -28,6 +28,7 @@ import (
 
 const (
 	convHeadBytes  = 1 << 10  // an array shorter than this is read faster than remembered
+	convTailBytes  = 64       // compared first (at most convHeadBytes)
 	convMemoBytes  = 64 << 20 // arrays and key parts, all entries together
 	convEntryBytes = 16 << 20 // one entry's array and key part, at most
 	convBucket     = 8        // entries whose first convHeadBytes bytes are alike
@@ -96,7 +97,9 @@ func (m *convMemo) headOf(kind byte, raw []byte) uint64 {
 	return maphash.Bytes(m.seed, raw[:convHeadBytes]) ^ uint64(kind) | 1
 }
 
-// find returns the longest entry of kind whose array rest begins with, or nil.
+// find returns the longest entry of kind whose array rest begins with, or nil. Conversations that
+// begin alike often share much more (a long first message), so an entry's last convTailBytes are
+// compared first: another conversation's differ there.
 func (m *convMemo) find(kind byte, rest []byte) *convEntry {
 	if len(rest) < convHeadBytes {
 		return nil
@@ -106,8 +109,9 @@ func (m *convMemo) find(kind byte, rest []byte) *convEntry {
 	defer m.mu.RUnlock()
 	var best *convEntry
 	for _, e := range m.buckets[head] {
-		if e.kind == kind && len(e.raw) <= len(rest) && (best == nil || len(e.raw) > len(best.raw)) &&
-			bytes.Equal(e.raw, rest[:len(e.raw)]) {
+		n := len(e.raw)
+		if e.kind == kind && n <= len(rest) && (best == nil || n > len(best.raw)) &&
+			bytes.Equal(e.raw[n-convTailBytes:], rest[n-convTailBytes:n]) && bytes.Equal(e.raw, rest[:n]) {
 			best = e
 		}
 	}
